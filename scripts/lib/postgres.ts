@@ -1,0 +1,151 @@
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { chmodSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+// A Postgres for local work: a throwaway cluster of the machine's real PostgreSQL when one is
+// installed (tests, CI), or PGlite, the embedded Postgres, behind a TCP socket (npm start).
+export interface LocalPostgres {
+  readonly kind: "postgresql" | "pglite";
+  readonly host: string;
+  readonly port: number;
+  readonly url: string;
+  stop(): Promise<void>;
+}
+
+const PASSWORD = "benchwright-local";
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address();
+      const port = typeof addr === "object" && addr ? addr.port : 0;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** Directory holding initdb/postgres/pg_ctl, or null when PostgreSQL is not installed. */
+export function findPostgresBin(): string | null {
+  const base = "/usr/lib/postgresql";
+  if (existsSync(base)) {
+    const versions = readdirSync(base)
+      .filter((v) => existsSync(join(base, v, "bin", "initdb")))
+      .sort((a, b) => Number(b) - Number(a));
+    if (versions[0]) return join(base, versions[0], "bin");
+  }
+  try {
+    const initdb = execFileSync("sh", ["-c", "command -v initdb"], { encoding: "utf8" }).trim();
+    return initdb ? initdb.replace(/\/initdb$/, "") : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Starts a throwaway PostgreSQL cluster on a free loopback port; removed again on stop(). */
+export async function startPostgresql(bin: string): Promise<LocalPostgres> {
+  const dir = mkdtempSync(join(tmpdir(), "benchwright-pg-"));
+  const data = join(dir, "data");
+  const pwfile = join(dir, "pw");
+  writeFileSync(pwfile, PASSWORD);
+  // initdb and postgres refuse to run as root: run them as the `postgres` system user then
+  // (spawned with its uid directly, so signals reach postgres itself, not a wrapper).
+  const user = process.getuid?.() === 0 ? systemUser("postgres") : {};
+  if ("uid" in user) {
+    chmodSync(dir, 0o755);
+    execFileSync("chown", ["-R", "postgres", dir]);
+  }
+  execFileSync(
+    join(bin, "initdb"),
+    ["-D", data, "-U", "postgres", "--auth=scram-sha-256", `--pwfile=${pwfile}`, "--no-sync"],
+    { stdio: "ignore", ...user },
+  );
+  const port = await freePort();
+  const child = spawn(
+    join(bin, "postgres"),
+    [
+      "-D",
+      data,
+      "-p",
+      String(port),
+      "-k",
+      dir,
+      "-c",
+      "listen_addresses=127.0.0.1",
+      "-c",
+      "fsync=off",
+      "-c",
+      "full_page_writes=off",
+      "-c",
+      "max_connections=200",
+    ],
+    { stdio: ["ignore", "ignore", "pipe"], ...user },
+  );
+  let log = "";
+  child.stderr?.on("data", (d) => {
+    log += String(d);
+  });
+  await waitForReady(child, () => log);
+  return {
+    kind: "postgresql",
+    host: "127.0.0.1",
+    port,
+    url: `postgres://postgres:${PASSWORD}@127.0.0.1:${port}/postgres`,
+    stop: async () => {
+      await stopChild(child);
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+function systemUser(name: string): { uid: number; gid: number } {
+  const id = (flag: string) => Number(execFileSync("id", [flag, name], { encoding: "utf8" }).trim());
+  try {
+    return { uid: id("-u"), gid: id("-g") };
+  } catch {
+    throw new Error(
+      `running as root needs the '${name}' system user (apt-get install postgresql creates it)`,
+    );
+  }
+}
+
+async function waitForReady(child: ChildProcess, log: () => string): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  while (!log().includes("ready to accept connections")) {
+    if (child.exitCode !== null) throw new Error(`postgres exited early:\n${log()}`);
+    if (Date.now() > deadline) throw new Error(`postgres did not start in 30 s:\n${log()}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null) return;
+  const exited = new Promise((r) => child.once("exit", r));
+  child.kill("SIGINT"); // postgres "fast" shutdown
+  await Promise.race([exited, new Promise((r) => setTimeout(r, 10_000))]);
+  if (child.exitCode === null) child.kill("SIGKILL");
+}
+
+/** PGlite (embedded Postgres in WebAssembly) on a loopback TCP port; `dataDir` keeps its data. */
+export async function startPglite(dataDir?: string): Promise<LocalPostgres> {
+  const { PGlite } = await import("@electric-sql/pglite");
+  const { PGLiteSocketServer } = await import("@electric-sql/pglite-socket");
+  const db = await PGlite.create(dataDir ? { dataDir } : {});
+  const port = await freePort();
+  const server = new PGLiteSocketServer({ db, host: "127.0.0.1", port, maxConnections: 16 });
+  await server.start();
+  return {
+    kind: "pglite",
+    host: "127.0.0.1",
+    port,
+    // PGlite accepts any password; the driver still wants one.
+    url: `postgres://postgres:${PASSWORD}@127.0.0.1:${port}/postgres`,
+    stop: async () => {
+      await server.stop();
+      await db.close();
+    },
+  };
+}

@@ -1,0 +1,83 @@
+import { bodyLimit } from "hono/body-limit";
+import { HTTPException } from "hono/http-exception";
+import { requireApiKey } from "./auth/middleware";
+import { ConfigError, loadConfig } from "./config";
+import { openDb } from "./db/client";
+import { isDatabaseUnavailable } from "./db/errors";
+import { ApiError, problem } from "./errors";
+import { newRouter } from "./router";
+import { meRoutes } from "./routes/me";
+import { hostsRoutes } from "./routes/vault-hosts";
+import { previewRoutes } from "./routes/vault-preview";
+import { rulesRoutes } from "./routes/vault-rules";
+import { secretsRoutes } from "./routes/vault-secrets";
+
+const MAX_BODY_BYTES = 64 * 1024;
+
+export function createApp() {
+  const app = newRouter();
+
+  app.use("*", async (c, next) => {
+    const requestId = `req_${crypto.randomUUID().replaceAll("-", "")}`;
+    c.set("requestId", requestId);
+    await next();
+    c.res.headers.set("x-request-id", requestId);
+  });
+
+  app.use(
+    "/v1/*",
+    bodyLimit({
+      maxSize: MAX_BODY_BYTES,
+      onError: (c) => problem(c, "payload_too_large", `At most ${MAX_BODY_BYTES} bytes.`),
+    }),
+  );
+
+  // Configuration and a per-request database handle for everything under /v1 but the document.
+  app.use("/v1/*", async (c, next) => {
+    if (c.req.path === "/v1/openapi.json") return next();
+    const config = loadConfig(c.env);
+    c.set("config", config);
+    const { db, close } = openDb(config);
+    c.set("db", db);
+    try {
+      await next();
+    } finally {
+      c.executionCtx.waitUntil(close().catch(() => {}));
+    }
+  });
+  app.use("/v1/*", async (c, next) => (c.req.path === "/v1/openapi.json" ? next() : requireApiKey(c, next)));
+
+  app.route("/v1", meRoutes);
+  app.route("/v1/vault", secretsRoutes);
+  app.route("/v1/vault", rulesRoutes);
+  app.route("/v1/vault", hostsRoutes);
+  app.route("/v1/vault", previewRoutes);
+
+  app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
+  app.doc31("/v1/openapi.json", {
+    openapi: "3.1.0",
+    info: { title: "Benchwright boundary API", version: "1" },
+    security: [{ apiKey: [] }],
+  });
+
+  app.notFound((c) => problem(c, "route_not_found", `${c.req.method} ${c.req.path} is not a route.`));
+  app.onError((err, c) => {
+    if (err instanceof ApiError) return problem(c, err.code, err.detail);
+    if (err instanceof ConfigError) {
+      console.error(JSON.stringify({ event: "config_invalid", detail: err.message }));
+      return problem(c, "config_invalid", err.message);
+    }
+    if (err instanceof HTTPException && err.status === 400) {
+      return problem(c, "invalid_json", "The body must be JSON (Content-Type: application/json).");
+    }
+    const requestId = c.get("requestId");
+    if (isDatabaseUnavailable(err)) {
+      console.error(JSON.stringify({ event: "database_unavailable", requestId, error: err.name }));
+      return problem(c, "database_unavailable", "The database did not answer in time; retry shortly.");
+    }
+    // Only the error's class: messages of driver errors can quote parameters.
+    console.error(JSON.stringify({ event: "internal_error", requestId, error: err.name }));
+    return problem(c, "internal_error", `Something went wrong; quote ${requestId} when reporting it.`);
+  });
+  return app;
+}

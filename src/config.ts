@@ -1,0 +1,49 @@
+import { z } from "zod";
+import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
+
+// The Worker's vars and secrets, checked on the first request of an isolate: a missing or
+// malformed secret answers every request with config_invalid naming the variable (never its
+// value) instead of failing later, half-way through some vault write.
+const EnvSchema = z.object({
+  DATABASE_URL: z
+    .string({ error: "DATABASE_URL is not set" })
+    .regex(/^postgres(ql)?:\/\//, "DATABASE_URL must be a postgres:// connection string"),
+  VAULT_KEK: z.string({ error: "VAULT_KEK is not set" }).min(1, "VAULT_KEK is empty"),
+  DATABASE_WS_PROXY: z
+    .string()
+    .regex(/^$|^[A-Za-z0-9.-]+:\d+$/, "DATABASE_WS_PROXY must be host:port or empty")
+    .optional(),
+});
+
+export interface Config {
+  readonly databaseUrl: string;
+  /** Local bridge host:port; undefined means real Neon over wss. */
+  readonly databaseWsProxy: string | undefined;
+  readonly keyRing: KeyRing;
+}
+
+export class ConfigError extends Error {}
+
+const cache = new WeakMap<object, Config>();
+
+export function loadConfig(env: Env): Config {
+  const hit = cache.get(env);
+  if (hit) return hit;
+  const parsed = EnvSchema.safeParse(env);
+  if (!parsed.success) {
+    throw new ConfigError(parsed.error.issues.map((i) => i.message).join("; "));
+  }
+  let keyRing: KeyRing;
+  try {
+    keyRing = parseKeyRing(parsed.data.VAULT_KEK);
+  } catch (e) {
+    throw new ConfigError(`VAULT_KEK: ${(e as Error).message}`);
+  }
+  const config: Config = {
+    databaseUrl: parsed.data.DATABASE_URL,
+    databaseWsProxy: parsed.data.DATABASE_WS_PROXY || undefined,
+    keyRing,
+  };
+  cache.set(env, config);
+  return config;
+}

@@ -1,0 +1,17 @@
+// Tells "the database is away" (→ 503, safe to retry later) from a bug (→ 500). Drizzle wraps
+// driver errors, so walk the cause chain.
+const UNAVAILABLE_SQLSTATE = /^(08|53|57P0[1-3])/; // connection exceptions, resources, shutdown
+const UNAVAILABLE_MESSAGE =
+  /timeout|terminated|ECONNREFUSED|ECONNRESET|connection (closed|refused|ended)|WebSocket|network|socket hang up/i;
+
+export function isDatabaseUnavailable(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && UNAVAILABLE_SQLSTATE.test(code)) return true;
+    // A server-side error with a SQLSTATE is a query problem, not an outage.
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return false;
+    if (e instanceof Error && UNAVAILABLE_MESSAGE.test(e.message)) return true;
+    if (typeof e === "object" && e !== null && (e as { type?: unknown }).type === "error") return true; // ws ErrorEvent
+  }
+  return false;
+}

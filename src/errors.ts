@@ -1,0 +1,124 @@
+import { z } from "@hono/zod-openapi";
+import type { Context } from "hono";
+
+// One problem+json shape (RFC 9457) for the whole API, a closed set of codes, one status map.
+export const ErrorCode = z.enum([
+  "unauthorized",
+  "not_found",
+  "route_not_found",
+  "method_not_allowed",
+  "invalid_request",
+  "invalid_json",
+  "unknown_field",
+  "payload_too_large",
+  "invalid_host_pattern",
+  "secret_exists",
+  "unknown_secret",
+  "secret_in_use",
+  "rule_host_blocked",
+  "host_has_rule",
+  "invalid_order",
+  "config_invalid",
+  "database_unavailable",
+  "internal_error",
+]);
+export type ErrorCode = z.infer<typeof ErrorCode>;
+
+export const ERROR_STATUS = {
+  unauthorized: 401,
+  not_found: 404,
+  route_not_found: 404,
+  method_not_allowed: 405,
+  invalid_request: 400,
+  invalid_json: 400,
+  unknown_field: 400,
+  payload_too_large: 413,
+  invalid_host_pattern: 400,
+  secret_exists: 409,
+  unknown_secret: 400,
+  secret_in_use: 409,
+  rule_host_blocked: 409,
+  host_has_rule: 409,
+  invalid_order: 400,
+  config_invalid: 500,
+  database_unavailable: 503,
+  internal_error: 500,
+} as const satisfies Record<ErrorCode, number>;
+
+const TITLES: Record<ErrorCode, string> = {
+  unauthorized: "Missing or invalid API key",
+  not_found: "Not found",
+  route_not_found: "No such route",
+  method_not_allowed: "Method not allowed",
+  invalid_request: "Invalid request",
+  invalid_json: "Body is not valid JSON",
+  unknown_field: "Unknown field in request",
+  payload_too_large: "Request body too large",
+  invalid_host_pattern: "Invalid host pattern",
+  secret_exists: "A secret with that name exists",
+  unknown_secret: "No secret with that name",
+  secret_in_use: "Secret is used by a rule",
+  rule_host_blocked: "Host is blocked",
+  host_has_rule: "Host entry is needed by a rule",
+  invalid_order: "Invalid rule order",
+  config_invalid: "Server configuration is invalid",
+  database_unavailable: "Database unavailable",
+  internal_error: "Internal error",
+};
+
+export const Problem = z
+  .object({
+    type: z.string(),
+    title: z.string(),
+    status: z.number().int(),
+    detail: z.string(),
+    code: ErrorCode,
+    requestId: z.string(),
+  })
+  .openapi("Problem");
+
+/** A failure a service reports; routes turn it into a problem response. */
+export interface Failure {
+  readonly code: ErrorCode;
+  readonly detail: string;
+}
+export type Result<T> = { ok: true; value: T } | { ok: false; error: Failure };
+export const ok = <T>(value: T): Result<T> => ({ ok: true, value });
+export const fail = (code: ErrorCode, detail: string): { ok: false; error: Failure } => ({
+  ok: false,
+  error: { code, detail },
+});
+
+/** Thrown from anywhere in a request; the app's error handler renders it. */
+export class ApiError extends Error {
+  constructor(
+    readonly code: ErrorCode,
+    readonly detail: string,
+  ) {
+    super(`${code}: ${detail}`);
+  }
+}
+
+export function problemBody(code: ErrorCode, detail: string, requestId: string) {
+  return {
+    type: `https://benchwright.dev/problems/${code}`,
+    title: TITLES[code],
+    status: ERROR_STATUS[code],
+    detail,
+    code,
+    requestId,
+  };
+}
+
+export function problem(c: Context, code: ErrorCode, detail: string): Response {
+  const requestId = (c.get("requestId") as string | undefined) ?? "unknown";
+  return new Response(JSON.stringify(problemBody(code, detail, requestId)), {
+    status: ERROR_STATUS[code],
+    headers: { "content-type": "application/problem+json", "x-request-id": requestId },
+  });
+}
+
+export function unwrap<T>(result: Result<T>): T {
+  if (!result.ok) throw new ApiError(result.error.code, result.error.detail);
+  return result.value;
+}

@@ -1,0 +1,53 @@
+import { OpenAPIHono, z } from "@hono/zod-openapi";
+import type { AppEnv } from "./context";
+import { type ErrorCode, Problem, problem } from "./errors";
+
+// Every router shares one validation hook, so a bad body is the same problem+json everywhere:
+// unknown fields → unknown_field (bodies are strict: they cannot smuggle a user or run id in),
+// anything else → invalid_request, with zod's path and message in `detail`.
+export function newRouter() {
+  return new OpenAPIHono<AppEnv>({
+    defaultHook: (result, c) => {
+      if (result.success) return;
+      const issues = result.error.issues;
+      const unknown = issues.find((i) => i.code === "unrecognized_keys");
+      const code: ErrorCode = unknown ? "unknown_field" : "invalid_request";
+      const detail = issues
+        .map((i) => {
+          const at = i.path.length > 0 ? i.path.join(".") : result.target;
+          return `${at}: ${i.message}`;
+        })
+        .join("; ");
+      return problem(c, code, detail);
+    },
+  });
+}
+
+/** Standard error responses for the OpenAPI document. */
+export function problems(...statuses: number[]) {
+  const out: Record<
+    number,
+    { description: string; content: { "application/problem+json": { schema: typeof Problem } } }
+  > = {};
+  for (const s of statuses) {
+    out[s] = { description: "Problem details", content: { "application/problem+json": { schema: Problem } } };
+  }
+  return out;
+}
+
+export const IdParam = (prefix: string) =>
+  z.object({
+    id: z
+      .string()
+      .max(64)
+      .openapi({ param: { name: "id", in: "path" }, example: `${prefix}0123456789abcdef` }),
+  });
+
+export const jsonBody = <T extends z.ZodType>(schema: T) => ({
+  body: { content: { "application/json": { schema } }, required: true },
+});
+
+export const jsonOk = <T extends z.ZodType>(schema: T, description = "OK") => ({
+  description,
+  content: { "application/json": { schema } },
+});

@@ -1,0 +1,140 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { HostAction } from "../contract/policy";
+import { unwrap } from "../errors";
+import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import * as vault from "../vault/service";
+
+export const HostEntry = z
+  .object({
+    id: z.string(),
+    pattern: z.string(),
+    action: HostAction,
+    implicit: z.boolean().openapi({ description: "Added for a rule's host; removed with the rule" }),
+    createdAt: z.string().datetime(),
+    updatedAt: z.string().datetime(),
+  })
+  .strict()
+  .openapi("HostEntry");
+
+const toJson = (h: vault.HostEntry): z.infer<typeof HostEntry> => ({
+  ...h,
+  createdAt: h.createdAt.toISOString(),
+  updatedAt: h.updatedAt.toISOString(),
+});
+
+const Settings = z
+  .object({ default: HostAction, version: z.number().int() })
+  .strict()
+  .openapi("VaultSettings");
+
+const tags = ["vault: hosts"];
+const params = IdParam("hst_");
+
+export const hostsRoutes = newRouter()
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/hosts",
+      tags,
+      summary: "List host entries",
+      responses: { 200: jsonOk(z.object({ hosts: z.array(HostEntry) })), ...problems(401) },
+    }),
+    async (c) => c.json({ hosts: (await vault.listHosts(c.var.db, c.var.principal)).map(toJson) }, 200),
+  )
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/hosts",
+      tags,
+      summary: "Allow or block a host pattern (creates or replaces the entry; makes it explicit)",
+      request: jsonBody(
+        z
+          .object({
+            pattern: z.string().min(1).max(300).openapi({ example: "*.evil.example" }),
+            action: HostAction,
+          })
+          .strict(),
+      ),
+      responses: { 200: jsonOk(HostEntry), ...problems(400, 401, 409) },
+    }),
+    async (c) =>
+      c.json(toJson(unwrap(await vault.putHost(c.var.db, c.var.principal, c.req.valid("json")))), 200),
+  )
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/hosts/starter-pack",
+      tags,
+      summary:
+        "Allow common package and source hosts (npm, PyPI, GitHub, Debian/Ubuntu, crates, Go, Maven...)",
+      responses: {
+        200: jsonOk(z.object({ added: z.array(z.string()), kept: z.array(z.string()) })),
+        ...problems(401),
+      },
+    }),
+    async (c) => c.json(unwrap(await vault.addStarterPack(c.var.db, c.var.principal)), 200),
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/hosts/{id}",
+      tags,
+      summary: "Read a host entry",
+      request: { params },
+      responses: { 200: jsonOk(HostEntry), ...problems(401, 404) },
+    }),
+    async (c) =>
+      c.json(toJson(unwrap(await vault.getHost(c.var.db, c.var.principal, c.req.valid("param").id))), 200),
+  )
+  .openapi(
+    createRoute({
+      method: "patch",
+      path: "/hosts/{id}",
+      tags,
+      summary: "Change a host entry's action",
+      request: { params, ...jsonBody(z.object({ action: HostAction }).strict()) },
+      responses: { 200: jsonOk(HostEntry), ...problems(400, 401, 404, 409) },
+    }),
+    async (c) => {
+      const entry = unwrap(
+        await vault.updateHost(c.var.db, c.var.principal, c.req.valid("param").id, c.req.valid("json")),
+      );
+      return c.json(toJson(entry), 200);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "delete",
+      path: "/hosts/{id}",
+      tags,
+      summary: "Delete a host entry (refused while a rule needs it)",
+      request: { params },
+      responses: { 204: { description: "Deleted" }, ...problems(401, 404, 409) },
+    }),
+    async (c) => {
+      unwrap(await vault.deleteHost(c.var.db, c.var.principal, c.req.valid("param").id));
+      return c.body(null, 204);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/settings",
+      tags,
+      summary: "The default action for hosts no entry names, and the vault version",
+      responses: { 200: jsonOk(Settings), ...problems(401) },
+    }),
+    async (c) => c.json(await vault.getSettings(c.var.db, c.var.principal), 200),
+  )
+  .openapi(
+    createRoute({
+      method: "put",
+      path: "/settings",
+      tags,
+      summary: "Set the default action (block switches runs to catch-all routing)",
+      request: jsonBody(z.object({ default: HostAction }).strict()),
+      responses: { 200: jsonOk(Settings), ...problems(400, 401) },
+    }),
+    async (c) =>
+      c.json(unwrap(await vault.setDefault(c.var.db, c.var.principal, c.req.valid("json").default)), 200),
+  );

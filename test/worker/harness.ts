@@ -1,0 +1,73 @@
+import { env, exports } from "cloudflare:workers";
+import { provisionApiKey } from "../../src/auth/provision";
+import { loadConfig } from "../../src/config";
+import { randomId } from "../../src/crypto/api-keys";
+import { openDb } from "../../src/db/client";
+
+// One harness for every route test: each test makes its own tenant (user, environment, key)
+// and talks to the real Worker entrypoint, which talks to the real Postgres via the Neon driver.
+
+export const BASE = "http://boundary.test";
+
+export interface ApiResponse {
+  status: number;
+  headers: Headers;
+  text: string;
+  // biome-ignore lint/suspicious/noExplicitAny: tests read arbitrary JSON
+  json: any;
+}
+
+export async function call(
+  key: string | null,
+  method: string,
+  path: string,
+  body?: unknown,
+  headers: Record<string, string> = {},
+): Promise<ApiResponse> {
+  const init: RequestInit = { method, headers: { ...headers } };
+  if (key) (init.headers as Record<string, string>).authorization = `Bearer ${key}`;
+  if (body !== undefined) {
+    init.body = typeof body === "string" ? body : JSON.stringify(body);
+    (init.headers as Record<string, string>)["content-type"] ??= "application/json";
+  }
+  const res = await exports.default.fetch(new Request(`${BASE}${path}`, init));
+  const text = await res.text();
+  let json: unknown = null;
+  try {
+    json = text ? JSON.parse(text) : null;
+  } catch {}
+  return { status: res.status, headers: res.headers, text, json };
+}
+
+export interface Tenant {
+  key: string;
+  userId: string;
+  environmentId: string;
+  api: (method: string, path: string, body?: unknown) => Promise<ApiResponse>;
+}
+
+export function withDb<T>(fn: (db: ReturnType<typeof openDb>["db"]) => Promise<T>): Promise<T> {
+  const { db, close } = openDb(loadConfig(env));
+  return fn(db).finally(close);
+}
+
+export async function newTenant(): Promise<Tenant> {
+  const made = await withDb((db) => provisionApiKey(db, { email: `${randomId("t_")}@tenants.test` }));
+  return {
+    key: made.key,
+    userId: made.userId,
+    environmentId: made.environmentId,
+    api: (method, path, body) => call(made.key, method, path, body),
+  };
+}
+
+/** Asserts a problem+json response with the exact code; returns it for further checks. */
+export function expectProblem(res: ApiResponse, status: number, code: string): ApiResponse {
+  if (res.status !== status || res.json?.code !== code) {
+    throw new Error(`expected ${status} ${code}, got ${res.status} ${res.text}`);
+  }
+  if (!res.headers.get("content-type")?.startsWith("application/problem+json")) {
+    throw new Error(`expected application/problem+json, got ${res.headers.get("content-type")}`);
+  }
+  return res;
+}

@@ -1,0 +1,19 @@
+import { describe, expect, it } from "vitest";
+import { call, expectProblem, newTenant } from "./harness";
+
+describe("smoke", () => {
+  it("serves the OpenAPI document without a key", async () => {
+    const res = await call(null, "GET", "/v1/openapi.json");
+    expect(res.status).toBe(200);
+    expect(res.json.openapi).toBe("3.1.0");
+  });
+  it("refuses a missing key", async () => {
+    expectProblem(await call(null, "GET", "/v1/me"), 401, "unauthorized");
+  });
+  it("knows who a key belongs to", async () => {
+    const t = await newTenant();
+    const res = await t.api("GET", "/v1/me");
+    expect(res.status).toBe(200);
+    expect(res.json).toMatchObject({ userId: t.userId, environmentId: t.environmentId });
+  });
+});

@@ -1,0 +1,34 @@
+import { cloudflareTest } from "@cloudflare/vitest-pool-workers";
+import { defineConfig } from "vitest/config";
+
+// Two projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
+// inside workerd against a real Postgres that test/setup/database.ts starts ("worker").
+export default defineConfig({
+  test: {
+    projects: [
+      {
+        test: { name: "unit", include: ["test/unit/**/*.test.ts"], environment: "node" },
+      },
+      {
+        plugins: [
+          cloudflareTest(({ inject }) => ({
+            main: "./src/index.ts",
+            wrangler: { configPath: "./wrangler.toml" },
+            miniflare: {
+              bindings: {
+                DATABASE_URL: inject("databaseUrl"),
+                DATABASE_WS_PROXY: inject("databaseWsProxy"),
+                VAULT_KEK: inject("vaultKek"),
+              },
+            },
+          })),
+        ],
+        test: {
+          name: "worker",
+          include: ["test/worker/**/*.test.ts"],
+          globalSetup: ["./test/setup/database.ts"],
+        },
+      },
+    ],
+  },
+});
