@@ -1,6 +1,10 @@
 import { cloudflareTest } from "@cloudflare/vitest-pool-workers";
 import { defineConfig } from "vitest/config";
 
+// Tests reach only loopback: no Request.cf download from Cloudflare, no telemetry.
+process.env.CLOUDFLARE_CF_FETCH_ENABLED = "false";
+process.env.WRANGLER_SEND_METRICS = "false";
+
 // Two projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
 // inside workerd against a real Postgres that test/setup/database.ts starts ("worker").
 export default defineConfig({

@@ -64,16 +64,13 @@ async function main() {
   const kek =
     process.env.VAULT_KEK ?? readOrCreate("vault-kek", () => `dev1:${randomBytes(32).toString("base64")}`);
   const envFile = join(DATA, "dev.vars");
-  writeFileSync(
-    envFile,
-    `DATABASE_URL=${JSON.stringify(databaseUrl)}\nDATABASE_WS_PROXY=${JSON.stringify(wsProxy)}\nVAULT_KEK=${JSON.stringify(kek)}\n`,
-    { mode: 0o600 },
-  );
+  writeFileSync(envFile, `DATABASE_URL=${JSON.stringify(databaseUrl)}\nVAULT_KEK=${JSON.stringify(kek)}\n`, {
+    mode: 0o600,
+  });
 
   const wrangler = spawn(
-    "npx",
+    join(process.cwd(), "node_modules", ".bin", "wrangler"),
     [
-      "wrangler",
       "dev",
       "--ip",
       "127.0.0.1",
@@ -81,9 +78,15 @@ async function main() {
       String(PORT),
       "--env-file",
       envFile,
+      "--var",
+      `DATABASE_WS_PROXY:${wsProxy}`,
       "--show-interactive-dev-session=false",
     ],
-    { stdio: ["ignore", "pipe", "inherit"] },
+    {
+      stdio: ["ignore", "pipe", "inherit"],
+      // This machine reaches no network but package registries: no Request.cf download, no telemetry.
+      env: { ...process.env, CLOUDFLARE_CF_FETCH_ENABLED: "false", WRANGLER_SEND_METRICS: "false" },
+    },
   );
   wrangler.stdout.on("data", (d) => process.stdout.write(`[wrangler] ${d}`));
   const shutdown = async () => {
