@@ -11,7 +11,7 @@ export default defineConfig({
   test: {
     projects: [
       {
-        test: { name: "unit", include: ["test/unit/**/*.test.ts"], environment: "node" },
+        test: { name: "unit", include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts"], environment: "node" },
       },
       {
         plugins: [

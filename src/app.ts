@@ -67,7 +67,9 @@ export function createApp() {
       console.error(JSON.stringify({ event: "config_invalid", detail: err.message }));
       return problem(c, "config_invalid", err.message);
     }
-    if (err instanceof HTTPException && err.status === 400) {
+    // 400: the body did not parse; 415: @hono/zod-openapi's media-type gate (a body sent without
+    // Content-Type: application/json). Both are the caller's mistake, not a 500.
+    if (err instanceof HTTPException && (err.status === 400 || err.status === 415)) {
       return problem(c, "invalid_json", "The body must be JSON (Content-Type: application/json).");
     }
     const requestId = c.get("requestId");

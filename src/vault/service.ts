@@ -1,6 +1,6 @@
 import { and, asc, eq, sql } from "drizzle-orm";
 import type { Principal } from "../context";
-import type { HostAction, InjectScheme, InjectSpec } from "../contract/policy";
+import { type HostAction, type InjectScheme, InjectSpec } from "../contract/policy";
 import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
 import { vaultHosts, vaultRules, vaultSecrets, vaultSettings } from "../db/schema";
@@ -108,10 +108,14 @@ function checkPattern(input: string, use: "host-entry" | "rule"): Result<string>
 // ---- secrets ----
 
 function checkSecretValue(value: string): Result<null> {
-  // Values end up in HTTP headers: a control character would let one split the request.
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
-  if (/[\u0000-\u001f\u007f]/.test(value)) {
-    return fail("invalid_request", "A secret value may not contain control characters (CR, LF, NUL, ...).");
+  // Values are sent in HTTP headers or query strings, so printable ASCII only: CR/LF/NUL would
+  // split a request, and other characters cannot travel in a header as they are. Refusing them
+  // here beats a run failing later at the proxy.
+  if (!/^[\x20-\x7e]*$/.test(value)) {
+    return fail(
+      "invalid_request",
+      "A secret value must be printable ASCII: no control characters (CR, LF, NUL, ...) and no non-ASCII characters.",
+    );
   }
   return ok(null);
 }
@@ -245,14 +249,24 @@ export async function getRule(db: Db, p: Principal, id: string): Promise<Result<
 }
 
 function injectTarget(inject: RuleInput["inject"]): Result<string> {
-  if (inject.name) return ok(inject.scheme === "query" ? inject.name : inject.name.toLowerCase());
-  if (inject.scheme === "bearer" || inject.scheme === "basic") return ok("authorization");
-  return fail(
-    "invalid_request",
-    inject.scheme === "raw"
-      ? "Scheme raw needs inject.name, the header to set."
-      : "Scheme query needs inject.name, the query parameter to set.",
+  if (!inject.name && (inject.scheme === "raw" || inject.scheme === "query")) {
+    return fail(
+      "invalid_request",
+      inject.scheme === "raw"
+        ? "Scheme raw needs inject.name, the header to set."
+        : "Scheme query needs inject.name, the query parameter to set.",
+    );
+  }
+  // The contract's own check (header token, no framing headers, query-safe names; lowercases
+  // header names): a rule the policy document would refuse must not be saved, or every compile
+  // of this vault would fail — and a CR/LF in a header name could split the proxied request.
+  const spec = InjectSpec.safeParse(
+    inject.name ? { scheme: inject.scheme, name: inject.name } : { scheme: inject.scheme },
   );
+  if (!spec.success) {
+    return fail("invalid_request", `inject.name: ${spec.error.issues.map((i) => i.message).join("; ")}`);
+  }
+  return ok(spec.data.name);
 }
 
 /** A rule's host must not be blocked by an entry: the credential would never be used. */
@@ -454,6 +468,32 @@ async function ruleUnder(tx: Tx, environmentId: string, pattern: string): Promis
 }
 
 /** Creates or replaces the entry for a pattern; saving it makes it explicit. */
+async function saveHost(
+  tx: Tx,
+  p: Principal,
+  pattern: string,
+  action: HostAction,
+): Promise<Result<HostEntry>> {
+  if (action === "block") {
+    const rule = await ruleUnder(tx, p.environmentId, pattern);
+    if (rule) {
+      return fail(
+        "rule_host_blocked",
+        `Rule ${rule} injects a credential for this host; delete the rule before blocking it.`,
+      );
+    }
+  }
+  const [row] = await tx
+    .insert(vaultHosts)
+    .values({ id: randomId("hst_"), environmentId: p.environmentId, pattern, action })
+    .onConflictDoUpdate({
+      target: [vaultHosts.environmentId, vaultHosts.pattern],
+      set: { action, implicit: false, updatedAt: new Date() },
+    })
+    .returning(hostColumns);
+  return row ? ok(row) : fail("internal_error", "Host entry was not saved.");
+}
+
 export async function putHost(
   db: Db,
   p: Principal,
@@ -461,31 +501,7 @@ export async function putHost(
 ): Promise<Result<HostEntry>> {
   const pattern = checkPattern(input.pattern, "host-entry");
   if (!pattern.ok) return pattern;
-  return change(db, p.environmentId, async (tx) => {
-    if (input.action === "block") {
-      const rule = await ruleUnder(tx, p.environmentId, pattern.value);
-      if (rule) {
-        return fail(
-          "rule_host_blocked",
-          `Rule ${rule} injects a credential for this host; delete the rule before blocking it.`,
-        );
-      }
-    }
-    const [row] = await tx
-      .insert(vaultHosts)
-      .values({
-        id: randomId("hst_"),
-        environmentId: p.environmentId,
-        pattern: pattern.value,
-        action: input.action,
-      })
-      .onConflictDoUpdate({
-        target: [vaultHosts.environmentId, vaultHosts.pattern],
-        set: { action: input.action, implicit: false, updatedAt: new Date() },
-      })
-      .returning(hostColumns);
-    return row ? ok(row) : fail("internal_error", "Host entry was not saved.");
-  });
+  return change(db, p.environmentId, (tx) => saveHost(tx, p, pattern.value, input.action));
 }
 
 export async function updateHost(
@@ -494,9 +510,14 @@ export async function updateHost(
   id: string,
   input: { action: HostAction },
 ): Promise<Result<HostEntry>> {
-  const current = await getHost(db, p, id);
-  if (!current.ok) return current;
-  return putHost(db, p, { pattern: current.value.pattern, action: input.action });
+  // Read and write in one transaction, so a concurrent delete cannot be undone by this update.
+  return change(db, p.environmentId, async (tx) => {
+    const [entry] = await tx
+      .select({ pattern: vaultHosts.pattern })
+      .from(vaultHosts)
+      .where(and(eq(vaultHosts.environmentId, p.environmentId), eq(vaultHosts.id, id)));
+    return entry ? saveHost(tx, p, entry.pattern, input.action) : notFound("host entry", id);
+  });
 }
 
 export async function deleteHost(db: Db, p: Principal, id: string): Promise<Result<null>> {
@@ -538,6 +559,20 @@ export async function addStarterPack(
         .onConflictDoNothing()
         .returning({ id: vaultHosts.id });
       (rows.length > 0 ? added : kept).push(pattern);
+      if (rows.length === 0) {
+        // A rule's implicit allow entry becomes the user's own, or deleting the rule would take
+        // the starter-pack host out of the allow list with it. Block entries stay as they are.
+        await tx
+          .update(vaultHosts)
+          .set({ implicit: false, updatedAt: new Date() })
+          .where(
+            and(
+              eq(vaultHosts.environmentId, p.environmentId),
+              eq(vaultHosts.pattern, pattern),
+              eq(vaultHosts.implicit, true),
+            ),
+          );
+      }
     }
     return ok({ added, kept });
   });

@@ -1,3 +1,4 @@
+import { createServer, type Socket } from "node:net";
 import type { TestProject } from "vitest/node";
 import { applyMigrations } from "../../scripts/lib/migrate";
 import { configureNeonForNode } from "../../scripts/lib/neon-node";
@@ -18,6 +19,7 @@ declare module "vitest" {
     databaseWsProxy: string;
     databaseKind: string;
     vaultKek: string;
+    silentAddress: string;
   }
 }
 
@@ -34,8 +36,37 @@ export default async function setup(project: TestProject) {
   project.provide("databaseKind", pg.kind);
   // A test-only key ring with two keys, so rotation paths run in every route test.
   project.provide("vaultKek", `test2:${key(2)},test1:${key(1)}`);
+  const silent = await startSilentServer();
+  project.provide("silentAddress", silent.address);
   return async () => {
+    await silent.close();
     await bridge.close();
     await pg.stop();
+  };
+}
+
+/**
+ * A loopback TCP endpoint that accepts connections and never says a word: a database (or proxy)
+ * that hangs, so tests can prove a request is bounded by the connect timeout (case E7).
+ */
+async function startSilentServer(): Promise<{ address: string; close: () => Promise<void> }> {
+  const held = new Set<Socket>();
+  const server = createServer((socket) => {
+    held.add(socket);
+    socket.on("error", () => {});
+    socket.on("close", () => held.delete(socket));
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", resolve);
+  });
+  const { port } = server.address() as { port: number };
+  return {
+    address: `127.0.0.1:${port}`,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of held) s.destroy();
+        server.close(() => resolve());
+      }),
   };
 }

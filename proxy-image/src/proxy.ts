@@ -1,0 +1,561 @@
+import {
+  createServer as createHttpServer,
+  type IncomingMessage,
+  type Server,
+  type ServerResponse,
+} from "node:http";
+import { createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
+import { pipeline } from "node:stream/promises";
+import { TLSSocket } from "node:tls";
+import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
+import type { PolicyDocument } from "../../src/contract/policy";
+import type { PolicyIndex } from "../../src/policy/compile";
+import { canonicalHost, splitHostPort } from "../../src/policy/host";
+import type { RunCa } from "./ca";
+import { checkFraming, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
+import { inject } from "./inject";
+import { maskString, needlesFor, RedactStream } from "./redact";
+import type { Upstream } from "./upstream";
+
+// The proxy's one decision path. Three ways in (transparent TLS routed by SNI, plain HTTP routed
+// by Host, an explicit proxy port for CONNECT and absolute-form requests), one handler: canonical
+// host → host policy → rule → resolve and check the address → forward with the credential →
+// scrub the credential from what comes back. Every request is decided on its own, so keep-alive
+// and pipelined follow-ups are checked again (B6).
+
+export type PolicyState =
+  | { kind: "none" }
+  | { kind: "invalid"; reason: string }
+  | { kind: "ready"; policy: PolicyDocument; secrets: Record<string, string>; index: PolicyIndex };
+
+export interface PolicySource {
+  current(): PolicyState;
+}
+
+export interface AuditSink {
+  recordBlocked(host: string): void;
+  recordRoute(host: string, route: "direct" | "tunnel" | "refused"): void;
+  /** False when the spool is full: refuse new egress rather than lose audit rows (E3). */
+  readonly accepting: boolean;
+}
+
+export interface DecisionRecord {
+  event: "decision";
+  conn: number;
+  listener: Listener;
+  host: string | null;
+  port: number | null;
+  method: string;
+  decision: "allow" | "block" | "refuse" | "error";
+  reason: string;
+  status: number;
+  rule: number | null;
+  policyVersion: number | null;
+  bytesIn: number;
+  bytesOut: number;
+  ms: number;
+}
+
+export type Listener = "tls" | "http" | "explicit";
+
+export interface ProxyOptions {
+  ca: RunCa;
+  policy: PolicySource;
+  audit: AuditSink;
+  upstream: Upstream;
+  log?: (record: DecisionRecord | Record<string, unknown>) => void;
+  /** Bounds (F2). */
+  limits?: Partial<Limits>;
+}
+
+interface Limits {
+  maxConnections: number;
+  headersTimeoutMs: number;
+  requestTimeoutMs: number;
+  keepAliveTimeoutMs: number;
+  handshakeTimeoutMs: number;
+  maxHeaderBytes: number;
+}
+
+const DEFAULT_LIMITS: Limits = {
+  maxConnections: 2048,
+  headersTimeoutMs: 10_000,
+  requestTimeoutMs: 120_000,
+  keepAliveTimeoutMs: 5_000,
+  handshakeTimeoutMs: 10_000,
+  maxHeaderBytes: 16 * 1024,
+};
+
+interface ConnInfo {
+  id: number;
+  listener: Listener;
+  /** CONNECT target (explicit proxy), canonical. */
+  connectHost?: string;
+  connectPort?: number;
+  policyVersion: number | null;
+}
+
+class Refusal extends Error {
+  constructor(
+    readonly status: number,
+    readonly decision: DecisionRecord["decision"],
+    readonly reason: string,
+    readonly body: string,
+  ) {
+    super(reason);
+  }
+}
+
+export function createProxy(options: ProxyOptions) {
+  const limits = { ...DEFAULT_LIMITS, ...options.limits };
+  const log = options.log ?? ((r) => process.stdout.write(`${JSON.stringify(r)}\n`));
+  const info = new WeakMap<Socket, ConnInfo>();
+  const sockets = new Set<Socket>();
+  let nextConn = 1;
+
+  const serverOptions = {
+    insecureHTTPParser: false, // case A6: never lenient
+    requireHostHeader: true,
+    joinDuplicateHeaders: false,
+    maxHeaderSize: limits.maxHeaderBytes,
+    headersTimeout: limits.headersTimeoutMs,
+    requestTimeout: limits.requestTimeoutMs,
+    keepAliveTimeout: limits.keepAliveTimeoutMs,
+  };
+
+  const versionNow = (): number | null => {
+    const s = options.policy.current();
+    return s.kind === "ready" ? s.policy.version : null;
+  };
+
+  function track(socket: Socket, listener: Listener, extra: Partial<ConnInfo> = {}): ConnInfo {
+    const conn: ConnInfo = { id: nextConn++, listener, policyVersion: versionNow(), ...extra };
+    info.set(socket, conn);
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+    return conn;
+  }
+
+  // Decrypted traffic of both TLS ways in lands on this server; it never listens itself.
+  const inner: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
+  const plain: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
+  const explicit: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
+  for (const server of [inner, plain, explicit]) {
+    server.on("clientError", (err: Error & { code?: string }, socket: Socket) => {
+      // The parser refused the message (A1–A5 and friends): answer 400 and close, forward nothing.
+      const conn = info.get(socket);
+      log({
+        event: "malformed",
+        conn: conn?.id ?? 0,
+        listener: conn?.listener ?? "http",
+        code: err.code ?? "unknown",
+      });
+      if (socket.writable)
+        socket.end("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+      socket.destroy();
+    });
+  }
+  plain.on("connection", (socket: Socket) => track(socket, "http"));
+  explicit.on("connection", (socket: Socket) => track(socket, "explicit"));
+
+  function terminateTls(raw: Socket, conn: Omit<ConnInfo, "id" | "policyVersion">): void {
+    const tls = new TLSSocket(raw, {
+      isServer: true,
+      ALPNProtocols: ["http/1.1"],
+      SNICallback: (servername, cb) => {
+        const host = canonicalHost(servername);
+        if (!host) return cb(new Error("SNI is not a valid host name"), undefined);
+        options.ca.contextFor(host).then(
+          (ctx) => cb(null, ctx),
+          (e: Error) => cb(e, undefined),
+        );
+      },
+    });
+    track(tls, conn.listener, conn);
+    const handshake = setTimeout(() => tls.destroy(), limits.handshakeTimeoutMs);
+    tls.once("secure", () => {
+      clearTimeout(handshake);
+      inner.emit("connection", tls);
+    });
+    tls.on("error", (e: Error & { code?: string }) => {
+      clearTimeout(handshake);
+      // A client that does not trust the run CA, no SNI, a bad handshake: nothing was forwarded.
+      log({
+        event: "tls_error",
+        conn: info.get(tls)?.id ?? 0,
+        listener: conn.listener,
+        code: e.code ?? e.message,
+      });
+      tls.destroy();
+      raw.destroy();
+    });
+  }
+
+  const tlsListener: NetServer = createNetServer((raw) => {
+    raw.on("error", () => raw.destroy());
+    terminateTls(raw, { listener: "tls" });
+  });
+  tlsListener.maxConnections = limits.maxConnections;
+  plain.maxConnections = limits.maxConnections;
+  explicit.maxConnections = limits.maxConnections;
+
+  explicit.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+    socket.on("error", () => socket.destroy());
+    const started = Date.now();
+    const conn = info.get(socket);
+    const target = splitHostPort(req.url ?? "");
+    const reply = (
+      status: number,
+      reason: string,
+      decision: DecisionRecord["decision"],
+      host: string | null,
+    ) => {
+      log(record(conn, "CONNECT", host, target?.port ?? null, decision, reason, status, null, 0, 0, started));
+      socket.end(
+        `HTTP/1.1 ${status} ${status === 403 ? "Forbidden" : "Bad Request"}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`,
+      );
+    };
+    if (!target || target.port === null) return reply(400, "CONNECT target is not host:port", "refuse", null);
+    if (target.port !== 443)
+      return reply(403, `CONNECT to port ${target.port}: only 443 leaves`, "refuse", target.host);
+    const state = options.policy.current();
+    if (state.kind !== "ready")
+      return reply(403, "no valid policy: all egress denied", "refuse", target.host);
+    if (state.index.decideHost(target.host).action === "block") {
+      options.audit.recordBlocked(target.host);
+      options.audit.recordRoute(target.host, "refused");
+      return reply(403, "host blocked by policy", "block", target.host);
+    }
+    socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
+    if (head.length > 0) socket.unshift(head);
+    terminateTls(socket, { listener: "explicit", connectHost: target.host, connectPort: target.port });
+  });
+
+  function record(
+    conn: ConnInfo | undefined,
+    method: string,
+    host: string | null,
+    port: number | null,
+    decision: DecisionRecord["decision"],
+    reason: string,
+    status: number,
+    rule: number | null,
+    bytesIn: number,
+    bytesOut: number,
+    started: number,
+  ): DecisionRecord {
+    return {
+      event: "decision",
+      conn: conn?.id ?? 0,
+      listener: conn?.listener ?? "http",
+      host,
+      port,
+      method,
+      decision,
+      reason,
+      status,
+      rule,
+      policyVersion: versionNow(),
+      bytesIn,
+      bytesOut,
+      ms: Date.now() - started,
+    };
+  }
+
+  interface Target {
+    host: string;
+    port: number;
+    scheme: "https" | "http";
+    path: string;
+  }
+
+  /** Works out which host this request is for, refusing any disagreement between the signals. */
+  function targetOf(req: IncomingMessage, conn: ConnInfo): Target {
+    const hostValues = hostHeaderValues(req);
+    if (hostValues.length !== 1) throw bad(400, `expected one Host header, got ${hostValues.length}`);
+    const hostHeader = splitHostPort(hostValues[0] as string);
+    if (!hostHeader) throw bad(400, "Host header is not a valid host");
+    const url = req.url ?? "";
+
+    if (conn.listener === "explicit" && !(req.socket instanceof TLSSocket)) {
+      // Absolute-form through the explicit proxy port: plain http only (https goes via CONNECT).
+      let abs: URL;
+      try {
+        abs = new URL(url);
+      } catch {
+        throw bad(400, "a proxy request needs an absolute http:// URL");
+      }
+      if (abs.protocol !== "http:") throw bad(400, "only http:// absolute-form; use CONNECT for https");
+      const host = canonicalHost(abs.host);
+      if (!host) throw bad(400, "request URL host is not valid");
+      if (host !== hostHeader.host) throw bad(400, "request URL host and Host header disagree"); // case A9
+      const port = abs.port ? Number(abs.port) : 80;
+      if (hostHeader.port !== null && hostHeader.port !== port)
+        throw bad(400, "Host port disagrees with URL");
+      return { host, port, scheme: "http", path: `${abs.pathname}${abs.search}` };
+    }
+
+    let authority: string;
+    let port: number;
+    let scheme: Target["scheme"];
+    if (req.socket instanceof TLSSocket) {
+      const sni = canonicalHost(String((req.socket as TLSSocket & { servername?: string }).servername ?? ""));
+      if (!sni) throw misdirected("no usable SNI");
+      if (conn.connectHost && sni !== conn.connectHost)
+        throw misdirected("SNI differs from the CONNECT target");
+      authority = conn.connectHost ?? sni;
+      port = conn.connectPort ?? 443;
+      scheme = "https";
+    } else {
+      authority = hostHeader.host;
+      port = 80;
+      scheme = "http";
+    }
+    // Domain fronting (A8), CONNECT-then-other-Host (A7), redirected-to-one-Host-for-another (A10).
+    if (hostHeader.host !== authority) throw misdirected("Host header differs from the connection's host");
+    if (hostHeader.port !== null && hostHeader.port !== port) throw misdirected("Host port differs");
+    let path = url;
+    if (!url.startsWith("/")) {
+      // Absolute-form on a transparent connection: allowed only when it names the same host.
+      let abs: URL;
+      try {
+        abs = new URL(url);
+      } catch {
+        throw bad(400, "request target is neither origin-form nor absolute-form");
+      }
+      if (canonicalHost(abs.host) !== authority)
+        throw bad(400, "request URL host differs from the connection's host");
+      path = `${abs.pathname}${abs.search}`;
+    }
+    return { host: authority, port, scheme, path };
+  }
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const started = Date.now();
+    const conn = info.get(req.socket) ?? track(req.socket, "http");
+    let target: Target | null = null;
+    let rule: number | null = null;
+    let bytesIn = 0;
+    let bytesOut = 0;
+    req.on("data", (c: Buffer) => {
+      bytesIn += c.length;
+    });
+    try {
+      const framing = checkFraming(req.rawHeaders);
+      if (framing) throw bad(400, framing);
+      target = targetOf(req, conn);
+
+      const state = options.policy.current();
+      if (state.kind !== "ready") {
+        // E4: no valid policy, never any egress.
+        throw new Refusal(
+          403,
+          "refuse",
+          `no valid policy (${state.kind})`,
+          blockedBody(target.host, "no valid policy is loaded"),
+        );
+      }
+      const decision = state.index.decideHost(target.host);
+      if (decision.action === "block") {
+        options.audit.recordBlocked(target.host);
+        options.audit.recordRoute(target.host, "refused");
+        throw new Refusal(403, "block", "host blocked by policy", blockedBody(target.host));
+      }
+      if (!options.audit.accepting) {
+        throw new Refusal(
+          503,
+          "refuse",
+          "audit spool full",
+          "Egress paused: the run's audit log cannot be delivered yet.\n",
+        );
+      }
+
+      const match = state.index.matchRule(target.host);
+      let injection: ReturnType<typeof inject> | null = null;
+      let needles: Buffer[] = [];
+      if (match) {
+        const secret = state.secrets[match.rule.secret];
+        if (secret === undefined)
+          throw new Refusal(503, "refuse", "rule secret missing", "Policy incomplete.\n");
+        rule = match.index;
+        // B3: a credential only travels over verified TLS; a plain-http request is upgraded.
+        if (target.scheme === "http") target = { ...target, scheme: "https", port: 443 };
+        injection = inject(match.rule.inject, secret, target.path);
+        needles = needlesFor(secret, injection.injected);
+      }
+
+      const resolved = await options.upstream.resolve(target.host, target.port);
+      if (!resolved.ok) {
+        options.audit.recordRoute(target.host, "refused");
+        if (resolved.kind === "address") options.audit.recordBlocked(target.host);
+        throw new Refusal(
+          resolved.kind === "dns" ? 502 : 403,
+          "refuse",
+          resolved.reason,
+          resolved.kind === "dns"
+            ? `Could not resolve ${target.host}.\n`
+            : blockedBody(target.host, "it resolves to a private or reserved address"),
+        );
+      }
+
+      const headers = filterRequestHeaders(req.rawHeaders);
+      headers.push([
+        "host",
+        target.port === (target.scheme === "https" ? 443 : 80)
+          ? target.host
+          : `${target.host}:${target.port}`,
+      ]);
+      if (injection) {
+        const name = injection.header?.[0];
+        const kept = name ? headers.filter(([k]) => k !== name) : headers;
+        kept.splice(0, kept.length, ...kept.filter(([k]) => k !== "accept-encoding"));
+        if (injection.header) kept.push(injection.header);
+        // Identity encoding so the scrubber sees plain bytes (B7).
+        kept.push(["accept-encoding", "identity"]);
+        headers.splice(0, headers.length, ...kept);
+      }
+      const hasBody =
+        req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0;
+      const pool = options.upstream.poolFor(
+        `${target.scheme}:`,
+        target.host,
+        resolved.address,
+        resolved.port,
+      );
+      const upstreamRes = await pool.request({
+        method: req.method ?? "GET",
+        path: injection?.path ?? target.path,
+        headers: headers.flat(),
+        body: hasBody ? req : null,
+      });
+      options.audit.recordRoute(target.host, "direct");
+
+      const outHeaders = filterResponseHeaders(upstreamRes.headers);
+      let body: NodeJS.ReadableStream = upstreamRes.body;
+      if (injection) {
+        const encoding = String(upstreamRes.headers["content-encoding"] ?? "identity").toLowerCase();
+        const decoder =
+          encoding === "gzip" || encoding === "x-gzip"
+            ? createGunzip()
+            : encoding === "deflate"
+              ? createInflate()
+              : encoding === "br"
+                ? createBrotliDecompress()
+                : null;
+        if (decoder) {
+          // The upstream compressed anyway: decode so the scrubber can see the bytes.
+          body = upstreamRes.body.pipe(decoder);
+          for (let i = outHeaders.length - 1; i >= 0; i--) {
+            const k = outHeaders[i]?.[0];
+            if (k === "content-encoding" || k === "content-length") outHeaders.splice(i, 1);
+          }
+        }
+        for (const h of outHeaders) h[1] = maskString(h[1], needles);
+        body = body.pipe(new RedactStream(needles));
+      }
+      res.writeHead(upstreamRes.statusCode, outHeaders.flat());
+      body.on("data", (c: Buffer) => {
+        bytesOut += c.length;
+      });
+      await pipeline(body, res);
+      log(
+        record(
+          conn,
+          req.method ?? "?",
+          target.host,
+          target.port,
+          "allow",
+          rule === null ? "allowed" : "allowed, credential injected",
+          upstreamRes.statusCode,
+          rule,
+          bytesIn,
+          bytesOut,
+          started,
+        ),
+      );
+    } catch (e) {
+      const refusal =
+        e instanceof Refusal
+          ? e
+          : new Refusal(
+              502,
+              "error",
+              `upstream failed: ${(e as Error & { code?: string }).code ?? (e as Error).name}`,
+              "Upstream request failed.\n",
+            );
+      log(
+        record(
+          conn,
+          req.method ?? "?",
+          target?.host ?? null,
+          target?.port ?? null,
+          refusal.decision,
+          refusal.reason,
+          refusal.status,
+          rule,
+          bytesIn,
+          bytesOut,
+          started,
+        ),
+      );
+      if (!res.headersSent) {
+        res.writeHead(refusal.status, {
+          "content-type": "text/plain; charset=utf-8",
+          "content-length": Buffer.byteLength(refusal.body),
+          connection: "close",
+        });
+        res.end(refusal.body);
+      } else {
+        res.destroy();
+      }
+    }
+  }
+
+  return {
+    tls: tlsListener,
+    http: plain,
+    explicit,
+    /** Policy changed: close every connection opened under another version, and upstream pools. */
+    async policyChanged(): Promise<void> {
+      const now = versionNow();
+      for (const s of sockets) {
+        if (info.get(s)?.policyVersion !== now) s.destroy();
+      }
+      await options.upstream.closeAll();
+    },
+    async close(): Promise<void> {
+      for (const s of sockets) s.destroy();
+      await Promise.all(
+        [tlsListener, plain, explicit].map(
+          (srv) => new Promise<void>((resolve) => (srv.listening ? srv.close(() => resolve()) : resolve())),
+        ),
+      );
+      await options.upstream.closeAll();
+    },
+  };
+}
+
+function hostHeaderValues(req: IncomingMessage): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < req.rawHeaders.length; i += 2) {
+    if (req.rawHeaders[i]?.toLowerCase() === "host") out.push(req.rawHeaders[i + 1] ?? "");
+  }
+  return out;
+}
+
+function bad(status: number, reason: string): Refusal {
+  return new Refusal(status, "refuse", reason, `Bad request: ${reason}.\n`);
+}
+
+function misdirected(reason: string): Refusal {
+  return new Refusal(421, "refuse", reason, `Misdirected request: ${reason}.\n`);
+}
+
+/** What the agent reads when a host is refused: which host, why, and what the owner can do. */
+function blockedBody(host: string, why = "this run's policy blocks it"): string {
+  return [
+    `Blocked by Benchwright: ${host} is not reachable from this run because ${why}.`,
+    "The run's owner can allow it in the vault (Host policy → allow) and the change reaches this run within seconds.",
+    "",
+  ].join("\n");
+}

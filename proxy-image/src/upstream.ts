@@ -1,0 +1,111 @@
+import { lookup as dnsLookup } from "node:dns/promises";
+import { isIP } from "node:net";
+import { rootCertificates } from "node:tls";
+import { buildConnector, Pool } from "undici";
+import type { createAddressPolicy } from "./address";
+
+// Upstream connections: resolve once, check every answer (A12, A13), dial exactly the checked
+// address with the original name for SNI and certificate verification (B3). Pools belong to this
+// proxy (one run), so an upstream connection is never shared across runs (B6).
+
+export type ResolveResult =
+  | { ok: true; address: string; port: number }
+  | { ok: false; reason: string; kind: "dns" | "address" };
+
+export interface UpstreamOptions {
+  addressPolicy: ReturnType<typeof createAddressPolicy>;
+  /** Extra trust roots for upstream TLS, on top of the system's (tests: the suite's own CA). */
+  extraCaPem?: string | undefined;
+  /** Test-only: host → "ip:port", replacing DNS and the port for the suite's own test hosts. */
+  testRoutes?: ReadonlyMap<string, { address: string; port: number }> | undefined;
+  dialTimeoutMs?: number;
+  dnsTimeoutMs?: number;
+  /** Injectable for tests of DNS failure (E5) and rebinding (A13). */
+  lookup?: (host: string) => Promise<string[]>;
+}
+
+const systemLookup = async (host: string): Promise<string[]> =>
+  (await dnsLookup(host, { all: true, verbatim: true })).map((a) => a.address);
+
+function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} timed out after ${ms} ms`)), ms);
+  });
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
+}
+
+export function createUpstream(options: UpstreamOptions) {
+  const ca = options.extraCaPem ? [...rootCertificates, options.extraCaPem] : [...rootCertificates];
+  const lookup = options.lookup ?? systemLookup;
+  const pools = new Map<string, Pool>();
+
+  async function resolve(host: string, port: number): Promise<ResolveResult> {
+    const bare = host.replace(/^\[|\]$/g, "");
+    const route = options.testRoutes?.get(host);
+    let answers: string[];
+    let dialPort = port;
+    if (route) {
+      answers = [route.address];
+      dialPort = route.port;
+    } else if (isIP(bare)) {
+      answers = [bare];
+    } else {
+      try {
+        answers = await withTimeout(lookup(host), options.dnsTimeoutMs ?? 5_000, "DNS lookup");
+      } catch (e) {
+        return { ok: false, kind: "dns", reason: `DNS lookup failed: ${(e as Error).message.slice(0, 120)}` };
+      }
+      if (answers.length === 0) return { ok: false, kind: "dns", reason: "DNS returned no addresses" };
+    }
+    // Every answer must pass: an answer set that mixes public and private addresses is a
+    // rebinding attempt, not a choice to make for the sandbox.
+    for (const address of answers) {
+      const verdict = options.addressPolicy.check(address);
+      if (!verdict.allowed) return { ok: false, kind: "address", reason: `${address} is ${verdict.reason}` };
+    }
+    return { ok: true, address: answers[0] as string, port: dialPort };
+  }
+
+  /** A pool that dials exactly `address` and verifies TLS against `host`. */
+  function poolFor(protocol: "https:" | "http:", host: string, address: string, port: number): Pool {
+    const key = `${protocol}//${host}:${port}@${address}`;
+    let pool = pools.get(key);
+    if (!pool) {
+      const family = isIP(address);
+      const fixedLookup = (
+        _h: string,
+        opts: { all?: boolean },
+        cb: (err: Error | null, a: string | Array<{ address: string; family: number }>, f?: number) => void,
+      ) => (opts.all ? cb(null, [{ address, family }]) : cb(null, address, family));
+      const connect = buildConnector({
+        ca,
+        timeout: options.dialTimeoutMs ?? 10_000,
+        lookup: fixedLookup as never,
+        rejectUnauthorized: true,
+        ...(isIP(host.replace(/^\[|\]$/g, "")) ? {} : { servername: host }),
+      });
+      const origin = `${protocol}//${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${port}`;
+      pool = new Pool(origin, {
+        connect,
+        connections: 64,
+        pipelining: 1,
+        keepAliveTimeout: 30_000,
+        headersTimeout: 60_000,
+        bodyTimeout: 300_000,
+      });
+      pools.set(key, pool);
+    }
+    return pool;
+  }
+
+  async function closeAll(): Promise<void> {
+    const all = [...pools.values()];
+    pools.clear();
+    await Promise.allSettled(all.map((p) => p.destroy()));
+  }
+
+  return { resolve, poolFor, closeAll };
+}
+
+export type Upstream = ReturnType<typeof createUpstream>;

@@ -1,0 +1,273 @@
+import "reflect-metadata";
+import { execFile } from "node:child_process";
+import { webcrypto } from "node:crypto";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import type { IncomingMessage, Server, ServerResponse } from "node:http";
+import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
+import type { AddressInfo, Server as NetServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import * as x509 from "@peculiar/x509";
+import { createAddressPolicy } from "../../proxy-image/src/address";
+import { createRunCa } from "../../proxy-image/src/ca";
+import { type AuditSink, createProxy, type PolicyState } from "../../proxy-image/src/proxy";
+import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/upstream";
+import { buildPolicyIndex, compilePolicy, type VaultSnapshot } from "../../src/policy/compile";
+
+// One harness for the proxy tests: a test CA and real TLS upstreams on loopback addresses the
+// suite picks (127.0.0.2 and up), the real proxy on 127.0.0.1, and real clients (curl, undici).
+
+x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
+
+const EC = { name: "ECDSA", namedCurve: "P-256" } as const;
+const SIGN = { name: "ECDSA", hash: "SHA-256" } as const;
+
+export interface TestCa {
+  certPem: string;
+  issue(hosts: string[]): Promise<{ certPem: string; keyPem: string }>;
+}
+
+function pem(label: string, der: ArrayBuffer): string {
+  const b64 = Buffer.from(der).toString("base64").replace(/.{64}/g, "$&\n");
+  return `-----BEGIN ${label}-----\n${b64}${b64.endsWith("\n") ? "" : "\n"}-----END ${label}-----\n`;
+}
+
+export async function createTestCa(name = "Benchwright test upstream CA"): Promise<TestCa> {
+  const keys = (await webcrypto.subtle.generateKey(EC, true, ["sign", "verify"])) as webcrypto.CryptoKeyPair;
+  const now = Date.now();
+  const ca = await x509.X509CertificateGenerator.createSelfSigned({
+    serialNumber: "01",
+    name: `CN=${name}`,
+    notBefore: new Date(now - 3_600_000),
+    notAfter: new Date(now + 86_400_000),
+    keys,
+    signingAlgorithm: SIGN,
+    extensions: [
+      new x509.BasicConstraintsExtension(true, 0, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign, true),
+    ],
+  });
+  return {
+    certPem: ca.toString("pem"),
+    async issue(hosts) {
+      const leafKeys = (await webcrypto.subtle.generateKey(EC, true, [
+        "sign",
+        "verify",
+      ])) as webcrypto.CryptoKeyPair;
+      const leaf = await x509.X509CertificateGenerator.create({
+        serialNumber: Buffer.from(webcrypto.getRandomValues(new Uint8Array(8)))
+          .toString("hex")
+          .replace(/^./, "1"),
+        subject: `CN=${hosts[0]}`,
+        issuer: ca.subject,
+        notBefore: new Date(now - 3_600_000),
+        notAfter: new Date(now + 86_400_000),
+        publicKey: leafKeys.publicKey,
+        signingKey: keys.privateKey,
+        signingAlgorithm: SIGN,
+        extensions: [
+          new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
+          new x509.SubjectAlternativeNameExtension(
+            hosts.map((h) => (/^[\d.]+$/.test(h) ? { type: "ip", value: h } : { type: "dns", value: h })),
+          ),
+        ],
+      });
+      return {
+        certPem: `${leaf.toString("pem")}\n`,
+        keyPem: pem("PRIVATE KEY", await webcrypto.subtle.exportKey("pkcs8", leafKeys.privateKey)),
+      };
+    },
+  };
+}
+
+export interface Seen {
+  method: string;
+  url: string;
+  headers: Record<string, string | string[] | undefined>;
+  body: string;
+}
+
+export type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
+
+/** Echoes the request as JSON: method, url, headers, body (an upstream that echoes, case B7). */
+export const echo: Handler = (req, res, body) => {
+  const out = JSON.stringify({ method: req.method, url: req.url, headers: req.headers, body });
+  res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(out) });
+  res.end(out);
+};
+
+export interface Upstream {
+  address: string;
+  port: number;
+  seen: Seen[];
+  server: HttpsServer | Server;
+  close(): Promise<void>;
+}
+
+export async function startTlsUpstream(options: {
+  ca: TestCa;
+  hosts: string[];
+  address?: string;
+  handler?: Handler;
+}): Promise<Upstream> {
+  const { certPem, keyPem } = await options.ca.issue(options.hosts);
+  const seen: Seen[] = [];
+  const handler = options.handler ?? echo;
+  const server = createHttpsServer({ cert: certPem, key: keyPem }, (req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const body = Buffer.concat(chunks).toString("utf8");
+      seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
+      handler(req, res, body);
+    });
+  });
+  const address = options.address ?? "127.0.0.2";
+  await new Promise<void>((resolve) => server.listen(0, address, resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    address,
+    port,
+    seen,
+    server,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+export interface AuditRecorder extends AuditSink {
+  blocked: string[];
+  routes: Array<[string, string]>;
+  accepting: boolean;
+}
+
+export function auditRecorder(): AuditRecorder {
+  const rec: AuditRecorder = {
+    blocked: [],
+    routes: [],
+    accepting: true,
+    recordBlocked: (host) => void rec.blocked.push(host),
+    recordRoute: (host, route) => void rec.routes.push([host, route]),
+  };
+  return rec;
+}
+
+export function staticPolicy(vault: VaultSnapshot, secrets: Record<string, string>) {
+  let state: PolicyState = {
+    kind: "ready",
+    policy: compilePolicy(vault),
+    secrets,
+    index: buildPolicyIndex(compilePolicy(vault)),
+  };
+  return {
+    current: () => state,
+    set(next: PolicyState) {
+      state = next;
+    },
+    setVault(v: VaultSnapshot, s: Record<string, string>) {
+      const policy = compilePolicy(v);
+      state = { kind: "ready", policy, secrets: s, index: buildPolicyIndex(policy) };
+    },
+  };
+}
+
+export interface RunningProxy {
+  tlsPort: number;
+  httpPort: number;
+  explicitPort: number;
+  caPem: string;
+  caFile: string;
+  audit: AuditRecorder;
+  logs: Array<Record<string, unknown>>;
+  policy: ReturnType<typeof staticPolicy>;
+  proxy: ReturnType<typeof createProxy>;
+  close(): Promise<void>;
+}
+
+export async function startProxy(options: {
+  vault: VaultSnapshot;
+  secrets?: Record<string, string>;
+  routes?: Record<string, Upstream | { address: string; port: number }>;
+  upstreamCa?: TestCa;
+  testAllowCidrs?: string[];
+  upstream?: Partial<UpstreamOptions>;
+}): Promise<RunningProxy> {
+  const ca = await createRunCa({ runId: "run_test" });
+  const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
+  const caFile = join(dir, "run-ca.pem");
+  writeFileSync(caFile, ca.certPem);
+  const audit = auditRecorder();
+  const logs: Array<Record<string, unknown>> = [];
+  const policy = staticPolicy(options.vault, options.secrets ?? {});
+  const routes = new Map(
+    Object.entries(options.routes ?? {}).map(([h, u]) => [h, { address: u.address, port: u.port }] as const),
+  );
+  const upstream = createUpstream({
+    addressPolicy: createAddressPolicy({
+      testAllowCidrs: options.testAllowCidrs ?? ["127.0.0.2/31", "127.0.0.4/30"],
+    }),
+    extraCaPem: options.upstreamCa?.certPem,
+    testRoutes: routes,
+    ...options.upstream,
+  });
+  const proxy = createProxy({ ca, policy, audit, upstream, log: (r) => void logs.push(r) });
+  const listen = (srv: NetServer) =>
+    new Promise<number>((resolve) =>
+      srv.listen(0, "127.0.0.1", () => resolve((srv.address() as AddressInfo).port)),
+    );
+  const [tlsPort, httpPort, explicitPort] = await Promise.all([
+    listen(proxy.tls),
+    listen(proxy.http),
+    listen(proxy.explicit),
+  ]);
+  return {
+    tlsPort,
+    httpPort,
+    explicitPort,
+    caPem: ca.certPem,
+    caFile,
+    audit,
+    logs,
+    policy,
+    proxy,
+    close: async () => {
+      await proxy.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export interface CurlResult {
+  code: number;
+  status: number;
+  body: string;
+  stderr: string;
+}
+
+/** Runs the real curl; `--fail` is not used so the status is always reported. */
+export function curl(args: string[]): Promise<CurlResult> {
+  return new Promise((resolve) => {
+    execFile(
+      "curl",
+      ["-sS", "--max-time", "10", "-o", "-", "-w", "\n%{http_code}", ...args],
+      { encoding: "utf8" },
+      (err, stdout, stderr) => {
+        const cut = stdout.lastIndexOf("\n");
+        resolve({
+          code: err ? ((err as { code?: number }).code ?? 1) : 0,
+          status: Number(stdout.slice(cut + 1)),
+          body: stdout.slice(0, cut),
+          stderr,
+        });
+      },
+    );
+  });
+}
+
+/** A vault snapshot from a short description (patterns must already be canonical). */
+export function vault(v: Partial<VaultSnapshot>): VaultSnapshot {
+  return { version: 1, default: "allow", hosts: [], rules: [], ...v };
+}
