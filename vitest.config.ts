@@ -11,7 +11,11 @@ export default defineConfig({
   test: {
     projects: [
       {
-        test: { name: "unit", include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts"], environment: "node" },
+        test: {
+          name: "unit",
+          include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts"],
+          environment: "node",
+        },
       },
       {
         plugins: [

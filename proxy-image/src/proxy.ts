@@ -5,15 +5,15 @@ import {
   type ServerResponse,
 } from "node:http";
 import { createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
+import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { TLSSocket } from "node:tls";
 import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
-import type { PolicyDocument } from "../../src/contract/policy";
-import type { PolicyIndex } from "../../src/policy/compile";
 import { canonicalHost, splitHostPort } from "../../src/policy/host";
 import type { RunCa } from "./ca";
 import { checkFraming, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
 import { inject } from "./inject";
+import type { PolicyState } from "./policy-client";
 import { maskString, needlesFor, RedactStream } from "./redact";
 import type { Upstream } from "./upstream";
 
@@ -23,10 +23,7 @@ import type { Upstream } from "./upstream";
 // scrub the credential from what comes back. Every request is decided on its own, so keep-alive
 // and pipelined follow-ups are checked again (B6).
 
-export type PolicyState =
-  | { kind: "none" }
-  | { kind: "invalid"; reason: string }
-  | { kind: "ready"; policy: PolicyDocument; secrets: Record<string, string>; index: PolicyIndex };
+export type { PolicyState };
 
 export interface PolicySource {
   current(): PolicyState;
@@ -111,6 +108,13 @@ export function createProxy(options: ProxyOptions) {
   const log = options.log ?? ((r) => process.stdout.write(`${JSON.stringify(r)}\n`));
   const info = new WeakMap<Socket, ConnInfo>();
   const sockets = new Set<Socket>();
+  // Connections the proxy answered with `Connection: close`. RFC 9112 §9.6: no later request on
+  // such a connection is processed, so a request pipelined behind a refused one is dropped, never
+  // forwarded (its framing may be exactly what the refusal was about).
+  const closing = new WeakSet<Socket>();
+  // Requests dispatched on a socket whose responses have not finished, and the latest of them. A
+  // parse error answers 400 only when it cannot land in, or ahead of, another request's response.
+  const pending = new WeakMap<Socket, { count: number; last: [IncomingMessage, ServerResponse] }>();
   let nextConn = 1;
 
   const serverOptions = {
@@ -150,7 +154,14 @@ export function createProxy(options: ProxyOptions) {
         listener: conn?.listener ?? "http",
         code: err.code ?? "unknown",
       });
-      if (socket.writable)
+      const open = pending.get(socket);
+      // Either nothing is outstanding, or the one outstanding request is the malformed message
+      // itself (its body failed to parse) and nothing of its response is written yet.
+      const mine =
+        !open ||
+        open.count === 0 ||
+        (open.count === 1 && !open.last[0].complete && !open.last[1].headersSent);
+      if (socket.writable && mine)
         socket.end("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
       socket.destroy();
     });
@@ -290,8 +301,8 @@ export function createProxy(options: ProxyOptions) {
       if (!host) throw bad(400, "request URL host is not valid");
       if (host !== hostHeader.host) throw bad(400, "request URL host and Host header disagree"); // case A9
       const port = abs.port ? Number(abs.port) : 80;
-      if (hostHeader.port !== null && hostHeader.port !== port)
-        throw bad(400, "Host port disagrees with URL");
+      // A Host without a port means port 80: `http://h:8080/` with `Host: h` disagrees too.
+      if ((hostHeader.port ?? 80) !== port) throw bad(400, "Host port disagrees with URL");
       return { host, port, scheme: "http", path: `${abs.pathname}${abs.search}` };
     }
 
@@ -331,15 +342,19 @@ export function createProxy(options: ProxyOptions) {
   }
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const socket = req.socket;
+    if (closing.has(socket)) return;
+    const open = pending.get(socket) ?? { count: 0, last: [req, res] };
+    open.count++;
+    open.last = [req, res];
+    pending.set(socket, open);
+    res.once("close", () => open.count--);
     const started = Date.now();
     const conn = info.get(req.socket) ?? track(req.socket, "http");
     let target: Target | null = null;
     let rule: number | null = null;
     let bytesIn = 0;
     let bytesOut = 0;
-    req.on("data", (c: Buffer) => {
-      bytesIn += c.length;
-    });
     try {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
@@ -385,6 +400,9 @@ export function createProxy(options: ProxyOptions) {
       }
 
       const resolved = await options.upstream.resolve(target.host, target.port);
+      // The rest of the message may have failed to parse meanwhile (bad chunk framing, A4): a
+      // request the client side already lost is not started upstream.
+      if (req.destroyed || socket.destroyed) throw bad(400, "the request failed before it was forwarded");
       if (!resolved.ok) {
         options.audit.recordRoute(target.host, "refused");
         if (resolved.kind === "address") options.audit.recordBlocked(target.host);
@@ -416,6 +434,18 @@ export function createProxy(options: ProxyOptions) {
       }
       const hasBody =
         req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0;
+      // Count the body on its way to the upstream. (A 'data' listener on `req` itself would switch
+      // it to flowing mode while the address is still being resolved, and the body would be gone
+      // before the upstream request reads it.) pipeline() carries an aborted request on to undici.
+      const body = hasBody
+        ? new Transform({
+            transform(chunk: Buffer, _enc, done) {
+              bytesIn += chunk.length;
+              done(null, chunk);
+            },
+          })
+        : null;
+      if (body) pipeline(req, body).catch(() => {});
       const pool = options.upstream.poolFor(
         `${target.scheme}:`,
         target.host,
@@ -426,12 +456,12 @@ export function createProxy(options: ProxyOptions) {
         method: req.method ?? "GET",
         path: injection?.path ?? target.path,
         headers: headers.flat(),
-        body: hasBody ? req : null,
+        body,
       });
       options.audit.recordRoute(target.host, "direct");
 
       const outHeaders = filterResponseHeaders(upstreamRes.headers);
-      let body: NodeJS.ReadableStream = upstreamRes.body;
+      let resBody: NodeJS.ReadableStream = upstreamRes.body;
       if (injection) {
         const encoding = String(upstreamRes.headers["content-encoding"] ?? "identity").toLowerCase();
         const decoder =
@@ -444,20 +474,20 @@ export function createProxy(options: ProxyOptions) {
                 : null;
         if (decoder) {
           // The upstream compressed anyway: decode so the scrubber can see the bytes.
-          body = upstreamRes.body.pipe(decoder);
+          resBody = upstreamRes.body.pipe(decoder);
           for (let i = outHeaders.length - 1; i >= 0; i--) {
             const k = outHeaders[i]?.[0];
             if (k === "content-encoding" || k === "content-length") outHeaders.splice(i, 1);
           }
         }
         for (const h of outHeaders) h[1] = maskString(h[1], needles);
-        body = body.pipe(new RedactStream(needles));
+        resBody = resBody.pipe(new RedactStream(needles));
       }
       res.writeHead(upstreamRes.statusCode, outHeaders.flat());
-      body.on("data", (c: Buffer) => {
+      resBody.on("data", (c: Buffer) => {
         bytesOut += c.length;
       });
-      await pipeline(body, res);
+      await pipeline(resBody, res);
       log(
         record(
           conn,
@@ -498,6 +528,7 @@ export function createProxy(options: ProxyOptions) {
           started,
         ),
       );
+      closing.add(req.socket);
       if (!res.headersSent) {
         res.writeHead(refusal.status, {
           "content-type": "text/plain; charset=utf-8",

@@ -1,13 +1,11 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import { SecretName as ContractSecretName } from "../contract/proxy-wire";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/service";
 
 // Secrets are write-only: no response schema here has a field that could carry a value.
-export const SecretName = z
-  .string()
-  .regex(/^[A-Za-z_][A-Za-z0-9_.-]{0,63}$/, "letters, digits, _ . - (max 64), starting with a letter or _")
-  .openapi({ example: "OPENROUTER_API_KEY" });
+export const SecretName = ContractSecretName.openapi({ example: "OPENROUTER_API_KEY" });
 
 const SecretValue = z.string().min(1, "the value is empty").max(16_384, "at most 16 KiB");
 

@@ -2,15 +2,25 @@ import "reflect-metadata";
 import { execFile } from "node:child_process";
 import { webcrypto } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import type { IncomingMessage, Server, ServerResponse } from "node:http";
+import {
+  createServer as createHttpServer,
+  type IncomingMessage,
+  type Server,
+  type ServerResponse,
+} from "node:http";
 import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
-import type { AddressInfo, Server as NetServer } from "node:net";
+import { type AddressInfo, isIPv4, isIPv6, type Server as NetServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import * as x509 from "@peculiar/x509";
 import { createAddressPolicy } from "../../proxy-image/src/address";
 import { createRunCa } from "../../proxy-image/src/ca";
-import { type AuditSink, createProxy, type PolicyState } from "../../proxy-image/src/proxy";
+import {
+  type AuditSink,
+  createProxy,
+  type PolicyState,
+  type ProxyOptions,
+} from "../../proxy-image/src/proxy";
 import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/upstream";
 import { buildPolicyIndex, compilePolicy, type VaultSnapshot } from "../../src/policy/compile";
 
@@ -80,11 +90,35 @@ export async function createTestCa(name = "Benchwright test upstream CA"): Promi
   };
 }
 
+/** A self-signed certificate for `hosts` (its own issuer): an upstream no trust store accepts (B3). */
+export async function selfSignedCert(hosts: string[]): Promise<{ certPem: string; keyPem: string }> {
+  const keys = (await webcrypto.subtle.generateKey(EC, true, ["sign", "verify"])) as webcrypto.CryptoKeyPair;
+  const now = Date.now();
+  const cert = await x509.X509CertificateGenerator.createSelfSigned({
+    serialNumber: "02",
+    name: `CN=${hosts[0]}`,
+    notBefore: new Date(now - 3_600_000),
+    notAfter: new Date(now + 86_400_000),
+    keys,
+    signingAlgorithm: SIGN,
+    extensions: [
+      new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
+      new x509.SubjectAlternativeNameExtension(hosts.map((h) => ({ type: "dns", value: h }))),
+    ],
+  });
+  return {
+    certPem: cert.toString("pem"),
+    keyPem: pem("PRIVATE KEY", await webcrypto.subtle.exportKey("pkcs8", keys.privateKey)),
+  };
+}
+
 export interface Seen {
   method: string;
   url: string;
   headers: Record<string, string | string[] | undefined>;
   body: string;
+  /** Body length in bytes. */
+  bytes: number;
 }
 
 export type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
@@ -99,7 +133,10 @@ export const echo: Handler = (req, res, body) => {
 export interface Upstream {
   address: string;
   port: number;
+  /** Requests whose body arrived in full. */
   seen: Seen[];
+  /** Everything that reached the upstream at all, complete or not: "saw nothing" means all zero. */
+  counts: { connections: number; requests: number };
   server: HttpsServer | Server;
   close(): Promise<void>;
 }
@@ -108,27 +145,74 @@ export async function startTlsUpstream(options: {
   ca: TestCa;
   hosts: string[];
   address?: string;
+  /** A fixed port (default: any free one). */
+  port?: number;
   handler?: Handler;
+  /** Serve this certificate instead of one from `ca` (B3: self-signed, wrong CA, wrong name). */
+  cert?: { certPem: string; keyPem: string };
 }): Promise<Upstream> {
-  const { certPem, keyPem } = await options.ca.issue(options.hosts);
+  const { certPem, keyPem } = options.cert ?? (await options.ca.issue(options.hosts));
   const seen: Seen[] = [];
-  const handler = options.handler ?? echo;
-  const server = createHttpsServer({ cert: certPem, key: keyPem }, (req, res) => {
+  const counts = { connections: 0, requests: 0 };
+  const server = createHttpsServer(
+    { cert: certPem, key: keyPem },
+    recording(seen, counts, options.handler ?? echo),
+  );
+  server.on("secureConnection", () => counts.connections++);
+  return listening(server, seen, counts, options.address ?? "127.0.0.2", options.port ?? 0);
+}
+
+/** A plain-HTTP upstream (B3: the proxy must never hand it a credential in clear). */
+export async function startPlainUpstream(
+  options: { address?: string; port?: number; handler?: Handler } = {},
+): Promise<Upstream> {
+  const seen: Seen[] = [];
+  const counts = { connections: 0, requests: 0 };
+  const server = createHttpServer(recording(seen, counts, options.handler ?? echo));
+  server.on("connection", () => counts.connections++);
+  return listening(server, seen, counts, options.address ?? "127.0.0.2", options.port ?? 0);
+}
+
+function recording(seen: Seen[], counts: Upstream["counts"], handler: Handler) {
+  return (req: IncomingMessage, res: ServerResponse) => {
+    counts.requests++;
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
     req.on("end", () => {
-      const body = Buffer.concat(chunks).toString("utf8");
-      seen.push({ method: req.method ?? "", url: req.url ?? "", headers: req.headers, body });
+      const raw = Buffer.concat(chunks);
+      const body = raw.toString("utf8");
+      seen.push({
+        method: req.method ?? "",
+        url: req.url ?? "",
+        headers: req.headers,
+        body,
+        bytes: raw.length,
+      });
       handler(req, res, body);
     });
+  };
+}
+
+async function listening(
+  server: HttpsServer | Server,
+  seen: Seen[],
+  counts: Upstream["counts"],
+  address: string,
+  wantPort: number,
+): Promise<Upstream> {
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(wantPort, address, () => {
+      server.off("error", reject);
+      resolve();
+    });
   });
-  const address = options.address ?? "127.0.0.2";
-  await new Promise<void>((resolve) => server.listen(0, address, resolve));
   const { port } = server.address() as AddressInfo;
   return {
     address,
     port,
     seen,
+    counts,
     server,
     close: () =>
       new Promise<void>((resolve) => {
@@ -174,6 +258,14 @@ export function staticPolicy(vault: VaultSnapshot, secrets: Record<string, strin
   };
 }
 
+/** A dial the proxy asked its upstream for: the checked address, never a name (A13). */
+export interface Dial {
+  protocol: string;
+  host: string;
+  address: string;
+  port: number;
+}
+
 export interface RunningProxy {
   tlsPort: number;
   httpPort: number;
@@ -182,6 +274,8 @@ export interface RunningProxy {
   caFile: string;
   audit: AuditRecorder;
   logs: Array<Record<string, unknown>>;
+  /** Every upstream dial, in order. Anything outside 127.0.0.0/8 is refused before it is dialled. */
+  dials: Dial[];
   policy: ReturnType<typeof staticPolicy>;
   proxy: ReturnType<typeof createProxy>;
   close(): Promise<void>;
@@ -193,7 +287,10 @@ export async function startProxy(options: {
   routes?: Record<string, Upstream | { address: string; port: number }>;
   upstreamCa?: TestCa;
   testAllowCidrs?: string[];
+  /** The proxy's own addresses for the address policy (A12). */
+  ownAddresses?: string[];
   upstream?: Partial<UpstreamOptions>;
+  limits?: ProxyOptions["limits"];
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -208,12 +305,35 @@ export async function startProxy(options: {
   const upstream = createUpstream({
     addressPolicy: createAddressPolicy({
       testAllowCidrs: options.testAllowCidrs ?? ["127.0.0.2/31", "127.0.0.4/30"],
+      ...(options.ownAddresses ? { ownAddresses: options.ownAddresses } : {}),
     }),
     extraCaPem: options.upstreamCa?.certPem,
     testRoutes: routes,
+    // Tests never use real DNS: a name without a route and without a test resolver fails (E5 path).
+    lookup: async (host) => {
+      throw new Error(`no DNS in tests (${host})`);
+    },
     ...options.upstream,
   });
-  const proxy = createProxy({ ca, policy, audit, upstream, log: (r) => void logs.push(r) });
+  // Belt and braces for "loopback only, ever": whatever the proxy decides, the harness never lets
+  // it dial outside 127.0.0.0/8, and it records every dial so tests can assert "nothing dialled".
+  const dials: Dial[] = [];
+  const guarded: typeof upstream = {
+    ...upstream,
+    poolFor(protocol, host, address, port) {
+      if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
+      dials.push({ protocol, host, address, port });
+      return upstream.poolFor(protocol, host, address, port);
+    },
+  };
+  const proxy = createProxy({
+    ca,
+    policy,
+    audit,
+    upstream: guarded,
+    log: (r) => void logs.push(r),
+    ...(options.limits ? { limits: options.limits } : {}),
+  });
   const listen = (srv: NetServer) =>
     new Promise<number>((resolve) =>
       srv.listen(0, "127.0.0.1", () => resolve((srv.address() as AddressInfo).port)),
@@ -231,6 +351,7 @@ export async function startProxy(options: {
     caFile,
     audit,
     logs,
+    dials,
     policy,
     proxy,
     close: async () => {
@@ -238,6 +359,12 @@ export async function startProxy(options: {
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+function isLoopbackAddress(address: string): boolean {
+  if (isIPv4(address)) return address.startsWith("127.");
+  if (isIPv6(address)) return address === "::1" || /^::ffff:127\./i.test(address);
+  return false;
 }
 
 export interface CurlResult {

@@ -1,0 +1,79 @@
+// Starting the proxy: configuration → run CA → policy client → audit reporter → listeners →
+// tell the control plane we are ready (CA certificate for the work sandbox to trust).
+import type { AddressInfo, Server } from "node:net";
+import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
+import { createAddressPolicy } from "./address";
+import { AuditReporter } from "./audit";
+import { createRunCa } from "./ca";
+import { loadProxyConfig } from "./config";
+import { PolicyClient } from "./policy-client";
+import { createProxy } from "./proxy";
+import { createUpstream } from "./upstream";
+
+function listen(server: Server, port: number, host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve((server.address() as AddressInfo).port));
+  });
+}
+
+export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
+  const config = loadProxyConfig(env, argv);
+  const ca = await createRunCa({ runId: config.BW_RUN_ID });
+  let proxy: ReturnType<typeof createProxy> | null = null;
+  const policy = new PolicyClient({
+    controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
+    runId: config.BW_RUN_ID,
+    proxyToken: config.BW_PROXY_TOKEN,
+    intervalMs: config.BW_POLICY_INTERVAL_MS,
+    onChange: () => void proxy?.policyChanged(),
+  });
+  const audit = new AuditReporter({
+    controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
+    runId: config.BW_RUN_ID,
+    proxyToken: config.BW_PROXY_TOKEN,
+    auditKey: config.BW_AUDIT_KEY,
+    spoolDir: config.BW_SPOOL_DIR,
+    maxSpoolBytes: config.BW_SPOOL_MAX_BYTES,
+    source: "proxy",
+  });
+  const upstream = createUpstream({
+    addressPolicy: createAddressPolicy({
+      ownAddresses: config.ownAddresses,
+      testAllowCidrs: config.testAllowCidrs,
+    }),
+    extraCaPem: config.extraCaPem,
+    testRoutes: config.testRoutes,
+  });
+  proxy = createProxy({ ca, policy, audit, upstream });
+  await audit.start();
+  await policy.start();
+  const host = config.BW_LISTEN_HOST;
+  const listeners = {
+    tls: await listen(proxy.tls, config.BW_TLS_PORT, host),
+    http: await listen(proxy.http, config.BW_HTTP_PORT, host),
+    explicit: await listen(proxy.explicit, config.BW_EXPLICIT_PORT, host),
+  };
+  const state = policy.current();
+  const ready = ProxyReady.parse({
+    caCertPem: ca.certPem,
+    caFingerprint256: ca.fingerprint256,
+    policyVersion: state.kind === "ready" ? state.policy.version : null,
+    listeners,
+  });
+  const res = await fetch(new URL(readyPath(config.BW_RUN_ID), config.BW_CONTROL_PLANE_URL), {
+    method: "POST",
+    headers: { authorization: bearer(config.BW_PROXY_TOKEN), "content-type": "application/json" },
+    body: JSON.stringify(ready),
+    redirect: "error",
+  });
+  if (!res.ok) throw new Error(`control plane refused the ready call: HTTP ${res.status}`);
+  console.log(JSON.stringify({ event: "ready", runId: config.BW_RUN_ID, listeners, ca: ca.fingerprint256 }));
+
+  const shutdown = async () => {
+    await proxy?.close();
+    await policy.stop();
+    await audit.stop();
+  };
+  return { ca, listeners, policy, audit, proxy, shutdown };
+}

@@ -1,0 +1,332 @@
+import { Webhook, WebhookVerificationError } from "standardwebhooks";
+import { z } from "zod";
+import { canonicalHost } from "../policy/host";
+import { PolicyDocument } from "./policy";
+
+// The wire contract between a run's proxy and the control plane (the Worker). Imported by both
+// sides, so they cannot drift; pure (zod + standardwebhooks, no node: imports) because workerd
+// loads it too.
+//
+//   GET  /internal/runs/{runId}/policy  → PolicyEnvelope, ETag "<version>", 304 on If-None-Match
+//   POST /internal/runs/{runId}/audit   ← AuditBatch, signed (Standard Webhooks) with the run's
+//                                         audit key; 2xx stored, 409 already stored (the proxy
+//                                         treats both as delivered), any other 4xx is final
+//   POST /internal/runs/{runId}/ready   ← ProxyReady
+//
+// Every call carries `Authorization: Bearer <proxy token>`. Audit batches are signed as well,
+// so that a leaked token alone cannot forge audit rows, and so that a batch is bound to its id
+// (the control plane de-duplicates on it: a retried or replayed batch is stored once, case D5).
+
+// ---- identifiers and paths ----
+
+const ID = /^[A-Za-z0-9_-]{1,64}$/;
+
+/** An opaque run id as the control plane makes it (`run_...`). */
+export const RunId = z.string().regex(ID, "a run id is 1-64 of A-Z a-z 0-9 _ -");
+export type RunId = z.infer<typeof RunId>;
+
+/** A batch id: the idempotency key of an audit batch, and its Standard Webhooks message id. */
+export const BatchId = z.string().regex(ID, "a batch id is 1-64 of A-Z a-z 0-9 _ -");
+export type BatchId = z.infer<typeof BatchId>;
+
+const runPath = (runId: string, leaf: string) => `/internal/runs/${encodeURIComponent(runId)}/${leaf}`;
+export const policyPath = (runId: string): string => runPath(runId, "policy");
+export const auditPath = (runId: string): string => runPath(runId, "audit");
+export const readyPath = (runId: string): string => runPath(runId, "ready");
+
+export const AUTHORIZATION_HEADER = "authorization";
+export const CONTENT_TYPE_HEADER = "content-type";
+export const JSON_CONTENT_TYPE = "application/json";
+export const ETAG_HEADER = "etag";
+export const IF_NONE_MATCH_HEADER = "if-none-match";
+export const AUDIT_ID_HEADER = "webhook-id";
+export const AUDIT_TIMESTAMP_HEADER = "webhook-timestamp";
+export const AUDIT_SIGNATURE_HEADER = "webhook-signature";
+
+/** The `Authorization` value for a proxy token. */
+export const bearer = (proxyToken: string): string => `Bearer ${proxyToken}`;
+
+/** The token of a `Bearer` Authorization value, or null. */
+export function readBearer(value: string | null | undefined): string | null {
+  const match = /^Bearer ([\x21-\x7e]{1,512})$/.exec(value ?? "");
+  return match?.[1] ?? null;
+}
+
+/** The ETag of a policy document: its version, quoted. */
+export const policyEtag = (version: number): string => `"${version}"`;
+
+// ---- policy ----
+
+/** Same grammar as the vault's secret names. */
+export const SecretName = z
+  .string()
+  .regex(/^[A-Za-z_][A-Za-z0-9_.-]{0,63}$/, "letters, digits, _ . - (max 64), starting with a letter or _");
+
+// Printable ASCII only: the value goes into a header or a query string, so CR, LF, NUL and
+// non-ASCII could split or corrupt the request. Messages never echo the value.
+export const SecretValue = z
+  .string()
+  .min(1, "the value is empty")
+  .max(16_384, "at most 16 KiB")
+  .regex(/^[\x20-\x7e]+$/, "printable ASCII only");
+
+/** Body of `GET policyPath(runId)`: the document plus the values of exactly the secrets it names. */
+export const PolicyEnvelope = z
+  .strictObject({ policy: PolicyDocument, secrets: z.record(SecretName, SecretValue) })
+  .superRefine((envelope, ctx) => {
+    const named = new Set(envelope.policy.rules.map((r) => r.secret));
+    for (const name of named) {
+      // hasOwn, not `in`: a rule naming "constructor" must not find Object.prototype's.
+      if (!Object.hasOwn(envelope.secrets, name)) {
+        ctx.addIssue({ code: "custom", path: ["secrets"], message: `no value for the secret ${name}` });
+      }
+    }
+    // The proxy holds only the secrets its rules use.
+    for (const name of Object.keys(envelope.secrets)) {
+      if (!named.has(name)) {
+        ctx.addIssue({ code: "custom", path: ["secrets", name], message: "no rule uses this secret" });
+      }
+    }
+  });
+export type PolicyEnvelope = z.infer<typeof PolicyEnvelope>;
+
+// ---- audit ----
+
+/** Per array of a batch. The proxy aggregates by host, so this is a count of distinct hosts. */
+export const MAX_AUDIT_ENTRIES = 10_000;
+/** The control plane refuses a larger body before parsing it (413). */
+export const MAX_AUDIT_BODY_BYTES = 8 * 1024 * 1024;
+
+const CanonicalHost = z
+  .string()
+  .max(1024)
+  .refine((h) => canonicalHost(h) === h, "not a canonical host (lowercase, punycode, no port)");
+const Instant = z.iso.datetime();
+const Count = z.number().int().min(1);
+
+const seenInOrder = (row: { firstSeen: string; lastSeen: string }) =>
+  Date.parse(row.firstSeen) <= Date.parse(row.lastSeen);
+
+export const EgressRoute = z.enum(["direct", "tunnel", "refused"]);
+export type EgressRoute = z.infer<typeof EgressRoute>;
+
+export const AuditSource = z.enum(["proxy", "local_agent"]);
+export type AuditSource = z.infer<typeof AuditSource>;
+
+export const BlockedHostRow = z
+  .strictObject({ host: CanonicalHost, count: Count, firstSeen: Instant, lastSeen: Instant })
+  .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
+export type BlockedHostRow = z.infer<typeof BlockedHostRow>;
+
+export const EgressRouteRow = z
+  .strictObject({
+    host: CanonicalHost,
+    route: EgressRoute,
+    count: Count,
+    firstSeen: Instant,
+    lastSeen: Instant,
+  })
+  .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
+export type EgressRouteRow = z.infer<typeof EgressRouteRow>;
+
+/**
+ * One audit delivery: counts per host, aggregated over a flush interval. Strict, and there is
+ * deliberately no field that could carry a path, query, header or body. A host (or host and
+ * route) appears once per batch, so that a batch has one meaning however the rows are summed.
+ */
+export const AuditBatch = z
+  .strictObject({
+    schema: z.literal(1),
+    runId: RunId,
+    batchId: BatchId,
+    source: AuditSource,
+    createdAt: Instant,
+    blockedHosts: z.array(BlockedHostRow).max(MAX_AUDIT_ENTRIES),
+    egressRoutes: z.array(EgressRouteRow).max(MAX_AUDIT_ENTRIES),
+  })
+  .superRefine((batch, ctx) => {
+    const seen = new Set<string>();
+    batch.blockedHosts.forEach((row, i) => {
+      if (seen.has(row.host)) {
+        ctx.addIssue({ code: "custom", path: ["blockedHosts", i, "host"], message: "host listed twice" });
+      }
+      seen.add(row.host);
+    });
+    seen.clear();
+    batch.egressRoutes.forEach((row, i) => {
+      const key = `${row.route} ${row.host}`;
+      if (seen.has(key)) {
+        ctx.addIssue({ code: "custom", path: ["egressRoutes", i], message: "host and route listed twice" });
+      }
+      seen.add(key);
+    });
+  });
+export type AuditBatch = z.infer<typeof AuditBatch>;
+
+// ---- ready ----
+
+const Port = z.number().int().min(1).max(65_535);
+
+/** Body of `POST readyPath(runId)`: the proxy is listening and the work sandbox may trust its CA. */
+export const ProxyReady = z.strictObject({
+  caCertPem: z
+    .string()
+    .max(16_384)
+    .regex(
+      /^-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+-----END CERTIFICATE-----\r?\n?$/,
+      "one PEM certificate",
+    ),
+  /** SHA-256 of the CA certificate's DER, lowercase hex. */
+  caFingerprint256: z.string().regex(/^[0-9a-f]{64}$/, "64 lowercase hex digits"),
+  /** The policy version in force, or null when the proxy has none (it then denies everything). */
+  policyVersion: z.number().int().min(0).nullable(),
+  listeners: z
+    .strictObject({ tls: Port, http: Port, explicit: Port })
+    .refine((l) => new Set([l.tls, l.http, l.explicit]).size === 3, "the three listeners share a port"),
+});
+export type ProxyReady = z.infer<typeof ProxyReady>;
+
+// ---- audit signing (Standard Webhooks: HMAC-SHA256 over `id.timestamp.body`) ----
+
+/** `whsec_` + base64 of at least 24 random bytes, as the standardwebhooks library reads it. */
+export const AuditKey = z
+  .string()
+  .regex(/^whsec_(?:[A-Za-z0-9+/]{4}){8,}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/, "not an audit key");
+
+/** A fresh per-run audit key (32 random bytes). */
+export function newAuditKey(): string {
+  const bytes = crypto.getRandomValues(new Uint8Array(32));
+  return `whsec_${btoa(String.fromCharCode(...bytes))}`;
+}
+
+// A type alias, not an interface: it then fits Record<string, string> (fetch headers, verify).
+export type AuditSignatureHeaders = {
+  "webhook-id": string;
+  "webhook-timestamp": string;
+  "webhook-signature": string;
+};
+
+function webhook(auditKey: string): Webhook {
+  // A malformed key is a configuration error, not a bad request: say so, without the key.
+  if (!AuditKey.safeParse(auditKey).success) throw new TypeError("the audit key is not whsec_ + base64");
+  return new Webhook(auditKey);
+}
+
+/** The headers that sign `rawBody` (the exact bytes sent) as the batch `batchId` at `timestamp`. */
+export function signAuditBatch(
+  auditKey: string,
+  batchId: string,
+  timestamp: Date,
+  rawBody: string,
+): AuditSignatureHeaders {
+  if (!ID.test(batchId)) throw new TypeError("not a batch id");
+  return {
+    [AUDIT_ID_HEADER]: batchId,
+    [AUDIT_TIMESTAMP_HEADER]: String(Math.floor(timestamp.getTime() / 1000)),
+    [AUDIT_SIGNATURE_HEADER]: webhook(auditKey).sign(batchId, timestamp, rawBody),
+  };
+}
+
+/**
+ * Why a delivered batch was refused. `unauthenticated`: signature missing, wrong, or outside
+ * the 5-minute window (→ 401); `invalid_batch`: signed, but not an AuditBatch or not the batch
+ * the signature names (→ 400); `wrong_run`: names a run other than the one addressed (→ 403).
+ */
+export type AuditRefusal = "unauthenticated" | "invalid_batch" | "wrong_run";
+
+export class AuditVerificationError extends Error {
+  constructor(
+    readonly code: AuditRefusal,
+    message: string,
+  ) {
+    super(message);
+    this.name = "AuditVerificationError";
+  }
+}
+
+export type HeaderSource =
+  | { get(name: string): string | null }
+  | Readonly<Record<string, string | readonly string[] | undefined>>;
+
+function header(headers: HeaderSource, name: string): string | undefined {
+  if (typeof headers.get === "function")
+    return (headers as { get(n: string): string | null }).get(name) ?? undefined;
+  const record = headers as Readonly<Record<string, string | readonly string[] | undefined>>;
+  const key = Object.keys(record).find((k) => k.toLowerCase() === name);
+  const value = key === undefined ? undefined : record[key];
+  // A repeated header is ambiguous: treat it as absent.
+  return typeof value === "string" ? value : undefined;
+}
+
+/**
+ * Checks the signature over the raw body (constant-time, several `v1,` signatures accepted for
+ * key rotation, timestamp within 5 minutes), then the batch itself: strict schema, the signed id
+ * is the batch's id, and (when given) the run is the one addressed. Throws AuditVerificationError.
+ */
+export function verifyAuditBatch(
+  auditKey: string,
+  headers: HeaderSource,
+  rawBody: string,
+  expect: { runId?: string } = {},
+): AuditBatch {
+  const unauthenticated = (message: string) => new AuditVerificationError("unauthenticated", message);
+  const id = header(headers, AUDIT_ID_HEADER);
+  const timestamp = header(headers, AUDIT_TIMESTAMP_HEADER);
+  const signature = header(headers, AUDIT_SIGNATURE_HEADER);
+  if (id === undefined || timestamp === undefined || signature === undefined) {
+    throw unauthenticated("missing webhook-id, webhook-timestamp or webhook-signature");
+  }
+  if (!ID.test(id)) throw unauthenticated("webhook-id is not a batch id");
+  // The library reads the timestamp with parseInt, which accepts "123abc": insist on digits.
+  if (!/^[0-9]{1,12}$/.test(timestamp)) throw unauthenticated("webhook-timestamp is not an integer");
+  if (signature.length > 4096) throw unauthenticated("webhook-signature is too long");
+  if (rawBody.length > MAX_AUDIT_BODY_BYTES)
+    throw new AuditVerificationError("invalid_batch", "body too large");
+
+  const hook = webhook(auditKey);
+  try {
+    hook.verify(
+      rawBody,
+      {
+        [AUDIT_ID_HEADER]: id,
+        [AUDIT_TIMESTAMP_HEADER]: timestamp,
+        [AUDIT_SIGNATURE_HEADER]: signature,
+      },
+      { jsonParse: false },
+    );
+  } catch (error) {
+    if (error instanceof WebhookVerificationError) throw unauthenticated(error.message);
+    throw unauthenticated("the signature could not be checked");
+  }
+
+  let json: unknown;
+  try {
+    json = JSON.parse(rawBody);
+  } catch {
+    throw new AuditVerificationError("invalid_batch", "the body is not JSON");
+  }
+  const parsed = AuditBatch.safeParse(json);
+  if (!parsed.success) {
+    throw new AuditVerificationError("invalid_batch", describeIssues(parsed.error.issues));
+  }
+  const batch = parsed.data;
+  if (batch.batchId !== id) {
+    throw new AuditVerificationError("invalid_batch", "webhook-id does not name this batch");
+  }
+  if (expect.runId !== undefined && batch.runId !== expect.runId) {
+    throw new AuditVerificationError("wrong_run", "the batch names another run");
+  }
+  return batch;
+}
+
+/**
+ * A short account of schema issues: path and message only. zod's messages do not echo the input
+ * value, so this is safe to log even for an envelope that carries secrets.
+ */
+export function describeIssues(issues: readonly z.core.$ZodIssue[], max = 3): string {
+  const shown = issues
+    .slice(0, max)
+    .map((issue) => `${issue.path.length > 0 ? issue.path.join(".") : "(root)"}: ${issue.message}`);
+  const more = issues.length > max ? ` (+${issues.length - max} more)` : "";
+  return `${shown.join("; ")}${more}`;
+}
