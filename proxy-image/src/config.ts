@@ -6,7 +6,8 @@ import { z } from "zod";
 // (BW_RUN_ID ↔ --run-id). Checked whole at start; a bad configuration refuses to start with a
 // message naming the setting, never its value.
 
-const Port = z.coerce.number().int().min(1).max(65_535);
+// 0 lets the OS pick a free port (tests); the ready call reports the ports actually bound.
+const Port = z.coerce.number().int().min(0).max(65_535);
 
 const Schema = z
   .object({
