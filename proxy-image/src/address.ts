@@ -102,12 +102,14 @@ export function createAddressPolicy(options: AddressPolicyOptions = {}) {
   }
   const testAllow = new BlockList();
   for (const cidr of options.testAllowCidrs ?? []) addCidr(testAllow, cidr);
-  const own = new Set((options.ownAddresses ?? []).map((a) => a.toLowerCase()));
+  // A BlockList compares addresses, not spellings (`2001:db8:0::1` is `2001:db8::1`).
+  const own = new BlockList();
+  for (const a of options.ownAddresses ?? []) own.addAddress(a, isIPv6(a) ? "ipv6" : "ipv4");
 
   function check(ip: string): AddressVerdict {
     const family = isIPv4(ip) ? "ipv4" : isIPv6(ip) ? "ipv6" : null;
     if (!family) return { allowed: false, reason: "not an IP address" };
-    if (own.has(ip.toLowerCase())) return { allowed: false, reason: "the proxy's own address" };
+    if (own.check(ip, family)) return { allowed: false, reason: "the proxy's own address" };
     if (family === "ipv6") {
       const inner = embeddedIpv4(ip);
       if (inner) {

@@ -125,6 +125,9 @@ export function createProxy(options: ProxyOptions) {
     headersTimeout: limits.headersTimeoutMs,
     requestTimeout: limits.requestTimeoutMs,
     keepAliveTimeout: limits.keepAliveTimeoutMs,
+    // Node checks the header and request deadlines on this period (30 s by default, which would
+    // let a stalled connection live far past them): a fraction of the header deadline (F2).
+    connectionsCheckingInterval: Math.max(50, Math.min(1_000, Math.floor(limits.headersTimeoutMs / 4))),
   };
 
   const versionNow = (): number | null => {
@@ -144,7 +147,14 @@ export function createProxy(options: ProxyOptions) {
   const inner: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
   const plain: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
   const explicit: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
+  // Node starts a server's deadline checker on 'listening', which `inner` never emits by itself:
+  // without this, header and request deadlines never apply to TLS traffic (slowloris, F2).
+  inner.emit("listening");
   for (const server of [inner, plain, explicit]) {
+    // Node's header deadline starts at a message's first byte, so a connection that never sends
+    // one would stay open for good: give it as long to start, then close it (F2). Cleared when a
+    // request arrives; Node sets its own keep-alive deadline after each response.
+    server.on("connection", (socket: Socket) => socket.setTimeout(limits.headersTimeoutMs));
     server.on("clientError", (err: Error & { code?: string }, socket: Socket) => {
       // The parser refused the message (A1–A5 and friends): answer 400 and close, forward nothing.
       const conn = info.get(socket);
@@ -212,6 +222,7 @@ export function createProxy(options: ProxyOptions) {
 
   explicit.on("connect", (req: IncomingMessage, socket: Socket, head: Buffer) => {
     socket.on("error", () => socket.destroy());
+    socket.setTimeout(0); // the tunnel's TLS connection gets deadlines of its own
     const started = Date.now();
     const conn = info.get(socket);
     const target = splitHostPort(req.url ?? "");
@@ -343,6 +354,7 @@ export function createProxy(options: ProxyOptions) {
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const socket = req.socket;
+    socket.setTimeout(0);
     if (closing.has(socket)) return;
     const open = pending.get(socket) ?? { count: 0, last: [req, res] };
     open.count++;
@@ -461,33 +473,42 @@ export function createProxy(options: ProxyOptions) {
       options.audit.recordRoute(target.host, "direct");
 
       const outHeaders = filterResponseHeaders(upstreamRes.headers);
-      let resBody: NodeJS.ReadableStream = upstreamRes.body;
+      const stages: Transform[] = [];
       if (injection) {
-        const encoding = String(upstreamRes.headers["content-encoding"] ?? "identity").toLowerCase();
-        const decoder =
-          encoding === "gzip" || encoding === "x-gzip"
-            ? createGunzip()
-            : encoding === "deflate"
-              ? createInflate()
-              : encoding === "br"
-                ? createBrotliDecompress()
-                : null;
-        if (decoder) {
-          // The upstream compressed anyway: decode so the scrubber can see the bytes.
-          resBody = upstreamRes.body.pipe(decoder);
+        // The upstream may compress anyway, even in layers: decode every layer so the scrubber
+        // sees plain bytes. An encoding it cannot read could carry the secret past it: refuse.
+        const decoders = decodersFor(upstreamRes.headers["content-encoding"]);
+        if (decoders === null) {
+          upstreamRes.body.on("error", () => {}).destroy();
+          throw new Refusal(
+            502,
+            "error",
+            "response encoding cannot be scrubbed",
+            "Upstream request failed.\n",
+          );
+        }
+        if (decoders.length > 0) {
+          stages.push(...decoders);
           for (let i = outHeaders.length - 1; i >= 0; i--) {
             const k = outHeaders[i]?.[0];
             if (k === "content-encoding" || k === "content-length") outHeaders.splice(i, 1);
           }
         }
         for (const h of outHeaders) h[1] = maskString(h[1], needles);
-        resBody = resBody.pipe(new RedactStream(needles));
+        stages.push(new RedactStream(needles));
       }
+      stages.push(
+        new Transform({
+          transform(chunk: Buffer, _enc, done) {
+            bytesOut += chunk.length;
+            done(null, chunk);
+          },
+        }),
+      );
       res.writeHead(upstreamRes.statusCode, outHeaders.flat());
-      resBody.on("data", (c: Buffer) => {
-        bytesOut += c.length;
-      });
-      await pipeline(resBody, res);
+      // One pipeline, so an error in any stage (a corrupt gzip body, say) ends the response
+      // instead of surfacing as an unhandled stream error.
+      await pipeline([upstreamRes.body, ...stages, res]);
       log(
         record(
           conn,
@@ -556,6 +577,7 @@ export function createProxy(options: ProxyOptions) {
     },
     async close(): Promise<void> {
       for (const s of sockets) s.destroy();
+      inner.close(); // stops its deadline checker; it has no listening socket of its own
       await Promise.all(
         [tlsListener, plain, explicit].map(
           (srv) => new Promise<void>((resolve) => (srv.listening ? srv.close(() => resolve()) : resolve())),
@@ -564,6 +586,22 @@ export function createProxy(options: ProxyOptions) {
       await options.upstream.closeAll();
     },
   };
+}
+
+/** Decoders for a Content-Encoding list, last-applied first; null when a coding is unknown. */
+function decodersFor(value: string | string[] | undefined): Transform[] | null {
+  const codings = (Array.isArray(value) ? value.join(",") : (value ?? ""))
+    .split(",")
+    .map((c) => c.trim().toLowerCase())
+    .filter((c) => c !== "" && c !== "identity");
+  const out: Transform[] = [];
+  for (const coding of codings.reverse()) {
+    if (coding === "gzip" || coding === "x-gzip") out.push(createGunzip());
+    else if (coding === "deflate") out.push(createInflate());
+    else if (coding === "br") out.push(createBrotliDecompress());
+    else return null;
+  }
+  return out;
 }
 
 function hostHeaderValues(req: IncomingMessage): string[] {

@@ -18,6 +18,7 @@ import { createRunCa } from "../../proxy-image/src/ca";
 import {
   type AuditSink,
   createProxy,
+  type DecisionRecord,
   type PolicyState,
   type ProxyOptions,
 } from "../../proxy-image/src/proxy";
@@ -273,7 +274,7 @@ export interface RunningProxy {
   caPem: string;
   caFile: string;
   audit: AuditRecorder;
-  logs: Array<Record<string, unknown>>;
+  logs: Array<DecisionRecord | Record<string, unknown>>;
   /** Every upstream dial, in order. Anything outside 127.0.0.0/8 is refused before it is dialled. */
   dials: Dial[];
   policy: ReturnType<typeof staticPolicy>;
@@ -297,7 +298,7 @@ export async function startProxy(options: {
   const caFile = join(dir, "run-ca.pem");
   writeFileSync(caFile, ca.certPem);
   const audit = auditRecorder();
-  const logs: Array<Record<string, unknown>> = [];
+  const logs: RunningProxy["logs"] = [];
   const policy = staticPolicy(options.vault, options.secrets ?? {});
   const routes = new Map(
     Object.entries(options.routes ?? {}).map(([h, u]) => [h, { address: u.address, port: u.port }] as const),

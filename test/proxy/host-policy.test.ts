@@ -1,0 +1,576 @@
+import { Client } from "undici";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  createTestCa,
+  curl,
+  type RunningProxy,
+  startPlainUpstream,
+  startProxy,
+  startTlsUpstream,
+  type TestCa,
+  type Upstream,
+  vault,
+} from "./harness";
+import { connectTunnel, exchange, openSocket, type RawResult, tlsOver, wire } from "./raw";
+
+// Cases A7–A17 (proxy side): which host a request is for, and whether it may go there. The host
+// that decides is the CONNECT target / TLS SNI; a Host header that disagrees is refused; names
+// are compared in canonical form; IP spellings and resolved addresses are checked after
+// canonicalisation and resolution, and the connection goes to exactly the address checked.
+
+const CANARY = "sk-canary-hostpolicy-71c0aa9e";
+const WILD_SECRET = "wild-canary-5e6f7a8b9c";
+
+const WILD_NAMES = [
+  "a.example.test",
+  "deep.a.example.test",
+  "example.test",
+  "evil-example.test",
+  "example.test.evil.test",
+];
+
+let ca: TestCa;
+let api: Upstream;
+let other: Upstream;
+let wild: Upstream;
+let proxy: RunningProxy;
+
+beforeAll(async () => {
+  ca = await createTestCa();
+  api = await startTlsUpstream({ ca, hosts: ["api.test"], address: "127.0.0.2" });
+  other = await startTlsUpstream({ ca, hosts: ["other.test"], address: "127.0.0.3" });
+  wild = await startTlsUpstream({ ca, hosts: WILD_NAMES, address: "127.0.0.2" });
+  proxy = await startProxy({
+    vault: vault({
+      hosts: [
+        { pattern: "api.test", action: "allow" },
+        { pattern: "other.test", action: "allow" },
+        { pattern: "evil.test", action: "block" },
+      ],
+      rules: [
+        { host: "api.test", secret: "API_KEY", inject: { scheme: "bearer", name: "authorization" } },
+        { host: "*.example.test", secret: "WILD", inject: { scheme: "raw", name: "x-api-key" } },
+      ],
+    }),
+    secrets: { API_KEY: CANARY, WILD: WILD_SECRET },
+    routes: {
+      "api.test": api,
+      "other.test": other,
+      ...Object.fromEntries(WILD_NAMES.map((n) => [n, wild])),
+    },
+    upstreamCa: ca,
+  });
+});
+
+afterAll(async () => {
+  // case B5: no secret in the decision log, whatever the tests did.
+  const logs = JSON.stringify(proxy.logs);
+  expect(logs).not.toContain(CANARY);
+  expect(logs).not.toContain(WILD_SECRET);
+  await proxy.close();
+  await Promise.all([api.close(), other.close(), wild.close()]);
+});
+
+const tlsTarget = (servername: string, skipIdentityCheck = false) => ({
+  port: proxy.tlsPort,
+  tls: { servername, ca: proxy.caPem, skipIdentityCheck },
+});
+
+/** One request through a CONNECT tunnel to `authority`, TLS inside with `sni`. */
+async function viaTunnel(authority: string, sni: string, request: string): Promise<RawResult> {
+  const t = await connectTunnel(proxy.explicitPort, authority);
+  expect(t.status).toBe(200);
+  const inner = await tlsOver(t.socket, { servername: sni, ca: proxy.caPem, skipIdentityCheck: true });
+  return exchange(inner, [request]);
+}
+
+const get = (host: string, path = "/") =>
+  wire(`GET ${path} HTTP/1.1`, [`Host: ${host}`, "Connection: close"]);
+
+/** Snapshot of everything upstream-side, to assert "nothing reached anyone". */
+function quiet() {
+  const before = {
+    api: api.counts.requests,
+    other: other.counts.requests,
+    wild: wild.counts.requests,
+    dials: proxy.dials.length,
+  };
+  return () =>
+    expect({
+      api: api.counts.requests,
+      other: other.counts.requests,
+      wild: wild.counts.requests,
+      dials: proxy.dials.length,
+    }).toEqual(before);
+}
+
+describe("case A7: CONNECT to an allowed host, then a Host for another", () => {
+  it("control: CONNECT api.test, Host api.test is forwarded with the credential", async () => {
+    const r = await viaTunnel("api.test:443", "api.test", get("api.test", "/ok"));
+    expect(r.responses[0]?.status).toBe(200);
+    expect(api.seen.at(-1)?.headers.authorization).toBe(`Bearer ${CANARY}`);
+  });
+
+  for (const host of ["evil.test", "other.test", "10.0.0.1", "127.0.0.1", "[::1]", "169.254.169.254"]) {
+    it(`inner Host ${host} → 421, nothing forwarded`, async () => {
+      const nothing = quiet();
+      const r = await viaTunnel("api.test:443", "api.test", get(host));
+      expect(r.responses[0]?.status).toBe(421);
+      expect(r.bytes.toString()).not.toContain(CANARY);
+      nothing();
+    });
+  }
+
+  it("inner SNI for a blocked host inside a tunnel to an allowed one → 421", async () => {
+    const nothing = quiet();
+    const r = await viaTunnel("api.test:443", "evil.test", get("evil.test"));
+    expect(r.responses[0]?.status).toBe(421);
+    expect(proxy.logs.at(-1)).toMatchObject({ status: 421, reason: "SNI differs from the CONNECT target" });
+    nothing();
+  });
+
+  it("with curl as the client (CONNECT api.test, then Host: evil.test)", async () => {
+    const nothing = quiet();
+    const res = await curl([
+      "-x",
+      `http://127.0.0.1:${proxy.explicitPort}`,
+      "--cacert",
+      proxy.caFile,
+      "-H",
+      "Host: evil.test",
+      "https://api.test/",
+    ]);
+    expect(res.status).toBe(421);
+    nothing();
+  });
+
+  it("a second request on the same tunnel with another Host is refused (B6)", async () => {
+    const t = await connectTunnel(proxy.explicitPort, "api.test:443");
+    const inner = await tlsOver(t.socket, { servername: "api.test", ca: proxy.caPem });
+    const before = api.counts.requests;
+    const r = await exchange(
+      inner,
+      [wire("GET /one HTTP/1.1", ["Host: api.test"]), wire("GET /two HTTP/1.1", ["Host: evil.test"])],
+      { expect: 2 },
+    );
+    expect(r.responses.map((x) => x.status)).toEqual([200, 421]);
+    expect(api.counts.requests).toBe(before + 1);
+  });
+
+  it("CONNECT to the blocked host itself → 403 and an audit row", async () => {
+    const t = await connectTunnel(proxy.explicitPort, "evil.test:443");
+    t.socket.destroy();
+    expect(t.status).toBe(403);
+    expect(proxy.audit.blocked).toContain("evil.test");
+  });
+});
+
+describe("case A8: TLS SNI differs from Host (domain fronting) → 421, in the decision log", () => {
+  it("SNI api.test, Host other.test (both allowed)", async () => {
+    const nothing = quiet();
+    const r = await exchange(tlsTarget("api.test"), [get("other.test")]);
+    expect(r.responses[0]?.status).toBe(421);
+    expect(proxy.logs.at(-1)).toMatchObject({
+      event: "decision",
+      listener: "tls",
+      decision: "refuse",
+      status: 421,
+      reason: "Host header differs from the connection's host",
+    });
+    nothing();
+  });
+
+  it("SNI other.test (no rule), Host api.test (the rule host): no credential anywhere", async () => {
+    const nothing = quiet();
+    const r = await exchange(tlsTarget("other.test"), [get("api.test")]);
+    expect(r.responses[0]?.status).toBe(421);
+    nothing();
+  });
+
+  it("with curl as the client", async () => {
+    const nothing = quiet();
+    const res = await curl([
+      "--cacert",
+      proxy.caFile,
+      "--connect-to",
+      `api.test:443:127.0.0.1:${proxy.tlsPort}`,
+      "-H",
+      "Host: other.test",
+      "https://api.test/",
+    ]);
+    expect(res.status).toBe(421);
+    expect(res.body).not.toContain(CANARY);
+    nothing();
+  });
+
+  it("through a CONNECT tunnel: SNI other.test inside CONNECT api.test", async () => {
+    const nothing = quiet();
+    const r = await viaTunnel("api.test:443", "other.test", get("other.test"));
+    expect(r.responses[0]?.status).toBe(421);
+    nothing();
+  });
+});
+
+describe("case A10: a connection redirected for one host carrying a Host for another", () => {
+  it("keep-alive: after a request for api.test, the next one on the connection names other.test → 421", async () => {
+    const socket = await openSocket(tlsTarget("api.test"));
+    const first = await exchange(socket, [wire("GET /first HTTP/1.1", ["Host: api.test"])], {
+      expect: 1,
+      keepOpen: true,
+    });
+    expect(first.responses[0]?.status).toBe(200);
+    expect(first.closedByPeer).toBe(false);
+    const nothing = quiet();
+    const second = await exchange(socket, [get("other.test", "/second")]);
+    expect(second.responses[0]?.status).toBe(421);
+    expect(second.bytes.toString()).not.toContain(CANARY);
+    nothing();
+  });
+
+  it("undici with a Host for another name opens a new connection with that SNI (never reuses this one)", async () => {
+    // So the refusal above is what a raw client meets; a library client is routed honestly.
+    const client = new Client(`https://127.0.0.1:${proxy.tlsPort}`, {
+      connect: { servername: "api.test", ca: proxy.caPem },
+    });
+    try {
+      const first = await client.request({ path: "/first", method: "GET", headers: { host: "api.test" } });
+      await first.body.text();
+      expect(first.statusCode).toBe(200);
+      const before = other.seen.length;
+      const second = await client.request({
+        path: "/second",
+        method: "GET",
+        headers: { host: "other.test" },
+      });
+      const text = await second.body.text();
+      expect(second.statusCode).toBe(200);
+      expect(other.seen.length).toBe(before + 1);
+      expect(other.seen.at(-1)?.headers.authorization).toBeUndefined();
+      expect(text).not.toContain(CANARY);
+    } finally {
+      await client.close();
+    }
+  });
+});
+
+const LOOPBACK_SPELLINGS = [
+  "127.1",
+  "0177.0.0.1",
+  "0x7f.1",
+  "2130706433",
+  "[::ffff:7f00:1]",
+  "[0:0:0:0:0:0:0:1]",
+  "127.0.0.1",
+  "[::1]",
+  "0x7f000001",
+  "127.000.000.001",
+];
+
+describe("case A11: loopback spellings are refused with 403, nothing forwarded", () => {
+  for (const h of LOOPBACK_SPELLINGS) {
+    it(`absolute-form http://${h}/ on the explicit port`, async () => {
+      const nothing = quiet();
+      const r = await exchange({ port: proxy.explicitPort }, [
+        wire(`GET http://${h}/ HTTP/1.1`, [`Host: ${h}`, "Connection: close"]),
+      ]);
+      expect(r.responses[0]?.status).toBe(403);
+      expect(r.responses[0]?.body.toString()).toContain("private or reserved address");
+      nothing();
+    });
+
+    it(`Host: ${h} on the plain listener`, async () => {
+      const nothing = quiet();
+      const r = await exchange({ port: proxy.httpPort }, [get(h)]);
+      expect(r.responses[0]?.status).toBe(403);
+      nothing();
+    });
+  }
+
+  it("the refusal is audited under the canonical address", () => {
+    expect(proxy.audit.blocked).toContain("127.0.0.1");
+    expect(proxy.audit.blocked).toContain("[::1]");
+  });
+
+  it("with curl as an explicit-proxy client", async () => {
+    const nothing = quiet();
+    for (const url of [
+      "http://127.1/",
+      "http://0x7f.1/",
+      "http://[::ffff:7f00:1]/",
+      "http://2130706433:8080/",
+    ]) {
+      const res = await curl(["-x", `http://127.0.0.1:${proxy.explicitPort}`, url]);
+      expect(res.status, url).toBe(403);
+    }
+    nothing();
+  });
+});
+
+describe("cases A12 and A13: the resolved address is checked, and dialled exactly", () => {
+  // A resolver the test controls (the upstream's test-only `lookup`); every call is recorded.
+  const answers = new Map<string, string[] | (() => string[])>();
+  const lookups: string[] = [];
+  let resolving: RunningProxy;
+  let good: Upstream;
+  let internal: Upstream;
+
+  const TABLE: Array<[string, string[], RegExp]> = [
+    ["private.resolve.test", ["10.0.0.1"], /private/],
+    ["private172.resolve.test", ["172.16.0.1"], /private/],
+    ["private192.resolve.test", ["192.168.1.1"], /private/],
+    ["cgnat.resolve.test", ["100.64.0.1"], /carrier-grade NAT/],
+    ["loopback.resolve.test", ["127.0.0.1"], /loopback/],
+    ["metadata.resolve.test", ["169.254.169.254"], /link-local/],
+    ["multicast.resolve.test", ["224.0.0.1"], /multicast/],
+    ["broadcast.resolve.test", ["255.255.255.255"], /broadcast/],
+    ["thisnet.resolve.test", ["0.0.0.0"], /this network/],
+    ["ula.resolve.test", ["fc00::1"], /unique local/],
+    ["ula-fd.resolve.test", ["fd12:3456::1"], /unique local/],
+    ["linklocal6.resolve.test", ["fe80::1"], /link-local/],
+    ["loopback6.resolve.test", ["::1"], /.+/],
+    ["mapped.resolve.test", ["::ffff:127.0.0.1"], /embeds 127\.0\.0\.1: loopback/],
+    ["nat64.resolve.test", ["64:ff9b::7f00:1"], /embeds 127\.0\.0\.1: loopback/],
+    ["nat64-metadata.resolve.test", ["64:ff9b::a9fe:a9fe"], /embeds 169\.254\.169\.254/],
+    ["6to4.resolve.test", ["2002:7f00:1::"], /embeds 127\.0\.0\.1: loopback/],
+    ["teredo.resolve.test", ["2001::1"], /Teredo/],
+    ["multicast6.resolve.test", ["ff02::1"], /multicast/],
+    ["own.resolve.test", ["127.0.0.6"], /the proxy's own address/],
+    // A13: every answer is checked, not just the first.
+    ["mixed.resolve.test", ["127.0.0.4", "127.0.0.1"], /loopback/],
+    ["mixed-reversed.resolve.test", ["127.0.0.1", "127.0.0.4"], /loopback/],
+    ["mixed-metadata.resolve.test", ["127.0.0.4", "169.254.169.254"], /link-local/],
+  ];
+
+  beforeAll(async () => {
+    // The "internal service" a rebinding attack aims at: loopback, on the same port as `good`
+    // (that port may be taken on 127.0.0.1; then try another).
+    for (let attempt = 0; ; attempt++) {
+      good = await startPlainUpstream({ address: "127.0.0.4" });
+      try {
+        internal = await startPlainUpstream({ address: "127.0.0.1", port: good.port });
+        break;
+      } catch (e) {
+        await good.close();
+        if (attempt === 9) throw e;
+      }
+    }
+    for (const [name, a] of TABLE) answers.set(name, a);
+    answers.set("ok.resolve.test", ["127.0.0.4"]);
+    resolving = await startProxy({
+      vault: vault({ hosts: [{ pattern: "blocked.resolve.test", action: "block" }] }),
+      // 127.0.0.4–7 are the suite's test hosts (test-only setting); 127.0.0.6 plays the proxy.
+      testAllowCidrs: ["127.0.0.4/30"],
+      ownAddresses: ["127.0.0.6"],
+      upstream: {
+        lookup: async (host) => {
+          lookups.push(host);
+          const a = answers.get(host);
+          if (a === undefined) throw new Error(`no answer for ${host}`);
+          return typeof a === "function" ? a() : a;
+        },
+      },
+    });
+  });
+
+  afterAll(async () => {
+    await resolving.close();
+    await Promise.all([good.close(), internal.close()]);
+  });
+
+  it("control: a name that resolves to an allowed test address is forwarded to that address", async () => {
+    const r = await exchange({ port: resolving.explicitPort }, [
+      wire(`GET http://ok.resolve.test:${good.port}/ok HTTP/1.1`, [
+        `Host: ok.resolve.test:${good.port}`,
+        "Connection: close",
+      ]),
+    ]);
+    expect(r.responses[0]?.status).toBe(200);
+    expect(good.seen.at(-1)?.url).toBe("/ok");
+    expect(resolving.dials.at(-1)).toMatchObject({ host: "ok.resolve.test", address: "127.0.0.4" });
+  });
+
+  for (const [name, addrs, why] of TABLE) {
+    it(`${name} → ${addrs.join(", ")}: 403, audited, nothing dialled (case ${name.startsWith("mixed") ? "A13" : "A12"})`, async () => {
+      const dials = resolving.dials.length;
+      const r = await exchange({ port: resolving.httpPort }, [get(name)]);
+      expect(r.responses[0]?.status).toBe(403);
+      expect(resolving.dials.length).toBe(dials);
+      expect(resolving.audit.blocked).toContain(name);
+      expect(resolving.audit.routes).toContainEqual([name, "refused"]);
+      const record = resolving.logs.at(-1) as { status: number; reason: string; host: string };
+      expect(record).toMatchObject({ status: 403, host: name, decision: "refuse" });
+      expect(record.reason).toMatch(why);
+      expect(internal.counts.connections).toBe(0);
+    });
+  }
+
+  it("127.0.0.1 stays denied although 127.0.0.4–7 are allowed for the suite", async () => {
+    const r = await exchange({ port: resolving.explicitPort }, [
+      wire(`GET http://loopback.resolve.test:${good.port}/ HTTP/1.1`, [
+        `Host: loopback.resolve.test:${good.port}`,
+        "Connection: close",
+      ]),
+    ]);
+    expect(r.responses[0]?.status).toBe(403);
+    expect(internal.counts.connections).toBe(0);
+  });
+
+  it("case A13: a resolver that answers differently on each call — the dial goes to the checked address", async () => {
+    // First answer: the allowed test host; then the loopback "internal" service; then back.
+    const sequence = [["127.0.0.4"], ["127.0.0.1"], ["127.0.0.4"]];
+    let call = 0;
+    answers.set("rebind.resolve.test", () => sequence[Math.min(call++, sequence.length - 1)] ?? []);
+    const request = (path: string) =>
+      exchange({ port: resolving.explicitPort }, [
+        wire(`GET http://rebind.resolve.test:${good.port}${path} HTTP/1.1`, [
+          `Host: rebind.resolve.test:${good.port}`,
+          "Connection: close",
+        ]),
+      ]);
+    const lookupsBefore = lookups.filter((h) => h === "rebind.resolve.test").length;
+    const dialsBefore = resolving.dials.length;
+
+    const first = await request("/first");
+    expect(first.responses[0]?.status).toBe(200);
+    const second = await request("/second");
+    expect(second.responses[0]?.status).toBe(403);
+    const third = await request("/third");
+    expect(third.responses[0]?.status).toBe(200);
+
+    // One resolution per request, and the dials name the checked address only.
+    expect(lookups.filter((h) => h === "rebind.resolve.test").length - lookupsBefore).toBe(3);
+    expect(resolving.dials.slice(dialsBefore).map((d) => d.address)).toEqual(["127.0.0.4", "127.0.0.4"]);
+    expect(good.seen.map((s) => s.url)).toEqual(expect.arrayContaining(["/first", "/third"]));
+    expect(good.seen.map((s) => s.url)).not.toContain("/second");
+    // Nothing ever reached the loopback service, neither by the proxy nor by a re-resolving client.
+    expect(internal.counts.connections).toBe(0);
+  });
+
+  it("host policy is decided before any resolution: a blocked name is never looked up", async () => {
+    const before = lookups.length;
+    const r = await exchange({ port: resolving.httpPort }, [get("blocked.resolve.test")]);
+    expect(r.responses[0]?.status).toBe(403);
+    expect(lookups.length).toBe(before);
+  });
+
+  it("case E5: a name that does not resolve → 502, audited as refused, nothing dialled", async () => {
+    const dials = resolving.dials.length;
+    const r = await exchange({ port: resolving.httpPort }, [get("nxdomain.resolve.test")]);
+    expect(r.responses[0]?.status).toBe(502);
+    expect(resolving.audit.routes).toContainEqual(["nxdomain.resolve.test", "refused"]);
+    expect(resolving.dials.length).toBe(dials);
+  });
+});
+
+describe("case A14: canonical names in SNI, Host and CONNECT match the rule for api.test", () => {
+  const ways: Array<[string, () => Promise<RawResult>]> = [
+    [
+      "SNI API.TEST., Host API.TEST.:443",
+      () => exchange(tlsTarget("API.TEST.", true), [get("API.TEST.:443")]),
+    ],
+    ["SNI api.test, Host Api.Test", () => exchange(tlsTarget("api.test"), [get("Api.Test")])],
+    ["SNI api.test., Host api.test:443", () => exchange(tlsTarget("api.test.", true), [get("api.test:443")])],
+    ["plain listener, Host API.TEST.:80", () => exchange({ port: proxy.httpPort }, [get("API.TEST.:80")])],
+    [
+      "explicit port, absolute-form http://API.TEST./",
+      () =>
+        exchange({ port: proxy.explicitPort }, [
+          wire("GET http://API.TEST./ HTTP/1.1", ["Host: api.test", "Connection: close"]),
+        ]),
+    ],
+    [
+      "CONNECT API.TEST.:443, SNI api.test",
+      () => viaTunnel("API.TEST.:443", "api.test", get("api.test:443")),
+    ],
+  ];
+  for (const [name, run] of ways) {
+    it(name, async () => {
+      const before = api.seen.length;
+      const r = await run();
+      expect(r.responses[0]?.status).toBe(200);
+      expect(api.seen.length).toBe(before + 1);
+      expect(api.seen.at(-1)?.headers.authorization).toBe(`Bearer ${CANARY}`);
+      expect(api.seen.at(-1)?.headers.host).toBe("api.test");
+      expect(r.bytes.toString()).not.toContain(CANARY);
+    });
+  }
+
+  it("a Host port other than the connection's → 421", async () => {
+    const nothing = quiet();
+    const r = await exchange(tlsTarget("api.test"), [get("api.test:8443")]);
+    expect(r.responses[0]?.status).toBe(421);
+    nothing();
+  });
+
+  for (const bad of ["api..test", "api.test:", "api.test:0", "api test", "api.test@evil.test"]) {
+    it(`a Host that is not a host (${JSON.stringify(bad)}) → 400`, async () => {
+      const nothing = quiet();
+      const r = await exchange(tlsTarget("api.test"), [get(bad)]);
+      expect(r.responses[0]?.status).toBe(400);
+      nothing();
+    });
+  }
+});
+
+describe("case A15: *.example.test injects for its subdomains only", () => {
+  const expected: Record<string, boolean> = {
+    "a.example.test": true,
+    "deep.a.example.test": true,
+    "example.test": false,
+    "evil-example.test": false,
+    "example.test.evil.test": false,
+  };
+  for (const [host, injected] of Object.entries(expected)) {
+    it(`${host}: ${injected ? "injected" : "no credential"}`, async () => {
+      const res = await curl([
+        "--cacert",
+        proxy.caFile,
+        "--connect-to",
+        `${host}:443:127.0.0.1:${proxy.tlsPort}`,
+        `https://${host}/wild`,
+      ]);
+      expect(res.status).toBe(200);
+      const seen = wild.seen.at(-1);
+      expect(seen?.headers.host).toBe(host);
+      expect(seen?.headers["x-api-key"]).toBe(injected ? WILD_SECRET : undefined);
+      expect(res.body).not.toContain(WILD_SECRET);
+    });
+  }
+});
+
+describe("case A17 (proxy side): CONNECT leaves only to port 443", () => {
+  for (const port of [80, 22, 25, 8443, 6443]) {
+    it(`CONNECT api.test:${port} → 403`, async () => {
+      const nothing = quiet();
+      const t = await connectTunnel(proxy.explicitPort, `api.test:${port}`);
+      t.socket.destroy();
+      expect(t.status).toBe(403);
+      expect(proxy.logs.at(-1)).toMatchObject({ method: "CONNECT", status: 403, port });
+      nothing();
+    });
+  }
+
+  for (const authority of ["api.test", "api.test:0", "api.test:99999", "api.test:443x"]) {
+    it(`CONNECT ${authority} → 400`, async () => {
+      const nothing = quiet();
+      const t = await connectTunnel(proxy.explicitPort, authority);
+      t.socket.destroy();
+      expect(t.status).toBe(400);
+      nothing();
+    });
+  }
+
+  it("curl through the explicit proxy to https://api.test:8443/ fails at CONNECT", async () => {
+    const nothing = quiet();
+    const res = await curl([
+      "-x",
+      `http://127.0.0.1:${proxy.explicitPort}`,
+      "--cacert",
+      proxy.caFile,
+      "https://api.test:8443/",
+    ]);
+    expect(res.code).not.toBe(0);
+    expect(res.stderr).toMatch(/403/);
+    nothing();
+  });
+});
