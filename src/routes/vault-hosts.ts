@@ -67,9 +67,14 @@ export const hostsRoutes = newRouter()
       tags,
       summary:
         "Allow common package and source hosts (npm, PyPI, GitHub, Debian/Ubuntu, crates, Go, Maven...)",
+      // No fields. A body is optional, but if sent it must be `{}`: like every body here, it is
+      // strict, so it cannot carry a user or environment id that is silently ignored (case C3).
+      request: {
+        body: { content: { "application/json": { schema: z.object({}).strict() } }, required: false },
+      },
       responses: {
         200: jsonOk(z.object({ added: z.array(z.string()), kept: z.array(z.string()) })),
-        ...problems(401),
+        ...problems(400, 401),
       },
     }),
     async (c) => c.json(unwrap(await vault.addStarterPack(c.var.db, c.var.principal)), 200),

@@ -1,0 +1,430 @@
+import { env } from "cloudflare:workers";
+import { eq, type SQL, sql } from "drizzle-orm";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
+import { vaultSecrets } from "../../src/db/schema";
+import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
+
+// Case B5: a canary secret appears 0 times in logs, response bodies and headers (error bodies
+// included) and database plaintext, however the vault routes are driven; case B8 at the
+// database level: a stored row decrypts only under its true owner and id.
+
+const LEVELS = ["log", "info", "warn", "error", "debug", "trace"] as const;
+
+function show(value: unknown): string {
+  if (typeof value === "string") return value;
+  if (value instanceof Error) {
+    const cause = value.cause === undefined ? "" : `\ncause: ${show(value.cause)}`;
+    return `${value.name}: ${value.message}\n${value.stack ?? ""}${cause}`;
+  }
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
+/**
+ * Captures everything logged in this isolate: under vitest-pool-workers the Worker runs in the
+ * same isolate as the test, so these spies see the Worker's own console calls.
+ */
+function captureLogs() {
+  const lines: string[] = [];
+  for (const level of LEVELS) {
+    vi.spyOn(console, level).mockImplementation((...args: unknown[]) => {
+      lines.push(`${level}: ${args.map(show).join(" ")}`);
+    });
+  }
+  return lines;
+}
+
+afterEach(() => {
+  vi.restoreAllMocks();
+});
+
+/** Calls the API and keeps every response for the final scan. */
+function recorder(t: Tenant) {
+  const responses: [string, ApiResponse][] = [];
+  const api = async (
+    method: string,
+    path: string,
+    body?: unknown,
+    expected?: [number, string?],
+    headers?: Record<string, string>,
+  ) => {
+    const res = await call(t.key, method, path, body, headers);
+    responses.push([`${method} ${path}`, res]);
+    if (expected) {
+      const [status, code] = expected;
+      if (code) expectProblem(res, status, code);
+      else if (res.status !== status) {
+        throw new Error(`${method} ${path}: expected ${status}, got ${res.status} ${res.text}`);
+      }
+    }
+    return res;
+  };
+  return { api, responses };
+}
+
+interface ColumnHit {
+  where: string;
+  needle: string;
+}
+
+const anyNeedle = (needles: readonly string[]) =>
+  sql`unnest(array[${sql.join(
+    needles.map((n) => sql`${n}`),
+    sql`, `,
+  )}]::text[]) as needle(v)`;
+
+/**
+ * Scans the database's plaintext for needles: every text/varchar/char/json/jsonb column of every
+ * table outside the system schemas (information_schema tells which), and then every row of every
+ * table as text, whatever its column types.
+ */
+async function scanDatabase(needles: readonly string[]) {
+  return withDb(async (db) => {
+    const columns = (
+      await db.execute(sql`
+        select c.table_schema as schema, c.table_name as table, c.column_name as column
+        from information_schema.columns c
+        join information_schema.tables t on t.table_schema = c.table_schema and t.table_name = c.table_name
+        where t.table_type = 'BASE TABLE'
+          and c.table_schema not in ('pg_catalog', 'information_schema')
+          and c.data_type in ('text', 'character varying', 'character', 'json', 'jsonb')
+        order by 1, 2, 3`)
+    ).rows as { schema: string; table: string; column: string }[];
+    const hits: ColumnHit[] = [];
+    const look = async (where: string, query: SQL) => {
+      const found = (await db.execute(query)).rows as { v: string }[];
+      for (const { v } of found) hits.push({ where, needle: v });
+    };
+    for (const { schema, table, column } of columns) {
+      await look(
+        `${schema}.${table}.${column}`,
+        sql`select distinct needle.v from ${sql.identifier(schema)}.${sql.identifier(table)} as r, ${anyNeedle(needles)}
+            where strpos(r.${sql.identifier(column)}::text, needle.v) > 0`,
+      );
+    }
+    const tables = [...new Set(columns.map((c) => `${c.schema}\u0000${c.table}`))].map((k) =>
+      k.split("\u0000"),
+    );
+    for (const [schema, table] of tables as [string, string][]) {
+      await look(
+        `${schema}.${table} (whole rows)`,
+        sql`select distinct needle.v from ${sql.identifier(schema)}.${sql.identifier(table)} as r, ${anyNeedle(needles)}
+            where strpos(r::text, needle.v) > 0`,
+      );
+    }
+    return { columns: columns.map((c) => `${c.schema}.${c.table}.${c.column}`), hits };
+  });
+}
+
+describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
+  it("drives every vault route, error paths included: 0 canaries in logs, responses and the database", async () => {
+    const t = await newTenant();
+    const tag = crypto.randomUUID().slice(0, 8);
+    const { api, responses } = recorder(t);
+    const logs = captureLogs();
+    // Every value sent as a secret, accepted or refused: none may surface anywhere.
+    const canaries: string[] = [];
+    const canary = (label: string) => {
+      const value = newCanary(label);
+      canaries.push(value);
+      return value;
+    };
+    const name = `CANARY_${tag}`;
+
+    // Secrets: create, refused creates, replace, refused replaces.
+    const created = await api("POST", "/v1/vault/secrets", { name, value: canary("first") }, [201]);
+    const secretId: string = created.json.id;
+    await api("POST", "/v1/vault/secrets", { name, value: canary("dup") }, [409, "secret_exists"]);
+    await api("POST", "/v1/vault/secrets", { name: "1 bad name", value: canary("badname") }, [
+      400,
+      "invalid_request",
+    ]);
+    await api("POST", "/v1/vault/secrets", { name: "CRLF", value: `${canary("crlf")}\r\nX-Injected: 1` }, [
+      400,
+      "invalid_request",
+    ]);
+    await api("POST", "/v1/vault/secrets", { name: "SURROGATE", value: `${canary("surrogate")}\ud800` }, [
+      400,
+      "invalid_request",
+    ]);
+    await api("POST", "/v1/vault/secrets", { name: "LONG", value: canary("long").repeat(500) }, [
+      400,
+      "invalid_request",
+    ]);
+    await api("POST", "/v1/vault/secrets", { name: "EXTRA", value: canary("extra"), note: "x" }, [
+      400,
+      "unknown_field",
+    ]);
+    await api("POST", "/v1/vault/secrets", `{"name":"TRUNCATED","value":"${canary("truncated")}`, [
+      400,
+      "invalid_json",
+    ]);
+    await api(
+      "POST",
+      "/v1/vault/secrets",
+      JSON.stringify({ name: "TEXT", value: canary("textplain") }),
+      [400, "invalid_json"],
+      { "content-type": "text/plain" },
+    );
+    await api("PUT", `/v1/vault/secrets/${secretId}`, { value: canary("second") }, [200]);
+    await api("PUT", "/v1/vault/secrets/sec_nope", { value: canary("missing") }, [404, "not_found"]);
+    await api("PUT", `/v1/vault/secrets/${secretId}`, { value: `${canary("nul")}\u0000` }, [
+      400,
+      "invalid_request",
+    ]);
+    await api("POST", "/v1/vault/secrets", { name: `BASIC_${tag}`, value: `svc:${canary("basic")}` }, [201]);
+    const temp = await api(
+      "POST",
+      "/v1/vault/secrets",
+      { name: `TEMP_${tag}`, value: canary("temp") },
+      [201],
+    );
+    await api("DELETE", `/v1/vault/secrets/${temp.json.id}`, undefined, [204]);
+
+    // Rules that use it, and refused rules.
+    const rule = await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `api.${tag}.example`, secret: name, inject: { scheme: "bearer" } },
+      [201],
+    );
+    await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `basic.${tag}.example`, secret: `BASIC_${tag}`, inject: { scheme: "basic" } },
+      [201],
+    );
+    await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `search.${tag}.example`, secret: name, inject: { scheme: "query", name: "key" }, position: 0 },
+      [201],
+    );
+    await api("POST", "/v1/vault/rules", { host: "*.com", secret: name, inject: { scheme: "bearer" } }, [
+      400,
+      "invalid_host_pattern",
+    ]);
+    await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `x.${tag}.example`, secret: "NO_SUCH_SECRET", inject: { scheme: "bearer" } },
+      [400, "unknown_secret"],
+    );
+    await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `x.${tag}.example`, secret: name, inject: { scheme: "raw" } },
+      [400, "invalid_request"],
+    );
+    await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `x.${tag}.example`, secret: name, inject: { scheme: "raw", name: "content-length" } },
+      [400, "invalid_request"],
+    );
+    await api("POST", "/v1/vault/hosts", { pattern: `evil.${tag}.example`, action: "block" }, [200]);
+    await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `evil.${tag}.example`, secret: name, inject: { scheme: "bearer" } },
+      [409, "rule_host_blocked"],
+    );
+    await api(
+      "PATCH",
+      `/v1/vault/rules/${rule.json.id}`,
+      { inject: { scheme: "raw", name: "X-Api-Key" } },
+      [200],
+    );
+    await api("PATCH", "/v1/vault/rules/rul_nope", { position: 0 }, [404, "not_found"]);
+    await api("PUT", "/v1/vault/rules/order", { ids: [rule.json.id] }, [400, "invalid_order"]);
+    const order = (await api("GET", "/v1/vault/rules", undefined, [200])).json.rules.map(
+      (r: { id: string }) => r.id,
+    );
+    await api("PUT", "/v1/vault/rules/order", { ids: [...order].reverse() }, [200]);
+
+    // Host entries and the default.
+    await api("POST", "/v1/vault/hosts", { pattern: "*", action: "block" }, [400, "invalid_host_pattern"]);
+    await api("POST", "/v1/vault/hosts", { pattern: `*.${tag}.example`, action: "block" }, [
+      409,
+      "rule_host_blocked",
+    ]);
+    const hosts = (await api("GET", "/v1/vault/hosts", undefined, [200])).json.hosts as {
+      id: string;
+      pattern: string;
+    }[];
+    const implicit = hosts.find((h) => h.pattern === `api.${tag}.example`);
+    await api("DELETE", `/v1/vault/hosts/${implicit?.id}`, undefined, [409, "host_has_rule"]);
+    await api("DELETE", `/v1/vault/secrets/${secretId}`, undefined, [409, "secret_in_use"]);
+    const evil = hosts.find((h) => h.pattern === `evil.${tag}.example`);
+    await api("PATCH", `/v1/vault/hosts/${evil?.id}`, { action: "allow" }, [200]);
+    await api("DELETE", `/v1/vault/hosts/${evil?.id}`, undefined, [204]);
+    await api("DELETE", "/v1/vault/hosts/hst_nope", undefined, [404, "not_found"]);
+    const extra = await api(
+      "POST",
+      "/v1/vault/rules",
+      { host: `extra.${tag}.example`, secret: name, inject: { scheme: "bearer" } },
+      [201],
+    );
+    await api("DELETE", `/v1/vault/rules/${extra.json.id}`, undefined, [204]);
+    await api("POST", "/v1/vault/hosts/starter-pack", undefined, [200]);
+    await api("PUT", "/v1/vault/settings", { default: "block" }, [200]);
+
+    // Every read.
+    for (const [path, key] of [
+      ["/v1/vault/secrets", "secrets"],
+      ["/v1/vault/rules", "rules"],
+      ["/v1/vault/hosts", "hosts"],
+    ] as const) {
+      const list = await api("GET", path, undefined, [200]);
+      for (const item of list.json[key] as { id: string }[])
+        await api("GET", `${path}/${item.id}`, undefined, [200]);
+    }
+    await api("GET", "/v1/vault/settings", undefined, [200]);
+    await api("GET", "/v1/vault/policy-preview", undefined, [200]);
+    await api("GET", "/v1/vault/policy-preview?egress=local", undefined, [200]);
+    await api("GET", "/v1/me", undefined, [200]);
+
+    // Internal errors whose messages quote the value (as a careless library's might): the
+    // response and the log line carry only the error's class and the request id. The spies
+    // fail only for the canary's bytes: the database driver signs with the same WebCrypto
+    // (SCRAM), and its connection must go through.
+    const boom = canary("boom");
+    const bang = canary("bang");
+    const subtle = crypto.subtle;
+    const encrypt = subtle.encrypt.bind(subtle);
+    const sign = subtle.sign.bind(subtle);
+    const isValue = (data: BufferSource, value: string) => new TextDecoder().decode(data) === value;
+    const encryptSpy = vi.spyOn(subtle, "encrypt").mockImplementation(async (algorithm, key, data) => {
+      if (isValue(data, boom)) throw new Error(`cannot encrypt ${boom}`, { cause: new Error(boom) });
+      return encrypt(algorithm, key, data);
+    });
+    const signSpy = vi.spyOn(subtle, "sign").mockImplementation(async (algorithm, key, data) => {
+      if (isValue(data, bang)) throw new TypeError(`cannot sign ${bang}`);
+      return sign(algorithm, key, data);
+    });
+    await api("POST", "/v1/vault/secrets", { name: `BOOM_${tag}`, value: boom }, [500, "internal_error"]);
+    await api("PUT", `/v1/vault/secrets/${secretId}`, { value: bang }, [500, "internal_error"]);
+    expect(encryptSpy).toHaveBeenCalled();
+    expect(signSpy).toHaveBeenCalled();
+    encryptSpy.mockRestore();
+    signSpy.mockRestore();
+
+    // Every operation of the OpenAPI document was driven at least once.
+    const doc = (await call(null, "GET", "/v1/openapi.json")).json;
+    const operations = Object.entries(doc.paths as Record<string, object>).flatMap(([path, item]) =>
+      Object.keys(item)
+        .filter((key) => ["get", "put", "post", "delete", "patch"].includes(key))
+        .map((method) => `${method.toUpperCase()} ${path}`),
+    );
+    const driven = new Set(
+      responses.map(([where]) =>
+        where.split("?")[0]?.replace(/\/(secrets|rules|hosts)\/(?!order$|starter-pack$)[^/]+$/, "/$1/{id}"),
+      ),
+    );
+    expect(operations.filter((op) => !driven.has(op))).toEqual([]);
+
+    const needles = (await Promise.all(canaries.map(leakNeedles))).flat();
+
+    // The log capture saw the Worker's own lines (else this test would pass vacuously).
+    const internal = logs.filter((l) => l.includes('"event":"internal_error"'));
+    expect(internal).toHaveLength(2);
+    expect(logs.flatMap((line, i) => findNeedles(`log line ${i}`, line, needles))).toEqual([]);
+
+    const leaks = responses.flatMap(([where, res]) => findNeedles(where, responseText(res), needles));
+    expect(leaks).toEqual([]);
+
+    const db = await scanDatabase(needles);
+    expect(db.columns).toContain("public.vault_secrets.ciphertext");
+    expect(db.columns).toContain("public.vault_secrets.name");
+    expect(db.hits).toEqual([]);
+    // The same scan does find what is stored in plaintext (the secret's name), so it works.
+    const control = await scanDatabase([name]);
+    expect(control.hits).toContainEqual({ where: "public.vault_secrets.name", needle: name });
+  });
+});
+
+describe("B8 a stored secret decrypts only under its true owner and id", { timeout: 60_000 }, () => {
+  it("the row decrypts with its owner's AAD; another owner's, another id's, a copied or flipped blob fail", async () => {
+    const ring = parseKeyRing(env.VAULT_KEK);
+    const [a, b] = [await newTenant(), await newTenant()];
+    const aValue = newCanary("owner-a");
+    const bValue = newCanary("owner-b");
+    const aId = expectCreated(await a.api("POST", "/v1/vault/secrets", { name: "OWNED", value: aValue }));
+    const aTwin = expectCreated(await a.api("POST", "/v1/vault/secrets", { name: "TWIN", value: aValue }));
+    const bId = expectCreated(await b.api("POST", "/v1/vault/secrets", { name: "OWNED", value: bValue }));
+    const row = (id: string) =>
+      withDb(async (db) => {
+        const [r] = await db.select().from(vaultSecrets).where(eq(vaultSecrets.id, id));
+        if (!r) throw new Error(`no row ${id}`);
+        return r;
+      });
+    const [aRow, twinRow, bRow] = [await row(aId), await row(aTwin), await row(bId)];
+    const aad = (t: Tenant, secretId: string): SecretAad => ({
+      userId: t.userId,
+      environmentId: t.environmentId,
+      secretId,
+    });
+    const refused = { name: "VaultDecryptError", reason: "authentication_failed" };
+
+    // New values are sealed under the ring's current key, and the row says so.
+    expect(aRow.keyId).toBe(ring.currentKeyId);
+    expect(keyIdOf(aRow.ciphertext)).toBe(aRow.keyId);
+    expect(await decryptSecret(ring, aad(a, aId), aRow.ciphertext)).toBe(aValue);
+    expect(await decryptSecret(ring, aad(b, bId), bRow.ciphertext)).toBe(bValue);
+
+    // The wrong owner, or half of the right one, or another of the owner's secrets: refused.
+    await expect(decryptSecret(ring, aad(b, aId), aRow.ciphertext)).rejects.toMatchObject(refused);
+    await expect(
+      decryptSecret(
+        ring,
+        { userId: a.userId, environmentId: b.environmentId, secretId: aId },
+        aRow.ciphertext,
+      ),
+    ).rejects.toMatchObject(refused);
+    await expect(
+      decryptSecret(
+        ring,
+        { userId: b.userId, environmentId: a.environmentId, secretId: aId },
+        aRow.ciphertext,
+      ),
+    ).rejects.toMatchObject(refused);
+    await expect(decryptSecret(ring, aad(a, aTwin), aRow.ciphertext)).rejects.toMatchObject(refused);
+
+    // A's ciphertext copied into B's row does not decrypt there.
+    await withDb((db) =>
+      db.update(vaultSecrets).set({ ciphertext: aRow.ciphertext }).where(eq(vaultSecrets.id, bId)),
+    );
+    const copied = await row(bId);
+    expect(copied.ciphertext).toBe(aRow.ciphertext);
+    await expect(decryptSecret(ring, aad(b, bId), copied.ciphertext)).rejects.toMatchObject(refused);
+
+    // One flipped character of the sealed value fails too.
+    const parts = aRow.ciphertext.split(".");
+    const last = parts[5] as string;
+    parts[5] = `${last.slice(0, 4)}${last[4] === "A" ? "B" : "A"}${last.slice(5)}`;
+    await expect(decryptSecret(ring, aad(a, aId), parts.join("."))).rejects.toMatchObject({
+      name: "VaultDecryptError",
+    });
+
+    // The same value twice: fresh nonces and data keys, so nothing in the rows repeats but the
+    // keyed fingerprint (which is what the API shows).
+    const [, , aWrapIv, aWrapped, aIv, aBody] = aRow.ciphertext.split(".");
+    const [, , tWrapIv, tWrapped, tIv, tBody] = twinRow.ciphertext.split(".");
+    expect(new Set([aWrapIv, tWrapIv]).size).toBe(2);
+    expect(new Set([aIv, tIv]).size).toBe(2);
+    expect(aWrapped).not.toBe(tWrapped);
+    expect(aBody).not.toBe(tBody);
+    expect(twinRow.fingerprint).toBe(aRow.fingerprint);
+    expect(await decryptSecret(ring, aad(a, aTwin), twinRow.ciphertext)).toBe(aValue);
+  });
+});
+
+function expectCreated(res: ApiResponse): string {
+  if (res.status !== 201) throw new Error(`expected 201, got ${res.status} ${res.text}`);
+  return res.json.id;
+}

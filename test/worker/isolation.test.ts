@@ -1,0 +1,629 @@
+import { env } from "cloudflare:workers";
+import { eq } from "drizzle-orm";
+import { describe, expect, it } from "vitest";
+import { provisionApiKey } from "../../src/auth/provision";
+import { loadConfig } from "../../src/config";
+import { generateApiKey } from "../../src/crypto/api-keys";
+import { apiKeys, users, vaultHosts, vaultRules, vaultSecrets, vaultSettings } from "../../src/db/schema";
+import { unwrap } from "../../src/errors";
+import * as vault from "../../src/vault/service";
+import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
+
+// Tenant isolation and the read/write boundary of the API (cases C1, C3, C4), driven by the
+// OpenAPI document so that a new route cannot slip past: CASES below must name every operation
+// the document lists, and the meta-test fails, naming the route, when one has no case.
+
+type Resource = "secret" | "rule" | "host";
+
+/** A tenant with a full vault: secrets, rules (so an order), host entries, a non-default setting. */
+interface Vault {
+  t: Tenant;
+  role: "a" | "b";
+  /** Unique per vault; every host pattern of the vault but "shared.example" contains it. */
+  tag: string;
+  /** Every secret value ever stored in this vault (canaries, case C4). */
+  values: string[];
+  /** Current ids per resource, in list order (rules: in rule order). */
+  ids: Record<Resource, string[]>;
+}
+
+interface Ctx {
+  a: Vault;
+  b: Vault;
+}
+
+const COLLECTIONS: Record<Resource, { path: string; key: string }> = {
+  secret: { path: "/v1/vault/secrets", key: "secrets" },
+  rule: { path: "/v1/vault/rules", key: "rules" },
+  host: { path: "/v1/vault/hosts", key: "hosts" },
+};
+
+function expectStatus(res: ApiResponse, status: number, what: string): ApiResponse {
+  if (res.status !== status) throw new Error(`${what}: expected ${status}, got ${res.status} ${res.text}`);
+  return res;
+}
+
+// Fixtures are written through the vault service the routes call (same validation, same
+// encryption, same transactions), not over HTTP: every call through the harness's entrypoint
+// costs a little more than the one before it within a test file, and the route calls under test
+// are what this file's budget is for.
+const principal = (t: Tenant) => ({ userId: t.userId, environmentId: t.environmentId, keyId: "key_fixture" });
+
+async function idsOf(t: Tenant): Promise<Record<Resource, string[]>> {
+  const p = principal(t);
+  return withDb(async (db) => ({
+    secret: (await vault.listSecrets(db, p)).map((s) => s.id),
+    rule: (await vault.listRules(db, p)).map((r) => r.id),
+    host: (await vault.listHosts(db, p)).map((h) => h.id),
+  }));
+}
+
+async function fullVault(role: "a" | "b"): Promise<Vault> {
+  const t = await newTenant();
+  const p = principal(t);
+  const ring = loadConfig(env).keyRing;
+  const tag = `${role}${crypto.randomUUID().slice(0, 8)}`;
+  const values: string[] = [];
+  const only = `${role.toUpperCase()}_ONLY_KEY`;
+  await withDb(async (db) => {
+    // A name both vaults have, and one only this vault has.
+    for (const name of ["API_KEY", only]) {
+      const value = newCanary(`${role}${name}`);
+      values.push(value);
+      unwrap(await vault.createSecret(db, ring, p, { name, value }));
+    }
+    unwrap(
+      await vault.createRule(db, p, {
+        host: `api.${tag}.example`,
+        secret: "API_KEY",
+        inject: { scheme: "bearer" },
+      }),
+    );
+    unwrap(
+      await vault.createRule(db, p, {
+        host: `upload.${tag}.example`,
+        secret: only,
+        inject: { scheme: "raw", name: "X-Api-Key" },
+        position: 0,
+      }),
+    );
+    unwrap(await vault.putHost(db, p, { pattern: `*.evil-${tag}.example`, action: "block" }));
+    unwrap(await vault.putHost(db, p, { pattern: `${role}-only.shared.example`, action: "allow" }));
+    unwrap(await vault.setDefault(db, p, "block"));
+  });
+  return { t, role, tag, values, ids: await idsOf(t) };
+}
+
+async function twoVaults(): Promise<Ctx> {
+  return { a: await fullVault("a"), b: await fullVault("b") };
+}
+
+let freshCount = 0;
+/** A new resource of A's own, for the positive control after a refused cross-tenant call. */
+async function fresh(v: Vault, resource: Resource): Promise<string> {
+  const n = ++freshCount;
+  const p = principal(v.t);
+  const ring = loadConfig(env).keyRing;
+  return withDb(async (db) => {
+    if (resource === "secret") {
+      return unwrap(await vault.createSecret(db, ring, p, { name: `FRESH_${n}`, value: newCanary("fresh") }))
+        .id;
+    }
+    if (resource === "rule") {
+      const host = `fresh${n}.${v.tag}.example`;
+      return unwrap(await vault.createRule(db, p, { host, secret: "API_KEY", inject: { scheme: "bearer" } }))
+        .id;
+    }
+    return unwrap(await vault.putHost(db, p, { pattern: `fresh${n}.${v.tag}.example`, action: "allow" })).id;
+  });
+}
+
+/** A tenant's vault rows in the database, ciphertexts and timestamps included. */
+async function rows(t: Tenant) {
+  return withDb(async (db) => ({
+    settings: await db.select().from(vaultSettings).where(eq(vaultSettings.environmentId, t.environmentId)),
+    secrets: await db
+      .select()
+      .from(vaultSecrets)
+      .where(eq(vaultSecrets.environmentId, t.environmentId))
+      .orderBy(vaultSecrets.id),
+    rules: await db
+      .select()
+      .from(vaultRules)
+      .where(eq(vaultRules.environmentId, t.environmentId))
+      .orderBy(vaultRules.id),
+    hosts: await db
+      .select()
+      .from(vaultHosts)
+      .where(eq(vaultHosts.environmentId, t.environmentId))
+      .orderBy(vaultHosts.id),
+  }));
+}
+
+/**
+ * Everything a tenant can observe about its vault through its own key (every list, the settings
+ * with the vault version, the compiled preview), plus its rows in the database.
+ */
+async function snapshot(t: Tenant) {
+  const reads: Record<string, { status: number; body: unknown }> = {};
+  for (const path of [
+    ...Object.values(COLLECTIONS).map((c) => c.path),
+    "/v1/vault/settings",
+    "/v1/vault/policy-preview",
+  ]) {
+    const res = await t.api("GET", path);
+    reads[path] = { status: res.status, body: res.json };
+  }
+  return { reads, rows: await rows(t) };
+}
+
+async function version(t: Tenant): Promise<number> {
+  return (await withDb((db) => vault.getSettings(db, principal(t)))).version;
+}
+
+// ---- the table: one case per operation of the OpenAPI document ----
+
+type Body = (ctx: Ctx) => unknown;
+type Case =
+  /** `{id}` routes: A's key with each of B's ids → 404, nothing changes; A's own id works. */
+  | { kind: "by-id"; resource: Resource; body?: Body; ok: number }
+  /** Collection reads: A sees exactly A's items. */
+  | { kind: "list"; resource: Resource }
+  /** Other reads of the caller's vault: A sees A's vault only. */
+  | { kind: "read"; check: (ctx: Ctx, res: ApiResponse) => Promise<void> }
+  /** Writes without an id: change A's vault only; `refused` are attempts that must write nothing. */
+  | {
+      kind: "write";
+      body: Body;
+      ok: number;
+      refused?: (ctx: Ctx) => { body: unknown; status: number; code: string }[];
+    }
+  /** Not tenant-scoped on purpose; `inDocument` false for routes the document does not list. */
+  | { kind: "unscoped"; reason: string; inDocument: boolean };
+
+const CASES: Record<string, Case> = {
+  "GET /v1/openapi.json": {
+    kind: "unscoped",
+    inDocument: false,
+    reason: "the API's public description: the same for everyone, served without a key, not listed in itself",
+  },
+  "GET /v1/me": {
+    kind: "unscoped",
+    inDocument: true,
+    reason: "describes the caller's own key (user, environment, key id); takes no id, reads no vault",
+  },
+
+  "GET /v1/vault/secrets": { kind: "list", resource: "secret" },
+  "POST /v1/vault/secrets": {
+    kind: "write",
+    ok: 201,
+    // A name only B has: names are per vault, so this creates A's own secret.
+    body: () => ({ name: "B_ONLY_KEY", value: newCanary("a-new") }),
+  },
+  "GET /v1/vault/secrets/{id}": { kind: "by-id", resource: "secret", ok: 200 },
+  "PUT /v1/vault/secrets/{id}": {
+    kind: "by-id",
+    resource: "secret",
+    ok: 200,
+    body: () => ({ value: newCanary("a-replace") }),
+  },
+  "DELETE /v1/vault/secrets/{id}": { kind: "by-id", resource: "secret", ok: 204 },
+
+  "GET /v1/vault/rules": { kind: "list", resource: "rule" },
+  "POST /v1/vault/rules": {
+    kind: "write",
+    ok: 201,
+    body: ({ a }) => ({
+      host: `new.${a.tag}.example`,
+      secret: "API_KEY",
+      inject: { scheme: "bearer" },
+      position: 0,
+    }),
+    // A rule can only name a secret of the caller's vault.
+    refused: ({ a }) => [
+      {
+        body: { host: `new2.${a.tag}.example`, secret: "B_ONLY_KEY", inject: { scheme: "bearer" } },
+        status: 400,
+        code: "unknown_secret",
+      },
+    ],
+  },
+  "PUT /v1/vault/rules/order": {
+    kind: "write",
+    ok: 200,
+    body: ({ a }) => ({ ids: [...a.ids.rule].reverse() }),
+    refused: ({ a, b }) => [
+      { body: { ids: b.ids.rule }, status: 400, code: "invalid_order" },
+      { body: { ids: [...a.ids.rule, ...b.ids.rule] }, status: 400, code: "invalid_order" },
+      { body: { ids: [...a.ids.rule.slice(1), b.ids.rule[0]] }, status: 400, code: "invalid_order" },
+    ],
+  },
+  "GET /v1/vault/rules/{id}": { kind: "by-id", resource: "rule", ok: 200 },
+  "PATCH /v1/vault/rules/{id}": {
+    kind: "by-id",
+    resource: "rule",
+    ok: 200,
+    body: ({ a }) => ({
+      host: `patched.${a.tag}.example`,
+      inject: { scheme: "raw", name: "x-token" },
+      position: 0,
+    }),
+  },
+  "DELETE /v1/vault/rules/{id}": { kind: "by-id", resource: "rule", ok: 204 },
+
+  "GET /v1/vault/hosts": { kind: "list", resource: "host" },
+  "POST /v1/vault/hosts": {
+    kind: "write",
+    ok: 200,
+    // A pattern B has an entry for: A gets an entry of its own, B's stays as it was.
+    body: () => ({ pattern: "b-only.shared.example", action: "block" }),
+  },
+  "POST /v1/vault/hosts/starter-pack": { kind: "write", ok: 200, body: () => ({}) },
+  "GET /v1/vault/hosts/{id}": { kind: "by-id", resource: "host", ok: 200 },
+  "PATCH /v1/vault/hosts/{id}": {
+    kind: "by-id",
+    resource: "host",
+    ok: 200,
+    body: () => ({ action: "block" }),
+  },
+  "DELETE /v1/vault/hosts/{id}": { kind: "by-id", resource: "host", ok: 204 },
+
+  "GET /v1/vault/settings": {
+    kind: "read",
+    check: async ({ a, b }, res) => {
+      // Both vaults made the same writes, so one more in A makes the two readings differ.
+      expectStatus(await a.t.api("PUT", "/v1/vault/settings", { default: "allow" }), 200, "A allow");
+      const mine = expectStatus(await a.t.api("GET", "/v1/vault/settings"), 200, "A settings");
+      const theirs = expectStatus(await b.t.api("GET", "/v1/vault/settings"), 200, "B settings");
+      expect(res.json).toEqual({ default: "block", version: theirs.json.version });
+      expect(mine.json).toEqual({ default: "allow", version: theirs.json.version + 1 });
+      expect(theirs.json.default).toBe("block");
+    },
+  },
+  "PUT /v1/vault/settings": { kind: "write", ok: 200, body: () => ({ default: "allow" }) },
+  "GET /v1/vault/policy-preview": {
+    kind: "read",
+    check: async ({ a, b }, res) => {
+      const hosts = expectStatus(await a.t.api("GET", "/v1/vault/hosts"), 200, "A hosts");
+      const patterns = (hosts.json.hosts as { pattern: string }[]).map((h) => h.pattern).sort();
+      expect((res.json.hosts as { pattern: string }[]).map((h) => h.pattern).sort()).toEqual(patterns);
+      expect((res.json.rules as { host: string }[]).map((r) => r.host)).toEqual([
+        `upload.${a.tag}.example`,
+        `api.${a.tag}.example`,
+      ]);
+      expect(res.json.version).toBe(await version(a.t));
+      expect(res.text).not.toContain(b.tag);
+    },
+  },
+};
+
+const METHODS = ["get", "put", "post", "delete", "patch", "head", "options", "trace"];
+
+/** "METHOD /path" for every operation the live OpenAPI document lists. */
+async function documentOperations(): Promise<string[]> {
+  const doc = expectStatus(await call(null, "GET", "/v1/openapi.json"), 200, "openapi.json").json;
+  const ops: string[] = [];
+  for (const [path, item] of Object.entries(doc.paths as Record<string, object>)) {
+    for (const method of Object.keys(item)) {
+      if (METHODS.includes(method)) ops.push(`${method.toUpperCase()} ${path}`);
+    }
+  }
+  return ops;
+}
+
+const split = (op: string) => {
+  const [method, path] = op.split(" ") as [string, string];
+  return { method, path };
+};
+
+/** A call of `op` that would succeed for its owner: a real id of `v` and a valid body. */
+function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string; body: unknown } {
+  const { method, path } = split(op);
+  const c = CASES[op];
+  const id = c?.kind === "by-id" ? (v.ids[c.resource][0] ?? "missing") : "no_case_for_this_route";
+  const body = c && (c.kind === "by-id" || c.kind === "write") ? c.body?.(ctx) : undefined;
+  return { method, path: path.replace("{id}", id), body };
+}
+
+describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () => {
+  it("the table names every operation of the OpenAPI document, and nothing else", async () => {
+    const ops = await documentOperations();
+    expect(ops.length).toBeGreaterThanOrEqual(19);
+    const missing = ops.filter((op) => !(op in CASES));
+    expect(
+      missing,
+      `operations without an isolation case (add them to CASES in test/worker/isolation.test.ts): ${missing.join(", ")}`,
+    ).toEqual([]);
+    const stale = Object.entries(CASES)
+      .filter(([op, c]) => !ops.includes(op) && !(c.kind === "unscoped" && !c.inDocument))
+      .map(([op]) => op);
+    expect(stale, `cases for operations the document does not list: ${stale.join(", ")}`).toEqual([]);
+    // A route that takes an id must be tested as one: A's key with B's id.
+    const untested = ops.filter((op) => op.includes("{") !== (CASES[op]?.kind === "by-id"));
+    expect(untested, `id routes need a by-id case (and only they): ${untested.join(", ")}`).toEqual([]);
+    for (const [op, c] of Object.entries(CASES)) {
+      if (c.kind === "by-id") expect(split(op).path).toBe(`${COLLECTIONS[c.resource].path}/{id}`);
+      if (c.kind === "unscoped") expect(c.reason.length, `${op} needs a reason`).toBeGreaterThan(20);
+    }
+  });
+});
+
+describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_000 }, () => {
+  for (const [op, c] of Object.entries(CASES)) {
+    const { method, path } = split(op);
+
+    if (c.kind === "by-id") {
+      it(`${op} with B's ids → 404 not_found, B unchanged (A's own id works)`, async () => {
+        const ctx = await twoVaults();
+        const { a, b } = ctx;
+        const bBefore = await snapshot(b.t);
+        const aBefore = await rows(a.t);
+        const theirs = b.ids[c.resource];
+        expect(theirs.length).toBeGreaterThan(0);
+        for (const id of theirs) {
+          const res = await a.t.api(method, path.replace("{id}", id), c.body?.(ctx));
+          expectProblem(res, 404, "not_found");
+        }
+        expect(await snapshot(b.t)).toEqual(bBefore);
+        // The refused change was rolled back in A too: not even A's version moved.
+        expect(await rows(a.t)).toEqual(aBefore);
+        const own = await fresh(a, c.resource);
+        const res = await a.t.api(method, path.replace("{id}", own), c.body?.(ctx));
+        expect(res.status, res.text).toBe(c.ok);
+      });
+    }
+
+    if (c.kind === "list") {
+      it(`${op} lists only A's items`, async () => {
+        const { a, b } = await twoVaults();
+        const res = expectStatus(await a.t.api(method, path), 200, op);
+        const listed = (res.json[COLLECTIONS[c.resource].key] as { id: string }[]).map((i) => i.id);
+        expect([...listed].sort()).toEqual([...a.ids[c.resource]].sort());
+        expect(b.ids[c.resource].length).toBeGreaterThan(0);
+        for (const id of b.ids[c.resource]) expect(res.text).not.toContain(id);
+        expect(res.text).not.toContain(b.tag);
+        expect(res.text).not.toContain(b.t.environmentId);
+        expect(res.text).not.toContain(b.t.userId);
+      });
+    }
+
+    if (c.kind === "read") {
+      it(`${op} shows A's vault only`, async () => {
+        const ctx = await twoVaults();
+        const bBefore = await snapshot(ctx.b.t);
+        const res = expectStatus(await ctx.a.t.api(method, path), 200, op);
+        await c.check(ctx, res);
+        expect(await snapshot(ctx.b.t)).toEqual(bBefore);
+      });
+    }
+
+    if (c.kind === "write") {
+      it(`${op} changes only A's vault (B's version and data unchanged)`, async () => {
+        const ctx = await twoVaults();
+        const { a, b } = ctx;
+        const bBefore = await snapshot(b.t);
+        const aVersion = await version(a.t);
+        for (const refused of c.refused?.(ctx) ?? []) {
+          expectProblem(await a.t.api(method, path, refused.body), refused.status, refused.code);
+        }
+        expect(await version(a.t)).toBe(aVersion);
+        const res = await a.t.api(method, path, c.body(ctx));
+        expect(res.status, res.text).toBe(c.ok);
+        if (typeof res.json?.id === "string") {
+          for (const ids of Object.values(b.ids)) expect(ids).not.toContain(res.json.id);
+        }
+        expect(await version(a.t)).toBeGreaterThan(aVersion);
+        expect(await snapshot(b.t)).toEqual(bBefore);
+      });
+    }
+
+    if (c.kind === "unscoped") {
+      it(`${op} is not tenant-scoped (${c.reason}); it tells A nothing about B`, async () => {
+        const [a, b] = [await newTenant(), await newTenant()];
+        const mine = expectStatus(await a.api(method, path), 200, `${op} as A`);
+        const theirs = expectStatus(await b.api(method, path), 200, `${op} as B`);
+        expect(mine.text).not.toContain(b.userId);
+        expect(mine.text).not.toContain(b.environmentId);
+        if (op === "GET /v1/me") {
+          expect(mine.json).toMatchObject({ userId: a.userId, environmentId: a.environmentId });
+        } else {
+          // The same document for A, B and a caller without a key.
+          expect(theirs.text).toBe(mine.text);
+          expect((await call(null, method, path)).text).toBe(mine.text);
+        }
+      });
+    }
+  }
+
+  it("PUT /v1/vault/rules/order with B's rule ids → 400 invalid_order; both orders unchanged", async () => {
+    const { a, b } = await twoVaults();
+    const bRules = expectStatus(await b.t.api("GET", "/v1/vault/rules"), 200, "B rules").json;
+    const aRules = expectStatus(await a.t.api("GET", "/v1/vault/rules"), 200, "A rules").json;
+    const bVersion = await version(b.t);
+    const reversed = [...b.ids.rule].reverse();
+    expectProblem(await a.t.api("PUT", "/v1/vault/rules/order", { ids: reversed }), 400, "invalid_order");
+    expect((await b.t.api("GET", "/v1/vault/rules")).json).toEqual(bRules);
+    expect((await a.t.api("GET", "/v1/vault/rules")).json).toEqual(aRules);
+    expect(await version(b.t)).toBe(bVersion);
+  });
+});
+
+describe("C3 bodies cannot override the authenticated user or environment", { timeout: 120_000 }, () => {
+  /** The body text `body` with one more field, first, whatever its name (also `__proto__`). */
+  const withField = (body: unknown, field: string, value: unknown) => {
+    const rest = JSON.stringify(body ?? {}).slice(1, -1);
+    return `{${JSON.stringify(field)}:${JSON.stringify(value)}${rest ? `,${rest}` : ""}}`;
+  };
+
+  it("every POST/PUT/PATCH with userId, environmentId, id, ownerId, ... → 400 unknown_field, nothing written", async () => {
+    const ctx = await twoVaults();
+    const { a, b } = ctx;
+    const overrides: Record<string, unknown> = {
+      userId: b.t.userId,
+      environmentId: b.t.environmentId,
+      environment_id: b.t.environmentId,
+      ownerId: b.t.userId,
+      keyId: "key_override",
+      runId: "run_override",
+      id: b.ids.secret[0],
+      principal: { userId: b.t.userId, environmentId: b.t.environmentId },
+      version: 1,
+      // Computed, so it is an own field of the body (as JSON.parse makes it), not the prototype.
+      ["__proto__"]: { environmentId: b.t.environmentId },
+      constructor: { prototype: { environmentId: b.t.environmentId } },
+    };
+    const aBefore = await snapshot(a.t);
+    const bBefore = await snapshot(b.t);
+    const ops = (await documentOperations()).filter((op) => /^(POST|PUT|PATCH) /.test(op));
+    expect(ops.length).toBeGreaterThanOrEqual(9);
+    const failures: string[] = [];
+    for (const op of ops) {
+      const { method, path, body } = sample(op, ctx, a);
+      for (const [field, value] of Object.entries(overrides)) {
+        const res = await call(a.t.key, method, path, withField(body, field, value));
+        if (res.status !== 400 || res.json?.code !== "unknown_field" || !res.json.detail.includes(field)) {
+          failures.push(`${op} +${field}: ${res.status} ${res.text.slice(0, 200)}`);
+        }
+      }
+      // Nested objects are strict too.
+      const inject = (body as { inject?: object } | undefined)?.inject;
+      if (inject) {
+        const nested = { ...(body as object), inject: { ...inject, userId: b.t.userId } };
+        const res = await call(a.t.key, method, path, nested);
+        if (res.json?.code !== "unknown_field")
+          failures.push(`${op} inject.userId: ${res.status} ${res.text}`);
+      }
+    }
+    expect(failures).toEqual([]);
+    expect(await snapshot(a.t)).toEqual(aBefore);
+    expect(await snapshot(b.t)).toEqual(bBefore);
+
+    // The same bodies without the extra field are accepted: the field alone was the reason.
+    for (const op of ops) {
+      a.ids = await idsOf(a.t);
+      const c = CASES[op];
+      const { method, path, body } = sample(op, ctx, a);
+      const target = c?.kind === "by-id" ? path.replace(/[^/]+$/, await fresh(a, c.resource)) : path;
+      const res = await call(a.t.key, method, target, body ?? {});
+      expect(res.status, `${op}: ${res.text}`).toBeLessThan(300);
+    }
+    expect(await snapshot(b.t)).toEqual(bBefore);
+  });
+
+  it("query parameters cannot widen a read to another environment", async () => {
+    const { a, b } = await twoVaults();
+    const q = `?environmentId=${b.t.environmentId}&userId=${b.t.userId}&environment_id=${b.t.environmentId}`;
+    for (const [resource, { path, key }] of Object.entries(COLLECTIONS) as [
+      Resource,
+      { path: string; key: string },
+    ][]) {
+      const res = expectStatus(await a.t.api("GET", `${path}${q}`), 200, path);
+      expect((res.json[key] as { id: string }[]).map((i) => i.id).sort()).toEqual(
+        [...a.ids[resource]].sort(),
+      );
+    }
+    const settings = expectStatus(await a.t.api("GET", `/v1/vault/settings${q}`), 200, "settings");
+    expect(settings.json.version).toBe(await version(a.t));
+    // The preview's query is strict: an unknown parameter is refused, not ignored.
+    const preview = expectProblem(await a.t.api("GET", `/v1/vault/policy-preview${q}`), 400, "unknown_field");
+    expect(preview.text).not.toContain(b.tag);
+  });
+});
+
+describe("C4 secret values are never returned by any read", { timeout: 120_000 }, () => {
+  it("no GET route (lists, items, preview, settings, me, openapi) returns a value or an encoding of one", async () => {
+    const a = await fullVault("a");
+    const { t } = a;
+    // A basic-scheme rule (its header carries base64(user:password)) and a replaced value.
+    const basic = `svcuser:${newCanary("basic")}`;
+    a.values.push(basic);
+    expectStatus(await t.api("POST", "/v1/vault/secrets", { name: "BASIC_KEY", value: basic }), 201, "basic");
+    expectStatus(
+      await t.api("POST", "/v1/vault/rules", {
+        host: `basic.${a.tag}.example`,
+        secret: "BASIC_KEY",
+        inject: { scheme: "basic" },
+      }),
+      201,
+      "basic rule",
+    );
+    const replaced = newCanary("replaced");
+    a.values.push(replaced);
+    const apiKeyId = (await t.api("GET", "/v1/vault/secrets")).json.secrets.find(
+      (s: { name: string }) => s.name === "API_KEY",
+    ).id;
+    expectStatus(await t.api("PUT", `/v1/vault/secrets/${apiKeyId}`, { value: replaced }), 200, "replace");
+    a.ids = await idsOf(t);
+
+    const needles = (await Promise.all(a.values.map(leakNeedles))).flat();
+    const responses: [string, ApiResponse][] = [];
+    const gets = (await documentOperations()).filter((op) => op.startsWith("GET "));
+    for (const op of gets) {
+      const { path } = split(op);
+      const c = CASES[op];
+      const paths = c?.kind === "by-id" ? a.ids[c.resource].map((id) => path.replace("{id}", id)) : [path];
+      if (path === "/v1/vault/policy-preview") paths.push(`${path}?egress=local`);
+      expect(paths.length, `${op} has nothing to read`).toBeGreaterThan(0);
+      for (const p of paths) responses.push([`GET ${p}`, await t.api("GET", p)]);
+    }
+    responses.push(["GET /v1/openapi.json", await call(null, "GET", "/v1/openapi.json")]);
+    responses.push(["GET /v1/openapi.json (with key)", await t.api("GET", "/v1/openapi.json")]);
+
+    const leaks = responses.flatMap(([where, res]) => findNeedles(where, responseText(res), needles));
+    expect(leaks).toEqual([]);
+    for (const [where, res] of responses) expect(res.status, where).toBe(200);
+    // The reads did show the vault (names, fingerprints), so the scan looked at real content.
+    const secrets = responses.find(([where]) => where === "GET /v1/vault/secrets")?.[1];
+    expect(secrets?.text).toContain("BASIC_KEY");
+    expect(secrets?.text).toMatch(/fp_test2_[0-9a-f]{16}/);
+  });
+});
+
+describe("C1 every route refuses a missing or bad key", { timeout: 120_000 }, () => {
+  it("each operation of the document → 401 unauthorized for every kind of bad credential; nothing written", async () => {
+    const ctx = await twoVaults();
+    const { t } = ctx.a;
+    // A real key of the same environment, revoked.
+    const revoked = await withDb(async (db) => {
+      const [user] = await db.select({ email: users.email }).from(users).where(eq(users.id, t.userId));
+      if (!user) throw new Error("tenant user missing");
+      return provisionApiKey(db, { email: user.email, keyName: "revoked" });
+    });
+    expect(revoked.environmentId).toBe(t.environmentId);
+    expectStatus(await call(revoked.key, "GET", "/v1/me"), 200, "key before revocation");
+    await withDb((db) =>
+      db.update(apiKeys).set({ revokedAt: new Date() }).where(eq(apiKeys.id, revoked.keyId)),
+    );
+
+    const basic = btoa(`${t.key}:`);
+    const credentials: Record<string, Record<string, string>> = {
+      "no key": {},
+      "unknown key": { authorization: `Bearer ${generateApiKey().key}` },
+      "revoked key": { authorization: `Bearer ${revoked.key}` },
+      "malformed key": { authorization: "Bearer not-a-key" },
+      "key one character off": {
+        authorization: `Bearer ${t.key.slice(0, -2)}${t.key.endsWith("AA") ? "BA" : "AA"}`,
+      },
+      "key without scheme": { authorization: t.key },
+      "key as basic auth": { authorization: `Basic ${basic}` },
+      "key in x-api-key": { "x-api-key": t.key },
+    };
+    const before = await snapshot(t);
+    const ops = await documentOperations();
+    const failures: string[] = [];
+    for (const op of ops) {
+      const { method, path, body } = sample(op, ctx, ctx.a);
+      for (const [label, headers] of Object.entries(credentials)) {
+        const res = await call(null, method, path, body, headers);
+        try {
+          expectProblem(res, 401, "unauthorized");
+        } catch (e) {
+          failures.push(`${op} (${label}): ${(e as Error).message}`);
+        }
+      }
+    }
+    expect(failures).toEqual([]);
+    expect(await snapshot(t)).toEqual(before);
+  });
+});

@@ -1,0 +1,49 @@
+import type { ApiResponse } from "./harness";
+
+// Canary values and the spellings a leak of one could take (cases B5, C4). A canary is plain
+// ASCII letters and digits, so its JSON, URL and header spellings are the value itself; the other
+// spellings are the encodings a careless code path might apply before writing it somewhere.
+
+/** A unique canary secret value: `cnry` + 32 random hex digits + a label. */
+export function newCanary(label = "value"): string {
+  return `cnry${crypto.randomUUID().replaceAll("-", "")}${label.replace(/[^A-Za-z0-9]/g, "")}`;
+}
+
+const utf8 = (text: string) => new TextEncoder().encode(text);
+const hex = (bytes: Uint8Array) => [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
+const base64 = (bytes: Uint8Array) => btoa(String.fromCharCode(...bytes));
+
+/**
+ * Every spelling of `value` a scan must not find: the value, its hex (both cases), and its base64
+ * and base64url at all three byte alignments (inside e.g. `Basic base64(user:value)` the value
+ * rarely starts on a 3-byte boundary, so only the characters that depend on it alone are kept),
+ * and its unkeyed SHA-256 (a fingerprint must be keyed).
+ */
+export async function leakNeedles(value: string): Promise<string[]> {
+  const bytes = utf8(value);
+  const needles = new Set<string>([value, hex(bytes), hex(bytes).toUpperCase()]);
+  for (let shift = 0; shift < 3; shift++) {
+    const padded = new Uint8Array(shift + bytes.length);
+    padded.set(bytes, shift);
+    const encoded = base64(padded).replace(/=+$/, "");
+    // Characters whose 6 bits all come from the value's bytes.
+    const core = encoded.slice(Math.ceil((8 * shift) / 6), Math.floor((8 * padded.length) / 6));
+    needles.add(core);
+    needles.add(core.replaceAll("+", "-").replaceAll("/", "_"));
+  }
+  const sha = hex(new Uint8Array(await crypto.subtle.digest("SHA-256", bytes)));
+  needles.add(sha);
+  needles.add(sha.slice(0, 16));
+  return [...needles];
+}
+
+/** The needles found in `text`, each with where it was found. */
+export function findNeedles(where: string, text: string, needles: readonly string[]): string[] {
+  return needles.filter((n) => text.includes(n)).map((n) => `${where} contains ${JSON.stringify(n)}`);
+}
+
+/** A response as one text: status, every header and the body. */
+export function responseText(res: ApiResponse): string {
+  const headers = [...res.headers].map(([k, v]) => `${k}: ${v}`).join("\n");
+  return `${res.status}\n${headers}\n\n${res.text}`;
+}
