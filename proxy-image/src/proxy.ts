@@ -7,7 +7,7 @@ import {
 import { createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
 import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { TLSSocket } from "node:tls";
+import { createSecureContext, TLSSocket } from "node:tls";
 import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
 import { canonicalHost, splitHostPort } from "../../src/policy/host";
 import type { RunCa } from "./ca";
@@ -179,9 +179,13 @@ export function createProxy(options: ProxyOptions) {
   plain.on("connection", (socket: Socket) => track(socket, "http"));
   explicit.on("connection", (socket: Socket) => track(socket, "explicit"));
 
+  const noCertContext = createSecureContext({});
+
   function terminateTls(raw: Socket, conn: Omit<ConnInfo, "id" | "policyVersion">): void {
     const tls = new TLSSocket(raw, {
       isServer: true,
+      // Shared placeholder until SNI picks the leaf: without it Node builds a context per connection.
+      secureContext: noCertContext,
       ALPNProtocols: ["http/1.1"],
       SNICallback: (servername, cb) => {
         const host = canonicalHost(servername);

@@ -1,6 +1,6 @@
 import { lookup as dnsLookup } from "node:dns/promises";
 import { isIP } from "node:net";
-import { rootCertificates } from "node:tls";
+import { createSecureContext, rootCertificates } from "node:tls";
 import { buildConnector, Pool } from "undici";
 import type { createAddressPolicy } from "./address";
 
@@ -37,6 +37,9 @@ function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
 
 export function createUpstream(options: UpstreamOptions) {
   const ca = options.extraCaPem ? [...rootCertificates, options.extraCaPem] : [...rootCertificates];
+  // Parsed once: handing `ca` to every dial made Node re-parse ~150 roots per new upstream
+  // connection (~25 ms of blocked event loop each, measured by the bench).
+  const secureContext = createSecureContext({ ca });
   const lookup = options.lookup ?? systemLookup;
   const pools = new Map<string, Pool>();
 
@@ -79,7 +82,7 @@ export function createUpstream(options: UpstreamOptions) {
         cb: (err: Error | null, a: string | Array<{ address: string; family: number }>, f?: number) => void,
       ) => (opts.all ? cb(null, [{ address, family }]) : cb(null, address, family));
       const connect = buildConnector({
-        ca,
+        secureContext,
         timeout: options.dialTimeoutMs ?? 10_000,
         lookup: fixedLookup as never,
         rejectUnauthorized: true,

@@ -1,0 +1,436 @@
+// The proxy bench: `npm run bench:proxy`. One run, loopback only (127.0.0.0/8), two to three
+// minutes with the defaults. It measures, against baselines taken in the same run:
+//   keep-alive      direct HTTPS to the upstream / through the proxy (TLS terminated, credential
+//                   header injected) / through mitmdump doing the same (when it is installed),
+//                   32 connections flat out
+//   fixed rate      direct / through the proxy, keep-alive, open loop at half the proxy's
+//                   flat-out rate: the latency the proxy adds below saturation
+//   new connection  direct / through the proxy, one verified TLS handshake per request
+//   memory          the proxy's peak RSS, and its RSS holding 1,000 idle keep-alive connections
+//   decisions       decideHost + matchRule per lookup at 10 and 100,000 rules
+// and writes bench/results/latest.md and latest.json. It never fails on a number: targets are
+// reported as met or not met. Durations and sizes come from the environment (see CONFIG).
+import { type ChildProcess, execFileSync, fork, spawn } from "node:child_process";
+import { mkdtempSync, openSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { build } from "esbuild";
+import { createTestCa, vault as vaultOf } from "../test/proxy/harness";
+import { BenchControlPlane } from "./lib/control-plane";
+import { benchDecisions } from "./lib/decision";
+import {
+  fixedRateLoad,
+  keepAliveLoad,
+  type LoadOptions,
+  newConnectionLoad,
+  openIdleConnections,
+  type RawLoad,
+  summarise,
+  type Target,
+} from "./lib/load";
+import { type Mitmdump, mitmdumpVersion, startMitmdump, stopChild } from "./lib/mitm";
+import { CpuMeter, memoryOf } from "./lib/proc";
+import { countDecisions, type Phase, type Results, writeResults } from "./lib/report";
+
+const num = (key: string, fallback: number) => {
+  const raw = process.env[key];
+  const n = raw === undefined || raw === "" ? fallback : Number(raw);
+  if (!Number.isFinite(n) || n <= 0) throw new Error(`${key} must be a positive number`);
+  return n;
+};
+
+const CONFIG = {
+  /** Seconds measured per row (target and kind of load), over all rounds. */
+  durationS: num("BENCH_DURATION_S", 9),
+  /** Windows each row is measured in, taking turns with the other rows of its kind. */
+  rounds: num("BENCH_ROUNDS", 3),
+  /** Seconds of unmeasured load before each window (connections up, JIT warm). */
+  warmupS: num("BENCH_WARMUP_S", 1),
+  /** Keep-alive connections, and concurrent loops of the new-connection load. */
+  connections: num("BENCH_CONNECTIONS", 32),
+  idleConnections: num("BENCH_IDLE_CONNECTIONS", 1000),
+  /** Seconds allowed for opening them (a busy machine may not make it; the count is reported). */
+  idleMaxS: num("BENCH_IDLE_MAX_S", 20),
+  /** Response body size of the upstream. */
+  bodyBytes: num("BENCH_BODY_BYTES", 1024),
+  decisionRounds: num("BENCH_DECISION_ROUNDS", 7),
+  decisionPasses: num("BENCH_DECISION_PASSES", 10),
+  /** Offered load of the fixed-rate rows, req/s (default: half the proxy's flat-out rate). */
+  fixedRate: process.env.BENCH_FIXED_RATE ? num("BENCH_FIXED_RATE", 1) : null,
+  /** BENCH_MITM=0 skips mitmdump even when it is installed. */
+  mitm: process.env.BENCH_MITM !== "0",
+};
+
+const ROOT = fileURLToPath(new URL("..", import.meta.url));
+const HOST = "api.test";
+const UPSTREAM_ADDRESS = "127.0.0.2";
+const HEADER = "x-api-key";
+const SECRET = `sk-bench-${Math.random().toString(36).slice(2, 14)}`;
+const RUN_ID = "run_bench";
+
+interface UpstreamCounts {
+  requests: number;
+  injected: number;
+  connections: number;
+}
+const ZERO_COUNTS: UpstreamCounts = { requests: 0, injected: 0, connections: 0 };
+
+const log = (s: string) => process.stderr.write(`${s}\n`);
+
+function waitExitOr<T>(child: ChildProcess, what: string, p: Promise<T>, ms: number): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms);
+    child.once("exit", (code) => reject(new Error(`${what}: exited with ${code}`)));
+    p.then(
+      (v) => {
+        clearTimeout(timer);
+        resolve(v);
+      },
+      (e: unknown) => {
+        clearTimeout(timer);
+        reject(e);
+      },
+    );
+  });
+}
+
+function gitDescribe(): string {
+  try {
+    const head = execFileSync("git", ["rev-parse", "--short", "HEAD"], {
+      cwd: ROOT,
+      encoding: "utf8",
+    }).trim();
+    const dirty = execFileSync("git", ["status", "--porcelain", "--untracked-files=no"], {
+      cwd: ROOT,
+      encoding: "utf8",
+    }).trim();
+    return dirty ? `${head} (with uncommitted changes)` : head;
+  } catch {
+    return "unknown";
+  }
+}
+
+async function main(): Promise<void> {
+  const started = Date.now();
+  const dir = mkdtempSync(join(tmpdir(), "bw-bench-"));
+  let mitm: Mitmdump | null = null;
+  try {
+    // The proxy as shipped: the image's bundle (same esbuild options as `npm run build:proxy`),
+    // written to a scratch directory so a parallel build of proxy-image/dist is not disturbed.
+    const bundle = join(dir, "proxy.cjs");
+    await build({
+      entryPoints: [join(ROOT, "proxy-image/src/main.ts")],
+      bundle: true,
+      platform: "node",
+      target: "node20",
+      format: "cjs",
+      outfile: bundle,
+      logLevel: "warning",
+    });
+
+    // Upstream: api.test, certificate from a test CA, own process, on 127.0.0.2.
+    const testCa = await createTestCa("Benchwright bench upstream CA");
+    const upstreamCaFile = join(dir, "upstream-ca.pem");
+    writeFileSync(upstreamCaFile, testCa.certPem);
+    const leaf = await testCa.issue([HOST]);
+    const upstream = fork(fileURLToPath(new URL("./lib/upstream-server.ts", import.meta.url)), [], {
+      execArgv: ["--import", "tsx"],
+      stdio: ["ignore", "inherit", "inherit", "ipc"],
+    });
+    children.push(upstream);
+    upstream.send({
+      kind: "start",
+      certPem: leaf.certPem,
+      keyPem: leaf.keyPem,
+      address: UPSTREAM_ADDRESS,
+      bodyBytes: CONFIG.bodyBytes,
+      secret: SECRET,
+      header: HEADER,
+    });
+    const upstreamPort = await waitExitOr(
+      upstream,
+      "upstream",
+      new Promise<number>((resolve) => {
+        upstream.on("message", (m: { kind: string; port?: number }) => {
+          if (m.kind === "listening") resolve(m.port as number);
+        });
+      }),
+      20_000,
+    );
+    let countsId = 0;
+    const upstreamCounts = () =>
+      new Promise<UpstreamCounts>((resolve) => {
+        const id = ++countsId;
+        const on = (m: UpstreamCounts & { kind: string; id: number }) => {
+          if (m.kind !== "counts" || m.id !== id) return;
+          upstream.off("message", on);
+          resolve({ requests: m.requests, injected: m.injected, connections: m.connections });
+        };
+        upstream.on("message", on);
+        upstream.send({ kind: "counts", id });
+      });
+
+    // Control plane and the proxy process, configured as in its sandbox but on loopback.
+    const cp = new BenchControlPlane(
+      RUN_ID,
+      vaultOf({
+        version: 1,
+        hosts: [{ pattern: "blocked.test", action: "block" }],
+        rules: [{ host: HOST, secret: "API_KEY", inject: { scheme: "raw", name: HEADER } }],
+      }),
+      { API_KEY: SECRET },
+    );
+    await cp.start();
+    const proxyLog = join(dir, "proxy.log");
+    const logFd = openSync(proxyLog, "w");
+    const readyCall = cp.nextReady();
+    // BENCH_PROXY_NODE_ARGS: extra node flags for the proxy process (e.g. --cpu-prof, with
+    // BENCH_KEEP_TMP=1 to keep the profile, written to the scratch directory).
+    const nodeArgs = (process.env.BENCH_PROXY_NODE_ARGS ?? "").split(" ").filter(Boolean);
+    const proxy = spawn(process.execPath, [...nodeArgs, bundle], {
+      cwd: dir,
+      stdio: ["ignore", logFd, logFd],
+      env: {
+        PATH: process.env.PATH ?? "/usr/bin:/bin",
+        BW_RUN_ID: RUN_ID,
+        BW_CONTROL_PLANE_URL: cp.url,
+        BW_PROXY_TOKEN: cp.token,
+        BW_AUDIT_KEY: cp.auditKey,
+        BW_SPOOL_DIR: join(dir, "spool"),
+        BW_LISTEN_HOST: "127.0.0.1",
+        BW_TLS_PORT: "0",
+        BW_HTTP_PORT: "0",
+        BW_EXPLICIT_PORT: "0",
+        BW_TEST_EXTRA_CA_FILE: upstreamCaFile,
+        BW_TEST_ROUTES: `${HOST}=${UPSTREAM_ADDRESS}:${upstreamPort}`,
+        BW_TEST_ALLOW_CIDRS: `${UPSTREAM_ADDRESS}/32`,
+      },
+    });
+    children.push(proxy);
+    const ready = await waitExitOr(proxy, "proxy", readyCall, 30_000);
+    const proxyPid = proxy.pid as number;
+    // Let the start-up settle (first policy poll, JIT of the start path) before reading memory.
+    await new Promise((r) => setTimeout(r, 500));
+    const freshRss = memoryOf(proxyPid)?.rssMiB ?? Number.NaN;
+
+    const direct: Target = {
+      name: "direct",
+      address: UPSTREAM_ADDRESS,
+      port: upstreamPort,
+      servername: HOST,
+      caPem: testCa.certPem,
+    };
+    const viaProxy: Target = {
+      name: "proxy",
+      address: "127.0.0.1",
+      port: ready.listeners.tls,
+      servername: HOST,
+      caPem: ready.caCertPem,
+    };
+
+    const mitmVersion = CONFIG.mitm ? mitmdumpVersion() : null;
+    let mitmNote = CONFIG.mitm ? "not installed, skipped" : "skipped (BENCH_MITM=0)";
+    if (mitmVersion) {
+      try {
+        mitm = await startMitmdump({
+          dir,
+          servername: HOST,
+          upstream: { address: UPSTREAM_ADDRESS, port: upstreamPort },
+          upstreamCaFile,
+          header: HEADER,
+          secret: SECRET,
+        });
+        children.push(mitm.child);
+        mitmNote = `mitmdump ${mitmVersion}`;
+      } catch (e) {
+        mitmNote = `failed to start, skipped: ${(e as Error).message}`;
+      }
+    }
+    log(`proxy pid ${proxyPid} tls :${viaProxy.port}; upstream :${upstreamPort}; mitmdump: ${mitmNote}`);
+
+    const pids: Record<string, number> = {
+      loadgen: process.pid,
+      upstream: upstream.pid as number,
+      proxy: proxyPid,
+      ...(mitm ? { mitmdump: mitm.pid } : {}),
+    };
+
+    // Each row is measured in CONFIG.rounds windows, the rows of one kind taking turns (direct,
+    // proxy, mitmdump, direct, ...), so a neighbour's load or a clock change hits every row
+    // alike rather than one of them; the windows are pooled.
+    interface Row {
+      kind: Phase["kind"];
+      target: Target;
+      rounds: RawLoad[];
+      meter: CpuMeter;
+      upstream: { requests: number; injected: number; connections: number };
+    }
+    let fixedRate = 0;
+    const run = (row: Row, o: LoadOptions) =>
+      row.kind === "keep-alive"
+        ? keepAliveLoad(row.target, { ...o, connections: CONFIG.connections })
+        : row.kind === "fixed-rate"
+          ? fixedRateLoad(row.target, { ...o, rate: fixedRate, connections: CONFIG.connections })
+          : newConnectionLoad(row.target, { ...o, concurrency: CONFIG.connections });
+    async function measure(rows: Row[]): Promise<void> {
+      const windowS = CONFIG.durationS / CONFIG.rounds;
+      for (let round = 1; round <= CONFIG.rounds; round++) {
+        for (const row of rows) {
+          let before: Promise<UpstreamCounts> = Promise.resolve(ZERO_COUNTS);
+          let after: Promise<UpstreamCounts> = Promise.resolve(ZERO_COUNTS);
+          const raw = await run(row, {
+            warmupS: CONFIG.warmupS,
+            durationS: windowS,
+            hooks: {
+              start: () => {
+                row.meter.begin();
+                before = upstreamCounts();
+              },
+              end: () => {
+                row.meter.end();
+                after = upstreamCounts();
+              },
+            },
+          });
+          const [b, a] = await Promise.all([before, after]);
+          row.upstream.requests += a.requests - b.requests;
+          row.upstream.injected += a.injected - b.injected;
+          row.upstream.connections += a.connections - b.connections;
+          row.rounds.push(raw);
+          log(
+            `${row.kind} ${row.target.name} (round ${round}/${CONFIG.rounds}): ${(raw.ok / raw.windowS).toFixed(0)} req/s, ` +
+              `errors ${raw.errors}, non-2xx ${raw.non2xx}`,
+          );
+        }
+      }
+    }
+    const row = (kind: Phase["kind"], target: Target): Row => ({
+      kind,
+      target,
+      rounds: [],
+      meter: new CpuMeter(() => pids),
+      upstream: { requests: 0, injected: 0, connections: 0 },
+    });
+
+    const keepAlive = [row("keep-alive", direct), row("keep-alive", viaProxy)];
+    if (mitm) {
+      keepAlive.push(
+        row("keep-alive", {
+          name: "mitmdump",
+          address: "127.0.0.1",
+          port: mitm.port,
+          servername: HOST,
+          caPem: mitm.caPem,
+        }),
+      );
+    }
+    await measure(keepAlive);
+    let mitmPeakRssMiB: number | null = null;
+    if (mitm) {
+      mitmPeakRssMiB = memoryOf(mitm.pid)?.hwmMiB ?? null;
+      // Out of the way of the rows that follow.
+      await mitm.stop().catch(() => {});
+      mitm = null;
+      delete pids.mitmdump;
+    }
+    // The fixed rate: BENCH_FIXED_RATE, else half of what the proxy sustained flat out above
+    // (so it runs well below saturation on whatever machine this is), in steps of 50.
+    const proxyFlatOut = summarise(keepAlive[1]?.rounds ?? []).rps;
+    fixedRate = CONFIG.fixedRate ?? Math.max(50, Math.floor(proxyFlatOut / 2 / 50) * 50);
+    const fixed = [row("fixed-rate", direct), row("fixed-rate", viaProxy)];
+    await measure(fixed);
+    const newConnection = [row("new-connection", direct), row("new-connection", viaProxy)];
+    await measure(newConnection);
+
+    const phases: Phase[] = [...keepAlive, ...fixed, ...newConnection].map((r) => ({
+      kind: r.kind,
+      target: r.target.name,
+      ...summarise(r.rounds),
+      cpuCores: r.meter.cores(),
+      upstreamRequests: r.upstream.requests,
+      upstreamInjected: r.upstream.injected,
+      upstreamConnections: r.upstream.connections,
+      ...(r.target.name === "mitmdump" ? { peakRssMiB: mitmPeakRssMiB } : {}),
+    }));
+    const afterLoadRss = memoryOf(proxyPid)?.rssMiB ?? Number.NaN;
+
+    log(`idle: opening ${CONFIG.idleConnections} keep-alive connections to the proxy`);
+    const idle = await openIdleConnections(viaProxy, {
+      count: CONFIG.idleConnections,
+      concurrency: 64,
+      maxS: CONFIG.idleMaxS,
+    });
+    await new Promise((r) => setTimeout(r, 250));
+    const idleMem = memoryOf(proxyPid);
+    const idleOpen = idle.open();
+    idle.close();
+    const peak = memoryOf(proxyPid);
+    log(`  ${idleOpen} open after ${idle.openMs.toFixed(0)} ms: proxy RSS ${idleMem?.rssMiB.toFixed(1)} MiB`);
+
+    await stopChild(proxy);
+    await stopChild(upstream);
+    await cp.close();
+    const decisions = await countDecisions(proxyLog, SECRET);
+
+    log("policy decisions: 10 and 100,000 rules");
+    const decisionResults = benchDecisions([10, 100_000], {
+      rounds: CONFIG.decisionRounds,
+      passes: CONFIG.decisionPasses,
+    });
+
+    const results: Results = {
+      schema: 1,
+      date: new Date().toISOString(),
+      commit: gitDescribe(),
+      machine: {
+        cores: cpus().length,
+        cpu: cpus()[0]?.model ?? "unknown",
+        node: process.version,
+        mitmdump: mitmNote,
+      },
+      config: { ...CONFIG, fixedRate },
+      phases,
+      memory: {
+        proxyFreshRssMiB: freshRss,
+        proxyAfterLoadRssMiB: afterLoadRss,
+        proxyPeakRssMiB: peak?.hwmMiB ?? Number.NaN,
+        idle: {
+          connections: CONFIG.idleConnections,
+          open: idleOpen,
+          failed: idle.failed,
+          openMs: idle.openMs,
+          rssMiB: idleMem?.rssMiB ?? Number.NaN,
+        },
+      },
+      decisions: decisionResults,
+      proxyDecisionLog: decisions,
+      audit: { batches: cp.auditBatches, rows: cp.auditRows },
+      wallS: (Date.now() - started) / 1000,
+    };
+    const { table } = writeResults(results, join(ROOT, "bench/results"));
+    process.stdout.write(`${table}\n`);
+  } finally {
+    await mitm?.stop().catch(() => {});
+    for (const c of children) await stopChild(c).catch(() => {});
+    // BENCH_KEEP_TMP=1 keeps the scratch directory (proxy log, bundle, certificates) for a look.
+    if (process.env.BENCH_KEEP_TMP === "1") log(`kept ${dir}`);
+    else rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+// Whatever ends the bench (an error, ^C, a closed pipe) ends the processes it started.
+const children: ChildProcess[] = [];
+process.on("exit", () => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+});
+for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.once(sig, () => process.exit(130));
+process.stderr.on("error", () => {}); // `| head` closing the pipe must not stop the run midway
+
+main().then(
+  () => process.exit(0),
+  (e: unknown) => {
+    console.error(`bench failed: ${(e as Error).stack ?? e}`);
+    process.exit(1);
+  },
+);
