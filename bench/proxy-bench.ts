@@ -16,8 +16,8 @@ import { cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
+import { FakeControlPlane } from "../test/proxy/control-plane";
 import { createTestCa, vault as vaultOf } from "../test/proxy/harness";
-import { BenchControlPlane } from "./lib/control-plane";
 import { benchDecisions } from "./lib/decision";
 import {
   fixedRateLoad,
@@ -172,7 +172,7 @@ async function main(): Promise<void> {
       });
 
     // Control plane and the proxy process, configured as in its sandbox but on loopback.
-    const cp = new BenchControlPlane(
+    const cp = new FakeControlPlane(
       RUN_ID,
       vaultOf({
         version: 1,
@@ -405,7 +405,7 @@ async function main(): Promise<void> {
       },
       decisions: decisionResults,
       proxyDecisionLog: decisions,
-      audit: { batches: cp.auditBatches, rows: cp.auditRows },
+      audit: { batches: cp.batches.size, rows: cp.auditRows },
       wallS: (Date.now() - started) / 1000,
     };
     const { table } = writeResults(results, join(ROOT, "bench/results"));

@@ -1,95 +1,17 @@
 import { execFile } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runProxy } from "../../proxy-image/src/run";
-import {
-  type AuditBatch,
-  auditPath,
-  newAuditKey,
-  PolicyEnvelope,
-  ProxyReady,
-  policyEtag,
-  policyPath,
-  readyPath,
-  verifyAuditBatch,
-} from "../../src/contract/proxy-wire";
-import { compilePolicy, type VaultSnapshot } from "../../src/policy/compile";
+import { FakeControlPlane } from "./control-plane";
 import { createTestCa, curl, startTlsUpstream, type Upstream, vault } from "./harness";
 
 // The proxy as it runs in its sandbox (run.ts: config → CA → policy client → audit → listeners →
 // ready), against a control plane played by an in-test server speaking the wire contract.
 
 const RUN = "run_e2e";
-const TOKEN = "proxy-token-e2e-0123456789";
 const CANARY = "sk-canary-run-7d1e";
-
-class ControlPlane {
-  readonly auditKey = newAuditKey();
-  vault: VaultSnapshot = vault({});
-  secrets: Record<string, string> = {};
-  ready: ProxyReady | null = null;
-  readonly batches = new Map<string, AuditBatch>();
-  policyGets = 0;
-  private server: Server | null = null;
-  port = 0;
-
-  async start(): Promise<void> {
-    this.server = createServer((req, res) => {
-      const chunks: Buffer[] = [];
-      req.on("data", (c: Buffer) => chunks.push(c));
-      req.on("end", () => {
-        const raw = Buffer.concat(chunks).toString("utf8");
-        if (req.headers.authorization !== `Bearer ${TOKEN}`) return void res.writeHead(401).end();
-        if (req.method === "GET" && req.url === policyPath(RUN)) {
-          this.policyGets++;
-          const envelope = PolicyEnvelope.parse({ policy: compilePolicy(this.vault), secrets: this.secrets });
-          const etag = policyEtag(envelope.policy.version);
-          if (req.headers["if-none-match"] === etag) return void res.writeHead(304, { etag }).end();
-          return void res
-            .writeHead(200, { "content-type": "application/json", etag })
-            .end(JSON.stringify(envelope));
-        }
-        if (req.method === "POST" && req.url === readyPath(RUN)) {
-          this.ready = ProxyReady.parse(JSON.parse(raw));
-          return void res.writeHead(204).end();
-        }
-        if (req.method === "POST" && req.url === auditPath(RUN)) {
-          try {
-            const batch = verifyAuditBatch(this.auditKey, req.headers as Record<string, string>, raw, {
-              runId: RUN,
-            });
-            const dup = this.batches.has(batch.batchId);
-            this.batches.set(batch.batchId, batch);
-            return void res.writeHead(dup ? 409 : 204).end();
-          } catch {
-            return void res.writeHead(401).end();
-          }
-        }
-        res.writeHead(404).end();
-      });
-    });
-    await new Promise<void>((r) => this.server?.listen(0, "127.0.0.1", r));
-    this.port = (this.server.address() as AddressInfo).port;
-  }
-
-  blockedCount(host: string): number {
-    let n = 0;
-    for (const b of this.batches.values())
-      for (const row of b.blockedHosts) if (row.host === host) n += row.count;
-    return n;
-  }
-
-  close(): Promise<void> {
-    return new Promise((r) => {
-      this.server?.closeAllConnections();
-      this.server?.close(() => r());
-    });
-  }
-}
 
 async function until<T>(what: string, probe: () => T | Promise<T>, deadlineMs = 5_000): Promise<T> {
   const end = Date.now() + deadlineMs;
@@ -102,7 +24,7 @@ async function until<T>(what: string, probe: () => T | Promise<T>, deadlineMs = 
 }
 
 describe("the proxy process wiring (run.ts) against the control-plane contract", () => {
-  const cp = new ControlPlane();
+  const cp = new FakeControlPlane(RUN, vault({}));
   let api: Upstream;
   let proxy: Awaited<ReturnType<typeof runProxy>>;
   let dir: string;
@@ -131,7 +53,7 @@ describe("the proxy process wiring (run.ts) against the control-plane contract",
       {
         BW_RUN_ID: RUN,
         BW_CONTROL_PLANE_URL: `http://127.0.0.1:${cp.port}`,
-        BW_PROXY_TOKEN: TOKEN,
+        BW_PROXY_TOKEN: cp.token,
         BW_AUDIT_KEY: cp.auditKey,
         BW_SPOOL_DIR: join(dir, "spool"),
         BW_LISTEN_HOST: "127.0.0.1",

@@ -1,6 +1,7 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import {
+  type AuditBatch,
   auditPath,
   newAuditKey,
   PolicyEnvelope,
@@ -12,45 +13,53 @@ import {
 } from "../../src/contract/proxy-wire";
 import { compilePolicy, type VaultSnapshot } from "../../src/policy/compile";
 
-// The control plane as far as one proxy process needs it, on 127.0.0.1: the policy envelope
-// (with ETag / 304, as the Worker serves it), the ready call (which carries the run CA and the
-// bound ports), and signed audit batches (verified, then dropped).
+// Contract test double of the control plane's internal API, as far as one proxy needs it, on
+// 127.0.0.1, built only from the wire contract's own code: the policy envelope (ETag / 304), the
+// ready call (run CA and bound ports), and signed audit batches (verified, de-duplicated by
+// batch id). Used by the proxy's end-to-end test and by the bench; the Worker serves the same
+// contract for real.
 
-export class BenchControlPlane {
+export class FakeControlPlane {
   readonly auditKey = newAuditKey();
-  readonly token = `bench-proxy-token-${Math.random().toString(36).slice(2, 12)}`;
+  readonly token = `proxy-token-${Math.random().toString(36).slice(2, 12)}-0123456789`;
   port = 0;
-  auditBatches = 0;
-  /** Rows (host, or host and route) over all batches. */
+  /** The policy the proxy gets on its next poll. */
+  vault: VaultSnapshot;
+  secrets: Record<string, string>;
+  ready: ProxyReady | null = null;
+  /** Stored batches by id: a replay is answered 409 and stored once. */
+  readonly batches = new Map<string, AuditBatch>();
   auditRows = 0;
   private server: Server | null = null;
   private readyWaiters: Array<(r: ProxyReady) => void> = [];
-  private readonly envelope: PolicyEnvelope;
 
   constructor(
     readonly runId: string,
     vault: VaultSnapshot,
-    secrets: Record<string, string>,
+    secrets: Record<string, string> = {},
   ) {
-    this.envelope = PolicyEnvelope.parse({ policy: compilePolicy(vault), secrets });
+    this.vault = vault;
+    this.secrets = secrets;
   }
 
   async start(): Promise<void> {
-    const body = JSON.stringify(this.envelope);
-    const etag = policyEtag(this.envelope.policy.version);
     this.server = createServer((req, res) => {
       const chunks: Buffer[] = [];
       req.on("data", (c: Buffer) => chunks.push(c));
       req.on("end", () => {
         if (req.headers.authorization !== `Bearer ${this.token}`) return void res.writeHead(401).end();
-        if (req.method === "GET" && req.url === policyPath(this.runId)) {
-          if (req.headers["if-none-match"] === etag) return void res.writeHead(304, { etag }).end();
-          return void res.writeHead(200, { "content-type": "application/json", etag }).end(body);
-        }
         const raw = Buffer.concat(chunks).toString("utf8");
+        if (req.method === "GET" && req.url === policyPath(this.runId)) {
+          const envelope = PolicyEnvelope.parse({ policy: compilePolicy(this.vault), secrets: this.secrets });
+          const etag = policyEtag(envelope.policy.version);
+          if (req.headers["if-none-match"] === etag) return void res.writeHead(304, { etag }).end();
+          return void res
+            .writeHead(200, { "content-type": "application/json", etag })
+            .end(JSON.stringify(envelope));
+        }
         if (req.method === "POST" && req.url === readyPath(this.runId)) {
-          const ready = ProxyReady.parse(JSON.parse(raw));
-          for (const w of this.readyWaiters.splice(0)) w(ready);
+          this.ready = ProxyReady.parse(JSON.parse(raw));
+          for (const w of this.readyWaiters.splice(0)) w(this.ready);
           return void res.writeHead(204).end();
         }
         if (req.method === "POST" && req.url === auditPath(this.runId)) {
@@ -58,7 +67,8 @@ export class BenchControlPlane {
             const batch = verifyAuditBatch(this.auditKey, req.headers as Record<string, string>, raw, {
               runId: this.runId,
             });
-            this.auditBatches++;
+            if (this.batches.has(batch.batchId)) return void res.writeHead(409).end();
+            this.batches.set(batch.batchId, batch);
             this.auditRows += batch.blockedHosts.length + batch.egressRoutes.length;
             return void res.writeHead(204).end();
           } catch {
@@ -79,6 +89,14 @@ export class BenchControlPlane {
   /** The next ready call's body. */
   nextReady(): Promise<ProxyReady> {
     return new Promise((resolve) => this.readyWaiters.push(resolve));
+  }
+
+  /** Refusals of `host` over every stored batch. */
+  blockedCount(host: string): number {
+    let n = 0;
+    for (const b of this.batches.values())
+      for (const row of b.blockedHosts) if (row.host === host) n += row.count;
+    return n;
   }
 
   close(): Promise<void> {
