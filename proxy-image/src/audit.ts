@@ -318,6 +318,9 @@ export class AuditReporter {
         ? this.maxBatchBytes
         : Math.min(this.maxBatchBytes, this.maxSpoolBytes - this.spoolBytes);
       const taken = this.take(room, force || this.queue.length === 0);
+      // Rows that arrive while this batch is written wait for the next flush: looping on them
+      // sent a stream of one-row batches under steady traffic (seen in the bench).
+      const more = force || this.blocked.size + this.routes.size > 0;
       if (taken === null) {
         if (!this.held) {
           this.log("warn", "audit spool full; refusing new egress until it drains", {
@@ -339,6 +342,7 @@ export class AuditReporter {
       }
       this.queue.push({ name: taken.name, batchId: taken.batchId, bytes: taken.bytes });
       this.spoolBytes += taken.bytes;
+      if (!more) break;
     }
     if (this.held || this.writeFailed) this.log("info", "audit spool has room again; accepting egress");
     this.held = false;

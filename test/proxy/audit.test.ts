@@ -281,6 +281,30 @@ describe("AuditReporter", () => {
     expect(r.stats).toMatchObject({ rowsRecorded: 5, rowsSent: 5, batchesSent: 1, rowsRejected: 0 });
   });
 
+  it("rows recorded while a batch is being written wait for the next flush (no one-row batch stream)", async () => {
+    const r = reporter({ flushIntervalMs: 1000 });
+    await r.start();
+    r.recordBlocked("first.example");
+    // Steady traffic: a row lands on every turn of the event loop while the flush writes and fsyncs.
+    let feeding = true;
+    let fed = 0;
+    const feed = () => {
+      if (!feeding) return;
+      r.recordRoute(`h${fed++}.example`, "direct");
+      setImmediate(feed);
+    };
+    setImmediate(feed);
+    await r.flush();
+    feeding = false;
+    expect(fed).toBeGreaterThan(0);
+    // One flush, one batch: the rows fed meanwhile are still held for the next one.
+    expect(cp.stored.size).toBe(1);
+    expect(r.heldRows).toBeGreaterThan(0);
+    await r.flush();
+    expect(cp.stored.size).toBe(2);
+    expect(r.heldRows).toBe(0);
+  });
+
   it("flushes on its own at least every flush interval", async () => {
     const r = reporter();
     await r.start();
