@@ -1,6 +1,7 @@
 import { and, asc, eq, sql } from "drizzle-orm";
 import type { Principal } from "../context";
 import { type HostAction, type InjectScheme, InjectSpec } from "../contract/policy";
+import { SecretValue } from "../contract/proxy-wire";
 import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
 import { vaultHosts, vaultRules, vaultSecrets, vaultSettings } from "../db/schema";
@@ -108,10 +109,10 @@ function checkPattern(input: string, use: "host-entry" | "rule"): Result<string>
 // ---- secrets ----
 
 function checkSecretValue(value: string): Result<null> {
-  // Values are sent in HTTP headers or query strings, so printable ASCII only: CR/LF/NUL would
-  // split a request, and other characters cannot travel in a header as they are. Refusing them
-  // here beats a run failing later at the proxy.
-  if (!/^[\x20-\x7e]*$/.test(value)) {
+  // The same rule the proxy's contract enforces (printable ASCII, 1 byte to 16 KiB): values are
+  // sent in headers or query strings, where CR/LF/NUL would split a request. Refused here, at
+  // save time, rather than failing a run later at the proxy.
+  if (!SecretValue.safeParse(value).success) {
     return fail(
       "invalid_request",
       "A secret value must be printable ASCII: no control characters (CR, LF, NUL, ...) and no non-ASCII characters.",
