@@ -12,6 +12,7 @@ import {
   startProxy,
   startTlsUpstream,
   type TestCa,
+  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -221,14 +222,7 @@ afterAll(async () => {
 
 /** curl through the transparent TLS listener, as a work sandbox whose hosts file points at it. */
 const viaTls = (host: string, path = "/", extra: string[] = []) =>
-  curl([
-    "--cacert",
-    proxy.caFile,
-    "--connect-to",
-    `${host}:443:127.0.0.1:${proxy.tlsPort}`,
-    ...extra,
-    `https://${host}${path}`,
-  ]);
+  curl([...tlsArgs(proxy, host), ...extra, `https://${host}${path}`]);
 
 describe("case B1: a secret is injected only for hosts its rule matches", () => {
   it("the rule host gets the vault's credential in place of the agent's", async () => {
@@ -284,15 +278,7 @@ describe("case B1: a secret is injected only for hosts its rule matches", () => 
 describe("case B2: a redirect is passed back, never followed with the credential", () => {
   it("302 to another origin reaches the client as is; the second host sees nothing", async () => {
     const before = other.counts.requests;
-    const res = await curl([
-      "--cacert",
-      proxy.caFile,
-      "--connect-to",
-      `redirect.test:443:127.0.0.1:${proxy.tlsPort}`,
-      "-D",
-      "-",
-      "https://redirect.test/start",
-    ]);
+    const res = await curl([...tlsArgs(proxy, "redirect.test"), "-D", "-", "https://redirect.test/start"]);
     expect(res.status).toBe(302);
     expect(res.body).toMatch(/^location: https:\/\/other\.test\/landing\r?$/im);
     expect(other.counts.requests).toBe(before);
@@ -301,10 +287,7 @@ describe("case B2: a redirect is passed back, never followed with the credential
 
   it("a client that follows it reaches the second host without the credential", async () => {
     const res = await curl([
-      "--cacert",
-      proxy.caFile,
-      "--connect-to",
-      `redirect.test:443:127.0.0.1:${proxy.tlsPort}`,
+      ...tlsArgs(proxy, "redirect.test"),
       "--connect-to",
       `other.test:443:127.0.0.1:${proxy.tlsPort}`,
       "-L",
@@ -533,13 +516,7 @@ describe("case B6: keep-alive and pipelined follow-ups are checked again", () =>
       const from = connLog.length;
       for (let i = 0; i < 4; i++) {
         for (const p of [proxy, runB]) {
-          const res = await curl([
-            "--cacert",
-            p.caFile,
-            "--connect-to",
-            `api.test:443:127.0.0.1:${p.tlsPort}`,
-            `https://api.test/shared-${i}`,
-          ]);
+          const res = await curl([...tlsArgs(p, "api.test"), `https://api.test/shared-${i}`]);
           expect(res.status).toBe(200);
         }
       }

@@ -395,6 +395,11 @@ export function curl(args: string[]): Promise<CurlResult> {
   });
 }
 
+/** curl arguments that reach `host`:443 through the proxy's transparent TLS listener, trusting the run CA. */
+export function tlsArgs(proxy: { caFile: string; tlsPort: number }, host: string): string[] {
+  return ["--cacert", proxy.caFile, "--connect-to", `${host}:443:127.0.0.1:${proxy.tlsPort}`];
+}
+
 /** A vault snapshot from a short description (patterns must already be canonical). */
 export function vault(v: Partial<VaultSnapshot>): VaultSnapshot {
   return { version: 1, default: "allow", hosts: [], rules: [], ...v };

@@ -8,6 +8,7 @@ import {
   startProxy,
   startTlsUpstream,
   type TestCa,
+  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -189,15 +190,7 @@ describe("case A8: TLS SNI differs from Host (domain fronting) → 421, in the d
 
   it("with curl as the client", async () => {
     const nothing = quiet();
-    const res = await curl([
-      "--cacert",
-      proxy.caFile,
-      "--connect-to",
-      `api.test:443:127.0.0.1:${proxy.tlsPort}`,
-      "-H",
-      "Host: other.test",
-      "https://api.test/",
-    ]);
+    const res = await curl([...tlsArgs(proxy, "api.test"), "-H", "Host: other.test", "https://api.test/"]);
     expect(res.status).toBe(421);
     expect(res.body).not.toContain(CANARY);
     nothing();
@@ -522,13 +515,7 @@ describe("case A15: *.example.test injects for its subdomains only", () => {
   };
   for (const [host, injected] of Object.entries(expected)) {
     it(`${host}: ${injected ? "injected" : "no credential"}`, async () => {
-      const res = await curl([
-        "--cacert",
-        proxy.caFile,
-        "--connect-to",
-        `${host}:443:127.0.0.1:${proxy.tlsPort}`,
-        `https://${host}/wild`,
-      ]);
+      const res = await curl([...tlsArgs(proxy, host), `https://${host}/wild`]);
       expect(res.status).toBe(200);
       const seen = wild.seen.at(-1);
       expect(seen?.headers.host).toBe(host);

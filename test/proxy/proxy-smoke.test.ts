@@ -5,6 +5,7 @@ import {
   type RunningProxy,
   startProxy,
   startTlsUpstream,
+  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -36,13 +37,7 @@ describe("proxy smoke: transparent TLS, injection, block", () => {
   });
 
   it("injects the credential upstream and never shows it to the client", async () => {
-    const res = await curl([
-      "--cacert",
-      proxy.caFile,
-      "--connect-to",
-      `api.test:443:127.0.0.1:${proxy.tlsPort}`,
-      "https://api.test/v1/models?x=1",
-    ]);
+    const res = await curl([...tlsArgs(proxy, "api.test"), "https://api.test/v1/models?x=1"]);
     expect(res.stderr).toBe("");
     expect(res.status).toBe(200);
     expect(api.seen.at(-1)?.headers.authorization).toBe(`Bearer ${CANARY}`);
@@ -51,13 +46,7 @@ describe("proxy smoke: transparent TLS, injection, block", () => {
   });
 
   it("refuses a blocked host with 403 and records it", async () => {
-    const res = await curl([
-      "--cacert",
-      proxy.caFile,
-      "--connect-to",
-      `evil.test:443:127.0.0.1:${proxy.tlsPort}`,
-      "https://evil.test/",
-    ]);
+    const res = await curl([...tlsArgs(proxy, "evil.test"), "https://evil.test/"]);
     expect(res.status).toBe(403);
     expect(res.body).toContain("evil.test");
     expect(proxy.audit.blocked).toContain("evil.test");

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runProxy } from "../../proxy-image/src/run";
 import { FakeControlPlane } from "./control-plane";
-import { createTestCa, curl, startTlsUpstream, type Upstream, vault } from "./harness";
+import { createTestCa, curl, startTlsUpstream, tlsArgs, type Upstream, vault } from "./harness";
 
 // The proxy as it runs in its sandbox (run.ts: config → CA → policy client → audit → listeners →
 // ready), against a control plane played by an in-test server speaking the wire contract.
@@ -80,13 +80,9 @@ describe("the proxy process wiring (run.ts) against the control-plane contract",
   });
 
   const via = (host: string, path = "/") => [
-    "--cacert",
-    caFile,
-    "--connect-to",
-    `${host}:443:127.0.0.1:${proxy.listeners.tls}`,
+    ...tlsArgs({ caFile, tlsPort: proxy.listeners.tls }, host),
     `https://${host}${path}`,
   ];
-
   it("reports ready with the run CA and the policy version it loaded", () => {
     expect(cp.ready?.caCertPem).toBe(proxy.ca.certPem);
     expect(cp.ready?.caFingerprint256).toBe(proxy.ca.fingerprint256);
