@@ -86,6 +86,21 @@ export class FakeControlPlane {
     return `http://127.0.0.1:${this.port}`;
   }
 
+  /** The BW_* settings of a proxy serving this run on loopback, on ports the OS picks. */
+  proxyEnv(spoolDir: string): Record<string, string> {
+    return {
+      BW_RUN_ID: this.runId,
+      BW_CONTROL_PLANE_URL: this.url,
+      BW_PROXY_TOKEN: this.token,
+      BW_AUDIT_KEY: this.auditKey,
+      BW_SPOOL_DIR: spoolDir,
+      BW_LISTEN_HOST: "127.0.0.1",
+      BW_TLS_PORT: "0",
+      BW_HTTP_PORT: "0",
+      BW_EXPLICIT_PORT: "0",
+    };
+  }
+
   /** The next ready call's body. */
   nextReady(): Promise<ProxyReady> {
     return new Promise((resolve) => this.readyWaiters.push(resolve));

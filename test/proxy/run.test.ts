@@ -51,15 +51,7 @@ describe("the proxy process wiring (run.ts) against the control-plane contract",
     }) as typeof process.stdout.write;
     proxy = await runProxy(
       {
-        BW_RUN_ID: RUN,
-        BW_CONTROL_PLANE_URL: `http://127.0.0.1:${cp.port}`,
-        BW_PROXY_TOKEN: cp.token,
-        BW_AUDIT_KEY: cp.auditKey,
-        BW_SPOOL_DIR: join(dir, "spool"),
-        BW_LISTEN_HOST: "127.0.0.1",
-        BW_TLS_PORT: "0",
-        BW_HTTP_PORT: "0",
-        BW_EXPLICIT_PORT: "0",
+        ...cp.proxyEnv(join(dir, "spool")),
         BW_POLICY_INTERVAL_MS: "200",
         BW_TEST_EXTRA_CA_FILE: join(dir, "upstream-ca.pem"),
         BW_TEST_ROUTES: `api.test=${api.address}:${api.port}`,
