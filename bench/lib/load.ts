@@ -1,4 +1,4 @@
-import { Agent, request } from "node:https";
+import { Agent, type RequestOptions, request } from "node:https";
 import { createSecureContext, type SecureContext } from "node:tls";
 import autocannon from "autocannon";
 
@@ -43,8 +43,24 @@ export interface LoadOptions {
 
 const PATH = "/v1/bench";
 
-/** https.request hands its options to tls.connect, secureContext included; its types omit it. */
-const withContext = (secureContext: SecureContext): object => ({ secureContext });
+/** One GET of the bench path to `target`. https.request hands its options to tls.connect,
+ * secureContext included; its types omit it, hence the cast. */
+const getOptions = (
+  target: Target,
+  secureContext: SecureContext,
+  agent: Agent | false,
+  headers: Record<string, string> = {},
+): RequestOptions =>
+  ({
+    host: target.address,
+    port: target.port,
+    servername: target.servername,
+    secureContext,
+    agent,
+    path: PATH,
+    headers: { host: target.servername, ...headers },
+    timeout: 10_000,
+  }) as RequestOptions;
 
 /** Opens the window after warm-up and closes it after the duration; resolves when closed. */
 function measuredWindow(o: LoadOptions, open: (on: boolean) => void): Promise<number> {
@@ -136,23 +152,11 @@ export async function fixedRateLoad(
       }
       if (--inFlight === 0) drained?.();
     };
-    const req = request(
-      {
-        host: target.address,
-        port: target.port,
-        servername: target.servername,
-        ...withContext(secureContext),
-        agent,
-        path: PATH,
-        headers: { host: target.servername },
-        timeout: 10_000,
-      },
-      (res) => {
-        res.resume();
-        res.on("end", () => done(res.statusCode === 200 ? "ok" : "non2xx"));
-        res.on("error", () => done("error"));
-      },
-    );
+    const req = request(getOptions(target, secureContext, agent), (res) => {
+      res.resume();
+      res.on("end", () => done(res.statusCode === 200 ? "ok" : "non2xx"));
+      res.on("error", () => done("error"));
+    });
     req.on("timeout", () => req.destroy(new Error("timeout")));
     req.on("error", () => done("error"));
     req.end();
@@ -190,34 +194,22 @@ export async function newConnectionLoad(
   const one = () =>
     new Promise<void>((resolve) => {
       const t0 = performance.now();
-      const req = request(
-        {
-          host: target.address,
-          port: target.port,
-          servername: target.servername,
-          ...withContext(secureContext),
-          agent: false,
-          path: PATH,
-          headers: { host: target.servername, connection: "close" },
-          timeout: 10_000,
-        },
-        (res) => {
-          res.resume();
-          res.on("end", () => {
-            if (counting) {
-              if (res.statusCode === 200) {
-                raw.ok++;
-                raw.latencies.push(performance.now() - t0);
-              } else raw.non2xx++;
-            }
-            resolve();
-          });
-          res.on("error", () => {
-            if (counting) raw.errors++;
-            resolve();
-          });
-        },
-      );
+      const req = request(getOptions(target, secureContext, false, { connection: "close" }), (res) => {
+        res.resume();
+        res.on("end", () => {
+          if (counting) {
+            if (res.statusCode === 200) {
+              raw.ok++;
+              raw.latencies.push(performance.now() - t0);
+            } else raw.non2xx++;
+          }
+          resolve();
+        });
+        res.on("error", () => {
+          if (counting) raw.errors++;
+          resolve();
+        });
+      });
       req.on("timeout", () => req.destroy(new Error("timeout")));
       req.on("error", () => {
         if (counting) raw.errors++;
@@ -252,25 +244,13 @@ export async function openIdleConnections(
   let failed = 0;
   const one = (agent: Agent) =>
     new Promise<void>((resolve) => {
-      const req = request(
-        {
-          host: target.address,
-          port: target.port,
-          servername: target.servername,
-          ...withContext(secureContext),
-          agent,
-          path: PATH,
-          headers: { host: target.servername },
-          timeout: 10_000,
-        },
-        (res) => {
-          res.resume();
-          res.on("end", () => {
-            if (res.statusCode !== 200) failed++;
-            resolve();
-          });
-        },
-      );
+      const req = request(getOptions(target, secureContext, agent), (res) => {
+        res.resume();
+        res.on("end", () => {
+          if (res.statusCode !== 200) failed++;
+          resolve();
+        });
+      });
       req.on("timeout", () => req.destroy(new Error("timeout")));
       req.on("error", () => {
         failed++;
