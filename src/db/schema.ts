@@ -1,11 +1,14 @@
 import { sql } from "drizzle-orm";
 import {
   bigint,
+  bigserial,
   boolean,
   check,
   index,
   integer,
+  jsonb,
   pgTable,
+  primaryKey,
   text,
   timestamp,
   uniqueIndex,
@@ -136,4 +139,163 @@ export const vaultHosts = pgTable(
     uniqueIndex("vault_hosts_environment_pattern").on(t.environmentId, t.pattern),
     check("vault_hosts_action", sql`${t.action} in ('allow', 'block')`),
   ],
+);
+
+// ---- runs ----
+
+export const RUN_STATES = [
+  "queued",
+  "fetching_vault",
+  "starting_proxy",
+  "starting_sandboxes",
+  "wiring",
+  "running",
+  "finishing",
+  "finished",
+  "stopped",
+  "failed",
+] as const;
+export type RunState = (typeof RUN_STATES)[number];
+
+// A run: what was asked (spec), where it is (status), why it ended (reason), and what the
+// boundary looked like (routing, notes, proof). The coordinator Durable Object is the only
+// writer of status; the proxy's internal API writes ca_* and the audit tables.
+export const runs = pgTable(
+  "runs",
+  {
+    id: text("id").primaryKey(),
+    userId: text("user_id")
+      .notNull()
+      .references(() => users.id, { onDelete: "cascade" }),
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    status: text("status", { enum: RUN_STATES }).notNull().default("queued"),
+    // Stable code of why the run ended (finished, cancelled, vault_unreadable, ...), and a sentence.
+    reason: text("reason"),
+    reasonDetail: text("reason_detail"),
+    // The launch request as validated (commands, egress, tasks, ...). Never holds a secret.
+    spec: jsonb("spec").notNull(),
+    backend: text("backend").notNull(),
+    routing: text("routing", { enum: ["default", "catch-all"] }),
+    policyVersion: bigint("policy_version", { mode: "number" }),
+    // "Network the platform changed": [{ level: "note" | "warning", code, text }].
+    notes: jsonb("notes").notNull().default([]),
+    // What the wiring step proved (redirect installed, canary refused, direct egress failed).
+    proof: jsonb("proof"),
+    // SHA-256 of the run's proxy token; the token itself only reaches the proxy sandbox.
+    proxyTokenHash: text("proxy_token_hash").unique(),
+    // The run's audit signing key, encrypted with the vault key ring (AAD binds owner and run).
+    auditKeyCiphertext: text("audit_key_ciphertext"),
+    caCertPem: text("ca_cert_pem"),
+    caFingerprint: text("ca_fingerprint"),
+    proxyReadyAt: timestamp("proxy_ready_at", { withTimezone: true }),
+    createdAt: createdAt(),
+    updatedAt: updatedAt(),
+    startedAt: timestamp("started_at", { withTimezone: true }),
+    endedAt: timestamp("ended_at", { withTimezone: true }),
+  },
+  (t) => [
+    index("runs_environment_created").on(t.environmentId, t.createdAt),
+    check(
+      "runs_status",
+      sql`${t.status} in ('queued', 'fetching_vault', 'starting_proxy', 'starting_sandboxes', 'wiring', 'running', 'finishing', 'finished', 'stopped', 'failed')`,
+    ),
+  ],
+);
+
+// The run trace: ordered events. `key` makes a write idempotent, so an alarm that runs a step
+// twice (retry, eviction) records it once.
+export const runEvents = pgTable(
+  "run_events",
+  {
+    id: bigserial("id", { mode: "number" }).primaryKey(),
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    key: text("key").notNull(),
+    kind: text("kind", { enum: ["transition", "note", "output", "proxy"] }).notNull(),
+    state: text("state"),
+    reason: text("reason"),
+    detail: jsonb("detail"),
+    at: timestamp("at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [uniqueIndex("run_events_run_key").on(t.runId, t.key), index("run_events_run_id").on(t.runId, t.id)],
+);
+
+// Every sandbox the broker made, recorded before the backend is asked, so none is orphaned.
+export const sandboxes = pgTable(
+  "sandboxes",
+  {
+    id: text("id").primaryKey(),
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    kind: text("kind", { enum: ["proxy", "work", "task"] }).notNull(),
+    taskIndex: integer("task_index"),
+    backend: text("backend").notNull(),
+    status: text("status", { enum: ["creating", "ready", "destroyed", "failed"] })
+      .notNull()
+      .default("creating"),
+    createdAt: createdAt(),
+    destroyedAt: timestamp("destroyed_at", { withTimezone: true }),
+  },
+  (t) => [index("sandboxes_run").on(t.runId)],
+);
+
+// ---- audit (rows from the run's proxy; counts per host, never paths, queries or bodies) ----
+
+export const blockedHostLog = pgTable(
+  "blocked_host_log",
+  {
+    userId: text("user_id")
+      .notNull()
+      .references(() => users.id, { onDelete: "cascade" }),
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    host: text("host").notNull(),
+    seenCount: bigint("seen_count", { mode: "number" }).notNull(),
+    firstSeen: timestamp("first_seen", { withTimezone: true }).notNull(),
+    lastSeen: timestamp("last_seen", { withTimezone: true }).notNull(),
+    source: text("source", { enum: ["proxy", "local_agent", "both"] }).notNull(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.runId, t.host] }),
+    index("blocked_host_log_environment_last_seen").on(t.environmentId, t.lastSeen),
+  ],
+);
+
+export const egressRouteLog = pgTable(
+  "egress_route_log",
+  {
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    host: text("host").notNull(),
+    route: text("route", { enum: ["direct", "tunnel", "refused"] }).notNull(),
+    count: bigint("count", { mode: "number" }).notNull(),
+    firstSeen: timestamp("first_seen", { withTimezone: true }).notNull(),
+    lastSeen: timestamp("last_seen", { withTimezone: true }).notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.host, t.route] })],
+);
+
+// Audit batch ids already stored: a retried or replayed batch is stored once (case D5).
+export const auditBatches = pgTable(
+  "audit_batches",
+  {
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    batchId: text("batch_id").notNull(),
+    receivedAt: timestamp("received_at", { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.batchId] })],
 );

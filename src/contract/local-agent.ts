@@ -1,0 +1,111 @@
+import { z } from "zod";
+
+// The wire contract between the sandbox broker (Worker) and the local host agent (Node, root, on
+// the development machine). Imported by both sides. Every call carries
+// `Authorization: Bearer <LOCAL_AGENT_SECRET>`; the agent listens on loopback only.
+//
+//   GET    /v1/health                        → AgentHealth (what this machine can and cannot do)
+//   POST   /v1/sandboxes                     ← CreateSandbox → SandboxInfo (201; 200 if it exists)
+//   GET    /v1/sandboxes?runId=              → { sandboxes: SandboxInfo[] }
+//   DELETE /v1/sandboxes/{id}                → 204 (also when already gone: idempotent)
+//   POST   /v1/sandboxes/{id}/exec           ← ExecRequest → ExecInfo (202)
+//   GET    /v1/sandboxes/{id}/exec/{execId}?waitMs=&stdoutFrom=&stderrFrom= → ExecInfo
+//   POST   /v1/sandboxes/{id}/exec/{execId}/kill → ExecInfo
+//
+// Errors are problem+json with a `code` from AgentErrorCode.
+
+const Id = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ -");
+
+export const SandboxKind = z.enum(["proxy", "work", "task"]);
+export type SandboxKind = z.infer<typeof SandboxKind>;
+
+/** Listener ports of the proxy process inside the proxy sandbox (unprivileged ports). */
+export const PROXY_PORTS = { tls: 8443, http: 8080, explicit: 3128, dns: 5353 } as const;
+
+export const CreateSandbox = z.discriminatedUnion("kind", [
+  z.strictObject({
+    kind: z.literal("proxy"),
+    id: Id,
+    runId: Id,
+  }),
+  z.strictObject({
+    kind: z.enum(["work", "task"]),
+    id: Id,
+    runId: Id,
+    /** The run's proxy sandbox: the only route out of this one. */
+    proxySandboxId: Id,
+    /**
+     * default: only connections to the proxy's address on 80/443 are redirected to the proxy;
+     * other traffic is forwarded (masqueraded) out through the proxy namespace.
+     * catch-all: every TCP 80/443 goes to the proxy, UDP/TCP 53 to the proxy's resolver,
+     * everything else is dropped in the proxy namespace (out of this sandbox's reach).
+     */
+    routing: z.enum(["default", "catch-all"]),
+  }),
+]);
+export type CreateSandbox = z.infer<typeof CreateSandbox>;
+
+export const SandboxInfo = z.strictObject({
+  id: Id,
+  runId: Id,
+  kind: SandboxKind,
+  state: z.enum(["ready", "destroyed"]),
+  /** Address of this sandbox in its network. */
+  address: z.string(),
+  /** work/task: the proxy's address as this sandbox sees it (hosts-file target, resolver). */
+  proxyAddress: z.string().nullable(),
+  /** proxy: the URL at which the control plane is reachable from inside this sandbox. */
+  controlPlaneUrl: z.string().nullable(),
+  routing: z.enum(["default", "catch-all"]).nullable(),
+});
+export type SandboxInfo = z.infer<typeof SandboxInfo>;
+
+/**
+ * setup: root of the sandbox's own user namespace (no privilege outside it; cannot change the
+ * network, which belongs to the host's namespace). execute: an unprivileged uid with no
+ * capabilities and no_new_privs. The proxy sandbox's process runs in its setup identity.
+ */
+export const ExecStage = z.enum(["setup", "execute"]);
+export type ExecStage = z.infer<typeof ExecStage>;
+
+export const ExecRequest = z.strictObject({
+  argv: z.array(z.string().max(65_536)).min(1).max(1024),
+  env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(65_536)).default({}),
+  stage: ExecStage,
+  /** Written to the process's stdin, then stdin is closed. */
+  stdin: z.string().max(1_048_576).optional(),
+  cwd: z.string().max(4096).optional(),
+  /** Killed (SIGKILL) after this long; null: no limit (the proxy process). */
+  timeoutMs: z.number().int().min(1).max(86_400_000).nullable().default(600_000),
+});
+export type ExecRequest = z.input<typeof ExecRequest>;
+
+export const ExecInfo = z.strictObject({
+  execId: Id,
+  sandboxId: Id,
+  state: z.enum(["running", "exited"]),
+  exitCode: z.number().int().nullable(),
+  signal: z.string().nullable(),
+  /** Output from the requested offsets on (the agent keeps at most the last 1 MiB of each). */
+  stdout: z.string(),
+  stderr: z.string(),
+  stdoutEnd: z.number().int().min(0),
+  stderrEnd: z.number().int().min(0),
+});
+export type ExecInfo = z.infer<typeof ExecInfo>;
+
+export const AgentHealth = z.strictObject({
+  ok: z.boolean(),
+  /** When not ok: each reason this machine cannot isolate a sandbox, in plain words. */
+  problems: z.array(z.string()),
+});
+export type AgentHealth = z.infer<typeof AgentHealth>;
+
+export const AgentErrorCode = z.enum([
+  "unauthorized",
+  "invalid_request",
+  "not_found",
+  "cannot_isolate",
+  "sandbox_failed",
+]);
+export type AgentErrorCode = z.infer<typeof AgentErrorCode>;
