@@ -5,15 +5,16 @@ import { defineConfig } from "vitest/config";
 process.env.CLOUDFLARE_CF_FETCH_ENABLED = "false";
 process.env.WRANGLER_SEND_METRICS = "false";
 
-// Two projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
-// inside workerd against a real Postgres that test/setup/database.ts starts ("worker").
+// Three projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
+// inside workerd against a real Postgres that test/setup/database.ts starts ("worker"); whole
+// runs on the local backend ("e2e").
 export default defineConfig({
   test: {
     projects: [
       {
         test: {
           name: "unit",
-          include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts"],
+          include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts", "test/local/**/*.test.ts"],
           environment: "node",
         },
       },
@@ -35,6 +36,20 @@ export default defineConfig({
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
           globalSetup: ["./test/setup/database.ts"],
+        },
+      },
+      {
+        // Whole runs on the local backend: real namespaces, the real host agent, the real proxy
+        // and `wrangler dev` serving the Worker. Needs root on Linux; skipped with a message
+        // elsewhere. One file at a time: they share the host's network setup.
+        test: {
+          name: "e2e",
+          include: ["test/e2e/**/*.test.ts"],
+          environment: "node",
+          globalSetup: ["./test/setup/database.ts"],
+          fileParallelism: false,
+          testTimeout: 120_000,
+          hookTimeout: 180_000,
         },
       },
     ],

@@ -1,20 +1,44 @@
 import { bodyLimit } from "hono/body-limit";
+import { createMiddleware } from "hono/factory";
 import { HTTPException } from "hono/http-exception";
 import { requireApiKey } from "./auth/middleware";
 import { ConfigError, loadConfig } from "./config";
+import type { AppEnv } from "./context";
 import { openDb } from "./db/client";
 import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
 import { newRouter } from "./router";
+import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
+import { runAuditRoutes } from "./routes/run-audit";
+import { runsRoutes } from "./routes/runs";
 import { hostsRoutes } from "./routes/vault-hosts";
 import { previewRoutes } from "./routes/vault-preview";
 import { rulesRoutes } from "./routes/vault-rules";
 import { secretsRoutes } from "./routes/vault-secrets";
 
 const MAX_BODY_BYTES = 64 * 1024;
+const DOCUMENT_PATH = "/v1/openapi.json";
 
-export function createApp() {
+export interface AppOptions {
+  /** Told after a run's proxy reported ready on the internal API (default: nobody). */
+  onProxyReady?: OnProxyReady;
+}
+
+// Configuration and a per-request database handle, closed when the request is done.
+const withDatabase = createMiddleware<AppEnv>(async (c, next) => {
+  const config = loadConfig(c.env);
+  c.set("config", config);
+  const { db, close } = openDb(config);
+  c.set("db", db);
+  try {
+    await next();
+  } finally {
+    c.executionCtx.waitUntil(close().catch(() => {}));
+  }
+});
+
+export function createApp(options: AppOptions = {}) {
   const app = newRouter();
 
   app.use("*", async (c, next) => {
@@ -32,29 +56,24 @@ export function createApp() {
     }),
   );
 
-  // Configuration and a per-request database handle for everything under /v1 but the document.
-  app.use("/v1/*", async (c, next) => {
-    if (c.req.path === "/v1/openapi.json") return next();
-    const config = loadConfig(c.env);
-    c.set("config", config);
-    const { db, close } = openDb(config);
-    c.set("db", db);
-    try {
-      await next();
-    } finally {
-      c.executionCtx.waitUntil(close().catch(() => {}));
-    }
-  });
-  app.use("/v1/*", async (c, next) => (c.req.path === "/v1/openapi.json" ? next() : requireApiKey(c, next)));
+  // Everything under /v1 but the document needs the database and an API key.
+  app.use("/v1/*", (c, next) => (c.req.path === DOCUMENT_PATH ? next() : withDatabase(c, next)));
+  app.use("/v1/*", (c, next) => (c.req.path === DOCUMENT_PATH ? next() : requireApiKey(c, next)));
+  // The run proxies' API: the database too, and each route checks the run's proxy token.
+  app.use("/internal/*", withDatabase);
 
   app.route("/v1", meRoutes);
   app.route("/v1/vault", secretsRoutes);
   app.route("/v1/vault", rulesRoutes);
   app.route("/v1/vault", hostsRoutes);
   app.route("/v1/vault", previewRoutes);
+  app.route("/v1", runsRoutes);
+  app.route("/v1", runAuditRoutes);
+  // Outside /v1 and its document: only a run's proxy calls it.
+  app.route("/internal", internalRoutes({ onProxyReady: options.onProxyReady }));
 
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
-  app.doc31("/v1/openapi.json", {
+  app.doc31(DOCUMENT_PATH, {
     openapi: "3.1.0",
     info: { title: "Benchwright boundary API", version: "1" },
     security: [{ apiKey: [] }],

@@ -1,6 +1,11 @@
 import { createApp } from "./app";
+import { coordinatorStub } from "./coordinator/run-coordinator";
 
-const app = createApp();
+export { SandboxBroker } from "./broker/sandbox-broker";
+export { RunCoordinator } from "./coordinator/run-coordinator";
+
+// A proxy's ready call wakes its run's coordinator instead of waiting for its next poll.
+const app = createApp({ onProxyReady: (env, runId) => coordinatorStub(env, runId).poke() });
 
 export default {
   fetch: app.fetch,

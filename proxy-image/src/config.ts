@@ -26,10 +26,16 @@ const Schema = z
     BW_HTTP_PORT: Port.default(80),
     BW_EXPLICIT_PORT: Port.default(3128),
     BW_POLICY_INTERVAL_MS: z.coerce.number().int().min(200).max(2000).default(1000),
+    /** The catch-all resolver's port (UDP and TCP); unset: no resolver. */
+    BW_DNS_PORT: Port.optional(),
+    /** The IPv4 address the catch-all resolver answers every A query with. */
+    BW_DNS_ANSWER: z.ipv4({ error: "must be an IPv4 address" }).default("198.18.0.1"),
     /** The proxy's own addresses, never a destination (comma-separated). */
     BW_OWN_ADDRESSES: z.string().default(""),
     /** Test-only: extra upstream trust root (PEM file), e.g. the test suite's own CA. */
     BW_TEST_EXTRA_CA_FILE: z.string().optional(),
+    /** Test-only: the same as inline PEM, for sandboxes that cannot see the suite's files. */
+    BW_TEST_EXTRA_CA_PEM: z.string().startsWith("-----BEGIN CERTIFICATE-----", "must be PEM").optional(),
     /** Test-only: "host=ip:port,..." replacing DNS for the suite's own test hosts. */
     BW_TEST_ROUTES: z.string().optional(),
     /** Test-only: CIDRs the suite's test hosts live in, exempt from the private-address check. */
@@ -81,7 +87,7 @@ export function loadProxyConfig(env: NodeJS.ProcessEnv, argv: string[]): ProxyCo
     if (!m) throw new ConfigError(`BW_TEST_ROUTES: entry ${testRoutes.size + 1} is not host=ip:port`);
     testRoutes.set(m[1] as string, { address: (m[2] as string).replace(/^\[|\]$/g, ""), port: Number(m[3]) });
   }
-  let extraCaPem: string | undefined;
+  let extraCaPem: string | undefined = c.BW_TEST_EXTRA_CA_PEM;
   if (c.BW_TEST_EXTRA_CA_FILE) {
     try {
       extraCaPem = readFileSync(c.BW_TEST_EXTRA_CA_FILE, "utf8");

@@ -9,6 +9,7 @@ import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createSecureContext, TLSSocket } from "node:tls";
 import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
+import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import { canonicalHost, splitHostPort } from "../../src/policy/host";
 import type { RunCa } from "./ca";
 import { checkFraming, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
@@ -98,6 +99,7 @@ class Refusal extends Error {
     readonly decision: DecisionRecord["decision"],
     readonly reason: string,
     readonly body: string,
+    readonly headers: Record<string, string> = {},
   ) {
     super(reason);
   }
@@ -244,13 +246,16 @@ export function createProxy(options: ProxyOptions) {
     if (!target || target.port === null) return reply(400, "CONNECT target is not host:port", "refuse", null);
     if (target.port !== 443)
       return reply(403, `CONNECT to port ${target.port}: only 443 leaves`, "refuse", target.host);
-    const state = options.policy.current();
-    if (state.kind !== "ready")
-      return reply(403, "no valid policy: all egress denied", "refuse", target.host);
-    if (state.index.decideHost(target.host).action === "block") {
-      options.audit.recordBlocked(target.host);
-      options.audit.recordRoute(target.host, "refused");
-      return reply(403, "host blocked by policy", "block", target.host);
+    // The wiring probe is let into the tunnel whatever the policy says, and answered inside it.
+    if (target.host !== WIRING_PROBE_HOST) {
+      const state = options.policy.current();
+      if (state.kind !== "ready")
+        return reply(403, "no valid policy: all egress denied", "refuse", target.host);
+      if (state.index.decideHost(target.host).action === "block") {
+        options.audit.recordBlocked(target.host);
+        options.audit.recordRoute(target.host, "refused");
+        return reply(403, "host blocked by policy", "block", target.host);
+      }
     }
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     if (head.length > 0) socket.unshift(head);
@@ -375,6 +380,9 @@ export function createProxy(options: ProxyOptions) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
+      // The platform's own probe (wiring step): answered here, before policy, never audited and
+      // never forwarded. It proves the redirect and the CA trust, not anything about the policy.
+      if (target.host === WIRING_PROBE_HOST) throw probeRefusal();
 
       const state = options.policy.current();
       if (state.kind !== "ready") {
@@ -556,6 +564,7 @@ export function createProxy(options: ProxyOptions) {
       closing.add(req.socket);
       if (!res.headersSent) {
         res.writeHead(refusal.status, {
+          ...refusal.headers,
           "content-type": "text/plain; charset=utf-8",
           "content-length": Buffer.byteLength(refusal.body),
           connection: "close",
@@ -618,6 +627,16 @@ function hostHeaderValues(req: IncomingMessage): string[] {
 
 function bad(status: number, reason: string): Refusal {
   return new Refusal(status, "refuse", reason, `Bad request: ${reason}.\n`);
+}
+
+function probeRefusal(): Refusal {
+  return new Refusal(
+    403,
+    "refuse",
+    "wiring probe",
+    "Benchwright wiring probe: this request reached the run's proxy.\n",
+    { [PROBE_HEADER]: "refused" },
+  );
 }
 
 function misdirected(reason: string): Refusal {

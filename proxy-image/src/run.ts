@@ -1,11 +1,13 @@
-// Starting the proxy: configuration → run CA → policy client → audit reporter → listeners →
-// tell the control plane we are ready (CA certificate for the work sandbox to trust).
+// Starting the proxy: configuration → run CA → policy client → audit reporter → listeners (and the
+// catch-all resolver when BW_DNS_PORT is set) → tell the control plane we are ready (CA
+// certificate for the work sandbox to trust).
 import type { AddressInfo, Server } from "node:net";
 import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
 import { createAddressPolicy } from "./address";
 import { AuditReporter } from "./audit";
 import { createRunCa } from "./ca";
 import { loadProxyConfig } from "./config";
+import { type CatchAllResolver, startCatchAllResolver } from "./dns";
 import { PolicyClient } from "./policy-client";
 import { createProxy } from "./proxy";
 import { createUpstream } from "./upstream";
@@ -54,6 +56,10 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     http: await listen(proxy.http, config.BW_HTTP_PORT, host),
     explicit: await listen(proxy.explicit, config.BW_EXPLICIT_PORT, host),
   };
+  const dns: CatchAllResolver | null =
+    config.BW_DNS_PORT === undefined
+      ? null
+      : await startCatchAllResolver({ host, port: config.BW_DNS_PORT, answer: config.BW_DNS_ANSWER });
   const state = policy.current();
   const ready = ProxyReady.parse({
     caCertPem: ca.certPem,
@@ -68,12 +74,21 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     redirect: "error",
   });
   if (!res.ok) throw new Error(`control plane refused the ready call: HTTP ${res.status}`);
-  console.log(JSON.stringify({ event: "ready", runId: config.BW_RUN_ID, listeners, ca: ca.fingerprint256 }));
+  console.log(
+    JSON.stringify({
+      event: "ready",
+      runId: config.BW_RUN_ID,
+      listeners,
+      dns: dns?.port ?? null,
+      ca: ca.fingerprint256,
+    }),
+  );
 
   const shutdown = async () => {
     await proxy?.close();
+    await dns?.close();
     await policy.stop();
     await audit.stop();
   };
-  return { ca, listeners, policy, audit, proxy, shutdown };
+  return { ca, listeners, dns, policy, audit, proxy, shutdown };
 }

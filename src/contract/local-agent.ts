@@ -57,6 +57,12 @@ export const SandboxInfo = z.strictObject({
   /** proxy: the URL at which the control plane is reachable from inside this sandbox. */
   controlPlaneUrl: z.string().nullable(),
   routing: z.enum(["default", "catch-all"]).nullable(),
+  /**
+   * work/task: an address:port outside the run that this sandbox could reach if nothing
+   * stopped it (a listener the backend runs for this purpose). Under catch-all the wiring probe
+   * must fail to connect to it; under default routing it would succeed.
+   */
+  probeTarget: z.string().nullable().default(null),
 });
 export type SandboxInfo = z.infer<typeof SandboxInfo>;
 
@@ -69,6 +75,12 @@ export const ExecStage = z.enum(["setup", "execute"]);
 export type ExecStage = z.infer<typeof ExecStage>;
 
 export const ExecRequest = z.strictObject({
+  /**
+   * Idempotency key chosen by the caller: an exec whose id this sandbox has already started
+   * returns that exec (running or exited) instead of starting another. So a coordinator step
+   * replayed after a crash never runs a command twice.
+   */
+  id: Id.optional(),
   argv: z.array(z.string().max(65_536)).min(1).max(1024),
   env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/), z.string().max(65_536)).default({}),
   stage: ExecStage,

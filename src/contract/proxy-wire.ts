@@ -52,6 +52,17 @@ export function readBearer(value: string | null | undefined): string | null {
   return match?.[1] ?? null;
 }
 
+/**
+ * The platform's own probe host: the wiring step in a work sandbox asks for it through the
+ * redirect it just installed, and the proxy answers it itself (403 with PROBE_HEADER: refused),
+ * whatever the policy says and without an audit row. `.invalid` never resolves (RFC 6761), and the
+ * wiring step also checks that the TLS chain ends at the run CA, so only the run's proxy can give
+ * that answer.
+ */
+export const WIRING_PROBE_HOST = "probe.benchwright.invalid";
+/** Response header the proxy sets on its answer to WIRING_PROBE_HOST. */
+export const PROBE_HEADER = "x-benchwright-probe";
+
 /** The ETag of a policy document: its version, quoted. */
 export const policyEtag = (version: number): string => `"${version}"`;
 

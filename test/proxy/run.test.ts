@@ -1,4 +1,5 @@
 import { execFile } from "node:child_process";
+import { Resolver } from "node:dns/promises";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -56,6 +57,8 @@ describe("the proxy process wiring (run.ts) against the control-plane contract",
         BW_TEST_EXTRA_CA_FILE: join(dir, "upstream-ca.pem"),
         BW_TEST_ROUTES: `api.test=${api.address}:${api.port}`,
         BW_TEST_ALLOW_CIDRS: "127.0.0.2/32",
+        BW_DNS_PORT: "0",
+        BW_DNS_ANSWER: "198.18.7.7",
       },
       [],
     );
@@ -79,6 +82,13 @@ describe("the proxy process wiring (run.ts) against the control-plane contract",
     expect(cp.ready?.caCertPem).toBe(proxy.ca.certPem);
     expect(cp.ready?.caFingerprint256).toBe(proxy.ca.fingerprint256);
     expect(cp.ready?.policyVersion).toBe(7);
+  });
+
+  it("starts the catch-all resolver with the listeners when BW_DNS_PORT is set", async () => {
+    expect(proxy.dns).not.toBeNull();
+    const resolver = new Resolver({ timeout: 2_000, tries: 1 });
+    resolver.setServers([`127.0.0.1:${proxy.dns?.port}`]);
+    expect(await resolver.resolve4("anything.example")).toEqual(["198.18.7.7"]);
   });
 
   it("injects the vault credential fetched from the control plane", async () => {

@@ -9,6 +9,7 @@ import { unwrap } from "../../src/errors";
 import * as vault from "../../src/vault/service";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
+import { auditRows, runWithAudit } from "./run-fixtures";
 
 // Tenant isolation and the read/write boundary of the API (cases C1, C3, C4), driven by the
 // OpenAPI document so that a new route cannot slip past: CASES below must name every operation
@@ -26,6 +27,8 @@ interface Vault {
   values: string[];
   /** Current ids per resource, in list order (rules: in rule order). */
   ids: Record<Resource, string[]>;
+  /** A run of this tenant with audit rows for hosts that contain the tag. */
+  runId: string;
 }
 
 interface Ctx {
@@ -92,7 +95,8 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     unwrap(await vault.putHost(db, p, { pattern: `${role}-only.shared.example`, action: "allow" }));
     unwrap(await vault.setDefault(db, p, "block"));
   });
-  return { t, role, tag, values, ids: await idsOf(t) };
+  const run = await runWithAudit(t, [`blocked.${tag}.example`, `other.${tag}.example`]);
+  return { t, role, tag, values, ids: await idsOf(t), runId: run.id };
 }
 
 async function twoVaults(): Promise<Ctx> {
@@ -168,6 +172,8 @@ type Body = (ctx: Ctx) => unknown;
 type Case =
   /** `{id}` routes: A's key with each of B's ids → 404, nothing changes; A's own id works. */
   | { kind: "by-id"; resource: Resource; body?: Body; ok: number }
+  /** Reads under one of a run's ids (`/v1/runs/{id}/...`): B's run → 404; A's run lists A's rows. */
+  | { kind: "by-run"; key: string }
   /** Collection reads: A sees exactly A's items. */
   | { kind: "list"; resource: Resource }
   /** Other reads of the caller's vault: A sees A's vault only. */
@@ -178,6 +184,13 @@ type Case =
       body: Body;
       ok: number;
       refused?: (ctx: Ctx) => { body: unknown; status: number; code: string }[];
+    }
+  /** Routes of runs (not of the vault): `id` says whether the route takes a run id. */
+  | {
+      kind: "run";
+      id: boolean;
+      body?: Body;
+      check: (ctx: Ctx, method: string, path: string) => Promise<void>;
     }
   /** Not tenant-scoped on purpose; `inDocument` false for routes the document does not list. */
   | { kind: "unscoped"; reason: string; inDocument: boolean };
@@ -282,6 +295,50 @@ const CASES: Record<string, Case> = {
     },
   },
   "PUT /v1/vault/settings": { kind: "write", ok: 200, body: () => ({ default: "allow" }) },
+
+  "POST /v1/runs": {
+    kind: "run",
+    id: false,
+    body: () => ({ commands: ["true"] }),
+    check: async ({ a, b }, method, path) => {
+      const bBefore = await b.t.api("GET", "/v1/runs");
+      const made = expectStatus(await a.t.api(method, path, { commands: ["true"] }), 202, "launch");
+      expect((await a.t.api("GET", `/v1/runs/${made.json.id}`)).status).toBe(200);
+      expectProblem(await b.t.api("GET", `/v1/runs/${made.json.id}`), 404, "not_found");
+      expect((await b.t.api("GET", "/v1/runs")).json.runs).toEqual(bBefore.json.runs);
+    },
+  },
+  "GET /v1/runs": {
+    kind: "run",
+    id: false,
+    check: async ({ a, b }, method, path) => {
+      const res = expectStatus(await a.t.api(method, path), 200, "list");
+      expect(res.json.runs.map((r: { id: string }) => r.id)).toEqual([a.runId]);
+      expect(res.text).not.toContain(b.runId);
+    },
+  },
+  "GET /v1/runs/{id}": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const res = expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.runId)), 200, "read");
+      expect(own.json.id).toBe(a.runId);
+      expect(own.text).not.toContain(b.tag);
+    },
+  },
+  "POST /v1/runs/{id}/cancel": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
+      expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
+    },
+  },
+  "GET /v1/runs/{id}/blocked-hosts": { kind: "by-run", key: "blockedHosts" },
+  "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
   "GET /v1/vault/policy-preview": {
     kind: "read",
     check: async ({ a, b }, res) => {
@@ -321,8 +378,14 @@ const split = (op: string) => {
 function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string; body: unknown } {
   const { method, path } = split(op);
   const c = CASES[op];
-  const id = c?.kind === "by-id" ? (v.ids[c.resource][0] ?? "missing") : "no_case_for_this_route";
-  const body = c && (c.kind === "by-id" || c.kind === "write") ? c.body?.(ctx) : undefined;
+  const id =
+    c?.kind === "by-id"
+      ? (v.ids[c.resource][0] ?? "missing")
+      : c?.kind === "by-run" || (c?.kind === "run" && c.id)
+        ? v.runId
+        : "no_case_for_this_route";
+  const body =
+    c && (c.kind === "by-id" || c.kind === "write" || c.kind === "run") ? c.body?.(ctx) : undefined;
   return { method, path: path.replace("{id}", id), body };
 }
 
@@ -340,10 +403,17 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
       .map(([op]) => op);
     expect(stale, `cases for operations the document does not list: ${stale.join(", ")}`).toEqual([]);
     // A route that takes an id must be tested as one: A's key with B's id.
-    const untested = ops.filter((op) => op.includes("{") !== (CASES[op]?.kind === "by-id"));
-    expect(untested, `id routes need a by-id case (and only they): ${untested.join(", ")}`).toEqual([]);
+    const byId = (op: string) => {
+      const c = CASES[op];
+      return c?.kind === "by-id" || c?.kind === "by-run" || (c?.kind === "run" && c.id);
+    };
+    const untested = ops.filter((op) => op.includes("{") !== byId(op));
+    expect(untested, `id routes need a by-id or by-run case (and only they): ${untested.join(", ")}`).toEqual(
+      [],
+    );
     for (const [op, c] of Object.entries(CASES)) {
       if (c.kind === "by-id") expect(split(op).path).toBe(`${COLLECTIONS[c.resource].path}/{id}`);
+      if (c.kind === "by-run") expect(split(op).path).toMatch(/^\/v1\/runs\/\{id\}\/[a-z-]+$/);
       if (c.kind === "unscoped") expect(c.reason.length, `${op} needs a reason`).toBeGreaterThan(20);
     }
   });
@@ -371,6 +441,27 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
         const own = await fresh(a, c.resource);
         const res = await a.t.api(method, path.replace("{id}", own), c.body?.(ctx));
         expect(res.status, res.text).toBe(c.ok);
+      });
+    }
+
+    if (c.kind === "by-run") {
+      it(`${op} with B's run id → 404 not_found, B's rows unchanged (A's own run lists A's rows only)`, async () => {
+        const { a, b } = await twoVaults();
+        const bBefore = await auditRows(b.runId);
+        expect(bBefore.blocked.length).toBeGreaterThan(0);
+        const res = expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+        expect(res.text).not.toContain(b.tag);
+        expect(await auditRows(b.runId)).toEqual(bBefore);
+        const own = expectStatus(await a.t.api(method, path.replace("{id}", a.runId)), 200, op);
+        const items = own.json[c.key] as { host: string }[];
+        expect(items.map((i) => i.host).sort()).toEqual([
+          `blocked.${a.tag}.example`,
+          `other.${a.tag}.example`,
+        ]);
+        expect(own.text).not.toContain(b.tag);
+        // A query parameter cannot widen the read either.
+        const q = `?environmentId=${b.t.environmentId}&runId=${b.runId}`;
+        expectProblem(await a.t.api(method, `${path.replace("{id}", a.runId)}${q}`), 400, "unknown_field");
       });
     }
 
@@ -415,6 +506,13 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
         }
         expect(await version(a.t)).toBeGreaterThan(aVersion);
         expect(await snapshot(b.t)).toEqual(bBefore);
+      });
+    }
+
+    if (c.kind === "run") {
+      it(`${op}: A's key reaches A's runs only`, async () => {
+        const ctx = await twoVaults();
+        await c.check(ctx, method, path);
       });
     }
 
@@ -562,7 +660,12 @@ describe("C4 secret values are never returned by any read", { timeout: 120_000 }
     for (const op of gets) {
       const { path } = split(op);
       const c = CASES[op];
-      const paths = c?.kind === "by-id" ? a.ids[c.resource].map((id) => path.replace("{id}", id)) : [path];
+      const paths =
+        c?.kind === "by-id"
+          ? a.ids[c.resource].map((id) => path.replace("{id}", id))
+          : c?.kind === "by-run" || (c?.kind === "run" && c.id)
+            ? [path.replace("{id}", a.runId)]
+            : [path];
       if (path === "/v1/vault/policy-preview") paths.push(`${path}?egress=local`);
       expect(paths.length, `${op} has nothing to read`).toBeGreaterThan(0);
       for (const p of paths) responses.push([`GET ${p}`, await t.api("GET", p)]);

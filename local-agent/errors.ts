@@ -1,0 +1,40 @@
+import type { AgentErrorCode } from "../src/contract/local-agent";
+
+// The agent's failures: a closed set of codes (the contract's), one status each, one body shape
+// (problem+json). Services throw AgentError; the server renders it.
+
+export const AGENT_ERROR_STATUS = {
+  unauthorized: 401,
+  invalid_request: 400,
+  not_found: 404,
+  cannot_isolate: 503,
+  sandbox_failed: 500,
+} as const satisfies Record<AgentErrorCode, number>;
+
+const TITLES: Record<AgentErrorCode, string> = {
+  unauthorized: "Missing or invalid agent secret",
+  invalid_request: "Invalid request",
+  not_found: "Not found",
+  cannot_isolate: "This machine cannot isolate a sandbox",
+  sandbox_failed: "The sandbox could not be made or used",
+};
+
+export class AgentError extends Error {
+  constructor(
+    readonly code: AgentErrorCode,
+    readonly detail: string,
+  ) {
+    super(`${code}: ${detail}`);
+    this.name = "AgentError";
+  }
+}
+
+export function problemBody(code: AgentErrorCode, detail: string) {
+  return {
+    type: `https://benchwright.dev/problems/${code}`,
+    title: TITLES[code],
+    status: AGENT_ERROR_STATUS[code],
+    detail,
+    code,
+  };
+}

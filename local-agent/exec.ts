@@ -1,0 +1,205 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { readdirSync, readFileSync } from "node:fs";
+import type { ExecInfo } from "../src/contract/local-agent";
+
+// One command in a sandbox: its process, its output (the last 1 MiB of each stream, with
+// absolute byte offsets so a caller can page through it), its timeout.
+
+export const OUTPUT_LIMIT = 1024 * 1024;
+export const MAX_WAIT_MS = 30_000;
+
+export class OutputBuffer {
+  private chunks: Buffer[] = [];
+  private kept = 0;
+  /** Bytes written since the start (offset just past the last byte). */
+  end = 0;
+
+  append(chunk: Buffer): void {
+    this.chunks.push(chunk);
+    this.kept += chunk.length;
+    this.end += chunk.length;
+    while (this.kept > OUTPUT_LIMIT) {
+      const first = this.chunks[0] as Buffer;
+      const drop = this.kept - OUTPUT_LIMIT;
+      if (first.length <= drop) {
+        this.chunks.shift();
+        this.kept -= first.length;
+      } else {
+        this.chunks[0] = first.subarray(drop);
+        this.kept -= drop;
+      }
+    }
+  }
+
+  /**
+   * Text from byte offset `from` (or from the oldest byte kept), and the offset to ask from next.
+   * Cut on UTF-8 character boundaries, so pages concatenate to the original text; a character
+   * still being written (partial at the end) waits for the next page unless `final`.
+   */
+  read(from: number, final: boolean): { text: string; end: number } {
+    const start = this.end - this.kept;
+    let data = Buffer.concat(this.chunks).subarray(Math.max(0, Math.min(from, this.end) - start));
+    let begin = Math.min(Math.max(from, start), this.end);
+    if (from < start) {
+      // The oldest kept byte may be mid-character: skip continuation bytes.
+      let skip = 0;
+      while (skip < data.length && skip < 3 && ((data[skip] as number) & 0xc0) === 0x80) skip++;
+      data = data.subarray(skip);
+      begin += skip;
+    }
+    if (!final) data = data.subarray(0, completeUtf8Length(data));
+    return { text: data.toString("utf8"), end: begin + data.length };
+  }
+}
+
+/** Length of the longest prefix that does not end inside a multi-byte UTF-8 character. */
+function completeUtf8Length(data: Buffer): number {
+  for (let back = 1; back <= Math.min(4, data.length); back++) {
+    const byte = data[data.length - back] as number;
+    if ((byte & 0xc0) === 0x80) continue; // continuation byte: look further back
+    const need = byte >= 0xf0 ? 4 : byte >= 0xe0 ? 3 : byte >= 0xc0 ? 2 : 1;
+    return need > back ? data.length - back : data.length;
+  }
+  return data.length;
+}
+
+export class Exec {
+  readonly stdout = new OutputBuffer();
+  readonly stderr = new OutputBuffer();
+  exitCode: number | null = null;
+  signal: string | null = null;
+  state: "running" | "exited" = "running";
+  readonly done: Promise<void>;
+  private readonly child: ChildProcess;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    readonly execId: string,
+    readonly sandboxId: string,
+    options: {
+      argv: readonly string[];
+      env: Record<string, string>;
+      /** Delivered on fd 3 (the sandbox's exec wrapper evaluates it), then closed. */
+      fd3: string;
+      stdin: string | undefined;
+      timeoutMs: number | null;
+    },
+  ) {
+    const [file, ...args] = options.argv as [string, ...string[]];
+    this.child = spawn(file, args, {
+      env: options.env,
+      stdio: ["pipe", "pipe", "pipe", "pipe"],
+      detached: true,
+    });
+    const child = this.child;
+    child.stdout?.on("data", (d: Buffer) => this.stdout.append(d));
+    child.stderr?.on("data", (d: Buffer) => this.stderr.append(d));
+    const fd3 = child.stdio[3] as NodeJS.WritableStream & { on(e: "error", f: () => void): void };
+    fd3.on("error", () => {});
+    fd3.end(options.fd3);
+    child.stdin?.on("error", () => {});
+    child.stdin?.end(options.stdin ?? "");
+    if (options.timeoutMs !== null) {
+      this.timer = setTimeout(() => void this.kill(), options.timeoutMs);
+    }
+    this.done = new Promise<void>((resolve) => {
+      let exited = false;
+      const finish = () => {
+        if (this.state === "exited") return;
+        clearTimeout(this.timer);
+        this.state = "exited";
+        resolve();
+      };
+      child.on("error", (e) => {
+        this.stderr.append(Buffer.from(`could not start: ${e.message}\n`));
+        finish();
+      });
+      child.on("exit", (code, signal) => {
+        exited = true;
+        this.exitCode = code;
+        this.signal = signal;
+        // Wait for the pipes to drain; a background process that keeps them open does not hold
+        // the exec "running" for more than a moment.
+        setTimeout(finish, 500);
+      });
+      child.on("close", () => {
+        if (exited) finish();
+      });
+    });
+  }
+
+  info(stdoutFrom: number, stderrFrom: number): ExecInfo {
+    const final = this.state === "exited";
+    const out = this.stdout.read(stdoutFrom, final);
+    const err = this.stderr.read(stderrFrom, final);
+    return {
+      execId: this.execId,
+      sandboxId: this.sandboxId,
+      state: this.state,
+      exitCode: this.exitCode,
+      signal: this.signal,
+      stdout: out.text,
+      stderr: err.text,
+      stdoutEnd: out.end,
+      stderrEnd: err.end,
+    };
+  }
+
+  /** Resolves when the exec has exited or after `ms`. */
+  wait(ms: number): Promise<void> {
+    if (this.state === "exited" || ms <= 0) return Promise.resolve();
+    let timer: NodeJS.Timeout | undefined;
+    return Promise.race([this.done, new Promise<void>((r) => (timer = setTimeout(r, ms)))]).finally(() =>
+      clearTimeout(timer),
+    );
+  }
+
+  /**
+   * SIGKILL to the process tree in the sandbox (everything under nsenter); nsenter then reaps
+   * them and exits. A process that left the tree (double fork) lives on until its sandbox is
+   * destroyed.
+   */
+  async kill(): Promise<void> {
+    const pid = this.child.pid;
+    if (pid !== undefined && this.state === "running") {
+      for (let round = 0; round < 3; round++) {
+        const tree = descendants(pid);
+        if (tree.length === 0) break;
+        for (const p of tree) {
+          try {
+            process.kill(p, "SIGKILL");
+          } catch {}
+        }
+      }
+      const timer = setTimeout(() => this.child.kill("SIGKILL"), 2_000);
+      await this.wait(5_000);
+      clearTimeout(timer);
+    }
+  }
+}
+
+/** All descendants of `pid`, children before grandchildren. */
+function descendants(pid: number): number[] {
+  const out: number[] = [];
+  const queue = [pid];
+  while (queue.length > 0) {
+    const p = queue.shift() as number;
+    let tasks: string[] = [];
+    try {
+      tasks = readdirSync(`/proc/${p}/task`);
+    } catch {
+      continue;
+    }
+    for (const t of tasks) {
+      try {
+        for (const c of readFileSync(`/proc/${p}/task/${t}/children`, "utf8").split(/\s+/)) {
+          if (c) {
+            out.push(Number(c));
+            queue.push(Number(c));
+          }
+        }
+      } catch {}
+    }
+  }
+  return out;
+}

@@ -1,0 +1,553 @@
+import { randomUUID } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
+import type { z } from "zod";
+import type {
+  AgentHealth,
+  CreateSandbox,
+  ExecInfo,
+  ExecRequest,
+  SandboxInfo,
+  SandboxKind,
+} from "../src/contract/local-agent";
+import { AgentError } from "./errors";
+import { Exec } from "./exec";
+import {
+  applyNft,
+  createRunNetwork,
+  createWorkNetwork,
+  destroyRunNetwork,
+  destroyWorkNetwork,
+  hostNameservers,
+  hostService,
+  installHost,
+  killNetnsProcesses,
+  linkExists,
+  MAX_RUNS,
+  MAX_WORK_PER_RUN,
+  netnsExists,
+  proxyNamespaces,
+  proxyRuleset,
+  type Routing,
+  type RunNet,
+  readIpForward,
+  removeHost,
+  runNet,
+  type WorkNet,
+  workNet,
+} from "./network";
+import { type HostListener, startProbe, startRelay } from "./relay";
+import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, SANDBOX_HOME, SandboxProcess } from "./sandbox";
+import type { StateDir } from "./state-dir";
+
+// The sandboxes this agent made and the runs they belong to. Creation and destruction are
+// serialized (one at a time: they share the run's network and its ruleset); execs are not.
+
+type ParsedExec = z.output<typeof ExecRequest>;
+
+export type AgentLog = (event: Record<string, unknown>) => void;
+
+export interface RegistryOptions {
+  nft: string;
+  state: StateDir;
+  controlPlane: URL;
+  /** First host uid of sandboxes; each sandbox takes two (setup U, execute U+1). */
+  uidBase: number;
+  health: AgentHealth;
+  log: AgentLog;
+  /** Host directory with proxy.cjs and wiring.cjs (mounted read-only in every sandbox). */
+  imageDir: string;
+  /**
+   * Test-only settings added to the proxy's environment (BW_TEST_*): the suite's own upstream CA
+   * and routes. Never set outside development and tests.
+   */
+  proxyTestEnv: Record<string, string>;
+}
+
+interface Listener {
+  listener: HostListener;
+  address: string;
+}
+
+interface Run {
+  runId: string;
+  net: RunNet;
+  proxyId: string | null;
+  networkUp: boolean;
+  relay: Listener | null;
+  probe: Listener | null;
+  members: Set<string>;
+  /** Work index i -> the work/task sandbox on that link. */
+  slots: Map<number, { id: string; routing: Routing }>;
+}
+
+interface Sandbox {
+  id: string;
+  runId: string;
+  kind: SandboxKind;
+  routing: Routing | null;
+  proxySandboxId: string | null;
+  state: "ready" | "destroyed";
+  netns: string;
+  work: WorkNet | null;
+  address: string;
+  controlPlaneUrl: string | null;
+  process: SandboxProcess;
+  execs: Map<string, Exec>;
+}
+
+/** How long a proxy gets, after SIGTERM, to flush its audit batch before its sandbox is killed. */
+const PROXY_GRACE_MS = 5_000;
+const HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+const UID_SPAN = 200_000;
+/** Exited execs kept per sandbox (each keeps up to 2 MiB of output). */
+const MAX_EXITED_EXECS = 256;
+
+const message = (e: unknown) => (e instanceof Error ? e.message : String(e));
+
+export class Registry {
+  private readonly sandboxes = new Map<string, Sandbox>();
+  private readonly runs = new Map<string, Run>();
+  private nextUid: number;
+  private ipForwardBefore: string | null = null;
+  private queue: Promise<unknown> = Promise.resolve();
+  private closing = false;
+
+  constructor(private readonly o: RegistryOptions) {
+    this.nextUid = o.uidBase;
+  }
+
+  private serial<T>(fn: () => Promise<T>): Promise<T> {
+    const next = this.queue.then(fn, fn);
+    this.queue = next.catch(() => {});
+    return next;
+  }
+
+  create(request: CreateSandbox): Promise<{ info: SandboxInfo; created: boolean }> {
+    return this.serial(async () => {
+      if (!this.o.health.ok) {
+        throw new AgentError(
+          "cannot_isolate",
+          `this machine cannot isolate a sandbox: ${this.o.health.problems.join("; ")}`,
+        );
+      }
+      if (this.closing) throw new AgentError("sandbox_failed", "the agent is shutting down");
+      const existing = this.sandboxes.get(request.id);
+      if (existing) {
+        const same =
+          existing.kind === request.kind &&
+          existing.runId === request.runId &&
+          (request.kind === "proxy" ||
+            (existing.proxySandboxId === request.proxySandboxId && existing.routing === request.routing));
+        if (!same)
+          throw new AgentError("invalid_request", `sandbox ${request.id} exists with other parameters`);
+        return { info: this.info(existing), created: false };
+      }
+      const started = Date.now();
+      try {
+        const sandbox =
+          request.kind === "proxy" ? await this.createProxy(request) : await this.createWork(request);
+        this.watch(sandbox);
+        this.o.log({
+          event: "sandbox_created",
+          id: sandbox.id,
+          runId: sandbox.runId,
+          kind: sandbox.kind,
+          routing: sandbox.routing,
+          netns: sandbox.netns,
+          uid: sandbox.process.uid,
+          ms: Date.now() - started,
+        });
+        return { info: this.info(sandbox), created: true };
+      } catch (error) {
+        this.o.log({
+          event: "sandbox_failed",
+          id: request.id,
+          runId: request.runId,
+          kind: request.kind,
+          reason: message(error),
+        });
+        throw error;
+      }
+    });
+  }
+
+  list(runId?: string): SandboxInfo[] {
+    return [...this.sandboxes.values()]
+      .filter((s) => runId === undefined || s.runId === runId)
+      .map((s) => this.info(s));
+  }
+
+  destroy(id: string): Promise<void> {
+    return this.serial(() => this.destroyNow(id));
+  }
+
+  startExec(sandboxId: string, request: ParsedExec): { info: ExecInfo; created: boolean } {
+    const sandbox = this.sandbox(sandboxId);
+    const known = request.id === undefined ? undefined : sandbox.execs.get(request.id);
+    if (known) return { info: known.info(0, 0), created: false };
+    if (sandbox.state !== "ready" || !sandbox.process.isolated()) {
+      throw new AgentError("sandbox_failed", `sandbox ${sandboxId} is destroyed`);
+    }
+    const texts = [...request.argv, ...Object.values(request.env), request.cwd ?? ""];
+    if (texts.some((t) => t.includes("\0")))
+      throw new AgentError("invalid_request", "NUL bytes are not allowed in argv, env or cwd");
+    const execId = request.id ?? randomUUID();
+    const { argv, env } = this.program(sandbox, request.argv, request.env);
+    let exec: Exec;
+    try {
+      exec = new Exec(execId, sandboxId, {
+        argv: sandbox.process.execArgv(request.stage, request.cwd ?? SANDBOX_HOME, argv),
+        env: EXEC_BASE_ENV,
+        fd3: envScript(env),
+        stdin: request.stdin,
+        timeoutMs: request.timeoutMs,
+      });
+    } catch (error) {
+      // spawn refuses synchronously only what the request itself makes impossible (E2BIG).
+      throw new AgentError("invalid_request", `could not start the command: ${message(error)}`);
+    }
+    sandbox.execs.set(execId, exec);
+    this.prune(sandbox);
+    return { info: exec.info(0, 0), created: true };
+  }
+
+  /**
+   * The image's programs by name, as a container image would have them on its PATH:
+   * `bw-proxy` (proxy sandboxes only; the agent adds where the control plane is reachable from
+   * the sandbox, and the test-only settings) and `bw-wiring` (work and task sandboxes only).
+   */
+  private program(
+    sandbox: Sandbox,
+    argv: readonly string[],
+    env: Record<string, string>,
+  ): { argv: string[]; env: Record<string, string> } {
+    const [name, ...rest] = argv;
+    const node = process.execPath;
+    if (name === "bw-proxy") {
+      if (sandbox.kind !== "proxy")
+        throw new AgentError("invalid_request", "bw-proxy runs in a proxy sandbox only");
+      const run = this.runs.get(sandbox.runId) as Run;
+      return {
+        argv: [node, `${IMAGE_MOUNT}/proxy.cjs`, ...rest],
+        env: {
+          ...this.o.proxyTestEnv,
+          ...env,
+          BW_CONTROL_PLANE_URL: sandbox.controlPlaneUrl as string,
+          BW_OWN_ADDRESSES: run.net.upAddress,
+        },
+      };
+    }
+    if (name === "bw-wiring") {
+      if (sandbox.kind === "proxy")
+        throw new AgentError("invalid_request", "bw-wiring runs in a work or task sandbox");
+      return { argv: [node, `${IMAGE_MOUNT}/wiring.cjs`, ...rest], env };
+    }
+    return { argv: [...argv], env };
+  }
+
+  exec(sandboxId: string, execId: string): Exec {
+    const exec = this.sandbox(sandboxId).execs.get(execId);
+    if (!exec) throw new AgentError("not_found", `sandbox ${sandboxId} has no exec ${execId}`);
+    return exec;
+  }
+
+  /** Destroys every sandbox, then the host table (unless another agent's runs still need it). */
+  close(): Promise<void> {
+    this.closing = true;
+    return this.serial(async () => {
+      const order = [...this.sandboxes.values()].sort(
+        (a, b) => Number(a.kind === "proxy") - Number(b.kind === "proxy"),
+      );
+      for (const s of order) await this.destroyNow(s.id);
+      if (this.ipForwardBefore !== null && proxyNamespaces().length === 0) {
+        await removeHost(this.o.nft, this.ipForwardBefore);
+        this.o.state.forgetHost();
+        this.ipForwardBefore = null;
+      }
+    });
+  }
+
+  private sandbox(id: string): Sandbox {
+    const sandbox = this.sandboxes.get(id);
+    if (!sandbox) throw new AgentError("not_found", `no sandbox ${id}`);
+    return sandbox;
+  }
+
+  private info(s: Sandbox): SandboxInfo {
+    const run = this.runs.get(s.runId);
+    const probe = s.kind !== "proxy" && run?.probe ? `${run.probe.address}:${run.probe.listener.port}` : null;
+    return {
+      id: s.id,
+      runId: s.runId,
+      kind: s.kind,
+      state: s.state,
+      address: s.address,
+      proxyAddress: s.work?.proxyAddress ?? null,
+      controlPlaneUrl: s.controlPlaneUrl,
+      routing: s.routing,
+      probeTarget: probe,
+    };
+  }
+
+  /** A sandbox whose PID 1 died (killed from outside) is marked destroyed; DELETE frees it. */
+  private watch(sandbox: Sandbox): void {
+    void sandbox.process.exited.then(() => {
+      if (this.sandboxes.get(sandbox.id) !== sandbox || sandbox.state === "destroyed") return;
+      sandbox.state = "destroyed";
+      this.o.log({ event: "sandbox_died", id: sandbox.id, runId: sandbox.runId, kind: sandbox.kind });
+    });
+  }
+
+  private prune(sandbox: Sandbox): void {
+    const exited = [...sandbox.execs.values()].filter((e) => e.state === "exited");
+    for (const e of exited.slice(0, Math.max(0, exited.length - MAX_EXITED_EXECS)))
+      sandbox.execs.delete(e.execId);
+  }
+
+  private runFor(runId: string): Run {
+    const known = this.runs.get(runId);
+    if (known) return known;
+    const taken = new Set([...this.runs.values()].map((r) => r.net.k));
+    for (let k = 1; k <= MAX_RUNS; k++) {
+      const net = runNet(k);
+      if (taken.has(k) || netnsExists(net.proxyNetns) || linkExists(net.hostLink)) continue;
+      const run: Run = {
+        runId,
+        net,
+        proxyId: null,
+        networkUp: false,
+        relay: null,
+        probe: null,
+        members: new Set(),
+        slots: new Map(),
+      };
+      this.runs.set(runId, run);
+      return run;
+    }
+    throw new AgentError("sandbox_failed", `this machine already has ${MAX_RUNS} runs`);
+  }
+
+  private releaseRunIfEmpty(run: Run): void {
+    if (run.members.size === 0 && run.proxyId === null && run.slots.size === 0) this.runs.delete(run.runId);
+  }
+
+  /** A block of two host uids no live sandbox and no running process uses. */
+  private allocateUid(): number {
+    const busy = new Set<number>();
+    for (const s of this.sandboxes.values()) busy.add(s.process.uid).add(s.process.uid + 1);
+    for (const pid of readdirSync("/proc").filter((p) => /^\d+$/.test(p))) {
+      try {
+        const uid = /^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1];
+        if (uid !== undefined) busy.add(Number(uid));
+      } catch {}
+    }
+    for (let n = 0; n < UID_SPAN / 2; n++) {
+      const uid = this.nextUid;
+      this.nextUid = uid + 2 >= this.o.uidBase + UID_SPAN ? this.o.uidBase : uid + 2;
+      if (!busy.has(uid) && !busy.has(uid + 1)) return uid;
+    }
+    throw new AgentError("sandbox_failed", "no free sandbox uid");
+  }
+
+  private async ensureHost(): Promise<void> {
+    if (this.ipForwardBefore !== null) return;
+    const before = readIpForward();
+    this.o.state.recordHost(before);
+    await installHost(this.o.nft);
+    this.ipForwardBefore = before;
+  }
+
+  private files(resolver: string[]): { hosts: string; resolvConf: string } {
+    const lines = resolver.map((a) => `nameserver ${a}`);
+    return {
+      hosts: HOSTS,
+      resolvConf: `${lines.length > 0 ? lines.join("\n") : "# the host has no nameserver a sandbox can reach"}\n`,
+    };
+  }
+
+  private async createProxy(request: Extract<CreateSandbox, { kind: "proxy" }>): Promise<Sandbox> {
+    const run = this.runFor(request.runId);
+    if (run.proxyId !== null) {
+      throw new AgentError(
+        "invalid_request",
+        `run ${request.runId} already has a proxy sandbox (${run.proxyId})`,
+      );
+    }
+    const uid = this.allocateUid();
+    run.proxyId = request.id;
+    try {
+      await this.ensureHost();
+      this.o.state.recordNetns(run.net.proxyNetns);
+      run.networkUp = true;
+      await createRunNetwork(this.o.nft, run.net);
+      const cp = this.o.controlPlane;
+      const relay = await startRelay({
+        host: run.net.hostAddress,
+        allowFrom: run.net.upAddress,
+        target: {
+          host: cp.hostname.replace(/^\[(.*)\]$/, "$1"),
+          port: Number(cp.port || (cp.protocol === "https:" ? 443 : 80)),
+        },
+      });
+      run.relay = { listener: relay, address: run.net.hostAddress };
+      run.probe = { listener: await startProbe(run.net.probeAddress), address: run.net.probeAddress };
+      await hostService(this.o.nft, run.net.hostLink, this.hostServices(run), true);
+      const process = await SandboxProcess.start({
+        netns: run.net.proxyNetns,
+        uid,
+        dir: this.o.state.sandboxDir(request.id),
+        files: this.files(hostNameservers()),
+        imageDir: this.o.imageDir,
+      });
+      const path = cp.pathname === "/" ? "" : cp.pathname.replace(/\/$/, "");
+      const sandbox: Sandbox = {
+        id: request.id,
+        runId: request.runId,
+        kind: "proxy",
+        routing: null,
+        proxySandboxId: null,
+        state: "ready",
+        netns: run.net.proxyNetns,
+        work: null,
+        address: run.net.upAddress,
+        controlPlaneUrl: `${cp.protocol}//${run.net.hostAddress}:${relay.port}${path}`,
+        process,
+        execs: new Map(),
+      };
+      this.sandboxes.set(sandbox.id, sandbox);
+      run.members.add(sandbox.id);
+      return sandbox;
+    } catch (error) {
+      await this.dismantleRunNetwork(run);
+      run.proxyId = null;
+      this.o.state.removeSandboxDir(request.id);
+      this.releaseRunIfEmpty(run);
+      throw error instanceof AgentError
+        ? error
+        : new AgentError("sandbox_failed", `could not make the proxy sandbox: ${message(error)}`);
+    }
+  }
+
+  private async createWork(request: Extract<CreateSandbox, { kind: "work" | "task" }>): Promise<Sandbox> {
+    const proxy = this.sandboxes.get(request.proxySandboxId);
+    if (proxy?.kind !== "proxy") {
+      throw new AgentError("not_found", `no proxy sandbox ${request.proxySandboxId}`);
+    }
+    if (proxy.runId !== request.runId) {
+      throw new AgentError(
+        "invalid_request",
+        `proxy sandbox ${request.proxySandboxId} belongs to another run`,
+      );
+    }
+    const run = this.runFor(request.runId);
+    if (proxy.state !== "ready" || !run.networkUp) {
+      throw new AgentError("sandbox_failed", `proxy sandbox ${request.proxySandboxId} is destroyed`);
+    }
+    let i = 0;
+    while (i < MAX_WORK_PER_RUN && (run.slots.has(i) || netnsExists(workNet(run.net.k, i).netns))) i++;
+    if (i === MAX_WORK_PER_RUN) {
+      throw new AgentError(
+        "sandbox_failed",
+        `run ${request.runId} already has ${MAX_WORK_PER_RUN} work/task sandboxes`,
+      );
+    }
+    const net = workNet(run.net.k, i);
+    const uid = this.allocateUid();
+    run.slots.set(i, { id: request.id, routing: request.routing });
+    try {
+      this.o.state.recordNetns(net.netns);
+      await createWorkNetwork(net, run.net.proxyNetns);
+      try {
+        await this.applyRunRules(run);
+      } catch (error) {
+        throw new Error(`could not install the redirect: ${message(error)}`);
+      }
+      const process = await SandboxProcess.start({
+        netns: net.netns,
+        uid,
+        dir: this.o.state.sandboxDir(request.id),
+        files: this.files(request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers()),
+        imageDir: this.o.imageDir,
+      });
+      const sandbox: Sandbox = {
+        id: request.id,
+        runId: request.runId,
+        kind: request.kind,
+        routing: request.routing,
+        proxySandboxId: request.proxySandboxId,
+        state: "ready",
+        netns: net.netns,
+        work: net,
+        address: net.address,
+        controlPlaneUrl: null,
+        process,
+        execs: new Map(),
+      };
+      this.sandboxes.set(sandbox.id, sandbox);
+      run.members.add(sandbox.id);
+      return sandbox;
+    } catch (error) {
+      run.slots.delete(i);
+      await this.dismantleWorkNetwork(run, net);
+      this.o.state.removeSandboxDir(request.id);
+      throw new AgentError("sandbox_failed", message(error));
+    }
+  }
+
+  private hostServices(run: Run): Array<{ address: string; port: number }> {
+    return [run.relay, run.probe].flatMap((l) => (l ? [{ address: l.address, port: l.listener.port }] : []));
+  }
+
+  private applyRunRules(run: Run): Promise<string> {
+    const links = [...run.slots].map(([i, s]) => ({ i, routing: s.routing }));
+    return applyNft(this.o.nft, run.net.proxyNetns, proxyRuleset(run.net.k, links));
+  }
+
+  private async dismantleWorkNetwork(run: Run, net: WorkNet): Promise<void> {
+    await killNetnsProcesses(net.netns);
+    await destroyWorkNetwork(net, run.net.proxyNetns);
+    this.o.state.forgetNetns(net.netns);
+    // The link is gone, so its rules match nothing; still, keep the ruleset exact.
+    if (run.networkUp) await this.applyRunRules(run).catch(() => {});
+  }
+
+  private async dismantleRunNetwork(run: Run): Promise<void> {
+    const services = this.hostServices(run);
+    if (services.length > 0) await hostService(this.o.nft, run.net.hostLink, services, false);
+    for (const l of [run.relay, run.probe]) await l?.listener.close();
+    run.relay = null;
+    run.probe = null;
+    if (!run.networkUp) return;
+    await killNetnsProcesses(run.net.proxyNetns);
+    await destroyRunNetwork(run.net);
+    this.o.state.forgetNetns(run.net.proxyNetns);
+    run.networkUp = false;
+  }
+
+  private async destroyNow(id: string): Promise<void> {
+    const sandbox = this.sandboxes.get(id);
+    if (!sandbox) return;
+    sandbox.state = "destroyed";
+    if (sandbox.kind === "proxy" && [...sandbox.execs.values()].some((e) => e.state === "running")) {
+      // Let the proxy flush its last audit batch (it exits on SIGTERM), for a few seconds at most.
+      await sandbox.process.terminate();
+      const running = [...sandbox.execs.values()].filter((e) => e.state === "running").map((e) => e.done);
+      await Promise.race([Promise.all(running), new Promise((r) => setTimeout(r, PROXY_GRACE_MS))]);
+    }
+    await sandbox.process.kill();
+    await Promise.all([...sandbox.execs.values()].map((e) => e.kill()));
+    const run = this.runs.get(sandbox.runId) as Run;
+    if (sandbox.kind === "proxy") {
+      await this.dismantleRunNetwork(run);
+      run.proxyId = null;
+    } else if (sandbox.work) {
+      run.slots.delete(sandbox.work.i);
+      await this.dismantleWorkNetwork(run, sandbox.work);
+    }
+    this.o.state.removeSandboxDir(id);
+    this.sandboxes.delete(id);
+    run.members.delete(id);
+    this.releaseRunIfEmpty(run);
+    this.o.log({ event: "sandbox_destroyed", id, runId: sandbox.runId, kind: sandbox.kind });
+  }
+}

@@ -1,0 +1,241 @@
+import { createHash, timingSafeEqual } from "node:crypto";
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { z } from "zod";
+import { AgentHealth, CreateSandbox, ExecRequest, SandboxInfo } from "../src/contract/local-agent";
+import { AgentError, problemBody } from "./errors";
+import { MAX_WAIT_MS } from "./exec";
+import { checkHealth } from "./health";
+import { type AgentLog, Registry } from "./sandboxes";
+import { StateDir } from "./state-dir";
+
+// The host agent's HTTP surface (src/contract/local-agent.ts): loopback only, every call
+// authenticated with the shared secret, every body parsed with the contract's schemas.
+
+export interface AgentOptions {
+  secret: string;
+  /** Port on 127.0.0.1; 0 picks a free one. */
+  port?: number;
+  /** Where the control plane listens (host's loopback); relayed into each proxy sandbox. */
+  controlPlane: string;
+  /** nft binary (tests pass a broken one to inject faults). */
+  nft?: string;
+  stateDir?: string;
+  /** First host uid given to sandboxes (default 200000). */
+  uidBase?: number;
+  /** One call per sandbox lifecycle event; default: a JSON line on stdout. */
+  log?: AgentLog;
+  /** proxy.cjs and wiring.cjs (default: this repository's proxy-image/dist). */
+  imageDir?: string;
+  /** Test-only BW_TEST_* settings for the proxy (the suite's own upstream CA and routes). */
+  proxyTestEnv?: Record<string, string>;
+}
+
+export interface RunningAgent {
+  url: string;
+  port: number;
+  close(): Promise<void>;
+}
+
+export const REPO_ROOT = dirname(dirname(fileURLToPath(import.meta.url)));
+const MAX_BODY = 16 * 1024 * 1024;
+const Id = SandboxInfo.shape.id;
+const ListQuery = z.strictObject({ runId: Id.optional() });
+const PollQuery = z.strictObject({
+  /** Long-poll for the exec's end, at most 30 s (longer asks are cut to that). */
+  waitMs: z.coerce
+    .number()
+    .int()
+    .min(0)
+    .default(0)
+    .transform((ms) => Math.min(ms, MAX_WAIT_MS)),
+  stdoutFrom: z.coerce.number().int().min(0).default(0),
+  stderrFrom: z.coerce.number().int().min(0).default(0),
+});
+
+const digest = (s: string) => createHash("sha256").update(s).digest();
+
+export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
+  if (options.secret.length < 16) throw new Error("the agent secret must be at least 16 characters");
+  const controlPlane = new URL(options.controlPlane);
+  const nft = options.nft ?? "nft";
+  const log: AgentLog = options.log ?? ((event) => process.stdout.write(`${JSON.stringify(event)}\n`));
+  const imageDir = options.imageDir ?? join(REPO_ROOT, "proxy-image", "dist");
+  const health = await checkHealth({ nft, imageDir });
+  const state = new StateDir(options.stateDir ?? "/run/benchwright");
+  if (health.ok) {
+    const removed = await state.prepare(nft);
+    if (removed.length > 0) log({ event: "leftovers_removed", removed });
+  }
+  const registry = new Registry({
+    nft,
+    state,
+    controlPlane,
+    uidBase: options.uidBase ?? 200_000,
+    health,
+    log,
+    imageDir,
+    proxyTestEnv: options.proxyTestEnv ?? {},
+  });
+  const secretDigest = digest(options.secret);
+
+  type Reply = { status: number; body?: unknown };
+  type Route = [
+    method: string,
+    path: RegExp,
+    handler: (req: IncomingMessage, params: string[], query: unknown) => Promise<Reply>,
+  ];
+  const routes: Route[] = [
+    ["GET", /^\/v1\/health$/, async () => ({ status: 200, body: AgentHealth.parse(health) })],
+    [
+      "POST",
+      /^\/v1\/sandboxes$/,
+      async (req) => {
+        const { info, created } = await registry.create(parse(CreateSandbox, await readJson(req)));
+        return { status: created ? 201 : 200, body: info };
+      },
+    ],
+    [
+      "GET",
+      /^\/v1\/sandboxes$/,
+      async (_req, _params, query) => ({
+        status: 200,
+        body: { sandboxes: registry.list(parse(ListQuery, query).runId) },
+      }),
+    ],
+    [
+      "DELETE",
+      /^\/v1\/sandboxes\/([^/]+)$/,
+      async (_req, [id]) => {
+        await registry.destroy(parse(Id, id));
+        return { status: 204 };
+      },
+    ],
+    [
+      "POST",
+      /^\/v1\/sandboxes\/([^/]+)\/exec$/,
+      async (req, [id]) => {
+        const { info, created } = registry.startExec(parse(Id, id), parse(ExecRequest, await readJson(req)));
+        return { status: created ? 202 : 200, body: info };
+      },
+    ],
+    [
+      "GET",
+      /^\/v1\/sandboxes\/([^/]+)\/exec\/([^/]+)$/,
+      async (_req, [id, execId], query) => {
+        const q = parse(PollQuery, query);
+        const exec = registry.exec(parse(Id, id), parse(Id, execId));
+        await exec.wait(q.waitMs);
+        return { status: 200, body: exec.info(q.stdoutFrom, q.stderrFrom) };
+      },
+    ],
+    [
+      "POST",
+      /^\/v1\/sandboxes\/([^/]+)\/exec\/([^/]+)\/kill$/,
+      async (_req, [id, execId]) => {
+        const exec = registry.exec(parse(Id, id), parse(Id, execId));
+        await exec.kill();
+        return { status: 200, body: exec.info(0, 0) };
+      },
+    ],
+  ];
+
+  async function handle(req: IncomingMessage): Promise<Reply> {
+    const auth = req.headers.authorization ?? "";
+    const presented = auth.startsWith("Bearer ") ? auth.slice(7) : "";
+    if (!timingSafeEqual(digest(presented), secretDigest)) {
+      throw new AgentError("unauthorized", "missing or wrong Authorization: Bearer <agent secret>");
+    }
+    const url = new URL(req.url ?? "/", "http://agent");
+    for (const [method, path, handler] of routes) {
+      const match = req.method === method ? path.exec(url.pathname) : null;
+      if (!match) continue;
+      const params = match.slice(1).map((p) => {
+        try {
+          return decodeURIComponent(p);
+        } catch {
+          return p;
+        }
+      });
+      return handler(req, params, Object.fromEntries(url.searchParams));
+    }
+    throw new AgentError("not_found", `no route ${req.method} ${url.pathname}`);
+  }
+
+  const server = createServer((req, res) => {
+    handle(req)
+      .then(({ status, body }) => send(res, status, body))
+      .catch((error: unknown) => {
+        req.resume();
+        const e =
+          error instanceof AgentError
+            ? error
+            : new AgentError("sandbox_failed", error instanceof Error ? error.message : String(error));
+        const body = problemBody(e.code, e.detail);
+        send(res, body.status, body, true);
+      });
+  });
+
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(options.port ?? 0, "127.0.0.1", () => resolve());
+  });
+  const port = (server.address() as AddressInfo).port;
+  let closing: Promise<void> | null = null;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    close: () => {
+      closing ??= (async () => {
+        const stopped = new Promise((r) => server.close(r));
+        server.closeAllConnections();
+        await registry.close();
+        await stopped;
+      })();
+      return closing;
+    },
+  };
+}
+
+function parse<T extends z.ZodType>(schema: T, value: unknown): z.output<T> {
+  const result = schema.safeParse(value);
+  if (!result.success) {
+    const issues = result.error.issues.map((i) => `${i.path.join(".") || "(value)"}: ${i.message}`);
+    throw new AgentError("invalid_request", issues.slice(0, 5).join("; "));
+  }
+  return result.data;
+}
+
+async function readJson(req: IncomingMessage): Promise<unknown> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > MAX_BODY) throw new AgentError("invalid_request", `body larger than ${MAX_BODY} bytes`);
+    chunks.push(chunk);
+  }
+  try {
+    return JSON.parse(Buffer.concat(chunks).toString("utf8"));
+  } catch {
+    throw new AgentError("invalid_request", "body is not valid JSON");
+  }
+}
+
+function send(res: ServerResponse, status: number, body: unknown, problem = false): void {
+  if (res.headersSent) {
+    res.end();
+    return;
+  }
+  if (body === undefined) {
+    res.writeHead(status).end();
+    return;
+  }
+  const text = JSON.stringify(body);
+  res.writeHead(status, {
+    "content-type": problem ? "application/problem+json" : "application/json",
+    "content-length": Buffer.byteLength(text),
+  });
+  res.end(text);
+}

@@ -1,0 +1,300 @@
+import { X509Certificate } from "node:crypto";
+import { lookup } from "node:dns/promises";
+import {
+  appendFileSync,
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  renameSync,
+  writeFileSync,
+} from "node:fs";
+import { request } from "node:https";
+import { connect } from "node:net";
+import { join } from "node:path";
+import type { TLSSocket } from "node:tls";
+import { describeIssues, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
+import {
+  WIRING_EXIT,
+  type WiringEnv,
+  WiringInput,
+  type WiringInputParsed,
+  type WiringProbe,
+  WiringProof,
+} from "../../src/contract/wiring";
+
+// The sandbox wiring step. Runs in a work/task sandbox's setup stage (root of the sandbox's own
+// user namespace; it cannot change the network, which the host owns): trust the run CA, write
+// the hosts-file redirect, then prove both from inside, the way the agent's own clients will
+// meet them. A run whose proof fails does not start (fail closed), so every probe asks for an
+// observable result, never for the absence of an error.
+
+const CA_FILE = "run-ca.pem";
+const HTTPS_PROBE_TIMEOUT_MS = 5_000;
+const DIRECT_PROBE_TIMEOUT_MS = 2_000;
+const BLOCK_BEGIN = "# BEGIN benchwright wiring (rewritten by each wiring run; do not edit)";
+const BLOCK_END = "# END benchwright wiring";
+
+export interface WiringResult {
+  code: (typeof WIRING_EXIT)[keyof typeof WIRING_EXIT];
+  /** Null only for bad input. */
+  proof: WiringProof | null;
+  /** Bad input: what is wrong, naming the field. */
+  error: string | null;
+}
+
+/** The whole program, from the text on stdin to a result (main prints it and exits with `code`). */
+export async function wireFromText(text: string): Promise<WiringResult> {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    return badInput("(stdin): not a JSON object");
+  }
+  return wire(json);
+}
+
+export async function wire(raw: unknown): Promise<WiringResult> {
+  const parsed = WiringInput.safeParse(raw);
+  if (!parsed.success) return badInput(describeIssues(parsed.error.issues, 5));
+  const input = parsed.data;
+  let cert: X509Certificate;
+  try {
+    cert = new X509Certificate(input.caCertPem);
+  } catch {
+    return badInput("caCertPem: not a certificate");
+  }
+  if (!cert.ca) return badInput("caCertPem: not a CA certificate");
+  const caFingerprint256 = cert.fingerprint256.replaceAll(":", "").toLowerCase();
+
+  const caFile = join(input.caDir, CA_FILE);
+  const env: WiringEnv = {
+    NODE_EXTRA_CA_CERTS: caFile,
+    REQUESTS_CA_BUNDLE: input.caBundlePath,
+    SSL_CERT_FILE: input.caBundlePath,
+    CURL_CA_BUNDLE: input.caBundlePath,
+  };
+  const hosts =
+    input.mode === "default" ? [...new Set([...input.hostsFile, WIRING_PROBE_HOST])] : [WIRING_PROBE_HOST];
+  const hostsEntries = hosts.map((h) => `${input.proxyAddress} ${h}`);
+
+  const done = (probes: WiringProbe[]): WiringResult => {
+    const ok = probes.every((p) => p.ok);
+    const proof = WiringProof.parse({ ok, mode: input.mode, caFingerprint256, hostsEntries, probes, env });
+    return { code: ok ? WIRING_EXIT.ok : WIRING_EXIT.probeFailed, proof, error: null };
+  };
+
+  const installed = install(input, caFile, hostsEntries, hosts);
+  if (installed) return done([installed]);
+
+  const probes = [await tlsProbe(input, caFingerprint256)];
+  if (input.mode === "catch-all" && input.probe.directTarget !== null) {
+    probes.push(await directProbe(input.probe.directTarget));
+  }
+  return done(probes);
+}
+
+function badInput(message: string): WiringResult {
+  return { code: WIRING_EXIT.badInput, proof: null, error: `bad wiring input: ${message}` };
+}
+
+/** Writes the CA file, the bundle and the hosts file; a failed probe entry if any step failed. */
+function install(
+  input: WiringInputParsed,
+  caFile: string,
+  hostsEntries: string[],
+  hosts: string[],
+): WiringProbe | null {
+  const pem = input.caCertPem.endsWith("\n") ? input.caCertPem : `${input.caCertPem}\n`;
+  let step = "the CA file";
+  try {
+    mkdirSync(input.caDir, { recursive: true, mode: 0o755 });
+    // Written aside and renamed: the execute stage never sees a half-written file.
+    const tmp = `${caFile}.tmp-${process.pid}`;
+    writeFileSync(tmp, pem, { mode: 0o644 });
+    chmodSync(tmp, 0o644); // whatever the umask: the execute stage's uid must read it
+    renameSync(tmp, caFile);
+
+    // The bundle and the hosts file are bind-mounted over /etc in the sandbox: a rename onto a
+    // mount point fails (EBUSY), so both are written in place. Nothing reads them meanwhile.
+    step = "the CA bundle";
+    const bundle = existsSync(input.caBundlePath) ? readFileSync(input.caBundlePath, "utf8") : "";
+    if (!bundleHas(bundle, pem)) {
+      appendFileSync(input.caBundlePath, `${bundle === "" || bundle.endsWith("\n") ? "" : "\n"}${pem}`, {
+        mode: 0o644,
+      });
+    }
+
+    step = "the hosts file";
+    const before = existsSync(input.hostsPath) ? readFileSync(input.hostsPath, "utf8") : "";
+    const after = rewriteHosts(before, hostsEntries, hosts);
+    if (after !== before) writeFileSync(input.hostsPath, after, { mode: 0o644 });
+    return null;
+  } catch (e) {
+    const code = (e as { code?: string }).code ?? (e as Error).name;
+    return {
+      name: "install",
+      expected: "the run CA and the hosts entries written",
+      observed: `could not write ${step}: ${code}`,
+      ok: false,
+    };
+  }
+}
+
+/** Whether `bundle` already holds the certificate in `pem` (compared on the base64 body). */
+export function bundleHas(bundle: string, pem: string): boolean {
+  const body = /-----BEGIN CERTIFICATE-----([\s\S]*?)-----END CERTIFICATE-----/.exec(pem)?.[1];
+  if (!body) return false;
+  const squeeze = (s: string) => s.replace(/\s+/g, "");
+  // A PEM body starts on a base64 quantum boundary, so its squeezed form is found as-is.
+  return squeeze(bundle).includes(squeeze(`-----BEGIN CERTIFICATE-----${body}-----END CERTIFICATE-----`));
+}
+
+/**
+ * The hosts file with the wiring's block (re)written at its end: every other line kept as it is
+ * (localhost and friends), except that names the block owns are taken out of other lines, since
+ * a resolver reading the file takes the first line that names a host.
+ */
+export function rewriteHosts(existing: string, entries: string[], owned: string[]): string {
+  const names = new Set(owned);
+  const out: string[] = [];
+  let inBlock = false;
+  const lines = existing.split("\n");
+  if (lines.at(-1) === "") lines.pop();
+  for (const line of lines) {
+    if (line.trim() === BLOCK_BEGIN) {
+      inBlock = true;
+      continue;
+    }
+    if (line.trim() === BLOCK_END) {
+      inBlock = false;
+      continue;
+    }
+    if (inBlock) continue;
+    const content = line.replace(/#.*$/, "").trim();
+    const [address, ...aliases] = content === "" ? [] : content.split(/\s+/);
+    if (address === undefined || !aliases.some((a) => names.has(canonical(a)))) {
+      out.push(line);
+      continue;
+    }
+    const kept = aliases.filter((a) => !names.has(canonical(a)));
+    if (kept.length > 0) out.push(`${address}\t${kept.join(" ")}`);
+  }
+  return `${[...out, BLOCK_BEGIN, ...entries, BLOCK_END].join("\n")}\n`;
+}
+
+const canonical = (name: string) => name.toLowerCase().replace(/\.$/, "");
+
+/** The first address the hosts file gives `host`, as the files resolver would. */
+function lookupInHostsFile(path: string, host: string): string | null {
+  for (const line of readFileSync(path, "utf8").split("\n")) {
+    const [address, ...aliases] = line.replace(/#.*$/, "").trim().split(/\s+/);
+    if (address && aliases.some((a) => canonical(a) === host)) return address;
+  }
+  return null;
+}
+
+async function resolveProbeHost(input: WiringInputParsed): Promise<string> {
+  if (input.probeResolver === "hosts-file") {
+    const address = lookupInHostsFile(input.hostsPath, WIRING_PROBE_HOST);
+    if (address === null) throw Object.assign(new Error("not in the hosts file"), { code: "ENOTFOUND" });
+    return address;
+  }
+  return (await lookup(WIRING_PROBE_HOST, { family: 4 })).address;
+}
+
+/**
+ * HTTPS to the probe host through the redirect, trusting only the bundle just written: a verified
+ * handshake whose chain ends at the run CA, answered 403 with the probe header. Only the run's
+ * proxy can give that answer (the name is under `.invalid`, and the header is one the proxy strips
+ * from anything upstream), so it proves the redirect and the trust at once.
+ */
+async function tlsProbe(input: WiringInputParsed, caFingerprint256: string): Promise<WiringProbe> {
+  const name = "tls_probe";
+  const expected =
+    `403 with ${PROBE_HEADER}: refused from https://${WIRING_PROBE_HOST}/, TLS verified against ` +
+    `${input.caBundlePath} with the run CA at the chain's root` +
+    (input.mode === "default" ? `, the name resolving to ${input.proxyAddress}` : "");
+  const fail = (observed: string): WiringProbe => ({ name, expected, observed, ok: false });
+
+  let address: string;
+  try {
+    address = await resolveProbeHost(input);
+  } catch (e) {
+    return fail(`${WIRING_PROBE_HOST} does not resolve: ${(e as { code?: string }).code ?? "error"}`);
+  }
+  // Default routing rests on the hosts file alone; catch-all also redirects other addresses.
+  if (input.mode === "default" && address !== input.proxyAddress) {
+    return fail(`${WIRING_PROBE_HOST} resolves to ${address}, not the proxy`);
+  }
+  let bundle: string;
+  try {
+    bundle = readFileSync(input.caBundlePath, "utf8");
+  } catch (e) {
+    return fail(`cannot read the CA bundle: ${(e as { code?: string }).code ?? "error"}`);
+  }
+
+  return new Promise<WiringProbe>((resolve) => {
+    const req = request(
+      {
+        host: address,
+        port: input.probePort,
+        // The name the certificate is checked against, and the SNI the proxy routes by.
+        servername: WIRING_PROBE_HOST,
+        headers: { host: WIRING_PROBE_HOST },
+        method: "GET",
+        path: "/",
+        ca: bundle,
+        agent: false,
+        timeout: HTTPS_PROBE_TIMEOUT_MS,
+      },
+      (res) => {
+        res.resume();
+        const root = chainRoot(res.socket as TLSSocket);
+        const header = res.headers[PROBE_HEADER];
+        const observed =
+          `${res.statusCode} with ${PROBE_HEADER}: ${header ?? "(absent)"}, chain root ` +
+          `${root === caFingerprint256 ? "the run CA" : "another CA"}, via ${address}:${input.probePort}`;
+        const ok = res.statusCode === 403 && header === "refused" && root === caFingerprint256;
+        req.destroy();
+        resolve({ name, expected, observed, ok });
+      },
+    );
+    req.on("timeout", () => req.destroy(Object.assign(new Error("timeout"), { code: "ETIMEDOUT" })));
+    req.on("error", (e: Error & { code?: string }) => {
+      resolve(fail(`no answer via ${address}:${input.probePort}: ${e.code ?? e.name}: ${e.message}`));
+    });
+    req.end();
+  });
+}
+
+/** The SHA-256 fingerprint (lowercase hex) of the top of the peer's verified chain. */
+function chainRoot(socket: TLSSocket): string | null {
+  let cert = socket.getPeerCertificate(true);
+  if (!cert || Object.keys(cert).length === 0) return null;
+  for (let i = 0; i < 10 && cert.issuerCertificate && cert.issuerCertificate !== cert; i++) {
+    cert = cert.issuerCertificate;
+  }
+  return cert.fingerprint256.replaceAll(":", "").toLowerCase();
+}
+
+/** catch-all: a direct connection out must not be made (refused, unreachable or unanswered). */
+function directProbe(target: string): Promise<WiringProbe> {
+  const name = "direct_egress";
+  const expected = `a direct TCP connection to ${target} fails within ${DIRECT_PROBE_TIMEOUT_MS} ms`;
+  const cut = target.lastIndexOf(":");
+  return new Promise((resolve) => {
+    const socket = connect({ host: target.slice(0, cut), port: Number(target.slice(cut + 1)) });
+    const finish = (observed: string, ok: boolean) => {
+      clearTimeout(timer);
+      socket.destroy();
+      resolve({ name, expected, observed, ok });
+    };
+    const timer = setTimeout(
+      () => finish(`no connection within ${DIRECT_PROBE_TIMEOUT_MS} ms`, true),
+      DIRECT_PROBE_TIMEOUT_MS,
+    );
+    socket.once("connect", () => finish("connected: direct egress is open", false));
+    socket.once("error", (e: Error & { code?: string }) => finish(`failed: ${e.code ?? e.name}`, true));
+  });
+}

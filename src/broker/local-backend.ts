@@ -1,0 +1,73 @@
+import { z } from "zod";
+import { type CreateSandbox, ExecInfo, type ExecRequest, SandboxInfo } from "../contract/local-agent";
+import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
+
+// The `local` backend: the host agent on this machine (local-agent/), over HTTP on loopback with
+// a shared secret. Every answer is parsed with the shared contract.
+
+const AgentProblem = z.object({ code: z.string(), detail: z.string().optional() });
+
+export function localBackend(agentUrl: string, secret: string): ComputeBackend {
+  async function call<T>(method: string, path: string, schema: z.ZodType<T> | null, body?: unknown) {
+    let res: Response;
+    try {
+      res = await fetch(new URL(path, agentUrl), {
+        method,
+        headers: {
+          authorization: `Bearer ${secret}`,
+          ...(body === undefined ? {} : { "content-type": "application/json" }),
+        },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch {
+      throw new BackendError("backend_unreachable", "The local host agent does not answer.", true);
+    }
+    const text = await res.text();
+    if (!res.ok) {
+      const problem = AgentProblem.safeParse(safeJson(text));
+      throw problem.success
+        ? new BackendError(
+            problem.data.code,
+            problem.data.detail ?? `HTTP ${res.status}`,
+            res.status >= 500 && problem.data.code === "internal_error",
+          )
+        : new BackendError(
+            "backend_error",
+            `The local host agent answered HTTP ${res.status}.`,
+            res.status >= 500,
+          );
+    }
+    if (!schema) return null as T;
+    const parsed = schema.safeParse(safeJson(text));
+    if (!parsed.success)
+      throw new BackendError("backend_error", "The local host agent answered outside its contract.");
+    return parsed.data;
+  }
+  const sandboxPath = (id: string) => `/v1/sandboxes/${encodeURIComponent(id)}`;
+  return {
+    name: "local",
+    create: (request: CreateSandbox) => call("POST", "/v1/sandboxes", SandboxInfo, request),
+    exec: (sandboxId: string, request: ExecRequest) =>
+      call("POST", `${sandboxPath(sandboxId)}/exec`, ExecInfo, request),
+    poll: (sandboxId: string, execId: string, poll: ExecPoll) => {
+      const q = new URLSearchParams();
+      if (poll.waitMs !== undefined) q.set("waitMs", String(poll.waitMs));
+      if (poll.stdoutFrom !== undefined) q.set("stdoutFrom", String(poll.stdoutFrom));
+      if (poll.stderrFrom !== undefined) q.set("stderrFrom", String(poll.stderrFrom));
+      return call("GET", `${sandboxPath(sandboxId)}/exec/${encodeURIComponent(execId)}?${q}`, ExecInfo);
+    },
+    kill: (sandboxId: string, execId: string) =>
+      call("POST", `${sandboxPath(sandboxId)}/exec/${encodeURIComponent(execId)}/kill`, ExecInfo),
+    destroy: async (sandboxId: string) => {
+      await call("DELETE", sandboxPath(sandboxId), null);
+    },
+  };
+}
+
+function safeJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
+}

@@ -1,0 +1,182 @@
+import { DurableObject } from "cloudflare:workers";
+import { and, eq, ne } from "drizzle-orm";
+import { z } from "zod";
+import { loadConfig } from "../config";
+import type { ExecInfo, ExecRequest } from "../contract/local-agent";
+import type { CreateResult } from "../coordinator/machine";
+import { openDb } from "../db/client";
+import { sandboxes } from "../db/schema";
+import type { Db } from "../db/types";
+import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
+import { localBackend } from "./local-backend";
+
+// The sandbox broker: the only code that holds compute-backend credentials and calls a backend.
+// A run's coordinator asks it for sandboxes for that run only; every sandbox is recorded in
+// Postgres *before* the backend is asked for it, so a crash between the two leaves a row the
+// teardown (and the reaper) can find, never an orphan. One instance: `brokerStub(env)`.
+
+const BrokerEnv = z.object({
+  COMPUTE_BACKEND: z.enum(["local"], {
+    error: "COMPUTE_BACKEND must be local (sandbox0 and e2b come later)",
+  }),
+  LOCAL_AGENT_URL: z.url({ error: "LOCAL_AGENT_URL is not an http URL" }),
+  LOCAL_AGENT_SECRET: z
+    .string({ error: "LOCAL_AGENT_SECRET is not set" })
+    .min(16, "LOCAL_AGENT_SECRET is too short"),
+});
+
+export type CreateRequest =
+  | { id: string; kind: "proxy" }
+  | {
+      id: string;
+      kind: "work" | "task";
+      taskIndex: number | null;
+      proxySandboxId: string;
+      routing: "default" | "catch-all";
+    };
+
+export class SandboxBroker extends DurableObject<Env> {
+  private backendOrError(): ComputeBackend {
+    const parsed = BrokerEnv.safeParse(this.env);
+    if (!parsed.success) {
+      throw new BackendError("backend_not_configured", parsed.error.issues.map((i) => i.message).join("; "));
+    }
+    return localBackend(parsed.data.LOCAL_AGENT_URL, parsed.data.LOCAL_AGENT_SECRET);
+  }
+
+  private async withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
+    const { db, close } = openDb(loadConfig(this.env));
+    try {
+      return await fn(db);
+    } finally {
+      await close().catch(() => {});
+    }
+  }
+
+  /** The run's sandbox, or a refusal: a run can only ever address its own sandboxes. */
+  private async own(db: Db, runId: string, sandboxId: string) {
+    const [row] = await db
+      .select()
+      .from(sandboxes)
+      .where(and(eq(sandboxes.id, sandboxId), eq(sandboxes.runId, runId)));
+    if (!row || row.status === "destroyed") {
+      throw new BackendError("not_found", `run ${runId} has no live sandbox ${sandboxId}`);
+    }
+    return row;
+  }
+
+  /**
+   * Makes a sandbox for the run (idempotent by id). Failures are answers, not throws: an error's
+   * class does not cross the RPC boundary, and the coordinator must tell "cannot isolate here"
+   * from "try again".
+   */
+  async create(runId: string, request: CreateRequest): Promise<CreateResult> {
+    let backend: ComputeBackend;
+    try {
+      backend = this.backendOrError();
+    } catch (error) {
+      return failure(error);
+    }
+    return this.withDb(async (db) => {
+      await db
+        .insert(sandboxes)
+        .values({
+          id: request.id,
+          runId,
+          kind: request.kind,
+          taskIndex: request.kind === "proxy" ? null : request.taskIndex,
+          backend: backend.name,
+        })
+        .onConflictDoNothing();
+      let row: Awaited<ReturnType<SandboxBroker["own"]>>;
+      try {
+        row = await this.own(db, runId, request.id);
+      } catch (error) {
+        return failure(error); // another run's id, or a sandbox already torn down
+      }
+      try {
+        const info = await backend.create(
+          request.kind === "proxy"
+            ? { kind: "proxy", id: request.id, runId }
+            : {
+                kind: request.kind,
+                id: request.id,
+                runId,
+                proxySandboxId: request.proxySandboxId,
+                routing: request.routing,
+              },
+        );
+        if (row.status !== "ready") {
+          await db.update(sandboxes).set({ status: "ready" }).where(eq(sandboxes.id, request.id));
+        }
+        return { ok: true, info } as const;
+      } catch (error) {
+        const result = failure(error);
+        if (result.retryable) return result;
+        // Nothing of a failed sandbox may stay behind.
+        await backend.destroy(request.id).catch(() => {});
+        await db
+          .update(sandboxes)
+          .set({ status: "failed", destroyedAt: new Date() })
+          .where(eq(sandboxes.id, request.id));
+        return result;
+      }
+    });
+  }
+
+  async exec(runId: string, sandboxId: string, request: ExecRequest): Promise<ExecInfo> {
+    const backend = this.backendOrError();
+    await this.withDb((db) => this.own(db, runId, sandboxId));
+    return backend.exec(sandboxId, request);
+  }
+
+  async poll(runId: string, sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
+    const backend = this.backendOrError();
+    await this.withDb((db) => this.own(db, runId, sandboxId));
+    return backend.poll(sandboxId, execId, poll);
+  }
+
+  /** Stops an exec of the run's sandbox; an exec the backend never started is no error. */
+  async kill(runId: string, sandboxId: string, execId: string): Promise<void> {
+    const backend = this.backendOrError();
+    await this.withDb((db) => this.own(db, runId, sandboxId));
+    try {
+      await backend.kill(sandboxId, execId);
+    } catch (error) {
+      if (!(error instanceof BackendError && error.code === "not_found")) throw error;
+    }
+  }
+
+  /** Destroys every sandbox of the run (idempotent). */
+  async destroyRun(runId: string): Promise<number> {
+    return this.withDb(async (db) => {
+      const live = await db
+        .select({ id: sandboxes.id, kind: sandboxes.kind })
+        .from(sandboxes)
+        .where(and(eq(sandboxes.runId, runId), ne(sandboxes.status, "destroyed")));
+      if (live.length === 0) return 0;
+      const backend = this.backendOrError();
+      // Work and task sandboxes first: the proxy sandbox is their network.
+      live.sort((a, b) => Number(a.kind === "proxy") - Number(b.kind === "proxy"));
+      for (const s of live) {
+        await backend.destroy(s.id);
+        await db
+          .update(sandboxes)
+          .set({ status: "destroyed", destroyedAt: new Date() })
+          .where(eq(sandboxes.id, s.id));
+      }
+      return live.length;
+    });
+  }
+}
+
+function failure(error: unknown): CreateResult & { ok: false } {
+  if (error instanceof BackendError) {
+    return { ok: false, code: error.code, message: error.message, retryable: error.retryable };
+  }
+  return { ok: false, code: "backend_error", message: "the backend call failed", retryable: true };
+}
+
+export function brokerStub(env: Env): DurableObjectStub<SandboxBroker> {
+  return env.SANDBOX_BROKER.get(env.SANDBOX_BROKER.idFromName("broker"));
+}

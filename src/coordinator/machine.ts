@@ -1,0 +1,716 @@
+import { BackendError } from "../broker/backend";
+import type { ExecInfo, SandboxInfo } from "../contract/local-agent";
+import type { PolicyDocument } from "../contract/policy";
+import type { WiringProof } from "../contract/wiring";
+import type { RunState } from "../db/schema";
+import { commandsOf, type RunSpec } from "../runs/spec";
+import type { RunNote, Transition } from "../runs/types";
+
+// The run state machine, as a plain class over a narrow storage interface and ports, so that
+// it is testable without workerd and so that every step is idempotent: the Durable Object calls
+// step() from its alarm, and a step replayed after a crash or an eviction changes nothing twice.
+//
+//   queued → fetching_vault → starting_proxy → starting_sandboxes → wiring → running → finishing
+//          → finished | stopped | failed
+//
+// Every way out before `running` goes through `finishing` (which tears down every sandbox the
+// broker made for the run) and ends `stopped` with a reason; no benchmark command runs before
+// wiring has proved the boundary.
+
+export const VAULT_ATTEMPTS = 4;
+export const VAULT_BACKOFF_MS = 500;
+export const PROXY_READY_DEADLINE_MS = 30_000;
+export const POLL_MS = 250;
+export const MAX_FAULTS = 5;
+/** Output kept in the trace per run; the rest is counted, not stored. */
+export const MAX_TRACE_OUTPUT = 256 * 1024;
+
+export type Final = { to: "finished" | "stopped" | "failed"; reason: string; detail?: string };
+
+export interface Worker {
+  sandboxId: string;
+  kind: "work" | "task";
+  taskIndex: number | null;
+  name: string;
+  commands: string[];
+  proxyAddress: string | null;
+  probeTarget: string | null;
+  wiringExecId: string | null;
+  env: Record<string, string> | null;
+  cmdIndex: number;
+  execId: string | null;
+  stdoutFrom: number;
+  stderrFrom: number;
+  exitCode: number | null;
+  done: boolean;
+}
+
+export interface MachineState {
+  runId: string;
+  state: RunState;
+  /** Attempts in the current state (vault retries), and consecutive unexpected faults. */
+  attempt: number;
+  faults: number;
+  enteredAt: number;
+  cancel: boolean;
+  final: Final | null;
+  spec: RunSpec | null;
+  policy: Pick<PolicyDocument, "version" | "routing" | "enforce" | "hostsFile" | "note"> | null;
+  /** The router/proxy sandbox of the run, and whether the proxy process runs in it. */
+  network: { sandboxId: string; created: boolean } | null;
+  /**
+   * The proxy process: `launches` counts exec attempts (each with its own exec id, checkpointed
+   * before the call), `execId` is set once the backend confirmed the launch.
+   */
+  proxy: { launches: number; execId: string | null; caCertPem: string | null; unfiltered: boolean } | null;
+  workers: Worker[];
+  traceBytes: number;
+}
+
+export interface MachineStorage {
+  load(): Promise<MachineState | undefined>;
+  save(state: MachineState): Promise<void>;
+  setAlarm(atMs: number): Promise<void>;
+  /**
+   * The cancel request lives under its own key: a step in flight (between its load and its save)
+   * would otherwise overwrite a cancel that arrived meanwhile.
+   */
+  requestCancel(): Promise<void>;
+  cancelRequested(): Promise<boolean>;
+}
+
+export interface RunFacts {
+  id: string;
+  status: RunState;
+  spec: RunSpec;
+}
+
+export type VaultRead = { ok: true; policy: PolicyDocument } | { ok: false; reason: string };
+
+/** A backend's answer to a create: the sandbox, or why not (retryable: worth another alarm). */
+export type CreateResult =
+  | { ok: true; info: SandboxInfo }
+  | { ok: false; code: string; message: string; retryable: boolean };
+
+export interface MachinePorts {
+  now(): number;
+  newId(prefix: string): string;
+  loadRun(runId: string): Promise<RunFacts | null>;
+  transition(runId: string, t: Transition): Promise<void>;
+  note(runId: string, note: RunNote): Promise<void>;
+  event(runId: string, key: string, kind: "output" | "proxy" | "note", detail: unknown): Promise<void>;
+  setRunFields(
+    runId: string,
+    fields: { routing?: "default" | "catch-all"; policyVersion?: number; proof?: unknown },
+  ): Promise<void>;
+  /** Compiles the run's vault now and checks every secret its rules need decrypts (E1). */
+  readVault(runId: string): Promise<VaultRead>;
+  issueProxyCredentials(runId: string): Promise<{ proxyToken: string; auditKey: string }>;
+  revokeProxyCredentials(runId: string): Promise<void>;
+  /** The CA the proxy reported ready with, or null while it has not. */
+  proxyReady(runId: string): Promise<{ caCertPem: string } | null>;
+  broker: {
+    create(
+      runId: string,
+      request:
+        | { id: string; kind: "proxy" }
+        | {
+            id: string;
+            kind: "work" | "task";
+            taskIndex: number | null;
+            proxySandboxId: string;
+            routing: "default" | "catch-all";
+          },
+    ): Promise<CreateResult>;
+    exec(
+      runId: string,
+      sandboxId: string,
+      request: {
+        id: string;
+        argv: string[];
+        env: Record<string, string>;
+        stage: "setup" | "execute";
+        stdin?: string;
+        timeoutMs: number | null;
+      },
+    ): Promise<ExecInfo>;
+    kill(runId: string, sandboxId: string, execId: string): Promise<void>;
+    poll(
+      runId: string,
+      sandboxId: string,
+      execId: string,
+      from: { stdoutFrom: number; stderrFrom: number },
+    ): Promise<ExecInfo>;
+    destroyRun(runId: string): Promise<void>;
+  };
+  /** Parses the wiring program's stdout; null when it is not a proof. */
+  parseProof(stdout: string): WiringProof | null;
+}
+
+/** Backend answers that mean "no isolated sandbox can be made here at all". */
+const NO_SANDBOX_CODES = new Set(["cannot_isolate", "backend_not_configured"]);
+
+/** Proxy listener ports inside the proxy sandbox (see the local-agent contract). */
+const PROXY_ENV = {
+  BW_LISTEN_HOST: "0.0.0.0",
+  BW_TLS_PORT: "8443",
+  BW_HTTP_PORT: "8080",
+  BW_EXPLICIT_PORT: "3128",
+  BW_SPOOL_DIR: "/tmp/benchwright-spool",
+};
+
+export class RunMachine {
+  constructor(
+    private readonly storage: MachineStorage,
+    private readonly ports: MachinePorts,
+  ) {}
+
+  /** Saves mid-step, before a side effect whose identity must survive a crash (ids). */
+  private checkpoint(s: MachineState): Promise<void> {
+    return this.storage.save(s);
+  }
+
+  /** Begins a run (idempotent: a second call for the same run only re-arms the alarm). */
+  async start(runId: string): Promise<void> {
+    const existing = await this.storage.load();
+    if (!existing) {
+      await this.storage.save(newState(runId, this.ports.now()));
+    }
+    await this.storage.setAlarm(this.ports.now());
+  }
+
+  async cancel(): Promise<boolean> {
+    const s = await this.storage.load();
+    if (!s || isOver(s.state)) return false;
+    await this.storage.requestCancel();
+    await this.storage.setAlarm(this.ports.now());
+    return true;
+  }
+
+  /** The proxy said it is ready: look now instead of at the next poll. */
+  async poke(): Promise<void> {
+    const s = await this.storage.load();
+    if (s && !isOver(s.state)) await this.storage.setAlarm(this.ports.now());
+  }
+
+  async state(): Promise<MachineState | undefined> {
+    return this.storage.load();
+  }
+
+  /** One step. Called by the alarm; schedules the next alarm itself unless the run is over. */
+  async step(): Promise<void> {
+    const s = await this.storage.load();
+    if (!s || isOver(s.state)) return;
+    if (!s.cancel && (await this.storage.cancelRequested())) s.cancel = true;
+    let next: number | null;
+    try {
+      next = await this.advance(s);
+      s.faults = 0;
+    } catch (error) {
+      // An unexpected fault (database away, broker unreachable): keep the state, retry with
+      // backoff; after MAX_FAULTS in a row, tear down and fail rather than hang.
+      s.faults += 1;
+      const retryable = !(error instanceof BackendError) || error.retryable;
+      if (s.faults >= MAX_FAULTS || !retryable) {
+        const detail = error instanceof BackendError ? error.message : "internal error";
+        if (s.state === "finishing") throw error; // teardown itself failing: let the alarm retry
+        this.finish(s, { to: "failed", reason: "internal_error", detail });
+        next = this.ports.now();
+      } else {
+        next = this.ports.now() + VAULT_BACKOFF_MS * 2 ** (s.faults - 1);
+      }
+    }
+    await this.storage.save(s);
+    if (next !== null) await this.storage.setAlarm(next);
+  }
+
+  // ---- steps: each returns when to run the next one (null: done) ----
+
+  private async advance(s: MachineState): Promise<number | null> {
+    const now = this.ports.now();
+    if (s.cancel && s.state !== "finishing" && !s.final) {
+      this.finish(s, { to: "stopped", reason: "cancelled", detail: "Cancelled by the user." });
+    }
+    switch (s.state) {
+      case "queued":
+        return this.enterQueued(s);
+      case "fetching_vault":
+        return this.fetchVault(s);
+      case "starting_proxy":
+        return this.startProxy(s);
+      case "starting_sandboxes":
+        return this.startSandboxes(s);
+      case "wiring":
+        return this.wire(s);
+      case "running":
+        return this.run(s);
+      case "finishing":
+        return this.tearDown(s);
+      default:
+        return now;
+    }
+  }
+
+  private async enterQueued(s: MachineState): Promise<number> {
+    const run = await this.ports.loadRun(s.runId);
+    if (!run) {
+      s.state = "failed"; // no row: nothing to record it on
+      return this.ports.now();
+    }
+    s.spec = run.spec;
+    await this.move(s, "fetching_vault", "started");
+    return this.ports.now();
+  }
+
+  private async fetchVault(s: MachineState): Promise<number> {
+    const read = await this.ports.readVault(s.runId);
+    if (!read.ok) {
+      s.attempt += 1;
+      await this.ports.event(s.runId, `vault:${s.attempt}`, "note", {
+        text: `Vault read attempt ${s.attempt} of ${VAULT_ATTEMPTS} failed: ${read.reason}`,
+      });
+      if (s.attempt >= VAULT_ATTEMPTS) {
+        return this.stop(
+          s,
+          "vault_unreadable",
+          `The vault could not be read (${read.reason}); no benchmark code ran.`,
+        );
+      }
+      return this.ports.now() + VAULT_BACKOFF_MS * 2 ** (s.attempt - 1);
+    }
+    const p = read.policy;
+    s.policy = {
+      version: p.version,
+      routing: p.routing,
+      enforce: p.enforce,
+      hostsFile: p.hostsFile,
+      note: p.note,
+    };
+    await this.ports.setRunFields(s.runId, { routing: p.routing.mode, policyVersion: p.version });
+    if (p.routing.mode === "catch-all") {
+      await this.ports.note(s.runId, {
+        level: "note",
+        code: "catch_all_routing",
+        text: `Every connection on ports 80 and 443 goes through the run's proxy and nothing else leaves (${p.routing.reasons.join(", ")}).`,
+      });
+    }
+    if (!p.enforce) {
+      await this.ports.note(s.runId, {
+        level: "note",
+        code: "no_proxy",
+        text: p.note ?? "This run goes without a proxy.",
+      });
+    }
+    await this.move(s, "starting_proxy", p.enforce ? "vault_read" : "nothing_to_enforce");
+    return this.ports.now();
+  }
+
+  private async startProxy(s: MachineState): Promise<number> {
+    const policy = must(s.policy);
+    if (!s.network) {
+      s.network = { sandboxId: this.ports.newId("sbx_"), created: false };
+      await this.checkpoint(s);
+    }
+    if (!s.network.created) {
+      const made = await this.ports.broker.create(s.runId, { id: s.network.sandboxId, kind: "proxy" });
+      if (!made.ok) {
+        if (made.retryable) throw new Error(made.message);
+        if (NO_SANDBOX_CODES.has(made.code)) return this.cannotIsolate(s, made.code, made.message);
+        return this.proxyFailed(s, new Error(made.message));
+      }
+      s.network.created = true;
+    }
+    if (!policy.enforce) {
+      await this.move(s, "starting_sandboxes", "no_proxy_needed");
+      return this.ports.now();
+    }
+    if (!s.proxy) {
+      s.proxy = { launches: 0, execId: null, caCertPem: null, unfiltered: false };
+    }
+    if (s.proxy.execId === null) {
+      // A launch that may have started before a crash holds credentials we are about to
+      // replace: stop it first, then launch under a new exec id with fresh credentials.
+      if (s.proxy.launches > 0) {
+        await this.ports.broker.kill(s.runId, s.network.sandboxId, `proxy-${s.proxy.launches}`);
+      }
+      s.proxy.launches += 1;
+      await this.checkpoint(s);
+      const { proxyToken, auditKey } = await this.ports.issueProxyCredentials(s.runId);
+      const info = await this.ports.broker.exec(s.runId, s.network.sandboxId, {
+        id: `proxy-${s.proxy.launches}`,
+        argv: ["bw-proxy"],
+        env: {
+          ...PROXY_ENV,
+          ...(policy.routing.mode === "catch-all" ? { BW_DNS_PORT: "5353" } : {}),
+          BW_RUN_ID: s.runId,
+          BW_PROXY_TOKEN: proxyToken,
+          BW_AUDIT_KEY: auditKey,
+        },
+        stage: "setup",
+        timeoutMs: null,
+      });
+      s.proxy.execId = info.execId;
+      return this.ports.now() + POLL_MS;
+    }
+    const ready = await this.ports.proxyReady(s.runId);
+    if (ready) {
+      s.proxy.caCertPem = ready.caCertPem;
+      await this.move(s, "starting_sandboxes", "proxy_ready");
+      return this.ports.now();
+    }
+    const exec = await this.ports.broker.poll(s.runId, s.network.sandboxId, s.proxy.execId, {
+      stdoutFrom: 0,
+      stderrFrom: 0,
+    });
+    if (exec.state === "exited") {
+      const last = lastLine(exec.stderr) || lastLine(exec.stdout) || `exit code ${exec.exitCode}`;
+      return this.proxyFailed(s, new Error(`the proxy exited during setup: ${last}`));
+    }
+    if (this.ports.now() - s.enteredAt > PROXY_READY_DEADLINE_MS) {
+      return this.proxyFailed(
+        s,
+        new Error(`the proxy did not report ready within ${PROXY_READY_DEADLINE_MS / 1000} s`),
+      );
+    }
+    return this.ports.now() + POLL_MS;
+  }
+
+  private async proxyFailed(s: MachineState, error: unknown): Promise<number> {
+    const why = error instanceof Error ? error.message : String(error);
+    const policy = must(s.policy);
+    const mayContinue =
+      s.spec?.on_proxy_failure === "continue" &&
+      policy.routing.mode === "default" &&
+      s.network?.created === true;
+    if (mayContinue) {
+      await this.ports.note(s.runId, {
+        level: "warning",
+        code: "proxy_failed_unfiltered",
+        text: `The proxy could not be set up (${why}). The run was launched with on_proxy_failure "continue", so it goes on and its traffic leaves UNFILTERED: no credential is injected and no host is blocked.`,
+      });
+      s.proxy = {
+        launches: s.proxy?.launches ?? 0,
+        execId: s.proxy?.execId ?? null,
+        caCertPem: null,
+        unfiltered: true,
+      };
+      await this.move(s, "starting_sandboxes", "proxy_failed_continue");
+      return this.ports.now();
+    }
+    await this.ports.note(s.runId, {
+      level: "warning",
+      code: "proxy_failed",
+      text: `The proxy could not be set up (${why}), so the run stopped before any benchmark code ran.`,
+    });
+    return this.stop(s, "proxy_setup_failed", why);
+  }
+
+  /** The backend cannot make an isolated sandbox here: never run unisolated. */
+  private async cannotIsolate(s: MachineState, code: string, why: string): Promise<number> {
+    await this.ports.note(s.runId, {
+      level: "warning",
+      code,
+      text: `No isolated sandbox can be made (${why}), so the run stopped before any benchmark code ran.`,
+    });
+    return this.stop(s, code, why);
+  }
+
+  private async startSandboxes(s: MachineState): Promise<number> {
+    const spec = must(s.spec);
+    const policy = must(s.policy);
+    const network = must(s.network);
+    if (s.workers.length === 0) {
+      s.workers = [
+        worker(this.ports.newId("sbx_"), "work", null, "work", [...commandsOf(spec)]),
+        ...(spec.tasks ?? []).map((t, i) => worker(this.ports.newId("sbx_"), "task", i, t.name, t.commands)),
+      ];
+      await this.checkpoint(s);
+    }
+    for (const w of s.workers) {
+      if (w.proxyAddress !== null) continue;
+      const made = await this.ports.broker.create(s.runId, {
+        id: w.sandboxId,
+        kind: w.kind,
+        taskIndex: w.taskIndex,
+        proxySandboxId: network.sandboxId,
+        routing: policy.routing.mode,
+      });
+      if (made.ok) {
+        w.proxyAddress = made.info.proxyAddress ?? "";
+        w.probeTarget = made.info.probeTarget ?? null;
+      } else {
+        if (made.retryable) throw new Error(made.message);
+        const why = made.message;
+        if (NO_SANDBOX_CODES.has(made.code)) return this.cannotIsolate(s, made.code, why);
+        if (policy.routing.mode === "catch-all") {
+          await this.ports.note(s.runId, {
+            level: "warning",
+            code: "redirect_not_installed",
+            text: `The catch-all redirect could not be installed (${why}), so the run stopped before any benchmark code ran.`,
+          });
+          return this.stop(s, "redirect_not_installed", why);
+        }
+        return this.stop(s, "sandbox_failed", why);
+      }
+    }
+    await this.move(s, "wiring", "sandboxes_ready");
+    return this.ports.now();
+  }
+
+  private async wire(s: MachineState): Promise<number> {
+    const policy = must(s.policy);
+    const ca = s.proxy?.caCertPem ?? null;
+    if (!policy.enforce || s.proxy?.unfiltered || ca === null) {
+      // Nothing to wire: no proxy runs. The run proof says so.
+      for (const w of s.workers) w.env = {};
+      await this.ports.setRunFields(s.runId, {
+        proof: { enforced: false, reason: policy.enforce ? "proxy_failed_unfiltered" : "nothing_to_enforce" },
+      });
+      await this.move(s, "running", "no_wiring_needed");
+      return this.ports.now();
+    }
+    let pending = false;
+    for (const w of s.workers) {
+      if (w.env !== null) continue;
+      if (w.wiringExecId === null) {
+        const info = await this.ports.broker.exec(s.runId, w.sandboxId, {
+          id: "wiring",
+          argv: ["bw-wiring"],
+          env: {},
+          stage: "setup",
+          stdin: JSON.stringify({
+            mode: policy.routing.mode,
+            caCertPem: ca,
+            proxyAddress: w.proxyAddress,
+            hostsFile: policy.hostsFile,
+            probe: { directTarget: policy.routing.mode === "catch-all" ? w.probeTarget : null },
+          }),
+          timeoutMs: 60_000,
+        });
+        w.wiringExecId = info.execId;
+        pending = true;
+        continue;
+      }
+      const exec = await this.ports.broker.poll(s.runId, w.sandboxId, w.wiringExecId, {
+        stdoutFrom: 0,
+        stderrFrom: 0,
+      });
+      if (exec.state === "running") {
+        pending = true;
+        continue;
+      }
+      const proof = this.ports.parseProof(exec.stdout);
+      await this.ports.event(s.runId, `wiring:${w.sandboxId}`, "proxy", {
+        sandbox: w.sandboxId,
+        name: w.name,
+        proof: proof ?? { ok: false, error: lastLine(exec.stderr) || `exit code ${exec.exitCode}` },
+      });
+      if (!proof?.ok || exec.exitCode !== 0) {
+        const why = proof
+          ? `probe failed: ${proof.probes
+              .filter((p) => !p.ok)
+              .map((p) => `${p.name} (${p.observed})`)
+              .join(", ")}`
+          : `the wiring program failed: ${lastLine(exec.stderr) || `exit code ${exec.exitCode}`}`;
+        await this.ports.note(s.runId, {
+          level: "warning",
+          code: "redirect_not_installed",
+          text: `The redirect to the proxy could not be installed or proved in ${w.name} (${why}), so the run stopped before any benchmark code ran.`,
+        });
+        await this.ports.setRunFields(s.runId, { proof: { enforced: false, sandbox: w.sandboxId, proof } });
+        return this.stop(s, "redirect_not_installed", why);
+      }
+      w.env = proof.env;
+    }
+    if (pending) return this.ports.now() + POLL_MS;
+    await this.ports.setRunFields(s.runId, {
+      proof: { enforced: true, routing: policy.routing.mode, sandboxes: s.workers.map((w) => w.sandboxId) },
+    });
+    await this.move(s, "running", "boundary_proved");
+    return this.ports.now();
+  }
+
+  private async run(s: MachineState): Promise<number> {
+    let pending = false;
+    for (const w of s.workers) {
+      if (w.done) continue;
+      if (w.execId === null) {
+        const command = w.commands[w.cmdIndex];
+        if (command === undefined) {
+          w.done = true;
+          continue;
+        }
+        const info = await this.ports.broker.exec(s.runId, w.sandboxId, {
+          id: `cmd-${w.cmdIndex}`,
+          argv: ["sh", "-c", command],
+          env: w.env ?? {},
+          stage: "execute",
+          timeoutMs: 600_000,
+        });
+        w.execId = info.execId;
+        w.stdoutFrom = 0;
+        w.stderrFrom = 0;
+        pending = true;
+        continue;
+      }
+      const exec = await this.ports.broker.poll(s.runId, w.sandboxId, w.execId, {
+        stdoutFrom: w.stdoutFrom,
+        stderrFrom: w.stderrFrom,
+      });
+      await this.recordOutput(s, w, exec);
+      if (exec.state === "running") {
+        pending = true;
+        continue;
+      }
+      await this.ports.event(s.runId, `exit:${w.sandboxId}:${w.cmdIndex}`, "output", {
+        sandbox: w.sandboxId,
+        name: w.name,
+        command: w.cmdIndex,
+        exitCode: exec.exitCode,
+        signal: exec.signal,
+      });
+      w.execId = null;
+      if (exec.exitCode !== 0) {
+        w.exitCode = exec.exitCode ?? -1;
+        w.done = true;
+        continue;
+      }
+      w.cmdIndex += 1;
+      if (w.cmdIndex >= w.commands.length) {
+        w.exitCode = 0;
+        w.done = true;
+      } else {
+        pending = true;
+      }
+    }
+    if (pending) return this.ports.now() + POLL_MS;
+    const failed = s.workers.filter((w) => w.exitCode !== 0);
+    this.finish(
+      s,
+      failed.length === 0
+        ? { to: "finished", reason: "completed", detail: "Every command exited 0." }
+        : {
+            to: "finished",
+            reason: "command_failed",
+            detail: failed.map((w) => `${w.name}: command ${w.cmdIndex + 1} exited ${w.exitCode}`).join("; "),
+          },
+    );
+    return this.ports.now();
+  }
+
+  private async recordOutput(s: MachineState, w: Worker, exec: ExecInfo): Promise<void> {
+    for (const [stream, text, end] of [
+      ["stdout", exec.stdout, exec.stdoutEnd],
+      ["stderr", exec.stderr, exec.stderrEnd],
+    ] as const) {
+      if (text.length === 0) continue;
+      const room = MAX_TRACE_OUTPUT - s.traceBytes;
+      if (room > 0) {
+        const kept = text.slice(0, room);
+        s.traceBytes += kept.length;
+        await this.ports.event(s.runId, `out:${w.sandboxId}:${w.cmdIndex}:${stream}:${end}`, "output", {
+          sandbox: w.sandboxId,
+          name: w.name,
+          command: w.cmdIndex,
+          stream,
+          text: kept,
+          truncated: kept.length < text.length,
+        });
+      }
+      if (stream === "stdout") w.stdoutFrom = end;
+      else w.stderrFrom = end;
+    }
+  }
+
+  private async tearDown(s: MachineState): Promise<number | null> {
+    const final = s.final ?? {
+      to: "failed" as const,
+      reason: "internal_error",
+      detail: "ended without a reason",
+    };
+    await this.ports.transition(s.runId, { to: "finishing", reason: final.reason, detail: final.detail });
+    await this.ports.broker.destroyRun(s.runId);
+    await this.ports.revokeProxyCredentials(s.runId);
+    await this.ports.transition(s.runId, { to: final.to, reason: final.reason, detail: final.detail });
+    s.state = final.to;
+    return null;
+  }
+
+  // ---- helpers ----
+
+  private finish(s: MachineState, final: Final): void {
+    s.final ??= final;
+    if (s.state !== "finishing") {
+      s.state = "finishing";
+      s.attempt = 0;
+      s.enteredAt = this.ports.now();
+    }
+  }
+
+  private async stop(s: MachineState, reason: string, detail: string): Promise<number> {
+    this.finish(s, { to: "stopped", reason, detail });
+    return this.ports.now();
+  }
+
+  private async move(s: MachineState, to: RunState, reason: string): Promise<void> {
+    await this.ports.transition(s.runId, { to, reason });
+    s.state = to;
+    s.attempt = 0;
+    s.enteredAt = this.ports.now();
+  }
+}
+
+function newState(runId: string, now: number): MachineState {
+  return {
+    runId,
+    state: "queued",
+    attempt: 0,
+    faults: 0,
+    enteredAt: now,
+    cancel: false,
+    final: null,
+    spec: null,
+    policy: null,
+    network: null,
+    proxy: null,
+    workers: [],
+    traceBytes: 0,
+  };
+}
+
+function worker(
+  sandboxId: string,
+  kind: "work" | "task",
+  taskIndex: number | null,
+  name: string,
+  commands: string[],
+): Worker {
+  return {
+    sandboxId,
+    kind,
+    taskIndex,
+    name,
+    commands,
+    proxyAddress: null,
+    probeTarget: null,
+    wiringExecId: null,
+    env: null,
+    cmdIndex: 0,
+    execId: null,
+    stdoutFrom: 0,
+    stderrFrom: 0,
+    exitCode: null,
+    done: false,
+  };
+}
+
+const isOver = (state: RunState) => state === "finished" || state === "stopped" || state === "failed";
+
+function must<T>(value: T | null | undefined): T {
+  if (value === null || value === undefined) throw new Error("coordinator state is missing a field");
+  return value;
+}
+
+function lastLine(text: string): string {
+  return text.trim().split("\n").at(-1)?.slice(0, 300) ?? "";
+}

@@ -1,0 +1,129 @@
+import { DurableObject } from "cloudflare:workers";
+import { eq } from "drizzle-orm";
+import { brokerStub } from "../broker/sandbox-broker";
+import { loadConfig } from "../config";
+import { WiringProof } from "../contract/wiring";
+import { randomId } from "../crypto/api-keys";
+import { openDb } from "../db/client";
+import { runs } from "../db/schema";
+import type { Db } from "../db/types";
+import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-credentials";
+import { runPolicyEnvelope } from "../runs/run-vault";
+import * as runsService from "../runs/service";
+import type { RunSpec } from "../runs/spec";
+import { type MachinePorts, type MachineState, RunMachine } from "./machine";
+
+// One Durable Object per run (named by the run id): it owns the run's state machine. Its state
+// lives in the object's storage, so an eviction mid-run loses nothing; its alarm drives every
+// step, so a crash mid-step is retried by the runtime, and the steps are idempotent (machine.ts).
+
+const STATE_KEY = "machine";
+const CANCEL_KEY = "cancel";
+
+export class RunCoordinator extends DurableObject<Env> {
+  private machine(db: Db): RunMachine {
+    const storage = this.ctx.storage;
+    return new RunMachine(
+      {
+        load: () => storage.get<MachineState>(STATE_KEY),
+        save: (state) => storage.put(STATE_KEY, state),
+        setAlarm: (at) => storage.setAlarm(at),
+        requestCancel: () => storage.put(CANCEL_KEY, true),
+        cancelRequested: async () => (await storage.get<boolean>(CANCEL_KEY)) === true,
+      },
+      workerPorts(this.env, db),
+    );
+  }
+
+  private async withMachine<T>(fn: (m: RunMachine) => Promise<T>): Promise<T> {
+    const { db, close } = openDb(loadConfig(this.env));
+    try {
+      return await fn(this.machine(db));
+    } finally {
+      await close().catch(() => {});
+    }
+  }
+
+  async start(runId: string): Promise<void> {
+    await this.withMachine((m) => m.start(runId));
+  }
+
+  async cancel(): Promise<boolean> {
+    return this.withMachine((m) => m.cancel());
+  }
+
+  async poke(): Promise<void> {
+    await this.withMachine((m) => m.poke());
+  }
+
+  async snapshot(): Promise<MachineState | undefined> {
+    return this.ctx.storage.get<MachineState>(STATE_KEY);
+  }
+
+  override async alarm(): Promise<void> {
+    await this.withMachine((m) => m.step());
+  }
+}
+
+export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunCoordinator> {
+  return env.RUN_COORDINATOR.get(env.RUN_COORDINATOR.idFromName(runId));
+}
+
+/** The machine's ports over Postgres, the vault and the broker. */
+function workerPorts(env: Env, db: Db): MachinePorts {
+  const config = loadConfig(env);
+  const broker = brokerStub(env);
+  return {
+    now: () => Date.now(),
+    newId: (prefix) => randomId(prefix),
+    loadRun: async (runId) => {
+      const row = await runsService.loadRun(db, runId);
+      return row ? { id: row.id, status: row.status, spec: row.spec as RunSpec } : null;
+    },
+    transition: (runId, t) => runsService.recordTransition(db, runId, t),
+    note: (runId, note) => runsService.addNote(db, runId, note),
+    event: (runId, key, kind, detail) => runsService.addEvent(db, runId, key, kind, detail),
+    setRunFields: (runId, fields) => runsService.setRunFields(db, runId, fields),
+    readVault: async (runId) => {
+      try {
+        const row = await runsService.loadRun(db, runId);
+        if (!row) return { ok: false, reason: `no run ${runId}` };
+        const read = await runPolicyEnvelope(db, config.keyRing, row);
+        return read.ok ? { ok: true, policy: read.value.policy } : { ok: false, reason: read.error.detail };
+      } catch (error) {
+        // The database away or slow: a retryable reason, without the driver's message.
+        return { ok: false, reason: `the database did not answer (${(error as Error).name})` };
+      }
+    },
+    issueProxyCredentials: async (runId) => {
+      const row = await runsService.loadRun(db, runId);
+      if (!row) throw new Error(`no run ${runId}`);
+      return issueProxyCredentials(db, config.keyRing, row);
+    },
+    revokeProxyCredentials: (runId) => revokeProxyCredentials(db, runId),
+    proxyReady: async (runId) => {
+      const [row] = await db
+        .select({ ca: runs.caCertPem, at: runs.proxyReadyAt })
+        .from(runs)
+        .where(eq(runs.id, runId));
+      return row?.ca && row.at ? { caCertPem: row.ca } : null;
+    },
+    broker: {
+      create: (runId, request) => broker.create(runId, request),
+      exec: (runId, sandboxId, request) => broker.exec(runId, sandboxId, request),
+      poll: (runId, sandboxId, execId, from) => broker.poll(runId, sandboxId, execId, from),
+      kill: (runId, sandboxId, execId) => broker.kill(runId, sandboxId, execId),
+      destroyRun: async (runId) => {
+        await broker.destroyRun(runId);
+      },
+    },
+    parseProof: (stdout) => {
+      try {
+        const parsed = WiringProof.safeParse(JSON.parse(stdout.trim().split("\n").at(-1) ?? ""));
+        return parsed.success ? parsed.data : null;
+      } catch {
+        return null;
+      }
+    },
+  };
+}

@@ -1,0 +1,244 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { and, asc, desc, eq, gt, lt, or } from "drizzle-orm";
+import type { Principal } from "../context";
+import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
+import type { Db } from "../db/types";
+import { fail, ok, type Result, unwrap } from "../errors";
+import { IdParam, jsonOk, newRouter, problems } from "../router";
+
+// A run's audit, as its proxy reported it: hosts refused (with counts) and the route each host
+// was reached by. Hosts and counts only; paths, queries and bodies are never recorded. Scoped by
+// the key's environment: another tenant's run is 404.
+
+const BlockedHost = z
+  .object({
+    host: z.string(),
+    seenCount: z.number().int(),
+    firstSeen: z.string().datetime(),
+    lastSeen: z.string().datetime(),
+    source: z.enum(["proxy", "local_agent", "both"]).openapi({
+      description: "Who refused it: the run's proxy, the user's local egress agent, or both",
+    }),
+  })
+  .strict()
+  .openapi("BlockedHost");
+
+const EgressRouteEntry = z
+  .object({
+    host: z.string(),
+    route: z.enum(["direct", "tunnel", "refused"]),
+    count: z.number().int(),
+    firstSeen: z.string().datetime(),
+    lastSeen: z.string().datetime(),
+  })
+  .strict()
+  .openapi("EgressRoute");
+
+const PageQuery = z
+  .object({
+    limit: z.coerce.number().int().min(1).max(200).default(50),
+    cursor: z
+      .string()
+      .max(1024)
+      .optional()
+      .openapi({ description: "nextCursor of the previous page; opaque" }),
+  })
+  .strict();
+
+const NextCursor = z
+  .string()
+  .nullable()
+  .openapi({ description: "Cursor of the next page; null on the last" });
+
+// ---- service ----
+
+export interface Page<T> {
+  items: T[];
+  nextCursor: string | null;
+}
+
+type BlockedRow = typeof blockedHostLog.$inferSelect;
+type RouteRow = typeof egressRouteLog.$inferSelect;
+
+/** Keyset position: the last item's (lastSeen, host[, route]); newest first, then by name. */
+interface Position {
+  lastSeen: Date;
+  host: string;
+  route?: RouteRow["route"] | undefined;
+}
+
+// Timestamps are written from JS Dates only (milliseconds), so an ISO string keeps them exactly.
+const CursorShape = z.union([
+  z.tuple([z.iso.datetime(), z.string().max(1024)]),
+  z.tuple([z.iso.datetime(), z.string().max(1024), z.enum(["direct", "tunnel", "refused"])]),
+]);
+
+function encodeCursor(p: Position): string {
+  const json = JSON.stringify([p.lastSeen.toISOString(), p.host, ...(p.route ? [p.route] : [])]);
+  return btoa(json).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
+}
+
+function decodeCursor(cursor: string, withRoute: boolean): Position | null {
+  try {
+    const parsed = CursorShape.safeParse(JSON.parse(atob(cursor.replaceAll("-", "+").replaceAll("_", "/"))));
+    if (!parsed.success || parsed.data.length !== (withRoute ? 3 : 2)) return null;
+    const [at, host, route] = parsed.data;
+    return { lastSeen: new Date(at), host, route };
+  } catch {
+    return null;
+  }
+}
+
+const badCursor = () => fail("invalid_request", "cursor: not a cursor this API gave");
+
+/** The run, if it belongs to the caller's environment; else not_found, as for no run at all. */
+async function ownRun(db: Db, p: Principal, runId: string): Promise<Result<string>> {
+  const [row] = await db
+    .select({ id: runs.id })
+    .from(runs)
+    .where(and(eq(runs.id, runId), eq(runs.environmentId, p.environmentId)));
+  return row ? ok(row.id) : fail("not_found", `No run ${runId}.`);
+}
+
+export async function listBlockedHosts(
+  db: Db,
+  p: Principal,
+  runId: string,
+  limit: number,
+  cursor: string | undefined,
+): Promise<Result<Page<BlockedRow>>> {
+  const run = await ownRun(db, p, runId);
+  if (!run.ok) return run;
+  const at = cursor === undefined ? null : decodeCursor(cursor, false);
+  if (cursor !== undefined && !at) return badCursor();
+  const rows = await db
+    .select()
+    .from(blockedHostLog)
+    .where(
+      and(
+        eq(blockedHostLog.runId, run.value),
+        eq(blockedHostLog.environmentId, p.environmentId),
+        at
+          ? or(
+              lt(blockedHostLog.lastSeen, at.lastSeen),
+              and(eq(blockedHostLog.lastSeen, at.lastSeen), gt(blockedHostLog.host, at.host)),
+            )
+          : undefined,
+      ),
+    )
+    .orderBy(desc(blockedHostLog.lastSeen), asc(blockedHostLog.host))
+    .limit(limit + 1);
+  const items = rows.slice(0, limit);
+  const last = items.at(-1);
+  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+}
+
+export async function listEgressRoutes(
+  db: Db,
+  p: Principal,
+  runId: string,
+  limit: number,
+  cursor: string | undefined,
+): Promise<Result<Page<RouteRow>>> {
+  const run = await ownRun(db, p, runId);
+  if (!run.ok) return run;
+  const at = cursor === undefined ? null : decodeCursor(cursor, true);
+  if (cursor !== undefined && !at) return badCursor();
+  const rows = await db
+    .select()
+    .from(egressRouteLog)
+    .where(
+      and(
+        eq(egressRouteLog.runId, run.value),
+        eq(egressRouteLog.environmentId, p.environmentId),
+        at?.route
+          ? or(
+              lt(egressRouteLog.lastSeen, at.lastSeen),
+              and(
+                eq(egressRouteLog.lastSeen, at.lastSeen),
+                or(
+                  gt(egressRouteLog.host, at.host),
+                  and(eq(egressRouteLog.host, at.host), gt(egressRouteLog.route, at.route)),
+                ),
+              ),
+            )
+          : undefined,
+      ),
+    )
+    .orderBy(desc(egressRouteLog.lastSeen), asc(egressRouteLog.host), asc(egressRouteLog.route))
+    .limit(limit + 1);
+  const items = rows.slice(0, limit);
+  const last = items.at(-1);
+  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+}
+
+// ---- routes ----
+
+const tags = ["runs"];
+const params = IdParam("run_");
+
+export const runAuditRoutes = newRouter()
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}/blocked-hosts",
+      tags,
+      summary: "Hosts the run's boundary refused, with counts (most recently seen first)",
+      request: { params, query: PageQuery },
+      responses: {
+        200: jsonOk(z.object({ blockedHosts: z.array(BlockedHost), nextCursor: NextCursor })),
+        ...problems(400, 401, 404),
+      },
+    }),
+    async (c) => {
+      const { limit, cursor } = c.req.valid("query");
+      const page = unwrap(
+        await listBlockedHosts(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+      );
+      return c.json(
+        {
+          blockedHosts: page.items.map((r) => ({
+            host: r.host,
+            seenCount: r.seenCount,
+            firstSeen: r.firstSeen.toISOString(),
+            lastSeen: r.lastSeen.toISOString(),
+            source: r.source,
+          })),
+          nextCursor: page.nextCursor,
+        },
+        200,
+      );
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}/egress-routes",
+      tags,
+      summary: "Hosts the run reached and by which route (direct, tunnel, refused), with counts",
+      request: { params, query: PageQuery },
+      responses: {
+        200: jsonOk(z.object({ egressRoutes: z.array(EgressRouteEntry), nextCursor: NextCursor })),
+        ...problems(400, 401, 404),
+      },
+    }),
+    async (c) => {
+      const { limit, cursor } = c.req.valid("query");
+      const page = unwrap(
+        await listEgressRoutes(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+      );
+      return c.json(
+        {
+          egressRoutes: page.items.map((r) => ({
+            host: r.host,
+            route: r.route,
+            count: r.count,
+            firstSeen: r.firstSeen.toISOString(),
+            lastSeen: r.lastSeen.toISOString(),
+          })),
+          nextCursor: page.nextCursor,
+        },
+        200,
+      );
+    },
+  );

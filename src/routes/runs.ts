@@ -1,0 +1,185 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { coordinatorStub } from "../coordinator/run-coordinator";
+import { RUN_STATES } from "../db/schema";
+import { ApiError, unwrap } from "../errors";
+import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import * as runs from "../runs/service";
+import { BENCHMARKS, RunSpec } from "../runs/spec";
+
+const Note = z
+  .object({ level: z.enum(["note", "warning"]), code: z.string(), text: z.string() })
+  .openapi("RunNote");
+
+const Event = z
+  .object({
+    kind: z.enum(["transition", "note", "output", "proxy"]),
+    state: z.string().nullable(),
+    reason: z.string().nullable(),
+    detail: z.unknown(),
+    at: z.string().datetime(),
+  })
+  .openapi("RunEvent");
+
+const Sandbox = z
+  .object({
+    id: z.string(),
+    kind: z.enum(["proxy", "work", "task"]),
+    taskIndex: z.number().int().nullable(),
+    backend: z.string(),
+    status: z.enum(["creating", "ready", "destroyed", "failed"]),
+    createdAt: z.string().datetime(),
+    destroyedAt: z.string().datetime().nullable(),
+  })
+  .openapi("Sandbox");
+
+const RunSummary = z
+  .object({
+    id: z.string(),
+    status: z.enum(RUN_STATES),
+    reason: z.string().nullable().openapi({ description: "Why the run ended (stable code)" }),
+    reasonDetail: z.string().nullable(),
+    routing: z.enum(["default", "catch-all"]).nullable(),
+    backend: z.string(),
+    createdAt: z.string().datetime(),
+    startedAt: z.string().datetime().nullable(),
+    endedAt: z.string().datetime().nullable(),
+  })
+  .openapi("RunSummary");
+
+const RunDetail = RunSummary.extend({
+  spec: z.unknown(),
+  policyVersion: z.number().int().nullable(),
+  notes: z.array(Note).openapi({ description: "Network the platform changed" }),
+  proof: z.unknown().openapi({ description: "What the wiring step proved about the boundary" }),
+  proxy: z.object({ caFingerprint: z.string().nullable(), readyAt: z.string().datetime().nullable() }),
+  sandboxes: z.array(Sandbox),
+  trace: z.array(Event),
+}).openapi("Run");
+
+const iso = (d: Date | null) => (d ? d.toISOString() : null);
+
+const summary = (r: runs.RunRow): z.infer<typeof RunSummary> => ({
+  id: r.id,
+  status: r.status,
+  reason: r.reason,
+  reasonDetail: r.reasonDetail,
+  routing: r.routing,
+  backend: r.backend,
+  createdAt: r.createdAt.toISOString(),
+  startedAt: iso(r.startedAt),
+  endedAt: iso(r.endedAt),
+});
+
+const tags = ["runs"];
+const params = IdParam("run_");
+
+export const runsRoutes = newRouter()
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/runs",
+      tags,
+      summary: "Launch a run",
+      request: jsonBody(RunSpec),
+      responses: { 202: jsonOk(RunSummary, "Accepted: the run is queued"), ...problems(400, 401) },
+    }),
+    async (c) => {
+      const spec = c.req.valid("json");
+      if (spec.benchmark !== undefined && !Object.hasOwn(BENCHMARKS, spec.benchmark)) {
+        throw new ApiError(
+          "unknown_benchmark",
+          `No benchmark ${JSON.stringify(spec.benchmark)}; known: ${Object.keys(BENCHMARKS).join(", ")}.`,
+        );
+      }
+      const run = await runs.createRun(c.var.db, c.var.principal, spec, c.env.COMPUTE_BACKEND || "local");
+      // If this call fails the run stays queued; the reaper's sweep starts or stops it.
+      await coordinatorStub(c.env, run.id).start(run.id);
+      return c.json(summary(run), 202);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs",
+      tags,
+      summary: "List runs, newest first",
+      request: {
+        query: z.object({
+          limit: z.coerce.number().int().min(1).max(100).default(20),
+          cursor: z.string().max(200).optional(),
+        }),
+      },
+      responses: {
+        200: jsonOk(z.object({ runs: z.array(RunSummary), nextCursor: z.string().nullable() })),
+        ...problems(400, 401),
+      },
+    }),
+    async (c) => {
+      const { limit, cursor } = c.req.valid("query");
+      const page = unwrap(await runs.listRuns(c.var.db, c.var.principal, limit, cursor));
+      return c.json({ runs: page.items.map(summary), nextCursor: page.nextCursor }, 200);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}",
+      tags,
+      summary: "Read a run: status and reason, notes, proof, sandboxes, trace",
+      request: { params },
+      responses: { 200: jsonOk(RunDetail), ...problems(401, 404) },
+    }),
+    async (c) => {
+      const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
+      const [trace, boxes] = await Promise.all([
+        runs.runTrace(c.var.db, run.id),
+        runs.runSandboxes(c.var.db, run.id),
+      ]);
+      return c.json(
+        {
+          ...summary(run),
+          spec: run.spec,
+          policyVersion: run.policyVersion,
+          notes: run.notes as runs.RunNote[],
+          proof: run.proof,
+          proxy: { caFingerprint: run.caFingerprint, readyAt: iso(run.proxyReadyAt) },
+          sandboxes: boxes.map((b) => ({
+            ...b,
+            createdAt: b.createdAt.toISOString(),
+            destroyedAt: iso(b.destroyedAt),
+          })),
+          trace: trace.map((e) => ({ ...e, at: e.at.toISOString() })),
+        },
+        200,
+      );
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/runs/{id}/cancel",
+      tags,
+      summary: "Cancel a run: it stops, its sandboxes are torn down (no-op once it has ended)",
+      request: {
+        params,
+        // No options yet; a body, if sent, must be empty (unknown fields are refused, case C3).
+        body: { content: { "application/json": { schema: z.object({}).strict() } }, required: false },
+      },
+      responses: { 202: jsonOk(RunSummary, "Accepted"), ...problems(401, 404) },
+    }),
+    async (c) => {
+      const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
+      if (!runs.isTerminal(run.status)) {
+        const accepted = await coordinatorStub(c.env, run.id).cancel();
+        // A run whose coordinator never started has nothing to tear down: stop it here.
+        if (!accepted) {
+          await runs.recordTransition(c.var.db, run.id, {
+            to: "stopped",
+            reason: "cancelled",
+            detail: "Cancelled by the user before it started.",
+          });
+        }
+      }
+      return c.json(summary(run), 202);
+    },
+  );

@@ -1,0 +1,133 @@
+import { eq } from "drizzle-orm";
+import { newAuditKey } from "../contract/proxy-wire";
+import { hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
+import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
+import { type RunState, runs } from "../db/schema";
+import type { Db } from "../db/types";
+
+// A run's two proxy credentials. The proxy token authenticates every internal API call of the
+// run's proxy (only its SHA-256 is stored); the audit key signs its audit batches (stored
+// encrypted with the vault key ring, because the control plane must verify with it). Both
+// plaintexts exist once, in the return value of issueProxyCredentials, which the coordinator
+// hands to the proxy sandbox only: never stored in clear, never logged.
+
+const TOKEN_PREFIX = "bwp_";
+const TOKEN_RANDOM_BYTES = 32;
+// 32 bytes = 43 base64url characters; the last one carries 4 bits, so its low 2 bits are zero.
+const TOKEN_PATTERN = /^bwp_[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
+
+/** States after which a run has no valid proxy token for policy and ready calls. */
+export const ENDED_STATES: readonly RunState[] = ["finished", "stopped", "failed"];
+
+export interface RunOwner {
+  id: string;
+  userId: string;
+  environmentId: string;
+}
+
+export interface ProxyCredentials {
+  /** `bwp_` + 32 random bytes, base64url: the proxy's bearer token for the internal API. */
+  proxyToken: string;
+  /** `whsec_` + base64 of 32 random bytes: signs the proxy's audit batches. */
+  auditKey: string;
+}
+
+/** What a valid proxy token says about its run. */
+export interface ProxyRun extends RunOwner {
+  status: RunState;
+  ended: boolean;
+}
+
+/** The audit key's AAD: bound to the run's owner and id, so a copied ciphertext does not decrypt. */
+const auditKeyAad = (run: RunOwner): SecretAad => ({
+  userId: run.userId,
+  environmentId: run.environmentId,
+  secretId: `audit:${run.id}`,
+});
+
+/**
+ * Issues fresh credentials for a run, replacing any earlier ones (a re-issued token makes the old
+ * one invalid at once). Returns the plaintexts; the database keeps a hash and a ciphertext.
+ */
+export async function issueProxyCredentials(
+  db: Db,
+  keyRing: KeyRing,
+  run: RunOwner,
+): Promise<ProxyCredentials> {
+  const proxyToken =
+    TOKEN_PREFIX + encodeBase64Url(crypto.getRandomValues(new Uint8Array(TOKEN_RANDOM_BYTES)));
+  const auditKey = newAuditKey();
+  const [row] = await db
+    .update(runs)
+    .set({
+      proxyTokenHash: await hashApiKey(proxyToken),
+      auditKeyCiphertext: await encryptSecret(keyRing, auditKeyAad(run), auditKey),
+      updatedAt: new Date(),
+    })
+    .where(eq(runs.id, run.id))
+    .returning({ id: runs.id });
+  if (!row) throw new Error(`no run ${run.id} to issue proxy credentials for`);
+  return { proxyToken, auditKey };
+}
+
+/** Whether text has the shape of a proxy token (cheap check before hashing and a lookup). */
+export function looksLikeProxyToken(text: unknown): text is string {
+  return typeof text === "string" && TOKEN_PATTERN.test(text);
+}
+
+/**
+ * The run a proxy token belongs to, or null (unknown, malformed or revoked). It does not judge
+ * the run's state: callers decide what an ended run may still do (see routes/internal.ts).
+ */
+export async function findRunByProxyToken(db: Db, token: string): Promise<ProxyRun | null> {
+  if (!looksLikeProxyToken(token)) return null;
+  const hash = await hashApiKey(token);
+  const [row] = await db
+    .select({
+      id: runs.id,
+      userId: runs.userId,
+      environmentId: runs.environmentId,
+      status: runs.status,
+      hash: runs.proxyTokenHash,
+    })
+    .from(runs)
+    .where(eq(runs.proxyTokenHash, hash));
+  // The lookup is by hash; compare again in constant time so no timing depends on the token.
+  if (!row?.hash || !timingSafeEqualHex(row.hash, hash)) return null;
+  return {
+    id: row.id,
+    userId: row.userId,
+    environmentId: row.environmentId,
+    status: row.status,
+    ended: ENDED_STATES.includes(row.status),
+  };
+}
+
+/** The run's audit key in clear; throws VaultDecryptError (or Error when none was issued). */
+export async function readAuditKey(db: Db, keyRing: KeyRing, run: RunOwner): Promise<string> {
+  const [row] = await db
+    .select({ ciphertext: runs.auditKeyCiphertext })
+    .from(runs)
+    .where(eq(runs.id, run.id));
+  if (!row?.ciphertext) throw new Error(`run ${run.id} has no audit key`);
+  return decryptSecret(keyRing, auditKeyAad(run), row.ciphertext);
+}
+
+/**
+ * Makes the run's proxy credentials invalid: the token's hash and the audit key's ciphertext are
+ * dropped. Called when the run ends, after the proxy sandbox is gone (so its shutdown flush of
+ * audit batches has landed). Idempotent.
+ */
+export async function revokeProxyCredentials(db: Db, runId: string): Promise<void> {
+  await db
+    .update(runs)
+    .set({ proxyTokenHash: null, auditKeyCiphertext: null, updatedAt: new Date() })
+    .where(eq(runs.id, runId));
+}
+
+function encodeBase64Url(bytes: Uint8Array): string {
+  return btoa(String.fromCharCode(...bytes))
+    .replaceAll("+", "-")
+    .replaceAll("/", "_")
+    .replace(/=+$/, "");
+}

@@ -1,0 +1,198 @@
+import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
+import type { Principal } from "../context";
+import { randomId } from "../crypto/api-keys";
+import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
+import type { Db } from "../db/types";
+import { fail, ok, type Result } from "../errors";
+import type { RunSpec } from "./spec";
+import type { RunNote, Transition } from "./types";
+
+export type { RunNote, Transition } from "./types";
+
+// Runs over Postgres. Reads are scoped by the caller's environment (another tenant's run is a
+// 404). Writes of status, trace and notes come from the run coordinator only.
+
+export const TERMINAL_STATES: readonly RunState[] = ["finished", "stopped", "failed"];
+export const isTerminal = (s: RunState) => TERMINAL_STATES.includes(s);
+
+export type RunRow = typeof runs.$inferSelect;
+
+export async function createRun(db: Db, p: Principal, spec: RunSpec, backend: string): Promise<RunRow> {
+  const id = randomId("run_");
+  const [row] = await db.transaction(async (tx) => {
+    const inserted = await tx
+      .insert(runs)
+      .values({ id, userId: p.userId, environmentId: p.environmentId, spec, backend })
+      .returning();
+    await tx.insert(runEvents).values({
+      runId: id,
+      key: "t:queued",
+      kind: "transition",
+      state: "queued",
+      reason: "launched",
+    });
+    return inserted;
+  });
+  if (!row) throw new Error("insert returned no run");
+  return row;
+}
+
+export async function getRun(db: Db, p: Principal, id: string): Promise<Result<RunRow>> {
+  const [row] = await db
+    .select()
+    .from(runs)
+    .where(and(eq(runs.id, id), eq(runs.environmentId, p.environmentId)));
+  return row ? ok(row) : fail("not_found", `No run ${id}.`);
+}
+
+/** A run by id alone: for the coordinator, which acts for the run, not for a caller. */
+export async function loadRun(db: Db, id: string): Promise<RunRow | null> {
+  const [row] = await db.select().from(runs).where(eq(runs.id, id));
+  return row ?? null;
+}
+
+export interface Page<T> {
+  items: T[];
+  nextCursor: string | null;
+}
+
+// The cursor is the last item's (createdAt, id), so pages stay stable while runs are added.
+const encodeCursor = (row: RunRow) => btoa(`${row.createdAt.toISOString()}|${row.id}`);
+function decodeCursor(cursor: string): { at: Date; id: string } | null {
+  try {
+    const [at, id] = atob(cursor).split("|");
+    const date = new Date(at ?? "");
+    return id && !Number.isNaN(date.getTime()) ? { at: date, id } : null;
+  } catch {
+    return null;
+  }
+}
+
+export async function listRuns(
+  db: Db,
+  p: Principal,
+  limit: number,
+  cursor: string | undefined,
+): Promise<Result<Page<RunRow>>> {
+  const after = cursor === undefined ? null : decodeCursor(cursor);
+  if (cursor !== undefined && !after) return fail("invalid_request", "cursor: not a cursor this API gave");
+  const rows = await db
+    .select()
+    .from(runs)
+    .where(
+      and(
+        eq(runs.environmentId, p.environmentId),
+        after
+          ? or(lt(runs.createdAt, after.at), and(eq(runs.createdAt, after.at), lt(runs.id, after.id)))
+          : undefined,
+      ),
+    )
+    .orderBy(desc(runs.createdAt), desc(runs.id))
+    .limit(limit + 1);
+  const items = rows.slice(0, limit);
+  const last = items.at(-1);
+  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+}
+
+export async function runTrace(db: Db, runId: string) {
+  return db
+    .select({
+      kind: runEvents.kind,
+      state: runEvents.state,
+      reason: runEvents.reason,
+      detail: runEvents.detail,
+      at: runEvents.at,
+    })
+    .from(runEvents)
+    .where(eq(runEvents.runId, runId))
+    .orderBy(asc(runEvents.id));
+}
+
+export async function runSandboxes(db: Db, runId: string) {
+  return db
+    .select({
+      id: sandboxes.id,
+      kind: sandboxes.kind,
+      taskIndex: sandboxes.taskIndex,
+      backend: sandboxes.backend,
+      status: sandboxes.status,
+      createdAt: sandboxes.createdAt,
+      destroyedAt: sandboxes.destroyedAt,
+    })
+    .from(sandboxes)
+    .where(eq(sandboxes.runId, runId))
+    .orderBy(asc(sandboxes.createdAt), asc(sandboxes.id));
+}
+
+// ---- the coordinator's writes; each is idempotent so that a retried alarm records once ----
+
+/**
+ * Moves the run to `to` and appends the trace row, in one transaction. The trace key is the state
+ * (a run enters each state at most once), so a replay of the same step changes nothing.
+ */
+export async function recordTransition(db: Db, runId: string, t: Transition): Promise<void> {
+  const terminal = isTerminal(t.to);
+  await db.transaction(async (tx) => {
+    const inserted = await tx
+      .insert(runEvents)
+      .values({
+        runId,
+        key: `t:${t.to}`,
+        kind: "transition",
+        state: t.to,
+        reason: t.reason,
+        detail: t.detail === undefined ? null : { text: t.detail },
+      })
+      .onConflictDoNothing()
+      .returning({ id: runEvents.id });
+    if (inserted.length === 0) return;
+    await tx
+      .update(runs)
+      .set({
+        status: t.to,
+        updatedAt: new Date(),
+        ...(t.to === "fetching_vault" ? { startedAt: new Date() } : {}),
+        ...(terminal ? { reason: t.reason, reasonDetail: t.detail ?? null, endedAt: new Date() } : {}),
+      })
+      .where(eq(runs.id, runId));
+  });
+}
+
+/** Appends a note under "Network the platform changed" (once per code). */
+export async function addNote(db: Db, runId: string, note: RunNote): Promise<void> {
+  await db.transaction(async (tx) => {
+    const inserted = await tx
+      .insert(runEvents)
+      .values({ runId, key: `n:${note.code}`, kind: "note", reason: note.code, detail: note })
+      .onConflictDoNothing()
+      .returning({ id: runEvents.id });
+    if (inserted.length === 0) return;
+    await tx
+      .update(runs)
+      .set({ notes: sql`${runs.notes} || ${JSON.stringify([note])}::jsonb`, updatedAt: new Date() })
+      .where(eq(runs.id, runId));
+  });
+}
+
+/** Appends one trace row under a caller-chosen idempotency key. */
+export async function addEvent(
+  db: Db,
+  runId: string,
+  key: string,
+  kind: "output" | "note" | "proxy",
+  detail: unknown,
+  reason: string | null = null,
+): Promise<void> {
+  await db.insert(runEvents).values({ runId, key, kind, reason, detail }).onConflictDoNothing();
+}
+
+export async function setRunFields(
+  db: Db,
+  runId: string,
+  fields: Partial<Pick<RunRow, "routing" | "policyVersion" | "proof">>,
+): Promise<void> {
+  await db
+    .update(runs)
+    .set({ ...fields, updatedAt: new Date() })
+    .where(eq(runs.id, runId));
+}

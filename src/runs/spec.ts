@@ -1,0 +1,80 @@
+import { z } from "@hono/zod-openapi";
+
+// What a user may ask of a run (the body of POST /v1/runs), and the built-in benchmarks a run
+// may name instead of inline commands. The validated spec is stored with the run as asked.
+
+const Command = z.string().min(1).max(8192).openapi({ description: "Run by `sh -c` in the sandbox" });
+const Commands = z.array(Command).min(1).max(100);
+
+export const TaskSpec = z
+  .object({
+    name: z
+      .string()
+      .regex(/^[A-Za-z0-9_.-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ . -")
+      .openapi({ example: "task-1" }),
+    commands: Commands,
+  })
+  .strict()
+  .openapi("TaskSpec");
+
+export const RunSpec = z
+  .object({
+    /** A built-in benchmark (see BENCHMARKS); exclusive with commands. */
+    benchmark: z.string().max(64).optional().openapi({ example: "demo" }),
+    commands: Commands.optional(),
+    /** The model the benchmark evaluates (its lane comes later); recorded with the run. */
+    model: z.string().min(1).max(128).optional(),
+    egress: z.enum(["direct", "local"]).default("direct"),
+    /** Fan-out: one task sandbox per task, each running its own commands. */
+    tasks: z
+      .array(TaskSpec)
+      .max(32)
+      .optional()
+      .refine((t) => !t || new Set(t.map((x) => x.name)).size === t.length, "task names must be unique"),
+    /**
+     * What to do when the proxy cannot be set up: stop (the default), or go on unfiltered. The
+     * latter is honoured only under default routing and always leaves a warning on the run.
+     */
+    on_proxy_failure: z.enum(["stop", "continue"]).default("stop"),
+  })
+  .strict()
+  .refine((s) => (s.benchmark === undefined) !== (s.commands === undefined), {
+    message: "give exactly one of benchmark or commands",
+    path: ["commands"],
+  })
+  .openapi("RunSpec");
+export type RunSpec = z.infer<typeof RunSpec>;
+
+// The demo benchmark (what `npm start` launches): calls the demo API host without a key, tries
+// the blocked host, and prints what it saw as one JSON line. No single quotes: it runs as
+// `node -e '...'` under `sh -c`.
+const DEMO_SCRIPT = `
+const get = async (url) => {
+  try {
+    const res = await fetch(url);
+    const text = await res.text();
+    let body = null;
+    try { body = JSON.parse(text); } catch {}
+    return { status: res.status, body };
+  } catch (e) {
+    return { error: String(e.cause?.code ?? e.message) };
+  }
+};
+(async () => {
+  const api = await get("https://api.demo.test/v1/whoami");
+  const blocked = await get("https://blocked.demo.test/");
+  const envNames = Object.keys(process.env).sort();
+  console.log(JSON.stringify({ demo: true, api, blocked, envNames }));
+})();
+`;
+
+/** Built-in benchmarks: a name → the commands it runs. */
+export const BENCHMARKS: Readonly<Record<string, readonly string[]>> = {
+  demo: [`node -e '${DEMO_SCRIPT.trim()}'`],
+};
+
+/** The commands of the work sandbox: the inline ones or the benchmark's. */
+export function commandsOf(spec: RunSpec): readonly string[] {
+  if (spec.commands) return spec.commands;
+  return BENCHMARKS[spec.benchmark ?? ""] ?? [];
+}

@@ -1,0 +1,570 @@
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { OUTPUT_LIMIT, OutputBuffer } from "../../local-agent/exec";
+import { proxyRuleset } from "../../local-agent/network";
+import { REPO_ROOT, type RunningAgent, startAgent } from "../../local-agent/server";
+import { AgentHealth, type SandboxInfo } from "../../src/contract/local-agent";
+import {
+  AgentClient,
+  host,
+  leftovers,
+  secret,
+  startControlPlane,
+  TestUpstream,
+  whyNotRunnable,
+} from "./harness";
+
+// The local backend's host agent against real namespaces, nftables and processes. Needs root on
+// Linux (CI runs as root); elsewhere the namespace suites are skipped and say why.
+
+const whyNot = whyNotRunnable();
+if (whyNot)
+  console.warn(`local agent suites skipped: ${whyNot} (they need root on Linux with ip, nft, unshare)`);
+
+describe("output buffer (pure)", () => {
+  it("keeps the last 1 MiB with absolute offsets", () => {
+    const b = new OutputBuffer();
+    b.append(Buffer.from("abc"));
+    expect(b.read(1, true)).toEqual({ text: "bc", end: 3 });
+    expect(b.read(3, true)).toEqual({ text: "", end: 3 });
+    expect(b.read(99, true)).toEqual({ text: "", end: 3 });
+    b.append(Buffer.alloc(OUTPUT_LIMIT, "x"));
+    const all = b.read(0, true);
+    expect(all.text.length).toBe(OUTPUT_LIMIT);
+    expect(all.end).toBe(OUTPUT_LIMIT + 3);
+  });
+
+  it("cuts pages on UTF-8 boundaries so they concatenate to the original", () => {
+    const b = new OutputBuffer();
+    const bytes = Buffer.from("é€😀");
+    b.append(bytes.subarray(0, 4)); // "é" and 2 of the 3 bytes of "€"
+    const first = b.read(0, false);
+    expect(first).toEqual({ text: "é", end: 2 });
+    b.append(bytes.subarray(4));
+    const second = b.read(first.end, false);
+    expect(first.text + second.text).toBe("é€😀");
+  });
+
+  it("writes a ruleset that refuses a work link it does not list", () => {
+    const rules = proxyRuleset(3, [
+      { i: 0, routing: "default" },
+      { i: 1, routing: "catch-all" },
+    ]);
+    expect(rules).toContain('iifname "bwp3w0" ip daddr 10.232.3.1 tcp dport 443 dnat ip to 10.232.3.1:8443');
+    expect(rules).toContain('iifname "bwp3w1" meta nfproto ipv4 tcp dport 443 dnat ip to 10.232.3.5:8443');
+    expect(rules).toContain('iifname { "bwp3w0" } oifname "up0" accept');
+    expect(rules).not.toMatch(/"bwp3w1" }? oifname "up0"/);
+    expect(rules).toMatch(/ip daddr \{ 10\.231\.0\.0\/16, 10\.232\.0\.0\/16, 169\.254\.0\.0\/16 \} reject/);
+  });
+});
+
+const UIDS: [number, number] = [320_000, 320_400];
+
+function hostPort(target: string | null): { host: string; port: number } {
+  const [h, p] = (target ?? "").split(":");
+  return { host: h as string, port: Number(p) };
+}
+const HOST_TMP_MARKER = `bw-host-tmp-${process.pid}`;
+
+describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
+  let agent: RunningAgent;
+  let api: AgentClient;
+  let controlPlane: Awaited<ReturnType<typeof startControlPlane>>;
+  let upstream: TestUpstream;
+  let stateDir: string;
+  let ipForwardBefore: string;
+  const logs: string[] = [];
+  const canary = `canary-${secret()}`;
+  const agentSecret = secret();
+  let proxy: SandboxInfo;
+  let work: SandboxInfo; // default routing
+  let catchAll: SandboxInfo;
+  const marker = `bw-marker-${secret().slice(0, 12)}`;
+
+  beforeAll(async () => {
+    ipForwardBefore = readFileSync("/proc/sys/net/ipv4/ip_forward", "utf8").trim();
+    writeFileSync(join("/tmp", HOST_TMP_MARKER), "host");
+    stateDir = mkdtempSync(join(tmpdir(), "bw-agent-test-"));
+    controlPlane = await startControlPlane();
+    upstream = await TestUpstream.start();
+    agent = await startAgent({
+      secret: agentSecret,
+      port: 0,
+      controlPlane: controlPlane.url,
+      stateDir,
+      uidBase: UIDS[0],
+      log: (event) => logs.push(JSON.stringify(event)),
+    });
+    api = new AgentClient(agent.url, agentSecret);
+    proxy = await api.create({ kind: "proxy", id: "px1", runId: "run1" });
+    work = await api.create({
+      kind: "work",
+      id: "wk1",
+      runId: "run1",
+      proxySandboxId: "px1",
+      routing: "default",
+    });
+    catchAll = await api.create({
+      kind: "task",
+      id: "tk1",
+      runId: "run1",
+      proxySandboxId: "px1",
+      routing: "catch-all",
+    });
+    // Stand-ins for the proxy's listeners (TLS 8443, HTTP 8080, DNS 5353), run as the proxy is.
+    await api.serve(
+      "px1",
+      `const net = require("net"), dgram = require("dgram");
+       for (const port of [8443, 8080]) net.createServer((s) => s.end("proxy:" + port)).listen(port);
+       const d = dgram.createSocket("udp4");
+       d.on("message", (m, from) => d.send("dns:" + m, from.port, from.address));
+       d.bind(5353, () => console.log("ready"));`,
+    );
+  }, 60_000);
+
+  afterAll(async () => {
+    await agent?.close();
+    await upstream?.stop();
+    await controlPlane?.close();
+    rmSync(join("/tmp", HOST_TMP_MARKER), { force: true });
+    if (stateDir) rmSync(stateDir, { recursive: true, force: true });
+  }, 30_000);
+
+  it("refuses a call without the secret or with a wrong one (401 unauthorized)", async () => {
+    for (const auth of [null, "wrong-secret-wrong-secret", `${agentSecret}x`]) {
+      const res = await api.call("GET", "/v1/health", undefined, auth);
+      expect(res.status).toBe(401);
+      expect(res.body.code).toBe("unauthorized");
+    }
+    const res = await api.call("POST", "/v1/sandboxes", { kind: "proxy", id: "nope", runId: "r" }, null);
+    expect(res.status).toBe(401);
+    expect((await api.call("GET", "/v1/sandboxes?runId=r")).body.sandboxes).toEqual([]);
+  });
+
+  it("refuses bad bodies with 400 invalid_request", async () => {
+    const bad: unknown[] = [
+      "{not json",
+      { kind: "proxy", id: "bad id!", runId: "r" },
+      { kind: "proxy", id: "ok", runId: "r", extra: 1 },
+      { kind: "work", id: "ok", runId: "r", proxySandboxId: "px1" },
+      { kind: "vm", id: "ok", runId: "r" },
+    ];
+    for (const body of bad) {
+      const res = await api.call("POST", "/v1/sandboxes", body);
+      expect(res.status, JSON.stringify(body)).toBe(400);
+      expect(res.body.code).toBe("invalid_request");
+    }
+    const exec = await api.call("POST", "/v1/sandboxes/wk1/exec", { argv: ["true"], stage: "root" });
+    expect([exec.status, exec.body.code]).toEqual([400, "invalid_request"]);
+    const unknown = await api.call("POST", "/v1/sandboxes/wk1/exec", { argv: [], stage: "setup" });
+    expect([unknown.status, unknown.body.code]).toEqual([400, "invalid_request"]);
+    const poll = await api.call("GET", "/v1/sandboxes/wk1/exec/x?waitMs=-1");
+    expect([poll.status, poll.body.code]).toEqual([400, "invalid_request"]);
+    const missing = await api.call("POST", "/v1/sandboxes/nosuch/exec", { argv: ["true"], stage: "setup" });
+    expect([missing.status, missing.body.code]).toEqual([404, "not_found"]);
+  });
+
+  it("reports this machine healthy", async () => {
+    const res = await api.call("GET", "/v1/health");
+    expect(res.status).toBe(200);
+    expect(AgentHealth.parse(res.body)).toEqual({ ok: true, problems: [] });
+  });
+
+  it("describes the sandboxes it made, and answers a repeated create with the same sandbox", async () => {
+    expect(proxy).toMatchObject({ kind: "proxy", state: "ready", proxyAddress: null, routing: null });
+    expect(proxy.controlPlaneUrl).toMatch(/^http:\/\/10\.231\.\d+\.1:\d+$/);
+    expect(work).toMatchObject({ kind: "work", routing: "default", controlPlaneUrl: null });
+    expect(work.proxyAddress).toMatch(/^10\.232\.\d+\.1$/);
+    expect(catchAll).toMatchObject({ kind: "task", routing: "catch-all" });
+    expect(work.probeTarget).toMatch(/^10\.233\.\d+\.1:\d+$/);
+    const again = await api.call("POST", "/v1/sandboxes", {
+      kind: "work",
+      id: "wk1",
+      runId: "run1",
+      proxySandboxId: "px1",
+      routing: "default",
+    });
+    expect(again.status).toBe(200);
+    expect(again.body).toEqual(work);
+    const other = await api.call("POST", "/v1/sandboxes", {
+      kind: "work",
+      id: "wk1",
+      runId: "run1",
+      proxySandboxId: "px1",
+      routing: "catch-all",
+    });
+    expect([other.status, other.body.code]).toEqual([400, "invalid_request"]);
+    const listed = await api.call("GET", "/v1/sandboxes?runId=run1");
+    expect(listed.body.sandboxes?.map((s: SandboxInfo) => s.id).sort()).toEqual(["px1", "tk1", "wk1"]);
+  });
+
+  it("runs the execute stage as an unprivileged uid with no capabilities", async () => {
+    const setup = await api.sh("wk1", "cat /proc/self/uid_map; id -u", "setup");
+    const [inside, hostUid] = (setup.stdout.trim().split(/\s+/) as string[]).map(Number);
+    expect(inside).toBe(0);
+    const exec = await api.sh(
+      "wk1",
+      "id -u; grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status; readlink /proc/self",
+    );
+    const [uid, ...rest] = exec.stdout.trim().split("\n");
+    expect(Number(uid)).not.toBe(0);
+    expect(Number(uid)).not.toBe(hostUid);
+    expect(Number(uid)).toBe((hostUid as number) + 1);
+    expect(rest.slice(0, 4).every((l) => /:\s+0{16}$/.test(l))).toBe(true);
+    expect(rest[4]).toMatch(/^NoNewPrivs:\s+1$/);
+    expect(rest[5]).toMatch(/^\d+$/); // /proc/self works: it is the sandbox's own PID namespace
+  });
+
+  it("lets the setup stage write /etc/hosts and the execute stage only read it", async () => {
+    const write = await api.sh("wk1", `echo "${work.proxyAddress} api.example.test" >> /etc/hosts`, "setup");
+    expect(write.exitCode).toBe(0);
+    const denied = await api.sh("wk1", "echo '10.0.0.9 evil.test' >> /etc/hosts");
+    expect(denied.exitCode).not.toBe(0);
+    expect((await api.sh("wk1", "cat /etc/hosts")).stdout).toContain("api.example.test");
+    expect((await api.sh("wk1", "cat /etc/hosts")).stdout).not.toContain("evil.test");
+  });
+
+  it("denies both stages any change to the sandbox's network", async () => {
+    for (const stage of ["setup", "execute"] as const) {
+      const r = await api.sh("wk1", "ip link set lo down", stage);
+      expect(r.exitCode, stage).not.toBe(0);
+      expect(r.stderr).toMatch(/Operation not permitted/);
+    }
+    const mounts = await api.sh("wk1", "umount /tmp || umount /proc || mount -t tmpfs x /mnt", "setup");
+    expect(mounts.exitCode).not.toBe(0);
+  });
+
+  it("hides the proxy sandbox's processes and the host's from a work sandbox", async () => {
+    const started = await api.start("px1", {
+      argv: ["node", "-e", "setInterval(() => {}, 1000)", marker],
+      stage: "setup",
+      timeoutMs: 60_000,
+    });
+    const cmdlines = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done";
+    const inProxy = await api.sh("px1", cmdlines, "setup");
+    expect(inProxy.stdout).toContain(marker); // the check can see a marker where there is one
+    for (const stage of ["setup", "execute"] as const) {
+      const seen = await api.sh("wk1", `${cmdlines}; ps -eo args`, stage);
+      expect(seen.stdout).not.toContain(marker);
+      expect(seen.stdout).not.toContain("vitest");
+    }
+    await api.call("POST", `/v1/sandboxes/px1/exec/${started.execId}/kill`);
+  });
+
+  it("gives each sandbox a private, empty /tmp", async () => {
+    expect((await api.sh("wk1", "ls -A /tmp")).stdout).toBe("");
+    expect((await api.sh("wk1", `ls /tmp/${HOST_TMP_MARKER}`)).exitCode).not.toBe(0);
+    expect((await api.sh("wk1", "echo mine > /tmp/private-file")).exitCode).toBe(0);
+    expect((await api.sh("tk1", "ls -A /tmp")).stdout).toBe("");
+    expect(existsSync("/tmp/private-file")).toBe(false);
+    expect((await api.sh("wk1", "cat /tmp/private-file", "setup")).stdout).toBe("mine\n");
+  });
+
+  it("passes exactly the requested environment, never the agent's", async () => {
+    process.env.BW_AGENT_ENV_PROBE = agentSecret;
+    try {
+      const r = await api.run("wk1", {
+        argv: ["env"],
+        stage: "execute",
+        env: { CANARY: canary, QUOTE: "it's $HOME" },
+      });
+      const vars = Object.fromEntries(
+        r.stdout
+          .trim()
+          .split("\n")
+          .map((l) => [l.split("=")[0], l.slice(l.indexOf("=") + 1)]),
+      );
+      expect(vars.CANARY).toBe(canary);
+      expect(vars.QUOTE).toBe("it's $HOME");
+      expect(vars.HOME).toBe("/home/sandbox");
+      expect(Object.keys(vars).sort()).toEqual(["CANARY", "HOME", "PATH", "PWD", "QUOTE"]);
+      expect(r.stdout).not.toContain(agentSecret);
+    } finally {
+      delete process.env.BW_AGENT_ENV_PROBE;
+    }
+    const loader = await api.run("wk1", {
+      argv: ["sh", "-c", "echo $LD_PRELOAD"],
+      stage: "setup",
+      env: { LD_PRELOAD: "/nonexistent/evil.so" },
+    });
+    expect(loader.stdout).toBe("/nonexistent/evil.so\n"); // reached the program, not nsenter
+  });
+
+  it("redirects 80/443 on the proxy's address to the proxy (default routing)", async () => {
+    const [tls, http] = await api.probe("wk1", [
+      { host: work.proxyAddress as string, port: 443 },
+      { host: work.proxyAddress as string, port: 80 },
+    ]);
+    expect([tls, http]).toEqual(["proxy:8443", "proxy:8080"]);
+  });
+
+  it("lets default routing reach the upstream directly, TCP and UDP", async () => {
+    const results = await api.probe("wk1", [
+      { host: TestUpstream.address, port: 443 },
+      { host: TestUpstream.address, port: 9000 },
+      { host: TestUpstream.address, port: 9001, udp: "from-default" },
+      hostPort(work.probeTarget),
+    ]);
+    expect(results).toEqual(["upstream:443", "upstream:9000", "reply:upstream-udp", "EOF"]);
+    expect(upstream.received(9001, "from-default")).toBe(true);
+  });
+
+  it("sends every 80/443 and DNS to the proxy under catch-all, and nothing else out (A17)", async () => {
+    const results = await api.probe("tk1", [
+      { host: TestUpstream.address, port: 443 },
+      { host: TestUpstream.address, port: 80 },
+      { host: TestUpstream.address, port: 9000 },
+      hostPort(catchAll.probeTarget),
+      { host: TestUpstream.address, port: 53, udp: "dns-question" },
+      { host: TestUpstream.address, port: 9001, udp: "from-catch-all" },
+      { host: TestUpstream.address, port: 443, udp: "quic" },
+    ]);
+    expect(results.slice(0, 2)).toEqual(["proxy:8443", "proxy:8080"]);
+    expect(results[2]).toMatch(/^ERR E(HOSTUNREACH|CONNREFUSED)/);
+    expect(results[3]).toMatch(/^ERR E(HOSTUNREACH|CONNREFUSED)/);
+    expect(results.slice(4)).toEqual(["reply:dns:dns-question", "noreply", "noreply"]);
+    // A datagram sent after them over the open path arrives; the refused ones never did.
+    await api.probe("wk1", [{ host: TestUpstream.address, port: 9001, udp: "after" }]);
+    await upstream.waitFor((l) => l === "udp:9001:after");
+    expect(upstream.received(9001, "from-catch-all")).toBe(false);
+    expect(upstream.received(53, "dns-question")).toBe(false);
+    expect(upstream.received(443, "quic")).toBe(false);
+    const resolv = await api.sh(
+      "tk1",
+      "cat /etc/resolv.conf; cat /proc/sys/net/ipv6/conf/all/disable_ipv6; ip -6 addr",
+    );
+    expect(resolv.stdout).toBe(`nameserver ${catchAll.proxyAddress}\n1\n`);
+  });
+
+  it("keeps the control-plane relay out of a work sandbox's reach, in both modes", async () => {
+    const relay = new URL(proxy.controlPlaneUrl as string);
+    const target = { host: relay.hostname, port: Number(relay.port) };
+    for (const id of ["wk1", "tk1"]) {
+      const [r] = await api.probe(id, [target]);
+      expect(r, id).toMatch(/^ERR E(HOSTUNREACH|CONNREFUSED)/);
+    }
+  });
+
+  it("lets the proxy sandbox reach the control plane through controlPlaneUrl", async () => {
+    const r = await api.run("px1", {
+      argv: [
+        "node",
+        "-e",
+        "fetch(process.argv[1]).then((r) => r.text()).then(console.log)",
+        `${proxy.controlPlaneUrl}/ping`,
+      ],
+      stage: "setup",
+    });
+    expect(r.stdout.trim()).toBe("control-plane:/ping");
+    // The proxy runs as `node <repo>/proxy-image/dist/proxy.cjs` in its setup identity.
+    const bundle = join(REPO_ROOT, "proxy-image", "dist", "proxy.cjs");
+    const target = existsSync(bundle) ? bundle : REPO_ROOT;
+    expect((await api.run("px1", { argv: ["test", "-r", target], stage: "setup" })).exitCode).toBe(0);
+  });
+
+  it("kills an exec at its timeout, and on request", async () => {
+    const started = Date.now();
+    const timed = await api.run("wk1", {
+      argv: ["sh", "-c", "sleep 30 & sleep 30"],
+      stage: "execute",
+      timeoutMs: 300,
+    });
+    expect(Date.now() - started).toBeLessThan(5_000);
+    expect(timed).toMatchObject({ state: "exited", exitCode: null, signal: "SIGKILL" });
+    expect((await api.sh("wk1", "ps -eo args | grep -c '^sleep 30'")).stdout.trim()).toBe("0");
+    const long = await api.start("wk1", { argv: ["sleep", "30"], stage: "execute" });
+    const killed = await api.call("POST", `/v1/sandboxes/wk1/exec/${long.execId}/kill`);
+    expect(killed.status).toBe(200);
+    expect(killed.body).toMatchObject({ state: "exited", signal: "SIGKILL" });
+  });
+
+  it("pages output by byte offsets and keeps the last 1 MiB", async () => {
+    const r = await api.run("wk1", { argv: ["sh", "-c", "printf abcdef; printf err >&2"], stage: "execute" });
+    expect(r).toMatchObject({ stdout: "abcdef", stdoutEnd: 6, stderr: "err", stderrEnd: 3, exitCode: 0 });
+    expect(await api.poll("wk1", r.execId, "?stdoutFrom=4&stderrFrom=3")).toMatchObject({
+      stdout: "ef",
+      stdoutEnd: 6,
+      stderr: "",
+      stderrEnd: 3,
+    });
+    const big = await api.run("wk1", {
+      argv: ["sh", "-c", "head -c 1200000 /dev/zero | tr '\\0' a; echo"],
+      stage: "execute",
+    });
+    expect(big.stdoutEnd).toBe(1_200_001);
+    expect(big.stdout.length).toBe(OUTPUT_LIMIT);
+  });
+
+  it("takes stdin, a cwd, and starts an exec with a given id once", async () => {
+    const r = await api.run("wk1", {
+      argv: ["sh", "-c", "pwd; cat"],
+      stage: "execute",
+      stdin: "hello",
+      cwd: "/tmp",
+    });
+    expect(r.stdout).toBe("/tmp\nhello");
+    const request = {
+      id: "once-1",
+      argv: ["sh", "-c", "echo x >> /tmp/once; cat /tmp/once | wc -l"],
+      stage: "execute" as const,
+    };
+    const first = await api.run("wk1", request);
+    const second = await api.call("POST", "/v1/sandboxes/wk1/exec", request);
+    expect(second.status).toBe(200);
+    expect(second.body.execId).toBe("once-1");
+    expect(first.stdout.trim()).toBe("1");
+    expect((await api.sh("wk1", "wc -l < /tmp/once")).stdout.trim()).toBe("1");
+  });
+
+  it("never logs an exec's environment; one line per lifecycle event", async () => {
+    expect(logs.join("\n")).not.toContain(canary);
+    expect(logs.filter((l) => l.includes('"sandbox_created"'))).toHaveLength(3);
+  });
+
+  it("destroys idempotently, and a destroyed work sandbox leaves nothing", async () => {
+    const extra = await api.create({
+      kind: "work",
+      id: "wk2",
+      runId: "run1",
+      proxySandboxId: "px1",
+      routing: "default",
+    });
+    const netns = (await host(["ip", "netns", "list"])).stdout;
+    const name = netns
+      .split("\n")
+      .map((l) => l.split(" ")[0] ?? "")
+      .find((n) => /^bw\d+w\d+$/.test(n) && n.endsWith(`w${2}`));
+    expect(name).toBeDefined();
+    for (let n = 0; n < 2; n++) expect((await api.call("DELETE", "/v1/sandboxes/wk2")).status).toBe(204);
+    expect((await api.call("DELETE", "/v1/sandboxes/never-existed")).status).toBe(204);
+    expect((await host(["ip", "netns", "list"])).stdout).not.toContain(`${name} `);
+    expect(existsSync(join(stateDir, "sandboxes", "wk2"))).toBe(false);
+    const gone = await api.call("POST", "/v1/sandboxes/wk2/exec", { argv: ["true"], stage: "setup" });
+    expect([gone.status, gone.body.code]).toEqual([404, "not_found"]);
+    expect(extra.address).not.toBe(work.address);
+  });
+
+  it("close() removes every namespace, process, table and file it made", async () => {
+    await agent.close();
+    expect(await leftovers(UIDS)).toEqual([]);
+    expect(readFileSync("/proc/sys/net/ipv4/ip_forward", "utf8").trim()).toBe(ipForwardBefore);
+    expect(existsSync(join(stateDir, "sandboxes", "px1"))).toBe(false);
+  });
+});
+
+describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
+  const FAULT_UIDS: [number, number] = [330_000, 330_400];
+  const dirs: string[] = [];
+  const tempDir = () => {
+    const d = mkdtempSync(join(tmpdir(), "bw-agent-fault-"));
+    dirs.push(d);
+    return d;
+  };
+  /** Runs `body` with agents it starts, then closes them (in the order started). */
+  async function withAgents(
+    body: (
+      start: (o: { nft?: string; stateDir?: string; uidBase: number }) => Promise<AgentClient>,
+    ) => Promise<void>,
+  ) {
+    const agents: RunningAgent[] = [];
+    try {
+      await body(async (o) => {
+        const s = secret();
+        const a = await startAgent({
+          secret: s,
+          port: 0,
+          controlPlane: "http://127.0.0.1:9",
+          nft: o.nft,
+          stateDir: o.stateDir ?? tempDir(),
+          uidBase: o.uidBase,
+          log: () => {},
+        });
+        agents.push(a);
+        return new AgentClient(a.url, s);
+      });
+    } finally {
+      for (const a of agents) await a.close();
+    }
+  }
+
+  afterAll(async () => {
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+    expect(await leftovers(FAULT_UIDS)).toEqual([]);
+  });
+
+  it("refuses every sandbox with cannot_isolate when nftables is unusable", async () => {
+    await withAgents(async (start) => {
+      const api = await start({ nft: "/bin/false", uidBase: FAULT_UIDS[0] });
+      const health = (await api.call("GET", "/v1/health")).body;
+      expect(health.ok).toBe(false);
+      expect(health.problems?.join("\n")).toMatch(/nftables is unusable/);
+      const res = await api.call("POST", "/v1/sandboxes", { kind: "proxy", id: "p", runId: "r" });
+      expect([res.status, res.body.code]).toEqual([503, "cannot_isolate"]);
+      expect(res.body.detail).toMatch(/nftables is unusable/);
+      expect(await leftovers(FAULT_UIDS)).toEqual([]);
+    });
+  });
+
+  it("fails a catch-all sandbox whose redirect cannot be installed, leaving nothing of it (E2)", async () => {
+    // Passes the health check and the proxy namespace's own rules; fails the catch-all rules.
+    const nft = join(tempDir(), "nft-fault");
+    writeFileSync(
+      nft,
+      `#!/bin/sh
+input=$(cat)
+case "$input" in *"th dport 53"*) echo "injected nft failure" >&2; exit 1 ;; esac
+printf '%s\\n' "$input" | exec nft "$@"
+`,
+    );
+    chmodSync(nft, 0o755);
+    await withAgents(async (start) => {
+      const api = await start({ nft, uidBase: FAULT_UIDS[0] });
+      const px = await api.create({ kind: "proxy", id: "fp", runId: "fr" });
+      const k = /^10\.231\.(\d+)\.2$/.exec(px.address)?.[1];
+      const res = await api.call("POST", "/v1/sandboxes", {
+        kind: "work",
+        id: "fw",
+        runId: "fr",
+        proxySandboxId: "fp",
+        routing: "catch-all",
+      });
+      expect([res.status, res.body.code]).toEqual([500, "sandbox_failed"]);
+      expect(res.body.detail).toMatch(/^could not install the redirect: .*injected nft failure/);
+      expect((await host(["ip", "netns", "list"])).stdout).not.toMatch(new RegExp(`^bw${k}w`, "m"));
+      expect((await host(["ip", "-n", `bw${k}p`, "-br", "link"])).stdout).not.toContain(`bwp${k}w`);
+      // The failed sandbox's uids (the block after the proxy's) run nothing.
+      const processes = (await leftovers([FAULT_UIDS[0] + 2, FAULT_UIDS[0] + 4])).filter((l) =>
+        l.startsWith("process"),
+      );
+      expect(processes).toEqual([]);
+      const listed = (await api.call("GET", "/v1/sandboxes?runId=fr")).body.sandboxes;
+      expect(listed?.map((s: SandboxInfo) => s.id)).toEqual(["fp"]);
+      // Default routing needs no DNS redirect here, so the same agent still makes one.
+      const ok = await api.create({
+        kind: "work",
+        id: "fd",
+        runId: "fr",
+        proxySandboxId: "fp",
+        routing: "default",
+      });
+      expect(ok.state).toBe("ready");
+    });
+  });
+
+  it("a new agent on the same state dir removes what a crashed one left", async () => {
+    const stateDir = tempDir();
+    await withAgents(async (start) => {
+      const crashed = await start({ stateDir, uidBase: FAULT_UIDS[0] + 200 });
+      const px = await crashed.create({ kind: "proxy", id: "cp", runId: "cr" });
+      await crashed.serve("cp", "setInterval(() => {}, 1000); console.log('ready')");
+      const k = /^10\.231\.(\d+)\.2$/.exec(px.address)?.[1];
+      expect((await host(["ip", "netns", "list"])).stdout).toContain(`bw${k}p`);
+      // The first agent never closes before the next one starts, as after a crash.
+      await start({ stateDir, uidBase: FAULT_UIDS[0] + 300 });
+      expect((await host(["ip", "netns", "list"])).stdout).not.toContain(`bw${k}p`);
+      expect(await leftovers([FAULT_UIDS[0] + 200, FAULT_UIDS[0] + 300])).toEqual([]);
+    });
+  });
+});

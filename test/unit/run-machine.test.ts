@@ -1,0 +1,410 @@
+import { describe, expect, it } from "vitest";
+import type { ExecInfo, SandboxInfo } from "../../src/contract/local-agent";
+import type { PolicyDocument } from "../../src/contract/policy";
+import type { WiringProof } from "../../src/contract/wiring";
+import {
+  type MachinePorts,
+  type MachineState,
+  RunMachine,
+  VAULT_ATTEMPTS,
+} from "../../src/coordinator/machine";
+import { compilePolicy } from "../../src/policy/compile";
+import type { RunSpec } from "../../src/runs/spec";
+
+// The run state machine over an in-memory world that behaves like the real ports do: creates and
+// execs are idempotent by id (as the broker and host agent are), transitions by state (as the
+// trace's unique key is). The end-to-end suite (test/e2e) runs the same machine on real parts;
+// this one enumerates crash points and faults that are hard to hit there (case E6, E1, E2).
+
+type Policy = PolicyDocument;
+const RULE_POLICY: Policy = compilePolicy({
+  version: 3,
+  default: "allow",
+  hosts: [{ pattern: "blocked.example", action: "block" }],
+  rules: [{ host: "api.example", secret: "KEY", inject: { scheme: "bearer", name: "authorization" } }],
+});
+const CATCH_ALL_POLICY: Policy = compilePolicy({ version: 4, default: "block", hosts: [], rules: [] });
+const EMPTY_POLICY: Policy = compilePolicy({ version: 1, default: "allow", hosts: [], rules: [] });
+
+const SPEC: RunSpec = { commands: ["echo one", "echo two"], egress: "direct", on_proxy_failure: "stop" };
+
+interface WorldOptions {
+  spec?: RunSpec;
+  policy?: Policy;
+  vaultFailures?: number;
+  createFails?: (kind: string) => string | null;
+  proxyNeverReady?: boolean;
+  proofOk?: boolean;
+  exitCodes?: Record<string, number>;
+  /** Throw from the named port this many times before behaving. */
+  throwOnce?: { port: "create" | "exec" | "transition"; times: number };
+}
+
+function world(o: WorldOptions = {}) {
+  let now = 1_000_000;
+  let ids = 0;
+  const saved: { state: MachineState | undefined } = { state: undefined };
+  let alarm: number | null = null;
+  let cancelKey = false;
+  const transitions: { to: string; reason: string }[] = [];
+  const notes: { level: string; code: string }[] = [];
+  const created = new Map<string, string>();
+  const destroyed = new Set<string>();
+  const execs = new Map<string, { argv: string[]; stage: string; env: Record<string, string> }>();
+  const starts: string[] = [];
+  const kills: string[] = [];
+  let vaultReads = 0;
+  let proxyStarted = false;
+  let throws = o.throwOnce?.times ?? 0;
+  const maybeThrow = (port: string) => {
+    if (o.throwOnce?.port === port && throws > 0) {
+      throws -= 1;
+      throw new Error(`${port} unavailable`);
+    }
+  };
+  const info = (sandboxId: string, execId: string, exitCode: number | null, stdout = ""): ExecInfo => ({
+    execId,
+    sandboxId,
+    state: exitCode === null ? "running" : "exited",
+    exitCode,
+    signal: null,
+    stdout,
+    stderr: "",
+    stdoutEnd: stdout.length,
+    stderrEnd: 0,
+  });
+  const proof = (ok: boolean): WiringProof => ({
+    ok,
+    mode: "default",
+    caFingerprint256: "a".repeat(64),
+    hostsEntries: ["10.0.0.1 api.example"],
+    probes: [{ name: "tls_probe", expected: "403", observed: ok ? "403" : "200", ok }],
+    env: {
+      NODE_EXTRA_CA_CERTS: "/run/benchwright/run-ca.pem",
+      REQUESTS_CA_BUNDLE: "/etc/ssl/certs/ca-certificates.crt",
+      SSL_CERT_FILE: "/etc/ssl/certs/ca-certificates.crt",
+      CURL_CA_BUNDLE: "/etc/ssl/certs/ca-certificates.crt",
+    },
+  });
+  const ports: MachinePorts = {
+    now: () => now,
+    newId: (prefix) => `${prefix}${++ids}`,
+    loadRun: async (id) => ({ id, status: "queued", spec: o.spec ?? SPEC }),
+    transition: async (_runId, t) => {
+      maybeThrow("transition");
+      if (!transitions.some((x) => x.to === t.to)) transitions.push({ to: t.to, reason: t.reason });
+    },
+    note: async (_runId, note) => {
+      if (!notes.some((n) => n.code === note.code)) notes.push(note);
+    },
+    event: async () => {},
+    setRunFields: async () => {},
+    readVault: async () => {
+      vaultReads += 1;
+      if (vaultReads <= (o.vaultFailures ?? 0)) return { ok: false, reason: "the database did not answer" };
+      return { ok: true, policy: o.policy ?? RULE_POLICY };
+    },
+    issueProxyCredentials: async () => ({ proxyToken: "t".repeat(40), auditKey: "whsec_x" }),
+    revokeProxyCredentials: async () => {},
+    proxyReady: async () => (proxyStarted && !o.proxyNeverReady ? { caCertPem: "CA" } : null),
+    broker: {
+      create: async (_runId, req) => {
+        maybeThrow("create");
+        const failure = o.createFails?.(req.kind === "proxy" ? "proxy" : `${req.kind}:${req.routing}`);
+        if (failure) return { ok: false, code: "sandbox_failed", message: failure, retryable: false };
+        created.set(req.id, req.kind);
+        const sandbox: SandboxInfo = {
+          id: req.id,
+          runId: "run_1",
+          kind: req.kind,
+          state: "ready",
+          address: "10.0.0.2",
+          proxyAddress: req.kind === "proxy" ? null : "10.0.0.1",
+          controlPlaneUrl: null,
+          routing: req.kind === "proxy" ? null : req.routing,
+          probeTarget: req.kind === "proxy" ? null : "10.9.0.1:9",
+        };
+        return { ok: true, info: sandbox };
+      },
+      exec: async (_runId, sandboxId, req) => {
+        maybeThrow("exec");
+        const key = `${sandboxId}/${req.id}`;
+        if (!execs.has(key)) {
+          execs.set(key, { argv: req.argv, stage: req.stage, env: req.env });
+          starts.push(key);
+          if (req.argv[0] === "bw-proxy") proxyStarted = true;
+        }
+        return info(sandboxId, req.id, null);
+      },
+      poll: async (_runId, sandboxId, execId) => {
+        const e = execs.get(`${sandboxId}/${execId}`);
+        if (!e) throw new Error("no such exec");
+        if (e.argv[0] === "bw-proxy") return info(sandboxId, execId, null);
+        if (e.argv[0] === "bw-wiring")
+          return info(sandboxId, execId, 0, JSON.stringify(proof(o.proofOk ?? true)));
+        return info(sandboxId, execId, o.exitCodes?.[e.argv[2] ?? ""] ?? 0, `${e.argv[2]}\n`);
+      },
+      kill: async (_runId, sandboxId, execId) => {
+        kills.push(`${sandboxId}/${execId}`);
+      },
+      destroyRun: async () => {
+        for (const id of created.keys()) destroyed.add(id);
+      },
+    },
+    parseProof: (stdout) => JSON.parse(stdout) as WiringProof,
+  };
+  /** `crashAt`: drop the end-of-step save of the n-th step (as if the isolate died there). */
+  let crashAt = new Set<number>();
+  let steps = 0;
+  const storage = {
+    load: async () => (saved.state ? structuredClone(saved.state) : undefined),
+    save: async (state: MachineState) => {
+      saved.state = structuredClone(state);
+    },
+    setAlarm: async (at: number) => {
+      alarm = at;
+    },
+    requestCancel: async () => {
+      cancelKey = true;
+    },
+    cancelRequested: async () => cancelKey,
+  };
+  const machine = new RunMachine(storage, ports);
+  return {
+    machine,
+    transitions,
+    notes,
+    created,
+    destroyed,
+    execs,
+    starts,
+    kills,
+    crashAt: (...n: number[]) => {
+      crashAt = new Set(n);
+    },
+    state: () => saved.state,
+    /** Runs alarms until the run is over (or `max` steps), advancing the clock to each alarm. */
+    async drive(max = 200) {
+      await machine.start("run_1");
+      while (alarm !== null && steps < max) {
+        now = Math.max(now, alarm);
+        alarm = null;
+        steps += 1;
+        if (crashAt.has(steps)) {
+          const before = saved.state ? structuredClone(saved.state) : undefined;
+          const checkpointsKept = { value: before };
+          const realSave = storage.save;
+          // Mid-step checkpoints are kept; only the final save and the alarm are lost.
+          let last: MachineState | undefined;
+          storage.save = async (s) => {
+            if (last) checkpointsKept.value = last;
+            last = structuredClone(s);
+          };
+          await machine.step();
+          storage.save = realSave;
+          saved.state = checkpointsKept.value;
+          alarm = now + 1; // the runtime retries the alarm
+          continue;
+        }
+        await machine.step();
+      }
+      return saved.state;
+    },
+  };
+}
+
+const states = (w: ReturnType<typeof world>) => w.transitions.map((t) => t.to);
+
+describe("run machine", () => {
+  it("walks the happy path in order and tears everything down", async () => {
+    const w = world();
+    const end = await w.drive();
+    expect(end?.state).toBe("finished");
+    expect(states(w)).toEqual([
+      "fetching_vault",
+      "starting_proxy",
+      "starting_sandboxes",
+      "wiring",
+      "running",
+      "finishing",
+      "finished",
+    ]);
+    expect(w.transitions.at(-1)?.reason).toBe("completed");
+    expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+    // The proxy runs in the proxy sandbox; benchmark commands only in the execute stage.
+    const commands = [...w.execs.values()].filter((e) => e.argv[0] === "sh");
+    expect(commands.map((e) => e.argv[2])).toEqual(["echo one", "echo two"]);
+    expect(commands.every((e) => e.stage === "execute")).toBe(true);
+    expect(commands[0]?.env.NODE_EXTRA_CA_CERTS).toBe("/run/benchwright/run-ca.pem");
+  });
+
+  // case E6: a step that dies after its side effects and before its save is replayed by the
+  // alarm retry; the world must look exactly as if it had not died.
+  it("is idempotent when any step is replayed after a crash (E6)", async () => {
+    const clean = world();
+    await clean.drive();
+    const total = clean.starts.length + 12;
+    for (let crash = 1; crash <= total; crash++) {
+      const w = world();
+      w.crashAt(crash);
+      const end = await w.drive();
+      expect(end?.state, `crash at step ${crash}`).toBe("finished");
+      expect(states(w), `crash at step ${crash}`).toEqual(states(clean));
+      expect(w.created.size, `crash at step ${crash}`).toBe(clean.created.size);
+      // Commands never run twice: a replayed exec carries the same id.
+      const commandStarts = w.starts.filter((k) => /\/cmd-/.test(k));
+      expect(new Set(commandStarts).size).toBe(commandStarts.length);
+      expect(commandStarts.length).toBe(clean.starts.filter((k) => /\/cmd-/.test(k)).length);
+      expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+    }
+  });
+
+  it("relaunches the proxy under a new id after a crash mid-launch, stopping the old one (E6)", async () => {
+    const w = world();
+    w.crashAt(3); // the step that launches the proxy
+    await w.drive();
+    expect(w.starts.filter((k) => k.endsWith("/proxy-1") || k.endsWith("/proxy-2")).length).toBe(2);
+    expect(w.kills.some((k) => k.endsWith("/proxy-1"))).toBe(true);
+  });
+
+  it("retries a port that throws, then goes on (E6)", async () => {
+    const w = world({ throwOnce: { port: "create", times: 2 } });
+    const end = await w.drive();
+    expect(end?.state).toBe("finished");
+    expect(end?.faults).toBe(0);
+  });
+
+  it("fails (and tears down) after too many faults in a row", async () => {
+    const w = world({ throwOnce: { port: "exec", times: 99 } });
+    const end = await w.drive();
+    expect(end?.state).toBe("failed");
+    expect(w.transitions.at(-1)).toMatchObject({ to: "failed", reason: "internal_error" });
+    expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+  });
+
+  // case E1
+  it("retries an unreadable vault, then stops before any sandbox or command", async () => {
+    const w = world({ vaultFailures: VAULT_ATTEMPTS });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "vault_unreadable" });
+    expect(w.created.size).toBe(0);
+    expect(w.starts).toEqual([]);
+  });
+
+  it("goes on when the vault reads on a retry (E1)", async () => {
+    const w = world({ vaultFailures: VAULT_ATTEMPTS - 1 });
+    expect((await w.drive())?.state).toBe("finished");
+  });
+
+  // case E2
+  it("stops when the catch-all redirect cannot be installed", async () => {
+    const w = world({
+      policy: CATCH_ALL_POLICY,
+      createFails: (k) => (k === "work:catch-all" ? "could not install the redirect: nft failed" : null),
+    });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ reason: "redirect_not_installed" });
+    expect(w.notes).toContainEqual(
+      expect.objectContaining({ level: "warning", code: "redirect_not_installed" }),
+    );
+    expect(w.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+    expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+  });
+
+  it("stops when the wiring probe fails, before any command (E2)", async () => {
+    const w = world({ policy: CATCH_ALL_POLICY, proofOk: false });
+    await w.drive();
+    expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "redirect_not_installed" });
+    expect(w.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+
+  it("runs without a proxy, with a plain note, when the vault has nothing to enforce", async () => {
+    const w = world({ policy: EMPTY_POLICY });
+    const end = await w.drive();
+    expect(end?.state).toBe("finished");
+    expect(w.notes).toContainEqual(expect.objectContaining({ level: "note", code: "no_proxy" }));
+    expect(w.starts.some((k) => k.includes("proxy-") || k.endsWith("/wiring"))).toBe(false);
+  });
+
+  it("stops with the reason when the backend cannot isolate, and never runs a command", async () => {
+    const w = world({ createFails: () => null });
+    const ports = (w.machine as unknown as { ports: MachinePorts }).ports;
+    ports.broker.create = async () => ({
+      ok: false,
+      code: "cannot_isolate",
+      message: "not root: namespaces need root",
+      retryable: false,
+    });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ reason: "cannot_isolate" });
+    expect(w.notes).toContainEqual(expect.objectContaining({ level: "warning", code: "cannot_isolate" }));
+    expect(w.starts).toEqual([]);
+  });
+
+  it("stops with a warning when the proxy does not come up", async () => {
+    const w = world({ proxyNeverReady: true });
+    const end = await w.drive(1000);
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ reason: "proxy_setup_failed" });
+    expect(w.notes).toContainEqual(expect.objectContaining({ level: "warning", code: "proxy_failed" }));
+    expect(w.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+
+  it("goes on unfiltered, with a warning, only when asked and only under default routing", async () => {
+    const spec: RunSpec = { ...SPEC, on_proxy_failure: "continue" };
+    const fine = world({ proxyNeverReady: true, spec });
+    expect((await fine.drive(1000))?.state).toBe("finished");
+    expect(fine.notes).toContainEqual(
+      expect.objectContaining({ level: "warning", code: "proxy_failed_unfiltered" }),
+    );
+
+    const strict = world({ proxyNeverReady: true, spec, policy: CATCH_ALL_POLICY });
+    expect((await strict.drive(1000))?.state).toBe("stopped");
+    expect(strict.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+
+  it("gives every task its own sandbox and finishes with command_failed when one fails", async () => {
+    const spec: RunSpec = {
+      ...SPEC,
+      tasks: [
+        { name: "a", commands: ["echo a"] },
+        { name: "b", commands: ["exit 3"] },
+      ],
+    };
+    const w = world({ spec, exitCodes: { "exit 3": 3 } });
+    const end = await w.drive();
+    expect(end?.state).toBe("finished");
+    expect(w.transitions.at(-1)?.reason).toBe("command_failed");
+    expect([...w.created.values()].sort()).toEqual(["proxy", "task", "task", "work"]);
+  });
+
+  it("keeps a cancel that arrives while a step is in flight", async () => {
+    const w = world();
+    await w.machine.start("run_1");
+    await w.drive(3); // into starting_proxy
+    const ports = (w.machine as unknown as { ports: MachinePorts }).ports;
+    const readVault = ports.proxyReady;
+    // The cancel lands between the step's load and its save.
+    ports.proxyReady = async (id) => {
+      await w.machine.cancel();
+      return readVault(id);
+    };
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ reason: "cancelled" });
+    expect(w.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+
+  it("cancels: stops with the reason and tears down", async () => {
+    const w = world();
+    await w.machine.start("run_1");
+    await w.machine.cancel();
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "cancelled" });
+    expect(w.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+});

@@ -1,0 +1,165 @@
+import { runDurableObjectAlarm } from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { eq } from "drizzle-orm";
+import { describe, expect, it } from "vitest";
+import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
+import { coordinatorStub } from "../../src/coordinator/run-coordinator";
+import { runs, sandboxes, vaultSecrets } from "../../src/db/schema";
+import { expectProblem, newTenant, type Tenant, withDb } from "./harness";
+
+// The runs API inside workerd, against real Postgres and the real coordinator Durable Object.
+// No compute backend is configured here (LOCAL_AGENT_URL is empty), so a run that gets as far as
+// asking for a sandbox stops with the reason; the end-to-end suite (test/e2e) runs them for real.
+
+const TERMINAL = new Set(["finished", "stopped", "failed"]);
+
+/** Drives the run's alarms (no sleeping on timers) until it ends. */
+async function driveToEnd(t: Tenant, runId: string) {
+  const stub = coordinatorStub(env, runId);
+  for (let i = 0; i < 200; i++) {
+    const run = await t.api("GET", `/v1/runs/${runId}`);
+    if (TERMINAL.has(run.json.status)) return run;
+    const fired = await runDurableObjectAlarm(stub);
+    if (!fired) await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`run ${runId} did not end`);
+}
+
+describe("runs API", () => {
+  it("launches a run: 202, queued, then visible with its trace", async () => {
+    const t = await newTenant();
+    const res = await t.api("POST", "/v1/runs", { commands: ["echo hi"] });
+    expect(res.status).toBe(202);
+    expect(res.json).toMatchObject({ status: "queued", backend: "local" });
+    expect(res.json.id).toMatch(/^run_/);
+    const run = await t.api("GET", `/v1/runs/${res.json.id}`);
+    expect(run.status).toBe(200);
+    expect(run.json.spec).toEqual({
+      commands: ["echo hi"],
+      egress: "direct",
+      on_proxy_failure: "stop",
+    });
+    expect(run.json.trace[0]).toMatchObject({ kind: "transition", state: "queued", reason: "launched" });
+  });
+
+  it("refuses bad launch bodies with exact codes", async () => {
+    const t = await newTenant();
+    expectProblem(await t.api("POST", "/v1/runs", {}), 400, "invalid_request");
+    expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["a"], benchmark: "demo" }),
+      400,
+      "invalid_request",
+    );
+    // case C3: a body cannot name the user or the run.
+    expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["a"], userId: "usr_x" }),
+      400,
+      "unknown_field",
+    );
+    expectProblem(await t.api("POST", "/v1/runs", { benchmark: "nope" }), 400, "unknown_benchmark");
+    expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["a"], egress: "moon" }),
+      400,
+      "invalid_request",
+    );
+    expectProblem(await t.api("POST", "/v1/runs", { commands: [] }), 400, "invalid_request");
+    expectProblem(
+      await t.api("POST", "/v1/runs", {
+        commands: ["a"],
+        tasks: [
+          { name: "x", commands: ["a"] },
+          { name: "x", commands: ["b"] },
+        ],
+      }),
+      400,
+      "invalid_request",
+    );
+    expectProblem(await t.api("GET", "/v1/runs?limit=0"), 400, "invalid_request");
+    expectProblem(await t.api("GET", "/v1/runs?cursor=zzz"), 400, "invalid_request");
+  });
+
+  it("lists newest first, paged, only the caller's runs (C1)", async () => {
+    const a = await newTenant();
+    const b = await newTenant();
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++)
+      ids.push((await a.api("POST", "/v1/runs", { commands: [`echo ${i}`] })).json.id);
+    const other = (await b.api("POST", "/v1/runs", { commands: ["echo b"] })).json.id;
+    const first = await a.api("GET", "/v1/runs?limit=2");
+    expect(first.json.runs.map((r: { id: string }) => r.id)).toEqual([ids[2], ids[1]]);
+    const second = await a.api("GET", `/v1/runs?limit=2&cursor=${encodeURIComponent(first.json.nextCursor)}`);
+    expect(second.json.runs.map((r: { id: string }) => r.id)).toEqual([ids[0]]);
+    expect(second.json.nextCursor).toBeNull();
+    expectProblem(await a.api("GET", `/v1/runs/${other}`), 404, "not_found");
+    expectProblem(await a.api("POST", `/v1/runs/${other}/cancel`), 404, "not_found");
+    expect((await b.api("GET", `/v1/runs/${other}`)).json.status).not.toBe("stopped");
+  });
+
+  // case E1: the vault cannot be read at run start → retries, then stop before any sandbox.
+  it("stops a run whose vault cannot be decrypted, after retries, before any sandbox (E1)", async () => {
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/secrets", { name: "KEY", value: "canary-e1-value" });
+    await t.api("POST", "/v1/vault/rules", {
+      host: "api.example.com",
+      secret: "KEY",
+      inject: { scheme: "bearer" },
+    });
+    // A ciphertext under a key id the key ring does not hold: a missing key.
+    await withDb((db) =>
+      db
+        .update(vaultSecrets)
+        .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
+        .where(eq(vaultSecrets.environmentId, t.environmentId)),
+    );
+    const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
+    const run = await driveToEnd(t, id);
+    expect(run.json).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
+    expect(run.json.reasonDetail).toContain("no benchmark code ran");
+    const attempts = run.json.trace.filter((e: { kind: string; detail: { text?: string } | null }) =>
+      e.detail?.text?.startsWith("Vault read attempt"),
+    );
+    expect(attempts).toHaveLength(VAULT_ATTEMPTS);
+    const states = run.json.trace
+      .filter((e: { kind: string }) => e.kind === "transition")
+      .map((e: { state: string }) => e.state);
+    expect(states).toEqual(["queued", "fetching_vault", "finishing", "stopped"]);
+    const made = await withDb((db) => db.select().from(sandboxes).where(eq(sandboxes.runId, id)));
+    expect(made).toEqual([]);
+    expect(run.text).not.toContain("canary-e1-value");
+  });
+
+  it("stops with the reason when no compute backend can make a sandbox", async () => {
+    const t = await newTenant();
+    const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
+    const run = await driveToEnd(t, id);
+    expect(run.json.status).toBe("stopped");
+    expect(run.json.reasonDetail).toContain("LOCAL_AGENT_URL");
+    expect(run.json.notes).toContainEqual(expect.objectContaining({ level: "note", code: "no_proxy" }));
+    expect(run.json.notes.some((n: { level: string }) => n.level === "warning")).toBe(true);
+  });
+
+  it("cancels a live run: stopped with the reason; cancelling again changes nothing", async () => {
+    const t = await newTenant();
+    // A vault that does not decrypt keeps the run retrying (alive) for a few seconds.
+    await t.api("POST", "/v1/vault/secrets", { name: "KEY", value: "canary-cancel-value" });
+    await t.api("POST", "/v1/vault/rules", {
+      host: "api.example.com",
+      secret: "KEY",
+      inject: { scheme: "bearer" },
+    });
+    await withDb((db) =>
+      db
+        .update(vaultSecrets)
+        .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
+        .where(eq(vaultSecrets.environmentId, t.environmentId)),
+    );
+    const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
+    expect((await t.api("POST", `/v1/runs/${id}/cancel`)).status).toBe(202);
+    const run = await driveToEnd(t, id);
+    expect(run.json).toMatchObject({ status: "stopped", reason: "cancelled" });
+    expect((await t.api("POST", `/v1/runs/${id}/cancel`)).status).toBe(202);
+    expectProblem(await t.api("POST", `/v1/runs/${id}/cancel`, { force: true }), 400, "unknown_field");
+    const [row] = await withDb((db) => db.select().from(runs).where(eq(runs.id, id)));
+    expect(row?.reason).toBe("cancelled");
+  });
+});
