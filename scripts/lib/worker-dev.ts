@@ -13,7 +13,7 @@ export interface WorkerDev {
 
 export async function startWorkerDev(options: {
   port: number;
-  /** Written to `envFile` (0600): DATABASE_URL, VAULT_KEK, LOCAL_AGENT_SECRET... */
+  /** Written to `envFile` (0600): DATABASE_URL, VAULT_KEK, COMPUTE_BACKEND_SECRET... */
   secrets: Record<string, string>;
   envFile: string;
   vars: Record<string, string>;

@@ -19,10 +19,10 @@ const BrokerEnv = z.object({
   COMPUTE_BACKEND: z.enum(["local"], {
     error: "COMPUTE_BACKEND must be local (sandbox0 and e2b come later)",
   }),
-  LOCAL_AGENT_URL: z.url({ error: "LOCAL_AGENT_URL is not an http URL" }),
-  LOCAL_AGENT_SECRET: z
-    .string({ error: "LOCAL_AGENT_SECRET is not set" })
-    .min(16, "LOCAL_AGENT_SECRET is too short"),
+  COMPUTE_BACKEND_URL: z.url({ error: "COMPUTE_BACKEND_URL is not an http URL" }),
+  COMPUTE_BACKEND_SECRET: z
+    .string({ error: "COMPUTE_BACKEND_SECRET is not set" })
+    .min(16, "COMPUTE_BACKEND_SECRET is too short"),
 });
 
 export type CreateRequest =
@@ -41,7 +41,7 @@ export class SandboxBroker extends DurableObject<Env> {
     if (!parsed.success) {
       throw new BackendError("backend_not_configured", parsed.error.issues.map((i) => i.message).join("; "));
     }
-    return localBackend(parsed.data.LOCAL_AGENT_URL, parsed.data.LOCAL_AGENT_SECRET);
+    return localBackend(parsed.data.COMPUTE_BACKEND_URL, parsed.data.COMPUTE_BACKEND_SECRET);
   }
 
   private async withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {

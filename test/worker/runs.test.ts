@@ -8,7 +8,7 @@ import { runs, sandboxes, vaultSecrets } from "../../src/db/schema";
 import { expectProblem, newTenant, type Tenant, withDb } from "./harness";
 
 // The runs API inside workerd, against real Postgres and the real coordinator Durable Object.
-// No compute backend is configured here (LOCAL_AGENT_URL is empty), so a run that gets as far as
+// No compute backend is configured here (COMPUTE_BACKEND_URL is empty), so a run that gets as far as
 // asking for a sandbox stops with the reason; the end-to-end suite (test/e2e) runs them for real.
 
 const TERMINAL = new Set(["finished", "stopped", "failed"]);
@@ -133,7 +133,7 @@ describe("runs API", () => {
     const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
     const run = await driveToEnd(t, id);
     expect(run.json.status).toBe("stopped");
-    expect(run.json.reasonDetail).toContain("LOCAL_AGENT_URL");
+    expect(run.json.reasonDetail).toContain("COMPUTE_BACKEND_URL");
     expect(run.json.notes).toContainEqual(expect.objectContaining({ level: "note", code: "no_proxy" }));
     expect(run.json.notes.some((n: { level: string }) => n.level === "warning")).toBe(true);
   });

@@ -1,0 +1,78 @@
+import { spawnSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { join } from "node:path";
+import { type RunningAgent, startAgent } from "../../local-agent/server";
+import { freePort, startWorkerDev, type WorkerDev } from "./worker-dev";
+
+// The whole control plane on one machine, as `npm start` and the end-to-end tests run it: the
+// proxy image's programs built, the local host agent (namespaces), and `wrangler dev` serving
+// the Worker with the agent as its compute backend. The database is the caller's.
+
+export interface LocalStack {
+  apiUrl: string;
+  agent: RunningAgent;
+  worker: WorkerDev;
+  stop: () => Promise<void>;
+}
+
+export async function startLocalStack(options: {
+  databaseUrl: string;
+  /** host:port of the WebSocket→TCP bridge in front of the database. */
+  wsProxy: string;
+  vaultKek: string;
+  /** A private (0700) directory for the Worker's env file and Durable Object state. */
+  dir: string;
+  port?: number;
+  /** Test-only proxy settings (the demo's or the suite's own upstream CA and routes). */
+  proxyTestEnv?: Record<string, string>;
+  agentStateDir?: string;
+  nft?: string;
+  log?: (line: string) => void;
+}): Promise<LocalStack> {
+  buildProxyImage();
+  const port = options.port ?? (await freePort());
+  // The broker's credential for the agent: made here, given to the two of them only.
+  const agentSecret = randomBytes(32).toString("base64url");
+  const agent = await startAgent({
+    secret: agentSecret,
+    port: 0,
+    controlPlane: `http://127.0.0.1:${port}`,
+    proxyTestEnv: options.proxyTestEnv,
+    stateDir: options.agentStateDir,
+    nft: options.nft,
+    log: (event) => options.log?.(`[agent] ${JSON.stringify(event)}`),
+  });
+  let worker: WorkerDev;
+  try {
+    worker = await startWorkerDev({
+      port,
+      envFile: join(options.dir, "worker.vars"),
+      persistTo: join(options.dir, "wrangler-state"),
+      secrets: {
+        DATABASE_URL: options.databaseUrl,
+        VAULT_KEK: options.vaultKek,
+        COMPUTE_BACKEND_SECRET: agentSecret,
+      },
+      vars: { DATABASE_WS_PROXY: options.wsProxy, COMPUTE_BACKEND_URL: agent.url, COMPUTE_BACKEND: "local" },
+      log: (line) => options.log?.(`[wrangler] ${line}`),
+    });
+  } catch (error) {
+    await agent.close();
+    throw error;
+  }
+  return {
+    apiUrl: worker.url,
+    agent,
+    worker,
+    stop: async () => {
+      await worker.stop();
+      await agent.close();
+    },
+  };
+}
+
+/** proxy-image/dist/{proxy,wiring}.cjs, which the agent mounts into every sandbox. */
+export function buildProxyImage(): void {
+  const build = spawnSync("npm", ["run", "--silent", "build:proxy"], { stdio: "inherit" });
+  if (build.status !== 0) throw new Error("npm run build:proxy failed");
+}

@@ -1,0 +1,158 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { inject } from "vitest";
+import { type DemoUpstream, startDemoUpstream } from "../../scripts/lib/demo-upstream";
+import { type LocalStack, startLocalStack } from "../../scripts/lib/local-stack";
+import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
+import { provisionApiKey } from "../../src/auth/provision";
+import { randomId } from "../../src/crypto/api-keys";
+import { whyNotRunnable } from "../local/harness";
+
+// One harness for whole runs on the local backend: a demo upstream in a namespace of its own,
+// the local stack (host agent + `wrangler dev`) on the suite's database, tenants made through
+// the same provisioning code as `npm create-user`, and a client of the public API.
+
+export const SKIP_REASON = whyNotRunnable();
+export const HOSTS = ["api.demo.test", "blocked.demo.test", "other.demo.test"];
+
+export interface E2e {
+  stack: LocalStack;
+  upstream: DemoUpstream;
+  canary: string;
+  stop: () => Promise<void>;
+}
+
+export async function startE2e(options: { name: string; index: number; nft?: string }): Promise<E2e> {
+  const databaseUrl = inject("databaseUrl");
+  const wsProxy = inject("databaseWsProxy");
+  configureNeonForNode(wsProxy);
+  // The vault's secret: a canary nothing but the upstream (through the proxy) may ever see.
+  const canary = `canary-${randomId("e2e_")}`;
+  const upstream = await startDemoUpstream({
+    name: options.name,
+    index: options.index,
+    hosts: HOSTS,
+    expectedKey: canary,
+  });
+  const dir = mkdtempSync(join(tmpdir(), "bw-e2e-"));
+  let stack: LocalStack;
+  try {
+    stack = await startLocalStack({
+      databaseUrl,
+      wsProxy,
+      vaultKek: inject("vaultKek"),
+      dir,
+      nft: options.nft,
+      agentStateDir: join(dir, "agent"),
+      proxyTestEnv: proxyTestEnv(upstream),
+      log: process.env.BW_E2E_LOG ? (line) => console.log(line) : undefined,
+    });
+  } catch (error) {
+    await upstream.stop();
+    throw error;
+  }
+  return {
+    stack,
+    upstream,
+    canary,
+    stop: async () => {
+      await stack.stop();
+      await upstream.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Test-only proxy settings: trust the upstream's test CA, route the demo hosts to it. */
+export function proxyTestEnv(upstream: DemoUpstream): Record<string, string> {
+  return {
+    BW_TEST_EXTRA_CA_PEM: upstream.caPem,
+    BW_TEST_ROUTES: HOSTS.map((h) => `${h}=${upstream.address}:${upstream.httpsPort}`).join(","),
+    BW_TEST_ALLOW_CIDRS: upstream.cidr,
+  };
+}
+
+export interface Api {
+  key: string;
+  // biome-ignore lint/suspicious/noExplicitAny: tests read arbitrary JSON
+  call(method: string, path: string, body?: unknown): Promise<{ status: number; json: any; text: string }>;
+}
+
+export async function newUser(apiUrl: string): Promise<Api> {
+  const { db, pool } = nodeDb(inject("databaseUrl"));
+  const made = await provisionApiKey(db, { email: `${randomId("e2e_")}@tenants.test` });
+  await pool.end();
+  return {
+    key: made.key,
+    async call(method, path, body) {
+      const res = await fetch(`${apiUrl}${path}`, {
+        method,
+        headers: {
+          authorization: `Bearer ${made.key}`,
+          ...(body === undefined ? {} : { "content-type": "application/json" }),
+        },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      const text = await res.text();
+      let json: unknown = null;
+      try {
+        json = JSON.parse(text);
+      } catch {}
+      return { status: res.status, json, text };
+    },
+  };
+}
+
+const TERMINAL = new Set(["finished", "stopped", "failed"]);
+
+/** Polls the run until it has ended (the coordinator's alarms drive it; we only look). */
+export async function waitForEnd(api: Api, runId: string, timeoutMs = 90_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const run = await api.call("GET", `/v1/runs/${runId}`);
+    if (TERMINAL.has(run.json?.status)) return run.json;
+    if (Date.now() > deadline) throw new Error(`run ${runId} did not end: ${run.text.slice(0, 2000)}`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: trace rows are JSON
+export type TraceEvent = { kind: string; state: string | null; reason: string | null; detail: any };
+
+/** Everything the run's commands printed on stdout, per sandbox name, in order. */
+export function stdoutOf(run: { trace: TraceEvent[] }, name = "work"): string {
+  return run.trace
+    .filter((e) => e.kind === "output" && e.detail?.stream === "stdout" && e.detail?.name === name)
+    .map((e) => e.detail.text as string)
+    .join("");
+}
+
+/** The last JSON line a sandbox printed. */
+// biome-ignore lint/suspicious/noExplicitAny: JSON
+export function lastJson(run: { trace: TraceEvent[] }, name = "work"): any {
+  const lines = stdoutOf(run, name)
+    .split("\n")
+    .filter((l) => l.startsWith("{"));
+  const last = lines.at(-1);
+  if (!last) throw new Error(`${name} printed no JSON line; trace: ${JSON.stringify(run.trace).slice(0, 3000)}`);
+  return JSON.parse(last);
+}
+
+/** A vault: the canary as DEMO_KEY injected for the API host, and a blocked host. */
+export async function demoVault(api: Api, canary: string, extra: { default?: "allow" | "block" } = {}) {
+  const ok = (res: { status: number; text: string }, what: string) => {
+    if (res.status >= 300) throw new Error(`${what}: ${res.status} ${res.text}`);
+  };
+  ok(await api.call("POST", "/v1/vault/secrets", { name: "DEMO_KEY", value: canary }), "secret");
+  ok(
+    await api.call("POST", "/v1/vault/rules", {
+      host: "api.demo.test",
+      secret: "DEMO_KEY",
+      inject: { scheme: "bearer" },
+    }),
+    "rule",
+  );
+  ok(await api.call("POST", "/v1/vault/hosts", { pattern: "blocked.demo.test", action: "block" }), "block");
+  if (extra.default) ok(await api.call("PUT", "/v1/vault/settings", { default: extra.default }), "default");
+}
