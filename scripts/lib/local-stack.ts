@@ -10,6 +10,8 @@ import { freePort, startWorkerDev, type WorkerDev } from "./worker-dev";
 
 export interface LocalStack {
   apiUrl: string;
+  /** The broker's credential for the agent (tests prove no sandbox ever sees it). */
+  agentSecret: string;
   agent: RunningAgent;
   worker: WorkerDev;
   stop: () => Promise<void>;
@@ -62,6 +64,7 @@ export async function startLocalStack(options: {
   }
   return {
     apiUrl: worker.url,
+    agentSecret,
     agent,
     worker,
     stop: async () => {

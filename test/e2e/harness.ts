@@ -135,7 +135,8 @@ export function lastJson(run: { trace: TraceEvent[] }, name = "work"): any {
     .split("\n")
     .filter((l) => l.startsWith("{"));
   const last = lines.at(-1);
-  if (!last) throw new Error(`${name} printed no JSON line; trace: ${JSON.stringify(run.trace).slice(0, 3000)}`);
+  if (!last)
+    throw new Error(`${name} printed no JSON line; trace: ${JSON.stringify(run.trace).slice(0, 3000)}`);
   return JSON.parse(last);
 }
 
@@ -156,3 +157,29 @@ export async function demoVault(api: Api, canary: string, extra: { default?: "al
   ok(await api.call("POST", "/v1/vault/hosts", { pattern: "blocked.demo.test", action: "block" }), "block");
   if (extra.default) ok(await api.call("PUT", "/v1/vault/settings", { default: extra.default }), "default");
 }
+
+/** A shell command that runs `code` with node, fed on stdin (no quoting to get wrong). */
+export const nodeScript = (code: string) => `node - <<'BW_SCRIPT'\n${code}\nBW_SCRIPT`;
+
+/** Client helpers the scripts share: fetch that reports errors, and a raw TCP connect. */
+export const CLIENT_HELPERS = `
+const net = require("node:net");
+const get = async (url) => {
+  try {
+    const res = await fetch(url);
+    const text = await res.text();
+    let body = null;
+    try { body = JSON.parse(text); } catch {}
+    return { status: res.status, body };
+  } catch (e) {
+    return { error: String(e.cause?.code ?? e.message) };
+  }
+};
+const tcp = (host, port) =>
+  new Promise((resolve) => {
+    const s = net.connect({ host, port, timeout: 2000 });
+    s.on("connect", () => { s.destroy(); resolve("connected"); });
+    s.on("error", (e) => resolve(e.code));
+    s.on("timeout", () => { s.destroy(); resolve("timeout"); });
+  });
+`;

@@ -1,5 +1,19 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { demoVault, type E2e, lastJson, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
+import { eq } from "drizzle-orm";
+import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
+import { nodeDb } from "../../scripts/lib/neon-node";
+import { vaultSecrets } from "../../src/db/schema";
+import {
+  CLIENT_HELPERS,
+  demoVault,
+  type E2e,
+  lastJson,
+  newUser,
+  nodeScript,
+  SKIP_REASON,
+  startE2e,
+  stdoutOf,
+  waitForEnd,
+} from "./harness";
 
 // Whole runs on the local backend: the public API launches a run, the coordinator asks the
 // broker for namespaces from the real host agent, the real proxy runs in the proxy sandbox and
@@ -45,5 +59,188 @@ describe.skipIf(SKIP_REASON !== null)("runs on the local backend", () => {
       expect.objectContaining({ host: "api.demo.test", route: "direct", count: 1 }),
     );
     expect(run.sandboxes.every((s: { status: string }) => s.status === "destroyed")).toBe(true);
+  });
+  it("catch-all (block default): the allowed host gets its key; an unlisted host, a raw port and an IP literal get nowhere", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    await demoVault(api, e.canary, { default: "block" });
+    const ip = e.upstream.address;
+    const script = `${CLIENT_HELPERS}
+(async () => {
+  console.log(JSON.stringify({
+    api: await get("https://api.demo.test/v1/whoami"),
+    api2: await get("https://api.demo.test/v1/again"),
+    unlisted: await get("https://other.demo.test/"),
+    blocked: await get("https://blocked.demo.test/"),
+    rawPort: await tcp("${ip}", ${e.upstream.directPort}),
+    ipLiteral: await get("https://${ip}/"),
+    plainHttp: await get("http://other.demo.test/"),
+  }));
+})();`;
+    const launched = await api.call("POST", "/v1/runs", { commands: [nodeScript(script)] });
+    const run = await waitForEnd(api, launched.json.id);
+    expect(run, JSON.stringify(run.trace, null, 1)).toMatchObject({
+      status: "finished",
+      routing: "catch-all",
+    });
+    expect(run.notes).toContainEqual(expect.objectContaining({ code: "catch_all_routing" }));
+    expect(run.proof).toMatchObject({ enforced: true, routing: "catch-all" });
+    // The wiring proved it before any command ran: TLS to the probe host refused by the proxy,
+    // and a direct connection out (to a listener that default routing would reach) failed.
+    const wiring = run.trace.find((t: { detail: { proof?: unknown } | null }) => t.detail?.proof);
+    expect(wiring.detail.proof.probes).toEqual([
+      expect.objectContaining({ name: "tls_probe", ok: true }),
+      expect.objectContaining({ name: "direct_egress", ok: true }),
+    ]);
+    const out = lastJson(run);
+    expect(out.api).toMatchObject({ status: 200, body: { keyMatches: true } });
+    expect(out.api2).toMatchObject({ status: 200, body: { keyMatches: true } });
+    expect(out.unlisted.status).toBe(403);
+    expect(out.blocked.status).toBe(403);
+    expect(out.plainHttp.status).toBe(403);
+    expect(out.rawPort).not.toBe("connected");
+    // An IP literal on 443 reaches the proxy, which refuses it (no SNI host it may name).
+    expect(out.ipLiteral.status ?? out.ipLiteral.error).not.toBe(200);
+    expect(e.upstream.seen.filter((s) => s.event === "direct")).toEqual([]);
+    expect(e.upstream.seen.filter((s) => s.host === "other.demo.test")).toEqual([]);
+    // Audit rows arrive, counted: two blocked hosts once each, the API host twice.
+    const blocked = await api.call("GET", `/v1/runs/${run.id}/blocked-hosts`);
+    const counts = Object.fromEntries(
+      blocked.json.blockedHosts.map((b: { host: string; seenCount: number }) => [b.host, b.seenCount]),
+    );
+    expect(counts).toMatchObject({ "other.demo.test": 2, "blocked.demo.test": 1 });
+    const routes = await api.call("GET", `/v1/runs/${run.id}/egress-routes`);
+    expect(routes.json.egressRoutes).toContainEqual(
+      expect.objectContaining({ host: "api.demo.test", route: "direct", count: 2 }),
+    );
+  });
+
+  it("the work sandbox, as its own user, cannot read the secret anywhere nor undo the redirect", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    await demoVault(api, e.canary);
+    // Searches for the canary's fixed prefix: the sandbox never learns the value itself.
+    const hunt = [
+      "echo uid=$(id -u)",
+      "grep CapEff /proc/self/status",
+      "echo procs=$(ls /proc | grep -cE '^[0-9]+$')",
+      "env",
+      "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'",
+      "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '",
+      // The needle is assembled at run time so that no command line ever holds it.
+      'n=canary; n="$n-e2e"; grep -rsl "$n" /etc /run /tmp /home /var/tmp /dev/shm /root 2>/dev/null | sed \'s/^/found:/\'',
+      "echo hunt-done",
+    ].join("; ");
+    const undo = [
+      "ip route del default 2>/dev/null && echo undo:route || echo kept:route",
+      "nft flush ruleset 2>/dev/null && echo undo:nft || echo kept:nft",
+      "(echo '10.240.91.2 api.demo.test' >> /etc/hosts) 2>/dev/null && echo undo:hosts || echo kept:hosts",
+      "ip link set eth0 down 2>/dev/null && echo undo:link || echo kept:link",
+      "(unshare --net true) 2>/dev/null; echo tried:unshare",
+    ].join("; ");
+    const launched = await api.call("POST", "/v1/runs", {
+      commands: [
+        hunt,
+        undo,
+        "node -e 'fetch(\"https://api.demo.test/after\").then(async (r) => console.log(JSON.stringify(await r.json())))'",
+      ],
+    });
+    const run = await waitForEnd(api, launched.json.id);
+    expect(run, JSON.stringify(run.trace, null, 1)).toMatchObject({
+      status: "finished",
+      reason: "completed",
+    });
+    const out = stdoutOf(run);
+    expect(out).toContain("hunt-done");
+    expect(out).not.toContain(e.canary);
+    expect(out).not.toContain("canary-e2e");
+    expect(out).not.toMatch(/^found:/m);
+    expect(out).not.toContain(e.stack.agentSecret);
+    expect(out).not.toContain("BW_PROXY_TOKEN");
+    expect(out).not.toContain("BW_AUDIT_KEY");
+    expect(out).not.toMatch(/bwp_[A-Za-z0-9_-]{20,}/);
+    expect(out).not.toContain("whsec_");
+    expect(out).not.toContain("VAULT_KEK");
+    expect(/uid=(\d+)/.exec(out)?.[1]).not.toBe("0");
+    expect(out).toMatch(/CapEff:\s+0000000000000000/);
+    // Only the sandbox's own processes are visible (its init, the shell, the commands).
+    expect(Number(/procs=(\d+)/.exec(out)?.[1])).toBeLessThan(10);
+    for (const what of ["route", "nft", "hosts", "link"]) expect(out).toContain(`kept:${what}`);
+    expect(out).not.toMatch(/^undo:/m);
+    // After every attempt the redirect still holds: the key is injected, not leaked.
+    expect(out).toContain('"keyMatches":true');
+  });
+
+  it("runs a fanned-out task in its own sandbox with no vault and no backend credential", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    await demoVault(api, e.canary);
+    const dump = "env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; echo task-done";
+    const launched = await api.call("POST", "/v1/runs", {
+      commands: ["echo work-done"],
+      tasks: [
+        { name: "t1", commands: [dump] },
+        {
+          name: "t2",
+          commands: [
+            nodeScript(
+              `${CLIENT_HELPERS}\nget("https://api.demo.test/t2").then((r) => console.log(JSON.stringify(r)));`,
+            ),
+          ],
+        },
+      ],
+    });
+    const run = await waitForEnd(api, launched.json.id);
+    expect(run, JSON.stringify(run.trace, null, 1)).toMatchObject({
+      status: "finished",
+      reason: "completed",
+    });
+    expect(run.sandboxes.map((s: { kind: string }) => s.kind).sort()).toEqual([
+      "proxy",
+      "task",
+      "task",
+      "work",
+    ]);
+    const t1 = stdoutOf(run, "t1");
+    expect(t1).toContain("task-done");
+    for (const secret of [
+      e.canary,
+      e.stack.agentSecret,
+      "BW_PROXY_TOKEN",
+      "BW_AUDIT_KEY",
+      "COMPUTE_BACKEND",
+      "whsec_",
+    ]) {
+      expect(t1).not.toContain(secret);
+    }
+    // The task is behind the same boundary: its call got the key injected on the way out.
+    expect(lastJson(run, "t2")).toMatchObject({ status: 200, body: { keyMatches: true } });
+  });
+
+  it("a vault with nothing to enforce: the run goes without a proxy, with a plain note", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    const launched = await api.call("POST", "/v1/runs", { commands: ["echo plain-run"] });
+    const run = await waitForEnd(api, launched.json.id);
+    expect(run).toMatchObject({ status: "finished", reason: "completed", routing: "default" });
+    expect(run.notes).toEqual([expect.objectContaining({ level: "note", code: "no_proxy" })]);
+    expect(run.proof).toMatchObject({ enforced: false, reason: "nothing_to_enforce" });
+    expect(run.proxy.readyAt).toBeNull();
+    expect(stdoutOf(run)).toContain("plain-run");
+  });
+
+  // case E1, on real parts: the vault cannot be decrypted → retries, stop, no sandbox, no command.
+  it("stops before any sandbox when the vault cannot be read (E1)", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    await demoVault(api, e.canary);
+    const me = await api.call("GET", "/v1/me");
+    const { db, pool } = nodeDb(inject("databaseUrl"));
+    await db
+      .update(vaultSecrets)
+      .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
+      .where(eq(vaultSecrets.environmentId, me.json.environmentId));
+    await pool.end();
+    const launched = await api.call("POST", "/v1/runs", { commands: ["echo must-not-run"] });
+    const run = await waitForEnd(api, launched.json.id);
+    expect(run).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
+    expect(run.sandboxes).toEqual([]);
+    expect(JSON.stringify(run.trace)).not.toContain("must-not-run\n");
+    expect(stdoutOf(run)).toBe("");
   });
 });

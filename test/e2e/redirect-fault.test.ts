@@ -1,0 +1,66 @@
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, stdoutOf, waitForEnd } from "./harness";
+
+// case E2 on real parts: the host agent's nft fails exactly on the catch-all rules (an injected
+// fault in the redirect command), so a catch-all run cannot be put inside its boundary. It must
+// stop before any benchmark command, with the reason and a warning, and leave no sandbox.
+
+describe.skipIf(SKIP_REASON !== null)("a catch-all redirect that cannot be installed (E2)", () => {
+  let e: E2e;
+  let dir: string;
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), "bw-e2e-nft-"));
+    const nft = join(dir, "nft-fault");
+    writeFileSync(
+      nft,
+      `#!/bin/sh
+input=$(cat)
+case "$input" in *"th dport 53"*) echo "injected nft failure" >&2; exit 1 ;; esac
+printf '%s\\n' "$input" | exec nft "$@"
+`,
+    );
+    chmodSync(nft, 0o755);
+    e = await startE2e({ name: "bwt-e2f", index: 92, nft });
+  });
+  afterAll(async () => {
+    await e?.stop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("stops the run before any command, with the reason, and tears down what was made", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    await demoVault(api, e.canary, { default: "block" });
+    const launched = await api.call("POST", "/v1/runs", { commands: ["echo must-not-run"] });
+    const run = await waitForEnd(api, launched.json.id);
+    expect(run, JSON.stringify(run.trace, null, 1)).toMatchObject({
+      status: "stopped",
+      reason: "redirect_not_installed",
+      routing: "catch-all",
+    });
+    expect(run.reasonDetail).toContain("injected nft failure");
+    expect(run.notes).toContainEqual(
+      expect.objectContaining({ level: "warning", code: "redirect_not_installed" }),
+    );
+    expect(stdoutOf(run)).toBe("");
+    expect(run.trace.some((t: { state: string | null }) => t.state === "running")).toBe(false);
+    expect(
+      run.sandboxes.every((s: { status: string }) => s.status !== "ready" && s.status !== "creating"),
+    ).toBe(true);
+    const left = await fetch(`${e.stack.agent.url}/v1/sandboxes?runId=${run.id}`, {
+      headers: { authorization: `Bearer ${e.stack.agentSecret}` },
+    });
+    expect((await left.json()).sandboxes).toEqual([]);
+  });
+
+  it("the same machine still runs a default-routing run (the fault is the catch-all redirect only)", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    await demoVault(api, e.canary);
+    const launched = await api.call("POST", "/v1/runs", { commands: ["echo fine"] });
+    const run = await waitForEnd(api, launched.json.id);
+    expect(run).toMatchObject({ status: "finished", reason: "completed", routing: "default" });
+    expect(stdoutOf(run)).toContain("fine");
+  });
+});
