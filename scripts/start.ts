@@ -1,22 +1,29 @@
-// `npm start`: the control plane on this machine. An embedded Postgres (PGlite, data kept in
-// .data/pglite) unless DATABASE_URL is set, the committed migrations, a dev user with an API
-// key, and `wrangler dev` serving the API on http://127.0.0.1:8787.
-import { spawn } from "node:child_process";
+// `npm start`: the whole boundary on this machine, and a demo run through it.
+//
+// An embedded Postgres (PGlite, data in .data/pglite) unless DATABASE_URL is set, the committed
+// migrations, a dev user with an API key, the local host agent (sandboxes as Linux namespaces),
+// `wrangler dev` serving the API on http://127.0.0.1:8787, and a demo upstream in a namespace of
+// its own. Then a demo run: its script calls the demo API host without a key and tries a blocked
+// host; the proxy injects the key and refuses the block; the summary says what happened.
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { eq } from "drizzle-orm";
 import { provisionApiKey } from "../src/auth/provision";
 import { hashApiKey } from "../src/crypto/api-keys";
 import { apiKeys } from "../src/db/schema";
+import { whyNotRunnable } from "./lib/can-isolate";
+import { type DemoUpstream, startDemoUpstream } from "./lib/demo-upstream";
+import { startLocalStack } from "./lib/local-stack";
 import { applyMigrations } from "./lib/migrate";
 import { configureNeonForNode, nodeDb } from "./lib/neon-node";
-import { startPglite } from "./lib/postgres";
-import { startWsBridge } from "./lib/ws-bridge";
+import { startEmbeddedPostgres } from "./lib/pglite-bridge";
+import { startWorkerDev } from "./lib/worker-dev";
 
 const DATA = join(process.cwd(), ".data");
 const PORT = Number(process.env.PORT ?? 8787);
 const DEV_EMAIL = "dev@localhost";
+const DEMO_HOSTS = ["api.demo.test", "blocked.demo.test"];
 
 function readOrCreate(file: string, make: () => string): string {
   const path = join(DATA, file);
@@ -27,104 +34,188 @@ function readOrCreate(file: string, make: () => string): string {
 }
 
 async function main() {
-  mkdirSync(DATA, { recursive: true });
+  // Private: the database files and keys must not be readable by a sandbox's uid.
+  mkdirSync(DATA, { recursive: true, mode: 0o700 });
+  chmodSync(DATA, 0o700);
   const stops: Array<() => Promise<void>> = [];
+  const shutdown = async (code = 0) => {
+    for (const stop of stops.reverse()) await stop().catch(() => {});
+    process.exit(code);
+  };
+  process.on("SIGINT", () => void shutdown());
+  process.on("SIGTERM", () => void shutdown());
 
   let databaseUrl = process.env.DATABASE_URL;
   let wsProxy = "";
   if (!databaseUrl) {
-    const pg = await startPglite(join(DATA, "pglite"));
+    const pg = await startEmbeddedPostgres(join(DATA, "pglite"));
     stops.push(() => pg.stop());
-    const bridge = await startWsBridge({ host: pg.host, port: pg.port });
-    stops.push(() => bridge.close());
     databaseUrl = pg.url;
-    wsProxy = bridge.address;
+    wsProxy = pg.wsProxy;
   }
   configureNeonForNode(wsProxy || undefined);
   await applyMigrations(databaseUrl);
-
-  // The dev key is kept (0600) in .data so a restart prints the same key; the database keeps
-  // only its hash, as for every key.
-  const { db, pool } = nodeDb(databaseUrl);
-  let devKey = existsSync(join(DATA, "dev-api-key"))
-    ? readFileSync(join(DATA, "dev-api-key"), "utf8").trim()
-    : "";
-  const known = devKey
-    ? await db
-        .select({ id: apiKeys.id })
-        .from(apiKeys)
-        .where(eq(apiKeys.hash, await hashApiKey(devKey)))
-    : [];
-  if (known.length === 0) {
-    devKey = (await provisionApiKey(db, { email: DEV_EMAIL, keyName: "npm start" })).key;
-    writeFileSync(join(DATA, "dev-api-key"), `${devKey}\n`, { mode: 0o600 });
-  }
-  await pool.end();
-
+  const devKey = await devApiKey(databaseUrl);
   const kek =
     process.env.VAULT_KEK ?? readOrCreate("vault-kek", () => `dev1:${randomBytes(32).toString("base64")}`);
-  const envFile = join(DATA, "dev.vars");
-  writeFileSync(envFile, `DATABASE_URL=${JSON.stringify(databaseUrl)}\nVAULT_KEK=${JSON.stringify(kek)}\n`, {
-    mode: 0o600,
-  });
 
-  const wrangler = spawn(
-    join(process.cwd(), "node_modules", ".bin", "wrangler"),
-    [
-      "dev",
-      "--ip",
-      "127.0.0.1",
-      "--port",
-      String(PORT),
-      "--env-file",
-      envFile,
-      "--var",
-      `DATABASE_WS_PROXY:${wsProxy}`,
-      "--show-interactive-dev-session=false",
-    ],
-    {
-      stdio: ["ignore", "pipe", "inherit"],
-      // This machine reaches no network but package registries: no Request.cf download, no telemetry.
-      env: { ...process.env, CLOUDFLARE_CF_FETCH_ENABLED: "false", WRANGLER_SEND_METRICS: "false" },
-    },
-  );
-  wrangler.stdout.on("data", (d) => process.stdout.write(`[wrangler] ${d}`));
-  const shutdown = async () => {
-    wrangler.kill("SIGTERM");
-    for (const stop of stops.reverse()) await stop().catch(() => {});
-    process.exit(0);
-  };
-  process.on("SIGINT", shutdown);
-  process.on("SIGTERM", shutdown);
-  wrangler.on("exit", (code) => {
-    console.error(`wrangler dev exited (${code})`);
-    void shutdown();
-  });
+  // Sandboxes need root on Linux with ip, nft, unshare, nsenter and setpriv. Without them the
+  // API still runs, and a run stops with the reason: nothing ever runs unisolated.
+  const cannot = whyNotRunnable();
+  let upstream: DemoUpstream | null = null;
+  let base: string;
+  const demoKey = `demo-key-${randomBytes(12).toString("hex")}`;
+  if (cannot === null) {
+    upstream = await startDemoUpstream({
+      name: "bwdemo",
+      index: 200,
+      hosts: DEMO_HOSTS,
+      expectedKey: demoKey,
+    });
+    stops.push(() => (upstream as DemoUpstream).stop());
+    const stack = await startLocalStack({
+      databaseUrl,
+      wsProxy,
+      vaultKek: kek,
+      dir: DATA,
+      port: PORT,
+      agentStateDir: join(DATA, "agent"),
+      proxyTestEnv: {
+        // The demo upstream's own test CA and address: development-only proxy settings.
+        BW_TEST_EXTRA_CA_PEM: upstream.caPem,
+        BW_TEST_ROUTES: DEMO_HOSTS.map((h) => `${h}=${upstream?.address}:${upstream?.httpsPort}`).join(","),
+        BW_TEST_ALLOW_CIDRS: upstream.cidr,
+      },
+      log: process.env.BW_VERBOSE ? (line) => console.log(line) : undefined,
+    });
+    stops.push(() => stack.stop());
+    base = stack.apiUrl;
+  } else {
+    const worker = await startWorkerDev({
+      port: PORT,
+      envFile: join(DATA, "worker.vars"),
+      persistTo: join(DATA, "wrangler-state"),
+      secrets: {
+        DATABASE_URL: databaseUrl,
+        VAULT_KEK: kek,
+        COMPUTE_BACKEND_SECRET: randomBytes(32).toString("base64url"),
+      },
+      vars: { DATABASE_WS_PROXY: wsProxy, COMPUTE_BACKEND_URL: "" },
+      log: process.env.BW_VERBOSE ? (line) => console.log(`[wrangler] ${line}`) : undefined,
+    });
+    stops.push(() => worker.stop());
+    base = worker.url;
+  }
 
-  const base = `http://127.0.0.1:${PORT}`;
-  await waitFor(`${base}/v1/openapi.json`);
   console.log(`
 Benchwright boundary is up (database: ${wsProxy ? "embedded PGlite in .data/pglite" : "DATABASE_URL"}).
   API        ${base}/v1
   OpenAPI    ${base}/v1/openapi.json
   Dev user   ${DEV_EMAIL}
   API key    ${devKey}
-
-Try:
-  export BW_KEY=${devKey}
-  curl -s -H "authorization: Bearer $BW_KEY" ${base}/v1/vault/policy-preview
 `);
+  if (cannot !== null || !upstream) {
+    console.log(`No demo run: this machine cannot make sandboxes (${cannot}).
+Runs launched here stop with that reason; run \`npm start\` as root on Linux with iproute2,
+nftables and util-linux installed to see one go through the boundary.
+`);
+    return;
+  }
+  await demo(base, devKey, demoKey, upstream);
+  console.log("The API keeps running; Ctrl-C stops it and removes every sandbox and namespace.");
 }
 
-async function waitFor(url: string): Promise<void> {
-  const deadline = Date.now() + 60_000;
-  while (Date.now() < deadline) {
-    try {
-      if ((await fetch(url)).ok) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 250));
+async function devApiKey(databaseUrl: string): Promise<string> {
+  // Kept (0600) in .data so a restart prints the same key; the database keeps only its hash.
+  const { db, pool } = nodeDb(databaseUrl);
+  try {
+    const file = join(DATA, "dev-api-key");
+    const kept = existsSync(file) ? readFileSync(file, "utf8").trim() : "";
+    const known = kept
+      ? await db
+          .select({ id: apiKeys.id })
+          .from(apiKeys)
+          .where(eq(apiKeys.hash, await hashApiKey(kept)))
+      : [];
+    if (known.length > 0) return kept;
+    const key = (await provisionApiKey(db, { email: DEV_EMAIL, keyName: "npm start" })).key;
+    writeFileSync(file, `${key}\n`, { mode: 0o600 });
+    return key;
+  } finally {
+    await pool.end();
   }
-  throw new Error(`${url} did not come up within 60 s`);
+}
+
+/** Sets up the dev user's vault for the demo (idempotent), runs the demo, prints what happened. */
+async function demo(base: string, key: string, demoKey: string, upstream: DemoUpstream) {
+  // biome-ignore lint/suspicious/noExplicitAny: JSON from our own API
+  const api = async (
+    method: string,
+    path: string,
+    body?: unknown,
+  ): Promise<{ status: number; json: any }> => {
+    const res = await fetch(`${base}/v1${path}`, {
+      method,
+      headers: { authorization: `Bearer ${key}`, ...(body ? { "content-type": "application/json" } : {}) },
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const text = await res.text();
+    return { status: res.status, json: text ? JSON.parse(text) : null };
+  };
+  // The demo key changes every start, like a rotated credential: replace the value if it exists.
+  const secrets = (await api("GET", "/vault/secrets")).json.secrets as { id: string; name: string }[];
+  const existing = secrets.find((s) => s.name === "DEMO_API_KEY");
+  if (existing) await api("PUT", `/vault/secrets/${existing.id}`, { value: demoKey });
+  else await api("POST", "/vault/secrets", { name: "DEMO_API_KEY", value: demoKey });
+  const rules = (await api("GET", "/vault/rules")).json.rules as { host: string }[];
+  if (!rules.some((r) => r.host === "api.demo.test")) {
+    await api("POST", "/vault/rules", {
+      host: "api.demo.test",
+      secret: "DEMO_API_KEY",
+      inject: { scheme: "bearer" },
+    });
+  }
+  await api("POST", "/vault/hosts", { pattern: "blocked.demo.test", action: "block" });
+
+  console.log("Demo: launching a run of the `demo` benchmark (it calls api.demo.test without a key,");
+  console.log("      then tries blocked.demo.test) ...");
+  const started = Date.now();
+  const launched = await api("POST", "/runs", { benchmark: "demo" });
+  if (launched.status !== 202) throw new Error(`launch failed: ${JSON.stringify(launched.json)}`);
+  const id = launched.json.id as string;
+  // biome-ignore lint/suspicious/noExplicitAny: JSON
+  let run: any;
+  for (;;) {
+    run = (await api("GET", `/runs/${id}`)).json;
+    if (["finished", "stopped", "failed"].includes(run.status)) break;
+    if (Date.now() - started > 120_000) throw new Error(`the demo run did not end: ${run.status}`);
+    await new Promise((r) => setTimeout(r, 300));
+  }
+  const output = (run.trace as { kind: string; detail: { stream?: string; text?: string } | null }[])
+    .filter((e) => e.kind === "output" && e.detail?.stream === "stdout")
+    .map((e) => e.detail?.text ?? "")
+    .join("");
+  const line = output.split("\n").find((l) => l.startsWith('{"demo"'));
+  const result = line ? JSON.parse(line) : null;
+  const blocked = (await api("GET", `/runs/${id}/blocked-hosts`)).json.blockedHosts as {
+    host: string;
+    seenCount: number;
+  }[];
+  const sawKey = upstream.seen.some((s) => s.host === "api.demo.test" && s.keyMatches === true);
+  const upstreamSawBlocked = upstream.seen.some((s) => s.host === "blocked.demo.test");
+  const check = (ok: boolean) => (ok ? "yes" : "NO");
+  console.log(`
+Demo run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 1000).toFixed(1)} s, routing ${run.routing}
+  the sandbox sent no key; the demo API saw the vault's key ...... ${check(sawKey && result?.api?.body?.keyMatches === true)}
+  the key never reached the sandbox (output, environment) ........ ${check(!output.includes(demoKey) && !(result?.envNames ?? []).some((n: string) => n.includes("DEMO")))}
+  blocked.demo.test refused (HTTP ${result?.blocked?.status ?? "?"}) and never reached .......... ${check(result?.blocked?.status === 403 && !upstreamSawBlocked)}
+  ... and recorded: ${blocked.map((b) => `${b.host} ×${b.seenCount}`).join(", ") || "(not yet)"}
+
+Look at it:
+  curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}
+  curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}/blocked-hosts
+  curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}/egress-routes
+`);
 }
 
 main().catch((e) => {

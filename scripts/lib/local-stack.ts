@@ -2,7 +2,8 @@ import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { type RunningAgent, startAgent } from "../../local-agent/server";
-import { freePort, startWorkerDev, type WorkerDev } from "./worker-dev";
+import { freePort } from "./postgres";
+import { startWorkerDev, type WorkerDev } from "./worker-dev";
 
 // The whole control plane on one machine, as `npm start` and the end-to-end tests run it: the
 // proxy image's programs built, the local host agent (namespaces), and `wrangler dev` serving

@@ -4,10 +4,10 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-// A Postgres for local work: a throwaway cluster of the machine's real PostgreSQL when one is
-// installed (tests, CI), or PGlite, the embedded Postgres, behind a TCP socket (npm start).
+// A throwaway cluster of the machine's real PostgreSQL, for tests and CI. (The embedded PGlite,
+// for npm start and machines without PostgreSQL, is in pglite-bridge.ts.)
 export interface LocalPostgres {
-  readonly kind: "postgresql" | "pglite";
+  readonly kind: "postgresql";
   readonly host: string;
   readonly port: number;
   readonly url: string;
@@ -130,22 +130,3 @@ async function stopChild(child: ChildProcess): Promise<void> {
 }
 
 /** PGlite (embedded Postgres in WebAssembly) on a loopback TCP port; `dataDir` keeps its data. */
-export async function startPglite(dataDir?: string): Promise<LocalPostgres> {
-  const { PGlite } = await import("@electric-sql/pglite");
-  const { PGLiteSocketServer } = await import("@electric-sql/pglite-socket");
-  const db = await PGlite.create(dataDir ? { dataDir } : {});
-  const port = await freePort();
-  const server = new PGLiteSocketServer({ db, host: "127.0.0.1", port, maxConnections: 16 });
-  await server.start();
-  return {
-    kind: "pglite",
-    host: "127.0.0.1",
-    port,
-    // PGlite accepts any password; the driver still wants one.
-    url: `postgres://postgres:${PASSWORD}@127.0.0.1:${port}/postgres`,
-    stop: async () => {
-      await server.stop();
-      await db.close();
-    },
-  };
-}

@@ -80,16 +80,3 @@ export async function startWorkerDev(options: {
   await stop();
   throw new Error(`wrangler dev did not answer within 90 s:\n${tail}`);
 }
-
-/** A free TCP port on loopback (bound, then released). */
-export async function freePort(): Promise<number> {
-  const { createServer } = await import("node:net");
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const port = (server.address() as { port: number }).port;
-      server.close(() => resolve(port));
-    });
-  });
-}

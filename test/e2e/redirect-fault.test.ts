@@ -52,7 +52,7 @@ printf '%s\\n' "$input" | exec nft "$@"
     const left = await fetch(`${e.stack.agent.url}/v1/sandboxes?runId=${run.id}`, {
       headers: { authorization: `Bearer ${e.stack.agentSecret}` },
     });
-    expect((await left.json()).sandboxes).toEqual([]);
+    expect(((await left.json()) as { sandboxes: unknown[] }).sandboxes).toEqual([]);
   });
 
   it("the same machine still runs a default-routing run (the fault is the catch-all redirect only)", async () => {

@@ -1,6 +1,6 @@
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { accessSync, constants, readdirSync, readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { promisify } from "node:util";
@@ -13,24 +13,7 @@ import { ExecInfo, type ExecRequest, SandboxInfo } from "../../src/contract/loca
 const execFileP = promisify(execFile);
 const PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-export function onPath(name: string): boolean {
-  return PATH.split(":").some((dir) => {
-    try {
-      accessSync(`${dir}/${name}`, constants.X_OK);
-      return true;
-    } catch {
-      return false;
-    }
-  });
-}
-
-/** Why this machine cannot run the suite, or null. */
-export function whyNotRunnable(): string | null {
-  if (process.platform !== "linux") return "not Linux";
-  if (process.getuid?.() !== 0) return "not root";
-  const missing = ["ip", "nft", "unshare", "nsenter", "setpriv"].filter((b) => !onPath(b));
-  return missing.length > 0 ? `missing ${missing.join(", ")}` : null;
-}
+export { onPath, whyNotRunnable } from "../../scripts/lib/can-isolate";
 
 /** Runs a host command; resolves with its output whether it fails or not. */
 export async function host(argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {

@@ -2,12 +2,8 @@ import { createServer, type Socket } from "node:net";
 import type { TestProject } from "vitest/node";
 import { applyMigrations } from "../../scripts/lib/migrate";
 import { configureNeonForNode } from "../../scripts/lib/neon-node";
-import {
-  findPostgresBin,
-  type LocalPostgres,
-  startPglite,
-  startPostgresql,
-} from "../../scripts/lib/postgres";
+import { startEmbeddedPostgres } from "../../scripts/lib/pglite-bridge";
+import { findPostgresBin, startPostgresql } from "../../scripts/lib/postgres";
 import { startWsBridge } from "../../scripts/lib/ws-bridge";
 
 // Starts the database the workerd tests talk to: a throwaway cluster of the real PostgreSQL when
@@ -25,14 +21,21 @@ declare module "vitest" {
 
 export default async function setup(project: TestProject) {
   const bin = findPostgresBin();
-  const pg: LocalPostgres = bin ? await startPostgresql(bin) : await startPglite();
-  if (!bin) console.warn("PostgreSQL is not installed; the worker tests run on PGlite instead.");
-  const bridge = await startWsBridge({ host: pg.host, port: pg.port });
-  configureNeonForNode(bridge.address);
-  await applyMigrations(pg.url);
+  let db: { kind: string; url: string; wsProxy: string; stop: () => Promise<void> };
+  if (bin) {
+    const pg = await startPostgresql(bin);
+    const bridge = await startWsBridge({ host: pg.host, port: pg.port });
+    db = { kind: pg.kind, url: pg.url, wsProxy: bridge.address, stop: () => bridge.close().then(pg.stop) };
+  } else {
+    console.warn("PostgreSQL is not installed; the worker tests run on PGlite instead.");
+    db = await startEmbeddedPostgres();
+  }
+  const pg = db;
+  configureNeonForNode(db.wsProxy);
+  await applyMigrations(db.url);
   const key = (n: number) => Buffer.alloc(32, n).toString("base64");
-  project.provide("databaseUrl", pg.url);
-  project.provide("databaseWsProxy", bridge.address);
+  project.provide("databaseUrl", db.url);
+  project.provide("databaseWsProxy", db.wsProxy);
   project.provide("databaseKind", pg.kind);
   // A test-only key ring with two keys, so rotation paths run in every route test.
   project.provide("vaultKek", `test2:${key(2)},test1:${key(1)}`);
@@ -40,7 +43,6 @@ export default async function setup(project: TestProject) {
   project.provide("silentAddress", silent.address);
   return async () => {
     await silent.close();
-    await bridge.close();
     await pg.stop();
   };
 }
