@@ -289,6 +289,17 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("GET", "/v1/vault/policy-preview?egress=local", undefined, [200]);
     await api("GET", "/v1/me", undefined, [200]);
 
+    // Runs: launched with this vault (the coordinator reads and decrypts it), read, listed,
+    // cancelled; their audit reads too. None of it may carry a value.
+    const launched = await api("POST", "/v1/runs", { commands: ["echo canary-run"] }, [202]);
+    const runId = launched.json.id as string;
+    await api("POST", "/v1/runs", { benchmark: "nope" }, [400, "unknown_benchmark"]);
+    await api("GET", "/v1/runs", undefined, [200]);
+    await api("POST", `/v1/runs/${runId}/cancel`, undefined, [202]);
+    await api("GET", `/v1/runs/${runId}`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}/blocked-hosts`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
+
     // Internal errors whose messages quote the value (as a careless library's might): the
     // response and the log line carry only the error's class and the request id. The spies
     // fail only for the canary's bytes: the database driver signs with the same WebCrypto
@@ -323,7 +334,10 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     );
     const driven = new Set(
       responses.map(([where]) =>
-        where.split("?")[0]?.replace(/\/(secrets|rules|hosts)\/(?!order$|starter-pack$)[^/]+$/, "/$1/{id}"),
+        where
+          .split("?")[0]
+          ?.replace(/\/(secrets|rules|hosts)\/(?!order$|starter-pack$)[^/]+$/, "/$1/{id}")
+          .replace(/\/runs\/run_[^/]+/, "/runs/{id}"),
       ),
     );
     expect(operations.filter((op) => !driven.has(op))).toEqual([]);
