@@ -23,7 +23,13 @@ export interface E2e {
   stop: () => Promise<void>;
 }
 
-export async function startE2e(options: { name: string; index: number; nft?: string }): Promise<E2e> {
+export async function startE2e(options: {
+  name: string;
+  index: number;
+  nft?: string;
+  /** Extra proxy settings (fault injection: a setting the proxy refuses to start with). */
+  proxyEnv?: Record<string, string>;
+}): Promise<E2e> {
   const databaseUrl = inject("databaseUrl");
   const wsProxy = inject("databaseWsProxy");
   configureNeonForNode(wsProxy);
@@ -45,7 +51,7 @@ export async function startE2e(options: { name: string; index: number; nft?: str
       dir,
       nft: options.nft,
       agentStateDir: join(dir, "agent"),
-      proxyTestEnv: proxyTestEnv(upstream),
+      proxyTestEnv: { ...proxyTestEnv(upstream), ...options.proxyEnv },
       log: process.env.BW_E2E_LOG ? (line) => console.log(line) : undefined,
     });
   } catch (error) {
