@@ -18,6 +18,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends libcap2-bin ca-
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin proxy \
  && mkdir -p /var/spool/benchwright && chown proxy /var/spool/benchwright
 COPY --from=build /src/proxy-image/dist/proxy.cjs /opt/benchwright/proxy.cjs
+# The wiring program, for work and task sandboxes' setup stage (an init container runs it from
+# this image on Kubernetes; the local backend mounts proxy-image/dist instead).
+COPY --from=build /src/proxy-image/dist/wiring.cjs /opt/benchwright/wiring.cjs
 USER proxy
 EXPOSE 80 443 3128
 # E2B starts the proxy with start_cmd in e2b.toml.
