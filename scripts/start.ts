@@ -148,11 +148,11 @@ async function devApiKey(databaseUrl: string): Promise<string> {
 
 /** Sets up the dev user's vault for the demo (idempotent), runs the demo, prints what happened. */
 async function demo(base: string, key: string, demoKey: string, upstream: DemoUpstream) {
-  // biome-ignore lint/suspicious/noExplicitAny: JSON from our own API
   const api = async (
     method: string,
     path: string,
     body?: unknown,
+    // biome-ignore lint/suspicious/noExplicitAny: JSON from our own API
   ): Promise<{ status: number; json: any }> => {
     const res = await fetch(`${base}/v1${path}`, {
       method,
