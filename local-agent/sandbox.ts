@@ -15,8 +15,8 @@ import { BASE_ENV } from "./command";
 // A sandbox's processes (docs/local-backend.md, "What a sandbox is").
 //
 // The init is started as
-//   ip netns exec NS unshare --mount --pid --fork --mount-proc --propagation private sh -c INIT
-// INIT runs as host root in the new mount and PID namespaces (both owned by the host's user
+//   ip netns exec NS unshare --mount --pid --ipc --fork --mount-proc --propagation private sh -c INIT
+// INIT runs as host root in the new mount, PID and IPC namespaces (owned by the host's user
 // namespace): it makes every mount, then drops to uid U and enters a user namespace of its own
 // (`setpriv ... unshare --user --map-root-user`). Mounts made before a user namespace is entered
 // are locked for it, so the setup stage, though root in its user namespace, can neither unmount
@@ -86,7 +86,9 @@ function writeSandboxFiles(dir: string, uid: number, files: SandboxFiles): void 
   if (existsSync(CA_BUNDLE)) put("ca-certificates.crt", (p) => copyFileSync(CA_BUNDLE, p));
 }
 
-const NAMESPACES = ["user", "mnt", "pid", "net"] as const;
+// IPC too: System V IPC and POSIX message queues are per IPC namespace, and the host's (or another
+// sandbox's) must not be reachable from a sandbox.
+const NAMESPACES = ["user", "mnt", "pid", "net", "ipc"] as const;
 type NsIds = Record<(typeof NAMESPACES)[number], string>;
 
 function nsIds(pid: number | "self"): NsIds | null {
@@ -135,6 +137,7 @@ export class SandboxProcess {
         "unshare",
         "--mount",
         "--pid",
+        "--ipc",
         "--fork",
         "--mount-proc",
         "--propagation",
@@ -229,7 +232,7 @@ export class SandboxProcess {
   execArgv(stage: "setup" | "execute", cwd: string, argv: readonly string[]): string[] {
     const enter =
       stage === "setup"
-        ? ["nsenter", "-t", String(this.initPid), "--user", "--mount", "--pid", "--net", "--"]
+        ? ["nsenter", "-t", String(this.initPid), "--user", "--mount", "--pid", "--net", "--ipc", "--"]
         : [
             "nsenter",
             "-t",
@@ -237,6 +240,7 @@ export class SandboxProcess {
             "--mount",
             "--pid",
             "--net",
+            "--ipc",
             "--",
             "setpriv",
             `--reuid=${this.uid + 1}`,

@@ -189,6 +189,12 @@ function serveTcp(tcp: Server, answer: string): Set<Socket> {
         reply.copy(framed, 2);
         socket.write(framed);
       }
+      // A client that pipelines queries but does not read its answers: stop reading from it
+      // until they drain, so its replies cannot pile up in the proxy's memory.
+      if (socket.writableNeedDrain) {
+        socket.pause();
+        socket.once("drain", () => socket.resume());
+      }
     });
   });
   return sockets;

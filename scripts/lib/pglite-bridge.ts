@@ -27,6 +27,8 @@ const GSSENC_REQUEST = 80877104;
 // Messages after which the client waits for an answer: the end of a unit of work.
 const UNIT_ENDS = new Set(["S", "Q", "H", "p", "F"].map((c) => c.charCodeAt(0)));
 const TERMINATE = "X".charCodeAt(0);
+/** Largest message a client may send; a larger length, or one the protocol cannot have, closes it. */
+const MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
 
 /** A FIFO mutex whose holder is a connection: it may keep it across several units (a transaction). */
 class SessionLock {
@@ -91,6 +93,8 @@ export async function startEmbeddedPostgres(dataDir?: string): Promise<EmbeddedP
         if (!started) {
           if (buffer.length < 8) return;
           const length = buffer.readInt32BE(0);
+          // A length the protocol cannot have would loop forever (0) or buffer without end.
+          if (length < 8 || length > MAX_MESSAGE_BYTES) return void ws.terminate();
           if (buffer.length < length) return;
           const code = buffer.readInt32BE(4);
           const message = buffer.subarray(0, length);
@@ -106,6 +110,7 @@ export async function startEmbeddedPostgres(dataDir?: string): Promise<EmbeddedP
         }
         if (buffer.length < 5) return;
         const length = 1 + buffer.readInt32BE(1);
+        if (length < 5 || length > MAX_MESSAGE_BYTES) return void ws.terminate();
         if (buffer.length < length) return;
         const type = buffer[0] as number;
         const message = new Uint8Array(buffer.subarray(0, length));

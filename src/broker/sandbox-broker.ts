@@ -3,7 +3,7 @@ import { and, eq, ne } from "drizzle-orm";
 import { z } from "zod";
 import { loadConfig } from "../config";
 import type { ExecInfo, ExecRequest } from "../contract/local-agent";
-import type { CreateResult } from "../coordinator/machine";
+import type { CreateResult, SandboxRequest } from "../coordinator/machine";
 import { openDb } from "../db/client";
 import { sandboxes } from "../db/schema";
 import type { Db } from "../db/types";
@@ -24,16 +24,6 @@ const BrokerEnv = z.object({
     .string({ error: "COMPUTE_BACKEND_SECRET is not set" })
     .min(16, "COMPUTE_BACKEND_SECRET is too short"),
 });
-
-export type CreateRequest =
-  | { id: string; kind: "proxy" }
-  | {
-      id: string;
-      kind: "work" | "task";
-      taskIndex: number | null;
-      proxySandboxId: string;
-      routing: "default" | "catch-all";
-    };
 
 export class SandboxBroker extends DurableObject<Env> {
   private backendOrError(): ComputeBackend {
@@ -70,7 +60,7 @@ export class SandboxBroker extends DurableObject<Env> {
    * class does not cross the RPC boundary, and the coordinator must tell "cannot isolate here"
    * from "try again".
    */
-  async create(runId: string, request: CreateRequest): Promise<CreateResult> {
+  async create(runId: string, request: SandboxRequest): Promise<CreateResult> {
     let backend: ComputeBackend;
     try {
       backend = this.backendOrError();
@@ -91,6 +81,8 @@ export class SandboxBroker extends DurableObject<Env> {
       let row: Awaited<ReturnType<SandboxBroker["own"]>>;
       try {
         row = await this.own(db, runId, request.id);
+        // A work/task sandbox's network is its own run's proxy sandbox, never another run's.
+        if (request.kind !== "proxy") await this.own(db, runId, request.proxySandboxId);
       } catch (error) {
         return failure(error); // another run's id, or a sandbox already torn down
       }

@@ -22,6 +22,8 @@ export const VAULT_BACKOFF_MS = 500;
 export const PROXY_READY_DEADLINE_MS = 30_000;
 export const POLL_MS = 250;
 export const MAX_FAULTS = 5;
+/** Longest wait between two attempts at a teardown that keeps failing. */
+export const MAX_TEARDOWN_BACKOFF_MS = 60_000;
 /** Output kept in the trace per run; the rest is counted, not stored. */
 export const MAX_TRACE_OUTPUT = 256 * 1024;
 
@@ -87,6 +89,17 @@ export interface RunFacts {
 
 export type VaultRead = { ok: true; policy: PolicyDocument } | { ok: false; reason: string };
 
+/** What the coordinator asks the broker to make for its run. */
+export type SandboxRequest =
+  | { id: string; kind: "proxy" }
+  | {
+      id: string;
+      kind: "work" | "task";
+      taskIndex: number | null;
+      proxySandboxId: string;
+      routing: "default" | "catch-all";
+    };
+
 /** A backend's answer to a create: the sandbox, or why not (retryable: worth another alarm). */
 export type CreateResult =
   | { ok: true; info: SandboxInfo }
@@ -110,18 +123,7 @@ export interface MachinePorts {
   /** The CA the proxy reported ready with, or null while it has not. */
   proxyReady(runId: string): Promise<{ caCertPem: string } | null>;
   broker: {
-    create(
-      runId: string,
-      request:
-        | { id: string; kind: "proxy" }
-        | {
-            id: string;
-            kind: "work" | "task";
-            taskIndex: number | null;
-            proxySandboxId: string;
-            routing: "default" | "catch-all";
-          },
-    ): Promise<CreateResult>;
+    create(runId: string, request: SandboxRequest): Promise<CreateResult>;
     exec(
       runId: string,
       sandboxId: string,
@@ -211,9 +213,15 @@ export class RunMachine {
       // backoff; after MAX_FAULTS in a row, tear down and fail rather than hang.
       s.faults += 1;
       const retryable = !(error instanceof BackendError) || error.retryable;
-      if (s.faults >= MAX_FAULTS || !retryable) {
+      if (s.state === "finishing") {
+        // Teardown itself failing: it must still end, and the runtime gives up on an alarm after
+        // a few retries, so retry without end (backoff capped). Past MAX_FAULTS, revoke the proxy
+        // credentials now, not after the proxy sandbox is gone: a proxy that outlives a failed
+        // teardown then gets no more policy (nor secrets), at the cost of its last audit flush.
+        if (s.faults >= MAX_FAULTS) await this.ports.revokeProxyCredentials(s.runId).catch(() => {});
+        next = this.ports.now() + Math.min(VAULT_BACKOFF_MS * 2 ** (s.faults - 1), MAX_TEARDOWN_BACKOFF_MS);
+      } else if (s.faults >= MAX_FAULTS || !retryable) {
         const detail = error instanceof BackendError ? error.message : "internal error";
-        if (s.state === "finishing") throw error; // teardown itself failing: let the alarm retry
         this.finish(s, { to: "failed", reason: "internal_error", detail });
         next = this.ports.now();
       } else {
@@ -255,6 +263,10 @@ export class RunMachine {
     const run = await this.ports.loadRun(s.runId);
     if (!run) {
       s.state = "failed"; // no row: nothing to record it on
+      return this.ports.now();
+    }
+    if (isOver(run.status)) {
+      s.state = run.status; // ended before it started (cancelled): never start it now
       return this.ports.now();
     }
     s.spec = run.spec;
@@ -383,6 +395,13 @@ export class RunMachine {
       policy.routing.mode === "default" &&
       s.network?.created === true;
     if (mayContinue) {
+      // A proxy that failed its setup may still run, holding the run's credentials and a copy of
+      // the vault: stop it and revoke them, so no boundary that is not enforced keeps them.
+      const network = must(s.network);
+      if (s.proxy && s.proxy.launches > 0) {
+        await this.ports.broker.kill(s.runId, network.sandboxId, `proxy-${s.proxy.launches}`);
+      }
+      await this.ports.revokeProxyCredentials(s.runId);
       await this.ports.note(s.runId, {
         level: "warning",
         code: "proxy_failed_unfiltered",
@@ -460,7 +479,7 @@ export class RunMachine {
   private async wire(s: MachineState): Promise<number> {
     const policy = must(s.policy);
     const ca = s.proxy?.caCertPem ?? null;
-    if (!policy.enforce || s.proxy?.unfiltered || ca === null) {
+    if (!policy.enforce || s.proxy?.unfiltered) {
       // Nothing to wire: no proxy runs. The run proof says so.
       for (const w of s.workers) w.env = {};
       await this.ports.setRunFields(s.runId, {
@@ -468,6 +487,10 @@ export class RunMachine {
       });
       await this.move(s, "running", "no_wiring_needed");
       return this.ports.now();
+    }
+    if (ca === null) {
+      // A proxy that should enforce but gave no CA: never run as if unenforced (fail closed).
+      return this.stop(s, "internal_error", "the run's proxy CA is missing, so no benchmark code ran");
     }
     let pending = false;
     for (const w of s.workers) {

@@ -47,7 +47,9 @@ const auditKeyAad = (run: RunOwner): SecretAad => ({
 
 /**
  * Issues fresh credentials for a run, replacing any earlier ones (a re-issued token makes the old
- * one invalid at once). Returns the plaintexts; the database keeps a hash and a ciphertext.
+ * one invalid at once). Returns the plaintexts; the database keeps a hash and a ciphertext. The
+ * previous launch's ready report (its CA) is cleared too: only the proxy holding these credentials
+ * can report the run ready again, so a relaunch is never taken as ready with an old CA.
  */
 export async function issueProxyCredentials(
   db: Db,
@@ -62,6 +64,9 @@ export async function issueProxyCredentials(
     .set({
       proxyTokenHash: await hashApiKey(proxyToken),
       auditKeyCiphertext: await encryptSecret(keyRing, auditKeyAad(run), auditKey),
+      caCertPem: null,
+      caFingerprint: null,
+      proxyReadyAt: null,
       updatedAt: new Date(),
     })
     .where(eq(runs.id, run.id))

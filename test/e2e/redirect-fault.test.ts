@@ -1,7 +1,8 @@
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { nftFailingCatchAll } from "../local/harness";
 import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, stdoutOf, waitForEnd } from "./harness";
 
 // case E2 on real parts: the host agent's nft fails exactly on the catch-all rules (an injected
@@ -13,16 +14,7 @@ describe.skipIf(SKIP_REASON !== null)("a catch-all redirect that cannot be insta
   let dir: string;
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), "bw-e2e-nft-"));
-    const nft = join(dir, "nft-fault");
-    writeFileSync(
-      nft,
-      `#!/bin/sh
-input=$(cat)
-case "$input" in *"th dport 53"*) echo "injected nft failure" >&2; exit 1 ;; esac
-printf '%s\\n' "$input" | exec nft "$@"
-`,
-    );
-    chmodSync(nft, 0o755);
+    const nft = nftFailingCatchAll(dir);
     e = await startE2e({ name: "bwt-e2f", index: 92, nft });
   });
   afterAll(async () => {

@@ -1,4 +1,4 @@
-import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -10,6 +10,7 @@ import {
   AgentClient,
   host,
   leftovers,
+  nftFailingCatchAll,
   secret,
   startControlPlane,
   TestUpstream,
@@ -251,6 +252,20 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
       expect(seen.stdout).not.toContain("vitest");
     }
     await api.call("POST", `/v1/sandboxes/px1/exec/${started.execId}/kill`);
+  });
+
+  it("gives each sandbox an IPC namespace of its own, the same in both stages", async () => {
+    const ipc = async (id: string, stage: "setup" | "execute") =>
+      (await api.sh(id, "readlink /proc/self/ns/ipc", stage)).stdout.trim();
+    const [wkSetup, wkExec, tk, px] = await Promise.all([
+      ipc("wk1", "setup"),
+      ipc("wk1", "execute"),
+      ipc("tk1", "execute"),
+      ipc("px1", "setup"),
+    ]);
+    expect(wkSetup).toMatch(/^ipc:\[\d+\]$/);
+    expect(wkExec).toBe(wkSetup);
+    expect(new Set([readlinkSync("/proc/self/ns/ipc"), wkExec, tk, px]).size).toBe(4);
   });
 
   it("gives each sandbox a private, empty /tmp", async () => {
@@ -509,16 +524,7 @@ describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
 
   it("fails a catch-all sandbox whose redirect cannot be installed, leaving nothing of it (E2)", async () => {
     // Passes the health check and the proxy namespace's own rules; fails the catch-all rules.
-    const nft = join(tempDir(), "nft-fault");
-    writeFileSync(
-      nft,
-      `#!/bin/sh
-input=$(cat)
-case "$input" in *"th dport 53"*) echo "injected nft failure" >&2; exit 1 ;; esac
-printf '%s\\n' "$input" | exec nft "$@"
-`,
-    );
-    chmodSync(nft, 0o755);
+    const nft = nftFailingCatchAll(tempDir());
     await withAgents(async (start) => {
       const api = await start({ nft, uidBase: FAULT_UIDS[0] });
       const px = await api.create({ kind: "proxy", id: "fp", runId: "fr" });

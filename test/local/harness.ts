@@ -1,8 +1,9 @@
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { readdirSync, readFileSync } from "node:fs";
+import { chmodSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import { join } from "node:path";
 import { promisify } from "node:util";
 import { ExecInfo, type ExecRequest, SandboxInfo } from "../../src/contract/local-agent";
 
@@ -41,6 +42,25 @@ export interface Reply {
 }
 
 export const secret = () => randomBytes(24).toString("hex");
+
+/**
+ * Writes `dir/nft-fault`, an nft that fails exactly on the catch-all rules (those redirecting DNS)
+ * and passes everything else to the real nft: the health check and the proxy namespace's own
+ * rules pass, a catch-all redirect cannot be installed (case E2). Returns its path.
+ */
+export function nftFailingCatchAll(dir: string): string {
+  const nft = join(dir, "nft-fault");
+  writeFileSync(
+    nft,
+    `#!/bin/sh
+input=$(cat)
+case "$input" in *"th dport 53"*) echo "injected nft failure" >&2; exit 1 ;; esac
+printf '%s\\n' "$input" | exec nft "$@"
+`,
+  );
+  chmodSync(nft, 0o755);
+  return nft;
+}
 
 export class AgentClient {
   constructor(

@@ -1,5 +1,6 @@
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { WebSocket } from "ws";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import { type EmbeddedPostgres, startEmbeddedPostgres } from "../../scripts/lib/pglite-bridge";
 
@@ -43,6 +44,25 @@ describe("embedded Postgres bridge", () => {
     const total = await check.db.execute(sql`select count(*)::int as c from bridge_t`);
     expect(total.rows[0]).toEqual({ c: 200 });
     await check.pool.end();
+  });
+
+  it("closes a connection whose message length the protocol cannot have, and serves the others", async () => {
+    const params = Buffer.from("user\0postgres\0database\0postgres\0\0");
+    const startup = Buffer.alloc(8);
+    startup.writeInt32BE(8 + params.length, 0);
+    startup.writeInt32BE(196_608, 4); // protocol 3.0
+    // A length below the 4 bytes of the length itself (here -1): no message can have it.
+    const query = Buffer.from([0x51, 0xff, 0xff, 0xff, 0xff]);
+    for (const bytes of [Buffer.alloc(8), Buffer.concat([startup, params, query])]) {
+      const ws = new WebSocket(`ws://${pg.wsProxy}`);
+      await new Promise((resolve) => ws.once("open", resolve));
+      const closed = new Promise((resolve) => ws.once("close", resolve));
+      ws.send(bytes);
+      await closed;
+    }
+    const b = nodeDb(pg.url);
+    expect((await b.db.execute(sql`select 1 as one`)).rows[0]).toEqual({ one: 1 });
+    await b.pool.end();
   });
 
   it("rolls back a transaction whose client went away, and frees the session for the others", async () => {

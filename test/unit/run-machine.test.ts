@@ -37,7 +37,9 @@ interface WorldOptions {
   proofOk?: boolean;
   exitCodes?: Record<string, number>;
   /** Throw from the named port this many times before behaving. */
-  throwOnce?: { port: "create" | "exec" | "transition"; times: number };
+  throwOnce?: { port: "create" | "exec" | "transition" | "destroy"; times: number };
+  /** The run's status in the database when the coordinator loads it. */
+  runStatus?: "queued" | "stopped";
 }
 
 function world(o: WorldOptions = {}) {
@@ -53,6 +55,7 @@ function world(o: WorldOptions = {}) {
   const execs = new Map<string, { argv: string[]; stage: string; env: Record<string, string> }>();
   const starts: string[] = [];
   const kills: string[] = [];
+  let revocations = 0;
   let vaultReads = 0;
   let proxyStarted = false;
   let throws = o.throwOnce?.times ?? 0;
@@ -89,7 +92,7 @@ function world(o: WorldOptions = {}) {
   const ports: MachinePorts = {
     now: () => now,
     newId: (prefix) => `${prefix}${++ids}`,
-    loadRun: async (id) => ({ id, status: "queued", spec: o.spec ?? SPEC }),
+    loadRun: async (id) => ({ id, status: o.runStatus ?? "queued", spec: o.spec ?? SPEC }),
     transition: async (_runId, t) => {
       maybeThrow("transition");
       if (!transitions.some((x) => x.to === t.to)) transitions.push({ to: t.to, reason: t.reason });
@@ -105,7 +108,9 @@ function world(o: WorldOptions = {}) {
       return { ok: true, policy: o.policy ?? RULE_POLICY };
     },
     issueProxyCredentials: async () => ({ proxyToken: "t".repeat(40), auditKey: "whsec_x" }),
-    revokeProxyCredentials: async () => {},
+    revokeProxyCredentials: async () => {
+      revocations += 1;
+    },
     proxyReady: async () => (proxyStarted && !o.proxyNeverReady ? { caCertPem: "CA" } : null),
     broker: {
       create: async (_runId, req) => {
@@ -148,6 +153,7 @@ function world(o: WorldOptions = {}) {
         kills.push(`${sandboxId}/${execId}`);
       },
       destroyRun: async () => {
+        maybeThrow("destroy");
         for (const id of created.keys()) destroyed.add(id);
       },
     },
@@ -179,6 +185,7 @@ function world(o: WorldOptions = {}) {
     execs,
     starts,
     kills,
+    revocations: () => revocations,
     crashAt: (...n: number[]) => {
       crashAt = new Set(n);
     },
@@ -282,6 +289,23 @@ describe("run machine", () => {
     expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
   });
 
+  it("keeps retrying a failing teardown past MAX_FAULTS, revoking the proxy credentials meanwhile", async () => {
+    const w = world({ throwOnce: { port: "destroy", times: 8 } });
+    const end = await w.drive();
+    expect(end?.state).toBe("finished");
+    expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+    // Early (once the teardown has failed MAX_FAULTS times), and again when it succeeds.
+    expect(w.revocations()).toBeGreaterThanOrEqual(2);
+  });
+
+  it("never starts a run that ended before its coordinator did (cancelled while queued)", async () => {
+    const w = world({ runStatus: "stopped" });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions).toEqual([]);
+    expect(w.created.size).toBe(0);
+  });
+
   // case E1
   it("retries an unreadable vault, then stops before any sandbox or command", async () => {
     const w = world({ vaultFailures: VAULT_ATTEMPTS });
@@ -364,6 +388,27 @@ describe("run machine", () => {
     const strict = world({ proxyNeverReady: true, spec, policy: CATCH_ALL_POLICY });
     expect((await strict.drive(1000))?.state).toBe("stopped");
     expect(strict.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+
+  it("stops the failed proxy and revokes its credentials before going on unfiltered", async () => {
+    const spec: RunSpec = { ...SPEC, on_proxy_failure: "continue" };
+    const w = world({ proxyNeverReady: true, spec });
+    await w.drive(1000);
+    expect(w.kills.some((k) => k.endsWith("/proxy-1"))).toBe(true);
+    // Once when it goes on unfiltered, once more (idempotent) at teardown.
+    expect(w.revocations()).toBe(2);
+  });
+
+  it("stops, never runs unenforced, when an enforcing run reaches wiring without the proxy's CA", async () => {
+    const w = world();
+    await w.drive(5); // through starting_sandboxes: the next step wires
+    const saved = w.state();
+    expect(saved?.state).toBe("wiring");
+    if (saved?.proxy) saved.proxy.caCertPem = null;
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "internal_error" });
+    expect(w.starts.some((k) => /\/cmd-|\/wiring/.test(k))).toBe(false);
   });
 
   it("gives every task its own sandbox and finishes with command_failed when one fails", async () => {

@@ -1,10 +1,10 @@
 import { env } from "cloudflare:workers";
-import { eq, type SQL, sql } from "drizzle-orm";
+import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
-import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
+import { findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 
 // Case B5: a canary secret appears 0 times in logs, response bodies and headers (error bodies
 // included) and database plaintext, however the vault routes are driven; case B8 at the
@@ -65,60 +65,6 @@ function recorder(t: Tenant) {
     return res;
   };
   return { api, responses };
-}
-
-interface ColumnHit {
-  where: string;
-  needle: string;
-}
-
-const anyNeedle = (needles: readonly string[]) =>
-  sql`unnest(array[${sql.join(
-    needles.map((n) => sql`${n}`),
-    sql`, `,
-  )}]::text[]) as needle(v)`;
-
-/**
- * Scans the database's plaintext for needles: every text/varchar/char/json/jsonb column of every
- * table outside the system schemas (information_schema tells which), and then every row of every
- * table as text, whatever its column types.
- */
-async function scanDatabase(needles: readonly string[]) {
-  return withDb(async (db) => {
-    const columns = (
-      await db.execute(sql`
-        select c.table_schema as schema, c.table_name as table, c.column_name as column
-        from information_schema.columns c
-        join information_schema.tables t on t.table_schema = c.table_schema and t.table_name = c.table_name
-        where t.table_type = 'BASE TABLE'
-          and c.table_schema not in ('pg_catalog', 'information_schema')
-          and c.data_type in ('text', 'character varying', 'character', 'json', 'jsonb')
-        order by 1, 2, 3`)
-    ).rows as { schema: string; table: string; column: string }[];
-    const hits: ColumnHit[] = [];
-    const look = async (where: string, query: SQL) => {
-      const found = (await db.execute(query)).rows as { v: string }[];
-      for (const { v } of found) hits.push({ where, needle: v });
-    };
-    for (const { schema, table, column } of columns) {
-      await look(
-        `${schema}.${table}.${column}`,
-        sql`select distinct needle.v from ${sql.identifier(schema)}.${sql.identifier(table)} as r, ${anyNeedle(needles)}
-            where strpos(r.${sql.identifier(column)}::text, needle.v) > 0`,
-      );
-    }
-    const tables = [...new Set(columns.map((c) => `${c.schema}\u0000${c.table}`))].map((k) =>
-      k.split("\u0000"),
-    );
-    for (const [schema, table] of tables as [string, string][]) {
-      await look(
-        `${schema}.${table} (whole rows)`,
-        sql`select distinct needle.v from ${sql.identifier(schema)}.${sql.identifier(table)} as r, ${anyNeedle(needles)}
-            where strpos(r::text, needle.v) > 0`,
-      );
-    }
-    return { columns: columns.map((c) => `${c.schema}.${c.table}.${c.column}`), hits };
-  });
 }
 
 describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {

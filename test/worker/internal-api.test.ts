@@ -16,7 +16,7 @@ import { unwrap } from "../../src/errors";
 import { issueProxyCredentials, revokeProxyCredentials } from "../../src/runs/proxy-credentials";
 import * as vault from "../../src/vault/service";
 import { type ApiResponse, BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
-import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
+import { findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 import {
   auditBatch,
   auditRows,
@@ -273,6 +273,17 @@ describe("C2 a run's proxy credential reaches its own run only", { timeout: 60_0
     expect(row?.proxyTokenHash).toBeNull();
     expect(row?.auditKeyCiphertext).toBeNull();
   });
+
+  it("re-issuing clears the previous launch's ready report: a relaunched proxy is not ready with an old CA", async () => {
+    const t = await newTenant();
+    const run = await newRun(t);
+    expect((await run.proxy("POST", paths.ready(run), readyBody())).status).toBe(204);
+    await withDb((db) =>
+      issueProxyCredentials(db, ring(), { id: run.id, userId: t.userId, environmentId: t.environmentId }),
+    );
+    const [row] = await withDb((db) => db.select().from(runs).where(eq(runs.id, run.id)));
+    expect([row?.caCertPem, row?.caFingerprint, row?.proxyReadyAt]).toEqual([null, null, null]);
+  });
 });
 
 describe("POST /internal/runs/{runId}/audit (D5)", { timeout: 60_000 }, () => {
@@ -480,44 +491,6 @@ describe("POST /internal/runs/{runId}/ready", { timeout: 60_000 }, () => {
   });
 });
 
-/** Every text/json column of every table, searched for each needle: where each one occurs. */
-async function scanDatabase(needles: readonly string[]): Promise<string[]> {
-  return withDb(async (db) => {
-    const columns = (
-      await db.execute(sql`
-        select c.table_schema as schema, c.table_name as table, c.column_name as column
-        from information_schema.columns c
-        join information_schema.tables t on t.table_schema = c.table_schema and t.table_name = c.table_name
-        where t.table_type = 'BASE TABLE'
-          and c.table_schema not in ('pg_catalog', 'information_schema')
-          and c.data_type in ('text', 'character varying', 'character', 'json', 'jsonb')`)
-    ).rows as { schema: string; table: string; column: string }[];
-    expect(columns.map((c) => `${c.table}.${c.column}`)).toEqual(
-      expect.arrayContaining([
-        "runs.spec",
-        "run_events.detail",
-        "blocked_host_log.host",
-        "runs.audit_key_ciphertext",
-      ]),
-    );
-    const list = sql`unnest(array[${sql.join(
-      needles.map((n) => sql`${n}`),
-      sql`, `,
-    )}]::text[]) as needle(v)`;
-    const hits: string[] = [];
-    for (const { schema, table, column } of columns) {
-      const found = (
-        await db.execute(
-          sql`select distinct needle.v from ${sql.identifier(schema)}.${sql.identifier(table)} as r, ${list}
-              where strpos(r.${sql.identifier(column)}::text, needle.v) > 0`,
-        )
-      ).rows as { v: string }[];
-      for (const { v } of found) hits.push(`${schema}.${table}.${column} contains ${JSON.stringify(v)}`);
-    }
-    return hits;
-  });
-}
-
 describe("B5 the canary secret reaches only its run's proxy", { timeout: 120_000 }, () => {
   it("0 canaries (nor the proxy token or audit key) in logs, error bodies and database plaintext", async () => {
     const { t, used, unused } = await tenantWithVault();
@@ -573,7 +546,16 @@ describe("B5 the canary secret reaches only its run's proxy", { timeout: 120_000
     expect(leaks).toEqual([]);
     expect(findNeedles("logs", logs.join("\n"), [...secretNeedles, ...credentialNeedles])).toEqual([]);
     // The database holds ciphertexts, the token's hash, never a plaintext.
-    expect(await scanDatabase([...secretNeedles, ...credentialNeedles])).toEqual([]);
+    const db = await scanDatabase([...secretNeedles, ...credentialNeedles]);
+    expect(db.columns).toEqual(
+      expect.arrayContaining([
+        "public.runs.spec",
+        "public.run_events.detail",
+        "public.blocked_host_log.host",
+        "public.runs.audit_key_ciphertext",
+      ]),
+    );
+    expect(db.hits).toEqual([]);
   });
 });
 

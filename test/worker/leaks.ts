@@ -1,8 +1,10 @@
-import type { ApiResponse } from "./harness";
+import { type SQL, sql } from "drizzle-orm";
+import { type ApiResponse, withDb } from "./harness";
 
 // Canary values and the spellings a leak of one could take (cases B5, C4). A canary is plain
 // ASCII letters and digits, so its JSON, URL and header spellings are the value itself; the other
-// spellings are the encodings a careless code path might apply before writing it somewhere.
+// spellings are the encodings a careless code path might apply before writing it somewhere. And
+// the scan of the database's plaintext that the leak tests share.
 
 /** A unique canary secret value: `cnry` + 32 random hex digits + a label. */
 export function newCanary(label = "value"): string {
@@ -46,4 +48,58 @@ export function findNeedles(where: string, text: string, needles: readonly strin
 export function responseText(res: ApiResponse): string {
   const headers = [...res.headers].map(([k, v]) => `${k}: ${v}`).join("\n");
   return `${res.status}\n${headers}\n\n${res.text}`;
+}
+
+export interface ColumnHit {
+  where: string;
+  needle: string;
+}
+
+const anyNeedle = (needles: readonly string[]) =>
+  sql`unnest(array[${sql.join(
+    needles.map((n) => sql`${n}`),
+    sql`, `,
+  )}]::text[]) as needle(v)`;
+
+/**
+ * Scans the database's plaintext for needles: every text/varchar/char/json/jsonb column of every
+ * table outside the system schemas (information_schema tells which), and then every row of every
+ * table as text, whatever its column types.
+ */
+export async function scanDatabase(needles: readonly string[]) {
+  return withDb(async (db) => {
+    const columns = (
+      await db.execute(sql`
+        select c.table_schema as schema, c.table_name as table, c.column_name as column
+        from information_schema.columns c
+        join information_schema.tables t on t.table_schema = c.table_schema and t.table_name = c.table_name
+        where t.table_type = 'BASE TABLE'
+          and c.table_schema not in ('pg_catalog', 'information_schema')
+          and c.data_type in ('text', 'character varying', 'character', 'json', 'jsonb')
+        order by 1, 2, 3`)
+    ).rows as { schema: string; table: string; column: string }[];
+    const hits: ColumnHit[] = [];
+    const look = async (where: string, query: SQL) => {
+      const found = (await db.execute(query)).rows as { v: string }[];
+      for (const { v } of found) hits.push({ where, needle: v });
+    };
+    for (const { schema, table, column } of columns) {
+      await look(
+        `${schema}.${table}.${column}`,
+        sql`select distinct needle.v from ${sql.identifier(schema)}.${sql.identifier(table)} as r, ${anyNeedle(needles)}
+            where strpos(r.${sql.identifier(column)}::text, needle.v) > 0`,
+      );
+    }
+    const tables = [...new Set(columns.map((c) => `${c.schema}\u0000${c.table}`))].map((k) =>
+      k.split("\u0000"),
+    );
+    for (const [schema, table] of tables as [string, string][]) {
+      await look(
+        `${schema}.${table} (whole rows)`,
+        sql`select distinct needle.v from ${sql.identifier(schema)}.${sql.identifier(table)} as r, ${anyNeedle(needles)}
+            where strpos(r::text, needle.v) > 0`,
+      );
+    }
+    return { columns: columns.map((c) => `${c.schema}.${c.table}.${c.column}`), hits };
+  });
 }

@@ -25,6 +25,24 @@ async function driveToEnd(t: Tenant, runId: string) {
   throw new Error(`run ${runId} did not end`);
 }
 
+/** A tenant whose one rule's secret does not decrypt: its ciphertext names a key the ring lacks. */
+async function tenantWithUnreadableVault(value: string): Promise<Tenant> {
+  const t = await newTenant();
+  await t.api("POST", "/v1/vault/secrets", { name: "KEY", value });
+  await t.api("POST", "/v1/vault/rules", {
+    host: "api.example.com",
+    secret: "KEY",
+    inject: { scheme: "bearer" },
+  });
+  await withDb((db) =>
+    db
+      .update(vaultSecrets)
+      .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
+      .where(eq(vaultSecrets.environmentId, t.environmentId)),
+  );
+  return t;
+}
+
 describe("runs API", () => {
   it("launches a run: 202, queued, then visible with its trace", async () => {
     const t = await newTenant();
@@ -97,20 +115,7 @@ describe("runs API", () => {
 
   // case E1: the vault cannot be read at run start → retries, then stop before any sandbox.
   it("stops a run whose vault cannot be decrypted, after retries, before any sandbox (E1)", async () => {
-    const t = await newTenant();
-    await t.api("POST", "/v1/vault/secrets", { name: "KEY", value: "canary-e1-value" });
-    await t.api("POST", "/v1/vault/rules", {
-      host: "api.example.com",
-      secret: "KEY",
-      inject: { scheme: "bearer" },
-    });
-    // A ciphertext under a key id the key ring does not hold: a missing key.
-    await withDb((db) =>
-      db
-        .update(vaultSecrets)
-        .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
-        .where(eq(vaultSecrets.environmentId, t.environmentId)),
-    );
+    const t = await tenantWithUnreadableVault("canary-e1-value");
     const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
     const run = await driveToEnd(t, id);
     expect(run.json).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
@@ -139,20 +144,8 @@ describe("runs API", () => {
   });
 
   it("cancels a live run: stopped with the reason; cancelling again changes nothing", async () => {
-    const t = await newTenant();
     // A vault that does not decrypt keeps the run retrying (alive) for a few seconds.
-    await t.api("POST", "/v1/vault/secrets", { name: "KEY", value: "canary-cancel-value" });
-    await t.api("POST", "/v1/vault/rules", {
-      host: "api.example.com",
-      secret: "KEY",
-      inject: { scheme: "bearer" },
-    });
-    await withDb((db) =>
-      db
-        .update(vaultSecrets)
-        .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
-        .where(eq(vaultSecrets.environmentId, t.environmentId)),
-    );
+    const t = await tenantWithUnreadableVault("canary-cancel-value");
     const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
     expect((await t.api("POST", `/v1/runs/${id}/cancel`)).status).toBe(202);
     const run = await driveToEnd(t, id);
