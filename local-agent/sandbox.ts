@@ -17,8 +17,9 @@ import { BASE_ENV } from "./command";
 // The init is started as
 //   ip netns exec NS unshare --mount --pid --ipc --fork --mount-proc --propagation private sh -c INIT
 // INIT runs as host root in the new mount, PID and IPC namespaces (owned by the host's user
-// namespace): it makes every mount, then drops to uid U and enters a user namespace of its own
-// (`setpriv ... unshare --user --map-root-user`). Mounts made before a user namespace is entered
+// namespace): it makes every mount, then enters a user namespace of its own in which inner uid 0
+// is host uid U (the setup stage) and inner uid 1 is U+1 (the execute stage), and forbids
+// further user namespaces in it. Mounts made before a user namespace is entered
 // are locked for it, so the setup stage, though root in its user namespace, can neither unmount
 // the tmpfs over /tmp (to reach the host's) nor /proc (to see the host's processes), nor mount
 // anything: it owns neither the mount nor the PID namespace. Its PID-1 process is the init's
@@ -58,8 +59,25 @@ bind 5 /etc/resolv.conf
 if [ "$ca" = 1 ]; then bind 6 ${CA_BUNDLE}; fi
 exec 4<&- 5<&- 6<&- 7<&-
 cd /
-exec setpriv --reuid="$uid" --regid="$uid" --clear-groups unshare --user --map-root-user \\
-  sh -c 'echo ready; while :; do sleep 86400 & wait; done'
+# unshare's --map-users asks newuidmap/newgidmap (setuid helpers that check /etc/subuid) to
+# write the maps. We are root and may map any host uids, so a root-only helper writes them.
+mkdir -m 700 /run/bw-bin
+cat > /run/bw-bin/newuidmap <<'SHIM'
+#!/bin/sh
+case "$0" in *newuidmap) file=uid_map ;; *) file=gid_map ;; esac
+pid=$1; shift; map=
+while [ $# -ge 3 ]; do map="$map$1 $2 $3
+"; shift 3; done
+printf '%s' "$map" > "/proc/$pid/$file"
+SHIM
+cp /run/bw-bin/newuidmap /run/bw-bin/newgidmap
+chmod 700 /run/bw-bin/newuidmap /run/bw-bin/newgidmap
+# The user namespace maps inner 0 (setup stage) to U and inner 1 (execute stage) to U+1, and no
+# one in it may make another (max_user_namespaces 0): so no process of the sandbox can get a
+# mount namespace of its own in which to shadow /etc/hosts or the CA bundle.
+exec setpriv --clear-groups env PATH="/run/bw-bin:$PATH" \\
+  unshare --user --map-users="$uid,0,2" --map-groups="$uid,0,2" --setuid 0 --setgid 0 \\
+  sh -c 'echo 0 > /proc/sys/user/max_user_namespaces && echo ready && while :; do sleep 86400 & wait; done'
 `;
 
 export interface SandboxFiles {
@@ -237,14 +255,16 @@ export class SandboxProcess {
             "nsenter",
             "-t",
             String(this.initPid),
+            "--user",
             "--mount",
             "--pid",
             "--net",
             "--ipc",
             "--",
             "setpriv",
-            `--reuid=${this.uid + 1}`,
-            `--regid=${this.uid + 1}`,
+            // Inner uid 1 of the sandbox's user namespace: host uid U+1.
+            "--reuid=1",
+            "--regid=1",
             "--clear-groups",
             "--inh-caps=-all",
             "--bounding-set=-all",

@@ -134,7 +134,7 @@ describe.skipIf(SKIP_REASON !== null)("runs on the local backend", () => {
       "nft flush ruleset 2>/dev/null && echo undo:nft || echo kept:nft",
       "(echo '10.240.91.2 api.demo.test' >> /etc/hosts) 2>/dev/null && echo undo:hosts || echo kept:hosts",
       "ip link set eth0 down 2>/dev/null && echo undo:link || echo kept:link",
-      "(unshare --net true) 2>/dev/null; echo tried:unshare",
+      "unshare -Urm true 2>/dev/null && echo undo:userns || echo kept:userns",
     ].join("; ");
     const launched = await api.call("POST", "/v1/runs", {
       commands: [
@@ -163,7 +163,7 @@ describe.skipIf(SKIP_REASON !== null)("runs on the local backend", () => {
     expect(out).toMatch(/CapEff:\s+0000000000000000/);
     // Only the sandbox's own processes are visible (its init, the shell, the commands).
     expect(Number(/procs=(\d+)/.exec(out)?.[1])).toBeLessThan(10);
-    for (const what of ["route", "nft", "hosts", "link"]) expect(out).toContain(`kept:${what}`);
+    for (const what of ["route", "nft", "hosts", "link", "userns"]) expect(out).toContain(`kept:${what}`);
     expect(out).not.toMatch(/^undo:/m);
     // After every attempt the redirect still holds: the key is injected, not leaked.
     expect(out).toContain('"keyMatches":true');

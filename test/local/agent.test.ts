@@ -202,20 +202,33 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
   });
 
   it("runs the execute stage as an unprivileged uid with no capabilities", async () => {
+    // The sandbox's user namespace maps inner 0 (setup) and 1 (execute) to host uids U and U+1.
     const setup = await api.sh("wk1", "cat /proc/self/uid_map; id -u", "setup");
-    const [inside, hostUid] = (setup.stdout.trim().split(/\s+/) as string[]).map(Number);
-    expect(inside).toBe(0);
+    const [inner, hostUid, count, inside] = (setup.stdout.trim().split(/\s+/) as string[]).map(Number);
+    expect([inner, count, inside]).toEqual([0, 2, 0]);
+    expect(hostUid).toBeGreaterThanOrEqual(200_000);
     const exec = await api.sh(
       "wk1",
       "id -u; grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status; readlink /proc/self",
     );
     const [uid, ...rest] = exec.stdout.trim().split("\n");
-    expect(Number(uid)).not.toBe(0);
-    expect(Number(uid)).not.toBe(hostUid);
-    expect(Number(uid)).toBe((hostUid as number) + 1);
+    expect(Number(uid)).toBe(1); // host uid U+1: neither root nor the setup stage's uid
     expect(rest.slice(0, 4).every((l) => /:\s+0{16}$/.test(l))).toBe(true);
     expect(rest[4]).toMatch(/^NoNewPrivs:\s+1$/);
     expect(rest[5]).toMatch(/^\d+$/); // /proc/self works: it is the sandbox's own PID namespace
+  });
+
+  it("lets no stage make a user namespace of its own (to shadow /etc/hosts there)", async () => {
+    const shadow =
+      "echo '10.0.0.9 api.example.test' > $HOME/hosts; unshare -Urm sh -c \"mount --bind $HOME/hosts /etc/hosts && cat /etc/hosts\"";
+    for (const stage of ["execute", "setup"] as const) {
+      const res = await api.sh("wk1", shadow, stage);
+      expect(res.exitCode, stage).not.toBe(0);
+      expect(res.stdout, stage).not.toContain("10.0.0.9");
+      expect(res.stderr, stage).toMatch(/unshare failed/);
+    }
+    // The host's own limit is untouched: only the sandbox's namespace forbids more of them.
+    expect(Number((await host(["cat", "/proc/sys/user/max_user_namespaces"])).stdout)).toBeGreaterThan(0);
   });
 
   it("lets the setup stage write /etc/hosts and the execute stage only read it", async () => {
