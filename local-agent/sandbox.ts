@@ -32,6 +32,7 @@ export const CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt";
 
 const INIT = `set -e
 dir=$1 uid=$2 image=$3
+shift 3
 mount --make-rprivate /
 # Open the sandbox's files and the image directory first: the tmpfs mounts may cover them.
 exec 4<"$dir/hosts" 5<"$dir/resolv.conf" 7<"$image"
@@ -46,6 +47,11 @@ mount --no-canonicalize --bind /proc/self/fd/7 ${IMAGE_MOUNT}
 mount -o remount,bind,ro,nosuid,nodev ${IMAGE_MOUNT}
 mount -t tmpfs -o mode=755,nosuid,nodev bw-home /home
 mkdir -m 1777 ${SANDBOX_HOME}
+# Host directories a sandbox must not read (the checkout with its .data and any .dev.vars, the
+# agent's state): each covered by an empty read-only tmpfs.
+for hide in "$@"; do
+  if [ -d "$hide" ]; then mount -t tmpfs -o ro,mode=555,nosuid,nodev,noexec bw-hidden "$hide"; fi
+done
 bind() {
   target=$2
   if [ -L "$target" ]; then target=$(readlink -m "$target"); fi
@@ -144,6 +150,8 @@ export class SandboxProcess {
     files: SandboxFiles;
     /** Host directory with the proxy image's programs, mounted read-only at IMAGE_MOUNT. */
     imageDir: string;
+    /** Host directories hidden from the sandbox (empty read-only tmpfs over each). */
+    hide: readonly string[];
   }): Promise<SandboxProcess> {
     writeSandboxFiles(options.dir, options.uid, options.files);
     const child = spawn(
@@ -167,6 +175,7 @@ export class SandboxProcess {
         options.dir,
         String(options.uid),
         options.imageDir,
+        ...options.hide,
       ],
       { env: BASE_ENV, stdio: ["ignore", "pipe", "pipe"], detached: true },
     );

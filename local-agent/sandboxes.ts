@@ -56,6 +56,8 @@ export interface RegistryOptions {
   log: AgentLog;
   /** Host directory with proxy.cjs and wiring.cjs (mounted read-only in every sandbox). */
   imageDir: string;
+  /** Host directories no sandbox may see (the checkout, the state directory). */
+  hide: readonly string[];
   /**
    * Test-only settings added to the proxy's environment (BW_TEST_*): the suite's own upstream CA
    * and routes. Never set outside development and tests.
@@ -398,6 +400,7 @@ export class Registry {
         dir: this.o.state.sandboxDir(request.id),
         files: this.files(hostNameservers()),
         imageDir: this.o.imageDir,
+        hide: this.o.hide,
       });
       const path = cp.pathname === "/" ? "" : cp.pathname.replace(/\/$/, "");
       const sandbox: Sandbox = {
@@ -468,6 +471,7 @@ export class Registry {
         dir: this.o.state.sandboxDir(request.id),
         files: this.files(request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers()),
         imageDir: this.o.imageDir,
+        hide: this.o.hide,
       });
       const sandbox: Sandbox = {
         id: request.id,

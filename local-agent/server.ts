@@ -77,6 +77,8 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
     health,
     log,
     imageDir,
+    // The checkout (with .data/, a hand-made .dev.vars, node_modules) and the agent's own state.
+    hide: [REPO_ROOT, state.root],
     proxyTestEnv: options.proxyTestEnv ?? {},
   });
   const secretDigest = digest(options.secret);

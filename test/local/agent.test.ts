@@ -218,6 +218,14 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
     expect(rest[5]).toMatch(/^\d+$/); // /proc/self works: it is the sandbox's own PID namespace
   });
 
+  it("hides the checkout (with its .data and any .dev.vars) from both stages", async () => {
+    for (const stage of ["execute", "setup"] as const) {
+      const res = await api.sh("wk1", `ls -A ${REPO_ROOT}; cat ${REPO_ROOT}/package.json; echo done`, stage);
+      expect(res.stdout.trim(), stage).toBe("done");
+      expect(res.stderr, stage).toContain("No such file");
+    }
+  });
+
   it("lets no stage make a user namespace of its own (to shadow /etc/hosts there)", async () => {
     const shadow =
       "echo '10.0.0.9 api.example.test' > $HOME/hosts; unshare -Urm sh -c \"mount --bind $HOME/hosts /etc/hosts && cat /etc/hosts\"";
@@ -386,10 +394,10 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
       stage: "setup",
     });
     expect(r.stdout.trim()).toBe("control-plane:/ping");
-    // The proxy runs as `node <repo>/proxy-image/dist/proxy.cjs` in its setup identity.
-    const bundle = join(REPO_ROOT, "proxy-image", "dist", "proxy.cjs");
-    const target = existsSync(bundle) ? bundle : REPO_ROOT;
-    expect((await api.run("px1", { argv: ["test", "-r", target], stage: "setup" })).exitCode).toBe(0);
+    // The proxy runs as `bw-proxy` (node /run/bw-image/proxy.cjs) in its setup identity.
+    expect(
+      (await api.run("px1", { argv: ["test", "-r", "/run/bw-image/proxy.cjs"], stage: "setup" })).exitCode,
+    ).toBe(0);
   });
 
   it("kills an exec at its timeout, and on request", async () => {
