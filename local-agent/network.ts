@@ -65,7 +65,34 @@ const REJECT = "reject with icmpx type admin-prohibited";
  * The proxy namespace's table. A work link not listed here is refused everything but the
  * proxy's ports, so a link exists closed before its rules do.
  */
-export function proxyRuleset(k: number, links: ReadonlyArray<{ i: number; routing: Routing }>): string {
+/**
+ * Destinations direct traffic (default routing) never reaches: the host's side of every run,
+ * every other run, and the private, shared, loopback, link-local (cloud metadata) and multicast
+ * ranges, so a sandbox cannot probe the machine's own network.
+ */
+const PRIVATE_V4 = [
+  "0.0.0.0/8",
+  "10.0.0.0/8",
+  "100.64.0.0/10",
+  "127.0.0.0/8",
+  "169.254.0.0/16",
+  "172.16.0.0/12",
+  "192.168.0.0/16",
+  "224.0.0.0/3",
+];
+
+export interface DirectExceptions {
+  /** Private CIDRs direct traffic may reach anyway (development and tests: their own upstreams). */
+  allowCidrs: readonly string[];
+  /** The resolvers of default-routing sandboxes (port 53 only), often on the local network. */
+  nameservers: readonly string[];
+}
+
+export function proxyRuleset(
+  k: number,
+  links: ReadonlyArray<{ i: number; routing: Routing }>,
+  except: DirectExceptions = { allowCidrs: [], nameservers: [] },
+): string {
   const { tls, http, explicit, dns } = PROXY_PORTS;
   const nat: string[] = [];
   const direct: string[] = [];
@@ -109,7 +136,18 @@ export function proxyRuleset(k: number, links: ReadonlyArray<{ i: number; routin
     // The host's side of every run, every other run, and link-local (cloud metadata endpoints).
     `    ip daddr { 10.231.0.0/16, 10.232.0.0/16, 169.254.0.0/16 } ${REJECT}`,
     ...(direct.length > 0
-      ? [`    meta nfproto ipv4 iifname { ${direct.join(", ")} } oifname "up0" accept`]
+      ? [
+          ...(except.nameservers.length > 0
+            ? [
+                `    iifname { ${direct.join(", ")} } oifname "up0" ip daddr { ${except.nameservers.join(", ")} } meta l4proto { tcp, udp } th dport 53 accept`,
+              ]
+            : []),
+          // This run's probe listener (outside the run, reachable only without catch-all), and
+          // the development/test upstreams the agent was told about.
+          `    iifname { ${direct.join(", ")} } oifname "up0" ip daddr { ${[runNet(k).probeAddress, ...except.allowCidrs].join(", ")} } accept`,
+          `    ip daddr { ${PRIVATE_V4.join(", ")} } ${REJECT}`,
+          `    meta nfproto ipv4 iifname { ${direct.join(", ")} } oifname "up0" accept`,
+        ]
       : []),
     `    ${REJECT}`,
     "  }",

@@ -58,6 +58,8 @@ export interface RegistryOptions {
   imageDir: string;
   /** Host directories no sandbox may see (the checkout, the state directory). */
   hide: readonly string[];
+  /** Private CIDRs default-routing sandboxes may reach directly (development and tests only). */
+  directAllowCidrs: readonly string[];
   /**
    * Test-only settings added to the proxy's environment (BW_TEST_*): the suite's own upstream CA
    * and routes. Never set outside development and tests.
@@ -504,7 +506,11 @@ export class Registry {
 
   private applyRunRules(run: Run): Promise<string> {
     const links = [...run.slots].map(([i, s]) => ({ i, routing: s.routing }));
-    return applyNft(this.o.nft, run.net.proxyNetns, proxyRuleset(run.net.k, links));
+    return applyNft(
+      this.o.nft,
+      run.net.proxyNetns,
+      proxyRuleset(run.net.k, links, { allowCidrs: this.o.directAllowCidrs, nameservers: hostNameservers() }),
+    );
   }
 
   private async dismantleWorkNetwork(run: Run, net: WorkNet): Promise<void> {

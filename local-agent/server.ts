@@ -79,6 +79,11 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
     imageDir,
     // The checkout (with .data/, a hand-made .dev.vars, node_modules) and the agent's own state.
     hide: [REPO_ROOT, state.root],
+    // The test-only upstreams the proxy may reach are the ones direct traffic may reach too.
+    directAllowCidrs: (options.proxyTestEnv?.BW_TEST_ALLOW_CIDRS ?? "")
+      .split(",")
+      .map((c) => c.trim())
+      .filter(Boolean),
     proxyTestEnv: options.proxyTestEnv ?? {},
   });
   const secretDigest = digest(options.secret);

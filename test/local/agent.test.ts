@@ -55,9 +55,26 @@ describe("output buffer (pure)", () => {
     ]);
     expect(rules).toContain('iifname "bwp3w0" ip daddr 10.232.3.1 tcp dport 443 dnat ip to 10.232.3.1:8443');
     expect(rules).toContain('iifname "bwp3w1" meta nfproto ipv4 tcp dport 443 dnat ip to 10.232.3.5:8443');
-    expect(rules).toContain('iifname { "bwp3w0" } oifname "up0" accept');
+    expect(rules).toContain('meta nfproto ipv4 iifname { "bwp3w0" } oifname "up0" accept');
     expect(rules).not.toMatch(/"bwp3w1" }? oifname "up0"/);
     expect(rules).toMatch(/ip daddr \{ 10\.231\.0\.0\/16, 10\.232\.0\.0\/16, 169\.254\.0\.0\/16 \} reject/);
+  });
+
+  it("refuses direct traffic to private, shared and multicast ranges but the ones it is told about", () => {
+    const rules = proxyRuleset(3, [{ i: 0, routing: "default" }], {
+      allowCidrs: ["10.240.0.0/30"],
+      nameservers: ["192.168.1.1"],
+    });
+    const lines = rules.split("\n").map((l) => l.trim());
+    const at = (needle: string) => lines.findIndex((l) => l.includes(needle));
+    const refuse = at("ip daddr { 0.0.0.0/8, 10.0.0.0/8, 100.64.0.0/10");
+    expect(refuse).toBeGreaterThan(0);
+    expect(lines[refuse]).toContain("192.168.0.0/16");
+    expect(lines[refuse]).toContain("172.16.0.0/12");
+    // Exceptions come first: this run's probe listener and the test upstreams; resolvers on 53 only.
+    expect(at("ip daddr { 10.233.3.1, 10.240.0.0/30 } accept")).toBeLessThan(refuse);
+    expect(at("ip daddr { 192.168.1.1 } meta l4proto { tcp, udp } th dport 53 accept")).toBeLessThan(refuse);
+    expect(at('meta nfproto ipv4 iifname { "bwp3w0" } oifname "up0" accept')).toBeGreaterThan(refuse);
   });
 });
 
@@ -97,6 +114,8 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
       stateDir,
       uidBase: UIDS[0],
       log: (event) => logs.push(JSON.stringify(event)),
+      // The suite's upstream is on a private address: direct traffic may reach it, as a test host.
+      proxyTestEnv: { BW_TEST_ALLOW_CIDRS: "10.240.0.0/30" },
     });
     api = new AgentClient(agent.url, agentSecret);
     proxy = await api.create({ kind: "proxy", id: "px1", runId: "run1" });
@@ -516,6 +535,7 @@ describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
           stateDir: o.stateDir ?? tempDir(),
           uidBase: o.uidBase,
           log: () => {},
+          proxyTestEnv: { BW_TEST_ALLOW_CIDRS: "10.240.0.0/30" },
         });
         agents.push(a);
         return new AgentClient(a.url, s);

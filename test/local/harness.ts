@@ -54,7 +54,7 @@ export function nftFailingCatchAll(dir: string): string {
     nft,
     `#!/bin/sh
 input=$(cat)
-case "$input" in *"th dport 53"*) echo "injected nft failure" >&2; exit 1 ;; esac
+case "$input" in *"th dport 53 dnat"*) echo "injected nft failure" >&2; exit 1 ;; esac
 printf '%s\\n' "$input" | exec nft "$@"
 `,
   );
