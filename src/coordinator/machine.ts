@@ -26,6 +26,8 @@ export const MAX_FAULTS = 5;
 export const MAX_TEARDOWN_BACKOFF_MS = 60_000;
 /** Output kept in the trace per run; the rest is counted, not stored. */
 export const MAX_TRACE_OUTPUT = 256 * 1024;
+/** Output rows kept in the trace per run (a chatty command polled often makes many small ones). */
+export const MAX_OUTPUT_EVENTS = 2000;
 
 export type Final = { to: "finished" | "stopped" | "failed"; reason: string; detail?: string };
 
@@ -66,7 +68,9 @@ export interface MachineState {
    */
   proxy: { launches: number; execId: string | null; caCertPem: string | null; unfiltered: boolean } | null;
   workers: Worker[];
+  /** Output kept in the trace so far: characters, and rows. */
   traceBytes: number;
+  outputEvents?: number;
 }
 
 export interface MachineStorage {
@@ -628,9 +632,10 @@ export class RunMachine {
     ] as const) {
       if (text.length === 0) continue;
       const room = MAX_TRACE_OUTPUT - s.traceBytes;
-      if (room > 0) {
+      if (room > 0 && (s.outputEvents ?? 0) < MAX_OUTPUT_EVENTS) {
         const kept = text.slice(0, room);
         s.traceBytes += kept.length;
+        s.outputEvents = (s.outputEvents ?? 0) + 1;
         await this.ports.event(s.runId, `out:${w.sandboxId}:${w.cmdIndex}:${stream}:${end}`, "output", {
           sandbox: w.sandboxId,
           name: w.name,
