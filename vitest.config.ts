@@ -16,6 +16,7 @@ export default defineConfig({
           name: "unit",
           include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts", "test/local/**/*.test.ts"],
           environment: "node",
+          globalSetup: ["./test/setup/build-proxy.ts"],
         },
       },
       {

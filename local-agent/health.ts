@@ -31,6 +31,18 @@ function readNumber(path: string): number | null {
   }
 }
 
+/**
+ * Does `path`'s own mode give others `bits`? For what is bind-mounted into a sandbox: the mount
+ * makes the path's ancestors irrelevant (a checkout in a 0700 `mktemp -d` works).
+ */
+function modeAllows(path: string, bits: number): boolean {
+  try {
+    return (statSync(path).mode & bits) === bits;
+  } catch {
+    return false;
+  }
+}
+
 /** Can another uid reach `path` (every directory above it searchable) and use it with `bits`? */
 function usableByOthers(path: string, bits: number): boolean {
   try {
@@ -100,7 +112,7 @@ export async function checkHealth(options: { nft: string; imageDir: string }): P
     const path = join(options.imageDir, program);
     if (!existsSync(path)) {
       problems.push(`${path} is missing (build it with \`npm run build:proxy\`)`);
-    } else if (!usableByOthers(path, 0o004) || !usableByOthers(options.imageDir, 0o005)) {
+    } else if (!modeAllows(path, 0o004) || !modeAllows(options.imageDir, 0o005)) {
       problems.push(`${path} is not readable by other users, so not by a sandbox uid`);
     }
   }
