@@ -155,6 +155,19 @@ export class Exec {
   }
 
   /**
+   * SIGCONT to the host-side nsenter of a running exec. nsenter mirrors its child's job control:
+   * when the child is stopped it stops itself, and it only continues the child once it is
+   * continued. So thawing a sandbox continues these too.
+   */
+  continueHostSide(): void {
+    const pid = this.child.pid;
+    if (pid === undefined || this.state !== "running") return;
+    try {
+      process.kill(pid, "SIGCONT");
+    } catch {}
+  }
+
+  /**
    * SIGKILL to the process tree in the sandbox (everything under nsenter); nsenter then reaps
    * them and exits. A process that left the tree (double fork) lives on until its sandbox is
    * destroyed.

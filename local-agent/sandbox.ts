@@ -220,11 +220,20 @@ export class SandboxProcess {
    * that a proxy gets to flush its last audit batch before kill() takes the namespace down.
    */
   async terminate(): Promise<void> {
+    await this.signalAll("TERM");
+  }
+
+  /** SIGSTOP or SIGCONT to every process of the sandbox but its PID 1 (halting a run). */
+  async freeze(frozen: boolean): Promise<void> {
+    await this.signalAll(frozen ? "STOP" : "CONT");
+  }
+
+  private async signalAll(signal: "TERM" | "STOP" | "CONT"): Promise<void> {
     if (this.exitedFlag) return;
     await new Promise<void>((resolve) => {
       const c = spawn(
         "nsenter",
-        ["-t", String(this.initPid), "--pid", "--mount", "--", "kill", "-TERM", "-1"],
+        ["-t", String(this.initPid), "--pid", "--mount", "--", "kill", `-${signal}`, "-1"],
         {
           env: BASE_ENV,
           stdio: "ignore",

@@ -249,6 +249,17 @@ export class Registry {
     return { argv: [...argv], env };
   }
 
+  /** Stops (or continues) every process of a work or task sandbox; the proxy is never frozen. */
+  async freeze(sandboxId: string, frozen: boolean): Promise<void> {
+    const sandbox = this.sandbox(sandboxId);
+    if (sandbox.kind === "proxy") throw new AgentError("invalid_request", "a proxy sandbox is never frozen");
+    if (sandbox.state !== "ready")
+      throw new AgentError("sandbox_failed", `sandbox ${sandboxId} is destroyed`);
+    await sandbox.process.freeze(frozen);
+    if (!frozen) for (const exec of sandbox.execs.values()) exec.continueHostSide();
+    this.o.log({ event: frozen ? "sandbox_frozen" : "sandbox_thawed", id: sandboxId, runId: sandbox.runId });
+  }
+
   exec(sandboxId: string, execId: string): Exec {
     const exec = this.sandbox(sandboxId).execs.get(execId);
     if (!exec) throw new AgentError("not_found", `sandbox ${sandboxId} has no exec ${execId}`);

@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
-import { AgentHealth, CreateSandbox, ExecRequest, SandboxInfo } from "../src/contract/local-agent";
+import { AgentHealth, CreateSandbox, ExecRequest, Freeze, SandboxInfo } from "../src/contract/local-agent";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";
 import { checkHealth } from "./health";
@@ -136,6 +136,14 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
         const exec = registry.exec(parse(Id, id), parse(Id, execId));
         await exec.wait(q.waitMs);
         return { status: 200, body: exec.info(q.stdoutFrom, q.stderrFrom) };
+      },
+    ],
+    [
+      "POST",
+      /^\/v1\/sandboxes\/([^/]+)\/freeze$/,
+      async (req, [id]) => {
+        await registry.freeze(parse(Id, id), parse(Freeze, await readJson(req)).frozen);
+        return { status: 204 };
       },
     ],
     [

@@ -8,6 +8,7 @@ import { openDb } from "./db/client";
 import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
 import { newRouter } from "./router";
+import { bugReportsRoutes } from "./routes/bug-reports";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
 import { runAuditRoutes } from "./routes/run-audit";
@@ -16,6 +17,7 @@ import { hostsRoutes } from "./routes/vault-hosts";
 import { previewRoutes } from "./routes/vault-preview";
 import { rulesRoutes } from "./routes/vault-rules";
 import { secretsRoutes } from "./routes/vault-secrets";
+import { deliveryRoutes, webhooksRoutes } from "./routes/webhooks";
 
 const MAX_BODY_BYTES = 64 * 1024;
 const DOCUMENT_PATH = "/v1/openapi.json";
@@ -61,6 +63,8 @@ export function createApp(options: AppOptions = {}) {
   app.use("/v1/*", (c, next) => (c.req.path === DOCUMENT_PATH ? next() : requireApiKey(c, next)));
   // The run proxies' API: the database too, and each route checks the run's proxy token.
   app.use("/internal/*", withDatabase);
+  // Webhook deliveries: the database too; the delivery's signature is its credential.
+  app.use("/hooks/*", withDatabase);
 
   app.route("/v1", meRoutes);
   app.route("/v1/vault", secretsRoutes);
@@ -69,8 +73,12 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", previewRoutes);
   app.route("/v1", runsRoutes);
   app.route("/v1", runAuditRoutes);
+  app.route("/v1", webhooksRoutes);
+  app.route("/v1", bugReportsRoutes);
   // Outside /v1 and its document: only a run's proxy calls it.
   app.route("/internal", internalRoutes({ onProxyReady: options.onProxyReady }));
+  // Outside /v1 and its document: senders call it without an API key.
+  app.route("/hooks", deliveryRoutes);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
   app.doc31(DOCUMENT_PATH, {

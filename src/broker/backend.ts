@@ -16,6 +16,8 @@ export interface ComputeBackend {
   poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo>;
   kill(sandboxId: string, execId: string): Promise<ExecInfo>;
   destroy(sandboxId: string): Promise<void>;
+  /** Stops or continues every process of a work/task sandbox (halting a run for review). */
+  freeze(sandboxId: string, frozen: boolean): Promise<void>;
 }
 
 /**

@@ -61,6 +61,9 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
     destroy: async (sandboxId: string) => {
       await call("DELETE", sandboxPath(sandboxId), null);
     },
+    freeze: async (sandboxId: string, frozen: boolean) => {
+      await call("POST", `${sandboxPath(sandboxId)}/freeze`, null, { frozen });
+    },
   };
 }
 

@@ -139,6 +139,13 @@ export class SandboxBroker extends DurableObject<Env> {
     }
   }
 
+  /** Halts (or resumes) the processes of the run's sandbox. */
+  async freeze(runId: string, sandboxId: string, frozen: boolean): Promise<void> {
+    const backend = this.backendOrError();
+    await this.withDb((db) => this.own(db, runId, sandboxId));
+    await backend.freeze(sandboxId, frozen);
+  }
+
   /** Destroys every sandbox of the run (idempotent). */
   async destroyRun(runId: string): Promise<number> {
     return this.withDb(async (db) => {

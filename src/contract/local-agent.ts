@@ -11,6 +11,8 @@ import { z } from "zod";
 //   POST   /v1/sandboxes/{id}/exec           ← ExecRequest → ExecInfo (202)
 //   GET    /v1/sandboxes/{id}/exec/{execId}?waitMs=&stdoutFrom=&stderrFrom= → ExecInfo
 //   POST   /v1/sandboxes/{id}/exec/{execId}/kill → ExecInfo
+//   POST   /v1/sandboxes/{id}/freeze           ← Freeze → 204 (every process of the sandbox but
+//                                             its init stopped, or continued; idempotent)
 //
 // Errors are problem+json with a `code` from AgentErrorCode.
 
@@ -105,6 +107,10 @@ export const ExecInfo = z.strictObject({
   stderrEnd: z.number().int().min(0),
 });
 export type ExecInfo = z.infer<typeof ExecInfo>;
+
+/** Halting a run for review: its work and task sandboxes' processes stop, then continue. */
+export const Freeze = z.strictObject({ frozen: z.boolean() });
+export type Freeze = z.infer<typeof Freeze>;
 
 export const AgentHealth = z.strictObject({
   ok: z.boolean(),

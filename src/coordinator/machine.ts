@@ -22,6 +22,8 @@ export const VAULT_BACKOFF_MS = 500;
 export const PROXY_READY_DEADLINE_MS = 30_000;
 export const POLL_MS = 250;
 export const MAX_FAULTS = 5;
+/** How often a halted run looks for its resume. */
+export const HALTED_POLL_MS = 1_000;
 /** Longest wait between two attempts at a teardown that keeps failing. */
 export const MAX_TEARDOWN_BACKOFF_MS = 60_000;
 /** Output kept in the trace per run; the rest is counted, not stored. */
@@ -71,6 +73,10 @@ export interface MachineState {
   /** Output kept in the trace so far: characters, and rows. */
   traceBytes: number;
   outputEvents?: number;
+  /** Halted for review: the work and task sandboxes' processes are stopped. */
+  halted?: boolean;
+  /** Halts so far (keys the trace events of each halt and resume). */
+  halts?: number;
 }
 
 export interface MachineStorage {
@@ -83,6 +89,9 @@ export interface MachineStorage {
    */
   requestCancel(): Promise<void>;
   cancelRequested(): Promise<boolean>;
+  /** Halt for review, under its own key for the same reason as cancel. */
+  requestHalt(halt: boolean): Promise<void>;
+  haltRequested(): Promise<boolean>;
 }
 
 export interface RunFacts {
@@ -141,6 +150,7 @@ export interface MachinePorts {
       },
     ): Promise<ExecInfo>;
     kill(runId: string, sandboxId: string, execId: string): Promise<void>;
+    freeze(runId: string, sandboxId: string, frozen: boolean): Promise<void>;
     poll(
       runId: string,
       sandboxId: string,
@@ -149,6 +159,8 @@ export interface MachinePorts {
     ): Promise<ExecInfo>;
     destroyRun(runId: string): Promise<void>;
   };
+  /** The routing the run's vault asks for now (no secret is read). */
+  currentRouting(runId: string): Promise<PolicyDocument["routing"]>;
   /** Parses the wiring program's stdout; null when it is not a proof. */
   parseProof(stdout: string): WiringProof | null;
 }
@@ -190,6 +202,19 @@ export class RunMachine {
     if (!s || isOver(s.state)) return false;
     await this.storage.requestCancel();
     await this.storage.setAlarm(this.ports.now());
+    return true;
+  }
+
+  /**
+   * Halts the run for review (its commands' processes stop; the proxy keeps running and picks up
+   * policy edits) or resumes it. False when the run has ended.
+   */
+  async halt(halt: boolean): Promise<boolean> {
+    const s = await this.storage.load();
+    if (s && isOver(s.state)) return false;
+    // Kept even before the run has started: it halts when its commands are about to run.
+    await this.storage.requestHalt(halt);
+    if (s) await this.storage.setAlarm(this.ports.now());
     return true;
   }
 
@@ -558,6 +583,9 @@ export class RunMachine {
   }
 
   private async run(s: MachineState): Promise<number> {
+    const wantHalt = await this.storage.haltRequested();
+    if (wantHalt !== (s.halted ?? false)) return this.applyHalt(s, wantHalt);
+    if (s.halted) return this.ports.now() + HALTED_POLL_MS;
     let pending = false;
     for (const w of s.workers) {
       if (w.done) continue;
@@ -623,6 +651,42 @@ export class RunMachine {
           },
     );
     return this.ports.now();
+  }
+
+  /** Stops or continues every unfinished work and task sandbox, and says so in the trace. */
+  private async applyHalt(s: MachineState, halt: boolean): Promise<number> {
+    const cycle = halt ? (s.halts ?? 0) + 1 : (s.halts ?? 0);
+    for (const w of s.workers) {
+      if (!w.done) await this.ports.broker.freeze(s.runId, w.sandboxId, halt);
+    }
+    if (halt) {
+      s.halts = cycle;
+      await this.ports.event(s.runId, `halt:${cycle}`, "note", {
+        text: "Halted for review: the run's commands are stopped; the proxy keeps running and picks up host policy edits within seconds.",
+        halted: true,
+      });
+    } else {
+      await this.retrofitCheck(s);
+      await this.ports.event(s.runId, `resume:${cycle}`, "note", { text: "Resumed.", halted: false });
+    }
+    s.halted = halt;
+    return this.ports.now();
+  }
+
+  /**
+   * Routing is installed when a sandbox is made; an edit that needs catch-all (a block default,
+   * a wildcard block, ...) cannot be put onto sandboxes that run under default routing. Say so.
+   */
+  private async retrofitCheck(s: MachineState): Promise<void> {
+    const installed = s.policy?.routing.mode;
+    if (installed !== "default") return;
+    const now = await this.ports.currentRouting(s.runId);
+    if (now.mode !== "catch-all") return;
+    await this.ports.note(s.runId, {
+      level: "warning",
+      code: "routing_change_not_retrofitted",
+      text: `The vault now needs catch-all routing (${now.reasons.join(", ")}), which cannot be installed on this run's running sandboxes: they keep default routing, so only the hosts in their hosts file go through the proxy. Relaunch the run to get catch-all routing.`,
+    });
   }
 
   private async recordOutput(s: MachineState, w: Worker, exec: ExecInfo): Promise<void> {

@@ -11,6 +11,7 @@ import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-cre
 import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
 import type { RunSpec } from "../runs/spec";
+import { previewPolicy } from "../vault/service";
 import { type MachinePorts, type MachineState, RunMachine } from "./machine";
 
 // One Durable Object per run (named by the run id): it owns the run's state machine. Its state
@@ -19,6 +20,7 @@ import { type MachinePorts, type MachineState, RunMachine } from "./machine";
 
 const STATE_KEY = "machine";
 const CANCEL_KEY = "cancel";
+const HALT_KEY = "halt";
 
 export class RunCoordinator extends DurableObject<Env> {
   private machine(db: Db): RunMachine {
@@ -30,6 +32,8 @@ export class RunCoordinator extends DurableObject<Env> {
         setAlarm: (at) => storage.setAlarm(at),
         requestCancel: () => storage.put(CANCEL_KEY, true),
         cancelRequested: async () => (await storage.get<boolean>(CANCEL_KEY)) === true,
+        requestHalt: (halt) => storage.put(HALT_KEY, halt),
+        haltRequested: async () => (await storage.get<boolean>(HALT_KEY)) === true,
       },
       workerPorts(this.env, db),
     );
@@ -50,6 +54,10 @@ export class RunCoordinator extends DurableObject<Env> {
 
   async cancel(): Promise<boolean> {
     return this.withMachine((m) => m.cancel());
+  }
+
+  async halt(halt: boolean): Promise<boolean> {
+    return this.withMachine((m) => m.halt(halt));
   }
 
   async poke(): Promise<void> {
@@ -113,9 +121,17 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       exec: (runId, sandboxId, request) => broker.exec(runId, sandboxId, request),
       poll: (runId, sandboxId, execId, from) => broker.poll(runId, sandboxId, execId, from),
       kill: (runId, sandboxId, execId) => broker.kill(runId, sandboxId, execId),
+      freeze: (runId, sandboxId, frozen) => broker.freeze(runId, sandboxId, frozen),
       destroyRun: async (runId) => {
         await broker.destroyRun(runId);
       },
+    },
+    currentRouting: async (runId) => {
+      const row = await runsService.loadRun(db, runId);
+      if (!row) throw new Error(`no run ${runId}`);
+      const egress = (row.spec as { egress?: string } | null)?.egress === "local" ? "local" : "direct";
+      const owner = { userId: row.userId, environmentId: row.environmentId, keyId: `run:${runId}` };
+      return (await previewPolicy(db, owner, { egress })).routing;
     },
     parseProof: (stdout) => {
       try {

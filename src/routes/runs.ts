@@ -1,4 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import type { Context } from "hono";
+import type { AppEnv } from "../context";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
@@ -12,7 +14,7 @@ const Note = z
 
 const Event = z
   .object({
-    kind: z.enum(["transition", "note", "output", "proxy"]),
+    kind: z.enum(["transition", "note", "output", "proxy", "bug_report"]),
     state: z.string().nullable(),
     reason: z.string().nullable(),
     detail: z.unknown(),
@@ -52,6 +54,7 @@ const RunDetail = RunSummary.extend({
   notes: z.array(Note).openapi({ description: "Network the platform changed" }),
   proof: z.unknown().openapi({ description: "What the wiring step proved about the boundary" }),
   proxy: z.object({ caFingerprint: z.string().nullable(), readyAt: z.string().datetime().nullable() }),
+  halted: z.boolean().openapi({ description: "Halted for review (POST /v1/runs/{id}/halt)" }),
   sandboxes: z.array(Sandbox),
   trace: z.array(Event),
 }).openapi("Run");
@@ -71,6 +74,34 @@ const summary = (r: runs.RunRow): z.infer<typeof RunSummary> => ({
 });
 
 const tags = ["runs"];
+
+function haltRoute(action: "halt" | "resume", summary: string) {
+  return createRoute({
+    method: "post",
+    path: `/runs/{id}/${action}`,
+    tags,
+    summary,
+    request: {
+      params: IdParam("run_"),
+      body: { content: { "application/json": { schema: z.object({}).strict() } }, required: false },
+    },
+    responses: {
+      202: jsonOk(RunSummary, "Accepted: applied at the run's next step"),
+      ...problems(401, 404, 409),
+    },
+  });
+}
+
+async function halt(c: Context<AppEnv>, on: boolean) {
+  const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.param("id") ?? ""));
+  const accepted = !runs.isTerminal(run.status) && (await coordinatorStub(c.env, run.id).halt(on));
+  if (!accepted)
+    throw new ApiError(
+      "run_ended",
+      `Run ${run.id} has ended (${run.status}); there is nothing to ${on ? "halt" : "resume"}.`,
+    );
+  return c.json(summary(run), 202);
+}
 const params = IdParam("run_");
 
 export const runsRoutes = newRouter()
@@ -143,6 +174,15 @@ export const runsRoutes = newRouter()
           notes: run.notes as runs.RunNote[],
           proof: run.proof,
           proxy: { caFingerprint: run.caFingerprint, readyAt: iso(run.proxyReadyAt) },
+          // The last halt or resume in the trace says whether the run is halted now.
+          halted:
+            !runs.isTerminal(run.status) &&
+            (
+              trace.findLast(
+                (e) =>
+                  e.kind === "note" && typeof (e.detail as { halted?: unknown } | null)?.halted === "boolean",
+              )?.detail as { halted: boolean } | undefined
+            )?.halted === true,
           sandboxes: boxes.map((b) => ({
             ...b,
             createdAt: b.createdAt.toISOString(),
@@ -182,4 +222,18 @@ export const runsRoutes = newRouter()
       }
       return c.json(summary(run), 202);
     },
+  )
+  .openapi(
+    haltRoute(
+      "halt",
+      "Halt a running run for review: its commands stop; the proxy keeps enforcing and picks up host policy edits",
+    ),
+    (c) => halt(c, true),
+  )
+  .openapi(
+    haltRoute(
+      "resume",
+      "Resume a halted run (a policy edit that needs catch-all routing is noted, not retrofitted)",
+    ),
+    (c) => halt(c, false),
   );

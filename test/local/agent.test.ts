@@ -419,6 +419,18 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
     ).toBe(0);
   });
 
+  it("freezes a work sandbox's processes and thaws them (halting a run)", async () => {
+    const started = await api.start("wk1", { argv: ["sh", "-c", "sleep 1; echo woke"], stage: "execute" });
+    expect((await api.call("POST", "/v1/sandboxes/wk1/freeze", { frozen: true })).status).toBe(204);
+    const frozen = await api.poll("wk1", started.execId, "?waitMs=2000");
+    expect(frozen.state).toBe("running"); // stopped: its one-second sleep cannot end
+    expect((await api.call("POST", "/v1/sandboxes/wk1/freeze", { frozen: false })).status).toBe(204);
+    const done = await api.poll("wk1", started.execId, "?waitMs=10000");
+    expect(done).toMatchObject({ state: "exited", exitCode: 0 });
+    expect(done.stdout).toContain("woke");
+    expect((await api.call("POST", `/v1/sandboxes/${proxy.id}/freeze`, { frozen: true })).status).toBe(400);
+  });
+
   it("kills an exec at its timeout, and on request", async () => {
     const started = Date.now();
     const timed = await api.run("wk1", {

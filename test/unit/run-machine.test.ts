@@ -40,6 +40,8 @@ interface WorldOptions {
   throwOnce?: { port: "create" | "exec" | "transition" | "destroy"; times: number };
   /** The run's status in the database when the coordinator loads it. */
   runStatus?: "queued" | "stopped";
+  /** The routing the vault asks for when the run is resumed (default: the run's own). */
+  routingNow?: Policy["routing"];
 }
 
 function world(o: WorldOptions = {}) {
@@ -48,6 +50,8 @@ function world(o: WorldOptions = {}) {
   const saved: { state: MachineState | undefined } = { state: undefined };
   let alarm: number | null = null;
   let cancelKey = false;
+  let haltKey = false;
+  const freezes: string[] = [];
   const transitions: { to: string; reason: string }[] = [];
   const notes: { level: string; code: string }[] = [];
   const created = new Map<string, string>();
@@ -152,12 +156,16 @@ function world(o: WorldOptions = {}) {
       kill: async (_runId, sandboxId, execId) => {
         kills.push(`${sandboxId}/${execId}`);
       },
+      freeze: async (_runId, sandboxId, frozen) => {
+        freezes.push(`${frozen ? "stop" : "cont"}:${sandboxId}`);
+      },
       destroyRun: async () => {
         maybeThrow("destroy");
         for (const id of created.keys()) destroyed.add(id);
       },
     },
     parseProof: (stdout) => JSON.parse(stdout) as WiringProof,
+    currentRouting: async () => o.routingNow ?? (o.policy ?? RULE_POLICY).routing,
   };
   /** `crashAt`: drop the end-of-step save of the n-th step (as if the isolate died there). */
   let crashAt = new Set<number>();
@@ -174,6 +182,10 @@ function world(o: WorldOptions = {}) {
       cancelKey = true;
     },
     cancelRequested: async () => cancelKey,
+    requestHalt: async (halt: boolean) => {
+      haltKey = halt;
+    },
+    haltRequested: async () => haltKey,
   };
   const machine = new RunMachine(storage, ports);
   return {
@@ -185,11 +197,13 @@ function world(o: WorldOptions = {}) {
     execs,
     starts,
     kills,
+    freezes,
     revocations: () => revocations,
     crashAt: (...n: number[]) => {
       crashAt = new Set(n);
     },
     state: () => saved.state,
+    steps: () => steps,
     /** Runs alarms until the run is over (or `max` steps), advancing the clock to each alarm. */
     async drive(max = 200) {
       await machine.start("run_1");
@@ -451,5 +465,44 @@ describe("run machine", () => {
     expect(end?.state).toBe("stopped");
     expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "cancelled" });
     expect(w.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+
+  it("halts for review: stops the commands' sandboxes, starts nothing, and resumes where it was", async () => {
+    const w = world({ spec: { ...SPEC, commands: ["echo one", "echo two", "echo three"] } });
+    await w.machine.start("run_1");
+    // Drive until the first command has started, then halt.
+    while (!w.starts.some((k) => k.endsWith("/cmd-0"))) await w.drive(w.steps() + 1);
+    expect(await w.machine.halt(true)).toBe(true);
+    await w.drive(w.steps() + 6);
+    expect(w.state()?.halted).toBe(true);
+    expect(w.freezes).toEqual([expect.stringMatching(/^stop:sbx_/)]);
+    const started = w.starts.filter((k) => /\/cmd-/.test(k)).length;
+    await w.drive(w.steps() + 10);
+    expect(w.starts.filter((k) => /\/cmd-/.test(k)).length).toBe(started);
+    await w.machine.halt(false);
+    const end = await w.drive();
+    expect(end?.state).toBe("finished");
+    expect(w.freezes).toEqual([expect.stringMatching(/^stop:/), expect.stringMatching(/^cont:/)]);
+    expect(w.starts.filter((k) => /\/cmd-/.test(k))).toHaveLength(3);
+    expect(w.notes.some((n) => n.code === "routing_change_not_retrofitted")).toBe(false);
+  });
+
+  it("says a policy edit that needs catch-all is not retrofitted onto running sandboxes", async () => {
+    const w = world({ routingNow: { mode: "catch-all", reasons: ["block_default"] } });
+    await w.machine.start("run_1");
+    while (!w.starts.some((k) => k.endsWith("/cmd-0"))) await w.drive(w.steps() + 1);
+    await w.machine.halt(true);
+    await w.drive(w.steps() + 3);
+    await w.machine.halt(false);
+    await w.drive();
+    expect(w.notes).toContainEqual(
+      expect.objectContaining({ level: "warning", code: "routing_change_not_retrofitted" }),
+    );
+  });
+
+  it("refuses to halt a run that has ended", async () => {
+    const w = world();
+    await w.drive();
+    expect(await w.machine.halt(true)).toBe(false);
   });
 });

@@ -241,10 +241,35 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     const runId = launched.json.id as string;
     await api("POST", "/v1/runs", { benchmark: "nope" }, [400, "unknown_benchmark"]);
     await api("GET", "/v1/runs", undefined, [200]);
+    await api("POST", `/v1/runs/${runId}/halt`, undefined, [202]);
+    await api("POST", `/v1/runs/${runId}/resume`, undefined, [202]);
     await api("POST", `/v1/runs/${runId}/cancel`, undefined, [202]);
     await api("GET", `/v1/runs/${runId}`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/blocked-hosts`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
+    // A bug report on that run (refused for a run that is not the caller's), its list, the trace.
+    await api("POST", "/v1/bug-reports", { runId, title: "canary run", body: "what it did" }, [201]);
+    await api("POST", "/v1/bug-reports", { runId: "run_nope", title: "t", body: "b" }, [404, "not_found"]);
+    await api("GET", `/v1/runs/${runId}/bug-reports`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}`, undefined, [200]);
+
+    // Webhooks: registered (its own secret is shown there, once), read, listed, rotated, revoked;
+    // refused bodies. None of it may carry a vault value.
+    const hook = await api(
+      "POST",
+      "/v1/webhooks",
+      { name: `hook ${tag}`, run: { commands: ["true"] } },
+      [201],
+    );
+    await api("POST", "/v1/webhooks", { name: "x", run: { commands: ["true"] }, secret: canary("hook") }, [
+      400,
+      "unknown_field",
+    ]);
+    await api("GET", "/v1/webhooks", undefined, [200]);
+    await api("GET", `/v1/webhooks/${hook.json.id}`, undefined, [200]);
+    await api("POST", `/v1/webhooks/${hook.json.id}/rotate-secret`, undefined, [200]);
+    await api("DELETE", `/v1/webhooks/${hook.json.id}`, undefined, [204]);
+    await api("GET", `/v1/webhooks/${hook.json.id}`, undefined, [404, "not_found"]);
 
     // Internal errors whose messages quote the value (as a careless library's might): the
     // response and the log line carry only the error's class and the request id. The spies
@@ -283,7 +308,8 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
         where
           .split("?")[0]
           ?.replace(/\/(secrets|rules|hosts)\/(?!order$|starter-pack$)[^/]+$/, "/$1/{id}")
-          .replace(/\/runs\/run_[^/]+/, "/runs/{id}"),
+          .replace(/\/runs\/run_[^/]+/, "/runs/{id}")
+          .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}"),
       ),
     );
     expect(operations.filter((op) => !driven.has(op))).toEqual([]);

@@ -4,9 +4,19 @@ import { describe, expect, it } from "vitest";
 import { provisionApiKey } from "../../src/auth/provision";
 import { loadConfig } from "../../src/config";
 import { generateApiKey } from "../../src/crypto/api-keys";
-import { apiKeys, users, vaultHosts, vaultRules, vaultSecrets, vaultSettings } from "../../src/db/schema";
+import {
+  apiKeys,
+  users,
+  vaultHosts,
+  vaultRules,
+  vaultSecrets,
+  vaultSettings,
+  webhooks,
+} from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
+import { RunSpec } from "../../src/runs/spec";
 import * as vault from "../../src/vault/service";
+import * as hooks from "../../src/webhooks/service";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
 import { auditRows, runWithAudit } from "./run-fixtures";
@@ -29,6 +39,8 @@ interface Vault {
   ids: Record<Resource, string[]>;
   /** A run of this tenant with audit rows for hosts that contain the tag. */
   runId: string;
+  /** A webhook of this tenant, named after the tag (its signing secret is in `values`). */
+  webhookId: string;
 }
 
 interface Ctx {
@@ -96,7 +108,11 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     unwrap(await vault.setDefault(db, p, "block"));
   });
   const run = await runWithAudit(t, [`blocked.${tag}.example`, `other.${tag}.example`]);
-  return { t, role, tag, values, ids: await idsOf(t), runId: run.id };
+  const hook = await withDb((db) =>
+    hooks.createWebhook(db, ring, p, { name: `hook-${tag}`, run: RunSpec.parse({ commands: ["true"] }) }),
+  );
+  values.push(hook.secret);
+  return { t, role, tag, values, ids: await idsOf(t), runId: run.id, webhookId: hook.webhook.id };
 }
 
 async function twoVaults(): Promise<Ctx> {
@@ -162,6 +178,13 @@ async function snapshot(t: Tenant) {
   return { reads, rows: await rows(t) };
 }
 
+/** A tenant's webhook rows in the database, ciphertexts included. */
+async function webhookRows(v: Vault) {
+  return withDb((db) =>
+    db.select().from(webhooks).where(eq(webhooks.environmentId, v.t.environmentId)).orderBy(webhooks.id),
+  );
+}
+
 async function version(t: Tenant): Promise<number> {
   return (await withDb((db) => vault.getSettings(db, principal(t)))).version;
 }
@@ -188,6 +211,13 @@ type Case =
   /** Routes of runs (not of the vault): `id` says whether the route takes a run id. */
   | {
       kind: "run";
+      id: boolean;
+      body?: Body;
+      check: (ctx: Ctx, method: string, path: string) => Promise<void>;
+    }
+  /** Routes of webhooks: `id` says whether the route takes a webhook id. */
+  | {
+      kind: "webhook";
       id: boolean;
       body?: Body;
       check: (ctx: Ctx, method: string, path: string) => Promise<void>;
@@ -337,8 +367,122 @@ const CASES: Record<string, Case> = {
       expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
     },
   },
+  "POST /v1/runs/{id}/halt": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
+      expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
+      expect((await a.t.api(method, path.replace("{id}", a.runId))).status).toBe(202);
+    },
+  },
+  "POST /v1/runs/{id}/resume": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
+      expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
+      expect((await a.t.api(method, path.replace("{id}", a.runId))).status).toBe(202);
+    },
+  },
   "GET /v1/runs/{id}/blocked-hosts": { kind: "by-run", key: "blockedHosts" },
+  "POST /v1/webhooks": {
+    kind: "webhook",
+    id: false,
+    body: () => ({ name: "new hook", run: { commands: ["true"] } }),
+    check: async ({ a, b }, method, path) => {
+      const bBefore = await webhookRows(b);
+      const made = expectStatus(
+        await a.t.api(method, path, { name: "new hook", run: { commands: ["true"] } }),
+        201,
+        "register",
+      );
+      expect((await a.t.api("GET", `/v1/webhooks/${made.json.id}`)).status).toBe(200);
+      expectProblem(await b.t.api("GET", `/v1/webhooks/${made.json.id}`), 404, "not_found");
+      expect(await webhookRows(b)).toEqual(bBefore);
+    },
+  },
+  "GET /v1/webhooks": {
+    kind: "webhook",
+    id: false,
+    check: async ({ a, b }, method, path) => {
+      const res = expectStatus(await a.t.api(method, path), 200, "list");
+      expect(res.json.webhooks.map((w: { id: string }) => w.id)).toEqual([a.webhookId]);
+      expect(res.text).not.toContain(b.webhookId);
+      expect(res.text).not.toContain(b.tag);
+    },
+  },
+  "GET /v1/webhooks/{id}": {
+    kind: "webhook",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const res = expectProblem(await a.t.api(method, path.replace("{id}", b.webhookId)), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.webhookId)), 200, "read");
+      expect(own.json).toMatchObject({ id: a.webhookId, name: `hook-${a.tag}` });
+    },
+  },
+  "DELETE /v1/webhooks/{id}": {
+    kind: "webhook",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const bBefore = await webhookRows(b);
+      expectProblem(await a.t.api(method, path.replace("{id}", b.webhookId)), 404, "not_found");
+      expect(await webhookRows(b)).toEqual(bBefore);
+      expectStatus(await b.t.api("GET", `/v1/webhooks/${b.webhookId}`), 200, "B still has it");
+      expectStatus(await a.t.api(method, path.replace("{id}", a.webhookId)), 204, "A's own");
+    },
+  },
+  "POST /v1/webhooks/{id}/rotate-secret": {
+    kind: "webhook",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const bBefore = await webhookRows(b);
+      const res = expectProblem(await a.t.api(method, path.replace("{id}", b.webhookId)), 404, "not_found");
+      expect(res.text).not.toContain("whsec_");
+      expect(await webhookRows(b)).toEqual(bBefore);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.webhookId)), 200, "A's own");
+      expect(own.json.id).toBe(a.webhookId);
+    },
+  },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
+  "POST /v1/bug-reports": {
+    kind: "run",
+    id: false,
+    body: ({ a }) => ({ runId: a.runId, title: `report ${a.tag}`, body: "it broke" }),
+    check: async ({ a, b }, method, path) => {
+      // B's run id in the body: 404 as for no run, and B's run (trace included) is unchanged.
+      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
+      const report = { runId: b.runId, title: `report ${a.tag}`, body: "it broke" };
+      const res = expectProblem(await a.t.api(method, path, report), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
+      expect((await b.t.api("GET", `/v1/runs/${b.runId}/bug-reports`)).json.bugReports).toEqual([]);
+      const made = expectStatus(await a.t.api(method, path, { ...report, runId: a.runId }), 201, "report");
+      const mine = await a.t.api("GET", `/v1/runs/${a.runId}/bug-reports`);
+      expect(mine.json.bugReports.map((r: { id: string }) => r.id)).toEqual([made.json.id]);
+    },
+  },
+  "GET /v1/runs/{id}/bug-reports": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      for (const v of [a, b]) {
+        const report = { runId: v.runId, title: `report ${v.tag}`, body: `body ${v.tag}` };
+        expectStatus(await v.t.api("POST", "/v1/bug-reports", report), 201, `${v.role} report`);
+      }
+      const res = expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.runId)), 200, "list");
+      expect(own.json.bugReports.map((r: { title: string }) => r.title)).toEqual([`report ${a.tag}`]);
+      expect(own.text).not.toContain(b.tag);
+      // A query parameter cannot widen the read either.
+      const q = `?environmentId=${b.t.environmentId}&runId=${b.runId}`;
+      expectProblem(await a.t.api(method, `${path.replace("{id}", a.runId)}${q}`), 400, "unknown_field");
+    },
+  },
   "GET /v1/vault/policy-preview": {
     kind: "read",
     check: async ({ a, b }, res) => {
@@ -383,9 +527,13 @@ function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string;
       ? (v.ids[c.resource][0] ?? "missing")
       : c?.kind === "by-run" || (c?.kind === "run" && c.id)
         ? v.runId
-        : "no_case_for_this_route";
+        : c?.kind === "webhook" && c.id
+          ? v.webhookId
+          : "no_case_for_this_route";
   const body =
-    c && (c.kind === "by-id" || c.kind === "write" || c.kind === "run") ? c.body?.(ctx) : undefined;
+    c && (c.kind === "by-id" || c.kind === "write" || c.kind === "run" || c.kind === "webhook")
+      ? c.body?.(ctx)
+      : undefined;
   return { method, path: path.replace("{id}", id), body };
 }
 
@@ -405,7 +553,12 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
     // A route that takes an id must be tested as one: A's key with B's id.
     const byId = (op: string) => {
       const c = CASES[op];
-      return c?.kind === "by-id" || c?.kind === "by-run" || (c?.kind === "run" && c.id);
+      return (
+        c?.kind === "by-id" ||
+        c?.kind === "by-run" ||
+        (c?.kind === "run" && c.id) ||
+        (c?.kind === "webhook" && c.id)
+      );
     };
     const untested = ops.filter((op) => op.includes("{") !== byId(op));
     expect(untested, `id routes need a by-id or by-run case (and only they): ${untested.join(", ")}`).toEqual(
@@ -516,6 +669,13 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
       });
     }
 
+    if (c.kind === "webhook") {
+      it(`${op}: A's key reaches A's webhooks only`, async () => {
+        const ctx = await twoVaults();
+        await c.check(ctx, method, path);
+      });
+    }
+
     if (c.kind === "unscoped") {
       it(`${op} is not tenant-scoped (${c.reason}); it tells A nothing about B`, async () => {
         const [a, b] = [await newTenant(), await newTenant()];
@@ -579,6 +739,9 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
     for (const op of ops) {
       const { method, path, body } = sample(op, ctx, a);
       for (const [field, value] of Object.entries(overrides)) {
+        // A field the route itself takes (POST /v1/bug-reports names its run) is no override;
+        // its cross-tenant use is in that route's isolation case.
+        if (typeof body === "object" && body !== null && Object.hasOwn(body, field)) continue;
         const res = await call(a.t.key, method, path, withField(body, field, value));
         if (res.status !== 400 || res.json?.code !== "unknown_field" || !res.json.detail.includes(field)) {
           failures.push(`${op} +${field}: ${res.status} ${res.text.slice(0, 200)}`);
@@ -598,7 +761,9 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
     expect(await snapshot(b.t)).toEqual(bBefore);
 
     // The same bodies without the extra field are accepted: the field alone was the reason.
-    for (const op of ops) {
+    // Cancelling ends A's run, after which halt and resume have nothing to act on: cancel last.
+    const cancelLast = [...ops].sort((x, y) => Number(x.endsWith("/cancel")) - Number(y.endsWith("/cancel")));
+    for (const op of cancelLast) {
       a.ids = await idsOf(a.t);
       const c = CASES[op];
       const { method, path, body } = sample(op, ctx, a);
@@ -665,7 +830,9 @@ describe("C4 secret values are never returned by any read", { timeout: 120_000 }
           ? a.ids[c.resource].map((id) => path.replace("{id}", id))
           : c?.kind === "by-run" || (c?.kind === "run" && c.id)
             ? [path.replace("{id}", a.runId)]
-            : [path];
+            : c?.kind === "webhook" && c.id
+              ? [path.replace("{id}", a.webhookId)]
+              : [path];
       if (path === "/v1/vault/policy-preview") paths.push(`${path}?egress=local`);
       expect(paths.length, `${op} has nothing to read`).toBeGreaterThan(0);
       for (const p of paths) responses.push([`GET ${p}`, await t.api("GET", p)]);

@@ -1,0 +1,112 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { unwrap } from "../errors";
+import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import * as reports from "../runs/bug-reports";
+
+// Bug reports on a run: stored in the run's trace (see src/runs/bug-reports.ts), so the run's
+// owner sees them in GET /v1/runs/{id} too. Another tenant's run id is 404, as for no run.
+
+const MAX_BODY_BYTES = 16 * 1024;
+
+// Postgres jsonb cannot hold U+0000 or a lone surrogate: refuse them here (400), not at insert.
+const storable = (s: string) =>
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: U+0000 is what is refused
+  !/\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s);
+
+const Title = z
+  .string()
+  .min(1, "the title is empty")
+  .max(200, "at most 200 characters")
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
+  .refine((s) => !/[\u0000-\u001f\u007f-\u009f]/.test(s), "one line, no control characters")
+  .refine(storable, "not well-formed Unicode");
+
+const Body = z
+  .string()
+  .min(1, "the body is empty")
+  .max(MAX_BODY_BYTES, "at most 16 KiB")
+  .refine((s) => new TextEncoder().encode(s).byteLength <= MAX_BODY_BYTES, "at most 16 KiB (UTF-8)")
+  .refine(storable, "no NUL characters, well-formed Unicode")
+  .openapi({ description: "Plain text, at most 16 KiB in UTF-8" });
+
+const NewBugReport = z
+  .object({
+    runId: z.string().min(1).max(64).openapi({ example: "run_0123456789abcdef" }),
+    title: Title,
+    body: Body,
+  })
+  .strict();
+
+const BugReportCreated = z
+  .object({ id: z.string(), runId: z.string(), title: z.string(), createdAt: z.string().datetime() })
+  .strict()
+  .openapi("BugReportCreated");
+
+const BugReport = BugReportCreated.extend({
+  body: z.string(),
+  reportedBy: z.string().openapi({ description: "Id of the API key that filed it" }),
+})
+  .strict()
+  .openapi("BugReport");
+
+const PageQuery = z
+  .object({
+    limit: z.coerce.number().int().min(1).max(100).default(20),
+    cursor: z.string().max(64).optional().openapi({ description: "nextCursor of the previous page; opaque" }),
+  })
+  .strict();
+
+const toJson = (r: reports.BugReport): z.infer<typeof BugReport> => ({
+  id: r.id,
+  runId: r.runId,
+  title: r.title,
+  body: r.body,
+  reportedBy: r.reportedBy,
+  createdAt: r.createdAt.toISOString(),
+});
+
+const tags = ["runs"];
+
+export const bugReportsRoutes = newRouter()
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/bug-reports",
+      tags,
+      summary: "Report a bug on one of your runs (ended runs too); it joins the run's trace",
+      request: jsonBody(NewBugReport),
+      responses: { 201: jsonOk(BugReportCreated, "Created"), ...problems(400, 401, 404) },
+    }),
+    async (c) => {
+      const r = unwrap(await reports.createBugReport(c.var.db, c.var.principal, c.req.valid("json")));
+      return c.json({ id: r.id, runId: r.runId, title: r.title, createdAt: r.createdAt.toISOString() }, 201);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}/bug-reports",
+      tags,
+      summary: "A run's bug reports, newest first",
+      request: { params: IdParam("run_"), query: PageQuery },
+      responses: {
+        200: jsonOk(
+          z.object({
+            bugReports: z.array(BugReport),
+            nextCursor: z
+              .string()
+              .nullable()
+              .openapi({ description: "Cursor of the next page; null on the last" }),
+          }),
+        ),
+        ...problems(400, 401, 404),
+      },
+    }),
+    async (c) => {
+      const { limit, cursor } = c.req.valid("query");
+      const page = unwrap(
+        await reports.listBugReports(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+      );
+      return c.json({ bugReports: page.items.map(toJson), nextCursor: page.nextCursor }, 200);
+    },
+  );

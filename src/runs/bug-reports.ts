@@ -1,0 +1,92 @@
+import { z } from "@hono/zod-openapi";
+import { and, desc, eq, lt } from "drizzle-orm";
+import type { Principal } from "../context";
+import { randomId } from "../crypto/api-keys";
+import { runEvents, runs } from "../db/schema";
+import type { Db } from "../db/types";
+import { fail, ok, type Result } from "../errors";
+
+// Bug reports on a run. Each is a row of the run's trace (kind "bug_report", key `bug:<id>`), so
+// the owner sees it in the run as it happened, between the transitions around it. Scoped by the
+// caller's environment: another tenant's run is not_found, exactly as a run that does not exist.
+
+/** What a trace row of kind "bug_report" holds in `detail`; parsed again whenever it is read. */
+export const StoredBugReport = z
+  .object({ id: z.string(), title: z.string(), body: z.string(), reportedBy: z.string() })
+  .strict();
+export type StoredBugReport = z.infer<typeof StoredBugReport>;
+
+export interface BugReport extends StoredBugReport {
+  runId: string;
+  createdAt: Date;
+}
+
+export interface Page<T> {
+  items: T[];
+  nextCursor: string | null;
+}
+
+const keyOf = (id: string) => `bug:${id}`;
+
+/** The run, if it belongs to the caller's environment; else not_found, as for no run at all. */
+async function ownRun(db: Db, p: Principal, runId: string): Promise<Result<string>> {
+  const [row] = await db
+    .select({ id: runs.id })
+    .from(runs)
+    .where(and(eq(runs.id, runId), eq(runs.environmentId, p.environmentId)));
+  return row ? ok(row.id) : fail("not_found", `No run ${runId}.`);
+}
+
+/** Files a report on one of the caller's runs; a run that has ended takes reports too. */
+export async function createBugReport(
+  db: Db,
+  p: Principal,
+  input: { runId: string; title: string; body: string },
+): Promise<Result<BugReport>> {
+  const run = await ownRun(db, p, input.runId);
+  if (!run.ok) return run;
+  const id = randomId("bug_");
+  const detail: StoredBugReport = { id, title: input.title, body: input.body, reportedBy: p.keyId };
+  const [row] = await db
+    .insert(runEvents)
+    .values({ runId: run.value, key: keyOf(id), kind: "bug_report", detail })
+    .returning({ at: runEvents.at });
+  if (!row) throw new Error("insert returned no event");
+  return ok({ ...detail, runId: run.value, createdAt: row.at });
+}
+
+/**
+ * The run's reports, newest first (trace order, reversed). The cursor is the last report's id:
+ * it names nothing outside this run, and it is resolved within this run only.
+ */
+export async function listBugReports(
+  db: Db,
+  p: Principal,
+  runId: string,
+  limit: number,
+  cursor: string | undefined,
+): Promise<Result<Page<BugReport>>> {
+  const run = await ownRun(db, p, runId);
+  if (!run.ok) return run;
+  const ofRun = and(eq(runEvents.runId, run.value), eq(runEvents.kind, "bug_report"));
+  let before: number | undefined;
+  if (cursor !== undefined) {
+    const [at] = await db
+      .select({ id: runEvents.id })
+      .from(runEvents)
+      .where(and(ofRun, eq(runEvents.key, keyOf(cursor))));
+    if (!at) return fail("invalid_request", "cursor: not a cursor this API gave for this run");
+    before = at.id;
+  }
+  const rows = await db
+    .select({ id: runEvents.id, detail: runEvents.detail, at: runEvents.at })
+    .from(runEvents)
+    .where(and(ofRun, before === undefined ? undefined : lt(runEvents.id, before)))
+    .orderBy(desc(runEvents.id))
+    .limit(limit + 1);
+  const items = rows
+    .slice(0, limit)
+    .map((r) => ({ ...StoredBugReport.parse(r.detail), runId: run.value, createdAt: r.at }));
+  const last = items.at(-1);
+  return ok({ items, nextCursor: rows.length > limit && last ? last.id : null });
+}
