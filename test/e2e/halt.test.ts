@@ -95,7 +95,7 @@ get("https://other.demo.test/first").then((r) => console.log("first:" + r.status
   it("notes, on resume, that a change needing catch-all was not retrofitted onto a default-routed run", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);
-    const launched = await api.call("POST", "/v1/runs", { commands: ["sleep 4"] });
+    const launched = await api.call("POST", "/v1/runs", { commands: ["sleep 8"] });
     const id = launched.json.id as string;
     const deadline = Date.now() + 60_000;
     for (;;) {
@@ -104,6 +104,11 @@ get("https://other.demo.test/first").then((r) => console.log("first:" + r.status
       await new Promise((r) => setTimeout(r, 100));
     }
     await api.call("POST", `/v1/runs/${id}/halt`);
+    for (;;) {
+      if ((await api.call("GET", `/v1/runs/${id}`)).json.halted === true) break;
+      if (Date.now() > deadline) throw new Error("the run did not halt");
+      await new Promise((r) => setTimeout(r, 100));
+    }
     await api.call("PUT", "/v1/vault/settings", { default: "block" });
     await api.call("POST", `/v1/runs/${id}/resume`);
     const run = await waitForEnd(api, id);
