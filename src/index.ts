@@ -1,5 +1,6 @@
 import { createApp } from "./app";
 import { coordinatorStub } from "./coordinator/run-coordinator";
+import { reconcile } from "./reaper/reconcile";
 
 export { SandboxBroker } from "./broker/sandbox-broker";
 export { RunCoordinator } from "./coordinator/run-coordinator";
@@ -9,4 +10,5 @@ const app = createApp({ onProxyReady: (env, runId) => coordinatorStub(env, runId
 
 export default {
   fetch: app.fetch,
+  scheduled: (_controller, env, ctx) => ctx.waitUntil(reconcile(env).then(() => {})),
 } satisfies ExportedHandler<Env>;

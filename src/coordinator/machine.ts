@@ -206,6 +206,23 @@ export class RunMachine {
   }
 
   /**
+   * The sweeper's nudge for a run whose row has not moved for a while: a run whose coordinator
+   * never got its start (the launch's call was lost) is started; a live one whose alarm is gone
+   * is re-armed. Never stops anything. Returns what it did.
+   */
+  async ensure(runId: string, alarmPending: boolean): Promise<"started" | "rearmed" | "alive" | "over"> {
+    const s = await this.storage.load();
+    if (!s) {
+      await this.start(runId);
+      return "started";
+    }
+    if (isOver(s.state)) return "over";
+    if (alarmPending) return "alive";
+    await this.storage.setAlarm(this.ports.now());
+    return "rearmed";
+  }
+
+  /**
    * Halts the run for review (its commands' processes stop; the proxy keeps running and picks up
    * policy edits) or resumes it. False when the run has ended.
    */

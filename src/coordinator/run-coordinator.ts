@@ -56,6 +56,11 @@ export class RunCoordinator extends DurableObject<Env> {
     return this.withMachine((m) => m.cancel());
   }
 
+  async ensure(runId: string): Promise<"started" | "rearmed" | "alive" | "over"> {
+    const pending = (await this.ctx.storage.getAlarm()) !== null;
+    return this.withMachine((m) => m.ensure(runId, pending));
+  }
+
   async halt(halt: boolean): Promise<boolean> {
     return this.withMachine((m) => m.halt(halt));
   }

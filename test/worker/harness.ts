@@ -1,9 +1,11 @@
 import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
+import { eq } from "drizzle-orm";
 import { provisionApiKey } from "../../src/auth/provision";
 import { loadConfig } from "../../src/config";
 import { randomId } from "../../src/crypto/api-keys";
 import { openDb } from "../../src/db/client";
+import { vaultSecrets } from "../../src/db/schema";
 import worker from "../../src/index";
 
 // One harness for every route test: each test makes its own tenant (user, environment, key)
@@ -76,4 +78,22 @@ export function expectProblem(res: ApiResponse, status: number, code: string): A
     throw new Error(`expected application/problem+json, got ${res.headers.get("content-type")}`);
   }
   return res;
+}
+
+/** A tenant whose only secret (used by a rule) no longer decrypts: its runs retry, then stop (E1). */
+export async function tenantWithUnreadableVault(value: string): Promise<Tenant> {
+  const t = await newTenant();
+  await t.api("POST", "/v1/vault/secrets", { name: "KEY", value });
+  await t.api("POST", "/v1/vault/rules", {
+    host: "api.example.com",
+    secret: "KEY",
+    inject: { scheme: "bearer" },
+  });
+  await withDb((db) =>
+    db
+      .update(vaultSecrets)
+      .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
+      .where(eq(vaultSecrets.environmentId, t.environmentId)),
+  );
+  return t;
 }

@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs, sandboxes, vaultSecrets } from "../../src/db/schema";
-import { expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { expectProblem, newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
 
 // The runs API inside workerd, against real Postgres and the real coordinator Durable Object.
 // No compute backend is configured here (COMPUTE_BACKEND_URL is empty), so a run that gets as far as
@@ -26,22 +26,6 @@ async function driveToEnd(t: Tenant, runId: string) {
 }
 
 /** A tenant whose one rule's secret does not decrypt: its ciphertext names a key the ring lacks. */
-async function tenantWithUnreadableVault(value: string): Promise<Tenant> {
-  const t = await newTenant();
-  await t.api("POST", "/v1/vault/secrets", { name: "KEY", value });
-  await t.api("POST", "/v1/vault/rules", {
-    host: "api.example.com",
-    secret: "KEY",
-    inject: { scheme: "bearer" },
-  });
-  await withDb((db) =>
-    db
-      .update(vaultSecrets)
-      .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
-      .where(eq(vaultSecrets.environmentId, t.environmentId)),
-  );
-  return t;
-}
 
 describe("runs API", () => {
   it("launches a run: 202, queued, then visible with its trace", async () => {

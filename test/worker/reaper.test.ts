@@ -1,0 +1,67 @@
+import {
+  createExecutionContext,
+  createScheduledController,
+  runDurableObjectAlarm,
+  waitOnExecutionContext,
+} from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { eq } from "drizzle-orm";
+import { describe, expect, it } from "vitest";
+import { coordinatorStub } from "../../src/coordinator/run-coordinator";
+import { runs } from "../../src/db/schema";
+import worker from "../../src/index";
+import { reconcile, STALE_MS } from "../../src/reaper/reconcile";
+import { newTenant, tenantWithUnreadableVault, withDb } from "./harness";
+import { newRun } from "./run-fixtures";
+
+// The cron backstop, driven explicitly (createScheduledController, no waiting for a schedule):
+// it starts a run whose launch never reached its coordinator, re-arms nothing that is alive,
+// and never touches a run that is moving.
+
+const age = (runId: string, ms: number) =>
+  withDb((db) =>
+    db
+      .update(runs)
+      .set({ updatedAt: new Date(Date.now() - ms) })
+      .where(eq(runs.id, runId)),
+  );
+
+describe("reaper (cron backstop)", () => {
+  it("starts a quiet run whose coordinator never got its start, from the scheduled handler", async () => {
+    const t = await newTenant();
+    const run = await newRun(t, { status: "queued", spec: { commands: ["true"], egress: "direct" } });
+    await age(run.id, STALE_MS + 60_000);
+    expect(await coordinatorStub(env, run.id).snapshot()).toBeUndefined();
+    const ctx = createExecutionContext();
+    await worker.scheduled(createScheduledController({ cron: "*/5 * * * *" }), env, ctx);
+    await waitOnExecutionContext(ctx);
+    const state = await coordinatorStub(env, run.id).snapshot();
+    expect(state?.runId).toBe(run.id);
+    // Its coordinator now drives it (here it stops: no compute backend in workerd).
+    for (let i = 0; i < 50 && !["stopped", "finished", "failed"].includes((await snap(run.id)) ?? ""); i++) {
+      await runDurableObjectAlarm(coordinatorStub(env, run.id));
+    }
+    expect(await snap(run.id)).toBe("stopped");
+  });
+
+  it("leaves alone a run that moved recently, and a quiet one whose alarm is pending", async () => {
+    const t = await tenantWithUnreadableVault("canary-reaper-value");
+    const fresh = await newRun(t, { status: "queued", spec: { commands: ["true"], egress: "direct" } });
+    // A live run: its coordinator retries the vault with backoff (alarm pending), and its row has
+    // not moved since it entered fetching_vault.
+    const live = (await t.api("POST", "/v1/runs", { commands: ["true"] })).json.id as string;
+    for (let i = 0; i < 100 && (await snap(live)) !== "fetching_vault"; i++)
+      await new Promise((r) => setTimeout(r, 20));
+    await age(live, STALE_MS + 60_000);
+    const report = await reconcile(env);
+    expect(report.nudged[fresh.id]).toBeUndefined();
+    expect(await coordinatorStub(env, fresh.id).snapshot()).toBeUndefined();
+    expect(report.nudged[live]).toBe("alive");
+    expect(await snap(live)).toBe("fetching_vault");
+  });
+});
+
+async function snap(runId: string): Promise<string | undefined> {
+  const [row] = await withDb((db) => db.select({ status: runs.status }).from(runs).where(eq(runs.id, runId)));
+  return row?.status;
+}
