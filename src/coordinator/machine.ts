@@ -59,6 +59,8 @@ export interface MachineState {
   faults: number;
   enteredAt: number;
   cancel: boolean;
+  /** Why: "cancelled" (the user) or "reaped" (the sweeper: stuck past its deadline). */
+  cancelReason?: StopRequest;
   final: Final | null;
   spec: RunSpec | null;
   policy: Pick<PolicyDocument, "version" | "routing" | "enforce" | "hostsFile" | "note"> | null;
@@ -79,6 +81,9 @@ export interface MachineState {
   halts?: number;
 }
 
+/** Who asked the run to stop early. */
+export type StopRequest = "cancelled" | "reaped";
+
 export interface MachineStorage {
   load(): Promise<MachineState | undefined>;
   save(state: MachineState): Promise<void>;
@@ -87,8 +92,8 @@ export interface MachineStorage {
    * The cancel request lives under its own key: a step in flight (between its load and its save)
    * would otherwise overwrite a cancel that arrived meanwhile.
    */
-  requestCancel(): Promise<void>;
-  cancelRequested(): Promise<boolean>;
+  requestCancel(reason: StopRequest): Promise<void>;
+  cancelRequested(): Promise<StopRequest | null>;
   /** Halt for review, under its own key for the same reason as cancel. */
   requestHalt(halt: boolean): Promise<void>;
   haltRequested(): Promise<boolean>;
@@ -197,10 +202,10 @@ export class RunMachine {
     await this.storage.setAlarm(this.ports.now());
   }
 
-  async cancel(): Promise<boolean> {
+  async cancel(reason: StopRequest = "cancelled"): Promise<boolean> {
     const s = await this.storage.load();
     if (!s || isOver(s.state)) return false;
-    await this.storage.requestCancel();
+    await this.storage.requestCancel(reason);
     await this.storage.setAlarm(this.ports.now());
     return true;
   }
@@ -249,7 +254,13 @@ export class RunMachine {
   async step(): Promise<void> {
     const s = await this.storage.load();
     if (!s || isOver(s.state)) return;
-    if (!s.cancel && (await this.storage.cancelRequested())) s.cancel = true;
+    if (!s.cancel) {
+      const asked = await this.storage.cancelRequested();
+      if (asked) {
+        s.cancel = true;
+        s.cancelReason = asked;
+      }
+    }
     let next: number | null;
     try {
       next = await this.advance(s);
@@ -283,7 +294,16 @@ export class RunMachine {
   private async advance(s: MachineState): Promise<number | null> {
     const now = this.ports.now();
     if (s.cancel && s.state !== "finishing" && !s.final) {
-      this.finish(s, { to: "stopped", reason: "cancelled", detail: "Cancelled by the user." });
+      this.finish(
+        s,
+        s.cancelReason === "reaped"
+          ? {
+              to: "stopped",
+              reason: "reaped",
+              detail: `Stopped by the sweeper: the run stayed in ${s.state} past its deadline.`,
+            }
+          : { to: "stopped", reason: "cancelled", detail: "Cancelled by the user." },
+      );
     }
     switch (s.state) {
       case "queued":

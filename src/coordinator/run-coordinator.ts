@@ -12,7 +12,7 @@ import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
 import type { RunSpec } from "../runs/spec";
 import { previewPolicy } from "../vault/service";
-import { type MachinePorts, type MachineState, RunMachine } from "./machine";
+import { type MachinePorts, type MachineState, RunMachine, type StopRequest } from "./machine";
 
 // One Durable Object per run (named by the run id): it owns the run's state machine. Its state
 // lives in the object's storage, so an eviction mid-run loses nothing; its alarm drives every
@@ -30,8 +30,11 @@ export class RunCoordinator extends DurableObject<Env> {
         load: () => storage.get<MachineState>(STATE_KEY),
         save: (state) => storage.put(STATE_KEY, state),
         setAlarm: (at) => storage.setAlarm(at),
-        requestCancel: () => storage.put(CANCEL_KEY, true),
-        cancelRequested: async () => (await storage.get<boolean>(CANCEL_KEY)) === true,
+        requestCancel: (reason) => storage.put(CANCEL_KEY, reason),
+        cancelRequested: async () => {
+          const asked = await storage.get<StopRequest | true>(CANCEL_KEY);
+          return asked === true ? "cancelled" : (asked ?? null);
+        },
         requestHalt: (halt) => storage.put(HALT_KEY, halt),
         haltRequested: async () => (await storage.get<boolean>(HALT_KEY)) === true,
       },
@@ -52,8 +55,8 @@ export class RunCoordinator extends DurableObject<Env> {
     await this.withMachine((m) => m.start(runId));
   }
 
-  async cancel(): Promise<boolean> {
-    return this.withMachine((m) => m.cancel());
+  async cancel(reason: StopRequest = "cancelled"): Promise<boolean> {
+    return this.withMachine((m) => m.cancel(reason));
   }
 
   async ensure(runId: string): Promise<"started" | "rearmed" | "alive" | "over"> {

@@ -1,36 +1,75 @@
-import { and, eq, inArray, lt, notInArray } from "drizzle-orm";
+import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
 import { brokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
-import { TERMINAL_STATES } from "../runs/service";
+import { recordTransition, TERMINAL_STATES } from "../runs/service";
 
 // The cron trigger's backstop (wrangler.toml [triggers]). Each run's coordinator drives it with
 // its own alarm; this only catches what an alarm missed, and is idempotent:
 //   - a run whose row has not moved for STALE_MS: its coordinator is started (a lost launch call)
 //     or its alarm re-armed. A live run (alarm pending) is left as it is: never reaped here.
 //   - sandboxes still recorded live for a run that ended more than ORPHAN_MS ago: torn down.
+//   - a run stuck in a setup state past STUCK_MS, or running past MAX_RUN_MS: stopped (`reaped`).
 
 export const STALE_MS = 2 * 60_000;
 export const ORPHAN_MS = 5 * 60_000;
+/**
+ * A run still in a setup state this long after it entered it is stuck (each setup step has a
+ * deadline of seconds: vault retries, proxy ready 30 s, wiring 60 s); a run running this long is
+ * past the longest run we allow. Either is stopped with reason `reaped`.
+ */
+export const STUCK_MS = 15 * 60_000;
+export const MAX_RUN_MS = 24 * 60 * 60_000;
+const SETUP_STATES = ["queued", "fetching_vault", "starting_proxy", "starting_sandboxes", "wiring"] as const;
 const BATCH = 100;
 
 export interface ReconcileReport {
+  reaped: Record<string, "stopping" | "stopped" | "error">;
   nudged: Record<string, "started" | "rearmed" | "alive" | "over" | "error">;
   tornDown: Record<string, "destroyed" | "error">;
 }
 
 export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileReport> {
   const { db, close } = openDb(loadConfig(env));
-  const report: ReconcileReport = { nudged: {}, tornDown: {} };
+  const report: ReconcileReport = { reaped: {}, nudged: {}, tornDown: {} };
   try {
+    const stuck = await db
+      .select({ id: runs.id })
+      .from(runs)
+      .where(
+        or(
+          and(inArray(runs.status, [...SETUP_STATES]), lt(runs.updatedAt, new Date(now - STUCK_MS))),
+          and(eq(runs.status, "running"), lt(runs.startedAt, new Date(now - MAX_RUN_MS))),
+        ),
+      )
+      .limit(BATCH);
+    for (const { id } of stuck) {
+      try {
+        // Through its coordinator, which tears its sandboxes down; a run that never had one
+        // has nothing to tear down and is stopped here.
+        if (await coordinatorStub(env, id).cancel("reaped")) {
+          report.reaped[id] = "stopping";
+        } else {
+          await recordTransition(db, id, {
+            to: "stopped",
+            reason: "reaped",
+            detail: "Stopped by the sweeper: the run never reached its coordinator in time.",
+          });
+          report.reaped[id] = "stopped";
+        }
+      } catch {
+        report.reaped[id] = "error";
+      }
+    }
     const quiet = await db
       .select({ id: runs.id })
       .from(runs)
       .where(and(notInArray(runs.status, [...TERMINAL_STATES]), lt(runs.updatedAt, new Date(now - STALE_MS))))
       .limit(BATCH);
     for (const { id } of quiet) {
+      if (id in report.reaped) continue;
       try {
         report.nudged[id] = await coordinatorStub(env, id).ensure(id);
       } catch {

@@ -49,7 +49,7 @@ function world(o: WorldOptions = {}) {
   let ids = 0;
   const saved: { state: MachineState | undefined } = { state: undefined };
   let alarm: number | null = null;
-  let cancelKey = false;
+  let cancelKey: "cancelled" | "reaped" | null = null;
   let haltKey = false;
   const freezes: string[] = [];
   const transitions: { to: string; reason: string }[] = [];
@@ -178,8 +178,8 @@ function world(o: WorldOptions = {}) {
     setAlarm: async (at: number) => {
       alarm = at;
     },
-    requestCancel: async () => {
-      cancelKey = true;
+    requestCancel: async (reason: "cancelled" | "reaped") => {
+      cancelKey = reason;
     },
     cancelRequested: async () => cancelKey,
     requestHalt: async (halt: boolean) => {
@@ -504,5 +504,16 @@ describe("run machine", () => {
     const w = world();
     await w.drive();
     expect(await w.machine.halt(true)).toBe(false);
+  });
+
+  it("stops with the reason reaped when the sweeper asks, and tears down", async () => {
+    const w = world();
+    await w.machine.start("run_1");
+    await w.drive(4);
+    expect(await w.machine.cancel("reaped")).toBe(true);
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "reaped" });
+    expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
   });
 });

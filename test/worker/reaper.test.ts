@@ -10,7 +10,7 @@ import { describe, expect, it } from "vitest";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs } from "../../src/db/schema";
 import worker from "../../src/index";
-import { reconcile, STALE_MS } from "../../src/reaper/reconcile";
+import { reconcile, STALE_MS, STUCK_MS } from "../../src/reaper/reconcile";
 import { newTenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 
@@ -58,6 +58,19 @@ describe("reaper (cron backstop)", () => {
     expect(await coordinatorStub(env, fresh.id).snapshot()).toBeUndefined();
     expect(report.nudged[live]).toBe("alive");
     expect(await snap(live)).toBe("fetching_vault");
+  });
+});
+
+describe("reaper: stuck runs", () => {
+  it("stops a run stuck in a setup state past its deadline, with the reason reaped", async () => {
+    const t = await newTenant();
+    const stuck = await newRun(t, { status: "wiring", spec: { commands: ["true"], egress: "direct" } });
+    await age(stuck.id, STUCK_MS + 60_000);
+    const report = await reconcile(env);
+    expect(report.reaped[stuck.id]).toBe("stopped");
+    expect(report.nudged[stuck.id]).toBeUndefined();
+    const run = await t.api("GET", `/v1/runs/${stuck.id}`);
+    expect(run.json).toMatchObject({ status: "stopped", reason: "reaped" });
   });
 });
 
