@@ -10,5 +10,5 @@ const app = createApp({ onProxyReady: (env, runId) => coordinatorStub(env, runId
 
 export default {
   fetch: app.fetch,
-  scheduled: (_controller, env, ctx) => ctx.waitUntil(reconcile(env).then(() => {})),
+  scheduled: (controller, env, ctx) => ctx.waitUntil(reconcile(env, controller.scheduledTime).then(() => {})),
 } satisfies ExportedHandler<Env>;

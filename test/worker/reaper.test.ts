@@ -16,7 +16,11 @@ import { newRun } from "./run-fixtures";
 
 // The cron backstop, driven explicitly (createScheduledController, no waiting for a schedule):
 // it starts a run whose launch never reached its coordinator, re-arms nothing that is alive,
-// and never touches a run that is moving.
+// and never touches a run that is moving. The suite shares one database with other files, so
+// these runs are aged past the thresholds as seen from a sweep "nine days ago", which sees them only.
+
+const DAY = 24 * 60 * 60_000;
+const SWEEP_AT = () => Date.now() - 9 * DAY;
 
 const age = (runId: string, ms: number) =>
   withDb((db) =>
@@ -30,10 +34,14 @@ describe("reaper (cron backstop)", () => {
   it("starts a quiet run whose coordinator never got its start, from the scheduled handler", async () => {
     const t = await newTenant();
     const run = await newRun(t, { status: "queued", spec: { commands: ["true"], egress: "direct" } });
-    await age(run.id, STALE_MS + 60_000);
+    await age(run.id, 9 * DAY + STALE_MS + 60_000);
     expect(await coordinatorStub(env, run.id).snapshot()).toBeUndefined();
     const ctx = createExecutionContext();
-    await worker.scheduled(createScheduledController({ cron: "*/5 * * * *" }), env, ctx);
+    await worker.scheduled(
+      createScheduledController({ cron: "*/5 * * * *", scheduledTime: SWEEP_AT() }),
+      env,
+      ctx,
+    );
     await waitOnExecutionContext(ctx);
     const state = await coordinatorStub(env, run.id).snapshot();
     expect(state?.runId).toBe(run.id);
@@ -52,8 +60,8 @@ describe("reaper (cron backstop)", () => {
     const live = (await t.api("POST", "/v1/runs", { commands: ["true"] })).json.id as string;
     for (let i = 0; i < 100 && (await snap(live)) !== "fetching_vault"; i++)
       await new Promise((r) => setTimeout(r, 20));
-    await age(live, STALE_MS + 60_000);
-    const report = await reconcile(env);
+    await age(live, 9 * DAY + STALE_MS + 60_000);
+    const report = await reconcile(env, SWEEP_AT());
     expect(report.nudged[fresh.id]).toBeUndefined();
     expect(await coordinatorStub(env, fresh.id).snapshot()).toBeUndefined();
     expect(report.nudged[live]).toBe("alive");
@@ -65,8 +73,8 @@ describe("reaper: stuck runs", () => {
   it("stops a run stuck in a setup state past its deadline, with the reason reaped", async () => {
     const t = await newTenant();
     const stuck = await newRun(t, { status: "wiring", spec: { commands: ["true"], egress: "direct" } });
-    await age(stuck.id, STUCK_MS + 60_000);
-    const report = await reconcile(env);
+    await age(stuck.id, 9 * DAY + STUCK_MS + 60_000);
+    const report = await reconcile(env, SWEEP_AT());
     expect(report.reaped[stuck.id]).toBe("stopped");
     expect(report.nudged[stuck.id]).toBeUndefined();
     const run = await t.api("GET", `/v1/runs/${stuck.id}`);
