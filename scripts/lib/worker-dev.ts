@@ -39,6 +39,8 @@ export async function startWorkerDev(options: {
     "--show-interactive-dev-session=false",
     "--inspector-port",
     "0",
+    // Serves /__scheduled, the only way a cron trigger fires in `wrangler dev`.
+    "--test-scheduled",
     ...(options.persistTo ? ["--persist-to", options.persistTo] : []),
     ...Object.entries(options.vars).flatMap(([k, v]) => ["--var", `${k}:${v}`]),
   ];
