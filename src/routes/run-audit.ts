@@ -1,10 +1,11 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { and, asc, desc, eq, gt, lt, or } from "drizzle-orm";
 import type { Principal } from "../context";
-import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
+import { blockedHostLog, egressRouteLog } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result, unwrap } from "../errors";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
+import { ownRun, type Page } from "../runs/service";
 
 // A run's audit, as its proxy reported it: hosts refused (with counts) and the route each host
 // was reached by. Hosts and counts only; paths, queries and bodies are never recorded. Scoped by
@@ -52,11 +53,6 @@ const NextCursor = z
 
 // ---- service ----
 
-export interface Page<T> {
-  items: T[];
-  nextCursor: string | null;
-}
-
 type BlockedRow = typeof blockedHostLog.$inferSelect;
 type RouteRow = typeof egressRouteLog.$inferSelect;
 
@@ -90,15 +86,6 @@ function decodeCursor(cursor: string, withRoute: boolean): Position | null {
 }
 
 const badCursor = () => fail("invalid_request", "cursor: not a cursor this API gave");
-
-/** The run, if it belongs to the caller's environment; else not_found, as for no run at all. */
-async function ownRun(db: Db, p: Principal, runId: string): Promise<Result<string>> {
-  const [row] = await db
-    .select({ id: runs.id })
-    .from(runs)
-    .where(and(eq(runs.id, runId), eq(runs.environmentId, p.environmentId)));
-  return row ? ok(row.id) : fail("not_found", `No run ${runId}.`);
-}
 
 export async function listBlockedHosts(
   db: Db,

@@ -2,9 +2,10 @@ import { z } from "@hono/zod-openapi";
 import { and, desc, eq, lt } from "drizzle-orm";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
-import { runEvents, runs } from "../db/schema";
+import { runEvents } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
+import { ownRun, type Page } from "./service";
 
 // Bug reports on a run. Each is a row of the run's trace (kind "bug_report", key `bug:<id>`), so
 // the owner sees it in the run as it happened, between the transitions around it. Scoped by the
@@ -21,21 +22,7 @@ export interface BugReport extends StoredBugReport {
   createdAt: Date;
 }
 
-export interface Page<T> {
-  items: T[];
-  nextCursor: string | null;
-}
-
 const keyOf = (id: string) => `bug:${id}`;
-
-/** The run, if it belongs to the caller's environment; else not_found, as for no run at all. */
-async function ownRun(db: Db, p: Principal, runId: string): Promise<Result<string>> {
-  const [row] = await db
-    .select({ id: runs.id })
-    .from(runs)
-    .where(and(eq(runs.id, runId), eq(runs.environmentId, p.environmentId)));
-  return row ? ok(row.id) : fail("not_found", `No run ${runId}.`);
-}
 
 /** Files a report on one of the caller's runs; a run that has ended takes reports too. */
 export async function createBugReport(

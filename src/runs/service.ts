@@ -51,6 +51,15 @@ export async function loadRun(db: Db, id: string): Promise<RunRow | null> {
   return row ?? null;
 }
 
+/** The run's id, if it belongs to the caller's environment; else not_found, as for no run at all. */
+export async function ownRun(db: Db, p: Principal, runId: string): Promise<Result<string>> {
+  const [row] = await db
+    .select({ id: runs.id })
+    .from(runs)
+    .where(and(eq(runs.id, runId), eq(runs.environmentId, p.environmentId)));
+  return row ? ok(row.id) : fail("not_found", `No run ${runId}.`);
+}
+
 export interface Page<T> {
   items: T[];
   nextCursor: string | null;
