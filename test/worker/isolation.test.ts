@@ -225,6 +225,20 @@ type Case =
   /** Not tenant-scoped on purpose; `inDocument` false for routes the document does not list. */
   | { kind: "unscoped"; reason: string; inDocument: boolean };
 
+/** A POST on one run: B's run id → 404 with B's run unchanged; `own`: the status on A's own run. */
+function runAction(own: number | null): Case {
+  return {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
+      expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
+      if (own !== null) expect((await a.t.api(method, path.replace("{id}", a.runId))).status).toBe(own);
+    },
+  };
+}
+
 const CASES: Record<string, Case> = {
   "GET /v1/openapi.json": {
     kind: "unscoped",
@@ -358,35 +372,11 @@ const CASES: Record<string, Case> = {
       expect(own.text).not.toContain(b.tag);
     },
   },
-  "POST /v1/runs/{id}/cancel": {
-    kind: "run",
-    id: true,
-    check: async ({ a, b }, method, path) => {
-      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
-      expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
-      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
-    },
-  },
-  "POST /v1/runs/{id}/halt": {
-    kind: "run",
-    id: true,
-    check: async ({ a, b }, method, path) => {
-      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
-      expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
-      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
-      expect((await a.t.api(method, path.replace("{id}", a.runId))).status).toBe(202);
-    },
-  },
-  "POST /v1/runs/{id}/resume": {
-    kind: "run",
-    id: true,
-    check: async ({ a, b }, method, path) => {
-      const before = await b.t.api("GET", `/v1/runs/${b.runId}`);
-      expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
-      expect((await b.t.api("GET", `/v1/runs/${b.runId}`)).json).toEqual(before.json);
-      expect((await a.t.api(method, path.replace("{id}", a.runId))).status).toBe(202);
-    },
-  },
+  // Actions on a run: B's run → 404 and unchanged; halt and resume also act on A's own run
+  // (cancel does too, in the C3 walk, last: it ends the run).
+  "POST /v1/runs/{id}/cancel": runAction(null),
+  "POST /v1/runs/{id}/halt": runAction(202),
+  "POST /v1/runs/{id}/resume": runAction(202),
   "GET /v1/runs/{id}/blocked-hosts": { kind: "by-run", key: "blockedHosts" },
   "POST /v1/webhooks": {
     kind: "webhook",
