@@ -13,6 +13,10 @@ const EnvSchema = z.object({
     .string()
     .regex(/^$|^[A-Za-z0-9.-]+:\d+$/, "DATABASE_WS_PROXY must be host:port or empty")
     .optional(),
+  LINGER_IDLE_SECONDS: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,5}$/, "LINGER_IDLE_SECONDS must be a whole number of seconds (1-999999)")
+    .optional(),
 });
 
 export interface Config {
@@ -20,6 +24,8 @@ export interface Config {
   /** Local bridge host:port; undefined means real Neon over wss. */
   readonly databaseWsProxy: string | undefined;
   readonly keyRing: KeyRing;
+  /** Pause a lingering proxy nobody looked at for this long. */
+  readonly lingerIdleMs: number;
 }
 
 export class ConfigError extends Error {}
@@ -43,6 +49,7 @@ export function loadConfig(env: Env): Config {
     databaseUrl: parsed.data.DATABASE_URL,
     databaseWsProxy: parsed.data.DATABASE_WS_PROXY || undefined,
     keyRing,
+    lingerIdleMs: Number(parsed.data.LINGER_IDLE_SECONDS || 600) * 1000,
   };
   cache.set(env, config);
   return config;

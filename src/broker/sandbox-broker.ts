@@ -1,5 +1,5 @@
 import { DurableObject } from "cloudflare:workers";
-import { and, eq, ne } from "drizzle-orm";
+import { and, eq, inArray, ne } from "drizzle-orm";
 import { z } from "zod";
 import { loadConfig } from "../config";
 import type { ExecInfo, ExecRequest } from "../contract/local-agent";
@@ -75,6 +75,7 @@ export class SandboxBroker extends DurableObject<Env> {
           runId,
           kind: request.kind,
           taskIndex: request.kind === "proxy" ? null : request.taskIndex,
+          routing: request.kind === "proxy" ? null : request.routing,
           backend: backend.name,
         })
         .onConflictDoNothing();
@@ -146,13 +147,67 @@ export class SandboxBroker extends DurableObject<Env> {
     await backend.freeze(sandboxId, frozen);
   }
 
-  /** Destroys every sandbox of the run (idempotent). */
-  async destroyRun(runId: string): Promise<number> {
+  /**
+   * The backend's sandboxes that no live record owns: no row at all (its run was deleted with its
+   * user), or a row already marked destroyed or failed (a teardown that lost its backend call).
+   * Each is destroyed. Rows are written before the backend is asked, so a sandbox being made
+   * always has its row: this never touches a live one.
+   */
+  async sweepUnowned(): Promise<{ destroyed: string[]; errors: string[] } | { skipped: string }> {
+    let backend: ComputeBackend;
+    try {
+      backend = this.backendOrError();
+    } catch (error) {
+      return { skipped: failure(error).code }; // nothing to sweep where no backend is configured
+    }
+    const listed = await backend.list();
+    const result = { destroyed: [] as string[], errors: [] as string[] };
+    if (listed.length === 0) return result;
+    const rows = await this.withDb((db) =>
+      db
+        .select({ id: sandboxes.id, status: sandboxes.status })
+        .from(sandboxes)
+        .where(
+          inArray(
+            sandboxes.id,
+            listed.map((l) => l.id),
+          ),
+        ),
+    );
+    const live = new Set(
+      rows.filter((r) => r.status === "creating" || r.status === "ready").map((r) => r.id),
+    );
+    // Work and task sandboxes first: the proxy sandbox is their network.
+    const unowned = listed
+      .filter((l) => !live.has(l.id))
+      .sort((a, b) => Number(a.kind === "proxy") - Number(b.kind === "proxy"));
+    for (const l of unowned) {
+      try {
+        await backend.destroy(l.id);
+        result.destroyed.push(l.id);
+      } catch {
+        result.errors.push(l.id);
+      }
+    }
+    return result;
+  }
+
+  /**
+   * Destroys every sandbox of the run (idempotent); with keepProxy, all but its proxy sandbox
+   * (a lingering run keeps its proxy).
+   */
+  async destroyRun(runId: string, options: { keepProxy?: boolean } = {}): Promise<number> {
     return this.withDb(async (db) => {
       const live = await db
         .select({ id: sandboxes.id, kind: sandboxes.kind })
         .from(sandboxes)
-        .where(and(eq(sandboxes.runId, runId), ne(sandboxes.status, "destroyed")));
+        .where(
+          and(
+            eq(sandboxes.runId, runId),
+            ne(sandboxes.status, "destroyed"),
+            options.keepProxy ? ne(sandboxes.kind, "proxy") : undefined,
+          ),
+        );
       if (live.length === 0) return 0;
       const backend = this.backendOrError();
       // Work and task sandboxes first: the proxy sandbox is their network.

@@ -11,11 +11,14 @@ import type { RunNote, Transition } from "../runs/types";
 // step() from its alarm, and a step replayed after a crash or an eviction changes nothing twice.
 //
 //   queued → fetching_vault → starting_proxy → starting_sandboxes → wiring → running → finishing
-//          → finished | stopped | failed
+//          → [lingering →] finished | stopped | failed
 //
 // Every way out before `running` goes through `finishing` (which tears down every sandbox the
 // broker made for the run) and ends `stopped` with a reason; no benchmark command runs before
-// wiring has proved the boundary.
+// wiring has proved the boundary. A run whose commands ended may keep its proxy sandbox for a
+// while (`lingering`, at most 24 h): its work and task sandboxes are gone, the proxy keeps the
+// run's credentials and its view, is paused when nobody looked at it for LINGER_IDLE_MS, woken by
+// the next look (wake), and torn down when the window lapses (reason `linger_lapsed`).
 
 export const VAULT_ATTEMPTS = 4;
 export const VAULT_BACKOFF_MS = 500;
@@ -30,6 +33,8 @@ export const MAX_TEARDOWN_BACKOFF_MS = 60_000;
 export const MAX_TRACE_OUTPUT = 256 * 1024;
 /** Output rows kept in the trace per run (a chatty command polled often makes many small ones). */
 export const MAX_OUTPUT_EVENTS = 2000;
+/** A lingering proxy nobody looked at for this long is paused (default; see MachineOptions). */
+export const LINGER_IDLE_MS = 10 * 60_000;
 
 export type Final = { to: "finished" | "stopped" | "failed"; reason: string; detail?: string };
 
@@ -49,6 +54,23 @@ export interface Worker {
   stderrFrom: number;
   exitCode: number | null;
   done: boolean;
+  /**
+   * The routing and hosts file installed in this sandbox. A task sandbox made late (after
+   * max_parallel_tasks others) takes the vault's routing at that moment; unset: the run's.
+   */
+  routing?: "default" | "catch-all";
+  hostsFile?: string[];
+}
+
+/** A lingering proxy: the window (from startedAt), the last time someone looked, and pauses. */
+export interface Linger {
+  seconds: number;
+  startedAt: number;
+  lastActivity: number;
+  paused: boolean;
+  pauses: number;
+  /** How the run's commands ended (the run's final state and reason before lingering). */
+  outcome: Final;
 }
 
 export interface MachineState {
@@ -79,6 +101,8 @@ export interface MachineState {
   halted?: boolean;
   /** Halts so far (keys the trace events of each halt and resume). */
   halts?: number;
+  /** Set once the run lingers (its commands ended and it asked to keep its proxy). */
+  linger?: Linger;
 }
 
 /** Who asked the run to stop early. */
@@ -97,7 +121,20 @@ export interface MachineStorage {
   /** Halt for review, under its own key for the same reason as cancel. */
   requestHalt(halt: boolean): Promise<void>;
   haltRequested(): Promise<boolean>;
+  /** A linger asked for after launch (seconds), under its own key for the same reason. */
+  requestLinger(seconds: number): Promise<void>;
+  lingerRequested(): Promise<number | null>;
 }
+
+export interface MachineOptions {
+  /** Pause a lingering proxy nobody looked at for this long. */
+  lingerIdleMs?: number;
+}
+
+/** Where a look at the run's proxy goes, or why there is none. */
+export type WakeResult =
+  | { ok: true; runId: string; sandboxId: string; resumed: boolean }
+  | { ok: false; why: string };
 
 export interface RunFacts {
   id: string;
@@ -132,7 +169,14 @@ export interface MachinePorts {
   event(runId: string, key: string, kind: "output" | "proxy" | "note", detail: unknown): Promise<void>;
   setRunFields(
     runId: string,
-    fields: { routing?: "default" | "catch-all"; policyVersion?: number; proof?: unknown },
+    fields: {
+      routing?: "default" | "catch-all";
+      policyVersion?: number;
+      proof?: unknown;
+      lingerSeconds?: number;
+      lingerUntil?: Date | null;
+      lingerPausedAt?: Date | null;
+    },
   ): Promise<void>;
   /** Compiles the run's vault now and checks every secret its rules need decrypts (E1). */
   readVault(runId: string): Promise<VaultRead>;
@@ -162,10 +206,11 @@ export interface MachinePorts {
       execId: string,
       from: { stdoutFrom: number; stderrFrom: number },
     ): Promise<ExecInfo>;
-    destroyRun(runId: string): Promise<void>;
+    /** Every sandbox of the run; with keepProxy, all but the proxy sandbox (lingering). */
+    destroyRun(runId: string, options?: { keepProxy: boolean }): Promise<void>;
   };
-  /** The routing the run's vault asks for now (no secret is read). */
-  currentRouting(runId: string): Promise<PolicyDocument["routing"]>;
+  /** The routing and hosts file the run's vault asks for now (no secret is read). */
+  currentRouting(runId: string): Promise<Pick<PolicyDocument, "routing" | "hostsFile">>;
   /** Parses the wiring program's stdout; null when it is not a proof. */
   parseProof(stdout: string): WiringProof | null;
 }
@@ -174,19 +219,27 @@ export interface MachinePorts {
 const NO_SANDBOX_CODES = new Set(["cannot_isolate", "backend_not_configured"]);
 
 /** Proxy listener ports inside the proxy sandbox (see the local-agent contract). */
+// The catch-all resolver always listens: a task sandbox made after a vault edit may need
+// catch-all routing even when the run started under default routing.
 const PROXY_ENV = {
   BW_LISTEN_HOST: "0.0.0.0",
   BW_TLS_PORT: "8443",
   BW_HTTP_PORT: "8080",
   BW_EXPLICIT_PORT: "3128",
+  BW_DNS_PORT: "5353",
   BW_SPOOL_DIR: "/tmp/benchwright-spool",
 };
 
 export class RunMachine {
+  private readonly lingerIdleMs: number;
+
   constructor(
     private readonly storage: MachineStorage,
     private readonly ports: MachinePorts,
-  ) {}
+    options: MachineOptions = {},
+  ) {
+    this.lingerIdleMs = options.lingerIdleMs ?? LINGER_IDLE_MS;
+  }
 
   /** Saves mid-step, before a side effect whose identity must survive a crash (ids). */
   private checkpoint(s: MachineState): Promise<void> {
@@ -233,11 +286,52 @@ export class RunMachine {
    */
   async halt(halt: boolean): Promise<boolean> {
     const s = await this.storage.load();
-    if (s && isOver(s.state)) return false;
+    if (s && (isOver(s.state) || s.state === "finishing" || s.state === "lingering")) return false;
     // Kept even before the run has started: it halts when its commands are about to run.
     await this.storage.requestHalt(halt);
     if (s) await this.storage.setAlarm(this.ports.now());
     return true;
+  }
+
+  /**
+   * Asks for (or changes) the linger window: `seconds` counted from when the commands end. False
+   * once the run has ended. While lingering, a window that has already passed ends it now.
+   */
+  async linger(seconds: number): Promise<boolean> {
+    const s = await this.storage.load();
+    if (s && (isOver(s.state) || s.state === "finishing")) return false;
+    await this.storage.requestLinger(seconds);
+    if (s?.state === "lingering") await this.storage.setAlarm(this.ports.now());
+    return true;
+  }
+
+  /**
+   * Someone looks at the run's proxy (through the control plane): a paused lingering proxy is
+   * resumed first, and its idle clock restarts. Answers which sandbox to talk to.
+   */
+  async wake(): Promise<WakeResult> {
+    const s = await this.storage.load();
+    if (!s || isOver(s.state) || s.state === "finishing")
+      return { ok: false, why: `the run is ${s?.state ?? "unknown"}` };
+    if (!s.network?.created || !s.proxy?.execId || s.proxy.unfiltered || !s.policy?.enforce) {
+      return { ok: false, why: `no proxy runs for this run (it is ${s.state})` };
+    }
+    const sandboxId = s.network.sandboxId;
+    if (s.state !== "lingering" || !s.linger) return { ok: true, runId: s.runId, sandboxId, resumed: false };
+    const resumed = s.linger.paused;
+    if (resumed) {
+      await this.ports.broker.freeze(s.runId, sandboxId, false);
+      s.linger.paused = false;
+      await this.ports.setRunFields(s.runId, { lingerPausedAt: null });
+      await this.ports.event(s.runId, `linger:resume:${s.linger.pauses}`, "note", {
+        text: "The lingering proxy was resumed: someone looked at it.",
+        lingerPaused: false,
+      });
+    }
+    s.linger.lastActivity = this.ports.now();
+    await this.storage.save(s);
+    await this.storage.setAlarm(this.lingerAlarm(s.linger));
+    return { ok: true, runId: s.runId, sandboxId, resumed };
   }
 
   /** The proxy said it is ready: look now instead of at the next poll. */
@@ -279,6 +373,7 @@ export class RunMachine {
         next = this.ports.now() + Math.min(VAULT_BACKOFF_MS * 2 ** (s.faults - 1), MAX_TEARDOWN_BACKOFF_MS);
       } else if (s.faults >= MAX_FAULTS || !retryable) {
         const detail = error instanceof BackendError ? error.message : "internal error";
+        if (s.state === "lingering") s.final = null; // not the commands' outcome: this failure
         this.finish(s, { to: "failed", reason: "internal_error", detail });
         next = this.ports.now();
       } else {
@@ -320,6 +415,8 @@ export class RunMachine {
         return this.run(s);
       case "finishing":
         return this.tearDown(s);
+      case "lingering":
+        return this.lingerStep(s);
       default:
         return now;
     }
@@ -419,7 +516,6 @@ export class RunMachine {
         argv: ["bw-proxy"],
         env: {
           ...PROXY_ENV,
-          ...(policy.routing.mode === "catch-all" ? { BW_DNS_PORT: "5353" } : {}),
           BW_RUN_ID: s.runId,
           BW_PROXY_TOKEN: proxyToken,
           BW_AUDIT_KEY: auditKey,
@@ -502,8 +598,6 @@ export class RunMachine {
 
   private async startSandboxes(s: MachineState): Promise<number> {
     const spec = must(s.spec);
-    const policy = must(s.policy);
-    const network = must(s.network);
     if (s.workers.length === 0) {
       s.workers = [
         worker(this.ports.newId("sbx_"), "work", null, "work", [...commandsOf(spec)]),
@@ -511,112 +605,160 @@ export class RunMachine {
       ];
       await this.checkpoint(s);
     }
-    for (const w of s.workers) {
-      if (w.proxyAddress !== null) continue;
-      const made = await this.ports.broker.create(s.runId, {
-        id: w.sandboxId,
-        kind: w.kind,
-        taskIndex: w.taskIndex,
-        proxySandboxId: network.sandboxId,
-        routing: policy.routing.mode,
-      });
-      if (made.ok) {
-        w.proxyAddress = made.info.proxyAddress ?? "";
-        w.probeTarget = made.info.probeTarget ?? null;
-      } else {
-        if (made.retryable) throw new Error(made.message);
-        const why = made.message;
-        if (NO_SANDBOX_CODES.has(made.code)) return this.cannotIsolate(s, made.code, why);
-        if (policy.routing.mode === "catch-all") {
-          await this.ports.note(s.runId, {
-            level: "warning",
-            code: "redirect_not_installed",
-            text: `The catch-all redirect could not be installed (${why}), so the run stopped before any benchmark code ran.`,
-          });
-          return this.stop(s, "redirect_not_installed", why);
-        }
-        return this.stop(s, "sandbox_failed", why);
-      }
+    // The work sandbox and the first max_parallel_tasks tasks now; the rest when a slot frees.
+    for (const w of s.workers.slice(0, 1 + this.parallelTasks(s))) {
+      const stopped = await this.createSandbox(s, w);
+      if (stopped !== null) return stopped;
     }
     await this.move(s, "wiring", "sandboxes_ready");
     return this.ports.now();
   }
 
+  private parallelTasks(s: MachineState): number {
+    const tasks = s.workers.length - 1;
+    return Math.min(tasks, s.spec?.max_parallel_tasks ?? tasks);
+  }
+
+  /** Makes a worker's sandbox (idempotent by its id). Null when made; else the stop's next step. */
+  private async createSandbox(s: MachineState, w: Worker): Promise<number | null> {
+    if (w.proxyAddress !== null) return null;
+    const policy = must(s.policy);
+    const made = await this.ports.broker.create(s.runId, {
+      id: w.sandboxId,
+      kind: w.kind,
+      taskIndex: w.taskIndex,
+      proxySandboxId: must(s.network).sandboxId,
+      routing: w.routing ?? policy.routing.mode,
+    });
+    if (made.ok) {
+      w.proxyAddress = made.info.proxyAddress ?? "";
+      w.probeTarget = made.info.probeTarget ?? null;
+      return null;
+    }
+    if (made.retryable) throw new Error(made.message);
+    const why = made.message;
+    if (NO_SANDBOX_CODES.has(made.code)) return this.cannotIsolate(s, made.code, why);
+    if ((w.routing ?? policy.routing.mode) === "catch-all") {
+      await this.ports.note(s.runId, {
+        level: "warning",
+        code: "redirect_not_installed",
+        text: `The catch-all redirect could not be installed in ${w.name} (${why}), so the run stopped before its benchmark code ran there.`,
+      });
+      return this.stop(s, "redirect_not_installed", why);
+    }
+    return this.stop(s, "sandbox_failed", why);
+  }
+
   private async wire(s: MachineState): Promise<number> {
     const policy = must(s.policy);
-    const ca = s.proxy?.caCertPem ?? null;
     if (!policy.enforce || s.proxy?.unfiltered) {
       // Nothing to wire: no proxy runs. The run proof says so.
-      for (const w of s.workers) w.env = {};
+      for (const w of s.workers) if (w.proxyAddress !== null) w.env = {};
       await this.ports.setRunFields(s.runId, {
         proof: { enforced: false, reason: policy.enforce ? "proxy_failed_unfiltered" : "nothing_to_enforce" },
       });
       await this.move(s, "running", "no_wiring_needed");
       return this.ports.now();
     }
+    let pending = false;
+    for (const w of s.workers) {
+      if (w.proxyAddress === null) continue; // a task whose turn has not come
+      const wired = await this.wireSandbox(s, w);
+      if (typeof wired === "number") return wired;
+      if (wired === "pending") pending = true;
+    }
+    if (pending) return this.ports.now() + POLL_MS;
+    await this.ports.setRunFields(s.runId, {
+      proof: {
+        enforced: true,
+        routing: policy.routing.mode,
+        sandboxes: s.workers.filter((w) => w.env !== null).map((w) => w.sandboxId),
+      },
+    });
+    await this.move(s, "running", "boundary_proved");
+    return this.ports.now();
+  }
+
+  /**
+   * Runs the wiring program in a worker's sandbox and checks its proof. "done" once proved (the
+   * worker's env is set), "pending" while it runs; a number is the stop's next step.
+   */
+  private async wireSandbox(s: MachineState, w: Worker): Promise<"done" | "pending" | number> {
+    if (w.env !== null) return "done";
+    const policy = must(s.policy);
+    const ca = s.proxy?.caCertPem ?? null;
     if (ca === null) {
       // A proxy that should enforce but gave no CA: never run as if unenforced (fail closed).
       return this.stop(s, "internal_error", "the run's proxy CA is missing, so no benchmark code ran");
     }
-    let pending = false;
-    for (const w of s.workers) {
-      if (w.env !== null) continue;
-      if (w.wiringExecId === null) {
-        const info = await this.ports.broker.exec(s.runId, w.sandboxId, {
-          id: "wiring",
-          argv: ["bw-wiring"],
-          env: {},
-          stage: "setup",
-          stdin: JSON.stringify({
-            mode: policy.routing.mode,
-            caCertPem: ca,
-            proxyAddress: w.proxyAddress,
-            hostsFile: policy.hostsFile,
-            probe: { directTarget: policy.routing.mode === "catch-all" ? w.probeTarget : null },
-          }),
-          timeoutMs: 60_000,
-        });
-        w.wiringExecId = info.execId;
-        pending = true;
-        continue;
-      }
-      const exec = await this.ports.broker.poll(s.runId, w.sandboxId, w.wiringExecId, {
-        stdoutFrom: 0,
-        stderrFrom: 0,
+    const mode = w.routing ?? policy.routing.mode;
+    if (w.wiringExecId === null) {
+      const info = await this.ports.broker.exec(s.runId, w.sandboxId, {
+        id: "wiring",
+        argv: ["bw-wiring"],
+        env: {},
+        stage: "setup",
+        stdin: JSON.stringify({
+          mode,
+          caCertPem: ca,
+          proxyAddress: w.proxyAddress,
+          hostsFile: w.hostsFile ?? policy.hostsFile,
+          probe: { directTarget: mode === "catch-all" ? w.probeTarget : null },
+        }),
+        timeoutMs: 60_000,
       });
-      if (exec.state === "running") {
-        pending = true;
-        continue;
-      }
-      const proof = this.ports.parseProof(exec.stdout);
-      await this.ports.event(s.runId, `wiring:${w.sandboxId}`, "proxy", {
-        sandbox: w.sandboxId,
-        name: w.name,
-        proof: proof ?? { ok: false, error: lastLine(exec.stderr) || `exit code ${exec.exitCode}` },
-      });
-      if (!proof?.ok || exec.exitCode !== 0) {
-        const why = proof
-          ? `probe failed: ${proof.probes
-              .filter((p) => !p.ok)
-              .map((p) => `${p.name} (${p.observed})`)
-              .join(", ")}`
-          : `the wiring program failed: ${lastLine(exec.stderr) || `exit code ${exec.exitCode}`}`;
-        await this.ports.note(s.runId, {
-          level: "warning",
-          code: "redirect_not_installed",
-          text: `The redirect to the proxy could not be installed or proved in ${w.name} (${why}), so the run stopped before any benchmark code ran.`,
-        });
-        await this.ports.setRunFields(s.runId, { proof: { enforced: false, sandbox: w.sandboxId, proof } });
-        return this.stop(s, "redirect_not_installed", why);
-      }
-      w.env = proof.env;
+      w.wiringExecId = info.execId;
+      return "pending";
     }
-    if (pending) return this.ports.now() + POLL_MS;
-    await this.ports.setRunFields(s.runId, {
-      proof: { enforced: true, routing: policy.routing.mode, sandboxes: s.workers.map((w) => w.sandboxId) },
+    const exec = await this.ports.broker.poll(s.runId, w.sandboxId, w.wiringExecId, {
+      stdoutFrom: 0,
+      stderrFrom: 0,
     });
-    await this.move(s, "running", "boundary_proved");
-    return this.ports.now();
+    if (exec.state === "running") return "pending";
+    const proof = this.ports.parseProof(exec.stdout);
+    await this.ports.event(s.runId, `wiring:${w.sandboxId}`, "proxy", {
+      sandbox: w.sandboxId,
+      name: w.name,
+      routing: mode,
+      proof: proof ?? { ok: false, error: lastLine(exec.stderr) || `exit code ${exec.exitCode}` },
+    });
+    if (!proof?.ok || exec.exitCode !== 0) {
+      const why = proof
+        ? `probe failed: ${proof.probes
+            .filter((p) => !p.ok)
+            .map((p) => `${p.name} (${p.observed})`)
+            .join(", ")}`
+        : `the wiring program failed: ${lastLine(exec.stderr) || `exit code ${exec.exitCode}`}`;
+      await this.ports.note(s.runId, {
+        level: "warning",
+        code: "redirect_not_installed",
+        text: `The redirect to the proxy could not be installed or proved in ${w.name} (${why}), so the run stopped before its benchmark code ran there.`,
+      });
+      await this.ports.setRunFields(s.runId, { proof: { enforced: false, sandbox: w.sandboxId, proof } });
+      return this.stop(s, "redirect_not_installed", why);
+    }
+    w.env = proof.env;
+    return "done";
+  }
+
+  /**
+   * A task whose turn came while the run is running: its sandbox is made with the routing the
+   * vault asks for now (an edit made since the run started applies to it), then wired.
+   */
+  private async prepareLateTask(s: MachineState, w: Worker): Promise<"done" | "pending" | number> {
+    if (w.proxyAddress === null) {
+      if (this.proxyRuns(s) && w.routing === undefined) {
+        const now = await this.ports.currentRouting(s.runId);
+        w.routing = now.routing.mode;
+        w.hostsFile = now.hostsFile;
+        await this.checkpoint(s);
+      }
+      const stopped = await this.createSandbox(s, w);
+      if (stopped !== null) return stopped;
+      if (!this.proxyRuns(s)) w.env = {}; // like its siblings: no proxy, nothing to wire
+      return "pending";
+    }
+    return this.wireSandbox(s, w);
   }
 
   private async run(s: MachineState): Promise<number> {
@@ -624,8 +766,24 @@ export class RunMachine {
     if (wantHalt !== (s.halted ?? false)) return this.applyHalt(s, wantHalt);
     if (s.halted) return this.ports.now() + HALTED_POLL_MS;
     let pending = false;
+    let slots =
+      this.parallelTasks(s) -
+      s.workers.filter((w) => w.kind === "task" && w.proxyAddress !== null && !w.done).length;
     for (const w of s.workers) {
       if (w.done) continue;
+      if (w.proxyAddress === null || w.env === null) {
+        if (w.proxyAddress === null) {
+          if (slots <= 0) {
+            pending = true;
+            continue;
+          }
+          slots -= 1;
+        }
+        const ready = await this.prepareLateTask(s, w);
+        if (typeof ready === "number") return ready;
+        pending = true;
+        continue;
+      }
       if (w.execId === null) {
         const command = w.commands[w.cmdIndex];
         if (command === undefined) {
@@ -694,7 +852,7 @@ export class RunMachine {
   private async applyHalt(s: MachineState, halt: boolean): Promise<number> {
     const cycle = halt ? (s.halts ?? 0) + 1 : (s.halts ?? 0);
     for (const w of s.workers) {
-      if (!w.done) await this.ports.broker.freeze(s.runId, w.sandboxId, halt);
+      if (!w.done && w.proxyAddress !== null) await this.ports.broker.freeze(s.runId, w.sandboxId, halt);
     }
     if (halt) {
       s.halts = cycle;
@@ -717,12 +875,15 @@ export class RunMachine {
   private async retrofitCheck(s: MachineState): Promise<void> {
     const installed = s.policy?.routing.mode;
     if (installed !== "default") return;
-    const now = await this.ports.currentRouting(s.runId);
+    const now = (await this.ports.currentRouting(s.runId)).routing;
     if (now.mode !== "catch-all") return;
+    const later = s.workers.some((w) => w.proxyAddress === null)
+      ? " Task sandboxes made from now on (tasks still waiting for their turn) get catch-all routing."
+      : "";
     await this.ports.note(s.runId, {
       level: "warning",
       code: "routing_change_not_retrofitted",
-      text: `The vault now needs catch-all routing (${now.reasons.join(", ")}), which cannot be installed on this run's running sandboxes: they keep default routing, so only the hosts in their hosts file go through the proxy. Relaunch the run to get catch-all routing.`,
+      text: `The vault now needs catch-all routing (${now.reasons.join(", ")}), which cannot be installed on this run's running sandboxes: they keep default routing, so only the hosts in their hosts file go through the proxy. Relaunch the run to get catch-all routing.${later}`,
     });
   }
 
@@ -758,11 +919,91 @@ export class RunMachine {
       detail: "ended without a reason",
     };
     await this.ports.transition(s.runId, { to: "finishing", reason: final.reason, detail: final.detail });
+    const seconds = s.linger ? 0 : ((await this.storage.lingerRequested()) ?? s.spec?.linger_seconds ?? 0);
+    if (seconds > 0 && final.to === "finished" && this.proxyRuns(s))
+      return this.startLinger(s, final, seconds);
     await this.ports.broker.destroyRun(s.runId);
     await this.ports.revokeProxyCredentials(s.runId);
     await this.ports.transition(s.runId, { to: final.to, reason: final.reason, detail: final.detail });
     s.state = final.to;
     return null;
+  }
+
+  /**
+   * The commands ended and the run asked to linger: everything but the proxy sandbox goes now;
+   * the proxy keeps its credentials (they are revoked when the linger ends).
+   */
+  private async startLinger(s: MachineState, outcome: Final, seconds: number): Promise<number> {
+    await this.ports.broker.destroyRun(s.runId, { keepProxy: true });
+    const now = this.ports.now();
+    s.linger = { seconds, startedAt: now, lastActivity: now, paused: false, pauses: 0, outcome };
+    await this.ports.setRunFields(s.runId, {
+      lingerSeconds: seconds,
+      lingerUntil: new Date(now + seconds * 1000),
+      lingerPausedAt: null,
+    });
+    await this.move(s, "lingering", outcome.reason, outcome.detail);
+    return this.lingerAlarm(s.linger);
+  }
+
+  /** A lingering run: a changed window, a cancel, the window's end, or idleness (pause). */
+  private async lingerStep(s: MachineState): Promise<number> {
+    const linger = must(s.linger);
+    const asked = await this.storage.lingerRequested();
+    if (asked !== null && asked !== linger.seconds) {
+      linger.seconds = asked;
+      await this.ports.setRunFields(s.runId, {
+        lingerSeconds: asked,
+        lingerUntil: new Date(linger.startedAt + asked * 1000),
+      });
+    }
+    const now = this.ports.now();
+    const ended =
+      `The run's commands had ended (${linger.outcome.reason}): ${linger.outcome.detail ?? ""}`.trim();
+    if (s.cancel) {
+      return this.endLinger(
+        s,
+        s.cancelReason === "reaped"
+          ? { reason: "linger_lapsed", detail: `The linger window lapsed and the sweeper ended it. ${ended}` }
+          : { reason: "cancelled", detail: `The user ended the linger. ${ended}` },
+      );
+    }
+    if (now >= lingerUntil(linger)) {
+      return this.endLinger(s, {
+        reason: "linger_lapsed",
+        detail: `The proxy's linger window (${linger.seconds} s) lapsed. ${ended}`,
+      });
+    }
+    if (!linger.paused && now >= linger.lastActivity + this.lingerIdleMs) {
+      await this.ports.broker.freeze(s.runId, must(s.network).sandboxId, true);
+      linger.paused = true;
+      linger.pauses += 1;
+      await this.ports.setRunFields(s.runId, { lingerPausedAt: new Date(now) });
+      await this.ports.event(s.runId, `linger:pause:${linger.pauses}`, "note", {
+        text: `The lingering proxy was paused: nobody looked at it for ${Math.round(this.lingerIdleMs / 1000)} s. The next look resumes it.`,
+        lingerPaused: true,
+      });
+    }
+    return this.lingerAlarm(linger);
+  }
+
+  /** The linger ends: the run ends as its commands did (finished), with the linger's reason. */
+  private endLinger(s: MachineState, why: { reason: string; detail: string }): number {
+    s.final = { to: must(s.linger).outcome.to, reason: why.reason, detail: why.detail };
+    s.state = "finishing";
+    s.attempt = 0;
+    s.enteredAt = this.ports.now();
+    return this.ports.now();
+  }
+
+  /** When a lingering run next needs a step: its window's end, or its pause when awake. */
+  private lingerAlarm(linger: Linger): number {
+    const until = lingerUntil(linger);
+    return linger.paused ? until : Math.min(until, linger.lastActivity + this.lingerIdleMs);
+  }
+
+  private proxyRuns(s: MachineState): boolean {
+    return Boolean(s.policy?.enforce && s.network?.created && s.proxy?.execId && !s.proxy.unfiltered);
   }
 
   // ---- helpers ----
@@ -781,8 +1022,8 @@ export class RunMachine {
     return this.ports.now();
   }
 
-  private async move(s: MachineState, to: RunState, reason: string): Promise<void> {
-    await this.ports.transition(s.runId, { to, reason });
+  private async move(s: MachineState, to: RunState, reason: string, detail?: string): Promise<void> {
+    await this.ports.transition(s.runId, { to, reason, ...(detail === undefined ? {} : { detail }) });
     s.state = to;
     s.attempt = 0;
     s.enteredAt = this.ports.now();
@@ -832,6 +1073,8 @@ function worker(
     done: false,
   };
 }
+
+const lingerUntil = (l: Linger) => l.startedAt + l.seconds * 1000;
 
 const isOver = (state: RunState) => state === "finished" || state === "stopped" || state === "failed";
 

@@ -2,6 +2,7 @@ import { DurableObject } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { brokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
+import { ProxyView } from "../contract/proxy-view";
 import { WiringProof } from "../contract/wiring";
 import { randomId } from "../crypto/api-keys";
 import { openDb } from "../db/client";
@@ -21,8 +22,25 @@ import { type MachinePorts, type MachineState, RunMachine, type StopRequest } fr
 const STATE_KEY = "machine";
 const CANCEL_KEY = "cancel";
 const HALT_KEY = "halt";
+const LINGER_KEY = "linger";
+/** How long a look at the proxy's view may take, resume included. */
+const VIEW_DEADLINE_MS = 15_000;
+
+export type ViewResult =
+  | { ok: true; view: ProxyView; resumed: boolean }
+  | { ok: false; code: "proxy_gone" | "proxy_unreachable"; detail: string };
 
 export class RunCoordinator extends DurableObject<Env> {
+  // The alarm's step and a wake (a look at a lingering proxy) both change the machine's state and
+  // await the broker in between: one at a time, so neither saves over the other's change.
+  private chain: Promise<unknown> = Promise.resolve();
+
+  private serial<T>(fn: () => Promise<T>): Promise<T> {
+    const next = this.chain.then(fn, fn);
+    this.chain = next.catch(() => {});
+    return next;
+  }
+
   private machine(db: Db): RunMachine {
     const storage = this.ctx.storage;
     return new RunMachine(
@@ -37,8 +55,11 @@ export class RunCoordinator extends DurableObject<Env> {
         },
         requestHalt: (halt) => storage.put(HALT_KEY, halt),
         haltRequested: async () => (await storage.get<boolean>(HALT_KEY)) === true,
+        requestLinger: (seconds) => storage.put(LINGER_KEY, seconds),
+        lingerRequested: async () => (await storage.get<number>(LINGER_KEY)) ?? null,
       },
       workerPorts(this.env, db),
+      { lingerIdleMs: loadConfig(this.env).lingerIdleMs },
     );
   }
 
@@ -68,6 +89,48 @@ export class RunCoordinator extends DurableObject<Env> {
     return this.withMachine((m) => m.halt(halt));
   }
 
+  async linger(seconds: number): Promise<boolean> {
+    return this.withMachine((m) => m.linger(seconds));
+  }
+
+  /**
+   * The proxy's own view (counters, recent decisions, audit), read by running `bw-proxy-view` in
+   * the proxy sandbox through the broker. Resumes a paused lingering proxy first.
+   */
+  async view(): Promise<ViewResult> {
+    const woke = await this.serial(() => this.withMachine((m) => m.wake()));
+    if (!woke.ok) return { ok: false, code: "proxy_gone", detail: woke.why };
+    const broker = brokerStub(this.env);
+    const execId = randomId("view_");
+    const deadline = Date.now() + VIEW_DEADLINE_MS;
+    try {
+      let exec = await broker.exec(woke.runId, woke.sandboxId, {
+        id: execId,
+        argv: ["bw-proxy-view"],
+        env: {},
+        stage: "setup",
+        timeoutMs: VIEW_DEADLINE_MS,
+      });
+      while (exec.state === "running" && Date.now() < deadline) {
+        exec = await broker.poll(woke.runId, woke.sandboxId, execId, {
+          waitMs: 1000,
+          stdoutFrom: 0,
+          stderrFrom: 0,
+        });
+      }
+      if (exec.state === "running" || exec.exitCode !== 0) {
+        return { ok: false, code: "proxy_unreachable", detail: "the proxy did not answer in time" };
+      }
+      const parsed = ProxyView.safeParse(JSON.parse(exec.stdout.trim().split("\n").at(-1) ?? ""));
+      if (!parsed.success)
+        return { ok: false, code: "proxy_unreachable", detail: "the proxy's answer was not a view" };
+      return { ok: true, view: parsed.data, resumed: woke.resumed };
+    } catch {
+      // The backend's message may name its own internals; the caller gets a plain reason.
+      return { ok: false, code: "proxy_unreachable", detail: "the proxy sandbox could not be reached" };
+    }
+  }
+
   async poke(): Promise<void> {
     await this.withMachine((m) => m.poke());
   }
@@ -77,7 +140,7 @@ export class RunCoordinator extends DurableObject<Env> {
   }
 
   override async alarm(): Promise<void> {
-    await this.withMachine((m) => m.step());
+    await this.serial(() => this.withMachine((m) => m.step()));
   }
 }
 
@@ -130,8 +193,8 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       poll: (runId, sandboxId, execId, from) => broker.poll(runId, sandboxId, execId, from),
       kill: (runId, sandboxId, execId) => broker.kill(runId, sandboxId, execId),
       freeze: (runId, sandboxId, frozen) => broker.freeze(runId, sandboxId, frozen),
-      destroyRun: async (runId) => {
-        await broker.destroyRun(runId);
+      destroyRun: async (runId, options) => {
+        await broker.destroyRun(runId, options);
       },
     },
     currentRouting: async (runId) => {
@@ -139,7 +202,8 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       if (!row) throw new Error(`no run ${runId}`);
       const egress = (row.spec as { egress?: string } | null)?.egress === "local" ? "local" : "direct";
       const owner = { userId: row.userId, environmentId: row.environmentId, keyId: `run:${runId}` };
-      return (await previewPolicy(db, owner, { egress })).routing;
+      const { routing, hostsFile } = await previewPolicy(db, owner, { egress });
+      return { routing, hostsFile };
     },
     parseProof: (stdout) => {
       try {

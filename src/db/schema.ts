@@ -151,6 +151,7 @@ export const RUN_STATES = [
   "wiring",
   "running",
   "finishing",
+  "lingering",
   "finished",
   "stopped",
   "failed",
@@ -190,6 +191,11 @@ export const runs = pgTable(
     caCertPem: text("ca_cert_pem"),
     caFingerprint: text("ca_fingerprint"),
     proxyReadyAt: timestamp("proxy_ready_at", { withTimezone: true }),
+    // Linger: seconds asked for (null: none), when the window ends once lingering began, and when
+    // the lingering proxy was paused for idleness (null: awake). Written by the coordinator only.
+    lingerSeconds: integer("linger_seconds"),
+    lingerUntil: timestamp("linger_until", { withTimezone: true }),
+    lingerPausedAt: timestamp("linger_paused_at", { withTimezone: true }),
     createdAt: createdAt(),
     updatedAt: updatedAt(),
     startedAt: timestamp("started_at", { withTimezone: true }),
@@ -197,9 +203,10 @@ export const runs = pgTable(
   },
   (t) => [
     index("runs_environment_created").on(t.environmentId, t.createdAt),
+    check("runs_linger_seconds", sql`${t.lingerSeconds} between 0 and 86400`),
     check(
       "runs_status",
-      sql`${t.status} in ('queued', 'fetching_vault', 'starting_proxy', 'starting_sandboxes', 'wiring', 'running', 'finishing', 'finished', 'stopped', 'failed')`,
+      sql`${t.status} in ('queued', 'fetching_vault', 'starting_proxy', 'starting_sandboxes', 'wiring', 'running', 'finishing', 'lingering', 'finished', 'stopped', 'failed')`,
     ),
   ],
 );
@@ -234,6 +241,9 @@ export const sandboxes = pgTable(
     kind: text("kind", { enum: ["proxy", "work", "task"] }).notNull(),
     taskIndex: integer("task_index"),
     backend: text("backend").notNull(),
+    // Work and task sandboxes: the routing installed when it was made (a vault edit later does
+    // not change it; a task sandbox made after the edit gets the new one).
+    routing: text("routing", { enum: ["default", "catch-all"] }),
     status: text("status", { enum: ["creating", "ready", "destroyed", "failed"] })
       .notNull()
       .default("creating"),

@@ -11,7 +11,10 @@ import { recordTransition, TERMINAL_STATES } from "../runs/service";
 //   - a run whose row has not moved for STALE_MS: its coordinator is started (a lost launch call)
 //     or its alarm re-armed. A live run (alarm pending) is left as it is: never reaped here.
 //   - sandboxes still recorded live for a run that ended more than ORPHAN_MS ago: torn down.
+//   - sandboxes the backend has that no live record owns (the broker's sweepUnowned).
 //   - a run stuck in a setup state past STUCK_MS, or running past MAX_RUN_MS: stopped (`reaped`).
+//   - a lingering run whose window lapsed more than LINGER_GRACE_MS ago (its own alarm should
+//     have ended it on time): ended through its coordinator (`linger_lapsed`).
 
 export const STALE_MS = 2 * 60_000;
 export const ORPHAN_MS = 5 * 60_000;
@@ -22,6 +25,7 @@ export const ORPHAN_MS = 5 * 60_000;
  */
 export const STUCK_MS = 15 * 60_000;
 export const MAX_RUN_MS = 24 * 60 * 60_000;
+export const LINGER_GRACE_MS = 5 * 60_000;
 const SETUP_STATES = ["queued", "fetching_vault", "starting_proxy", "starting_sandboxes", "wiring"] as const;
 const BATCH = 100;
 
@@ -29,11 +33,18 @@ export interface ReconcileReport {
   reaped: Record<string, "stopping" | "stopped" | "error">;
   nudged: Record<string, "started" | "rearmed" | "alive" | "over" | "error">;
   tornDown: Record<string, "destroyed" | "error">;
+  /** Backend sandboxes no live record owns (see SandboxBroker.sweepUnowned), or why not swept. */
+  unowned: { destroyed: string[]; errors: string[] } | { skipped: string };
 }
 
 export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileReport> {
   const { db, close } = openDb(loadConfig(env));
-  const report: ReconcileReport = { reaped: {}, nudged: {}, tornDown: {} };
+  const report: ReconcileReport = {
+    reaped: {},
+    nudged: {},
+    tornDown: {},
+    unowned: { skipped: "not reached" },
+  };
   try {
     const stuck = await db
       .select({ id: runs.id })
@@ -42,6 +53,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
         or(
           and(inArray(runs.status, [...SETUP_STATES]), lt(runs.updatedAt, new Date(now - STUCK_MS))),
           and(eq(runs.status, "running"), lt(runs.startedAt, new Date(now - MAX_RUN_MS))),
+          and(eq(runs.status, "lingering"), lt(runs.lingerUntil, new Date(now - LINGER_GRACE_MS))),
         ),
       )
       .limit(BATCH);
@@ -95,6 +107,12 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       } catch {
         report.tornDown[runId] = "error";
       }
+    }
+    try {
+      report.unowned = await brokerStub(env).sweepUnowned();
+    } catch {
+      // The backend is away: the next sweep tries again.
+      report.unowned = { skipped: "backend_unreachable" };
     }
   } finally {
     await close().catch(() => {});

@@ -1,12 +1,13 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import type { AppEnv } from "../context";
+import { ProxyView } from "../contract/proxy-view";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as runs from "../runs/service";
-import { BENCHMARKS, RunSpec } from "../runs/spec";
+import { BENCHMARKS, LingerSeconds, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 
 const Note = z
   .object({ level: z.enum(["note", "warning"]), code: z.string(), text: z.string() })
@@ -29,6 +30,10 @@ const Sandbox = z
     taskIndex: z.number().int().nullable(),
     backend: z.string(),
     status: z.enum(["creating", "ready", "destroyed", "failed"]),
+    routing: z
+      .enum(["default", "catch-all"])
+      .nullable()
+      .openapi({ description: "Installed when it was made" }),
     createdAt: z.string().datetime(),
     destroyedAt: z.string().datetime().nullable(),
   })
@@ -48,6 +53,22 @@ const RunSummary = z
   })
   .openapi("RunSummary");
 
+const Linger = z
+  .object({
+    seconds: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: "Asked for; null: the proxy does not linger" }),
+    until: z
+      .string()
+      .datetime()
+      .nullable()
+      .openapi({ description: "When the window lapses (set once the run lingers)" }),
+    paused: z.boolean().openapi({ description: "Paused for idleness; the next look resumes it" }),
+  })
+  .openapi("Linger");
+
 const RunDetail = RunSummary.extend({
   spec: z.unknown(),
   policyVersion: z.number().int().nullable(),
@@ -55,6 +76,7 @@ const RunDetail = RunSummary.extend({
   proof: z.unknown().openapi({ description: "What the wiring step proved about the boundary" }),
   proxy: z.object({ caFingerprint: z.string().nullable(), readyAt: z.string().datetime().nullable() }),
   halted: z.boolean().openapi({ description: "Halted for review (POST /v1/runs/{id}/halt)" }),
+  linger: Linger,
   sandboxes: z.array(Sandbox),
   trace: z.array(Event),
 }).openapi("Run");
@@ -74,6 +96,16 @@ const summary = (r: runs.RunRow): z.infer<typeof RunSummary> => ({
 });
 
 const tags = ["runs"];
+
+/** The 24 h cap has its own code, so a client can tell it from any other invalid field. */
+function checkLinger(seconds: number | undefined): void {
+  if (seconds !== undefined && seconds > MAX_LINGER_SECONDS) {
+    throw new ApiError(
+      "linger_too_long",
+      `A proxy may linger at most ${MAX_LINGER_SECONDS} seconds (24 h); ${seconds} were asked for.`,
+    );
+  }
+}
 
 function haltRoute(action: "halt" | "resume", summary: string) {
   return createRoute({
@@ -116,6 +148,7 @@ export const runsRoutes = newRouter()
     }),
     async (c) => {
       const spec = c.req.valid("json");
+      checkLinger(spec.linger_seconds);
       if (spec.benchmark !== undefined && !Object.hasOwn(BENCHMARKS, spec.benchmark)) {
         throw new ApiError(
           "unknown_benchmark",
@@ -183,6 +216,11 @@ export const runsRoutes = newRouter()
                   e.kind === "note" && typeof (e.detail as { halted?: unknown } | null)?.halted === "boolean",
               )?.detail as { halted: boolean } | undefined
             )?.halted === true,
+          linger: {
+            seconds: run.lingerSeconds ?? (run.spec as RunSpec).linger_seconds ?? null,
+            until: iso(run.lingerUntil),
+            paused: run.status === "lingering" && run.lingerPausedAt !== null,
+          },
           sandboxes: boxes.map((b) => ({
             ...b,
             createdAt: b.createdAt.toISOString(),
@@ -236,4 +274,51 @@ export const runsRoutes = newRouter()
       "Resume a halted run (a policy edit that needs catch-all routing is noted, not retrofitted)",
     ),
     (c) => halt(c, false),
+  )
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/runs/{id}/linger",
+      tags,
+      summary:
+        "Keep the run's proxy sandbox this long after its commands end (at most 24 h); while lingering, changes the window",
+      request: {
+        params,
+        ...jsonBody(z.object({ seconds: LingerSeconds }).strict().openapi("LingerRequest")),
+      },
+      responses: { 202: jsonOk(RunSummary, "Accepted"), ...problems(400, 401, 404, 409) },
+    }),
+    async (c) => {
+      const { seconds } = c.req.valid("json");
+      checkLinger(seconds);
+      const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
+      const accepted = !runs.isTerminal(run.status) && (await coordinatorStub(c.env, run.id).linger(seconds));
+      if (!accepted) {
+        throw new ApiError("run_ended", `Run ${run.id} is ${run.status}; its proxy can no longer be kept.`);
+      }
+      return c.json(summary(run), 202);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}/proxy",
+      tags,
+      summary:
+        "The run's proxy as it sees itself (counters, recent decisions, audit); resumes a paused lingering proxy",
+      request: { params },
+      responses: {
+        200: jsonOk(z.object({ resumed: z.boolean(), view: ProxyView }).openapi("ProxyViewResponse")),
+        ...problems(401, 404, 409, 503),
+      },
+    }),
+    async (c) => {
+      const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
+      if (runs.isTerminal(run.status)) {
+        throw new ApiError("proxy_gone", `Run ${run.id} has ended (${run.status}); its proxy is gone.`);
+      }
+      const read = await coordinatorStub(c.env, run.id).view();
+      if (!read.ok) throw new ApiError(read.code, `Run ${run.id}: ${read.detail}.`);
+      return c.json({ resumed: read.resumed, view: read.view }, 200);
+    },
   );

@@ -125,6 +125,7 @@ export async function runSandboxes(db: Db, runId: string) {
       taskIndex: sandboxes.taskIndex,
       backend: sandboxes.backend,
       status: sandboxes.status,
+      routing: sandboxes.routing,
       createdAt: sandboxes.createdAt,
       destroyedAt: sandboxes.destroyedAt,
     })
@@ -198,7 +199,9 @@ export async function addEvent(
 export async function setRunFields(
   db: Db,
   runId: string,
-  fields: Partial<Pick<RunRow, "routing" | "policyVersion" | "proof">>,
+  fields: Partial<
+    Pick<RunRow, "routing" | "policyVersion" | "proof" | "lingerSeconds" | "lingerUntil" | "lingerPausedAt">
+  >,
 ): Promise<void> {
   await db
     .update(runs)

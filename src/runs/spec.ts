@@ -6,6 +6,16 @@ import { z } from "@hono/zod-openapi";
 const Command = z.string().min(1).max(8192).openapi({ description: "Run by `sh -c` in the sandbox" });
 const Commands = z.array(Command).min(1).max(100);
 
+/** The longest a proxy sandbox may linger after its run's commands end. */
+export const MAX_LINGER_SECONDS = 24 * 60 * 60;
+
+// Above the cap is its own error code (`linger_too_long`, see lingerTooLong), not a generic 400.
+export const LingerSeconds = z
+  .number()
+  .int()
+  .min(0)
+  .openapi({ description: `Seconds, 0 to ${MAX_LINGER_SECONDS} (24 h)`, example: 3600 });
+
 export const TaskSpec = z
   .object({
     name: z
@@ -36,6 +46,17 @@ export const RunSpec = z
      * latter is honoured only under default routing and always leaves a warning on the run.
      */
     on_proxy_failure: z.enum(["stop", "continue"]).default("stop"),
+    /**
+     * Fan-out tasks running at once (default: all). A task sandbox is made when its turn comes,
+     * with the routing the vault asks for then: an edit made meanwhile applies to it.
+     */
+    max_parallel_tasks: z.number().int().min(1).max(32).optional(),
+    /**
+     * Keep the proxy sandbox this long after the commands end (at most 24 h): it keeps the run's
+     * credentials and its view stays inspectable; it pauses when idle. Also settable later with
+     * POST /v1/runs/{id}/linger.
+     */
+    linger_seconds: LingerSeconds.optional(),
   })
   .strict()
   .refine((s) => (s.benchmark === undefined) !== (s.commands === undefined), {

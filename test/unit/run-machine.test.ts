@@ -42,6 +42,7 @@ interface WorldOptions {
   runStatus?: "queued" | "stopped";
   /** The routing the vault asks for when the run is resumed (default: the run's own). */
   routingNow?: Policy["routing"];
+  lingerIdleMs?: number;
 }
 
 function world(o: WorldOptions = {}) {
@@ -51,6 +52,10 @@ function world(o: WorldOptions = {}) {
   let alarm: number | null = null;
   let cancelKey: "cancelled" | "reaped" | null = null;
   let haltKey = false;
+  let lingerKey: number | null = null;
+  const routingOf = new Map<string, string | null>();
+  const events = new Map<string, unknown>();
+  const fields: Record<string, unknown>[] = [];
   const freezes: string[] = [];
   const transitions: { to: string; reason: string }[] = [];
   const notes: { level: string; code: string }[] = [];
@@ -104,8 +109,12 @@ function world(o: WorldOptions = {}) {
     note: async (_runId, note) => {
       if (!notes.some((n) => n.code === note.code)) notes.push(note);
     },
-    event: async () => {},
-    setRunFields: async () => {},
+    event: async (_runId, key, _kind, detail) => {
+      if (!events.has(key)) events.set(key, detail);
+    },
+    setRunFields: async (_runId, f) => {
+      fields.push(f);
+    },
     readVault: async () => {
       vaultReads += 1;
       if (vaultReads <= (o.vaultFailures ?? 0)) return { ok: false, reason: "the database did not answer" };
@@ -122,6 +131,7 @@ function world(o: WorldOptions = {}) {
         const failure = o.createFails?.(req.kind === "proxy" ? "proxy" : `${req.kind}:${req.routing}`);
         if (failure) return { ok: false, code: "sandbox_failed", message: failure, retryable: false };
         created.set(req.id, req.kind);
+        routingOf.set(req.id, req.kind === "proxy" ? null : req.routing);
         const sandbox: SandboxInfo = {
           id: req.id,
           runId: "run_1",
@@ -159,13 +169,16 @@ function world(o: WorldOptions = {}) {
       freeze: async (_runId, sandboxId, frozen) => {
         freezes.push(`${frozen ? "stop" : "cont"}:${sandboxId}`);
       },
-      destroyRun: async () => {
+      destroyRun: async (_runId, options) => {
         maybeThrow("destroy");
-        for (const id of created.keys()) destroyed.add(id);
+        for (const [id, kind] of created) if (!(options?.keepProxy && kind === "proxy")) destroyed.add(id);
       },
     },
     parseProof: (stdout) => JSON.parse(stdout) as WiringProof,
-    currentRouting: async () => o.routingNow ?? (o.policy ?? RULE_POLICY).routing,
+    currentRouting: async () => ({
+      routing: o.routingNow ?? (o.policy ?? RULE_POLICY).routing,
+      hostsFile: (o.policy ?? RULE_POLICY).hostsFile,
+    }),
   };
   /** `crashAt`: drop the end-of-step save of the n-th step (as if the isolate died there). */
   let crashAt = new Set<number>();
@@ -186,8 +199,12 @@ function world(o: WorldOptions = {}) {
       haltKey = halt;
     },
     haltRequested: async () => haltKey,
+    requestLinger: async (seconds: number) => {
+      lingerKey = seconds;
+    },
+    lingerRequested: async () => lingerKey,
   };
-  const machine = new RunMachine(storage, ports);
+  const machine = new RunMachine(storage, ports, { lingerIdleMs: o.lingerIdleMs ?? 60_000 });
   return {
     machine,
     transitions,
@@ -198,12 +215,29 @@ function world(o: WorldOptions = {}) {
     starts,
     kills,
     freezes,
+    routingOf,
+    events,
+    fields,
     revocations: () => revocations,
+    now: () => now,
+    alarm: () => alarm,
+    /** The vault is edited: from now on it asks for this routing. */
+    setRouting: (routing: Policy["routing"]) => {
+      o.routingNow = routing;
+    },
     crashAt: (...n: number[]) => {
       crashAt = new Set(n);
     },
     state: () => saved.state,
     steps: () => steps,
+    /** Fires the pending alarm once, the clock advanced to it (never slept). */
+    async next() {
+      if (alarm === null) throw new Error("no alarm pending");
+      now = Math.max(now, alarm);
+      alarm = null;
+      steps += 1;
+      await machine.step();
+    },
     /** Runs alarms until the run is over (or `max` steps), advancing the clock to each alarm. */
     async drive(max = 200) {
       await machine.start("run_1");
@@ -515,5 +549,173 @@ describe("run machine", () => {
     expect(end?.state).toBe("stopped");
     expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "reaped" });
     expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+  });
+
+  describe("linger", () => {
+    const HOUR = 3600;
+    const lingering = async (w: ReturnType<typeof world>) => {
+      await w.machine.start("run_1");
+      while (w.state()?.state !== "lingering") await w.drive(w.steps() + 1);
+    };
+    const proxyId = (w: ReturnType<typeof world>) =>
+      [...w.created].find(([, kind]) => kind === "proxy")?.[0] ?? "";
+
+    it("keeps only the proxy after the commands end, pauses it when idle, wakes it on a look, and ends when the window lapses", async () => {
+      const w = world({ spec: { ...SPEC, linger_seconds: HOUR }, lingerIdleMs: 60_000 });
+      await lingering(w);
+      const start = w.now();
+      expect(w.transitions.at(-1)).toEqual({ to: "lingering", reason: "completed" });
+      // Work sandbox gone, proxy kept with its credentials.
+      const work = [...w.created].filter(([, k]) => k !== "proxy").map(([id]) => id);
+      expect(work.every((id) => w.destroyed.has(id))).toBe(true);
+      expect(w.destroyed.has(proxyId(w))).toBe(false);
+      expect(w.revocations()).toBe(0);
+      expect(w.fields).toContainEqual(
+        expect.objectContaining({ lingerSeconds: HOUR, lingerUntil: new Date(start + HOUR * 1000) }),
+      );
+      // The next alarm is the idle deadline; at it the proxy is paused (clock advanced, not slept).
+      expect(w.alarm()).toBe(start + 60_000);
+      await w.next();
+      expect(w.now()).toBe(start + 60_000);
+      expect(w.freezes).toEqual([`stop:${proxyId(w)}`]);
+      expect(w.state()?.linger?.paused).toBe(true);
+      expect(w.alarm()).toBe(start + HOUR * 1000); // paused: nothing to do until the window ends
+      // A look resumes it and restarts the idle clock.
+      const woke = await w.machine.wake();
+      expect(woke).toEqual({ ok: true, runId: "run_1", sandboxId: proxyId(w), resumed: true });
+      expect(w.freezes).toEqual([`stop:${proxyId(w)}`, `cont:${proxyId(w)}`]);
+      expect(w.state()?.linger?.paused).toBe(false);
+      expect(w.alarm()).toBe(w.now() + 60_000);
+      expect(await w.machine.wake()).toMatchObject({ ok: true, resumed: false });
+      // Then to the end of the window: everything goes, credentials revoked, reason linger_lapsed.
+      const end = await w.drive();
+      expect(end?.state).toBe("finished");
+      expect(w.now()).toBe(start + HOUR * 1000);
+      expect(w.transitions.at(-1)).toEqual({ to: "finished", reason: "linger_lapsed" });
+      expect(w.destroyed.has(proxyId(w))).toBe(true);
+      expect(w.revocations()).toBe(1);
+      expect(await w.machine.wake()).toMatchObject({ ok: false });
+      expect(w.events.has("linger:pause:1")).toBe(true);
+      expect(w.events.has("linger:resume:1")).toBe(true);
+    });
+
+    it("takes a linger asked for after launch, and a change of window while lingering", async () => {
+      const w = world();
+      await w.machine.start("run_1");
+      await w.drive(3);
+      expect(await w.machine.linger(2 * HOUR)).toBe(true);
+      await lingering(w);
+      const start = w.now();
+      expect(w.state()?.linger?.seconds).toBe(2 * HOUR);
+      // Shortened to 10 minutes: applied at once (the alarm is re-armed now).
+      expect(await w.machine.linger(600)).toBe(true);
+      expect(w.alarm()).toBe(w.now());
+      const end = await w.drive();
+      expect(end?.state).toBe("finished");
+      expect(w.now()).toBe(start + 600_000);
+      expect(w.transitions.at(-1)).toEqual({ to: "finished", reason: "linger_lapsed" });
+      expect(await w.machine.linger(60)).toBe(false); // over
+    });
+
+    it("a window shortened to one already past ends the linger at once", async () => {
+      const w = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+      await lingering(w);
+      const start = w.now();
+      await w.machine.linger(0);
+      await w.drive();
+      expect(w.now()).toBe(start);
+      expect(w.transitions.at(-1)).toEqual({ to: "finished", reason: "linger_lapsed" });
+    });
+
+    it("ends on a cancel (cancelled) or the sweeper's reap of a lapsed linger (linger_lapsed)", async () => {
+      for (const [who, reason] of [
+        ["cancelled", "cancelled"],
+        ["reaped", "linger_lapsed"],
+      ] as const) {
+        const w = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+        await lingering(w);
+        expect(await w.machine.cancel(who)).toBe(true);
+        const at = w.now();
+        const end = await w.drive();
+        expect(end?.state).toBe("finished");
+        expect(w.now()).toBe(at);
+        expect(w.transitions.at(-1)).toEqual({ to: "finished", reason });
+        expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+      }
+    });
+
+    it("never lingers a run that did not run its commands to an end, nor one without a proxy", async () => {
+      const cancelled = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+      await cancelled.machine.start("run_1");
+      await cancelled.drive(5);
+      await cancelled.machine.cancel();
+      expect((await cancelled.drive())?.state).toBe("stopped");
+      expect(states(cancelled)).not.toContain("lingering");
+      const unproxied = world({ spec: { ...SPEC, linger_seconds: HOUR }, policy: EMPTY_POLICY });
+      expect((await unproxied.drive())?.state).toBe("finished");
+      expect(states(unproxied)).not.toContain("lingering");
+      expect(await unproxied.machine.wake()).toMatchObject({ ok: false });
+    });
+
+    it("refuses halts while lingering and has nothing to halt", async () => {
+      const w = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+      await lingering(w);
+      expect(await w.machine.halt(true)).toBe(false);
+    });
+
+    it("ends the same way when any lingering step is replayed after a crash (E6)", async () => {
+      const clean = world({ spec: { ...SPEC, linger_seconds: HOUR }, lingerIdleMs: 60_000 });
+      await clean.drive();
+      const total = clean.steps();
+      for (let n = total - 4; n <= total; n++) {
+        const w = world({ spec: { ...SPEC, linger_seconds: HOUR }, lingerIdleMs: 60_000 });
+        w.crashAt(n);
+        const end = await w.drive();
+        expect(end?.state).toBe("finished");
+        expect(w.transitions).toEqual(clean.transitions);
+        expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+      }
+    });
+  });
+
+  describe("tasks made in their turn (max_parallel_tasks)", () => {
+    const tasks = ["a", "b", "c"].map((name) => ({ name, commands: [`echo ${name}`] }));
+
+    it("runs at most N task sandboxes at once, each made when its turn comes", async () => {
+      const w = world({ spec: { ...SPEC, tasks, max_parallel_tasks: 1 } });
+      await w.machine.start("run_1");
+      let most = 0;
+      while (w.state()?.state !== "finished" && w.steps() < 300) {
+        await w.drive(w.steps() + 1);
+        const live = (w.state()?.workers ?? []).filter(
+          (x) => x.kind === "task" && x.proxyAddress !== null && !x.done,
+        );
+        most = Math.max(most, live.length);
+      }
+      expect(w.state()?.state).toBe("finished");
+      expect(most).toBe(1);
+      expect([...w.created.values()].filter((k) => k === "task")).toHaveLength(3);
+      expect(w.starts.filter((k) => /\/cmd-0$/.test(k))).toHaveLength(4);
+    });
+
+    it("gives a task sandbox made after a vault edit the new routing; earlier ones keep theirs", async () => {
+      const w = world({ spec: { ...SPEC, commands: ["echo slow"], tasks, max_parallel_tasks: 1 } });
+      await w.machine.start("run_1");
+      // Until the first task's sandbox exists, then the vault starts asking for catch-all.
+      while (![...w.created.values()].includes("task")) await w.drive(w.steps() + 1);
+      await w.machine.halt(true);
+      await w.drive(w.steps() + 3);
+      w.setRouting({ mode: "catch-all", reasons: ["block_default"] });
+      await w.machine.halt(false);
+      expect((await w.drive())?.state).toBe("finished");
+      const taskRouting = [...w.created].filter(([, k]) => k === "task").map(([id]) => w.routingOf.get(id));
+      expect(taskRouting).toEqual(["default", "catch-all", "catch-all"]);
+      expect(w.notes).toContainEqual(expect.objectContaining({ code: "routing_change_not_retrofitted" }));
+      // Each late task proved its own boundary under its routing before its command ran.
+      const wired = [...w.events]
+        .filter(([k]) => k.startsWith("wiring:"))
+        .map(([, d]) => (d as { routing: string }).routing);
+      expect(wired).toEqual(["default", "default", "catch-all", "catch-all"]);
+    });
   });
 });

@@ -2,15 +2,17 @@ import {
   createExecutionContext,
   createScheduledController,
   runDurableObjectAlarm,
+  runInDurableObject,
   waitOnExecutionContext,
 } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
+import type { Final, MachineState } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs } from "../../src/db/schema";
 import worker from "../../src/index";
-import { reconcile, STALE_MS, STUCK_MS } from "../../src/reaper/reconcile";
+import { LINGER_GRACE_MS, reconcile, STALE_MS, STUCK_MS } from "../../src/reaper/reconcile";
 import { newTenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 
@@ -79,6 +81,85 @@ describe("reaper: stuck runs", () => {
     expect(report.nudged[stuck.id]).toBeUndefined();
     const run = await t.api("GET", `/v1/runs/${stuck.id}`);
     expect(run.json).toMatchObject({ status: "stopped", reason: "reaped" });
+  });
+});
+
+describe("reaper: lingering runs", () => {
+  /** A run whose commands ended and whose proxy lingers until `until`; its alarm lost or not. */
+  async function lingeringRun(t: Awaited<ReturnType<typeof newTenant>>, until: number, alarm: number | null) {
+    const run = await newRun(t, { status: "lingering", spec: { commands: ["true"], egress: "direct" } });
+    await withDb((db) =>
+      db
+        .update(runs)
+        .set({ lingerSeconds: 3600, lingerUntil: new Date(until), lingerPausedAt: new Date(until - 1000) })
+        .where(eq(runs.id, run.id)),
+    );
+    const outcome: Final = { to: "finished", reason: "completed", detail: "Every command exited 0." };
+    const state: MachineState = {
+      runId: run.id,
+      state: "lingering",
+      attempt: 0,
+      faults: 0,
+      enteredAt: until - 3_600_000,
+      cancel: false,
+      final: outcome,
+      spec: { commands: ["true"], egress: "direct", on_proxy_failure: "stop" },
+      policy: {
+        version: 1,
+        routing: { mode: "default", reasons: [] },
+        enforce: true,
+        hostsFile: [],
+        note: null,
+      },
+      // No sandbox rows: the teardown has nothing to ask a backend for (none is configured here).
+      network: { sandboxId: "sbx_gone", created: true },
+      proxy: { launches: 1, execId: "proxy-1", caCertPem: "CA", unfiltered: false },
+      workers: [],
+      traceBytes: 0,
+      linger: {
+        seconds: 3600,
+        startedAt: until - 3_600_000,
+        lastActivity: until - 3_600_000,
+        paused: true,
+        pauses: 1,
+        outcome,
+      },
+    };
+    await runInDurableObject(coordinatorStub(env, run.id), async (_o, ctx) => {
+      await ctx.storage.put("machine", state);
+      if (alarm !== null) await ctx.storage.setAlarm(alarm);
+    });
+    return run;
+  }
+
+  it("ends a linger whose window lapsed and whose alarm was lost (linger_lapsed); never a live one", async () => {
+    const t = await newTenant();
+    const sweep = SWEEP_AT();
+    const lapsed = await lingeringRun(t, sweep - LINGER_GRACE_MS - 60_000, null);
+    const live = await lingeringRun(t, Date.now() + DAY, Date.now() + DAY);
+    await age(live.id, 9 * DAY + STALE_MS + 60_000);
+    const report = await reconcile(env, sweep);
+    expect(report.reaped[lapsed.id]).toBe("stopping");
+    expect(report.reaped[live.id]).toBeUndefined();
+    expect(report.nudged[live.id]).toBe("alive");
+    for (
+      let i = 0;
+      i < 50 && !["stopped", "finished", "failed"].includes((await snap(lapsed.id)) ?? "");
+      i++
+    ) {
+      if (!(await runDurableObjectAlarm(coordinatorStub(env, lapsed.id))))
+        await new Promise((r) => setTimeout(r, 20));
+    }
+    const ended = await t.api("GET", `/v1/runs/${lapsed.id}`);
+    expect(ended.json).toMatchObject({ status: "finished", reason: "linger_lapsed" });
+    expect(ended.json.reasonDetail).toContain("completed");
+    expect(await snap(live.id)).toBe("lingering");
+    expect((await coordinatorStub(env, live.id).snapshot())?.linger?.paused).toBe(true);
+    // Its proxy credentials were revoked with the end of the linger.
+    const [row] = await withDb((db) =>
+      db.select({ token: runs.proxyTokenHash }).from(runs).where(eq(runs.id, lapsed.id)),
+    );
+    expect(row?.token).toBeNull();
   });
 });
 

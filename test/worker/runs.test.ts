@@ -139,4 +139,55 @@ describe("runs API", () => {
     const [row] = await withDb((db) => db.select().from(runs).where(eq(runs.id, id)));
     expect(row?.reason).toBe("cancelled");
   });
+
+  it("takes a linger of at most 24 h, at launch or later; refuses it once the run has ended", async () => {
+    // A vault that does not decrypt keeps the run retrying (alive) for a few seconds.
+    const t = await tenantWithUnreadableVault("canary-linger-value");
+    const over = await t.api("POST", "/v1/runs", { commands: ["a"], linger_seconds: 86_401 });
+    expectProblem(over, 400, "linger_too_long");
+    expect(over.json.detail).toContain("86401");
+    expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["a"], linger_seconds: -1 }),
+      400,
+      "invalid_request",
+    );
+    expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["a"], linger_seconds: 1.5 }),
+      400,
+      "invalid_request",
+    );
+    const made = await t.api("POST", "/v1/runs", { commands: ["echo never"], linger_seconds: 86_400 });
+    expect(made.status).toBe(202);
+    const id = made.json.id;
+    expect((await t.api("GET", `/v1/runs/${id}`)).json.linger).toEqual({
+      seconds: 86_400,
+      until: null,
+      paused: false,
+    });
+    expectProblem(await t.api("POST", `/v1/runs/${id}/linger`, { seconds: 90_000 }), 400, "linger_too_long");
+    expectProblem(await t.api("POST", `/v1/runs/${id}/linger`, {}), 400, "invalid_request");
+    expectProblem(
+      await t.api("POST", `/v1/runs/${id}/linger`, { seconds: 60, extra: 1 }),
+      400,
+      "unknown_field",
+    );
+    expect((await t.api("POST", `/v1/runs/${id}/linger`, { seconds: 3600 })).status).toBe(202);
+    // Its vault never reads: the run stops before its commands, so it never lingers.
+    const run = await driveToEnd(t, id);
+    expect(run.json.status).toBe("stopped");
+    expect(run.json.trace.some((e: { state: string | null }) => e.state === "lingering")).toBe(false);
+    expectProblem(await t.api("POST", `/v1/runs/${id}/linger`, { seconds: 60 }), 409, "run_ended");
+    expectProblem(await t.api("GET", `/v1/runs/${id}/proxy`), 409, "proxy_gone");
+  });
+
+  it("answers proxy_gone for a look at a run whose proxy is not running", async () => {
+    const t = await tenantWithUnreadableVault("canary-view-value");
+    const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
+    await runDurableObjectAlarm(coordinatorStub(env, id));
+    const look = await t.api("GET", `/v1/runs/${id}/proxy`);
+    expectProblem(look, 409, "proxy_gone");
+    expect(look.text).not.toContain("canary-view-value");
+    await t.api("POST", `/v1/runs/${id}/cancel`);
+    await driveToEnd(t, id);
+  });
 });
