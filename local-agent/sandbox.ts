@@ -228,7 +228,15 @@ export class SandboxProcess {
     await this.signalAll(frozen ? "STOP" : "CONT");
   }
 
-  private async signalAll(signal: "TERM" | "STOP" | "CONT"): Promise<void> {
+  /**
+   * SIGKILL to every process of the sandbox but its PID 1. A stopped process dies without being
+   * continued, and none of them runs again once this returns.
+   */
+  async killAll(): Promise<void> {
+    await this.signalAll("KILL");
+  }
+
+  private async signalAll(signal: "TERM" | "STOP" | "CONT" | "KILL"): Promise<void> {
     if (this.exitedFlag) return;
     await new Promise<void>((resolve) => {
       const c = spawn(

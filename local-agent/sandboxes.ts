@@ -6,6 +6,7 @@ import type {
   CreateSandbox,
   ExecInfo,
   ExecRequest,
+  ListedSandbox,
   SandboxInfo,
   SandboxKind,
 } from "../src/contract/local-agent";
@@ -91,6 +92,8 @@ interface Sandbox {
   routing: Routing | null;
   proxySandboxId: string | null;
   state: "ready" | "destroyed";
+  /** Its processes are stopped (a halted run's work sandbox, a paused lingering proxy). */
+  frozen: boolean;
   netns: string;
   work: WorkNet | null;
   address: string;
@@ -175,10 +178,11 @@ export class Registry {
     });
   }
 
-  list(runId?: string): SandboxInfo[] {
+  /** Every sandbox not yet destroyed by a DELETE (one whose init died is listed as destroyed). */
+  list(runId?: string): ListedSandbox[] {
     return [...this.sandboxes.values()]
       .filter((s) => runId === undefined || s.runId === runId)
-      .map((s) => this.info(s));
+      .map((s) => ({ ...this.info(s), frozen: s.frozen }));
   }
 
   destroy(id: string): Promise<void> {
@@ -218,7 +222,9 @@ export class Registry {
   /**
    * The image's programs by name, as a container image would have them on its PATH:
    * `bw-proxy` (proxy sandboxes only; the agent adds where the control plane is reachable from
-   * the sandbox, and the test-only settings) and `bw-wiring` (work and task sandboxes only).
+   * the sandbox, and the test-only settings), `bw-proxy-view` (proxy sandboxes only: prints the
+   * running proxy's view, reading nothing of the caller's environment but BW_VIEW_PORT) and
+   * `bw-wiring` (work and task sandboxes only).
    */
   private program(
     sandbox: Sandbox,
@@ -241,6 +247,14 @@ export class Registry {
         },
       };
     }
+    if (name === "bw-proxy-view") {
+      if (sandbox.kind !== "proxy")
+        throw new AgentError("invalid_request", "bw-proxy-view runs in a proxy sandbox only");
+      return {
+        argv: [node, `${IMAGE_MOUNT}/proxy.cjs`, "view", ...rest],
+        env: env.BW_VIEW_PORT === undefined ? {} : { BW_VIEW_PORT: env.BW_VIEW_PORT },
+      };
+    }
     if (name === "bw-wiring") {
       if (sandbox.kind === "proxy")
         throw new AgentError("invalid_request", "bw-wiring runs in a work or task sandbox");
@@ -249,13 +263,17 @@ export class Registry {
     return { argv: [...argv], env };
   }
 
-  /** Stops (or continues) every process of a work or task sandbox; the proxy is never frozen. */
+  /**
+   * Stops (or continues) every process of a sandbox but its init: a work or task sandbox when its
+   * run is halted for review, a proxy sandbox when its run lingers and nobody inspects it (the
+   * coordinator pauses it, and resumes it for the next inspection). A frozen proxy answers nothing.
+   */
   async freeze(sandboxId: string, frozen: boolean): Promise<void> {
     const sandbox = this.sandbox(sandboxId);
-    if (sandbox.kind === "proxy") throw new AgentError("invalid_request", "a proxy sandbox is never frozen");
     if (sandbox.state !== "ready")
       throw new AgentError("sandbox_failed", `sandbox ${sandboxId} is destroyed`);
     await sandbox.process.freeze(frozen);
+    sandbox.frozen = frozen;
     if (!frozen) for (const exec of sandbox.execs.values()) exec.continueHostSide();
     this.o.log({ event: frozen ? "sandbox_frozen" : "sandbox_thawed", id: sandboxId, runId: sandbox.runId });
   }
@@ -423,6 +441,7 @@ export class Registry {
         routing: null,
         proxySandboxId: null,
         state: "ready",
+        frozen: false,
         netns: run.net.proxyNetns,
         work: null,
         address: run.net.upAddress,
@@ -493,6 +512,7 @@ export class Registry {
         routing: request.routing,
         proxySandboxId: request.proxySandboxId,
         state: "ready",
+        frozen: false,
         netns: net.netns,
         work: net,
         address: net.address,
@@ -551,9 +571,23 @@ export class Registry {
     sandbox.state = "destroyed";
     if (sandbox.kind === "proxy" && [...sandbox.execs.values()].some((e) => e.state === "running")) {
       // Let the proxy flush its last audit batch (it exits on SIGTERM), for a few seconds at most.
+      // A paused proxy is continued first: stopped, it cannot act on the SIGTERM, and would sit out
+      // the grace without flushing.
+      if (sandbox.frozen) {
+        await sandbox.process.freeze(false);
+        for (const exec of sandbox.execs.values()) exec.continueHostSide();
+        sandbox.frozen = false;
+      }
       await sandbox.process.terminate();
       const running = [...sandbox.execs.values()].filter((e) => e.state === "running").map((e) => e.done);
       await Promise.race([Promise.all(running), new Promise((r) => setTimeout(r, PROXY_GRACE_MS))]);
+    }
+    if (sandbox.frozen) {
+      // A halted sandbox is never continued: its processes die stopped. The execs' host-side
+      // nsenters stopped with them, and the namespace's PID 1 cannot finish dying until they have
+      // reaped their children: continue them once nothing in the sandbox can run again.
+      await sandbox.process.killAll();
+      for (const exec of sandbox.execs.values()) exec.continueHostSide();
     }
     await sandbox.process.kill();
     await Promise.all([...sandbox.execs.values()].map((e) => e.kill()));

@@ -4,7 +4,14 @@ import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
-import { AgentHealth, CreateSandbox, ExecRequest, Freeze, SandboxInfo } from "../src/contract/local-agent";
+import {
+  AgentHealth,
+  CreateSandbox,
+  ExecRequest,
+  Freeze,
+  SandboxInfo,
+  SandboxList,
+} from "../src/contract/local-agent";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";
 import { checkHealth } from "./health";
@@ -109,7 +116,7 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
       /^\/v1\/sandboxes$/,
       async (_req, _params, query) => ({
         status: 200,
-        body: { sandboxes: registry.list(parse(ListQuery, query).runId) },
+        body: SandboxList.parse({ sandboxes: registry.list(parse(ListQuery, query).runId) }),
       }),
     ],
     [

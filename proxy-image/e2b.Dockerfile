@@ -21,6 +21,13 @@ COPY --from=build /src/proxy-image/dist/proxy.cjs /opt/benchwright/proxy.cjs
 # The wiring program, for work and task sandboxes' setup stage (an init container runs it from
 # this image on Kubernetes; the local backend mounts proxy-image/dist instead).
 COPY --from=build /src/proxy-image/dist/wiring.cjs /opt/benchwright/wiring.cjs
+# The programs by the names the sandbox broker uses in its exec calls: bw-proxy (the proxy),
+# bw-proxy-view (prints the running proxy's view as one JSON line: the control plane runs it to
+# inspect a lingering run's proxy) and bw-wiring.
+RUN printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs "$@"\n' > /usr/local/bin/bw-proxy \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs view "$@"\n' > /usr/local/bin/bw-proxy-view \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
+ && chmod 755 /usr/local/bin/bw-proxy /usr/local/bin/bw-proxy-view /usr/local/bin/bw-wiring
 USER proxy
 EXPOSE 80 443 3128
 # E2B starts the proxy with start_cmd in e2b.toml.

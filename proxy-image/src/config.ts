@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { z } from "zod";
+import { DEFAULT_VIEW_PORT } from "../../src/contract/proxy-view";
 
 // The proxy's configuration: environment variables, each overridable by a flag of the same name
 // (BW_RUN_ID ↔ --run-id). Checked whole at start; a bad configuration refuses to start with a
@@ -25,6 +26,8 @@ const Schema = z
     BW_TLS_PORT: Port.default(443),
     BW_HTTP_PORT: Port.default(80),
     BW_EXPLICIT_PORT: Port.default(3128),
+    /** The view's port, on 127.0.0.1 only (GET /view; `proxy.cjs view` reads it). */
+    BW_VIEW_PORT: Port.default(DEFAULT_VIEW_PORT),
     BW_POLICY_INTERVAL_MS: z.coerce.number().int().min(200).max(2000).default(1000),
     /** The catch-all resolver's port (UDP and TCP); unset: no resolver. */
     BW_DNS_PORT: Port.optional(),
@@ -54,6 +57,15 @@ const KEYS = Object.keys(Schema.shape) as Array<keyof typeof Schema.shape>;
 const flagOf = (key: string) => key.replace(/^BW_/, "").toLowerCase().replaceAll("_", "-");
 
 export class ConfigError extends Error {}
+
+/** The view's port for `proxy.cjs view`, which needs none of the proxy's other settings. */
+export function viewPort(env: NodeJS.ProcessEnv): number {
+  const parsed = Port.min(1)
+    .default(DEFAULT_VIEW_PORT)
+    .safeParse(env.BW_VIEW_PORT || undefined);
+  if (!parsed.success) throw new ConfigError("BW_VIEW_PORT: must be a port number (1-65535)");
+  return parsed.data;
+}
 
 export function loadProxyConfig(env: NodeJS.ProcessEnv, argv: string[]): ProxyConfig {
   const { values } = parseArgs({

@@ -1,6 +1,6 @@
 // Starting the proxy: configuration → run CA → policy client → audit reporter → listeners (and the
-// catch-all resolver when BW_DNS_PORT is set) → tell the control plane we are ready (CA
-// certificate for the work sandbox to trust).
+// catch-all resolver when BW_DNS_PORT is set, and the view on 127.0.0.1:BW_VIEW_PORT) → tell the
+// control plane we are ready (CA certificate for the work sandbox to trust).
 import type { AddressInfo, Server } from "node:net";
 import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
 import { createAddressPolicy } from "./address";
@@ -11,6 +11,7 @@ import { type CatchAllResolver, startCatchAllResolver } from "./dns";
 import { PolicyClient } from "./policy-client";
 import { createProxy } from "./proxy";
 import { createUpstream } from "./upstream";
+import { isDecision, View } from "./view";
 
 function listen(server: Server, port: number, host: string): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -47,7 +48,18 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     extraCaPem: config.extraCaPem,
     testRoutes: config.testRoutes,
   });
-  proxy = createProxy({ ca, policy, audit, upstream });
+  const view = new View({ runId: config.BW_RUN_ID, policy, audit });
+  proxy = createProxy({
+    ca,
+    policy,
+    audit,
+    upstream,
+    // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
+    log: (record) => {
+      process.stdout.write(`${JSON.stringify(record)}\n`);
+      if (isDecision(record)) view.record(record);
+    },
+  });
   await audit.start();
   await policy.start();
   const host = config.BW_LISTEN_HOST;
@@ -60,6 +72,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     config.BW_DNS_PORT === undefined
       ? null
       : await startCatchAllResolver({ host, port: config.BW_DNS_PORT, answer: config.BW_DNS_ANSWER });
+  const viewAddress = await view.listen(config.BW_VIEW_PORT);
   const state = policy.current();
   const ready = ProxyReady.parse({
     caCertPem: ca.certPem,
@@ -80,6 +93,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
       runId: config.BW_RUN_ID,
       listeners,
       dns: dns?.port ?? null,
+      view: viewAddress.port,
       ca: ca.fingerprint256,
     }),
   );
@@ -87,8 +101,18 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const shutdown = async () => {
     await proxy?.close();
     await dns?.close();
+    await view.close();
     await policy.stop();
     await audit.stop();
   };
-  return { ca, listeners, dns, policy, audit, proxy, shutdown };
+  return {
+    ca,
+    listeners,
+    dns,
+    policy,
+    audit,
+    proxy,
+    view: { address: viewAddress.address, port: viewAddress.port },
+    shutdown,
+  };
 }

@@ -1,4 +1,4 @@
-import type { CreateSandbox, ExecInfo, ExecRequest, SandboxInfo } from "../contract/local-agent";
+import type { CreateSandbox, ExecInfo, ExecRequest, SandboxInfo, SandboxKind } from "../contract/local-agent";
 
 // A compute backend as the broker sees it. `local` (Linux namespaces through the host agent) is
 // the one built; sandbox0 and E2B implement the same interface. Only the broker holds a backend.
@@ -16,8 +16,13 @@ export interface ComputeBackend {
   poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo>;
   kill(sandboxId: string, execId: string): Promise<ExecInfo>;
   destroy(sandboxId: string): Promise<void>;
-  /** Stops or continues every process of a work/task sandbox (halting a run for review). */
+  /**
+   * Stops or continues every process of a sandbox: a work/task sandbox (halting a run for review)
+   * or a lingering run's proxy sandbox (paused while nobody inspects it).
+   */
   freeze(sandboxId: string, frozen: boolean): Promise<void>;
+  /** Every sandbox the backend holds, whichever run it belongs to (to find those no run owns). */
+  list(): Promise<Array<{ id: string; runId: string; kind: SandboxKind }>>;
 }
 
 /**

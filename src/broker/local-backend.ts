@@ -1,5 +1,11 @@
 import { z } from "zod";
-import { type CreateSandbox, ExecInfo, type ExecRequest, SandboxInfo } from "../contract/local-agent";
+import {
+  type CreateSandbox,
+  ExecInfo,
+  type ExecRequest,
+  SandboxInfo,
+  SandboxList,
+} from "../contract/local-agent";
 import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
 
 // The `local` backend: the host agent on this machine (local-agent/), over HTTP on loopback with
@@ -63,6 +69,10 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
     },
     freeze: async (sandboxId: string, frozen: boolean) => {
       await call("POST", `${sandboxPath(sandboxId)}/freeze`, null, { frozen });
+    },
+    list: async () => {
+      const { sandboxes } = await call("GET", "/v1/sandboxes", SandboxList);
+      return sandboxes.map(({ id, runId, kind }) => ({ id, runId, kind }));
     },
   };
 }

@@ -6,13 +6,14 @@ import { z } from "zod";
 //
 //   GET    /v1/health                        → AgentHealth (what this machine can and cannot do)
 //   POST   /v1/sandboxes                     ← CreateSandbox → SandboxInfo (201; 200 if it exists)
-//   GET    /v1/sandboxes?runId=              → { sandboxes: SandboxInfo[] }
+//   GET    /v1/sandboxes[?runId=]            → SandboxList (every sandbox not yet DELETEd)
 //   DELETE /v1/sandboxes/{id}                → 204 (also when already gone: idempotent)
 //   POST   /v1/sandboxes/{id}/exec           ← ExecRequest → ExecInfo (202)
 //   GET    /v1/sandboxes/{id}/exec/{execId}?waitMs=&stdoutFrom=&stderrFrom= → ExecInfo
 //   POST   /v1/sandboxes/{id}/exec/{execId}/kill → ExecInfo
 //   POST   /v1/sandboxes/{id}/freeze           ← Freeze → 204 (every process of the sandbox but
-//                                             its init stopped, or continued; idempotent)
+//                                             its init stopped, or continued; idempotent; work,
+//                                             task and proxy sandboxes)
 //
 // Errors are problem+json with a `code` from AgentErrorCode.
 
@@ -69,6 +70,17 @@ export const SandboxInfo = z.strictObject({
 export type SandboxInfo = z.infer<typeof SandboxInfo>;
 
 /**
+ * A sandbox as the agent lists it: what it is, whose it is, whether it is frozen. Listed until a
+ * DELETE, also once its init died (state `destroyed`: the DELETE still frees its network), so
+ * the broker can find sandboxes no run owns and destroy them.
+ */
+export const ListedSandbox = SandboxInfo.extend({ frozen: z.boolean() });
+export type ListedSandbox = z.infer<typeof ListedSandbox>;
+
+export const SandboxList = z.strictObject({ sandboxes: z.array(ListedSandbox) });
+export type SandboxList = z.infer<typeof SandboxList>;
+
+/**
  * setup: root of the sandbox's own user namespace (no privilege outside it; cannot change the
  * network, which belongs to the host's namespace). execute: an unprivileged uid with no
  * capabilities and no_new_privs. The proxy sandbox's process runs in its setup identity.
@@ -108,7 +120,10 @@ export const ExecInfo = z.strictObject({
 });
 export type ExecInfo = z.infer<typeof ExecInfo>;
 
-/** Halting a run for review: its work and task sandboxes' processes stop, then continue. */
+/**
+ * Halting a run for review (its work and task sandboxes), or pausing a lingering run's proxy
+ * sandbox while nobody inspects it: the sandbox's processes stop, then continue.
+ */
 export const Freeze = z.strictObject({ frozen: z.boolean() });
 export type Freeze = z.infer<typeof Freeze>;
 

@@ -5,7 +5,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OUTPUT_LIMIT, OutputBuffer } from "../../local-agent/exec";
 import { proxyRuleset } from "../../local-agent/network";
 import { REPO_ROOT, type RunningAgent, startAgent } from "../../local-agent/server";
-import { AgentHealth, type SandboxInfo } from "../../src/contract/local-agent";
+import { localBackend } from "../../src/broker/local-backend";
+import { AgentHealth, type ExecRequest, type SandboxInfo, SandboxList } from "../../src/contract/local-agent";
+import { DEFAULT_VIEW_PORT, ProxyView } from "../../src/contract/proxy-view";
 import {
   AgentClient,
   host,
@@ -14,6 +16,7 @@ import {
   secret,
   startControlPlane,
   TestUpstream,
+  until,
   whyNotRunnable,
 } from "./harness";
 
@@ -85,6 +88,40 @@ function hostPort(target: string | null): { host: string; port: number } {
   return { host: h as string, port: Number(p) };
 }
 const HOST_TMP_MARKER = `bw-host-tmp-${process.pid}`;
+
+/** What a stand-in for the proxy serves on 127.0.0.1:<port>/view (generatedAt: when it answers). */
+const STAND_IN_VIEW: ProxyView = {
+  runId: "run1",
+  startedAt: new Date().toISOString(),
+  generatedAt: new Date().toISOString(),
+  policyVersion: 3,
+  policyState: "ready",
+  counts: { requests: 0, allow: 0, block: 0, refuse: 0, error: 0, injected: 0 },
+  recent: [],
+  audit: {
+    rowsRecorded: 0,
+    rowsSent: 0,
+    rowsRejected: 0,
+    rowsRefused: 0,
+    batchesSent: 0,
+    batchesRejected: 0,
+    pendingBatches: 0,
+    accepting: true,
+  },
+};
+// argv: [marker, view JSON, port]. The marker names it in `ps`.
+const VIEW_STAND_IN = `
+const view = JSON.parse(process.argv[2]);
+require("http")
+  .createServer((req, res) => res.end(JSON.stringify({ ...view, generatedAt: new Date().toISOString() })))
+  .listen(Number(process.argv[3]), "127.0.0.1", () => console.log("ready"));`;
+
+/** The `ps` state letter (R, S, T...) of the sandbox process whose command line has `marker`. */
+async function stateOf(api: AgentClient, sandboxId: string, marker: string): Promise<string | undefined> {
+  const ps = await api.sh(sandboxId, "ps -eo stat=,args=", "setup");
+  const line = ps.stdout.split("\n").find((l) => l.includes(marker) && !l.includes("ps -eo"));
+  return line?.trim()[0];
+}
 
 describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
   let agent: RunningAgent;
@@ -428,7 +465,83 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
     const done = await api.poll("wk1", started.execId, "?waitMs=10000");
     expect(done).toMatchObject({ state: "exited", exitCode: 0 });
     expect(done.stdout).toContain("woke");
-    expect((await api.call("POST", `/v1/sandboxes/${proxy.id}/freeze`, { frozen: true })).status).toBe(400);
+  });
+
+  it("pauses a proxy sandbox and resumes it; bw-proxy-view prints the view, answered only once resumed", async () => {
+    const marker = `bw-view-stand-in-${secret().slice(0, 8)}`;
+    const standIn = await api.serve("px1", VIEW_STAND_IN, "setup", [
+      marker,
+      JSON.stringify(STAND_IN_VIEW),
+      String(DEFAULT_VIEW_PORT),
+    ]);
+    const view = (env: Record<string, string> = {}): ExecRequest => ({
+      argv: ["bw-proxy-view"],
+      stage: "setup",
+      env,
+    });
+    // Running: the view on the default port. The caller's environment does not reach the program
+    // but for BW_VIEW_PORT (a NODE_OPTIONS that reached node would make it fail to start).
+    const now = await api.run("px1", view({ NODE_OPTIONS: "--require /nonexistent/evil.js" }));
+    expect(now).toMatchObject({ exitCode: 0, stderr: "" });
+    expect(now.stdout.split("\n")).toHaveLength(2); // one line, then the newline
+    expect({ ...ProxyView.parse(JSON.parse(now.stdout)), generatedAt: "x" }).toEqual({
+      ...STAND_IN_VIEW,
+      generatedAt: "x",
+    });
+    const elsewhere = await api.run("px1", view({ BW_VIEW_PORT: "9" }));
+    expect(elsewhere).toMatchObject({ exitCode: 1, stdout: "" });
+    expect(elsewhere.stderr).toMatch(
+      /^bw-proxy-view: cannot read the proxy's view at http:\/\/127\.0\.0\.1:9\/view: /,
+    );
+
+    const listed = async () =>
+      SandboxList.parse((await api.call("GET", "/v1/sandboxes?runId=run1")).body).sandboxes.find(
+        (s) => s.id === "px1",
+      )?.frozen;
+    expect(await listed()).toBe(false);
+    expect((await api.call("POST", "/v1/sandboxes/px1/freeze", { frozen: true })).status).toBe(204);
+    expect(await listed()).toBe(true);
+    await until("the stand-in to be stopped", async () => (await stateOf(api, "px1", marker)) === "T");
+    // Paused: a read reaches the stopped stand-in's socket and waits there, unanswered.
+    const pending = await api.start("px1", view());
+    const k = /^10\.231\.(\d+)\.2$/.exec(proxy.address)?.[1];
+    await until("the request to wait in the stand-in's socket", async () => {
+      const ss = await host([
+        "ip",
+        "netns",
+        "exec",
+        `bw${k}p`,
+        "ss",
+        "-tniH",
+        `( sport = :${DEFAULT_VIEW_PORT} )`,
+      ]);
+      return /bytes_received:[1-9]/.test(ss.stdout);
+    });
+    expect((await api.poll("px1", pending.execId)).state).toBe("running");
+    const resumedAt = Date.now();
+    expect((await api.call("POST", "/v1/sandboxes/px1/freeze", { frozen: false })).status).toBe(204);
+    expect(await listed()).toBe(false);
+    const done = await api.poll("px1", pending.execId, "?waitMs=20000");
+    expect(done).toMatchObject({ state: "exited", exitCode: 0, stderr: "" });
+    expect(Date.parse(ProxyView.parse(JSON.parse(done.stdout)).generatedAt)).toBeGreaterThanOrEqual(
+      resumedAt,
+    );
+    expect(await stateOf(api, "px1", marker)).not.toBe("T");
+    await api.call("POST", `/v1/sandboxes/px1/exec/${standIn.execId}/kill`);
+  }, 30_000);
+
+  it("runs bw-proxy-view in a proxy sandbox only", async () => {
+    for (const id of ["wk1", "tk1"]) {
+      const res = await api.call("POST", `/v1/sandboxes/${id}/exec`, {
+        argv: ["bw-proxy-view"],
+        stage: "setup",
+      });
+      expect([res.status, res.body.code, res.body.detail], id).toEqual([
+        400,
+        "invalid_request",
+        "bw-proxy-view runs in a proxy sandbox only",
+      ]);
+    }
   });
 
   it("kills an exec at its timeout, and on request", async () => {
@@ -490,6 +603,34 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
     expect(logs.filter((l) => l.includes('"sandbox_created"'))).toHaveLength(3);
   });
 
+  it("destroys a paused proxy sandbox promptly, continuing its proxy first so that it flushes", async () => {
+    const px2 = await api.create({ kind: "proxy", id: "px2", runId: "run2" });
+    // A stand-in for the proxy: on SIGTERM it calls the control plane (the real one sends its
+    // last audit batch), then exits.
+    await api.serve(
+      "px2",
+      `process.on("SIGTERM", () => fetch(process.argv[1] + "/flushed").finally(() => process.exit(0)));
+       setInterval(() => {}, 1000);
+       console.log("ready");`,
+      "setup",
+      [px2.controlPlaneUrl as string, "bw-flush-stand-in"],
+    );
+    expect((await api.call("POST", "/v1/sandboxes/px2/freeze", { frozen: true })).status).toBe(204);
+    await until(
+      "the stand-in to be stopped",
+      async () => (await stateOf(api, "px2", "bw-flush-stand-in")) === "T",
+    );
+    const all = SandboxList.parse((await api.call("GET", "/v1/sandboxes")).body).sandboxes;
+    expect(all.find((s) => s.id === "px2")).toMatchObject({ runId: "run2", kind: "proxy", frozen: true });
+    const started = Date.now();
+    expect((await api.call("DELETE", "/v1/sandboxes/px2")).status).toBe(204);
+    expect(controlPlane.paths).toContain("/flushed");
+    // Stopped, the stand-in would have taken the SIGTERM only after the 5 s grace: never.
+    expect(Date.now() - started).toBeLessThan(5_000);
+    const after = SandboxList.parse((await api.call("GET", "/v1/sandboxes")).body).sandboxes;
+    expect(after.map((s) => s.id)).not.toContain("px2");
+  }, 30_000);
+
   it("destroys idempotently, and a destroyed work sandbox leaves nothing", async () => {
     const extra = await api.create({
       kind: "work",
@@ -511,6 +652,43 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
     const gone = await api.call("POST", "/v1/sandboxes/wk2/exec", { argv: ["true"], stage: "setup" });
     expect([gone.status, gone.body.code]).toEqual([404, "not_found"]);
     expect(extra.address).not.toBe(work.address);
+  });
+
+  it("destroys a halted (frozen) work sandbox and its running execs promptly", async () => {
+    await api.create({ kind: "work", id: "wk3", runId: "run1", proxySandboxId: "px1", routing: "default" });
+    const uid = Number(
+      (await api.sh("wk3", "cat /proc/self/uid_map", "setup")).stdout.trim().split(/\s+/)[1],
+    );
+    await api.start("wk3", { argv: ["sh", "-c", "sleep 60 & sleep 60"], stage: "execute" });
+    expect((await api.call("POST", "/v1/sandboxes/wk3/freeze", { frozen: true })).status).toBe(204);
+    await until("the sleeps to be stopped", async () => (await stateOf(api, "wk3", "sleep 60")) === "T");
+    const started = Date.now();
+    expect((await api.call("DELETE", "/v1/sandboxes/wk3")).status).toBe(204);
+    // Its execs' host-side nsenters stopped with their children: left stopped, the sandbox's PID 1
+    // could not finish dying and the DELETE would wait out a 5 s fallback.
+    expect(Date.now() - started).toBeLessThan(5_000);
+    const processes = (await leftovers([uid, uid + 2])).filter((l) => l.startsWith("process"));
+    expect(processes).toEqual([]);
+    const listed = SandboxList.parse((await api.call("GET", "/v1/sandboxes")).body).sandboxes;
+    expect(listed.map((s) => s.id)).not.toContain("wk3");
+  }, 30_000);
+
+  it("lists every sandbox it holds, and none it destroyed (GET /v1/sandboxes, the broker's list())", async () => {
+    const res = await api.call("GET", "/v1/sandboxes");
+    expect(res.status).toBe(200);
+    const { sandboxes } = SandboxList.parse(res.body);
+    expect(sandboxes.map((s) => [s.id, s.runId, s.kind, s.state, s.frozen]).sort()).toEqual([
+      ["px1", "run1", "proxy", "ready", false],
+      ["tk1", "run1", "task", "ready", false],
+      ["wk1", "run1", "work", "ready", false],
+    ]);
+    const listed = await localBackend(agent.url, agentSecret).list();
+    expect(listed.sort((a, b) => a.id.localeCompare(b.id))).toEqual([
+      { id: "px1", runId: "run1", kind: "proxy" },
+      { id: "tk1", runId: "run1", kind: "task" },
+      { id: "wk1", runId: "run1", kind: "work" },
+    ]);
+    expect((await api.call("GET", "/v1/sandboxes?runId=run2")).body).toEqual({ sandboxes: [] });
   });
 
   it("close() removes every namespace, process, table and file it made", async () => {

@@ -5,7 +5,7 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { ExecInfo, type ExecRequest, SandboxInfo } from "../../src/contract/local-agent";
+import { ExecInfo, type ExecRequest, type ListedSandbox, SandboxInfo } from "../../src/contract/local-agent";
 
 // One harness for the local agent's tests: a client for the agent's API, helpers that run code
 // in a sandbox, a test upstream in a namespace the suite makes itself, and the checks that
@@ -37,7 +37,7 @@ export interface Reply {
     state?: string;
     ok?: boolean;
     problems?: string[];
-    sandboxes?: SandboxInfo[];
+    sandboxes?: ListedSandbox[];
   } & Record<string, unknown>;
 }
 
@@ -124,9 +124,21 @@ export class AgentClient {
     return this.run(sandboxId, { argv: ["sh", "-c", script], stage, env });
   }
 
-  /** Starts a long-running node program and waits for its first line of output ("ready"). */
-  async serve(sandboxId: string, code: string, stage: "setup" | "execute" = "setup"): Promise<ExecInfo> {
-    const started = await this.start(sandboxId, { argv: ["node", "-e", code], stage, timeoutMs: 120_000 });
+  /**
+   * Starts a long-running node program (`args` are its process.argv[1..]) and waits for its first
+   * line of output ("ready").
+   */
+  async serve(
+    sandboxId: string,
+    code: string,
+    stage: "setup" | "execute" = "setup",
+    args: string[] = [],
+  ): Promise<ExecInfo> {
+    const started = await this.start(sandboxId, {
+      argv: ["node", "-e", code, ...args],
+      stage,
+      timeoutMs: 120_000,
+    });
     for (;;) {
       const info = await this.poll(sandboxId, started.execId, "?waitMs=200");
       if (info.stdout.includes("ready")) return info;
@@ -171,12 +183,17 @@ Promise.all(targets.map((t) => new Promise((done) => {
 }))).then((r) => console.log(JSON.stringify(r)));
 `;
 
-/** A tiny control plane on loopback: answers `control-plane:<path>`. */
-export async function startControlPlane(): Promise<{ url: string; close(): Promise<void> }> {
-  const server: Server = createServer((req, res) => res.end(`control-plane:${req.url}`));
+/** A tiny control plane on loopback: answers `control-plane:<path>`, and keeps the paths asked. */
+export async function startControlPlane(): Promise<{ url: string; paths: string[]; close(): Promise<void> }> {
+  const paths: string[] = [];
+  const server: Server = createServer((req, res) => {
+    paths.push(req.url ?? "");
+    res.end(`control-plane:${req.url}`);
+  });
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    paths,
     close: () =>
       new Promise((r) => {
         server.closeAllConnections();
@@ -263,6 +280,17 @@ for (const port of [53, 9001]) {
 }
 setTimeout(() => console.log("ready"), 50);
 `;
+
+/** Polls `probe` until it returns something truthy; fails after `deadlineMs`. */
+export async function until<T>(what: string, probe: () => T | Promise<T>, deadlineMs = 10_000): Promise<T> {
+  const end = Date.now() + deadlineMs;
+  for (;;) {
+    const value = await probe();
+    if (value) return value;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
 
 /** What the agent made that still exists on this machine. */
 export async function leftovers(uidRange: [number, number]): Promise<string[]> {
