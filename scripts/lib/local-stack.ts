@@ -30,6 +30,8 @@ export async function startLocalStack(options: {
   proxyTestEnv?: Record<string, string>;
   agentStateDir?: string;
   nft?: string;
+  /** More Worker vars (e.g. a short LINGER_IDLE_SECONDS for a test). */
+  workerVars?: Record<string, string>;
   log?: (line: string) => void;
 }): Promise<LocalStack> {
   buildProxyImage();
@@ -56,7 +58,12 @@ export async function startLocalStack(options: {
         VAULT_KEK: options.vaultKek,
         COMPUTE_BACKEND_SECRET: agentSecret,
       },
-      vars: { DATABASE_WS_PROXY: options.wsProxy, COMPUTE_BACKEND_URL: agent.url, COMPUTE_BACKEND: "local" },
+      vars: {
+        ...options.workerVars,
+        DATABASE_WS_PROXY: options.wsProxy,
+        COMPUTE_BACKEND_URL: agent.url,
+        COMPUTE_BACKEND: "local",
+      },
       log: (line) => options.log?.(`[wrangler] ${line}`),
     });
   } catch (error) {

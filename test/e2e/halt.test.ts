@@ -3,6 +3,7 @@ import {
   CLIENT_HELPERS,
   demoVault,
   type E2e,
+  lastJson,
   newUser,
   nodeScript,
   SKIP_REASON,
@@ -92,10 +93,20 @@ get("https://other.demo.test/first").then((r) => console.log("first:" + r.status
     expect((await api.call("POST", `/v1/runs/${id}/halt`)).json.code).toBe("run_ended");
   });
 
-  it("notes, on resume, that a change needing catch-all was not retrofitted onto a default-routed run", async () => {
+  it("notes, on resume, that a change needing catch-all was not retrofitted; a task made after it gets catch-all", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);
-    const launched = await api.call("POST", "/v1/runs", { commands: ["sleep 8"] });
+    // One task at a time: "late" waits for "first", so its sandbox is made after the edit.
+    const late = `${CLIENT_HELPERS}
+get("https://other.demo.test/late").then((r) => console.log(JSON.stringify(r)));`;
+    const launched = await api.call("POST", "/v1/runs", {
+      commands: ["sleep 8"],
+      tasks: [
+        { name: "first", commands: ["sleep 8"] },
+        { name: "late", commands: [nodeScript(late)] },
+      ],
+      max_parallel_tasks: 1,
+    });
     const id = launched.json.id as string;
     const deadline = Date.now() + 60_000;
     for (;;) {
@@ -117,5 +128,18 @@ get("https://other.demo.test/first").then((r) => console.log("first:" + r.status
     const note = run.notes.find((n: { code: string }) => n.code === "routing_change_not_retrofitted");
     expect(note).toMatchObject({ level: "warning" });
     expect(note.text).toContain("Relaunch");
+    expect(note.text).toContain("Task sandboxes made from now on");
+    // Sandboxes made before the edit keep default routing; the task made after it has catch-all,
+    // and there the block default refuses a host its hosts file never named.
+    const routing = (kind: string, taskIndex: number | null) =>
+      run.sandboxes.find(
+        (s: { kind: string; taskIndex: number | null }) => s.kind === kind && s.taskIndex === taskIndex,
+      )?.routing;
+    expect([routing("work", null), routing("task", 0), routing("task", 1)]).toEqual([
+      "default",
+      "default",
+      "catch-all",
+    ]);
+    expect(lastJson(run, "late")).toMatchObject({ status: 403 });
   });
 });

@@ -29,6 +29,7 @@ export async function startE2e(options: {
   nft?: string;
   /** Extra proxy settings (fault injection: a setting the proxy refuses to start with). */
   proxyEnv?: Record<string, string>;
+  workerVars?: Record<string, string>;
 }): Promise<E2e> {
   const databaseUrl = inject("databaseUrl");
   const wsProxy = inject("databaseWsProxy");
@@ -52,6 +53,7 @@ export async function startE2e(options: {
       nft: options.nft,
       agentStateDir: join(dir, "agent"),
       proxyTestEnv: { ...proxyTestEnv(upstream), ...options.proxyEnv },
+      workerVars: options.workerVars,
       log: process.env.BW_E2E_LOG ? (line) => console.log(line) : undefined,
     });
   } catch (error) {

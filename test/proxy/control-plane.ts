@@ -98,6 +98,7 @@ export class FakeControlPlane {
       BW_TLS_PORT: "0",
       BW_HTTP_PORT: "0",
       BW_EXPLICIT_PORT: "0",
+      BW_VIEW_PORT: "0",
     };
   }
 

@@ -4,7 +4,7 @@ import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
-import { runs, sandboxes, vaultSecrets } from "../../src/db/schema";
+import { runs, sandboxes } from "../../src/db/schema";
 import { expectProblem, newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
 
 // The runs API inside workerd, against real Postgres and the real coordinator Durable Object.
