@@ -294,7 +294,10 @@ export const runsRoutes = newRouter()
       const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
       const accepted = !runs.isTerminal(run.status) && (await coordinatorStub(c.env, run.id).linger(seconds));
       if (!accepted) {
-        throw new ApiError("run_ended", `Run ${run.id} is ${run.status}; its proxy can no longer be kept.`);
+        throw new ApiError(
+          "run_ended",
+          `Run ${run.id} has ended or is ending; its proxy can no longer be kept.`,
+        );
       }
       return c.json(summary(run), 202);
     },

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ProxyView } from "../../src/contract/proxy-view";
+import { until } from "../until";
 import {
   type Api,
   CLIENT_HELPERS,
@@ -21,16 +22,6 @@ import {
 // test/unit/run-machine.test.ts.
 
 const IDLE_SECONDS = 2;
-
-async function until<T>(what: string, probe: () => Promise<T | null>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const got = await probe();
-    if (got !== null) return got;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
 
 const runOf = async (api: Api, id: string) => (await api.call("GET", `/v1/runs/${id}`)).json;
 
@@ -63,11 +54,16 @@ describe.skipIf(SKIP_REASON !== null)("a lingering proxy", () => {
     expect(launched.status).toBe(202);
     const id = launched.json.id as string;
 
-    const lingering = await until("lingering", async () => {
-      const run = await runOf(api, id);
-      if (["finished", "stopped", "failed"].includes(run.status)) throw new Error(JSON.stringify(run.trace));
-      return run.status === "lingering" ? run : null;
-    });
+    const lingering = await until(
+      "lingering",
+      async () => {
+        const run = await runOf(api, id);
+        if (["finished", "stopped", "failed"].includes(run.status))
+          throw new Error(JSON.stringify(run.trace));
+        return run.status === "lingering" ? run : null;
+      },
+      60_000,
+    );
     expect(lingering.reason).toBeNull();
     expect(lingering.linger.seconds).toBe(3600);
     expect(Date.parse(lingering.linger.until)).toBeGreaterThan(Date.now() + 3_000_000);
@@ -129,7 +125,7 @@ describe.skipIf(SKIP_REASON !== null)("a lingering proxy", () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);
     const id = (await api.call("POST", "/v1/runs", { commands: ["sleep 30"], linger_seconds: 600 })).json.id;
-    await until("running", async () => ((await runOf(api, id)).status === "running" ? true : null));
+    await until("running", async () => ((await runOf(api, id)).status === "running" ? true : null), 60_000);
     await api.call("POST", `/v1/runs/${id}/cancel`);
     const ended = await waitForEnd(api, id);
     expect(ended).toMatchObject({ status: "stopped", reason: "cancelled" });

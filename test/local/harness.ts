@@ -281,16 +281,7 @@ for (const port of [53, 9001]) {
 setTimeout(() => console.log("ready"), 50);
 `;
 
-/** Polls `probe` until it returns something truthy; fails after `deadlineMs`. */
-export async function until<T>(what: string, probe: () => T | Promise<T>, deadlineMs = 10_000): Promise<T> {
-  const end = Date.now() + deadlineMs;
-  for (;;) {
-    const value = await probe();
-    if (value) return value;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
+export { until } from "../until";
 
 /** What the agent made that still exists on this machine. */
 export async function leftovers(uidRange: [number, number]): Promise<string[]> {

@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runProxy } from "../../proxy-image/src/run";
+import { until } from "../until";
 import { FakeControlPlane } from "./control-plane";
 import { createTestCa, curl, startTlsUpstream, tlsArgs, type Upstream, vault } from "./harness";
 
@@ -13,16 +14,6 @@ import { createTestCa, curl, startTlsUpstream, tlsArgs, type Upstream, vault } f
 
 const RUN = "run_e2e";
 const CANARY = "sk-canary-run-7d1e";
-
-async function until<T>(what: string, probe: () => T | Promise<T>, deadlineMs = 5_000): Promise<T> {
-  const end = Date.now() + deadlineMs;
-  for (;;) {
-    const value = await probe();
-    if (value) return value;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 describe("the proxy process wiring (run.ts) against the control-plane contract", () => {
   const cp = new FakeControlPlane(RUN, vault({}));

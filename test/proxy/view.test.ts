@@ -7,6 +7,7 @@ import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runProxy } from "../../proxy-image/src/run";
 import { ProxyView } from "../../src/contract/proxy-view";
+import { until } from "../until";
 import { FakeControlPlane } from "./control-plane";
 import { createTestCa, curl, startTlsUpstream, tlsArgs, type Upstream, vault } from "./harness";
 
@@ -20,20 +21,6 @@ const PATH_MARKER = "path-marker-6f1d";
 const HEADER_MARKER = "header-marker-a73c";
 /** Built by the unit project's globalSetup. */
 const PROXY_CJS = fileURLToPath(new URL("../../proxy-image/dist/proxy.cjs", import.meta.url));
-
-async function until<T>(
-  what: string,
-  probe: () => T | Promise<T>,
-  deadlineMs = 5_000,
-): Promise<NonNullable<T>> {
-  const end = Date.now() + deadlineMs;
-  for (;;) {
-    const value = await probe();
-    if (value) return value as NonNullable<T>;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 /** `node proxy.cjs view` with only PATH and BW_VIEW_PORT in its environment. */
 function viewProgram(port: number): Promise<{ code: number; stdout: string; stderr: string }> {

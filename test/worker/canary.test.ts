@@ -243,8 +243,21 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("GET", "/v1/runs", undefined, [200]);
     await api("POST", `/v1/runs/${runId}/halt`, undefined, [202]);
     await api("POST", `/v1/runs/${runId}/resume`, undefined, [202]);
+    await api("POST", `/v1/runs/${runId}/linger`, { seconds: 90_000 }, [400, "linger_too_long"]);
     await api("POST", `/v1/runs/${runId}/cancel`, undefined, [202]);
     await api("GET", `/v1/runs/${runId}`, undefined, [200]);
+    // Once it has ended (no compute backend here: it stops at its proxy), nothing lingers.
+    for (
+      let i = 0;
+      i < 100 &&
+      !["stopped", "finished", "failed"].includes(
+        (await api("GET", `/v1/runs/${runId}`, undefined, [200])).json.status,
+      );
+      i++
+    )
+      await new Promise((r) => setTimeout(r, 50));
+    await api("POST", `/v1/runs/${runId}/linger`, { seconds: 60 }, [409, "run_ended"]);
+    await api("GET", `/v1/runs/${runId}/proxy`, undefined, [409, "proxy_gone"]);
     await api("GET", `/v1/runs/${runId}/blocked-hosts`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
     // A bug report on that run (refused for a run that is not the caller's), its list, the trace.
