@@ -7,6 +7,7 @@ import type { AppEnv } from "./context";
 import { openDb } from "./db/client";
 import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
+import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
 import { bugReportsRoutes } from "./routes/bug-reports";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
@@ -65,6 +66,14 @@ export function createApp(options: AppOptions = {}) {
   app.use("/internal/*", withDatabase);
   // Webhook deliveries: the database too; the delivery's signature is its credential.
   app.use("/hooks/*", withDatabase);
+  // The pages: the database too; each page checks its session (src/pages/routes.tsx).
+  for (const path of ["/", "/login", "/logout", "/manage/*", "/runs", "/runs/*"]) {
+    app.use(
+      path,
+      bodyLimit({ maxSize: MAX_BODY_BYTES, onError: (c) => c.text("Request body too large.", 413) }),
+      withDatabase,
+    );
+  }
 
   app.route("/v1", meRoutes);
   app.route("/v1/vault", secretsRoutes);
@@ -79,6 +88,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/internal", internalRoutes({ onProxyReady: options.onProxyReady }));
   // Outside /v1 and its document: senders call it without an API key.
   app.route("/hooks", deliveryRoutes);
+  app.route("/", pageRoutes);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
   app.doc31(DOCUMENT_PATH, {

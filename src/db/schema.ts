@@ -61,6 +61,24 @@ export const apiKeys = pgTable(
   (t) => [index("api_keys_environment").on(t.environmentId)],
 );
 
+// A browser session for the pages (/manage, /runs), opened by logging in with an API key: it
+// speaks for that key's user and environment and ends with it (revoking the key ends it too).
+// The cookie carries a random token; only its SHA-256 is stored.
+export const sessions = pgTable(
+  "sessions",
+  {
+    id: text("id").primaryKey(),
+    tokenHash: text("token_hash").notNull().unique(),
+    apiKeyId: text("api_key_id")
+      .notNull()
+      .references(() => apiKeys.id, { onDelete: "cascade" }),
+    createdAt: createdAt(),
+    expiresAt: timestamp("expires_at", { withTimezone: true }).notNull(),
+    endedAt: timestamp("ended_at", { withTimezone: true }),
+  },
+  (t) => [index("sessions_api_key").on(t.apiKeyId)],
+);
+
 export const vaultSettings = pgTable(
   "vault_settings",
   {

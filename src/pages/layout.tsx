@@ -1,0 +1,77 @@
+import type { Child } from "hono/jsx";
+
+// The pages' one layout: server-rendered HTML, one inline style sheet, no script. Long values
+// (a 253-character host, an id) wrap instead of widening the page.
+
+const STYLE = `
+*{box-sizing:border-box}
+body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
+header{display:flex;gap:1.5rem;align-items:center;padding:.6rem 1.2rem;background:#1b1f24;color:#fff}
+header a{color:#fff;text-decoration:none}header form{margin-left:auto}
+main{max-width:72rem;margin:0 auto;padding:1rem 1.2rem 3rem}
+h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.6rem}
+section{background:#fff;border:1px solid #d8dde3;border-radius:6px;padding:.8rem 1rem;margin:1rem 0}
+table{border-collapse:collapse;width:100%;table-layout:fixed}
+th,td{text-align:left;padding:.35rem .5rem;border-bottom:1px solid #e6e9ed;vertical-align:top;overflow-wrap:anywhere}
+th{font-weight:600;font-size:.85rem;color:#555}
+code,.mono{font-family:ui-monospace,monospace;font-size:.85rem;overflow-wrap:anywhere}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f1f3f5;padding:.5rem;border-radius:4px;max-height:30rem;overflow:auto}
+form.inline{display:inline}
+input,select,button{font:inherit;padding:.25rem .45rem}
+button{cursor:pointer}
+.note{border-left:4px solid #5b8def;padding:.4rem .7rem;background:#eef3fd;margin:.5rem 0}
+.warning{border-left:4px solid #d9822b;padding:.4rem .7rem;background:#fdf3e8;margin:.5rem 0}
+.error{border-left:4px solid #c23030;padding:.4rem .7rem;background:#fbeaea;margin:.5rem 0}
+.ok{border-left:4px solid #2e8b57;padding:.4rem .7rem;background:#eaf6ef;margin:.5rem 0}
+.muted{color:#666}
+.empty{color:#666;font-style:italic}
+`;
+
+export function Layout(props: { title: string; csrf?: string | undefined; children?: Child }) {
+  return (
+    <html lang="en">
+      <head>
+        <meta charset="utf-8" />
+        <meta name="viewport" content="width=device-width, initial-scale=1" />
+        <title>{`${props.title} · Benchwright`}</title>
+        <style>{STYLE}</style>
+      </head>
+      <body>
+        <header>
+          <strong>Benchwright</strong>
+          {props.csrf ? (
+            <>
+              <a href="/manage/vault">Vault</a>
+              <a href="/runs">Runs</a>
+              <form method="post" action="/logout">
+                <input type="hidden" name="_csrf" value={props.csrf} />
+                <button type="submit">Log out</button>
+              </form>
+            </>
+          ) : null}
+        </header>
+        <main>{props.children}</main>
+      </body>
+    </html>
+  );
+}
+
+/** A form that posts with the session's CSRF token. */
+export function PostForm(props: { action: string; csrf: string; class?: string; children?: Child }) {
+  return (
+    <form method="post" action={props.action} class={props.class}>
+      <input type="hidden" name="_csrf" value={props.csrf} />
+      {props.children}
+    </form>
+  );
+}
+
+/** A flash message carried in the redirect's query (`?ok=` / `?error=`), shown once. */
+export function Flash(props: { ok?: string | undefined; error?: string | undefined }) {
+  return (
+    <>
+      {props.ok ? <p class="ok">{props.ok}</p> : null}
+      {props.error ? <p class="error">{props.error}</p> : null}
+    </>
+  );
+}
