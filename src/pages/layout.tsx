@@ -25,6 +25,11 @@ button{cursor:pointer}
 .ok{border-left:4px solid #2e8b57;padding:.4rem .7rem;background:#eaf6ef;margin:.5rem 0}
 .muted{color:#666}
 .empty{color:#666;font-style:italic}
+h3{font-size:.95rem;margin:1rem 0 .4rem}
+form.fields label{display:inline-block;margin:.2rem .6rem .2rem 0}
+col.c-num{width:3rem}col.c-name{width:13rem}col.c-date{width:9.5rem}col.c-act{width:5.5rem}
+col.c-btn{width:6rem}col.c-form{width:17rem}col.c-wide{width:40%}
+td input{max-width:100%}
 `;
 
 export function Layout(props: { title: string; csrf?: string | undefined; children?: Child }) {
