@@ -1,0 +1,791 @@
+import type { Child } from "hono/jsx";
+import { WiringProof } from "../contract/wiring";
+import type { blockedHostLog, egressRouteLog } from "../db/schema";
+import type { Result } from "../errors";
+import type { BugReport } from "../runs/bug-reports";
+import {
+  isTerminal,
+  type Page,
+  type RunNote,
+  type RunRow,
+  type runSandboxes,
+  type runTrace,
+} from "../runs/service";
+import { commandsOf, MAX_LINGER_SECONDS, type RunSpec } from "../runs/spec";
+import { Flash, Layout, PostForm } from "./layout";
+
+// The run dashboard (/runs/{id}): why the run is where it is, what the platform changed about
+// its network, what its boundary proved and refused, and the controls the API offers. Everything
+// shown is what GET /v1/runs/{id} and the run's audit reads show; never a secret (the vault's
+// values never reach the run's rows) and never an unescaped string (JSX escapes every value).
+
+export type TraceRow = Awaited<ReturnType<typeof runTrace>>[number];
+export type SandboxRow = Awaited<ReturnType<typeof runSandboxes>>[number];
+type BlockedRow = typeof blockedHostLog.$inferSelect;
+type RouteRow = typeof egressRouteLog.$inferSelect;
+
+/** Trace rows shown (transitions, notes, proxy events, bug reports): the first and the last. */
+export const TRACE_HEAD_ROWS = 50;
+export const TRACE_TAIL_ROWS = 250;
+/** Command output shown per sandbox; the API's trace has all that was kept (256 KiB a run). */
+export const OUTPUT_CHARS_SHOWN = 64 * 1024;
+
+export interface Linger {
+  seconds: number | null;
+  until: Date | null;
+  paused: boolean;
+}
+
+export interface RunView {
+  run: RunRow;
+  trace: TraceRow[];
+  sandboxes: SandboxRow[];
+  halted: boolean;
+  linger: Linger;
+  blocked: Result<Page<BlockedRow>>;
+  routes: Result<Page<RouteRow>>;
+  reports: Result<Page<BugReport>>;
+  /** The query the page was asked with (card cursors), to build the cards' next links. */
+  query: { blocked?: string | undefined; routes?: string | undefined; reports?: string | undefined };
+  flash: { ok?: string | undefined; error?: string | undefined };
+  csrf: string;
+}
+
+/** Whether the run is halted now: the last halt or resume note of its trace (as the API says). */
+export function haltedNow(run: RunRow, trace: TraceRow[]): boolean {
+  if (isTerminal(run.status)) return false;
+  const last = trace.findLast(
+    (e) => e.kind === "note" && typeof (e.detail as { halted?: unknown } | null)?.halted === "boolean",
+  );
+  return (last?.detail as { halted: boolean } | undefined)?.halted === true;
+}
+
+/** The linger state as GET /v1/runs/{id} reports it. */
+export function lingerOf(run: RunRow): Linger {
+  return {
+    seconds: run.lingerSeconds ?? (run.spec as RunSpec).linger_seconds ?? null,
+    until: run.lingerUntil,
+    paused: run.status === "lingering" && run.lingerPausedAt !== null,
+  };
+}
+
+// A few additions to the layout's sheet, for this page only.
+const STYLE = `
+.pill{display:inline-block;padding:0 .5rem;border-radius:999px;background:#e6e9ed;font-size:.85rem;font-weight:600}
+.pill.good{background:#d6efe0}.pill.bad{background:#f6d5d5}.pill.live{background:#dce7fb}
+dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem;margin:.4rem 0}
+dl.facts dt{color:#555}dl.facts dd{margin:0;overflow-wrap:anywhere}
+.controls form{display:inline-block;margin:0 .6rem .4rem 0}
+details{margin:.4rem 0}summary{cursor:pointer}
+textarea{font:inherit;width:100%;max-width:48rem}
+pre.stderr{border-left:3px solid #d9822b}
+`;
+
+export const RUN_PAGE_STYLE = STYLE;
+
+export function When(props: { at: Date | string | null | undefined }) {
+  if (!props.at) return <span class="muted">—</span>;
+  const d = typeof props.at === "string" ? new Date(props.at) : props.at;
+  if (Number.isNaN(d.getTime())) return <span class="muted">—</span>;
+  const iso = d.toISOString();
+  return <time datetime={iso}>{`${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`}</time>;
+}
+
+export function StatusPill(props: { run: Pick<RunRow, "status" | "reason"> }) {
+  const { status, reason } = props.run;
+  const tone =
+    status === "finished" && (reason === "completed" || reason === "linger_lapsed")
+      ? "good"
+      : status === "finished" || status === "stopped" || status === "failed"
+        ? "bad"
+        : "live";
+  return <span class={`pill ${tone}`}>{status}</span>;
+}
+
+const text = (detail: unknown): string | null => {
+  const t = (detail as { text?: unknown } | null)?.text;
+  return typeof t === "string" ? t : null;
+};
+
+const seconds = (s: number) =>
+  s >= 3600 && s % 3600 === 0
+    ? `${s} s (${s / 3600} h)`
+    : s >= 60 && s % 60 === 0
+      ? `${s} s (${s / 60} min)`
+      : `${s} s`;
+
+/** What to do about a note, where the platform can say more than the note's text. */
+const ADVICE: Record<string, string> = {
+  routing_change_not_retrofitted:
+    "What to do: relaunch the run (same spec) so that every sandbox gets catch-all routing; until then only the hosts in its hosts file go through the proxy.",
+  proxy_failed_unfiltered:
+    'What to do: this run\'s traffic left unfiltered and without credentials; relaunch it without on_proxy_failure "continue" to have it stop instead.',
+};
+
+function Card(props: { id: string; title: string; children?: Child }) {
+  return (
+    <section id={props.id}>
+      <h2>{props.title}</h2>
+      {props.children}
+    </section>
+  );
+}
+
+// ---- status and reason ----
+
+function Summary(props: { view: RunView }) {
+  const { run, halted } = props.view;
+  const ended = isTerminal(run.status);
+  return (
+    <Card id="status" title="Status">
+      <dl class="facts">
+        <dt>Status</dt>
+        <dd>
+          <StatusPill run={run} />
+          {halted ? <span class="pill live"> halted for review</span> : null}
+        </dd>
+        <dt>Reason</dt>
+        <dd>
+          {run.reason ? <code>{run.reason}</code> : <span class="muted">— (not ended)</span>}
+          {run.reasonDetail ? <div>{run.reasonDetail}</div> : null}
+        </dd>
+        <dt>Routing</dt>
+        <dd>{run.routing ?? <span class="muted">not chosen yet</span>}</dd>
+        <dt>Backend</dt>
+        <dd>{run.backend}</dd>
+        <dt>Created</dt>
+        <dd>
+          <When at={run.createdAt} />
+        </dd>
+        <dt>Started</dt>
+        <dd>
+          <When at={run.startedAt} />
+        </dd>
+        <dt>Ended</dt>
+        <dd>
+          <When at={run.endedAt} />
+        </dd>
+        <dt>Policy version</dt>
+        <dd>{run.policyVersion ?? <span class="muted">—</span>}</dd>
+      </dl>
+      {run.status === "queued" ? (
+        <p class="empty">Queued: the run's coordinator has not started it yet.</p>
+      ) : null}
+      {ended && run.status !== "finished" ? (
+        <p class={run.status === "failed" ? "error" : "warning"}>
+          {run.status === "failed" ? "Failed" : "Stopped"}: <code>{run.reason ?? "unknown"}</code>
+          {run.reasonDetail ? ` — ${run.reasonDetail}` : ""}
+        </p>
+      ) : null}
+      {run.status === "finished" && run.reason === "command_failed" ? (
+        <p class="warning">A command exited non-zero: {run.reasonDetail}</p>
+      ) : null}
+    </Card>
+  );
+}
+
+// ---- controls: cancel, halt / resume, linger, look at the proxy ----
+
+function Controls(props: { view: RunView }) {
+  const { run, halted, linger, csrf } = props.view;
+  const id = run.id;
+  const ended = isTerminal(run.status);
+  return (
+    <Card id="controls" title="Controls">
+      {ended ? (
+        <p class="muted">The run has ended ({run.status}); nothing is left to stop, halt or keep.</p>
+      ) : (
+        <div class="controls">
+          <PostForm action={`/runs/${id}/cancel`} csrf={csrf}>
+            <button type="submit">
+              {run.status === "lingering" ? "Cancel (ends the linger)" : "Cancel"}
+            </button>
+          </PostForm>
+          {run.status === "lingering" ? null : halted ? (
+            <PostForm action={`/runs/${id}/resume`} csrf={csrf}>
+              <button type="submit">Resume</button>
+            </PostForm>
+          ) : (
+            <PostForm action={`/runs/${id}/halt`} csrf={csrf}>
+              <button type="submit">Halt for review</button>
+            </PostForm>
+          )}
+          <a href={`/runs/${id}/proxy`}>Look at the proxy</a>
+        </div>
+      )}
+      <h3 id="linger">Linger</h3>
+      <dl class="facts">
+        <dt>Asked for</dt>
+        <dd>
+          {linger.seconds === null ? (
+            <span class="muted">none: the proxy goes with the run</span>
+          ) : (
+            seconds(linger.seconds)
+          )}
+        </dd>
+        <dt>Until</dt>
+        <dd>
+          {linger.until ? <When at={linger.until} /> : <span class="muted">set once the run lingers</span>}
+        </dd>
+        <dt>Paused</dt>
+        <dd>
+          {linger.paused
+            ? "yes, for idleness; the next look at the proxy resumes it"
+            : run.status === "lingering"
+              ? "no"
+              : "—"}
+        </dd>
+      </dl>
+      {ended ? null : (
+        <PostForm action={`/runs/${id}/linger`} csrf={csrf}>
+          <label>
+            Keep the proxy for{" "}
+            <input type="number" name="seconds" min={0} max={MAX_LINGER_SECONDS} step={1} required size={8} />{" "}
+            seconds after the commands end
+          </label>{" "}
+          <button type="submit">Set linger</button>
+          <div class="muted">
+            At most {MAX_LINGER_SECONDS} s (24 h); 0 ends a linger at once.
+            {run.status === "lingering" ? " Counted from when the run began lingering." : ""}
+          </div>
+        </PostForm>
+      )}
+    </Card>
+  );
+}
+
+// ---- Network the platform changed ----
+
+function Notes(props: { run: RunRow }) {
+  const notes = (props.run.notes as RunNote[] | null) ?? [];
+  return (
+    <Card id="notes" title="Network the platform changed">
+      {notes.length === 0 ? (
+        <p class="empty">Nothing: the run's network is as the vault asks.</p>
+      ) : (
+        notes.map((n) => (
+          <div class={n.level === "warning" ? "warning" : "note"}>
+            <strong>{n.level === "warning" ? "Warning" : "Note"}</strong> <code>{n.code}</code>
+            <div>{n.text}</div>
+            {ADVICE[n.code] ? <div>{ADVICE[n.code]}</div> : null}
+          </div>
+        ))
+      )}
+    </Card>
+  );
+}
+
+// ---- the boundary proof ----
+
+interface WiringEvent {
+  sandbox: string;
+  name: string;
+  routing: string;
+  proof: unknown;
+}
+
+function ProofCard(props: { run: RunRow; trace: TraceRow[] }) {
+  const proof = props.run.proof as {
+    enforced?: boolean;
+    reason?: string;
+    routing?: string;
+    sandboxes?: string[];
+    sandbox?: string;
+  } | null;
+  const wirings = props.trace
+    .filter((e) => e.kind === "proxy" && (e.detail as WiringEvent | null)?.proof !== undefined)
+    .map((e) => e.detail as WiringEvent);
+  const ready = props.trace.find(
+    (e) => e.kind === "proxy" && (e.detail as WiringEvent | null)?.proof === undefined,
+  );
+  return (
+    <Card id="proof" title="The boundary proof">
+      {proof === null ? (
+        <p class="empty">
+          Not proved yet: the wiring step proves the boundary before any benchmark code runs.
+        </p>
+      ) : proof.enforced ? (
+        <p class="ok">
+          Enforced: the redirect to the run's proxy was installed and proved ({proof.routing} routing) in{" "}
+          {proof.sandboxes?.length ?? 0} sandbox(es) before any benchmark code ran.
+        </p>
+      ) : proof.reason === "nothing_to_enforce" ? (
+        <p class="note">
+          Not enforced: the vault has nothing for a proxy to do (no rules, no blocks, allow default).
+        </p>
+      ) : proof.reason === "proxy_failed_unfiltered" ? (
+        <p class="warning">
+          Not enforced: the proxy failed and the run went on unfiltered, as it was launched to.
+        </p>
+      ) : (
+        <p class="warning">
+          Not proved in sandbox <code>{proof.sandbox ?? "?"}</code>: the run stopped before its benchmark code
+          ran there.
+        </p>
+      )}
+      {ready ? (
+        <p class="muted">
+          Proxy ready; run CA SHA-256{" "}
+          <code>
+            {String((ready.detail as { caFingerprint256?: unknown } | null)?.caFingerprint256 ?? "?")}
+          </code>
+        </p>
+      ) : null}
+      {wirings.map((w) => {
+        const parsed = WiringProof.safeParse(w.proof);
+        return (
+          <details open={!parsed.success || !parsed.data.ok}>
+            <summary>
+              Wiring in <strong>{w.name}</strong> ({w.routing}):{" "}
+              {parsed.success && parsed.data.ok ? "proved" : "not proved"}
+            </summary>
+            {parsed.success ? (
+              <table>
+                <thead>
+                  <tr>
+                    <th>Probe</th>
+                    <th>Expected</th>
+                    <th>Observed</th>
+                    <th>OK</th>
+                  </tr>
+                </thead>
+                <tbody>
+                  {parsed.data.probes.map((p) => (
+                    <tr>
+                      <td>{p.name}</td>
+                      <td>{p.expected}</td>
+                      <td>{p.observed}</td>
+                      <td>{p.ok ? "yes" : "no"}</td>
+                    </tr>
+                  ))}
+                </tbody>
+              </table>
+            ) : (
+              <p class="error">
+                The wiring program gave no proof:{" "}
+                {String((w.proof as { error?: unknown } | null)?.error ?? "no output")}
+              </p>
+            )}
+          </details>
+        );
+      })}
+    </Card>
+  );
+}
+
+// ---- sandboxes ----
+
+function Sandboxes(props: { run: RunRow; sandboxes: SandboxRow[] }) {
+  const tasks = (props.run.spec as RunSpec).tasks ?? [];
+  return (
+    <Card id="sandboxes" title="Sandboxes">
+      {props.sandboxes.length === 0 ? (
+        <p class="empty">None made{isTerminal(props.run.status) ? "" : " yet"}.</p>
+      ) : (
+        <table>
+          <thead>
+            <tr>
+              <th>Kind</th>
+              <th>Task</th>
+              <th>Routing</th>
+              <th>Status</th>
+              <th>Created</th>
+              <th>Destroyed</th>
+              <th>Id</th>
+            </tr>
+          </thead>
+          <tbody>
+            {props.sandboxes.map((s) => (
+              <tr>
+                <td>{s.kind}</td>
+                <td>{s.taskIndex === null ? "—" : (tasks[s.taskIndex]?.name ?? `#${s.taskIndex}`)}</td>
+                <td>{s.routing ?? "—"}</td>
+                <td>{s.status}</td>
+                <td>
+                  <When at={s.createdAt} />
+                </td>
+                <td>
+                  <When at={s.destroyedAt} />
+                </td>
+                <td class="mono">{s.id}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+    </Card>
+  );
+}
+
+// ---- trace ----
+
+function describeEvent(e: TraceRow): { what: Child; detail: Child } {
+  const d = e.detail as Record<string, unknown> | null;
+  switch (e.kind) {
+    case "transition":
+      return {
+        what: (
+          <>
+            → <strong>{e.state}</strong> <code>{e.reason}</code>
+          </>
+        ),
+        detail: text(d),
+      };
+    case "note":
+      if (d && typeof d.level === "string" && typeof d.code === "string") {
+        return {
+          what: (
+            <>
+              {d.level} <code>{d.code}</code>
+            </>
+          ),
+          detail: text(d),
+        };
+      }
+      return { what: "note", detail: text(d) };
+    case "proxy":
+      if (d && "proof" in d) {
+        const ok = (d.proof as { ok?: unknown } | null)?.ok === true;
+        return {
+          what: "wiring",
+          detail: `${String(d.name)} (${String(d.routing)}): ${ok ? "proved" : "not proved"}`,
+        };
+      }
+      return { what: "proxy ready", detail: `policy version ${String(d?.policyVersion ?? "?")}` };
+    case "bug_report":
+      return { what: "bug report", detail: String(d?.title ?? "") };
+    default:
+      return { what: e.kind, detail: null };
+  }
+}
+
+function TraceTable(props: { runId: string; rows: TraceRow[] }) {
+  const rows = props.rows;
+  const skipped = Math.max(0, rows.length - TRACE_HEAD_ROWS - TRACE_TAIL_ROWS);
+  const shown: (TraceRow | null)[] =
+    skipped > 0 ? [...rows.slice(0, TRACE_HEAD_ROWS), null, ...rows.slice(-TRACE_TAIL_ROWS)] : rows;
+  return (
+    <table>
+      <thead>
+        <tr>
+          <th style="width:12rem">At</th>
+          <th style="width:16rem">What</th>
+          <th>Detail</th>
+        </tr>
+      </thead>
+      <tbody>
+        {shown.map((e) => {
+          if (e === null) {
+            return (
+              <tr>
+                <td colspan={3} class="muted">
+                  … {skipped} rows not shown here (GET /v1/runs/{props.runId} has the whole trace) …
+                </td>
+              </tr>
+            );
+          }
+          const { what, detail } = describeEvent(e);
+          return (
+            <tr>
+              <td>
+                <When at={e.at} />
+              </td>
+              <td>{what}</td>
+              <td>{detail}</td>
+            </tr>
+          );
+        })}
+      </tbody>
+    </table>
+  );
+}
+
+interface OutputChunk {
+  sandbox: string;
+  name: string;
+  command: number;
+  stream?: string;
+  text?: string;
+  truncated?: boolean;
+  exitCode?: number | null;
+  signal?: string | null;
+}
+
+/** One sandbox's output, in the order it was recorded, cut at OUTPUT_CHARS_SHOWN characters. */
+function SandboxOutput(props: {
+  runId: string;
+  name: string;
+  chunks: OutputChunk[];
+  commands: readonly string[];
+}) {
+  let room = OUTPUT_CHARS_SHOWN;
+  let hidden = 0;
+  let cut = false;
+  const blocks: Child[] = [];
+  let current = -1;
+  for (const c of props.chunks) {
+    if (c.command !== current) {
+      current = c.command;
+      const cmd = props.commands[c.command];
+      blocks.push(
+        <div class="mono muted">
+          $ command {c.command + 1}
+          {cmd ? `: ${cmd.length > 160 ? `${cmd.slice(0, 160)}…` : cmd}` : ""}
+        </div>,
+      );
+    }
+    if (c.text !== undefined) {
+      if (c.truncated) cut = true;
+      const kept = c.text.slice(0, Math.max(0, room));
+      hidden += c.text.length - kept.length;
+      room -= kept.length;
+      if (kept.length > 0)
+        blocks.push(<pre class={c.stream === "stderr" ? "stderr" : undefined}>{kept}</pre>);
+    } else if ("exitCode" in c) {
+      blocks.push(
+        <div class="muted">
+          exited {c.exitCode ?? "—"}
+          {c.signal ? ` (signal ${c.signal})` : ""}
+        </div>,
+      );
+    }
+  }
+  return (
+    <details>
+      <summary>
+        Output of <strong>{props.name}</strong>
+      </summary>
+      {blocks}
+      {hidden > 0 ? (
+        <p class="muted">
+          {hidden} more characters not shown here; GET /v1/runs/{props.runId} has all the trace kept.
+        </p>
+      ) : null}
+      {cut ? (
+        <p class="muted">
+          The run reached its trace limit (256 KiB of output); later output was counted, not kept.
+        </p>
+      ) : null}
+    </details>
+  );
+}
+
+function Trace(props: { run: RunRow; trace: TraceRow[] }) {
+  const events = props.trace.filter((e) => e.kind !== "output");
+  const outputs = new Map<string, { name: string; chunks: OutputChunk[] }>();
+  for (const e of props.trace) {
+    if (e.kind !== "output") continue;
+    const c = e.detail as OutputChunk | null;
+    if (!c || typeof c.sandbox !== "string") continue;
+    const group = outputs.get(c.sandbox) ?? { name: String(c.name), chunks: [] };
+    group.chunks.push(c);
+    outputs.set(c.sandbox, group);
+  }
+  const spec = props.run.spec as RunSpec;
+  const commandsFor = (name: string) =>
+    name === "work" ? commandsOf(spec) : (spec.tasks?.find((t) => t.name === name)?.commands ?? []);
+  return (
+    <Card id="trace" title="Trace">
+      <TraceTable runId={props.run.id} rows={events} />
+      <h3>Command output</h3>
+      {outputs.size === 0 ? (
+        <p class="empty">No command output{isTerminal(props.run.status) ? "." : " yet."}</p>
+      ) : (
+        [...outputs.values()].map((o) => (
+          <SandboxOutput
+            runId={props.run.id}
+            name={o.name}
+            chunks={o.chunks}
+            commands={commandsFor(o.name)}
+          />
+        ))
+      )}
+    </Card>
+  );
+}
+
+// ---- audit: denied hosts and egress routes ----
+
+function nextLink(
+  runId: string,
+  query: RunView["query"],
+  key: keyof RunView["query"],
+  cursor: string | null,
+) {
+  if (!cursor) return null;
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(query)) if (v && k !== key) q.set(k, v);
+  q.set(key, cursor);
+  return <a href={`/runs/${runId}?${q.toString()}#${key === "blocked" ? "denied" : key}`}>Next page →</a>;
+}
+
+function BadPage(props: { runId: string; anchor: string; detail: string }) {
+  return (
+    <p class="error">
+      {props.detail} <a href={`/runs/${props.runId}#${props.anchor}`}>First page</a>
+    </p>
+  );
+}
+
+function DeniedHosts(props: { view: RunView }) {
+  const { run, blocked, csrf, query } = props.view;
+  return (
+    <Card id="denied" title="Denied hosts">
+      <p class="muted">
+        Hosts this run's boundary refused (host and counts only). Allowing one adds an allow entry to the
+        vault; the run's proxy picks it up within seconds.
+      </p>
+      {!blocked.ok ? (
+        <BadPage runId={run.id} anchor="denied" detail={blocked.error.detail} />
+      ) : blocked.value.items.length === 0 ? (
+        <p class="empty">No host was refused{query.blocked ? " on this page" : ""}.</p>
+      ) : (
+        <>
+          <table>
+            <thead>
+              <tr>
+                <th>Host</th>
+                <th style="width:5rem">Count</th>
+                <th style="width:11rem">First seen</th>
+                <th style="width:11rem">Last seen</th>
+                <th style="width:6rem">Source</th>
+                <th style="width:10rem" />
+              </tr>
+            </thead>
+            <tbody>
+              {blocked.value.items.map((h) => (
+                <tr>
+                  <td class="mono host">{h.host}</td>
+                  <td>{h.seenCount}</td>
+                  <td>
+                    <When at={h.firstSeen} />
+                  </td>
+                  <td>
+                    <When at={h.lastSeen} />
+                  </td>
+                  <td>{h.source === "local_agent" ? "local agent" : h.source}</td>
+                  <td>
+                    <PostForm action={`/runs/${run.id}/allow-host`} csrf={csrf} class="inline">
+                      <input type="hidden" name="host" value={h.host} />
+                      <button type="submit">Allow this host</button>
+                    </PostForm>
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+          {nextLink(run.id, query, "blocked", blocked.value.nextCursor)}
+        </>
+      )}
+    </Card>
+  );
+}
+
+function EgressRoutes(props: { view: RunView }) {
+  const { run, routes, query } = props.view;
+  return (
+    <Card id="routes" title="Egress routes">
+      {!routes.ok ? (
+        <BadPage runId={run.id} anchor="routes" detail={routes.error.detail} />
+      ) : routes.value.items.length === 0 ? (
+        <p class="empty">No traffic recorded{query.routes ? " on this page" : ""}.</p>
+      ) : (
+        <>
+          <table>
+            <thead>
+              <tr>
+                <th>Host</th>
+                <th style="width:6rem">Route</th>
+                <th style="width:5rem">Count</th>
+                <th style="width:11rem">Last seen</th>
+              </tr>
+            </thead>
+            <tbody>
+              {routes.value.items.map((r) => (
+                <tr>
+                  <td class="mono host">{r.host}</td>
+                  <td>{r.route}</td>
+                  <td>{r.count}</td>
+                  <td>
+                    <When at={r.lastSeen} />
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+          {nextLink(run.id, query, "routes", routes.value.nextCursor)}
+        </>
+      )}
+    </Card>
+  );
+}
+
+// ---- bug reports ----
+
+function BugReports(props: { view: RunView }) {
+  const { run, reports, csrf, query } = props.view;
+  return (
+    <Card id="reports" title="Bug reports">
+      {!reports.ok ? (
+        <BadPage runId={run.id} anchor="reports" detail={reports.error.detail} />
+      ) : reports.value.items.length === 0 ? (
+        <p class="empty">No bug reports{query.reports ? " on this page" : ""}.</p>
+      ) : (
+        <>
+          {reports.value.items.map((r) => (
+            <details>
+              <summary>
+                <strong>{r.title}</strong> <span class="muted">· </span>
+                <When at={r.createdAt} /> <span class="mono muted">{r.id}</span>
+              </summary>
+              <pre>{r.body}</pre>
+            </details>
+          ))}
+          {nextLink(run.id, query, "reports", reports.value.nextCursor)}
+        </>
+      )}
+      <h3>File a bug report</h3>
+      <PostForm action={`/runs/${run.id}/bug-reports`} csrf={csrf}>
+        <p>
+          <label>
+            Title <input type="text" name="title" required maxlength={200} size={60} />
+          </label>
+        </p>
+        <p>
+          <label>
+            What happened
+            <br />
+            <textarea name="body" required rows={6} />
+          </label>
+        </p>
+        <button type="submit">File the report</button>{" "}
+        <span class="muted">It joins the run's trace; ended runs take reports too.</span>
+      </PostForm>
+    </Card>
+  );
+}
+
+export function RunPage(props: { view: RunView }) {
+  const { run, trace, sandboxes, flash, csrf } = props.view;
+  return (
+    <Layout title={`Run ${run.id}`} csrf={csrf}>
+      <style>{STYLE}</style>
+      <p>
+        <a href="/runs">← Runs</a>
+      </p>
+      <h1>
+        Run <span class="mono">{run.id}</span>
+      </h1>
+      <Flash ok={flash.ok} error={flash.error} />
+      <Summary view={props.view} />
+      <Controls view={props.view} />
+      <Notes run={run} />
+      <ProofCard run={run} trace={trace} />
+      <DeniedHosts view={props.view} />
+      <EgressRoutes view={props.view} />
+      <Sandboxes run={run} sandboxes={sandboxes} />
+      <Trace run={run} trace={trace} />
+      <BugReports view={props.view} />
+    </Layout>
+  );
+}
