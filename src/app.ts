@@ -9,6 +9,7 @@ import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
 import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
+import { blockedHostsRoutes } from "./routes/blocked-hosts";
 import { bugReportsRoutes } from "./routes/bug-reports";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
@@ -82,6 +83,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", previewRoutes);
   app.route("/v1", runsRoutes);
   app.route("/v1", runAuditRoutes);
+  app.route("/v1", blockedHostsRoutes);
   app.route("/v1", webhooksRoutes);
   app.route("/v1", bugReportsRoutes);
   // Outside /v1 and its document: only a run's proxy calls it.

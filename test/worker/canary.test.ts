@@ -260,6 +260,8 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("GET", `/v1/runs/${runId}/proxy`, undefined, [409, "proxy_gone"]);
     await api("GET", `/v1/runs/${runId}/blocked-hosts`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
+    await api("GET", `/v1/blocked-hosts?runId=${runId}`, undefined, [200]);
+    await api("GET", "/v1/blocked-hosts?runId=run_nope", undefined, [404, "not_found"]);
     // A bug report on that run (refused for a run that is not the caller's), its list, the trace.
     await api("POST", "/v1/bug-reports", { runId, title: "canary run", body: "what it did" }, [201]);
     await api("POST", "/v1/bug-reports", { runId: "run_nope", title: "t", body: "b" }, [404, "not_found"]);

@@ -448,6 +448,28 @@ const CASES: Record<string, Case> = {
     },
   },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
+  "GET /v1/blocked-hosts": {
+    kind: "run",
+    id: false,
+    check: async ({ a, b }, method, path) => {
+      // Environment-wide: A's runs' hosts only; B's run id as a filter is 404, as for no run.
+      const bBefore = await auditRows(b.runId);
+      const res = expectStatus(await a.t.api(method, path), 200, "list");
+      const hosts = res.json.blockedHosts as { host: string; runs: string[] }[];
+      expect(hosts.map((h) => h.host).sort()).toEqual([`blocked.${a.tag}.example`, `other.${a.tag}.example`]);
+      expect(hosts.every((h) => h.runs.length === 1 && h.runs[0] === a.runId)).toBe(true);
+      expect(res.text).not.toContain(b.tag);
+      expect(res.text).not.toContain(b.runId);
+      const theirs = expectProblem(await a.t.api(method, `${path}?runId=${b.runId}`), 404, "not_found");
+      expect(theirs.text).not.toContain(b.tag);
+      expect(await auditRows(b.runId)).toEqual(bBefore);
+      expectProblem(
+        await a.t.api(method, `${path}?environmentId=${b.t.environmentId}`),
+        400,
+        "unknown_field",
+      );
+    },
+  },
   "POST /v1/bug-reports": {
     kind: "run",
     id: false,

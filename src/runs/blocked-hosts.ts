@@ -1,0 +1,123 @@
+import { and, asc, desc, eq, inArray, sql } from "drizzle-orm";
+import { z } from "zod";
+import type { Principal } from "../context";
+import { blockedHostLog, runs } from "../db/schema";
+import type { Db } from "../db/types";
+import { fail, ok, type Result } from "../errors";
+import { ownRun, type Page } from "./service";
+
+// Blocked hosts across all runs of the caller's environment ("Recent blocked hosts"): one row
+// per host, aggregated from blocked_host_log. Filters pick which hosts are listed; a row's
+// numbers are always the whole environment's, so a host filtered by one run still shows how
+// often the other runs hit it too.
+
+export type BlockedSource = "proxy" | "local_agent" | "both";
+
+export interface AccountBlockedHost {
+  host: string;
+  /** Refusals, summed over the runs. */
+  seenCount: number;
+  firstSeen: Date;
+  lastSeen: Date;
+  /** `both` when the runs' rows have different sources, or any of them is `both`. */
+  source: BlockedSource;
+  /** Ids of the newest runs (by launch) that saw it, at most RUNS_PER_HOST, newest first. */
+  runs: string[];
+  runCount: number;
+}
+
+export interface BlockedHostsQuery {
+  /** 1..MAX_LIMIT. */
+  limit: number;
+  /** nextCursor of the previous page. */
+  cursor?: string | undefined;
+  /** Only hosts this run (of the caller's environment) saw. */
+  runId?: string | undefined;
+  /** Only hosts whose aggregated source is this. */
+  source?: BlockedSource | undefined;
+}
+
+export const MAX_LIMIT = 100;
+export const RUNS_PER_HOST = 10;
+
+// The keyset position is the last row's (lastSeen, host). Audit times are written from JS Dates
+// (milliseconds), so the ISO string holds the aggregated max exactly.
+const CursorShape = z.tuple([z.iso.datetime(), z.string().min(1).max(1024)]);
+
+function encodeCursor(row: { lastSeen: Date; host: string }): string {
+  const json = JSON.stringify([row.lastSeen.toISOString(), row.host]);
+  return btoa(json).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
+}
+
+function decodeCursor(cursor: string): { lastSeen: string; host: string } | null {
+  try {
+    const parsed = CursorShape.safeParse(JSON.parse(atob(cursor.replaceAll("-", "+").replaceAll("_", "/"))));
+    return parsed.success ? { lastSeen: parsed.data[0], host: parsed.data[1] } : null;
+  } catch {
+    return null;
+  }
+}
+
+export async function listBlockedHosts(
+  db: Db,
+  p: Principal,
+  query: BlockedHostsQuery,
+): Promise<Result<Page<AccountBlockedHost>>> {
+  const { limit, cursor, runId, source } = query;
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
+    return fail("invalid_request", `limit: from 1 to ${MAX_LIMIT}`);
+  }
+  const at = cursor === undefined ? null : decodeCursor(cursor);
+  if (cursor !== undefined && !at) return fail("invalid_request", "cursor: not a cursor this API gave");
+  if (runId !== undefined) {
+    const run = await ownRun(db, p, runId);
+    if (!run.ok) return run;
+  }
+
+  const log = blockedHostLog;
+  const lastSeen = sql<Date>`max(${log.lastSeen})`;
+  const aggregatedSource = sql<BlockedSource>`case when count(distinct ${log.source}) > 1 or bool_or(${log.source} = 'both') then 'both' else min(${log.source}) end`;
+  const rows = await db
+    .select({
+      host: log.host,
+      seenCount: sql<number>`sum(${log.seenCount})::bigint`.mapWith(Number),
+      firstSeen: sql<Date>`min(${log.firstSeen})`.mapWith(log.firstSeen),
+      lastSeen: lastSeen.mapWith(log.lastSeen),
+      source: aggregatedSource,
+      // Newest runs first, as GET /v1/runs lists them.
+      runs: sql<
+        string[]
+      >`(array_agg(${log.runId} order by ${runs.createdAt} desc, ${log.runId} desc))[1:${sql.raw(String(RUNS_PER_HOST))}]`,
+      runCount: sql<number>`count(*)::int`.mapWith(Number),
+    })
+    .from(log)
+    .innerJoin(runs, eq(runs.id, log.runId))
+    .where(
+      and(
+        eq(log.environmentId, p.environmentId),
+        runId === undefined
+          ? undefined
+          : inArray(
+              log.host,
+              db
+                .select({ host: log.host })
+                .from(log)
+                .where(and(eq(log.environmentId, p.environmentId), eq(log.runId, runId))),
+            ),
+      ),
+    )
+    .groupBy(log.host)
+    .having(
+      and(
+        source === undefined ? undefined : sql`${aggregatedSource} = ${source}`,
+        at
+          ? sql`(${lastSeen} < ${at.lastSeen}::timestamptz or (${lastSeen} = ${at.lastSeen}::timestamptz and ${log.host} > ${at.host}))`
+          : undefined,
+      ),
+    )
+    .orderBy(desc(lastSeen), asc(log.host))
+    .limit(limit + 1);
+  const items = rows.slice(0, limit);
+  const last = items.at(-1);
+  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+}
