@@ -1,7 +1,16 @@
 import { type Context, Hono } from "hono";
 import type { Child } from "hono/jsx";
+import {
+  HostAction,
+  InjectScheme,
+  type InjectSpec,
+  type PolicyDocument,
+  type RoutingReason,
+} from "../contract/policy";
 import { SecretName } from "../contract/proxy-wire";
-import { ApiError, type Failure, type Result } from "../errors";
+import { ApiError, type Failure, fail, ok, type Result } from "../errors";
+import { isCanonicalIp } from "../policy/host";
+import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 import * as vault from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm } from "./layout";
@@ -21,19 +30,24 @@ const PAGE_SIZE = 100;
 /** A flash longer than this is cut (it travels in the redirect's URL). */
 const MAX_FLASH = 600;
 const MAX_SECRET_VALUE = 16_384;
+const SECRET_NAME_RULE = "letters, digits, _ . - (at most 64), starting with a letter or _";
 
 // ---- answering a form ----
 
 /** Form fields kept across the redirect so a refused form is not retyped (never a value). */
 type Keep = Record<string, string | undefined>;
 
-/** Back to the page with a flash, the kept fields and the section to scroll to. */
-function back(c: Ctx, flash: { ok?: string; error?: string }, section: string, keep: Keep = {}): Response {
+/** Where a form's answer goes: a section of the vault page (its anchor), or another page. */
+type Where = string | { path: string; anchor?: string };
+
+/** Back to the page with a flash and the kept fields. */
+function back(c: Ctx, flash: { ok?: string; error?: string }, to: Where, keep: Keep = {}): Response {
   const q = new URLSearchParams();
   if (flash.ok) q.set("ok", cut(flash.ok));
   if (flash.error) q.set("error", cut(flash.error));
   for (const [k, v] of Object.entries(keep)) if (v) q.set(k, v.slice(0, 300));
-  return c.redirect(`${PAGE}?${q}#${section}`, 303);
+  const { path, anchor } = typeof to === "string" ? { path: PAGE, anchor: to } : to;
+  return c.redirect(`${path}?${q}${anchor ? `#${anchor}` : ""}`, 303);
 }
 
 const cut = (s: string) => (s.length > MAX_FLASH ? `${s.slice(0, MAX_FLASH - 1)}…` : s);
@@ -43,21 +57,20 @@ function answer<T>(
   c: Ctx,
   result: Result<T>,
   ok: (value: T) => string,
-  section: string,
+  to: Where,
   keep: Keep = {},
 ): Response {
-  return result.ok ? back(c, { ok: ok(result.value) }, section) : refused(c, result.error, section, keep);
+  return result.ok ? back(c, { ok: ok(result.value) }, to) : refused(c, result.error, to, keep);
 }
 
-const refused = (c: Ctx, f: Failure, section: string, keep: Keep = {}) =>
-  back(c, { error: f.detail }, section, keep);
+const refused = (c: Ctx, f: Failure, to: Where, keep: Keep = {}) => back(c, { error: f.detail }, to, keep);
 
 /** Runs a form action; an ApiError a service throws becomes a flash like a returned failure. */
-async function act(c: Ctx, section: string, fn: () => Promise<Response>): Promise<Response> {
+async function act(c: Ctx, to: Where, fn: () => Promise<Response>): Promise<Response> {
   try {
     return await fn();
   } catch (e) {
-    if (e instanceof ApiError) return refused(c, e, section);
+    if (e instanceof ApiError) return refused(c, e, to);
     throw e;
   }
 }
@@ -215,12 +228,438 @@ function valueProblem(value: string): string | null {
   return null;
 }
 
+// ---- routing mode ----
+
+const REASONS: Record<RoutingReason, string> = {
+  block_default:
+    "The default is block: a host no entry allows is refused, so every connection must reach the proxy.",
+  wildcard_block: "A wildcard block entry: a hosts file can only redirect exact names.",
+  wildcard_rule: "A rule for a wildcard host: a hosts file can only redirect exact names.",
+  ip_literal: "An entry or rule names an IP address: connections to an IP never look at the hosts file.",
+  local_egress: "The run egresses through your own machine.",
+};
+
+/** The entries behind a reason, so the user sees what to change. */
+function culprits(doc: PolicyDocument, reason: RoutingReason): string[] {
+  const blocks = doc.hosts.filter((h) => h.action === "block").map((h) => h.pattern);
+  const rules = doc.rules.map((r) => r.host);
+  switch (reason) {
+    case "wildcard_block":
+      return blocks.filter((p) => p.startsWith("*."));
+    case "wildcard_rule":
+      return rules.filter((p) => p.startsWith("*."));
+    case "ip_literal":
+      return [...new Set([...blocks, ...rules].filter(isCanonicalIp))];
+    default:
+      return [];
+  }
+}
+
+function RoutingSection(props: { doc: PolicyDocument; csrf: string }) {
+  const { doc } = props;
+  const catchAll = doc.routing.mode === "catch-all";
+  return (
+    <Section id="routing" title="Routing mode">
+      <p>
+        A run started now gets <strong>{catchAll ? "catch-all" : "default"}</strong> routing
+        <span class="muted">{` (vault version ${doc.version})`}</span>.{" "}
+        {catchAll
+          ? "Every outbound connection on ports 80 and 443 goes to the run's proxy, which is its only way out."
+          : "Only the hosts the vault names exactly (rules and block entries) are sent to the proxy, through the sandbox's hosts file; everything else goes direct."}
+      </p>
+      {doc.routing.reasons.length > 0 ? (
+        <>
+          <p>Why catch-all:</p>
+          <ul>
+            {doc.routing.reasons.map((r) => {
+              const which = culprits(doc, r);
+              return (
+                <li>
+                  {REASONS[r]}
+                  {which.length > 0 ? (
+                    <>
+                      {" "}
+                      {which.slice(0, 10).map((w, i) => (
+                        <>
+                          {i > 0 ? ", " : ""}
+                          <code>{w}</code>
+                        </>
+                      ))}
+                      {which.length > 10 ? ` and ${which.length - 10} more` : ""}
+                    </>
+                  ) : null}
+                </li>
+              );
+            })}
+          </ul>
+        </>
+      ) : null}
+      {catchAll ? (
+        <div class="warning">
+          <p>
+            <strong>What catch-all costs:</strong>
+          </p>
+          <ul>
+            <li>Runs are slower: every connection goes through the proxy, not only the ones it acts on.</li>
+            {doc.default === "block" ? (
+              <li>
+                Package and source hosts (npm, PyPI, GitHub, Debian, ...) must be allowed, or installs fail.{" "}
+                <PostForm action={`${PAGE}/starter-pack`} csrf={props.csrf} class="inline">
+                  <button type="submit">Allow the starter pack</button>
+                </PostForm>
+              </li>
+            ) : null}
+            <li>
+              A run stops, before any benchmark code runs, if the redirect cannot be installed in its sandbox.
+            </li>
+          </ul>
+        </div>
+      ) : null}
+      <p class="muted">A run that egresses through your own machine always gets catch-all routing.</p>
+      {doc.note ? <p class="note">{doc.note}</p> : null}
+    </Section>
+  );
+}
+
+// ---- rules ----
+
+const injectText = (i: InjectSpec) =>
+  i.scheme === "query" ? `query ?${i.name}=` : `${i.scheme} → ${i.name}`;
+
+/** The fields of a rule, for adding one (empty) or editing one (filled in). */
+function RuleFields(props: {
+  secrets: string[];
+  host?: string | undefined;
+  secret?: string | undefined;
+  scheme?: string | undefined;
+  header?: string | undefined;
+}) {
+  const scheme = props.scheme ?? "bearer";
+  return (
+    <>
+      <label>
+        Host{" "}
+        <input
+          name="host"
+          required
+          maxlength={300}
+          placeholder="api.openrouter.ai"
+          value={props.host ?? ""}
+        />
+      </label>{" "}
+      <label>
+        Secret{" "}
+        <select name="secret" required>
+          {props.secrets.map((n) => (
+            <option value={n} selected={n === props.secret}>
+              {n}
+            </option>
+          ))}
+        </select>
+      </label>{" "}
+      <label>
+        Inject as{" "}
+        <select name="scheme">
+          {InjectScheme.options.map((o) => (
+            <option value={o} selected={o === scheme}>
+              {SCHEME_TEXT[o]}
+            </option>
+          ))}
+        </select>
+      </label>{" "}
+      <label>
+        Header or parameter{" "}
+        <input name="header" maxlength={128} placeholder="authorization" value={props.header ?? ""} />
+      </label>
+    </>
+  );
+}
+
+const SCHEME_TEXT: Record<InjectScheme, string> = {
+  bearer: "bearer (Authorization: Bearer …)",
+  basic: "basic (user:password)",
+  raw: "raw header value",
+  query: "query parameter",
+};
+
+function RulesSection(props: { c: Ctx; csrf: string; rules: vault.RuleInfo[]; secrets: string[] }) {
+  const { c, csrf, rules } = props;
+  const page = pageOf(c, rules, "rulesFrom");
+  return (
+    <Section id="rules" title="Rules, in order">
+      <p class="muted">
+        For a request to a host, the first rule whose host matches injects its secret. A rule's host is
+        allowed for as long as the rule exists.
+      </p>
+      {page.total === 0 ? (
+        <p class="empty">No rules yet: no credential is injected anywhere.</p>
+      ) : (
+        <table>
+          <colgroup>
+            <col class="c-num" />
+            <col />
+            <col class="c-name" />
+            <col class="c-name" />
+            <col class="c-btn" />
+            <col class="c-act" />
+            <col class="c-act" />
+          </colgroup>
+          <thead>
+            <tr>
+              <th>#</th>
+              <th>Host</th>
+              <th>Secret</th>
+              <th>Inject</th>
+              <th>Order</th>
+              <th>Edit</th>
+              <th>Delete</th>
+            </tr>
+          </thead>
+          <tbody>
+            {page.rows.map((r, i) => {
+              const at = page.from + i;
+              return (
+                <tr>
+                  <td>{at + 1}</td>
+                  <td>
+                    <code>{r.host}</code>
+                  </td>
+                  <td>
+                    <code>{r.secret}</code>
+                  </td>
+                  <td>{injectText(r.inject)}</td>
+                  <td>
+                    {at > 0 ? (
+                      <PostForm action={`${PAGE}/rules/${r.id}/move`} csrf={csrf} class="inline">
+                        <input type="hidden" name="direction" value="up" />
+                        <button type="submit" title="Move up">
+                          Up
+                        </button>
+                      </PostForm>
+                    ) : null}{" "}
+                    {at < rules.length - 1 ? (
+                      <PostForm action={`${PAGE}/rules/${r.id}/move`} csrf={csrf} class="inline">
+                        <input type="hidden" name="direction" value="down" />
+                        <button type="submit" title="Move down">
+                          Down
+                        </button>
+                      </PostForm>
+                    ) : null}
+                  </td>
+                  <td>
+                    <a href={`${PAGE}/rules/${r.id}/edit`}>Edit</a>
+                  </td>
+                  <td>
+                    <PostForm action={`${PAGE}/rules/${r.id}/delete`} csrf={csrf}>
+                      <button type="submit">Delete</button>
+                    </PostForm>
+                  </td>
+                </tr>
+              );
+            })}
+          </tbody>
+        </table>
+      )}
+      <Pager {...page} anchor="rules" />
+      <h3>Add a rule</h3>
+      {props.secrets.length === 0 ? (
+        <p class="empty">Add a secret first: a rule injects one.</p>
+      ) : (
+        <PostForm action={`${PAGE}/rules`} csrf={csrf} class="fields">
+          <RuleFields
+            secrets={props.secrets}
+            host={c.req.query("ruleHost")}
+            secret={c.req.query("ruleSecret")}
+            scheme={c.req.query("ruleScheme")}
+            header={c.req.query("ruleHeader")}
+          />{" "}
+          <button type="submit">Add rule</button>
+        </PostForm>
+      )}
+    </Section>
+  );
+}
+
+/** A rule form's fields, checked as the API checks its body; the service checks the rest. */
+function ruleInput(f: Record<string, string>): Result<vault.RuleInput> {
+  const host = text(f, "host");
+  const secret = text(f, "secret");
+  const scheme = InjectScheme.safeParse(text(f, "scheme") ?? "bearer");
+  const name = text(f, "header");
+  if (!host) return fail("invalid_request", "Give the rule a host.");
+  if (host.length > 300) return fail("invalid_request", "A host is at most 300 characters.");
+  if (!secret) return fail("invalid_request", "Pick the secret the rule injects.");
+  if (!SecretName.safeParse(secret).success) return fail("invalid_request", "That is not a secret name.");
+  if (!scheme.success) return fail("invalid_request", "Pick how the secret is injected.");
+  if (name && name.length > 128)
+    return fail("invalid_request", "A header or parameter name is at most 128 characters.");
+  return ok({ host, secret, inject: { scheme: scheme.data, name } });
+}
+
+const ruleKeep = (f: Record<string, string>): Keep => ({
+  ruleHost: f.host,
+  ruleSecret: f.secret,
+  ruleScheme: f.scheme,
+  ruleHeader: f.header,
+});
+
+async function ruleEditPage(c: Ctx): Promise<Response> {
+  const id = c.req.param("id") ?? "";
+  const [rule, secrets] = await Promise.all([
+    vault.getRule(db(c), who(c), id),
+    vault.listSecrets(db(c), who(c)),
+  ]);
+  const csrf = c.var.session.csrf;
+  if (!rule.ok) {
+    return c.html(
+      <Layout title="No such rule" csrf={csrf}>
+        <h1>No such rule</h1>
+        <p class="error">{rule.error.detail}</p>
+        <p>
+          <a href={`${PAGE}#rules`}>Back to the vault</a>
+        </p>
+      </Layout>,
+      404,
+    );
+  }
+  const r = rule.value;
+  const q = (k: string) => c.req.query(k);
+  return c.html(
+    <Layout title="Edit rule" csrf={csrf}>
+      <h1>Edit rule</h1>
+      <Flash error={q("error")} />
+      <p class="muted">
+        <a href={`${PAGE}#rules`}>Back to the vault</a>
+      </p>
+      <PostForm action={`${PAGE}/rules/${r.id}`} csrf={csrf} class="fields">
+        <RuleFields
+          secrets={secrets.map((s) => s.name)}
+          host={q("ruleHost") ?? r.host}
+          secret={q("ruleSecret") ?? r.secret}
+          scheme={q("ruleScheme") ?? r.inject.scheme}
+          header={q("ruleHeader") ?? r.inject.name}
+        />{" "}
+        <button type="submit">Save rule</button>
+      </PostForm>
+    </Layout>,
+  );
+}
+
+// ---- host policy ----
+
+function HostsSection(props: { c: Ctx; csrf: string; hosts: vault.HostEntry[]; defaultAction: HostAction }) {
+  const { c, csrf } = props;
+  const page = pageOf(c, props.hosts, "hostsFrom");
+  const other = (a: HostAction): HostAction => (a === "allow" ? "block" : "allow");
+  return (
+    <Section id="hosts" title="Host policy">
+      <PostForm action={`${PAGE}/default`} csrf={csrf} class="fields">
+        <label>
+          Hosts no entry names are{" "}
+          <select name="default">
+            {(["allow", "block"] as const).map((a) => (
+              <option value={a} selected={a === props.defaultAction}>
+                {a === "allow" ? "allowed" : "blocked"}
+              </option>
+            ))}
+          </select>
+        </label>{" "}
+        <button type="submit">Save default</button>
+      </PostForm>
+      <div class="fields">
+        <PostForm action={`${PAGE}/starter-pack`} csrf={csrf} class="inline">
+          <button type="submit">Add the starter pack</button>
+        </PostForm>{" "}
+        <span class="muted">
+          allows {STARTER_PACK_HOSTS.length} package and source hosts (npm, PyPI, GitHub, Debian, Ubuntu,
+          crates, Go, Maven, ...); entries you have are left as they are.
+        </span>
+      </div>
+      {page.total === 0 ? (
+        <p class="empty">No host entries: every host gets the default.</p>
+      ) : (
+        <table>
+          <colgroup>
+            <col />
+            <col class="c-name" />
+            <col class="c-btn" />
+            <col class="c-btn" />
+          </colgroup>
+          <thead>
+            <tr>
+              <th>Pattern</th>
+              <th>Action</th>
+              <th>Change</th>
+              <th>Delete</th>
+            </tr>
+          </thead>
+          <tbody>
+            {page.rows.map((h) => (
+              <tr>
+                <td>
+                  <code>{h.pattern}</code>
+                </td>
+                <td>
+                  {h.action}
+                  {h.implicit ? <span class="muted"> (for a rule)</span> : null}
+                </td>
+                <td>
+                  <PostForm action={`${PAGE}/hosts/${h.id}`} csrf={csrf}>
+                    <input type="hidden" name="action" value={other(h.action)} />
+                    <button type="submit">{other(h.action) === "allow" ? "Allow" : "Block"}</button>
+                  </PostForm>
+                </td>
+                <td>
+                  <PostForm action={`${PAGE}/hosts/${h.id}/delete`} csrf={csrf}>
+                    <button type="submit">Delete</button>
+                  </PostForm>
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      <Pager {...page} anchor="hosts" />
+      <h3>Allow or block a host</h3>
+      <PostForm action={`${PAGE}/hosts`} csrf={csrf} class="fields">
+        <label>
+          Host or <code>*.domain</code>{" "}
+          <input
+            name="pattern"
+            required
+            maxlength={300}
+            placeholder="*.evil.example"
+            value={c.req.query("hostPattern") ?? ""}
+          />
+        </label>{" "}
+        <select name="action" aria-label="Action">
+          {(["block", "allow"] as const).map((a) => (
+            <option value={a} selected={a === (c.req.query("hostAction") ?? "block")}>
+              {a}
+            </option>
+          ))}
+        </select>{" "}
+        <button type="submit">Save entry</button>
+      </PostForm>
+    </Section>
+  );
+}
+
+function hostAction(v: string | undefined): HostAction | null {
+  const parsed = HostAction.safeParse(v);
+  return parsed.success ? parsed.data : null;
+}
+
 // ---- the page ----
 
 async function vaultPage(c: Ctx): Promise<Response> {
   const p = who(c);
-  const db = c.var.db;
-  const [secrets, rules] = await Promise.all([vault.listSecrets(db, p), vault.listRules(db, p)]);
+  const [secrets, rules, hosts, doc] = await Promise.all([
+    vault.listSecrets(db(c), p),
+    vault.listRules(db(c), p),
+    vault.listHosts(db(c), p),
+    vault.previewPolicy(db(c), p, { egress: "direct" }),
+  ]);
   const usedBy = new Map<string, number[]>();
   for (const [i, r] of rules.entries()) usedBy.set(r.secret, [...(usedBy.get(r.secret) ?? []), i + 1]);
   const csrf = c.var.session.csrf;
@@ -228,10 +667,15 @@ async function vaultPage(c: Ctx): Promise<Response> {
     <Layout title="Vault" csrf={csrf}>
       <h1>Vault</h1>
       <Flash ok={c.req.query("ok")} error={c.req.query("error")} />
+      <RoutingSection doc={doc} csrf={csrf} />
       <SecretsSection c={c} csrf={csrf} secrets={secrets} usedBy={usedBy} />
+      <RulesSection c={c} csrf={csrf} rules={rules} secrets={secrets.map((s) => s.name)} />
+      <HostsSection c={c} csrf={csrf} hosts={hosts} defaultAction={doc.default} />
     </Layout>,
   );
 }
+
+const plural = (n: number, one: string) => `${n} ${one}${n === 1 ? "" : "s"}`;
 
 export const vaultPageRoutes = new Hono<PageEnv>()
   .get(PAGE, vaultPage)
@@ -244,13 +688,9 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       const value = f.value ?? "";
       if (!name) return back(c, { error: "Give the secret a name." }, "secrets");
       if (!SecretName.safeParse(name).success) {
-        return back(
-          c,
-          {
-            error: `${name.slice(0, 80)} is not a secret name: letters, digits, _ . - (at most 64), starting with a letter or _.`,
-          },
-          "secrets",
-        );
+        // Not quoted back: a value pasted into the wrong field must not come back in a URL.
+        const error = `That is not a secret name: ${SECRET_NAME_RULE}.`;
+        return back(c, { error }, "secrets");
       }
       const bad = valueProblem(value);
       if (bad) return back(c, { error: bad }, "secrets", { secretName: name });
@@ -276,6 +716,134 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       if (!secret.ok) return refused(c, secret.error, "secrets");
       const done = await vault.deleteSecret(db(c), who(c), id);
       return answer(c, done, () => `Deleted ${secret.value.name}.`, "secrets");
+    }),
+  )
+  // ---- rules ----
+  .post(`${PAGE}/rules`, (c) =>
+    act(c, "rules", async () => {
+      const f = await form(c);
+      const input = ruleInput(f);
+      if (!input.ok) return refused(c, input.error, "rules", ruleKeep(f));
+      const made = await vault.createRule(db(c), who(c), input.value);
+      return answer(
+        c,
+        made,
+        (r) => `Added rule #${r.position + 1}: ${r.secret} for ${r.host}.`,
+        "rules",
+        ruleKeep(f),
+      );
+    }),
+  )
+  .get(`${PAGE}/rules/:id/edit`, ruleEditPage)
+  .post(`${PAGE}/rules/:id`, (c) => {
+    const id = c.req.param("id");
+    const edit = { path: `${PAGE}/rules/${encodeURIComponent(id)}/edit` };
+    return act(c, edit, async () => {
+      const f = await form(c);
+      const input = ruleInput(f);
+      if (!input.ok) return refused(c, input.error, edit, ruleKeep(f));
+      const done = await vault.updateRule(db(c), who(c), id, input.value);
+      // A rule that is not (or no longer) in this vault: back to the vault, not to its edit page.
+      if (!done.ok && done.error.code === "not_found") return refused(c, done.error, "rules");
+      return done.ok
+        ? back(c, { ok: `Saved rule #${done.value.position + 1}.` }, "rules")
+        : refused(c, done.error, edit, ruleKeep(f));
+    });
+  })
+  .post(`${PAGE}/rules/:id/move`, (c) =>
+    act(c, "rules", async () => {
+      const id = c.req.param("id");
+      const direction = (await form(c)).direction;
+      if (direction !== "up" && direction !== "down") {
+        return back(c, { error: "Move a rule up or down." }, "rules");
+      }
+      const rules = await vault.listRules(db(c), who(c));
+      const ids = rules.map((r) => r.id);
+      const at = ids.indexOf(id);
+      if (at < 0) {
+        const missing = await vault.getRule(db(c), who(c), id);
+        return missing.ok ? back(c, {}, "rules") : refused(c, missing.error, "rules");
+      }
+      const to = direction === "up" ? at - 1 : at + 1;
+      if (to < 0 || to >= ids.length) return back(c, { ok: `Rule #${at + 1} stays where it is.` }, "rules");
+      [ids[at], ids[to]] = [ids[to] ?? id, id];
+      const done = await vault.reorderRules(db(c), who(c), ids);
+      return answer(c, done, () => `Moved rule #${at + 1} to #${to + 1}.`, "rules");
+    }),
+  )
+  .post(`${PAGE}/rules/:id/delete`, (c) =>
+    act(c, "rules", async () => {
+      const done = await vault.deleteRule(db(c), who(c), c.req.param("id"));
+      return answer(c, done, () => "Deleted the rule.", "rules");
+    }),
+  )
+  // ---- host policy ----
+  .post(`${PAGE}/hosts`, (c) =>
+    act(c, "hosts", async () => {
+      const f = await form(c);
+      const pattern = text(f, "pattern");
+      const action = hostAction(f.action);
+      const keep = { hostPattern: pattern, hostAction: f.action };
+      if (!pattern) return back(c, { error: "Give a host or *.domain." }, "hosts", keep);
+      if (pattern.length > 300)
+        return back(c, { error: "A host pattern is at most 300 characters." }, "hosts");
+      if (!action) return back(c, { error: "Pick allow or block." }, "hosts", keep);
+      const done = await vault.putHost(db(c), who(c), { pattern, action });
+      return answer(
+        c,
+        done,
+        (h) => `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}.`,
+        "hosts",
+        keep,
+      );
+    }),
+  )
+  .post(`${PAGE}/hosts/:id`, (c) =>
+    act(c, "hosts", async () => {
+      const action = hostAction((await form(c)).action);
+      if (!action) return back(c, { error: "Pick allow or block." }, "hosts");
+      const done = await vault.updateHost(db(c), who(c), c.req.param("id"), { action });
+      return answer(c, done, (h) => `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}.`, "hosts");
+    }),
+  )
+  .post(`${PAGE}/hosts/:id/delete`, (c) =>
+    act(c, "hosts", async () => {
+      const id = c.req.param("id");
+      const entry = await vault.getHost(db(c), who(c), id);
+      if (!entry.ok) return refused(c, entry.error, "hosts");
+      const done = await vault.deleteHost(db(c), who(c), id);
+      return answer(c, done, () => `Deleted the entry for ${entry.value.pattern}.`, "hosts");
+    }),
+  )
+  .post(`${PAGE}/default`, (c) =>
+    act(c, "hosts", async () => {
+      const action = hostAction((await form(c)).default);
+      if (!action) return back(c, { error: "Pick allow or block as the default." }, "hosts");
+      const done = await vault.setDefault(db(c), who(c), action);
+      return answer(
+        c,
+        done,
+        (s) =>
+          s.default === "allow"
+            ? "Hosts no entry names are now allowed."
+            : "Hosts no entry names are now blocked.",
+        "routing",
+      );
+    }),
+  )
+  .post(`${PAGE}/starter-pack`, (c) =>
+    act(c, "hosts", async () => {
+      const done = await vault.addStarterPack(db(c), who(c));
+      return answer(
+        c,
+        done,
+        ({ added, kept }) =>
+          `Starter pack: allowed ${plural(added.length, "host")}` +
+          (kept.length > 0
+            ? `; left ${plural(kept.length, "host")} you already had an entry for as they were.`
+            : "."),
+        "hosts",
+      );
     }),
   );
 
