@@ -48,6 +48,8 @@ export interface RunView {
   /** The query the page was asked with (card cursors), to build the cards' next links. */
   query: { blocked?: string | undefined; routes?: string | undefined; reports?: string | undefined };
   flash: { ok?: string | undefined; error?: string | undefined };
+  /** The title of a bug report the page refused, to fill the form again (never its body). */
+  keptTitle?: string | undefined;
   csrf: string;
 }
 
@@ -748,7 +750,15 @@ function BugReports(props: { view: RunView }) {
       <PostForm action={`/runs/${run.id}/bug-reports`} csrf={csrf}>
         <p>
           <label>
-            Title <input type="text" name="title" required maxlength={200} size={60} />
+            Title{" "}
+            <input
+              type="text"
+              name="title"
+              required
+              maxlength={200}
+              size={60}
+              value={props.view.keptTitle ?? ""}
+            />
           </label>
         </p>
         <p>

@@ -1,8 +1,18 @@
+import { z } from "@hono/zod-openapi";
 import { type Context, Hono } from "hono";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
-import { listBugReports } from "../runs/bug-reports";
-import { getRun, isTerminal, listRuns, type RunRow, runSandboxes, runTrace } from "../runs/service";
+import { createBugReport, listBugReports } from "../runs/bug-reports";
+import {
+  getRun,
+  isTerminal,
+  listRuns,
+  type RunRow,
+  recordTransition,
+  runSandboxes,
+  runTrace,
+} from "../runs/service";
+import { MAX_LINGER_SECONDS } from "../runs/spec";
 import type { PageEnv } from "./context";
 import { Flash, Layout } from "./layout";
 import { type ProxyLook, ProxyPage } from "./proxy-page";
@@ -115,6 +125,78 @@ function RunsPage(props: {
   );
 }
 
+// ---- answering a form: a 303 back to the run's page with a flash ----
+
+/** A flash travels in the redirect's URL: cut it. */
+const MAX_FLASH = 600;
+const cut = (s: string) => (s.length > MAX_FLASH ? `${s.slice(0, MAX_FLASH - 1)}…` : s);
+
+function back(
+  c: Ctx,
+  runId: string,
+  flash: { ok?: string; error?: string },
+  anchor: string,
+  keep: Record<string, string> = {},
+): Response {
+  const q = new URLSearchParams();
+  if (flash.ok) q.set("ok", cut(flash.ok));
+  if (flash.error) q.set("error", cut(flash.error));
+  for (const [k, v] of Object.entries(keep)) q.set(k, v);
+  return c.redirect(`/runs/${encodeURIComponent(runId)}?${q}#${anchor}`, 303);
+}
+
+async function field(c: Ctx, name: string): Promise<string | undefined> {
+  const v = (await c.req.parseBody())[name];
+  return typeof v === "string" ? v : undefined;
+}
+
+// The API's bug report rules (src/routes/bug-reports.ts), for a form: one line of 1-200
+// characters, a body of 1 character to 16 KiB of UTF-8, nothing jsonb cannot hold.
+const MAX_REPORT_BODY_BYTES = 16 * 1024;
+const storable = (s: string) =>
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: U+0000 is what is refused
+  !/\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s);
+const ReportForm = z.object({
+  title: z
+    .string()
+    .min(1, "the title is empty")
+    .max(200, "at most 200 characters")
+    // biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
+    .refine((s) => !/[\u0000-\u001f\u007f-\u009f]/.test(s), "one line, no control characters")
+    .refine(storable, "not well-formed Unicode"),
+  body: z
+    .string()
+    .min(1, "the body is empty")
+    .max(MAX_REPORT_BODY_BYTES, "at most 16 KiB")
+    .refine((s) => new TextEncoder().encode(s).byteLength <= MAX_REPORT_BODY_BYTES, "at most 16 KiB (UTF-8)")
+    .refine(storable, "no NUL characters, well-formed Unicode"),
+});
+
+/** Halt or resume, as POST /v1/runs/{id}/halt and /resume: refused once the run has ended. */
+async function halt(c: Ctx, on: boolean): Promise<Response> {
+  const run = await ownRunRow(c);
+  if (!run) return notFound(c);
+  const accepted = !isTerminal(run.status) && (await coordinatorStub(c.env, run.id).halt(on));
+  if (!accepted) {
+    return back(
+      c,
+      run.id,
+      { error: `Run ${run.id} has ended (${run.status}); there is nothing to ${on ? "halt" : "resume"}.` },
+      "controls",
+    );
+  }
+  return back(
+    c,
+    run.id,
+    {
+      ok: on
+        ? "Halt asked for: the run's commands stop at its next step; the proxy keeps enforcing and picks up host policy edits within seconds."
+        : "Resume asked for: the run's commands continue at its next step.",
+    },
+    "controls",
+  );
+}
+
 const query = (c: Ctx, name: string) => {
   const v = c.req.query(name);
   return v === undefined || v === "" ? undefined : v;
@@ -172,6 +254,7 @@ export const runPageRoutes = new Hono<PageEnv>()
           reports,
           query: q,
           flash: { ok: query(c, "ok"), error: query(c, "error") },
+          keptTitle: query(c, "title"),
           csrf: c.var.session.csrf,
         }}
       />,
@@ -196,4 +279,95 @@ export const runPageRoutes = new Hono<PageEnv>()
     }
     const status = look.ok ? 200 : look.code === "proxy_gone" ? 409 : 503;
     return c.html(<ProxyPage run={run} look={look} csrf={csrf} />, status);
+  })
+  .post("/runs/:id/cancel", async (c) => {
+    const run = await ownRunRow(c);
+    if (!run) return notFound(c);
+    // As POST /v1/runs/{id}/cancel (a no-op once the run has ended; the page says so).
+    if (isTerminal(run.status)) {
+      return back(
+        c,
+        run.id,
+        { error: `Run ${run.id} has already ended (${run.status}); there is nothing to cancel.` },
+        "controls",
+      );
+    }
+    const accepted = await coordinatorStub(c.env, run.id).cancel();
+    // A run whose coordinator never started has nothing to tear down: stop it here.
+    if (!accepted) {
+      await recordTransition(c.var.db, run.id, {
+        to: "stopped",
+        reason: "cancelled",
+        detail: "Cancelled by the user before it started.",
+      });
+    }
+    const ok = !accepted
+      ? "Cancelled: the run had not started; it is stopped."
+      : run.status === "lingering"
+        ? "Cancel asked for: the lingering proxy is torn down at the run's next step."
+        : "Cancel asked for: the run stops at its next step and its sandboxes are torn down.";
+    return back(c, run.id, { ok }, "status");
+  })
+  .post("/runs/:id/halt", (c) => halt(c, true))
+  .post("/runs/:id/resume", (c) => halt(c, false))
+  .post("/runs/:id/linger", async (c) => {
+    const run = await ownRunRow(c);
+    if (!run) return notFound(c);
+    const raw = ((await field(c, "seconds")) ?? "").trim();
+    if (!/^[0-9]{1,15}$/.test(raw)) {
+      return back(
+        c,
+        run.id,
+        { error: `seconds: a whole number of seconds, 0 to ${MAX_LINGER_SECONDS}.` },
+        "linger",
+      );
+    }
+    const seconds = Number(raw);
+    // The API's checks, in its words: the 24 h cap (linger_too_long), then an ended run (run_ended).
+    if (seconds > MAX_LINGER_SECONDS) {
+      return back(
+        c,
+        run.id,
+        {
+          error: `A proxy may linger at most ${MAX_LINGER_SECONDS} seconds (24 h); ${seconds} were asked for.`,
+        },
+        "linger",
+      );
+    }
+    const accepted = !isTerminal(run.status) && (await coordinatorStub(c.env, run.id).linger(seconds));
+    if (!accepted) {
+      return back(
+        c,
+        run.id,
+        { error: `Run ${run.id} has ended or is ending; its proxy can no longer be kept.` },
+        "linger",
+      );
+    }
+    const ok =
+      run.status === "lingering"
+        ? `The linger window is now ${seconds} s, counted from when the run began lingering${seconds === 0 ? ": it ends now" : ""}.`
+        : seconds === 0
+          ? "The proxy will not linger: it goes with the run."
+          : `The proxy will linger ${seconds} s after the run's commands end.`;
+    return back(c, run.id, { ok }, "linger");
+  })
+  .post("/runs/:id/bug-reports", async (c) => {
+    const run = await ownRunRow(c);
+    if (!run) return notFound(c);
+    const title = (await field(c, "title")) ?? "";
+    const parsed = ReportForm.safeParse({ title, body: (await field(c, "body")) ?? "" });
+    // A refused report keeps its title (short) across the redirect, never its body.
+    const keep = { title: title.slice(0, 200) };
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      return back(c, run.id, { error: `${issue?.path.join(".")}: ${issue?.message}` }, "reports", keep);
+    }
+    const filed = await createBugReport(c.var.db, c.var.session.principal, { runId: run.id, ...parsed.data });
+    if (!filed.ok) return back(c, run.id, { error: filed.error.detail }, "reports", keep);
+    return back(
+      c,
+      run.id,
+      { ok: `Bug report ${filed.value.id} filed; it is in the run's trace.` },
+      "reports",
+    );
   });
