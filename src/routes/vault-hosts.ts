@@ -22,6 +22,9 @@ const toJson = (h: vault.HostEntry): z.infer<typeof HostEntry> => ({
   updatedAt: h.updatedAt.toISOString(),
 });
 
+/** A host pattern as the user writes it (checked and canonicalised by the vault service). */
+export const HostPatternInput = z.string().min(1).max(300);
+
 const Settings = z
   .object({ default: HostAction, version: z.number().int() })
   .strict()
@@ -50,7 +53,7 @@ export const hostsRoutes = newRouter()
       request: jsonBody(
         z
           .object({
-            pattern: z.string().min(1).max(300).openapi({ example: "*.evil.example" }),
+            pattern: HostPatternInput.openapi({ example: "*.evil.example" }),
             action: HostAction,
           })
           .strict(),
@@ -78,6 +81,42 @@ export const hostsRoutes = newRouter()
       },
     }),
     async (c) => c.json(unwrap(await vault.addStarterPack(c.var.db, c.var.principal)), 200),
+  )
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/hosts/from-blocked",
+      tags,
+      summary:
+        "Allow hosts runs were refused (exact names; a block entry becomes allow; one vault version for the call)",
+      request: jsonBody(
+        z
+          .object({
+            hosts: z
+              .array(HostPatternInput.openapi({ example: "pypi.example" }))
+              .min(1)
+              .max(vault.MAX_ALLOW_HOSTS),
+          })
+          .strict(),
+      ),
+      responses: {
+        200: jsonOk(
+          z.object({
+            entries: z.array(HostEntry).openapi({ description: "The entries of the hosts sent, in order" }),
+            created: z.number().int(),
+            updated: z.number().int().openapi({
+              description: "Block entries switched to allow (or a rule's implicit entry made explicit)",
+            }),
+            unchanged: z.number().int(),
+          }),
+        ),
+        ...problems(400, 401),
+      },
+    }),
+    async (c) => {
+      const done = unwrap(await vault.allowHosts(c.var.db, c.var.principal, c.req.valid("json").hosts));
+      return c.json({ ...done, entries: done.entries.map(toJson) }, 200);
+    },
   )
   .openapi(
     createRoute({

@@ -1,4 +1,4 @@
-import { and, asc, eq, sql } from "drizzle-orm";
+import { and, asc, eq, inArray, sql } from "drizzle-orm";
 import type { Principal } from "../context";
 import { type HostAction, type InjectScheme, InjectSpec } from "../contract/policy";
 import { SecretValue } from "../contract/proxy-wire";
@@ -626,5 +626,73 @@ export async function previewPolicy(db: Db, p: Principal, run: RunOptions) {
       },
       run,
     );
+  });
+}
+
+// ---- allowing hosts that runs were refused ----
+
+export const MAX_ALLOW_HOSTS = 100;
+
+export interface AllowHostsResult {
+  /** The entries of the hosts asked for, in the order first asked. */
+  entries: HostEntry[];
+  created: number;
+  updated: number;
+  unchanged: number;
+}
+
+/**
+ * Allows exact hosts (as the blocked-hosts list names them) in one vault change, so one version
+ * bump: a host without an entry gets an allow entry, a block entry becomes allow, an allow entry
+ * stays (an implicit one, a rule's, becomes the user's own and counts as updated). Names are
+ * checked and canonicalised as POST /v1/vault/hosts does; wildcards are refused, since a refused
+ * request names one host. All or nothing: one bad name and nothing is written.
+ */
+export async function allowHosts(
+  db: Db,
+  p: Principal,
+  hosts: readonly string[],
+): Promise<Result<AllowHostsResult>> {
+  if (hosts.length < 1 || hosts.length > MAX_ALLOW_HOSTS) {
+    return fail("invalid_request", `hosts: from 1 to ${MAX_ALLOW_HOSTS} host names`);
+  }
+  const patterns: string[] = [];
+  for (const input of hosts) {
+    const pattern = checkPattern(input, "host-entry");
+    if (!pattern.ok) return pattern;
+    if (pattern.value.startsWith("*.")) {
+      return fail(
+        "invalid_host_pattern",
+        `${JSON.stringify(input)}: exact host names only; allow a wildcard with POST /v1/vault/hosts`,
+      );
+    }
+    if (!patterns.includes(pattern.value)) patterns.push(pattern.value);
+  }
+  return change(db, p.environmentId, async (tx) => {
+    const inVault = and(eq(vaultHosts.environmentId, p.environmentId), inArray(vaultHosts.pattern, patterns));
+    const existing = new Map(
+      (
+        await tx
+          .select({ pattern: vaultHosts.pattern, action: vaultHosts.action, implicit: vaultHosts.implicit })
+          .from(vaultHosts)
+          .where(inVault)
+      ).map((e) => [e.pattern, e]),
+    );
+    const counts = { created: 0, updated: 0, unchanged: 0 };
+    for (const pattern of patterns) {
+      const entry = existing.get(pattern);
+      if (entry && entry.action === "allow" && !entry.implicit) {
+        counts.unchanged++;
+        continue;
+      }
+      // Allowing never conflicts with a rule, so saveHost cannot refuse here.
+      const saved = await saveHost(tx, p, pattern, "allow");
+      if (!saved.ok) return saved;
+      counts[entry ? "updated" : "created"]++;
+    }
+    const rows = await tx.select(hostColumns).from(vaultHosts).where(inVault);
+    const byPattern = new Map(rows.map((r) => [r.pattern, r]));
+    const entries = patterns.flatMap((pattern) => byPattern.get(pattern) ?? []);
+    return ok({ entries, ...counts });
   });
 }

@@ -326,3 +326,125 @@ describe("GET /v1/blocked-hosts", { timeout: 60_000 }, () => {
     expectProblem(await call(mine.proxyToken, "GET", "/v1/blocked-hosts"), 401, "unauthorized");
   });
 });
+
+describe("POST /v1/vault/hosts/from-blocked", { timeout: 60_000 }, () => {
+  const version = async (t: Tenant) => (await t.api("GET", "/v1/vault/settings")).json.version as number;
+  const entries = async (t: Tenant) =>
+    (await t.api("GET", "/v1/vault/hosts")).json.hosts as {
+      pattern: string;
+      action: string;
+      implicit: boolean;
+    }[];
+
+  it("no entry → created, block → updated, allow → unchanged; canonical names, duplicates once; one version bump", async () => {
+    const t = await newTenant();
+    for (const [pattern, action] of [
+      ["b.example", "block"],
+      ["c.example", "allow"],
+      ["*.wild.example", "block"],
+    ]) {
+      expect((await t.api("POST", "/v1/vault/hosts", { pattern, action })).status).toBe(200);
+    }
+    const before = await version(t);
+    const res = await t.api("POST", "/v1/vault/hosts/from-blocked", {
+      hosts: ["a.example", "B.Example.", "c.example", "x.wild.example", "a.example", "b.example:443"],
+    });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json).toMatchObject({ created: 2, updated: 1, unchanged: 1 });
+    expect(
+      res.json.entries.map((e: { pattern: string; action: string; implicit: boolean }) => [
+        e.pattern,
+        e.action,
+        e.implicit,
+      ]),
+    ).toEqual([
+      ["a.example", "allow", false],
+      ["b.example", "allow", false],
+      ["c.example", "allow", false],
+      ["x.wild.example", "allow", false],
+    ]);
+    // The entries are exactly what GET /v1/vault/hosts shows.
+    const listed = await t.api("GET", "/v1/vault/hosts");
+    for (const entry of res.json.entries) expect(listed.json.hosts).toContainEqual(entry);
+    expect(listed.json.hosts).toHaveLength(5);
+    expect(await version(t)).toBe(before + 1);
+    // The exact allow beats the wildcard block: the preview's decision follows.
+    const preview = await t.api("GET", "/v1/vault/policy-preview");
+    expect(preview.json.hosts).toContainEqual({ pattern: "x.wild.example", action: "allow" });
+    expect(preview.json.hosts).toContainEqual({ pattern: "*.wild.example", action: "block" });
+
+    // Again: nothing to change, still one vault write.
+    const again = await t.api("POST", "/v1/vault/hosts/from-blocked", { hosts: ["a.example", "b.example"] });
+    expect(again.json).toMatchObject({ created: 0, updated: 0, unchanged: 2 });
+    expect(await version(t)).toBe(before + 2);
+  });
+
+  it("a rule's implicit allow entry becomes the user's own (updated), so deleting the rule keeps it", async () => {
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/secrets", { name: "KEY", value: "not-a-canary-value" });
+    const rule = await t.api("POST", "/v1/vault/rules", {
+      host: "api.example",
+      secret: "KEY",
+      inject: { scheme: "bearer" },
+    });
+    expect(rule.status).toBe(201);
+    expect(await entries(t)).toMatchObject([{ pattern: "api.example", action: "allow", implicit: true }]);
+    const res = await t.api("POST", "/v1/vault/hosts/from-blocked", { hosts: ["api.example"] });
+    expect(res.json).toMatchObject({ created: 0, updated: 1, unchanged: 0 });
+    expect(res.json.entries).toMatchObject([{ pattern: "api.example", action: "allow", implicit: false }]);
+    expect((await t.api("DELETE", `/v1/vault/rules/${rule.json.id}`)).status).toBe(204);
+    expect(await entries(t)).toMatchObject([{ pattern: "api.example", action: "allow", implicit: false }]);
+  });
+
+  it("the hosts GET /v1/blocked-hosts lists can be sent as they are", async () => {
+    const t = await newTenant();
+    const run = await newRun(t);
+    const batch = auditBatch(run.id, {
+      blockedHosts: ["pypi.example", "10.1.2.3", "files.pypi.example"].map((host) => ({
+        host,
+        count: 1,
+        firstSeen: at(1),
+        lastSeen: at(2),
+      })),
+    });
+    expect((await postBatch(run, batch)).status).toBe(204);
+    await t.api("PUT", "/v1/vault/settings", { default: "block" });
+    const hosts = (await t.api("GET", "/v1/blocked-hosts")).json.blockedHosts.map((h: Row) => h.host);
+    const res = await t.api("POST", "/v1/vault/hosts/from-blocked", { hosts });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.created).toBe(3);
+    expect((await entries(t)).map((e) => e.pattern).sort()).toEqual([...hosts].sort());
+  });
+
+  it("a wildcard, junk, an IDN, too few or too many → 400 with the exact code; the vault unchanged", async () => {
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/hosts", { pattern: "b.example", action: "block" });
+    const before = { version: await version(t), hosts: await entries(t) };
+    const refused: [unknown, string][] = [
+      [{ hosts: ["a.example", "*.evil.example"] }, "invalid_host_pattern"],
+      [{ hosts: ["*"] }, "invalid_host_pattern"],
+      [{ hosts: ["b.example", "https://a.example/path"] }, "invalid_host_pattern"],
+      [{ hosts: ["a b.example"] }, "invalid_host_pattern"],
+      [{ hosts: ["a.example\r\nx: y"] }, "invalid_host_pattern"],
+      [{ hosts: ["münchen.example"] }, "invalid_host_pattern"],
+      [{ hosts: ["user@a.example"] }, "invalid_host_pattern"],
+      [{ hosts: [""] }, "invalid_request"],
+      [{ hosts: [] }, "invalid_request"],
+      [{ hosts: Array.from({ length: 101 }, (_, i) => `h${i}.example`) }, "invalid_request"],
+      [{ hosts: "a.example" }, "invalid_request"],
+      [{ hosts: [42] }, "invalid_request"],
+      [{}, "invalid_request"],
+      [{ hosts: ["a.example"], action: "block" }, "unknown_field"],
+    ];
+    for (const [body, code] of refused) {
+      const res = await t.api("POST", "/v1/vault/hosts/from-blocked", body);
+      expectProblem(res, 400, code);
+    }
+    expect({ version: await version(t), hosts: await entries(t) }).toEqual(before);
+    // 100 is the most one call takes.
+    const hundred = Array.from({ length: 100 }, (_, i) => `h${i}.example`);
+    const res = await t.api("POST", "/v1/vault/hosts/from-blocked", { hosts: hundred });
+    expect(res.json).toMatchObject({ created: 100, updated: 0, unchanged: 0 });
+    expect(await version(t)).toBe(before.version + 1);
+  });
+});

@@ -217,6 +217,11 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
       [201],
     );
     await api("DELETE", `/v1/vault/rules/${extra.json.id}`, undefined, [204]);
+    await api("POST", "/v1/vault/hosts/from-blocked", { hosts: [`refused.${tag}.example`] }, [200]);
+    await api("POST", "/v1/vault/hosts/from-blocked", { hosts: [`*.${tag}.example`] }, [
+      400,
+      "invalid_host_pattern",
+    ]);
     await api("POST", "/v1/vault/hosts/starter-pack", undefined, [200]);
     await api("PUT", "/v1/vault/settings", { default: "block" }, [200]);
 
@@ -322,7 +327,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
       responses.map(([where]) =>
         where
           .split("?")[0]
-          ?.replace(/\/(secrets|rules|hosts)\/(?!order$|starter-pack$)[^/]+$/, "/$1/{id}")
+          ?.replace(/\/(secrets|rules|hosts)\/(?!order$|starter-pack$|from-blocked$)[^/]+$/, "/$1/{id}")
           .replace(/\/runs\/run_[^/]+/, "/runs/{id}")
           .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}"),
       ),

@@ -324,6 +324,16 @@ const CASES: Record<string, Case> = {
     body: () => ({ pattern: "b-only.shared.example", action: "block" }),
   },
   "POST /v1/vault/hosts/starter-pack": { kind: "write", ok: 200, body: () => ({}) },
+  "POST /v1/vault/hosts/from-blocked": {
+    kind: "write",
+    ok: 200,
+    // A's run's blocked host, and a host B has an entry for: A gets entries of its own.
+    body: ({ a }) => ({ hosts: [`blocked.${a.tag}.example`, "b-only.shared.example"] }),
+    refused: ({ a }) => [
+      { body: { hosts: [`*.evil-${a.tag}.example`] }, status: 400, code: "invalid_host_pattern" },
+      { body: { hosts: [] }, status: 400, code: "invalid_request" },
+    ],
+  },
   "GET /v1/vault/hosts/{id}": { kind: "by-id", resource: "host", ok: 200 },
   "PATCH /v1/vault/hosts/{id}": {
     kind: "by-id",
