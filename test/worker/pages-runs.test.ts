@@ -1,18 +1,24 @@
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { describe, expect, it } from "vitest";
+import { eq } from "drizzle-orm";
+import { describe, expect, it, vi } from "vitest";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
-import { runEvents, runs } from "../../src/db/schema";
-import { addEvent, addNote } from "../../src/runs/service";
+import { type RunState, runEvents, runs } from "../../src/db/schema";
+import { type ProxyLook, ProxyPage } from "../../src/pages/proxy-page";
+import { storeAuditBatch } from "../../src/runs/proxy-reports";
+import { addEvent, addNote, type RunRow } from "../../src/runs/service";
 import { loggedIn, type PageResponse } from "./browser";
 import { newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
-import { newCanary } from "./leaks";
+import { findNeedles, leakNeedles, newCanary } from "./leaks";
 import { auditBatch, newRun, postBatch, setRunStatus } from "./run-fixtures";
 
 // The run pages (src/pages/run-pages.tsx) through a logged-in browser, over the real Worker, the
 // real coordinator Durable Object and the real Postgres: the runs list, a run's dashboard, its
 // proxy's page and every form on them; tenant isolation (C1) and the canary secret (B5).
+
+// Each test logs in and reads several pages over the real database; a few drive a run's alarms.
+vi.setConfig({ testTimeout: 60_000 });
 
 const TERMINAL = new Set(["finished", "stopped", "failed"]);
 
@@ -308,6 +314,21 @@ describe("audit cards", () => {
     const routes = res.html.slice(res.html.indexOf('id="routes"'), res.html.indexOf('id="sandboxes"'));
     has(routes, '<td class="mono host">api.example.com</td><td>direct</td><td>7</td>');
     has(routes, '<td class="mono host">evil.example</td><td>refused</td><td>3</td>');
+    // A host that is not a host name (the audit route refuses one; stored here directly) is
+    // escaped, never markup.
+    const hostile = `<img src=x onerror=alert(1)>"'.example`;
+    await withDb((db) =>
+      storeAuditBatch(
+        db,
+        { id: run.id, userId: t.userId, environmentId: t.environmentId },
+        auditBatch(run.id, { blockedHosts: [{ host: hostile, count: 1, firstSeen: now, lastSeen: now }] }),
+      ),
+    );
+    const again = await b.get(`/runs/${run.id}`);
+    expectPage(again);
+    lacks(again.html, "<img");
+    has(again.html, '<td class="mono host">&lt;img src=x onerror=alert(1)&gt;&quot;&#39;.example</td>');
+    has(again.html, 'name="host" value="&lt;img src=x onerror=alert(1)&gt;&quot;&#39;.example"');
     // Cells wrap: the layout's fixed table layout and overflow-wrap on every cell.
     has(res.html, /table\{[^}]*table-layout:fixed/);
     has(res.html, /th,td\{[^}]*overflow-wrap:anywhere/);
@@ -496,5 +517,143 @@ describe("isolation and CSRF (C1)", () => {
     }
     for (const key of ["cancel", "halt", "linger"]) expect(await stored(run.id, key)).toBeUndefined();
     expect((await t.api("GET", `/v1/runs/${run.id}/bug-reports`)).json.bugReports).toEqual([]);
+  });
+});
+
+describe("the proxy page's view", () => {
+  // No compute backend runs in workerd, so no proxy answers here: the view the coordinator would
+  // return (the e2e suite reads real ones) is rendered by the page's own component.
+  const decision = (i: number) => ({
+    at: new Date(Date.UTC(2030, 0, 1, 0, 0, i % 60)).toISOString(),
+    listener: "tls" as const,
+    host: i === 99 ? `<img src=x>.${"h".repeat(240)}` : `host-${i}.example`,
+    port: 443,
+    method: "GET",
+    decision: i % 2 ? ("block" as const) : ("allow" as const),
+    reason: i % 2 ? "host_blocked" : "allowed",
+    status: i % 2 ? 403 : 200,
+    rule: i % 2 ? null : 0,
+    policyVersion: 3,
+    ms: 1.5,
+  });
+  const view = (recent: number) => ({
+    runId: "run_aaaaaaaaaaaaaaaaaaaaaaaaaa",
+    startedAt: new Date().toISOString(),
+    generatedAt: new Date().toISOString(),
+    policyVersion: 3,
+    policyState: "ready" as const,
+    counts: { requests: 1234, allow: 1000, block: 200, refuse: 30, error: 4, injected: 777 },
+    recent: Array.from({ length: recent }, (_, i) => decision(i)),
+    audit: {
+      rowsRecorded: 9,
+      rowsSent: 8,
+      rowsRejected: 0,
+      rowsRefused: 0,
+      batchesSent: 2,
+      batchesRejected: 0,
+      pendingBatches: 1,
+      accepting: false,
+    },
+  });
+
+  async function render(look: ProxyLook, status: RunState = "lingering"): Promise<string> {
+    const t = await newTenant();
+    const made = await newRun(t, { status });
+    const [run] = await withDb((db) => db.select().from(runs).where(eq(runs.id, made.id)));
+    return String(await ProxyPage({ run: run as RunRow, look, csrf: "0".repeat(64) }).toString());
+  }
+
+  it("a paused proxy resumed by the look says so; counts, policy, audit; decisions newest first, escaped", async () => {
+    const html = await render({ ok: true, resumed: true, view: view(100) });
+    const text = textOf(html);
+    has(text, "This proxy was paused for idleness; looking at it resumed it");
+    for (const n of ["1234", "1000", "777", "200", "30"]) has(text, n);
+    has(text, "The audit spool is full");
+    has(html, "&lt;img src=x&gt;.");
+    lacks(html, "<img");
+    // Newest first: decision 99 before decision 0.
+    expect(html.indexOf("&lt;img src=x")).toBeLessThan(html.indexOf("host-0.example"));
+    // The counts table (header, one row) and the decisions table (header, 100 rows).
+    expect(html.match(/<tr>/g)?.length).toBe(2 + 1 + 100);
+  });
+
+  it("a look that did not wake anyone, an unreachable proxy, and no decisions yet", async () => {
+    const awake = await render({ ok: true, resumed: false, view: view(0) });
+    has(textOf(awake), "Looking at a lingering proxy keeps it awake");
+    has(textOf(awake), "No request has gone through the proxy yet");
+    lacks(textOf(awake), "resumed it");
+    const unreachable = await render({
+      ok: false,
+      code: "proxy_unreachable",
+      detail: "Run run_x: the proxy did not answer in time.",
+    });
+    has(
+      textOf(unreachable),
+      "proxy_unreachable The run's proxy did not answer. Run run_x: the proxy did not answer in time.",
+    );
+    has(unreachable, '<p class="error">');
+  });
+});
+
+describe("the canary secret (B5)", () => {
+  it("appears in no run page, redirect or flash, whatever the run went through", async () => {
+    const canary = newCanary("runpages");
+    const needles = await leakNeedles(canary);
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/secrets", { name: "KEY", value: canary });
+    await t.api("POST", "/v1/vault/rules", {
+      host: "api.example.com",
+      secret: "KEY",
+      inject: { scheme: "bearer" },
+    });
+    await t.api("POST", "/v1/vault/hosts", { pattern: "evil.example", action: "block" });
+    // A real run: its coordinator decrypts the canary, then the run stops (no backend here).
+    const ended = await launch(t);
+    await driveToEnd(t, ended);
+    // A live run with audit rows.
+    const live = await newRun(t, { status: "running" });
+    const now = new Date().toISOString();
+    await postBatch(
+      live,
+      auditBatch(live.id, {
+        blockedHosts: [{ host: "evil.example", count: 2, firstSeen: now, lastSeen: now }],
+        egressRoutes: [{ host: "api.example.com", route: "direct", count: 5, firstSeen: now, lastSeen: now }],
+      }),
+    );
+
+    const b = await loggedIn(t, "/runs");
+    const seen: [string, PageResponse][] = [];
+    const get = async (path: string) => {
+      const res = await b.get(path);
+      seen.push([`GET ${path}`, res]);
+      return res;
+    };
+    const post = async (path: string, fields: Record<string, string>) => {
+      const res = await b.post(path, fields);
+      seen.push([`POST ${path}`, res]);
+      if (res.location) await get(res.location);
+      return res;
+    };
+    await get("/runs");
+    for (const id of [ended, live.id]) {
+      await get(`/runs/${id}`);
+      await get(`/runs/${id}/proxy`);
+      await post(`/runs/${id}/linger`, { seconds: "86401" });
+      await post(`/runs/${id}/linger`, { seconds: "60" });
+      await post(`/runs/${id}/halt`, {});
+      await post(`/runs/${id}/bug-reports`, { title: "a report", body: "what happened" });
+      await post(`/runs/${id}/bug-reports`, { title: "", body: "refused" });
+    }
+    await post(`/runs/${live.id}/cancel`, {});
+    await get("/runs/run_doesnotexist");
+    expect(seen.length).toBeGreaterThan(20);
+    const hits = seen.flatMap(([where, res]) =>
+      findNeedles(
+        where,
+        `${res.status}\n${[...res.headers].map(([k, v]) => `${k}: ${v}`).join("\n")}\n\n${res.html}`,
+        needles,
+      ),
+    );
+    expect(hits).toEqual([]);
   });
 });
