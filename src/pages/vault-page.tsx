@@ -9,8 +9,11 @@ import {
 } from "../contract/policy";
 import { SecretName } from "../contract/proxy-wire";
 import { ApiError, type Failure, fail, ok, type Result } from "../errors";
+import { buildPolicyIndex } from "../policy/compile";
 import { isCanonicalIp } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
+import { type AccountBlockedHost, type BlockedSource, listBlockedHosts } from "../runs/blocked-hosts";
+import type { Page } from "../runs/service";
 import * as vault from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm } from "./layout";
@@ -45,7 +48,7 @@ function back(c: Ctx, flash: { ok?: string; error?: string }, to: Where, keep: K
   const q = new URLSearchParams();
   if (flash.ok) q.set("ok", cut(flash.ok));
   if (flash.error) q.set("error", cut(flash.error));
-  for (const [k, v] of Object.entries(keep)) if (v) q.set(k, v.slice(0, 300));
+  for (const [k, v] of Object.entries(keep)) if (v) q.set(k, v.slice(0, 1024));
   const { path, anchor } = typeof to === "string" ? { path: PAGE, anchor: to } : to;
   return c.redirect(`${path}?${q}${anchor ? `#${anchor}` : ""}`, 303);
 }
@@ -650,16 +653,122 @@ function hostAction(v: string | undefined): HostAction | null {
   return parsed.success ? parsed.data : null;
 }
 
+// ---- recent blocked hosts ----
+
+const BLOCKED_PAGE = 25;
+
+const SOURCE_TEXT: Record<BlockedSource, string> = {
+  proxy: "proxy",
+  local_agent: "local agent",
+  both: "proxy and local agent",
+};
+
+function BlockedSection(props: {
+  c: Ctx;
+  csrf: string;
+  page: Result<Page<AccountBlockedHost>>;
+  /** Decides a host as a run started now would (the compiled policy's own lookup). */
+  decide: (host: string) => HostAction;
+}) {
+  const { c, csrf, page } = props;
+  const cursor = c.req.query("blockedCursor");
+  return (
+    <Section id="blocked" title="Recent blocked hosts">
+      <p class="muted">
+        Hosts your runs were refused, across all runs, most recently seen first. Hosts and counts only: paths,
+        queries and bodies are never recorded.
+      </p>
+      {!page.ok ? (
+        <p class="error">
+          {page.error.detail} <a href={`${PAGE}#blocked`}>Back to the first page</a>
+        </p>
+      ) : page.value.items.length === 0 ? (
+        <p class="empty">{cursor ? "No more blocked hosts." : "No run has been refused a host yet."}</p>
+      ) : (
+        <table>
+          <colgroup>
+            <col />
+            <col class="c-num" />
+            <col class="c-date" />
+            <col class="c-date" />
+            <col class="c-act" />
+            <col class="c-form" />
+            <col class="c-btn" />
+          </colgroup>
+          <thead>
+            <tr>
+              <th>Host</th>
+              <th>Seen</th>
+              <th>First seen</th>
+              <th>Last seen</th>
+              <th>Refused by</th>
+              <th>Runs</th>
+              <th>Action</th>
+            </tr>
+          </thead>
+          <tbody>
+            {page.value.items.map((h) => (
+              <tr>
+                <td>
+                  <code>{h.host}</code>
+                </td>
+                <td>{h.seenCount}</td>
+                <td>{when(h.firstSeen)}</td>
+                <td>{when(h.lastSeen)}</td>
+                <td>{SOURCE_TEXT[h.source]}</td>
+                <td>
+                  {h.runs.map((id, i) => (
+                    <>
+                      {i > 0 ? ", " : ""}
+                      <a href={`/runs/${encodeURIComponent(id)}`} class="mono">
+                        {id}
+                      </a>
+                    </>
+                  ))}
+                  {h.runCount > h.runs.length ? ` and ${h.runCount - h.runs.length} more` : ""}
+                </td>
+                <td>
+                  {props.decide(h.host) === "allow" ? (
+                    <span class="muted">allowed now</span>
+                  ) : (
+                    <PostForm action={`${PAGE}/blocked-hosts/allow`} csrf={csrf}>
+                      <input type="hidden" name="host" value={h.host} />
+                      {cursor ? <input type="hidden" name="blockedCursor" value={cursor} /> : null}
+                      <button type="submit">Allow this host</button>
+                    </PostForm>
+                  )}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {cursor || (page.ok && page.value.nextCursor) ? (
+        <p class="muted">
+          {cursor ? <a href={`${PAGE}#blocked`}>First page</a> : null}{" "}
+          {page.ok && page.value.nextCursor ? (
+            <a href={`${PAGE}?blockedCursor=${encodeURIComponent(page.value.nextCursor)}#blocked`}>
+              Next page
+            </a>
+          ) : null}
+        </p>
+      ) : null}
+    </Section>
+  );
+}
+
 // ---- the page ----
 
 async function vaultPage(c: Ctx): Promise<Response> {
   const p = who(c);
-  const [secrets, rules, hosts, doc] = await Promise.all([
+  const [secrets, rules, hosts, doc, blocked] = await Promise.all([
     vault.listSecrets(db(c), p),
     vault.listRules(db(c), p),
     vault.listHosts(db(c), p),
     vault.previewPolicy(db(c), p, { egress: "direct" }),
+    listBlockedHosts(db(c), p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined }),
   ]);
+  const index = buildPolicyIndex(doc);
   const usedBy = new Map<string, number[]>();
   for (const [i, r] of rules.entries()) usedBy.set(r.secret, [...(usedBy.get(r.secret) ?? []), i + 1]);
   const csrf = c.var.session.csrf;
@@ -671,6 +780,7 @@ async function vaultPage(c: Ctx): Promise<Response> {
       <SecretsSection c={c} csrf={csrf} secrets={secrets} usedBy={usedBy} />
       <RulesSection c={c} csrf={csrf} rules={rules} secrets={secrets.map((s) => s.name)} />
       <HostsSection c={c} csrf={csrf} hosts={hosts} defaultAction={doc.default} />
+      <BlockedSection c={c} csrf={csrf} page={blocked} decide={(h) => index.decideHost(h).action} />
     </Layout>,
   );
 }
@@ -844,6 +954,26 @@ export const vaultPageRoutes = new Hono<PageEnv>()
             : "."),
         "hosts",
       );
+    }),
+  )
+  // ---- recent blocked hosts ----
+  .post(`${PAGE}/blocked-hosts/allow`, (c) =>
+    act(c, "blocked", async () => {
+      const f = await form(c);
+      const host = text(f, "host");
+      // Back to the page of the list the button was on.
+      const keep = { blockedCursor: f.blockedCursor };
+      if (!host) return back(c, { error: "Which host? The form named none." }, "blocked", keep);
+      if (host.length > 300)
+        return back(c, { error: "A host name is at most 300 characters." }, "blocked", keep);
+      const done = await vault.allowHosts(db(c), who(c), [host]);
+      if (!done.ok) return refused(c, done.error, "blocked", keep);
+      const name = done.value.entries[0]?.pattern ?? host;
+      const ok =
+        done.value.unchanged > 0
+          ? `${name} was allowed already.`
+          : `Allowed ${name}: runs reach it from now on (a running run's proxy picks the change up within seconds).`;
+      return back(c, { ok }, "blocked", keep);
     }),
   );
 

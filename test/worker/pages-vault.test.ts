@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { type Browser, loggedIn, type PageResponse } from "./browser";
 import { newTenant, type Tenant } from "./harness";
 import { findNeedles, leakNeedles, newCanary } from "./leaks";
+import { auditBatch, newRun, postBatch, runWithAudit } from "./run-fixtures";
 
 // The vault page (/manage/vault, src/pages/vault-page.tsx) through the real Worker and Postgres:
 // every form, the flash it answers with, case B5 (a secret's value never appears in any page,
@@ -464,5 +465,95 @@ describe("vault page: tenant isolation (C1)", { timeout: 60_000 }, () => {
     expect(aPage.html).toContain(aName);
     expect(aPage.html).toContain(`evil.a-${tag}.example`);
     expect(aPage.html).not.toContain(aValue);
+  });
+});
+
+describe("vault page: recent blocked hosts", { timeout: 60_000 }, () => {
+  it("account-wide rows with counts, source and run links; paged; empty state; another tenant sees none", async () => {
+    const t = await newTenant();
+    const b = recording(await loggedIn(t));
+    const empty = await b.get(VAULT);
+    expect(empty.html).toContain("No run has been refused a host yet.");
+
+    const tag = crypto.randomUUID().slice(0, 8);
+    const evil = `evil-${tag}.example`;
+    const r1 = await runWithAudit(t, [evil]);
+    const r2 = await newRun(t);
+    const now = new Date().toISOString();
+    const agent = auditBatch(r2.id, {
+      source: "local_agent",
+      blockedHosts: [{ host: evil, count: 4, firstSeen: now, lastSeen: now }],
+    });
+    expect((await postBatch(r2, agent)).status).toBe(204);
+
+    // Its row offers Allow while the vault blocks it; a host the vault allows now says so.
+    expect((await t.api("POST", "/v1/vault/hosts", { pattern: evil, action: "block" })).status).toBe(200);
+    const page = await b.get(VAULT);
+    const section = /<section id="blocked">([\s\S]*?)<\/section>/.exec(page.html)?.[1] ?? "";
+    expect(section).toContain(`<code>${evil}</code>`);
+    expect(section).toContain("<td>5</td>");
+    expect(section).toContain("proxy and local agent");
+    expect(section).toContain(`href="/runs/${r1.id}"`);
+    expect(section).toContain(`href="/runs/${r2.id}"`);
+    expect(section).toContain(
+      `<input type="hidden" name="host" value="${evil}"/><button type="submit">Allow this host</button>`,
+    );
+    expect(section).not.toContain("allowed now");
+
+    // Allow this host: the block entry becomes allow (allowHosts), the row says so.
+    const allowed = await b.submit(`${VAULT}/blocked-hosts/allow`, { host: evil });
+    expect(allowed.ok).toBe(
+      `Allowed ${evil}: runs reach it from now on (a running run's proxy picks the change up within seconds).`,
+    );
+    expect((await apiOf(t).hosts()).map((h) => [h.pattern, h.action])).toEqual([[evil, "allow"]]);
+    expect(allowed.page.html).toContain("allowed now");
+    expect(allowed.page.html).not.toContain("Allow this host");
+    const twice = await b.submit(`${VAULT}/blocked-hosts/allow`, { host: evil });
+    expect(twice.ok).toBe(`${evil} was allowed already.`);
+    // A hand-made form: wildcards and junk are refused by the service, nothing written.
+    const wild = await b.submit(`${VAULT}/blocked-hosts/allow`, { host: `*.${evil}` });
+    expect(wild.error).toContain("exact host names only");
+    const none = await b.submit(`${VAULT}/blocked-hosts/allow`, { host: "" });
+    expect(none.error).toBe("Which host? The form named none.");
+    expect((await apiOf(t).hosts()).map((h) => h.pattern)).toEqual([evil]);
+
+    // Paged: 30 more hosts, 25 a page, newest first; the cursor link leads to the rest.
+    await runWithAudit(
+      t,
+      Array.from({ length: 30 }, (_, i) => `h${String(i).padStart(2, "0")}-${tag}.example`),
+    );
+    const first = await b.get(VAULT);
+    const hostsOn = (html: string) =>
+      [
+        ...(/<section id="blocked">([\s\S]*?)<\/section>/.exec(html)?.[1] ?? "").matchAll(
+          /<td><code>([^<]+)<\/code>/g,
+        ),
+      ].map((m) => m[1]);
+    expect(hostsOn(first.html)).toHaveLength(25);
+    expect(first.html).toContain("allowed now"); // the default allows the new ones
+    const next = /href="(\/manage\/vault\?blockedCursor=[^"#]+)#blocked"/.exec(first.html)?.[1];
+    expect(next).toBeTruthy();
+    const second = await b.get((next ?? "").replaceAll("&amp;", "&"));
+    expect(hostsOn(second.html)).toHaveLength(6);
+    expect(new Set([...hostsOn(first.html), ...hostsOn(second.html)]).size).toBe(31);
+    expect(second.html).toContain("First page");
+    expect(second.html).not.toContain("Next page");
+    // Under a block default every refused host offers Allow; allowing one from page 2 stays there.
+    await b.submit(`${VAULT}/default`, { default: "block" });
+    const blockedPage2 = await b.get((next ?? "").replaceAll("&amp;", "&"));
+    const target = hostsOn(blockedPage2.html)[0] ?? "";
+    expect(blockedPage2.html).toContain(`name="host" value="${target}"`);
+    const cursor = decodeURIComponent(/blockedCursor=([^"#&]+)/.exec(next ?? "")?.[1] ?? "");
+    const res = await b.post(`${VAULT}/blocked-hosts/allow`, { host: target, blockedCursor: cursor });
+    expect(res.status).toBe(303);
+    expect(new URL(res.location ?? "", "http://x").searchParams.get("blockedCursor")).toBe(cursor);
+    expect((await apiOf(t).hosts()).find((h) => h.pattern === target)?.action).toBe("allow");
+    const bad = await b.get(`${VAULT}?blockedCursor=not-a-cursor`);
+    expect(bad.status).toBe(200);
+    expect(bad.html).toContain("cursor: not a cursor this API gave");
+
+    const other = await (await loggedIn(await newTenant())).get(VAULT);
+    expect(other.html).not.toContain(tag);
+    expect(other.html).toContain("No run has been refused a host yet.");
   });
 });
