@@ -144,7 +144,12 @@ function Summary(props: { view: RunView }) {
         <dt>Status</dt>
         <dd>
           <StatusPill run={run} />
-          {halted ? <span class="pill live"> halted for review</span> : null}
+          {halted ? (
+            <>
+              {" "}
+              <span class="pill live">halted for review</span>
+            </>
+          ) : null}
         </dd>
         <dt>Reason</dt>
         <dd>

@@ -13,6 +13,7 @@ import {
   runTrace,
 } from "../runs/service";
 import { MAX_LINGER_SECONDS } from "../runs/spec";
+import { allowHosts } from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout } from "./layout";
 import { type ProxyLook, ProxyPage } from "./proxy-page";
@@ -350,6 +351,20 @@ export const runPageRoutes = new Hono<PageEnv>()
           ? "The proxy will not linger: it goes with the run."
           : `The proxy will linger ${seconds} s after the run's commands end.`;
     return back(c, run.id, { ok }, "linger");
+  })
+  .post("/runs/:id/allow-host", async (c) => {
+    const run = await ownRunRow(c);
+    if (!run) return notFound(c);
+    // The vault service's checks (an exact host name, canonicalised), in its words.
+    const host = ((await field(c, "host")) ?? "").trim();
+    const allowed = await allowHosts(c.var.db, c.var.session.principal, [host]);
+    if (!allowed.ok) return back(c, run.id, { error: allowed.error.detail }, "denied");
+    const name = allowed.value.entries[0]?.pattern ?? host;
+    const ok =
+      allowed.value.unchanged > 0
+        ? `${name} was already allowed in the vault.`
+        : `${name} is now allowed: ${allowed.value.created > 0 ? "a new allow entry" : "its entry is now allow"} in the vault. Running proxies pick it up within seconds; earlier refusals stay in this list.`;
+    return back(c, run.id, { ok }, "denied");
   })
   .post("/runs/:id/bug-reports", async (c) => {
     const run = await ownRunRow(c);

@@ -182,6 +182,28 @@ describe("a run's page", () => {
     has(res.html, `action="/runs/${run.id}/bug-reports"`);
   });
 
+  it("a halted run: says so and offers Resume; a lingering one offers no halt", async () => {
+    const t = await newTenant();
+    const run = await newRun(t, { status: "running" });
+    // The note the coordinator writes when it halts the run's commands.
+    await withDb((db) =>
+      addEvent(db, run.id, "halt:1", "note", {
+        text: "Halted for review: the run's commands are stopped.",
+        halted: true,
+      }),
+    );
+    const b = await loggedIn(t, `/runs/${run.id}`);
+    const res = await b.get(`/runs/${run.id}`);
+    has(expectPage(res), "running halted for review");
+    has(res.html, `action="/runs/${run.id}/resume"`);
+    lacks(res.html, `action="/runs/${run.id}/halt"`);
+    await setRunStatus(run.id, "lingering");
+    const lingering = await b.get(`/runs/${run.id}`);
+    has(expectPage(lingering), "Cancel (ends the linger)");
+    lacks(lingering.html, `action="/runs/${run.id}/halt"`);
+    lacks(lingering.html, `action="/runs/${run.id}/resume"`);
+  });
+
   it("shows the notes with their level, routing_change_not_retrofitted with its advice", async () => {
     const t = await newTenant();
     // A real run with no compute backend: it stops with a plain note and a warning.
@@ -332,6 +354,66 @@ describe("audit cards", () => {
     // Cells wrap: the layout's fixed table layout and overflow-wrap on every cell.
     has(res.html, /table\{[^}]*table-layout:fixed/);
     has(res.html, /th,td\{[^}]*overflow-wrap:anywhere/);
+  });
+
+  it("Allow this host puts an allow entry in the vault (GET /v1/vault/hosts shows it) and says so", async () => {
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/hosts", { pattern: "blocked.example", action: "block" });
+    const run = await newRun(t, { status: "running" });
+    const now = new Date().toISOString();
+    const label = "c".repeat(63);
+    const long = `${label}.${label}.${label}.${"d".repeat(61)}`;
+    await postBatch(
+      run,
+      auditBatch(run.id, {
+        blockedHosts: ["new.example", "blocked.example", long].map((host) => ({
+          host,
+          count: 1,
+          firstSeen: now,
+          lastSeen: now,
+        })),
+      }),
+    );
+    const b = await loggedIn(t, `/runs/${run.id}`);
+    const hosts = async () =>
+      Object.fromEntries(
+        ((await t.api("GET", "/v1/vault/hosts")).json.hosts as { pattern: string; action: string }[]).map(
+          (h) => [h.pattern, h.action],
+        ),
+      );
+
+    const created = await b.post(`/runs/${run.id}/allow-host`, { host: "new.example" });
+    expect(flashOf(created)).toEqual({
+      ok: "new.example is now allowed: a new allow entry in the vault. Running proxies pick it up within seconds; earlier refusals stay in this list.",
+    });
+    expect(created.headers.get("location")).toMatch(/#denied$/);
+    has(expectPage(await b.get(created.location as string)), "new.example is now allowed");
+    expect(await hosts()).toEqual({ "blocked.example": "block", "new.example": "allow" });
+
+    const updated = await b.post(`/runs/${run.id}/allow-host`, { host: "blocked.example" });
+    expect(flashOf(updated).ok).toMatch(
+      /^blocked\.example is now allowed: its entry is now allow in the vault/,
+    );
+    expect((await hosts())["blocked.example"]).toBe("allow");
+    expect(flashOf(await b.post(`/runs/${run.id}/allow-host`, { host: "blocked.example" }))).toEqual({
+      ok: "blocked.example was already allowed in the vault.",
+    });
+    expect(flashOf(await b.post(`/runs/${run.id}/allow-host`, { host: long })).ok).toContain(
+      "is now allowed",
+    );
+    expect((await hosts())[long]).toBe("allow");
+
+    // The service's refusals, in its words; nothing is written.
+    const before = await hosts();
+    for (const host of ["*.example.com", "", "not a host"]) {
+      const flash = flashOf(await b.post(`/runs/${run.id}/allow-host`, { host }));
+      expect(flash.error, host).toBeTruthy();
+      expect(flash.ok).toBeUndefined();
+    }
+    expect(flashOf(await b.post(`/runs/${run.id}/allow-host`, { host: "*.example.com" })).error).toContain(
+      "exact host names only",
+    );
+    expect(await hosts()).toEqual(before);
   });
 });
 
@@ -485,6 +567,7 @@ describe("isolation and CSRF (C1)", () => {
       ["resume", {}],
       ["linger", { seconds: "60" }],
       ["linger", { seconds: "86401" }],
+      ["allow-host", { host: "evil.example" }],
       ["bug-reports", { title: "from B", body: "from B" }],
     ];
     for (const [action, fields] of posts) {
@@ -509,6 +592,7 @@ describe("isolation and CSRF (C1)", () => {
       ["halt", {}],
       ["linger", { seconds: "60" }],
       ["bug-reports", { title: "t", body: "b" }],
+      ["allow-host", { host: "evil.example" }],
     ] as [string, Record<string, string>][]) {
       expect((await b.post(`/runs/${run.id}/${action}`, { ...fields, _csrf: "" })).status).toBe(403);
       expect((await b.post(`/runs/${run.id}/${action}`, { ...fields, _csrf: "0".repeat(64) })).status).toBe(
@@ -517,6 +601,7 @@ describe("isolation and CSRF (C1)", () => {
     }
     for (const key of ["cancel", "halt", "linger"]) expect(await stored(run.id, key)).toBeUndefined();
     expect((await t.api("GET", `/v1/runs/${run.id}/bug-reports`)).json.bugReports).toEqual([]);
+    expect((await t.api("GET", "/v1/vault/hosts")).json.hosts).toEqual([]);
   });
 });
 
@@ -644,6 +729,8 @@ describe("the canary secret (B5)", () => {
       await post(`/runs/${id}/bug-reports`, { title: "a report", body: "what happened" });
       await post(`/runs/${id}/bug-reports`, { title: "", body: "refused" });
     }
+    await post(`/runs/${live.id}/allow-host`, { host: "evil.example" });
+    await post(`/runs/${live.id}/allow-host`, { host: "*.example.com" });
     await post(`/runs/${live.id}/cancel`, {});
     await get("/runs/run_doesnotexist");
     expect(seen.length).toBeGreaterThan(20);
