@@ -15,6 +15,7 @@ import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
 import { runAuditRoutes } from "./routes/run-audit";
 import { runsRoutes } from "./routes/runs";
+import { dryRunRoutes } from "./routes/vault-dry-run";
 import { hostsRoutes } from "./routes/vault-hosts";
 import { previewRoutes } from "./routes/vault-preview";
 import { rulesRoutes } from "./routes/vault-rules";
@@ -81,6 +82,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", rulesRoutes);
   app.route("/v1/vault", hostsRoutes);
   app.route("/v1/vault", previewRoutes);
+  app.route("/v1/vault", dryRunRoutes);
   app.route("/v1", runsRoutes);
   app.route("/v1", runAuditRoutes);
   app.route("/v1", blockedHostsRoutes);

@@ -267,6 +267,21 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
     await api("GET", `/v1/blocked-hosts?runId=${runId}`, undefined, [200]);
     await api("GET", "/v1/blocked-hosts?runId=run_nope", undefined, [404, "not_found"]);
+    // A dry run of that run against a draft that names the canary's secret (by name only).
+    const dryRule = { host: `dry.${tag}.example`, secret: name, inject: { scheme: "bearer" } };
+    await api("POST", "/v1/vault/dry-run", { runId, changes: { rules: { add: [dryRule] } } }, [200]);
+    await api(
+      "POST",
+      "/v1/vault/dry-run",
+      { runId, draft: { default: "block", hosts: [], rules: [dryRule] } },
+      [200],
+    );
+    await api(
+      "POST",
+      "/v1/vault/dry-run",
+      { runId, changes: { rules: { add: [{ ...dryRule, secret: "NOPE" }] } } },
+      [400, "unknown_secret"],
+    );
     // A bug report on that run (refused for a run that is not the caller's), its list, the trace.
     await api("POST", "/v1/bug-reports", { runId, title: "canary run", body: "what it did" }, [201]);
     await api("POST", "/v1/bug-reports", { runId: "run_nope", title: "t", body: "b" }, [404, "not_found"]);

@@ -515,6 +515,39 @@ const CASES: Record<string, Case> = {
       expectProblem(await a.t.api(method, `${path.replace("{id}", a.runId)}${q}`), 400, "unknown_field");
     },
   },
+  "POST /v1/vault/dry-run": {
+    kind: "run",
+    id: false,
+    body: ({ a }) => ({ runId: a.runId, changes: { default: "allow" } }),
+    check: async ({ a, b }, method, path) => {
+      // B's run id → 404 as for no run; B's secret names are unknown in A's vault; nothing written.
+      const bBefore = await snapshot(b.t);
+      const aVersion = await version(a.t);
+      for (const body of [
+        { runId: b.runId, changes: {} },
+        { runId: b.runId, draft: { default: "block", hosts: [], rules: [] } },
+      ]) {
+        const res = expectProblem(await a.t.api(method, path, body), 404, "not_found");
+        expect(res.text).not.toContain(b.tag);
+      }
+      const theirs = { host: `x.${a.tag}.example`, secret: "B_ONLY_KEY", inject: { scheme: "bearer" } };
+      const body = { runId: a.runId, changes: { rules: { add: [theirs] } } };
+      expectProblem(await a.t.api(method, path, body), 400, "unknown_secret");
+      const own = expectStatus(
+        await a.t.api(method, path, { runId: a.runId, changes: { default: "allow" } }),
+        200,
+        "A's own run",
+      );
+      expect((own.json.hosts as { host: string }[]).map((h) => h.host).sort()).toEqual([
+        `blocked.${a.tag}.example`,
+        `other.${a.tag}.example`,
+      ]);
+      expect(own.text).not.toContain(b.tag);
+      for (const value of [...a.values, ...b.values]) expect(own.text).not.toContain(value);
+      expect(await snapshot(b.t)).toEqual(bBefore);
+      expect(await version(a.t)).toBe(aVersion);
+    },
+  },
   "GET /v1/vault/policy-preview": {
     kind: "read",
     check: async ({ a, b }, res) => {

@@ -1,0 +1,105 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { HostAction, InjectSpec, PolicyRouting } from "../contract/policy";
+import { unwrap } from "../errors";
+import { jsonBody, jsonOk, newRouter, problems } from "../router";
+import * as dry from "../vault/dry-run";
+import { HostPatternInput } from "./vault-hosts";
+import { SecretName } from "./vault-secrets";
+
+// Dry run: what a run's hosts would meet under a draft vault, next to what they meet now. The
+// same compile and host decisions as the proxy's; rules named by index and secret name only.
+
+const MAX_ITEMS = 10_000;
+
+const HostEntryInput = z.object({ pattern: HostPatternInput, action: HostAction }).strict();
+const RuleInput = z
+  .object({
+    host: HostPatternInput.openapi({ example: "api.openrouter.ai" }),
+    secret: SecretName,
+    inject: InjectSpec,
+  })
+  .strict();
+
+const Draft = z
+  .object({
+    default: HostAction,
+    hosts: z.array(HostEntryInput).max(MAX_ITEMS),
+    rules: z.array(RuleInput).max(MAX_ITEMS).openapi({ description: "In order; the first match wins" }),
+  })
+  .strict()
+  .openapi({
+    description: "A whole vault; a rule's host without an entry gets an allow entry, as in the vault",
+  });
+
+const Changes = z
+  .object({
+    default: HostAction.optional(),
+    hosts: z
+      .object({
+        upsert: z.array(HostEntryInput).max(MAX_ITEMS).optional(),
+        remove: z.array(HostPatternInput).max(MAX_ITEMS).optional(),
+      })
+      .strict()
+      .optional(),
+    rules: z
+      .object({
+        add: z.array(RuleInput).max(MAX_ITEMS).optional().openapi({ description: "Appended, in order" }),
+        remove: z
+          .array(z.number().int().min(0))
+          .max(MAX_ITEMS)
+          .optional()
+          .openapi({ description: "Indexes in the current order (policy-preview's rules[].index)" }),
+      })
+      .strict()
+      .optional(),
+  })
+  .strict()
+  .openapi({ description: "Edits of the current vault: rules removed, then added, then host entries" });
+
+const Body = z
+  .object({
+    runId: z.string().min(1).max(64).openapi({ example: "run_0123456789abcdef" }),
+    draft: Draft.optional(),
+    changes: Changes.optional(),
+  })
+  .strict()
+  .refine((b) => (b.draft === undefined) !== (b.changes === undefined), {
+    message: "give exactly one of draft and changes",
+  });
+
+const Outcome = z
+  .object({
+    action: HostAction,
+    rule: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: "Index of the rule whose secret would be injected, in that vault's order" }),
+    route: z.enum(["direct", "tunnel"]),
+  })
+  .strict();
+
+const DryRunResult = z
+  .object({
+    runId: z.string(),
+    hosts: z
+      .array(z.object({ host: z.string(), draft: Outcome, current: Outcome, changed: z.boolean() }).strict())
+      .openapi({ description: `Changed hosts first, then by name; at most ${dry.MAX_DRY_RUN_HOSTS}` }),
+    routing: z.object({ draft: PolicyRouting, current: PolicyRouting }).strict(),
+    counts: z.object({ hosts: z.number().int(), changed: z.number().int() }).strict(),
+    truncated: z.boolean(),
+  })
+  .strict()
+  .openapi("DryRun");
+
+export const dryRunRoutes = newRouter().openapi(
+  createRoute({
+    method: "post",
+    path: "/dry-run",
+    tags: ["vault"],
+    summary: "Replay a run's hosts against a draft vault (or edits of this one) and against the vault now",
+    request: jsonBody(Body),
+    responses: { 200: jsonOk(DryRunResult), ...problems(400, 401, 404, 409) },
+  }),
+  async (c) => c.json(unwrap(await dry.dryRun(c.var.db, c.var.principal, c.req.valid("json"))), 200),
+);

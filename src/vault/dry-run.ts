@@ -1,0 +1,318 @@
+import { and, eq } from "drizzle-orm";
+import type { Principal } from "../context";
+import {
+  type HostAction,
+  InjectSpec,
+  type PolicyDocument,
+  type PolicyRouting,
+  type PolicyRule,
+} from "../contract/policy";
+import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
+import type { Db } from "../db/types";
+import { fail, ok, type Result } from "../errors";
+import { buildPolicyIndex, compilePolicy, type PolicyIndex, type VaultSnapshot } from "../policy/compile";
+import { parseHostPattern, patternCovers } from "../policy/host";
+import { getSettings, listHosts, listSecrets, previewPolicy, type RuleInput } from "./service";
+
+// Dry run: replays the hosts a run reached or was refused (its egress_route_log and
+// blocked_host_log) against a draft vault and against the vault as it is now, with the code the
+// proxy decides by (compilePolicy, then buildPolicyIndex's decideHost and matchRule), and the
+// run's egress. Rules are named by index and secret name; no secret value is read at all.
+
+export interface HostEntryInput {
+  pattern: string;
+  action: HostAction;
+}
+
+/** A whole vault, as the user would leave it. */
+export interface DraftVault {
+  default: HostAction;
+  hosts: readonly HostEntryInput[];
+  /** In order; the first matching rule wins. */
+  rules: readonly RuleInput[];
+}
+
+/** Edits of the current vault. Rules are removed by their current index, then added at the end. */
+export interface VaultChanges {
+  default?: HostAction | undefined;
+  hosts?:
+    | { upsert?: readonly HostEntryInput[] | undefined; remove?: readonly string[] | undefined }
+    | undefined;
+  rules?: { add?: readonly RuleInput[] | undefined; remove?: readonly number[] | undefined } | undefined;
+}
+
+/** Exactly one of `draft` and `changes`. */
+export interface DryRunInput {
+  runId: string;
+  draft?: DraftVault | undefined;
+  changes?: VaultChanges | undefined;
+}
+
+export type Route = "direct" | "tunnel";
+
+export interface HostOutcome {
+  action: HostAction;
+  /** Index of the rule whose secret would be injected (in that vault's order), or null. */
+  rule: number | null;
+  /** How allowed traffic leaves: through the user's machine (tunnel) or straight out. */
+  route: Route;
+}
+
+export interface HostReplay {
+  host: string;
+  draft: HostOutcome;
+  current: HostOutcome;
+  /** The host would be treated differently: action, injected rule (not its number), or route. */
+  changed: boolean;
+}
+
+export interface DryRunResult {
+  runId: string;
+  /** Changed hosts first, then by name; at most MAX_DRY_RUN_HOSTS. */
+  hosts: HostReplay[];
+  routing: { draft: PolicyRouting; current: PolicyRouting };
+  counts: { hosts: number; changed: number };
+  /** True when the run recorded more hosts than `hosts` holds. */
+  truncated: boolean;
+}
+
+export const MAX_DRY_RUN_HOSTS = 1000;
+/** A vault change between the reads of the current vault makes them read again, this many times at most. */
+const READ_ATTEMPTS = 3;
+
+interface Entry {
+  action: HostAction;
+  /** Added for a rule's host, as the vault does; goes with the last rule naming the host. */
+  implicit: boolean;
+}
+
+interface Base {
+  doc: PolicyDocument;
+  implicit: Set<string>;
+  secretNames: Set<string>;
+}
+
+/** The current vault, compiled as a run started now would get it, and what the edits need. */
+async function readCurrent(db: Db, p: Principal, egress: "direct" | "local"): Promise<Base> {
+  let base: Base | null = null;
+  for (let attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
+    const doc = await previewPolicy(db, p, { egress });
+    const implicit = new Set((await listHosts(db, p)).filter((h) => h.implicit).map((h) => h.pattern));
+    const secretNames = new Set((await listSecrets(db, p)).map((s) => s.name));
+    base = { doc, implicit, secretNames };
+    // Every vault write bumps the version: the same version means the reads belong together.
+    if ((await getSettings(db, p)).version === doc.version) break;
+  }
+  if (!base) throw new Error("no vault read");
+  return base;
+}
+
+const where = (path: string, input: unknown) => `${path}: ${JSON.stringify(input)}`;
+
+function checkEntryPattern(path: string, input: string): Result<string> {
+  const parsed = parseHostPattern(input, "host-entry");
+  return parsed.ok
+    ? ok(parsed.pattern)
+    : fail("invalid_host_pattern", `${where(path, input)}: ${parsed.message}`);
+}
+
+/** A rule as the vault would save it: canonical host, known secret, the contract's inject spec. */
+function checkRule(path: string, input: RuleInput, secretNames: Set<string>): Result<PolicyRule> {
+  const host = parseHostPattern(input.host, "rule");
+  if (!host.ok) return fail("invalid_host_pattern", `${where(`${path}.host`, input.host)}: ${host.message}`);
+  const inject = InjectSpec.safeParse(input.inject);
+  if (!inject.success) {
+    return fail(
+      "invalid_request",
+      `${path}.inject: ${inject.error.issues.map((i) => [...i.path, i.message].join(": ")).join("; ")}`,
+    );
+  }
+  if (!secretNames.has(input.secret)) {
+    return fail("unknown_secret", `${path}.secret: no secret named ${input.secret}; create it first.`);
+  }
+  return ok({ index: 0, host: host.pattern, secret: input.secret, inject: inject.data });
+}
+
+function checkRules(path: string, rules: readonly RuleInput[], names: Set<string>): Result<PolicyRule[]> {
+  const out: PolicyRule[] = [];
+  for (const [i, rule] of rules.entries()) {
+    const checked = checkRule(`${path}[${i}]`, rule, names);
+    if (!checked.ok) return checked;
+    out.push(checked.value);
+  }
+  return ok(out);
+}
+
+function checkEntries(path: string, hosts: readonly HostEntryInput[]): Result<Map<string, HostAction>> {
+  const out = new Map<string, HostAction>();
+  for (const [i, h] of hosts.entries()) {
+    const pattern = checkEntryPattern(`${path}[${i}].pattern`, h.pattern);
+    if (!pattern.ok) return pattern;
+    if (out.has(pattern.value)) {
+      return fail("invalid_request", `${path}[${i}].pattern: ${pattern.value} is given twice`);
+    }
+    out.set(pattern.value, h.action);
+  }
+  return ok(out);
+}
+
+/** The whole draft as the vault would hold it (a rule's host without an entry gets an allow). */
+function fromDraft(draft: DraftVault, base: Base): Result<Resolved> {
+  const entries = checkEntries("draft.hosts", draft.hosts);
+  if (!entries.ok) return entries;
+  const rules = checkRules("draft.rules", draft.rules, base.secretNames);
+  if (!rules.ok) return rules;
+  const hosts = new Map<string, Entry>(
+    [...entries.value].map(([p, action]) => [p, { action, implicit: false }]),
+  );
+  return ok({ default: draft.default, hosts, rules: rules.value });
+}
+
+interface Resolved {
+  default: HostAction;
+  hosts: Map<string, Entry>;
+  rules: PolicyRule[];
+}
+
+/** The current vault with the edits applied, the way the vault's own writes would apply them. */
+function fromChanges(changes: VaultChanges, base: Base): Result<Resolved> {
+  const hosts = new Map<string, Entry>(
+    base.doc.hosts.map((h) => [h.pattern, { action: h.action, implicit: base.implicit.has(h.pattern) }]),
+  );
+  let rules: PolicyRule[] = [...base.doc.rules];
+
+  const remove = changes.rules?.remove ?? [];
+  for (const [i, index] of remove.entries()) {
+    if (!Number.isInteger(index) || index < 0 || index >= rules.length) {
+      return fail(
+        "invalid_request",
+        `changes.rules.remove[${i}]: the vault has no rule ${index} (it has ${rules.length})`,
+      );
+    }
+    if (remove.indexOf(index) !== i)
+      return fail("invalid_request", `changes.rules.remove[${i}]: ${index} is given twice`);
+  }
+  const removed = rules.filter((_, i) => remove.includes(i));
+  rules = rules.filter((_, i) => !remove.includes(i));
+  // A removed rule's implicit entry goes with the last rule naming its host.
+  for (const rule of removed) {
+    if (hosts.get(rule.host)?.implicit && !rules.some((r) => r.host === rule.host)) hosts.delete(rule.host);
+  }
+  const added = checkRules("changes.rules.add", changes.rules?.add ?? [], base.secretNames);
+  if (!added.ok) return added;
+  rules.push(...added.value);
+
+  const drop = changes.hosts?.remove ?? [];
+  const dropped = new Set<string>();
+  for (const [i, input] of drop.entries()) {
+    const pattern = checkEntryPattern(`changes.hosts.remove[${i}]`, input);
+    if (!pattern.ok) return pattern;
+    if (!hosts.has(pattern.value) || dropped.has(pattern.value)) {
+      return fail("invalid_request", `changes.hosts.remove[${i}]: no entry ${pattern.value} to remove`);
+    }
+    const rule = rules.findIndex((r) => r.host === pattern.value);
+    if (rule !== -1) {
+      return fail("host_has_rule", `changes.hosts.remove[${i}]: rule ${rule} needs ${pattern.value} allowed`);
+    }
+    dropped.add(pattern.value);
+    hosts.delete(pattern.value);
+  }
+  const upsert = checkEntries("changes.hosts.upsert", changes.hosts?.upsert ?? []);
+  if (!upsert.ok) return upsert;
+  for (const [pattern, action] of upsert.value) hosts.set(pattern, { action, implicit: false });
+
+  return ok({ default: changes.default ?? base.doc.default, hosts, rules });
+}
+
+/** The vault's own rule: a rule's host is never blocked by an entry (rule_host_blocked). */
+function withImplicitEntries(vault: Resolved, version: number): Result<VaultSnapshot> {
+  for (const [i, rule] of vault.rules.entries()) {
+    for (const [pattern, entry] of vault.hosts) {
+      if (entry.action === "block" && patternCovers(pattern, rule.host)) {
+        return fail(
+          "rule_host_blocked",
+          `Rule ${i} (${rule.host}) injects a credential for a host the entry ${pattern} blocks; the vault refuses that.`,
+        );
+      }
+    }
+    if (!vault.hosts.has(rule.host)) vault.hosts.set(rule.host, { action: "allow", implicit: true });
+  }
+  return ok({
+    version,
+    default: vault.default,
+    hosts: [...vault.hosts]
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([pattern, { action }]) => ({ pattern, action })),
+    rules: vault.rules.map(({ host, secret, inject }) => ({ host, secret, inject })),
+  });
+}
+
+/** What the proxy does with a request to `host`: host policy first; a blocked host gets no rule. */
+function outcome(index: PolicyIndex, host: string, route: Route): HostOutcome {
+  const action = index.decideHost(host).action;
+  const rule = action === "block" ? null : (index.matchRule(host)?.index ?? null);
+  return { action, rule, route };
+}
+
+const ruleKey = (doc: PolicyDocument, index: number | null) => {
+  const rule = index === null ? undefined : doc.rules[index];
+  return rule ? JSON.stringify([rule.host, rule.secret, rule.inject]) : null;
+};
+
+/** Hosts the run reached (any route) or was refused, each once, by name. */
+async function runHosts(db: Db, p: Principal, runId: string): Promise<string[]> {
+  const reached = db
+    .selectDistinct({ host: egressRouteLog.host })
+    .from(egressRouteLog)
+    .where(and(eq(egressRouteLog.runId, runId), eq(egressRouteLog.environmentId, p.environmentId)));
+  const refused = db
+    .selectDistinct({ host: blockedHostLog.host })
+    .from(blockedHostLog)
+    .where(and(eq(blockedHostLog.runId, runId), eq(blockedHostLog.environmentId, p.environmentId)));
+  const rows = await reached.union(refused);
+  return rows.map((r) => r.host).sort();
+}
+
+export async function dryRun(db: Db, p: Principal, input: DryRunInput): Promise<Result<DryRunResult>> {
+  if ((input.draft === undefined) === (input.changes === undefined)) {
+    return fail(
+      "invalid_request",
+      "Give exactly one of draft (a whole vault) and changes (edits of the current one).",
+    );
+  }
+  const [run] = await db
+    .select({ id: runs.id, spec: runs.spec })
+    .from(runs)
+    .where(and(eq(runs.id, input.runId), eq(runs.environmentId, p.environmentId)));
+  if (!run) return fail("not_found", `No run ${input.runId}.`);
+  // As the run's proxy gets it: a spec without egress predates the option and is direct.
+  const egress = (run.spec as { egress?: unknown } | null)?.egress === "local" ? "local" : "direct";
+  const route: Route = egress === "local" ? "tunnel" : "direct";
+
+  const base = await readCurrent(db, p, egress);
+  const resolved = input.draft ? fromDraft(input.draft, base) : fromChanges(input.changes ?? {}, base);
+  if (!resolved.ok) return resolved;
+  const snapshot = withImplicitEntries(resolved.value, base.doc.version);
+  if (!snapshot.ok) return snapshot;
+  const draftDoc = compilePolicy(snapshot.value, { egress });
+  const [draftIndex, currentIndex] = [buildPolicyIndex(draftDoc), buildPolicyIndex(base.doc)];
+
+  const replays = (await runHosts(db, p, run.id)).map((host): HostReplay => {
+    const draft = outcome(draftIndex, host, route);
+    const current = outcome(currentIndex, host, route);
+    const changed =
+      draft.action !== current.action ||
+      draft.route !== current.route ||
+      ruleKey(draftDoc, draft.rule) !== ruleKey(base.doc, current.rule);
+    return { host, draft, current, changed };
+  });
+  const changed = replays.filter((r) => r.changed);
+  const shown = [...changed, ...replays.filter((r) => !r.changed)].slice(0, MAX_DRY_RUN_HOSTS);
+  return ok({
+    runId: run.id,
+    hosts: shown,
+    routing: { draft: draftDoc.routing, current: base.doc.routing },
+    counts: { hosts: replays.length, changed: changed.length },
+    truncated: replays.length > shown.length,
+  });
+}

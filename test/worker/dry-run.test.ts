@@ -1,0 +1,351 @@
+import { describe, expect, it } from "vitest";
+import { type ApiResponse, expectProblem, newTenant, type Tenant } from "./harness";
+import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
+import { auditBatch, newRun, postBatch, type TestRun } from "./run-fixtures";
+
+// POST /v1/vault/dry-run (src/vault/dry-run.ts): a run's recorded hosts replayed against a draft
+// vault and the vault as it is, with the proxy's own compile and decisions. The runs' hosts are
+// stored the honest way: a signed audit batch through the internal API with the run's proxy token.
+
+const at = (second: number) => new Date(Date.UTC(2026, 2, 1, 9, 0, second)).toISOString();
+
+interface Fixture {
+  t: Tenant;
+  tag: string;
+  run: TestRun;
+  canary: string;
+  /** Every response, for the leak scan. */
+  responses: [string, ApiResponse][];
+  dry: (body: unknown) => Promise<ApiResponse>;
+  h: (name: string) => string;
+}
+
+/**
+ * A vault: API_KEY (a canary value) injected for api.<tag>.example (rule 0, so an implicit allow
+ * entry), evil.<tag>.example blocked, default allow. A run that reached api, pypi and
+ * other.<tag>.example directly and was refused evil.<tag>.example.
+ */
+async function fixture(spec?: Record<string, unknown>): Promise<Fixture> {
+  const t = await newTenant();
+  const tag = crypto.randomUUID().slice(0, 8);
+  const h = (name: string) => `${name}.${tag}.example`;
+  const canary = newCanary("dryrun");
+  expect((await t.api("POST", "/v1/vault/secrets", { name: "API_KEY", value: canary })).status).toBe(201);
+  expect((await t.api("POST", "/v1/vault/secrets", { name: "SPARE_KEY", value: canary })).status).toBe(201);
+  const rule = await t.api("POST", "/v1/vault/rules", {
+    host: h("api"),
+    secret: "API_KEY",
+    inject: { scheme: "bearer" },
+  });
+  expect(rule.status, rule.text).toBe(201);
+  expect((await t.api("POST", "/v1/vault/hosts", { pattern: h("evil"), action: "block" })).status).toBe(200);
+  const run = await newRun(t, spec ? { spec } : {});
+  const seen = { count: 1, firstSeen: at(1), lastSeen: at(2) };
+  const batch = auditBatch(run.id, {
+    blockedHosts: [{ host: h("evil"), ...seen }],
+    egressRoutes: [
+      ...["api", "pypi", "other"].map((n) => ({ host: h(n), route: "direct" as const, ...seen })),
+      { host: h("evil"), route: "refused" as const, ...seen },
+      // Reached twice by two routes: still one host.
+      { host: h("pypi"), route: "refused" as const, ...seen },
+    ],
+  });
+  expect((await postBatch(run, batch)).status).toBe(204);
+  const responses: [string, ApiResponse][] = [];
+  const dry = async (body: unknown) => {
+    const res = await t.api("POST", "/v1/vault/dry-run", body);
+    responses.push([JSON.stringify(body), res]);
+    return res;
+  };
+  return { t, tag, run, canary, responses, dry, h };
+}
+
+/** The current vault as a draft (what GET /v1/vault/rules and /hosts show, minus implicit entries). */
+function currentAsDraft(f: Fixture) {
+  return {
+    default: "allow",
+    hosts: [{ pattern: f.h("evil"), action: "block" }],
+    rules: [{ host: f.h("api"), secret: "API_KEY", inject: { scheme: "bearer" } }],
+  };
+}
+
+const allow = (rule: number | null = null, route = "direct") => ({ action: "allow", rule, route });
+const block = (route = "direct") => ({ action: "block", rule: null, route });
+
+async function expectNoLeak(f: Fixture) {
+  const needles = await leakNeedles(f.canary);
+  const leaks = f.responses.flatMap(([where, res]) => findNeedles(where, responseText(res), needles));
+  expect(leaks).toEqual([]);
+}
+
+describe("POST /v1/vault/dry-run", { timeout: 60_000 }, () => {
+  it("a draft with a block default: the reached hosts it would refuse change, routing becomes catch-all (block_default)", async () => {
+    const f = await fixture();
+    const version = (await f.t.api("GET", "/v1/vault/settings")).json.version;
+    const res = await f.dry({ runId: f.run.id, draft: { ...currentAsDraft(f), default: "block" } });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json).toEqual({
+      runId: f.run.id,
+      // Changed first, then by name.
+      hosts: [
+        { host: f.h("other"), draft: block(), current: allow(), changed: true },
+        { host: f.h("pypi"), draft: block(), current: allow(), changed: true },
+        // The rule's host keeps its implicit allow entry, and its rule.
+        { host: f.h("api"), draft: allow(0), current: allow(0), changed: false },
+        { host: f.h("evil"), draft: block(), current: block(), changed: false },
+      ],
+      routing: {
+        draft: { mode: "catch-all", reasons: ["block_default"] },
+        current: { mode: "default", reasons: [] },
+      },
+      counts: { hosts: 4, changed: 2 },
+      truncated: false,
+    });
+    // The current side is what the preview shows now.
+    const preview = await f.t.api("GET", "/v1/vault/policy-preview");
+    expect(res.json.routing.current).toEqual(preview.json.routing);
+    // Nothing was written.
+    expect((await f.t.api("GET", "/v1/vault/settings")).json.version).toBe(version);
+
+    // An exact block of a reached host: its action changes, routing stays default.
+    const exact = await f.dry({
+      runId: f.run.id,
+      changes: { hosts: { upsert: [{ pattern: f.h("pypi"), action: "block" }] } },
+    });
+    expect(exact.json.hosts[0]).toEqual({
+      host: f.h("pypi"),
+      draft: block(),
+      current: allow(),
+      changed: true,
+    });
+    expect(exact.json.counts).toEqual({ hosts: 4, changed: 1 });
+    expect(exact.json.routing.draft).toEqual({ mode: "default", reasons: [] });
+    await expectNoLeak(f);
+  });
+
+  it("a rule added: the host shows the rule's index (secret by name only, never its value); a blocked host gets no rule", async () => {
+    const f = await fixture();
+    const res = await f.dry({
+      runId: f.run.id,
+      changes: {
+        rules: {
+          add: [{ host: f.h("pypi"), secret: "SPARE_KEY", inject: { scheme: "raw", name: "X-Api-Key" } }],
+        },
+      },
+    });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.hosts).toEqual([
+      { host: f.h("pypi"), draft: allow(1), current: allow(), changed: true },
+      { host: f.h("api"), draft: allow(0), current: allow(0), changed: false },
+      { host: f.h("evil"), draft: block(), current: block(), changed: false },
+      { host: f.h("other"), draft: allow(), current: allow(), changed: false },
+    ]);
+    expect(res.json.routing.draft).toEqual({ mode: "default", reasons: [] });
+
+    // A wildcard rule first in a draft: every host under the tag gets it but the blocked one,
+    // the old rule is now rule 1 (renumbered, but not changed), and routing is catch-all.
+    const draft = currentAsDraft(f);
+    draft.rules.unshift({ host: `*.${f.tag}.example`, secret: "SPARE_KEY", inject: { scheme: "bearer" } });
+    const wild = await f.dry({ runId: f.run.id, draft });
+    expect(wild.status, wild.text).toBe(200);
+    expect(wild.json.hosts).toEqual([
+      // The exact rule's host: the first matching rule in order is the wildcard now.
+      { host: f.h("api"), draft: allow(0), current: allow(0), changed: true },
+      { host: f.h("other"), draft: allow(0), current: allow(), changed: true },
+      { host: f.h("pypi"), draft: allow(0), current: allow(), changed: true },
+      { host: f.h("evil"), draft: block(), current: block(), changed: false },
+    ]);
+    expect(wild.json.routing.draft).toEqual({ mode: "catch-all", reasons: ["wildcard_rule"] });
+
+    // Reordering alone: rule numbers move, nothing is treated differently.
+    const same = currentAsDraft(f);
+    same.rules.push({ host: f.h("pypi"), secret: "SPARE_KEY", inject: { scheme: "bearer" } });
+    same.rules.reverse();
+    const moved = await f.dry({ runId: f.run.id, draft: same });
+    const api = moved.json.hosts.find((x: { host: string }) => x.host === f.h("api"));
+    expect(api).toEqual({ host: f.h("api"), draft: allow(1), current: allow(0), changed: false });
+
+    for (const [, r] of f.responses) expect(r.text).not.toContain(f.canary);
+    await expectNoLeak(f);
+  });
+
+  it("changes and the draft of the vault they make give the same answer", async () => {
+    const f = await fixture();
+    const added = { host: f.h("pypi"), secret: "SPARE_KEY", inject: { scheme: "query", name: "key" } };
+    const viaChanges = await f.dry({
+      runId: f.run.id,
+      changes: {
+        default: "block",
+        hosts: { upsert: [{ pattern: f.h("other"), action: "allow" }], remove: [f.h("evil")] },
+        // Rule 0 goes, and with it api's implicit entry: api falls to the block default.
+        rules: { remove: [0], add: [added] },
+      },
+    });
+    expect(viaChanges.status, viaChanges.text).toBe(200);
+    const viaDraft = await f.dry({
+      runId: f.run.id,
+      draft: { default: "block", hosts: [{ pattern: f.h("other"), action: "allow" }], rules: [added] },
+    });
+    expect(viaDraft.status, viaDraft.text).toBe(200);
+    expect(viaDraft.json).toEqual(viaChanges.json);
+    expect(viaChanges.json.hosts).toEqual([
+      { host: f.h("api"), draft: block(), current: allow(0), changed: true },
+      { host: f.h("pypi"), draft: allow(0), current: allow(), changed: true },
+      { host: f.h("evil"), draft: block(), current: block(), changed: false },
+      { host: f.h("other"), draft: allow(), current: allow(), changed: false },
+    ]);
+    // No edits at all: the current vault against itself.
+    const none = await f.dry({ runId: f.run.id, changes: {} });
+    const asIs = await f.dry({ runId: f.run.id, draft: currentAsDraft(f) });
+    expect(none.json).toEqual(asIs.json);
+    expect(none.json.counts).toEqual({ hosts: 4, changed: 0 });
+    await expectNoLeak(f);
+  });
+
+  it("a run that egresses through the user's machine: route tunnel, local_egress on both sides", async () => {
+    const f = await fixture({ commands: ["true"], egress: "local" });
+    const res = await f.dry({ runId: f.run.id, changes: {} });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.routing).toEqual({
+      draft: { mode: "catch-all", reasons: ["local_egress"] },
+      current: { mode: "catch-all", reasons: ["local_egress"] },
+    });
+    expect(res.json.hosts.map((x: { draft: { route: string } }) => x.draft.route)).toEqual([
+      "tunnel",
+      "tunnel",
+      "tunnel",
+      "tunnel",
+    ]);
+    // A run without audit rows replays nothing.
+    const quiet = await newRun(f.t);
+    expect((await f.dry({ runId: quiet.id, changes: {} })).json).toMatchObject({
+      hosts: [],
+      counts: { hosts: 0, changed: 0 },
+      truncated: false,
+    });
+  });
+
+  it("bad bodies → 400/409 with the exact code, checked as the vault routes check them; nothing written", async () => {
+    const f = await fixture();
+    const before = {
+      settings: (await f.t.api("GET", "/v1/vault/settings")).json,
+      hosts: (await f.t.api("GET", "/v1/vault/hosts")).json,
+      rules: (await f.t.api("GET", "/v1/vault/rules")).json,
+    };
+    const runId = f.run.id;
+    const draft = currentAsDraft(f);
+    const rule = (fields: Record<string, unknown>) => ({
+      host: f.h("new"),
+      secret: "API_KEY",
+      inject: { scheme: "bearer" },
+      ...fields,
+    });
+    const cases: [unknown, number, string][] = [
+      // Exactly one of draft and changes.
+      [{ runId, draft, changes: {} }, 400, "invalid_request"],
+      [{ runId }, 400, "invalid_request"],
+      [{ draft }, 400, "invalid_request"],
+      [{ runId, changes: {}, environmentId: "env_x" }, 400, "unknown_field"],
+      [{ runId, changes: { rules: { add: [rule({ position: 0 })] } } }, 400, "unknown_field"],
+      [{ runId, draft: { ...draft, version: 7 } }, 400, "unknown_field"],
+      [{ runId, draft: { hosts: [], rules: [] } }, 400, "invalid_request"],
+      // Patterns, as POST /v1/vault/hosts and /rules check them.
+      [
+        { runId, draft: { ...draft, hosts: [{ pattern: "*", action: "block" }] } },
+        400,
+        "invalid_host_pattern",
+      ],
+      [
+        { runId, draft: { ...draft, hosts: [{ pattern: "*.com", action: "block" }] } },
+        400,
+        "invalid_host_pattern",
+      ],
+      [
+        { runId, changes: { hosts: { upsert: [{ pattern: "api.*.example", action: "block" }] } } },
+        400,
+        "invalid_host_pattern",
+      ],
+      [{ runId, changes: { rules: { add: [rule({ host: "*.github.io" })] } } }, 400, "invalid_host_pattern"],
+      [
+        { runId, changes: { rules: { add: [rule({ host: "münchen.example" })] } } },
+        400,
+        "invalid_host_pattern",
+      ],
+      [
+        { runId, draft: { ...draft, hosts: [{ pattern: "a.example", action: "maybe" }] } },
+        400,
+        "invalid_request",
+      ],
+      // Secret names and inject specs.
+      [{ runId, changes: { rules: { add: [rule({ secret: "NO_SUCH_SECRET" })] } } }, 400, "unknown_secret"],
+      [{ runId, draft: { ...draft, rules: [rule({ secret: "no such" })] } }, 400, "invalid_request"],
+      [{ runId, changes: { rules: { add: [rule({ inject: { scheme: "raw" } })] } } }, 400, "invalid_request"],
+      [
+        { runId, changes: { rules: { add: [rule({ inject: { scheme: "raw", name: "content-length" } })] } } },
+        400,
+        "invalid_request",
+      ],
+      [
+        { runId, changes: { rules: { add: [rule({ inject: { scheme: "magic" } })] } } },
+        400,
+        "invalid_request",
+      ],
+      // Edits that do not fit the vault.
+      [{ runId, changes: { rules: { remove: [1] } } }, 400, "invalid_request"],
+      [{ runId, changes: { rules: { remove: [-1] } } }, 400, "invalid_request"],
+      [{ runId, changes: { hosts: { remove: ["nothing.example"] } } }, 400, "invalid_request"],
+      [
+        {
+          runId,
+          draft: {
+            ...draft,
+            hosts: [
+              { pattern: "a.example", action: "block" },
+              { pattern: "A.example.", action: "allow" },
+            ],
+          },
+        },
+        400,
+        "invalid_request",
+      ],
+      // The vault's own conflicts: an entry a rule needs, a rule for a blocked host.
+      [{ runId, changes: { hosts: { remove: [f.h("api")] } } }, 409, "host_has_rule"],
+      [
+        { runId, changes: { hosts: { upsert: [{ pattern: `*.${f.tag}.example`, action: "block" }] } } },
+        409,
+        "rule_host_blocked",
+      ],
+      [{ runId, draft: { ...draft, rules: [rule({ host: f.h("evil") })] } }, 409, "rule_host_blocked"],
+    ];
+    const failures: string[] = [];
+    for (const [body, status, code] of cases) {
+      try {
+        expectProblem(await f.dry(body), status, code);
+      } catch (e) {
+        failures.push(`${JSON.stringify(body)}: ${(e as Error).message}`);
+      }
+    }
+    expect(failures).toEqual([]);
+    expect({
+      settings: (await f.t.api("GET", "/v1/vault/settings")).json,
+      hosts: (await f.t.api("GET", "/v1/vault/hosts")).json,
+      rules: (await f.t.api("GET", "/v1/vault/rules")).json,
+    }).toEqual(before);
+    await expectNoLeak(f);
+  });
+
+  it("another tenant's run → 404 not_found (as no run at all); nothing of theirs shows", async () => {
+    const a = await fixture();
+    const b = await fixture();
+    for (const body of [
+      { runId: b.run.id, changes: {} },
+      { runId: b.run.id, draft: currentAsDraft(a) },
+      { runId: "run_doesnotexist", changes: {} },
+    ]) {
+      const res = expectProblem(await a.dry(body), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+    }
+    expect((await b.dry({ runId: b.run.id, changes: {} })).status).toBe(200);
+    await expectNoLeak(a);
+  });
+});
