@@ -445,6 +445,11 @@ export class RunMachine {
         text: `Vault read attempt ${s.attempt} of ${VAULT_ATTEMPTS} failed: ${read.reason}`,
       });
       if (s.attempt >= VAULT_ATTEMPTS) {
+        await this.ports.note(s.runId, {
+          level: "warning",
+          code: "vault_unreadable",
+          text: `The vault could not be read after ${VAULT_ATTEMPTS} tries (${read.reason}), so the run stopped before any sandbox was made and no benchmark code ran.`,
+        });
         return this.stop(
           s,
           "vault_unreadable",

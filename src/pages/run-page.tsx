@@ -5,11 +5,12 @@ import type { Result } from "../errors";
 import type { BugReport } from "../runs/bug-reports";
 import {
   isTerminal,
+  type Linger,
   type Page,
   type RunNote,
   type RunRow,
   type runSandboxes,
-  type runTrace,
+  type TraceRow,
 } from "../runs/service";
 import { commandsOf, MAX_LINGER_SECONDS, type RunSpec } from "../runs/spec";
 import { Flash, Layout, PostForm } from "./layout";
@@ -19,7 +20,6 @@ import { Flash, Layout, PostForm } from "./layout";
 // shown is what GET /v1/runs/{id} and the run's audit reads show; never a secret (the vault's
 // values never reach the run's rows) and never an unescaped string (JSX escapes every value).
 
-export type TraceRow = Awaited<ReturnType<typeof runTrace>>[number];
 export type SandboxRow = Awaited<ReturnType<typeof runSandboxes>>[number];
 type BlockedRow = typeof blockedHostLog.$inferSelect;
 type RouteRow = typeof egressRouteLog.$inferSelect;
@@ -29,12 +29,6 @@ export const TRACE_HEAD_ROWS = 50;
 export const TRACE_TAIL_ROWS = 250;
 /** Command output shown per sandbox; the API's trace has all that was kept (256 KiB a run). */
 export const OUTPUT_CHARS_SHOWN = 64 * 1024;
-
-export interface Linger {
-  seconds: number | null;
-  until: Date | null;
-  paused: boolean;
-}
 
 export interface RunView {
   run: RunRow;
@@ -51,24 +45,6 @@ export interface RunView {
   /** The title of a bug report the page refused, to fill the form again (never its body). */
   keptTitle?: string | undefined;
   csrf: string;
-}
-
-/** Whether the run is halted now: the last halt or resume note of its trace (as the API says). */
-export function haltedNow(run: RunRow, trace: TraceRow[]): boolean {
-  if (isTerminal(run.status)) return false;
-  const last = trace.findLast(
-    (e) => e.kind === "note" && typeof (e.detail as { halted?: unknown } | null)?.halted === "boolean",
-  );
-  return (last?.detail as { halted: boolean } | undefined)?.halted === true;
-}
-
-/** The linger state as GET /v1/runs/{id} reports it. */
-export function lingerOf(run: RunRow): Linger {
-  return {
-    seconds: run.lingerSeconds ?? (run.spec as RunSpec).linger_seconds ?? null,
-    until: run.lingerUntil,
-    paused: run.status === "lingering" && run.lingerPausedAt !== null,
-  };
 }
 
 // A few additions to the layout's sheet, for this page only.

@@ -1,23 +1,27 @@
 import { z } from "@hono/zod-openapi";
 import { type Context, Hono } from "hono";
 import { coordinatorStub } from "../coordinator/run-coordinator";
+import { ApiError } from "../errors";
 import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
-import { createBugReport, listBugReports } from "../runs/bug-reports";
+import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import {
+  createRun,
   getRun,
+  haltedNow,
   isTerminal,
+  lingerOf,
   listRuns,
   type RunRow,
   recordTransition,
   runSandboxes,
   runTrace,
 } from "../runs/service";
-import { MAX_LINGER_SECONDS } from "../runs/spec";
+import { BENCHMARKS, checkLaunchable, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 import { allowHosts } from "../vault/service";
 import type { PageEnv } from "./context";
-import { Flash, Layout } from "./layout";
+import { Flash, Layout, PostForm } from "./layout";
 import { type ProxyLook, ProxyPage } from "./proxy-page";
-import { haltedNow, lingerOf, RUN_PAGE_STYLE, RunPage, StatusPill, When } from "./run-page";
+import { RUN_PAGE_STYLE, RunPage, StatusPill, When } from "./run-page";
 
 // The run pages: /runs (the caller's runs, newest first) and /runs/{id} (one run's dashboard) with
 // its proxy's view at /runs/{id}/proxy. They call the service functions and coordinator methods
@@ -67,6 +71,7 @@ function RunsPage(props: {
       <style>{RUN_PAGE_STYLE}</style>
       <h1>Runs</h1>
       <Flash error={props.error} />
+      <LaunchForm csrf={props.csrf} />
       {props.runs.length === 0 ? (
         <p class="empty">
           {props.paged ? (
@@ -74,7 +79,7 @@ function RunsPage(props: {
               No more runs. <a href="/runs">Newest runs</a>
             </>
           ) : (
-            "No runs yet. Launch one with POST /v1/runs (see the README); it shows up here."
+            "No runs yet. Launch one above (or with POST /v1/runs); it shows up here."
           )}
         </p>
       ) : (
@@ -126,6 +131,56 @@ function RunsPage(props: {
   );
 }
 
+/** Launch a run: a built-in benchmark or commands (one per line), as POST /v1/runs takes them. */
+function LaunchForm(props: { csrf: string }) {
+  return (
+    <section id="launch">
+      <h2>Launch a run</h2>
+      <PostForm action="/runs" csrf={props.csrf}>
+        <label>
+          Benchmark{" "}
+          <select name="benchmark">
+            {Object.keys(BENCHMARKS).map((name) => (
+              <option value={name}>{name}</option>
+            ))}
+            <option value="">(the commands below)</option>
+          </select>
+        </label>{" "}
+        <label>
+          Linger (seconds, optional) <input name="linger_seconds" inputmode="numeric" size={8} />
+        </label>
+        <details>
+          <summary>Commands instead (one per line, each run by sh -c in the work sandbox)</summary>
+          <textarea name="commands" rows={4} maxlength={8192} />
+        </details>
+        <button type="submit">Launch</button>
+      </PostForm>
+    </section>
+  );
+}
+
+/** The launch form as a RunSpec, or the reason it is not one. */
+function launchSpec(form: Record<string, unknown>): { ok: true; spec: RunSpec } | { ok: false; why: string } {
+  const text = (k: string) => (typeof form[k] === "string" ? (form[k] as string).trim() : "");
+  const commands = text("commands")
+    .split(/\r?\n/)
+    .map((l) => l.trim())
+    .filter((l) => l.length > 0);
+  const linger = text("linger_seconds");
+  const asked = {
+    ...(text("benchmark") ? { benchmark: text("benchmark") } : { commands }),
+    ...(linger ? { linger_seconds: /^\d{1,9}$/.test(linger) ? Number(linger) : -1 } : {}),
+  };
+  const parsed = RunSpec.safeParse(asked);
+  if (!parsed.success) {
+    return {
+      ok: false,
+      why: parsed.error.issues.map((i) => `${i.path.join(".") || "run"}: ${i.message}`).join("; "),
+    };
+  }
+  return { ok: true, spec: parsed.data };
+}
+
 // ---- answering a form: a 303 back to the run's page with a flash ----
 
 /** A flash travels in the redirect's URL: cut it. */
@@ -151,27 +206,8 @@ async function field(c: Ctx, name: string): Promise<string | undefined> {
   return typeof v === "string" ? v : undefined;
 }
 
-// The API's bug report rules (src/routes/bug-reports.ts), for a form: one line of 1-200
-// characters, a body of 1 character to 16 KiB of UTF-8, nothing jsonb cannot hold.
-const MAX_REPORT_BODY_BYTES = 16 * 1024;
-const storable = (s: string) =>
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: U+0000 is what is refused
-  !/\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s);
-const ReportForm = z.object({
-  title: z
-    .string()
-    .min(1, "the title is empty")
-    .max(200, "at most 200 characters")
-    // biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
-    .refine((s) => !/[\u0000-\u001f\u007f-\u009f]/.test(s), "one line, no control characters")
-    .refine(storable, "not well-formed Unicode"),
-  body: z
-    .string()
-    .min(1, "the body is empty")
-    .max(MAX_REPORT_BODY_BYTES, "at most 16 KiB")
-    .refine((s) => new TextEncoder().encode(s).byteLength <= MAX_REPORT_BODY_BYTES, "at most 16 KiB (UTF-8)")
-    .refine(storable, "no NUL characters, well-formed Unicode"),
-});
+// The API's bug report rules, for a form.
+const ReportForm = z.object({ title: BugReportTitle, body: BugReportBody });
 
 /** Halt or resume, as POST /v1/runs/{id}/halt and /resume: refused once the run has ended. */
 async function halt(c: Ctx, on: boolean): Promise<Response> {
@@ -225,9 +261,30 @@ export const runPageRoutes = new Hono<PageEnv>()
         runs={page.value.items}
         nextCursor={page.value.nextCursor}
         paged={cursor !== undefined}
+        error={query(c, "error")}
         csrf={csrf}
       />,
     );
+  })
+  .post("/runs", async (c) => {
+    const made = launchSpec(await c.req.parseBody());
+    const refuse = (why: string) => c.redirect(`/runs?error=${encodeURIComponent(cut(why))}#launch`, 303);
+    if (!made.ok) return refuse(`Not launched: ${made.why}.`);
+    try {
+      checkLaunchable(made.spec);
+    } catch (error) {
+      if (error instanceof ApiError) return refuse(`Not launched: ${error.detail}`);
+      throw error;
+    }
+    const run = await createRun(
+      c.var.db,
+      c.var.session.principal,
+      made.spec,
+      c.env.COMPUTE_BACKEND || "local",
+    );
+    // As the API: if this call fails the run stays queued, and the reaper's sweep starts it.
+    await coordinatorStub(c.env, run.id).start(run.id);
+    return back(c, run.id, { ok: "Launched." }, "status");
   })
   .get("/runs/:id", async (c) => {
     const run = await ownRunRow(c);

@@ -6,34 +6,11 @@ import * as reports from "../runs/bug-reports";
 // Bug reports on a run: stored in the run's trace (see src/runs/bug-reports.ts), so the run's
 // owner sees them in GET /v1/runs/{id} too. Another tenant's run id is 404, as for no run.
 
-const MAX_BODY_BYTES = 16 * 1024;
-
-// Postgres jsonb cannot hold U+0000 or a lone surrogate: refuse them here (400), not at insert.
-const storable = (s: string) =>
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: U+0000 is what is refused
-  !/\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s);
-
-const Title = z
-  .string()
-  .min(1, "the title is empty")
-  .max(200, "at most 200 characters")
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
-  .refine((s) => !/[\u0000-\u001f\u007f-\u009f]/.test(s), "one line, no control characters")
-  .refine(storable, "not well-formed Unicode");
-
-const Body = z
-  .string()
-  .min(1, "the body is empty")
-  .max(MAX_BODY_BYTES, "at most 16 KiB")
-  .refine((s) => new TextEncoder().encode(s).byteLength <= MAX_BODY_BYTES, "at most 16 KiB (UTF-8)")
-  .refine(storable, "no NUL characters, well-formed Unicode")
-  .openapi({ description: "Plain text, at most 16 KiB in UTF-8" });
-
 const NewBugReport = z
   .object({
     runId: z.string().min(1).max(64).openapi({ example: "run_0123456789abcdef" }),
-    title: Title,
-    body: Body,
+    title: reports.BugReportTitle,
+    body: reports.BugReportBody,
   })
   .strict();
 

@@ -7,7 +7,7 @@ import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as runs from "../runs/service";
-import { BENCHMARKS, LingerSeconds, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
+import { checkLaunchable, checkLinger, LingerSeconds, RunSpec } from "../runs/spec";
 
 const Note = z
   .object({ level: z.enum(["note", "warning"]), code: z.string(), text: z.string() })
@@ -97,16 +97,6 @@ const summary = (r: runs.RunRow): z.infer<typeof RunSummary> => ({
 
 const tags = ["runs"];
 
-/** The 24 h cap has its own code, so a client can tell it from any other invalid field. */
-function checkLinger(seconds: number | undefined): void {
-  if (seconds !== undefined && seconds > MAX_LINGER_SECONDS) {
-    throw new ApiError(
-      "linger_too_long",
-      `A proxy may linger at most ${MAX_LINGER_SECONDS} seconds (24 h); ${seconds} were asked for.`,
-    );
-  }
-}
-
 function haltRoute(action: "halt" | "resume", summary: string) {
   return createRoute({
     method: "post",
@@ -148,13 +138,7 @@ export const runsRoutes = newRouter()
     }),
     async (c) => {
       const spec = c.req.valid("json");
-      checkLinger(spec.linger_seconds);
-      if (spec.benchmark !== undefined && !Object.hasOwn(BENCHMARKS, spec.benchmark)) {
-        throw new ApiError(
-          "unknown_benchmark",
-          `No benchmark ${JSON.stringify(spec.benchmark)}; known: ${Object.keys(BENCHMARKS).join(", ")}.`,
-        );
-      }
+      checkLaunchable(spec);
       const run = await runs.createRun(c.var.db, c.var.principal, spec, c.env.COMPUTE_BACKEND || "local");
       // If this call fails the run stays queued; the reaper's sweep starts or stops it.
       await coordinatorStub(c.env, run.id).start(run.id);
@@ -207,20 +191,8 @@ export const runsRoutes = newRouter()
           notes: run.notes as runs.RunNote[],
           proof: run.proof,
           proxy: { caFingerprint: run.caFingerprint, readyAt: iso(run.proxyReadyAt) },
-          // The last halt or resume in the trace says whether the run is halted now.
-          halted:
-            !runs.isTerminal(run.status) &&
-            (
-              trace.findLast(
-                (e) =>
-                  e.kind === "note" && typeof (e.detail as { halted?: unknown } | null)?.halted === "boolean",
-              )?.detail as { halted: boolean } | undefined
-            )?.halted === true,
-          linger: {
-            seconds: run.lingerSeconds ?? (run.spec as RunSpec).linger_seconds ?? null,
-            until: iso(run.lingerUntil),
-            paused: run.status === "lingering" && run.lingerPausedAt !== null,
-          },
+          halted: runs.haltedNow(run, trace),
+          linger: (({ until, ...rest }) => ({ ...rest, until: iso(until) }))(runs.lingerOf(run)),
           sandboxes: boxes.map((b) => ({
             ...b,
             createdAt: b.createdAt.toISOString(),

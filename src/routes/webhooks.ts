@@ -7,7 +7,7 @@ import { coordinatorStub } from "../coordinator/run-coordinator";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import { BENCHMARKS, RunSpec } from "../runs/spec";
+import { checkLaunchable, RunSpec } from "../runs/spec";
 import * as hooks from "../webhooks/service";
 import { MAX_DELIVERY_BODY_BYTES, verifyDelivery } from "../webhooks/signature";
 
@@ -54,15 +54,6 @@ const view = (c: Context, w: hooks.WebhookRow): z.infer<typeof Webhook> => ({
   previousSecretExpiresAt: iso(w.previousSecretExpiresAt),
 });
 
-function checkBenchmark(spec: RunSpec) {
-  if (spec.benchmark !== undefined && !Object.hasOwn(BENCHMARKS, spec.benchmark)) {
-    throw new ApiError(
-      "unknown_benchmark",
-      `No benchmark ${JSON.stringify(spec.benchmark)}; known: ${Object.keys(BENCHMARKS).join(", ")}.`,
-    );
-  }
-}
-
 const tags = ["webhooks"];
 const params = IdParam("whk_");
 
@@ -81,7 +72,7 @@ export const webhooksRoutes = newRouter()
     }),
     async (c) => {
       const input = c.req.valid("json");
-      checkBenchmark(input.run);
+      checkLaunchable(input.run);
       const made = await hooks.createWebhook(c.var.db, c.var.config.keyRing, c.var.principal, input);
       return c.json({ ...view(c, made.webhook), secret: made.secret }, 201);
     },
@@ -183,7 +174,7 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
       throw new ApiError("invalid_signature", `The delivery was refused: ${verified.reason}.`);
 
     const spec = RunSpec.parse(webhook.runTemplate);
-    checkBenchmark(spec);
+    checkLaunchable(spec);
     const delivery = { deliveryId: verified.deliveryId, bodyBytes: raw.byteLength };
     const backend = c.env.COMPUTE_BACKEND || "local";
     const recorded = unwrap(await hooks.recordDelivery(c.var.db, webhook, delivery, spec, backend));

@@ -11,6 +11,29 @@ import { ownRun, type Page } from "./service";
 // the owner sees it in the run as it happened, between the transitions around it. Scoped by the
 // caller's environment: another tenant's run is not_found, exactly as a run that does not exist.
 
+const MAX_BODY_BYTES = 16 * 1024;
+
+// Postgres jsonb cannot hold U+0000 or a lone surrogate: refuse them here (400), not at insert.
+const storable = (s: string) =>
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: U+0000 is what is refused
+  !/\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s);
+
+export const BugReportTitle = z
+  .string()
+  .min(1, "the title is empty")
+  .max(200, "at most 200 characters")
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
+  .refine((s) => !/[\u0000-\u001f\u007f-\u009f]/.test(s), "one line, no control characters")
+  .refine(storable, "not well-formed Unicode");
+
+export const BugReportBody = z
+  .string()
+  .min(1, "the body is empty")
+  .max(MAX_BODY_BYTES, "at most 16 KiB")
+  .refine((s) => new TextEncoder().encode(s).byteLength <= MAX_BODY_BYTES, "at most 16 KiB (UTF-8)")
+  .refine(storable, "no NUL characters, well-formed Unicode")
+  .openapi({ description: "Plain text, at most 16 KiB in UTF-8" });
+
 /** What a trace row of kind "bug_report" holds in `detail`; parsed again whenever it is read. */
 export const StoredBugReport = z
   .object({ id: z.string(), title: z.string(), body: z.string(), reportedBy: z.string() })

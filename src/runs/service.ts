@@ -208,3 +208,31 @@ export async function setRunFields(
     .set({ ...fields, updatedAt: new Date() })
     .where(eq(runs.id, runId));
 }
+
+export type TraceRow = Awaited<ReturnType<typeof runTrace>>[number];
+
+/** Whether the run is halted now: the last halt or resume note of its trace says. */
+export function haltedNow(run: RunRow, trace: TraceRow[]): boolean {
+  if (isTerminal(run.status)) return false;
+  const last = trace.findLast(
+    (e) => e.kind === "note" && typeof (e.detail as { halted?: unknown } | null)?.halted === "boolean",
+  );
+  return (last?.detail as { halted: boolean } | undefined)?.halted === true;
+}
+
+export interface Linger {
+  /** Asked for; null: the proxy does not linger. */
+  seconds: number | null;
+  /** When the window lapses (set once the run lingers). */
+  until: Date | null;
+  /** Paused for idleness; the next look resumes it. */
+  paused: boolean;
+}
+
+export function lingerOf(run: RunRow): Linger {
+  return {
+    seconds: run.lingerSeconds ?? (run.spec as RunSpec).linger_seconds ?? null,
+    until: run.lingerUntil,
+    paused: run.status === "lingering" && run.lingerPausedAt !== null,
+  };
+}

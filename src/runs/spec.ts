@@ -1,4 +1,5 @@
 import { z } from "@hono/zod-openapi";
+import { ApiError } from "../errors";
 
 // What a user may ask of a run (the body of POST /v1/runs), and the built-in benchmarks a run
 // may name instead of inline commands. The validated spec is stored with the run as asked.
@@ -98,4 +99,28 @@ export const BENCHMARKS: Readonly<Record<string, readonly string[]>> = {
 export function commandsOf(spec: RunSpec): readonly string[] {
   if (spec.commands) return spec.commands;
   return BENCHMARKS[spec.benchmark ?? ""] ?? [];
+}
+
+/** The 24 h cap has its own code, so a client can tell it from any other invalid field. */
+export function checkLinger(seconds: number | undefined): void {
+  if (seconds !== undefined && seconds > MAX_LINGER_SECONDS) {
+    throw new ApiError(
+      "linger_too_long",
+      `A proxy may linger at most ${MAX_LINGER_SECONDS} seconds (24 h); ${seconds} were asked for.`,
+    );
+  }
+}
+
+/**
+ * What the schema cannot say about a launch (the API's, a webhook template's, the runs page's):
+ * the benchmark must exist and a linger stay within 24 h. Throws the ApiError to answer with.
+ */
+export function checkLaunchable(spec: RunSpec): void {
+  if (spec.benchmark !== undefined && !Object.hasOwn(BENCHMARKS, spec.benchmark)) {
+    throw new ApiError(
+      "unknown_benchmark",
+      `No benchmark ${JSON.stringify(spec.benchmark)}; known: ${Object.keys(BENCHMARKS).join(", ")}.`,
+    );
+  }
+  checkLinger(spec.linger_seconds);
 }

@@ -360,6 +360,7 @@ describe("run machine", () => {
     const end = await w.drive();
     expect(end?.state).toBe("stopped");
     expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "vault_unreadable" });
+    expect(w.notes).toContainEqual(expect.objectContaining({ level: "warning", code: "vault_unreadable" }));
     expect(w.created.size).toBe(0);
     expect(w.starts).toEqual([]);
   });

@@ -128,6 +128,37 @@ describe("the runs list", () => {
     has(expectPage(bad, 400), "not one this site gave");
   });
 
+  it("launches a run from the form as POST /v1/runs would, refusing what the API refuses", async () => {
+    const t = await tenantWithUnreadableVault("canary-launch-value");
+    const b = await loggedIn(t, "/runs");
+    const made = await b.post("/runs", { benchmark: "demo", linger_seconds: "600", commands: "" });
+    expect(made.status).toBe(303);
+    const id = /^\/runs\/(run_[a-z2-7]+)\?ok=Launched/.exec(made.location ?? "")?.[1];
+    expect(id, made.location ?? "").toBeDefined();
+    const run = await t.api("GET", `/v1/runs/${id}`);
+    expect(run.json.spec).toMatchObject({ benchmark: "demo", linger_seconds: 600 });
+    await t.api("POST", `/v1/runs/${id}/cancel`);
+    const commands = await b.post("/runs", { benchmark: "", commands: "echo one\n\n  echo two  \n" });
+    const second = /^\/runs\/(run_[a-z2-7]+)/.exec(commands.location ?? "")?.[1];
+    expect((await t.api("GET", `/v1/runs/${second}`)).json.spec.commands).toEqual(["echo one", "echo two"]);
+    await t.api("POST", `/v1/runs/${second}/cancel`);
+    const before = (await t.api("GET", "/v1/runs")).json.runs.length;
+    for (const [fields, words] of [
+      [{ benchmark: "", commands: "" }, "commands"],
+      [{ benchmark: "demo", linger_seconds: "90000" }, "at most 86400 seconds"],
+      [{ benchmark: "demo", linger_seconds: "soon" }, "linger_seconds"],
+      [{ benchmark: "nope" }, "No benchmark"],
+    ] as const) {
+      const refused = await b.post("/runs", fields);
+      expect(refused.status).toBe(303);
+      expect(refused.location).toMatch(/^\/runs\?error=/);
+      has(textOf(expectPage(await b.get(refused.location ?? ""))), words);
+    }
+    expect((await t.api("GET", "/v1/runs")).json.runs.length).toBe(before);
+    const forged = await b.post("/runs", { benchmark: "demo", _csrf: "0".repeat(64) });
+    expect(forged.status).toBe(403);
+  });
+
   it("sends a browser without a session to the login page", async () => {
     const t = await newTenant();
     const run = await newRun(t);
