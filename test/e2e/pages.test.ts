@@ -1,0 +1,123 @@
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import type { Browser, Page } from "playwright-core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CHROMIUM_SKIP, launchChromium } from "./chromium";
+import { type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
+
+// The pages in a real browser (Debian's Chromium through playwright-core) against the local Worker
+// and a real local run: a new user logs in with an API key, adds a secret (its value never shown
+// again), a rule and a block entry, sees the routing mode change, runs the demo, sees the denied
+// host on the run page and in the recent blocked hosts, promotes it to allow and sees the entry.
+// Screenshots go to test-results/screenshots/pages/ (the README's come from there).
+
+const SHOTS = join("test-results", "screenshots", "pages");
+
+describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a browser", () => {
+  let e: E2e;
+  let browser: Browser;
+  beforeAll(async () => {
+    mkdirSync(SHOTS, { recursive: true });
+    e = await startE2e({ name: "bwt-e2p", index: 97 });
+    browser = await launchChromium();
+  });
+  afterAll(async () => {
+    await browser?.close();
+    await e?.stop();
+  });
+
+  /** Everything the browser was shown so far, to hunt for the canary in. */
+  const seen: string[] = [];
+  async function shot(page: Page, name: string) {
+    seen.push(await page.content());
+    await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+  }
+
+  it("takes a new user from login to a denied host promoted to allow, by clicking", async () => {
+    const api = await newUser(e.stack.apiUrl);
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    const base = e.stack.apiUrl;
+
+    // Log in: the vault page sends us to the login form and back.
+    await page.goto(`${base}/manage/vault`);
+    expect(new URL(page.url()).pathname).toBe("/login");
+    await page.fill('input[name="key"]', api.key);
+    await shot(page, "01-login");
+    await page.click('button[type="submit"]:has-text("Log in")');
+    await page.waitForURL(`${base}/manage/vault`);
+    await shot(page, "02-vault-empty");
+
+    // A secret: its name and fingerprint are shown, its value never again.
+    const secrets = page.locator('form[action="/manage/vault/secrets"]');
+    await secrets.locator('input[name="name"]').fill("DEMO_KEY");
+    await secrets.locator('input[name="value"]').fill(e.canary);
+    await secrets.locator('button[type="submit"]').click();
+    await page.waitForLoadState();
+    expect(await page.content()).toContain("DEMO_KEY");
+    expect(await page.content()).not.toContain(e.canary);
+
+    // A rule injecting it for the demo API, and a block entry.
+    const rules = page.locator('form[action="/manage/vault/rules"]');
+    await rules.locator('input[name="host"]').fill("api.demo.test");
+    await rules.locator('select[name="secret"]').selectOption("DEMO_KEY");
+    await rules.locator('button[type="submit"]').click();
+    await page.waitForLoadState();
+    const hosts = page.locator('form[action="/manage/vault/hosts"]');
+    await hosts.locator('input[name="pattern"]').fill("blocked.demo.test");
+    await hosts.locator('select[name="action"]').selectOption("block");
+    await hosts.locator('button[type="submit"]').click();
+    await page.waitForLoadState();
+    expect(await page.textContent("body")).toContain("api.demo.test");
+
+    // The routing mode: default now; a block default makes it catch-all, with its warning.
+    const mode = () => page.locator("#routing strong").first().textContent();
+    expect(await mode()).toBe("default");
+    const setDefault = async (to: "allow" | "block") => {
+      const form = page.locator('form[action="/manage/vault/default"]');
+      await form.locator('select[name="default"]').selectOption(to);
+      await form.locator('button[type="submit"]').click();
+      await page.waitForLoadState();
+    };
+    await setDefault("block");
+    expect(await mode()).toBe("catch-all");
+    expect(await page.locator("#routing .warning").count()).toBeGreaterThan(0);
+    await shot(page, "03-vault-catch-all");
+    await setDefault("allow");
+    expect(await mode()).toBe("default");
+    await shot(page, "04-vault");
+
+    // The demo run (launched from the runs page), to its end, and its page.
+    await page.goto(`${base}/runs`);
+    await page.locator('form[action="/runs"] button[type="submit"]').click();
+    await page.waitForURL(/\/runs\/run_[a-z2-7]+/);
+    const runId = new URL(page.url()).pathname.split("/").at(-1) ?? "";
+    const ended = await waitForEnd(api, runId);
+    expect(ended).toMatchObject({ status: "finished", reason: "completed" });
+    await page.reload();
+    const denied = page.locator("#denied");
+    expect(await denied.textContent()).toContain("blocked.demo.test");
+    await shot(page, "05-run");
+
+    // The recent blocked hosts, account-wide: promote it, and the entry is an allow now.
+    await page.goto(`${base}/manage/vault`);
+    const recent = page.locator("#blocked");
+    expect(await recent.textContent()).toContain("blocked.demo.test");
+    await shot(page, "06-vault-blocked-hosts");
+    await recent
+      .locator('form[action="/manage/vault/blocked-hosts/allow"] button[type="submit"]')
+      .first()
+      .click();
+    await page.waitForLoadState();
+    const entries = await api.call("GET", "/v1/vault/hosts");
+    expect(
+      entries.json.hosts.find((h: { pattern: string }) => h.pattern === "blocked.demo.test"),
+    ).toMatchObject({ action: "allow" });
+    await shot(page, "07-vault-promoted");
+
+    // The run list and the proxy's page of an ended run say what they have.
+    await page.goto(`${base}/runs`);
+    await shot(page, "08-runs");
+    for (const html of seen) expect(html).not.toContain(e.canary);
+    await page.close();
+  });
+});
