@@ -5,6 +5,7 @@ import {
   InjectScheme,
   type InjectSpec,
   type PolicyDocument,
+  type PolicyRouting,
   type RoutingReason,
 } from "../contract/policy";
 import { SecretName } from "../contract/proxy-wire";
@@ -13,17 +14,19 @@ import { buildPolicyIndex } from "../policy/compile";
 import { isCanonicalIp } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 import { type AccountBlockedHost, type BlockedSource, listBlockedHosts } from "../runs/blocked-hosts";
-import type { Page } from "../runs/service";
+import { listRuns, type Page } from "../runs/service";
+import { dryRun, type HostOutcome } from "../vault/dry-run";
 import * as vault from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm } from "./layout";
 
-// The vault page (/manage/vault): secrets, rules, host policy, routing mode. Every form posts to
-// /manage/vault/... and is answered with a 303 back to the page with a flash (`?ok=` or
-// `?error=`, the service's own detail). The page calls the same service functions as the API
-// (src/vault/service.ts), so it cannot drift from it. A secret's value is only ever read from a
-// password field and handed to the service: it is never put in a page, a redirect or a flash,
-// not even after an error.
+// The vault page (/manage/vault): routing mode, secrets, rules, host policy, recent blocked hosts
+// and a dry run of a change. Every form posts to /manage/vault/... and is answered with a 303 back
+// to the page with a flash (`?ok=` or `?error=`, the service's own detail); a refused form keeps
+// its input (never a value). The page calls the same service functions as the API
+// (src/vault/service.ts, src/runs/blocked-hosts.ts, src/vault/dry-run.ts), so it cannot drift from
+// it. A secret's value is only ever read from a password field and handed to the service: it is
+// never put in a page, a redirect or a flash, not even after an error.
 
 type Ctx = Context<PageEnv>;
 
@@ -48,10 +51,13 @@ function back(c: Ctx, flash: { ok?: string; error?: string }, to: Where, keep: K
   const q = new URLSearchParams();
   if (flash.ok) q.set("ok", cut(flash.ok));
   if (flash.error) q.set("error", cut(flash.error));
-  for (const [k, v] of Object.entries(keep)) if (v) q.set(k, v.slice(0, 1024));
+  for (const [k, v] of keepQuery(keep)) q.set(k, v.slice(0, 1024));
   const { path, anchor } = typeof to === "string" ? { path: PAGE, anchor: to } : to;
   return c.redirect(`${path}?${q}${anchor ? `#${anchor}` : ""}`, 303);
 }
+
+const keepQuery = (keep: Keep) =>
+  new URLSearchParams(Object.entries(keep).flatMap(([k, v]) => (v ? [[k, v]] : [])));
 
 const cut = (s: string) => (s.length > MAX_FLASH ? `${s.slice(0, MAX_FLASH - 1)}…` : s);
 
@@ -258,6 +264,31 @@ function culprits(doc: PolicyDocument, reason: RoutingReason): string[] {
   }
 }
 
+/** The plain warning of what catch-all routing costs (the vault page and the dry run). */
+function CatchAllCosts(props: { blockDefault: boolean; csrf: string; title?: string }) {
+  return (
+    <div class="warning">
+      <p>
+        <strong>{props.title ?? "What catch-all costs:"}</strong>
+      </p>
+      <ul>
+        <li>Runs are slower: every connection goes through the proxy, not only the ones it acts on.</li>
+        {props.blockDefault ? (
+          <li>
+            Package and source hosts (npm, PyPI, GitHub, Debian, ...) must be allowed, or installs fail.{" "}
+            <PostForm action={`${PAGE}/starter-pack`} csrf={props.csrf} class="inline">
+              <button type="submit">Allow the starter pack</button>
+            </PostForm>
+          </li>
+        ) : null}
+        <li>
+          A run stops, before any benchmark code runs, if the redirect cannot be installed in its sandbox.
+        </li>
+      </ul>
+    </div>
+  );
+}
+
 function RoutingSection(props: { doc: PolicyDocument; csrf: string }) {
   const { doc } = props;
   const catchAll = doc.routing.mode === "catch-all";
@@ -297,27 +328,7 @@ function RoutingSection(props: { doc: PolicyDocument; csrf: string }) {
           </ul>
         </>
       ) : null}
-      {catchAll ? (
-        <div class="warning">
-          <p>
-            <strong>What catch-all costs:</strong>
-          </p>
-          <ul>
-            <li>Runs are slower: every connection goes through the proxy, not only the ones it acts on.</li>
-            {doc.default === "block" ? (
-              <li>
-                Package and source hosts (npm, PyPI, GitHub, Debian, ...) must be allowed, or installs fail.{" "}
-                <PostForm action={`${PAGE}/starter-pack`} csrf={props.csrf} class="inline">
-                  <button type="submit">Allow the starter pack</button>
-                </PostForm>
-              </li>
-            ) : null}
-            <li>
-              A run stops, before any benchmark code runs, if the redirect cannot be installed in its sandbox.
-            </li>
-          </ul>
-        </div>
-      ) : null}
+      {catchAll ? <CatchAllCosts blockDefault={doc.default === "block"} csrf={props.csrf} /> : null}
       <p class="muted">A run that egresses through your own machine always gets catch-all routing.</p>
       {doc.note ? <p class="note">{doc.note}</p> : null}
     </Section>
@@ -757,16 +768,267 @@ function BlockedSection(props: {
   );
 }
 
+// ---- dry run ----
+
+const RECENT_RUNS = 20;
+
+/** The draft the dry-run form describes: one host entry to add or switch, and/or the default. */
+interface DraftForm {
+  runId?: string | undefined;
+  pattern?: string | undefined;
+  action?: HostAction | undefined;
+  default?: HostAction | undefined;
+}
+
+function draftFrom(
+  get: (k: string) => string | undefined,
+): Result<Required<Pick<DraftForm, "runId">> & DraftForm> {
+  const runId = get("runId")?.trim();
+  const pattern = get("pattern")?.trim() || undefined;
+  const action = get("action") ? hostAction(get("action")) : null;
+  const def = get("default") ? hostAction(get("default")) : null;
+  if (!runId) return fail("invalid_request", "Pick a run: the dry run replays the hosts it recorded.");
+  if (runId.length > 64) return fail("invalid_request", "A run id is at most 64 characters.");
+  if (pattern && pattern.length > 300)
+    return fail("invalid_request", "A host pattern is at most 300 characters.");
+  if (pattern && !action) return fail("invalid_request", "Pick allow or block for the host entry.");
+  if (get("default") && !def)
+    return fail("invalid_request", "Pick allow or block as the default, or leave it as it is.");
+  if (!pattern && !def) return fail("invalid_request", "Nothing to try: give a host entry or a new default.");
+  return ok({
+    runId,
+    pattern,
+    action: pattern ? (action ?? undefined) : undefined,
+    default: def ?? undefined,
+  });
+}
+
+const draftKeep = (get: (k: string) => string | undefined): Keep => ({
+  dryRunId: get("runId"),
+  dryPattern: get("pattern"),
+  dryAction: get("action"),
+  dryDefault: get("default"),
+});
+
+function describeDraft(d: DraftForm): string {
+  const parts: string[] = [];
+  if (d.pattern) parts.push(`${d.action === "allow" ? "allow" : "block"} ${d.pattern}`);
+  if (d.default) parts.push(`hosts no entry names ${d.default === "allow" ? "allowed" : "blocked"}`);
+  return parts.join("; ");
+}
+
+function DrySection(props: { c: Ctx; runs: string[] }) {
+  const q = (k: string) => props.c.req.query(k);
+  return (
+    <Section id="dry-run" title="Dry run a change">
+      <p class="muted">
+        Try a change against a run before saving it: every host the run reached or was refused is decided
+        again, as its proxy would, under the change and under the vault as it is now. Nothing is saved until
+        you say so.
+      </p>
+      {props.runs.length === 0 && !q("dryRunId") ? (
+        <p class="empty">No runs yet: a dry run replays the hosts a run recorded.</p>
+      ) : (
+        <form method="get" action={`${PAGE}/dry-run`} class="fields">
+          <label>
+            Run{" "}
+            <input
+              name="runId"
+              required
+              maxlength={64}
+              list="recent-runs"
+              size={30}
+              value={q("dryRunId") ?? ""}
+            />
+          </label>
+          <datalist id="recent-runs">
+            {props.runs.map((id) => (
+              <option value={id} />
+            ))}
+          </datalist>{" "}
+          <label>
+            Host entry{" "}
+            <input
+              name="pattern"
+              maxlength={300}
+              placeholder="*.evil.example"
+              value={q("dryPattern") ?? ""}
+            />
+          </label>{" "}
+          <select name="action" aria-label="Host entry action">
+            {(["block", "allow"] as const).map((a) => (
+              <option value={a} selected={a === (q("dryAction") ?? "block")}>
+                {a}
+              </option>
+            ))}
+          </select>{" "}
+          <label>
+            Default{" "}
+            <select name="default">
+              <option value="">as it is</option>
+              {(["allow", "block"] as const).map((a) => (
+                <option value={a} selected={a === q("dryDefault")}>
+                  {a}
+                </option>
+              ))}
+            </select>
+          </label>{" "}
+          <button type="submit">Dry run</button>
+        </form>
+      )}
+    </Section>
+  );
+}
+
+function Outcome(props: { o: HostOutcome; rules: vault.RuleInfo[] }) {
+  const { o } = props;
+  if (o.action === "block") return <strong>block</strong>;
+  const rule = o.rule === null ? null : props.rules[o.rule];
+  return (
+    <>
+      allow
+      {o.rule !== null ? (
+        <>
+          {", inject rule "}#{o.rule + 1}
+          {rule ? (
+            <>
+              {" "}
+              (<code>{rule.secret}</code>)
+            </>
+          ) : null}
+        </>
+      ) : null}
+      {`, ${o.route}`}
+    </>
+  );
+}
+
+function RoutingLine(props: { routing: PolicyRouting }) {
+  const { mode, reasons } = props.routing;
+  return (
+    <>
+      <strong>{mode}</strong>
+      {reasons.length > 0 ? ` (${reasons.map((r) => REASONS[r].replace(/[:.].*$/, "")).join("; ")})` : ""}
+    </>
+  );
+}
+
+async function dryRunPage(c: Ctx): Promise<Response> {
+  const get = (k: string) => c.req.query(k);
+  const draft = draftFrom(get);
+  if (!draft.ok) return refused(c, draft.error, "dry-run", draftKeep(get));
+  const d = draft.value;
+  const [result, rules] = await Promise.all([
+    dryRun(db(c), who(c), {
+      runId: d.runId,
+      changes: {
+        default: d.default,
+        hosts: d.pattern && d.action ? { upsert: [{ pattern: d.pattern, action: d.action }] } : undefined,
+      },
+    }),
+    vault.listRules(db(c), who(c)),
+  ]);
+  if (!result.ok) return refused(c, result.error, "dry-run", draftKeep(get));
+  const r = result.value;
+  const csrf = c.var.session.csrf;
+  const toCatchAll = r.routing.draft.mode === "catch-all" && r.routing.current.mode !== "catch-all";
+  return c.html(
+    <Layout title="Dry run" csrf={csrf}>
+      <h1>Dry run</h1>
+      <p class="muted">
+        <a href={`${PAGE}?${keepQuery(draftKeep(get))}#dry-run`}>Back to the vault</a>
+      </p>
+      <p>
+        The change: <strong>{describeDraft(d)}</strong>, tried against run{" "}
+        <a href={`/runs/${encodeURIComponent(r.runId)}`} class="mono">
+          {r.runId}
+        </a>
+        .
+      </p>
+      <Section id="dry-routing" title="Routing">
+        <p>
+          Now: <RoutingLine routing={r.routing.current} />
+          <br />
+          With the change: <RoutingLine routing={r.routing.draft} />
+        </p>
+        {toCatchAll ? (
+          <CatchAllCosts
+            blockDefault={d.default === "block"}
+            csrf={csrf}
+            title="This change switches runs to catch-all routing, which costs:"
+          />
+        ) : null}
+        {r.routing.draft.mode !== r.routing.current.mode ? (
+          <p class="note">
+            A run already running keeps the routing it started with; the new mode applies to sandboxes made
+            after the change.
+          </p>
+        ) : null}
+      </Section>
+      <Section id="dry-hosts" title="The run's hosts">
+        <p class="muted">
+          {`${plural(r.counts.hosts, "host")} recorded, ${r.counts.changed} decided differently.`}
+          {r.truncated ? ` Showing the first ${r.hosts.length}, changed ones first.` : ""} Only hosts the run
+          tried are here; hosts it never reached cannot be replayed.
+        </p>
+        {r.hosts.length === 0 ? (
+          <p class="empty">This run recorded no hosts: nothing to replay.</p>
+        ) : (
+          <table>
+            <colgroup>
+              <col />
+              <col class="c-form" />
+              <col class="c-form" />
+              <col class="c-act" />
+            </colgroup>
+            <thead>
+              <tr>
+                <th>Host</th>
+                <th>Now</th>
+                <th>With the change</th>
+                <th>Changed</th>
+              </tr>
+            </thead>
+            <tbody>
+              {r.hosts.map((h) => (
+                <tr>
+                  <td>
+                    <code>{h.host}</code>
+                  </td>
+                  <td>
+                    <Outcome o={h.current} rules={rules} />
+                  </td>
+                  <td>
+                    <Outcome o={h.draft} rules={rules} />
+                  </td>
+                  <td>{h.changed ? <strong>changed</strong> : "—"}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        )}
+      </Section>
+      <PostForm action={`${PAGE}/dry-run/save`} csrf={csrf} class="fields">
+        {d.pattern ? <input type="hidden" name="pattern" value={d.pattern} /> : null}
+        {d.action ? <input type="hidden" name="action" value={d.action} /> : null}
+        {d.default ? <input type="hidden" name="default" value={d.default} /> : null}
+        <button type="submit">Save this change</button> <span class="muted">{describeDraft(d)}</span>
+      </PostForm>
+    </Layout>,
+  );
+}
+
 // ---- the page ----
 
 async function vaultPage(c: Ctx): Promise<Response> {
   const p = who(c);
-  const [secrets, rules, hosts, doc, blocked] = await Promise.all([
+  const [secrets, rules, hosts, doc, blocked, recent] = await Promise.all([
     vault.listSecrets(db(c), p),
     vault.listRules(db(c), p),
     vault.listHosts(db(c), p),
     vault.previewPolicy(db(c), p, { egress: "direct" }),
     listBlockedHosts(db(c), p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined }),
+    listRuns(db(c), p, RECENT_RUNS, undefined),
   ]);
   const index = buildPolicyIndex(doc);
   const usedBy = new Map<string, number[]>();
@@ -781,6 +1043,7 @@ async function vaultPage(c: Ctx): Promise<Response> {
       <RulesSection c={c} csrf={csrf} rules={rules} secrets={secrets.map((s) => s.name)} />
       <HostsSection c={c} csrf={csrf} hosts={hosts} defaultAction={doc.default} />
       <BlockedSection c={c} csrf={csrf} page={blocked} decide={(h) => index.decideHost(h).action} />
+      <DrySection c={c} runs={recent.ok ? recent.value.items.map((r) => r.id) : []} />
     </Layout>,
   );
 }
@@ -974,6 +1237,34 @@ export const vaultPageRoutes = new Hono<PageEnv>()
           ? `${name} was allowed already.`
           : `Allowed ${name}: runs reach it from now on (a running run's proxy picks the change up within seconds).`;
       return back(c, { ok }, "blocked", keep);
+    }),
+  )
+  // ---- dry run ----
+  .get(`${PAGE}/dry-run`, dryRunPage)
+  .post(`${PAGE}/dry-run/save`, (c) =>
+    act(c, "routing", async () => {
+      const f = await form(c);
+      const pattern = text(f, "pattern");
+      const action = hostAction(f.action);
+      const def = f.default ? hostAction(f.default) : null;
+      if (pattern && !action) return back(c, { error: "Pick allow or block for the host entry." }, "dry-run");
+      if (!pattern && !def) return back(c, { error: "Nothing to save." }, "dry-run");
+      // Two vault changes when the draft has both; the entry first, so a refused entry saves nothing.
+      const saved: string[] = [];
+      if (pattern && action) {
+        const entry = await vault.putHost(db(c), who(c), { pattern, action });
+        if (!entry.ok) return refused(c, entry.error, "hosts", { hostPattern: pattern, hostAction: action });
+        saved.push(`${entry.value.action === "allow" ? "allowed" : "blocked"} ${entry.value.pattern}`);
+      }
+      if (def) {
+        const settings = await vault.setDefault(db(c), who(c), def);
+        if (!settings.ok) {
+          const done = saved.length > 0 ? ` (saved: ${saved.join("; ")})` : "";
+          return back(c, { error: `${settings.error.detail}${done}` }, "routing");
+        }
+        saved.push(`hosts no entry names ${settings.value.default === "allow" ? "allowed" : "blocked"}`);
+      }
+      return back(c, { ok: `Saved: ${saved.join("; ")}.` }, "routing");
     }),
   );
 
