@@ -1,4 +1,4 @@
-import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it, vi } from "vitest";
@@ -11,7 +11,7 @@ import { addEvent, addNote, type RunRow } from "../../src/runs/service";
 import { loggedIn, type PageResponse } from "./browser";
 import { newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary } from "./leaks";
-import { auditBatch, newRun, postBatch, setRunStatus } from "./run-fixtures";
+import { auditBatch, driveToEnd, newRun, postBatch, setRunStatus } from "./run-fixtures";
 
 // The run pages (src/pages/run-pages.tsx) through a logged-in browser, over the real Worker, the
 // real coordinator Durable Object and the real Postgres: the runs list, a run's dashboard, its
@@ -19,20 +19,6 @@ import { auditBatch, newRun, postBatch, setRunStatus } from "./run-fixtures";
 
 // Each test logs in and reads several pages over the real database; a few drive a run's alarms.
 vi.setConfig({ testTimeout: 60_000 });
-
-const TERMINAL = new Set(["finished", "stopped", "failed"]);
-
-/** Drives the run's alarms (no sleeping on timers) until it ends, as runs.test.ts does. */
-async function driveToEnd(t: Tenant, runId: string) {
-  const stub = coordinatorStub(env, runId);
-  for (let i = 0; i < 200; i++) {
-    const run = await t.api("GET", `/v1/runs/${runId}`);
-    if (TERMINAL.has(run.json.status)) return run;
-    const fired = await runDurableObjectAlarm(stub);
-    if (!fired) await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`run ${runId} did not end`);
-}
 
 async function launch(t: Tenant, spec: Record<string, unknown> = { commands: ["echo hi"] }): Promise<string> {
   const res = await t.api("POST", "/v1/runs", spec);

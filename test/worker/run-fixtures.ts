@@ -1,3 +1,4 @@
+import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { loadConfig } from "../../src/config";
@@ -8,6 +9,7 @@ import {
   readyPath,
   signAuditBatch,
 } from "../../src/contract/proxy-wire";
+import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
 import { blockedHostLog, egressRouteLog, type RunState, runs } from "../../src/db/schema";
 import { issueProxyCredentials } from "../../src/runs/proxy-credentials";
@@ -167,4 +169,18 @@ export async function runWithAudit(tenant: Tenant, hosts: readonly string[]): Pr
   const owner = { id: run.id, userId: tenant.userId, environmentId: tenant.environmentId };
   await withDb((db) => storeAuditBatch(db, owner, batch));
   return run;
+}
+
+const TERMINAL = new Set(["finished", "stopped", "failed"]);
+
+/** Drives the run's alarms (no sleeping on timers) until it ends; returns GET /v1/runs/{id}. */
+export async function driveToEnd(t: Tenant, runId: string) {
+  const stub = coordinatorStub(env, runId);
+  for (let i = 0; i < 200; i++) {
+    const run = await t.api("GET", `/v1/runs/${runId}`);
+    if (TERMINAL.has(run.json.status)) return run;
+    const fired = await runDurableObjectAlarm(stub);
+    if (!fired) await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`run ${runId} did not end`);
 }

@@ -5,25 +5,12 @@ import { describe, expect, it } from "vitest";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs, sandboxes } from "../../src/db/schema";
-import { expectProblem, newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
+import { expectProblem, newTenant, tenantWithUnreadableVault, withDb } from "./harness";
+import { driveToEnd } from "./run-fixtures";
 
 // The runs API inside workerd, against real Postgres and the real coordinator Durable Object.
 // No compute backend is configured here (COMPUTE_BACKEND_URL is empty), so a run that gets as far as
 // asking for a sandbox stops with the reason; the end-to-end suite (test/e2e) runs them for real.
-
-const TERMINAL = new Set(["finished", "stopped", "failed"]);
-
-/** Drives the run's alarms (no sleeping on timers) until it ends. */
-async function driveToEnd(t: Tenant, runId: string) {
-  const stub = coordinatorStub(env, runId);
-  for (let i = 0; i < 200; i++) {
-    const run = await t.api("GET", `/v1/runs/${runId}`);
-    if (TERMINAL.has(run.json.status)) return run;
-    const fired = await runDurableObjectAlarm(stub);
-    if (!fired) await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`run ${runId} did not end`);
-}
 
 /** A tenant whose one rule's secret does not decrypt: its ciphertext names a key the ring lacks. */
 
