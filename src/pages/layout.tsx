@@ -1,4 +1,5 @@
 import type { Child } from "hono/jsx";
+import { timingSafeEqualHex } from "../crypto/api-keys";
 
 // The pages' one layout: server-rendered HTML, one inline style sheet, no script. Long values
 // (a 253-character host, an id) wrap instead of widening the page.
@@ -71,7 +72,51 @@ export function PostForm(props: { action: string; csrf: string; class?: string; 
   );
 }
 
-/** A flash message carried in the redirect's query (`?ok=` / `?error=`), shown once. */
+/**
+ * A flash travels in the redirect's query (`?ok=` / `?error=`) with `fs`, a MAC of its text keyed
+ * by the session's CSRF token: a link made elsewhere (or for another session) shows no text on
+ * our pages, so nobody can put words of theirs on them.
+ */
+export async function flashQuery(
+  csrf: string,
+  flash: { ok?: string; error?: string },
+): Promise<URLSearchParams> {
+  const q = new URLSearchParams();
+  if (flash.ok) q.set("ok", flash.ok);
+  if (flash.error) q.set("error", flash.error);
+  if (flash.ok || flash.error) q.set("fs", await flashMac(csrf, flash.ok, flash.error));
+  return q;
+}
+
+/** The flash of a page's query if its MAC holds for this session; else none. */
+export async function readFlash(
+  csrf: string,
+  query: (name: string) => string | undefined,
+): Promise<{ ok?: string; error?: string }> {
+  const ok = query("ok") || undefined;
+  const error = query("error") || undefined;
+  if (!ok && !error) return {};
+  const sent = query("fs") ?? "";
+  return timingSafeEqualHex(await flashMac(csrf, ok, error), sent) ? { ok, error } : {};
+}
+
+async function flashMac(csrf: string, ok: string | undefined, error: string | undefined): Promise<string> {
+  const key = await crypto.subtle.importKey(
+    "raw",
+    new TextEncoder().encode(csrf),
+    { name: "HMAC", hash: "SHA-256" },
+    false,
+    ["sign"],
+  );
+  const mac = await crypto.subtle.sign(
+    "HMAC",
+    key,
+    new TextEncoder().encode(`flash\u0000${ok ?? ""}\u0000${error ?? ""}`),
+  );
+  return [...new Uint8Array(mac)].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** A flash message (read with readFlash), shown once. */
 export function Flash(props: { ok?: string | undefined; error?: string | undefined }) {
   return (
     <>

@@ -19,7 +19,7 @@ import {
 import { BENCHMARKS, checkLaunchable, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 import { allowHosts } from "../vault/service";
 import type { PageEnv } from "./context";
-import { Flash, Layout, PostForm } from "./layout";
+import { Flash, flashQuery, Layout, PostForm, readFlash } from "./layout";
 import { type ProxyLook, ProxyPage } from "./proxy-page";
 import { RUN_PAGE_STYLE, RunPage, StatusPill, When } from "./run-page";
 
@@ -187,16 +187,17 @@ function launchSpec(form: Record<string, unknown>): { ok: true; spec: RunSpec } 
 const MAX_FLASH = 600;
 const cut = (s: string) => (s.length > MAX_FLASH ? `${s.slice(0, MAX_FLASH - 1)}…` : s);
 
-function back(
+async function back(
   c: Ctx,
   runId: string,
   flash: { ok?: string; error?: string },
   anchor: string,
   keep: Record<string, string> = {},
-): Response {
-  const q = new URLSearchParams();
-  if (flash.ok) q.set("ok", cut(flash.ok));
-  if (flash.error) q.set("error", cut(flash.error));
+): Promise<Response> {
+  const q = await flashQuery(c.var.session.csrf, {
+    ...(flash.ok ? { ok: cut(flash.ok) } : {}),
+    ...(flash.error ? { error: cut(flash.error) } : {}),
+  });
   for (const [k, v] of Object.entries(keep)) q.set(k, v);
   return c.redirect(`/runs/${encodeURIComponent(runId)}?${q}#${anchor}`, 303);
 }
@@ -261,14 +262,15 @@ export const runPageRoutes = new Hono<PageEnv>()
         runs={page.value.items}
         nextCursor={page.value.nextCursor}
         paged={cursor !== undefined}
-        error={query(c, "error")}
+        error={(await readFlash(csrf, (k) => query(c, k))).error}
         csrf={csrf}
       />,
     );
   })
   .post("/runs", async (c) => {
     const made = launchSpec(await c.req.parseBody());
-    const refuse = (why: string) => c.redirect(`/runs?error=${encodeURIComponent(cut(why))}#launch`, 303);
+    const refuse = async (why: string) =>
+      c.redirect(`/runs?${await flashQuery(c.var.session.csrf, { error: cut(why) })}#launch`, 303);
     if (!made.ok) return refuse(`Not launched: ${made.why}.`);
     try {
       checkLaunchable(made.spec);
@@ -311,7 +313,7 @@ export const runPageRoutes = new Hono<PageEnv>()
           routes,
           reports,
           query: q,
-          flash: { ok: query(c, "ok"), error: query(c, "error") },
+          flash: await readFlash(c.var.session.csrf, (k) => query(c, k)),
           keptTitle: query(c, "title"),
           csrf: c.var.session.csrf,
         }}

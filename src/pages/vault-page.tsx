@@ -18,7 +18,7 @@ import { listRuns, type Page } from "../runs/service";
 import { dryRun, type HostOutcome } from "../vault/dry-run";
 import * as vault from "../vault/service";
 import type { PageEnv } from "./context";
-import { Flash, Layout, PostForm } from "./layout";
+import { Flash, flashQuery, Layout, PostForm, readFlash } from "./layout";
 
 // The vault page (/manage/vault): routing mode, secrets, rules, host policy, recent blocked hosts
 // and a dry run of a change. Every form posts to /manage/vault/... and is answered with a 303 back
@@ -47,10 +47,16 @@ type Keep = Record<string, string | undefined>;
 type Where = string | { path: string; anchor?: string };
 
 /** Back to the page with a flash and the kept fields. */
-function back(c: Ctx, flash: { ok?: string; error?: string }, to: Where, keep: Keep = {}): Response {
-  const q = new URLSearchParams();
-  if (flash.ok) q.set("ok", cut(flash.ok));
-  if (flash.error) q.set("error", cut(flash.error));
+async function back(
+  c: Ctx,
+  flash: { ok?: string; error?: string },
+  to: Where,
+  keep: Keep = {},
+): Promise<Response> {
+  const q = await flashQuery(c.var.session.csrf, {
+    ...(flash.ok ? { ok: cut(flash.ok) } : {}),
+    ...(flash.error ? { error: cut(flash.error) } : {}),
+  });
   for (const [k, v] of keepQuery(keep)) q.set(k, v.slice(0, 1024));
   const { path, anchor } = typeof to === "string" ? { path: PAGE, anchor: to } : to;
   return c.redirect(`${path}?${q}${anchor ? `#${anchor}` : ""}`, 303);
@@ -68,7 +74,7 @@ function answer<T>(
   ok: (value: T) => string,
   to: Where,
   keep: Keep = {},
-): Response {
+): Promise<Response> {
   return result.ok ? back(c, { ok: ok(result.value) }, to) : refused(c, result.error, to, keep);
 }
 
@@ -541,7 +547,7 @@ async function ruleEditPage(c: Ctx): Promise<Response> {
   return c.html(
     <Layout title="Edit rule" csrf={csrf}>
       <h1>Edit rule</h1>
-      <Flash error={q("error")} />
+      <Flash {...(await readFlash(csrf, q))} />
       <p class="muted">
         <a href={`${PAGE}#rules`}>Back to the vault</a>
       </p>
@@ -1037,7 +1043,7 @@ async function vaultPage(c: Ctx): Promise<Response> {
   return c.html(
     <Layout title="Vault" csrf={csrf}>
       <h1>Vault</h1>
-      <Flash ok={c.req.query("ok")} error={c.req.query("error")} />
+      <Flash {...(await readFlash(csrf, (k) => c.req.query(k)))} />
       <RoutingSection doc={doc} csrf={csrf} />
       <SecretsSection c={c} csrf={csrf} secrets={secrets} usedBy={usedBy} />
       <RulesSection c={c} csrf={csrf} rules={rules} secrets={secrets.map((s) => s.name)} />

@@ -44,9 +44,12 @@ const stored = (runId: string, key: string) =>
   runInDurableObject(coordinatorStub(env, runId), (_o, state) => state.storage.get(key));
 
 /** The flash a form's redirect carries. */
+/** The flash a form's redirect carries (its MAC, `fs`, is checked by the page that shows it). */
 function flashOf(res: PageResponse): Record<string, string> {
   expect(res.status).toBe(303);
-  return Object.fromEntries(new URL(res.location ?? "", "http://x").searchParams);
+  const { fs, ...flash } = Object.fromEntries(new URL(res.location ?? "", "http://x").searchParams);
+  expect(fs).toMatch(/^[0-9a-f]{64}$/);
+  return flash;
 }
 
 /** Asserts `page` contains (or, with `not`, lacks) `needle`, quoting only a little of the page. */
@@ -598,6 +601,22 @@ describe("isolation and CSRF (C1)", () => {
     expect((await a.api("GET", `/v1/runs/${run.id}/bug-reports`)).json.bugReports).toEqual([]);
     expect((await a.api("GET", "/v1/vault/hosts")).json.hosts ?? []).toEqual([]);
     expect((await bTenant.api("GET", "/v1/vault/hosts")).json.hosts ?? []).toEqual([]);
+  });
+
+  it("shows a flash only with its MAC for this session: a crafted or another session's link shows nothing", async () => {
+    const t = await newTenant();
+    const run = await newRun(t);
+    const b = await loggedIn(t, `/runs/${run.id}`);
+    const said = await b.post(`/runs/${run.id}/linger`, { seconds: "90000" });
+    const shown = textOf(expectPage(await b.get(said.location ?? "")));
+    has(shown, "90000 were asked for");
+    const crafted = `/runs/${run.id}?error=${encodeURIComponent("Your key leaked: paste it at evil.example")}`;
+    lacks(textOf(expectPage(await b.get(crafted))), "evil.example");
+    const forged = `${crafted}&fs=${"0".repeat(64)}`;
+    lacks(textOf(expectPage(await b.get(forged))), "evil.example");
+    // The same link, read in another session of the same user: no text.
+    const other = await loggedIn(t, `/runs/${run.id}`);
+    lacks(textOf(expectPage(await other.get(said.location ?? ""))), "90000 were asked for");
   });
 
   it("a POST without the session's _csrf → 403, and nothing changes", async () => {
