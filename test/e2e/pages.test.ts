@@ -2,6 +2,7 @@ import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { until } from "../until";
 import { CHROMIUM_SKIP, launchChromium } from "./chromium";
 import { type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
 
@@ -98,11 +99,22 @@ describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a
     expect(await denied.textContent()).toContain("blocked.demo.test");
     await shot(page, "05-run");
 
+    // A dry run of allowing it against that run, before saving anything.
+    await page.goto(`${base}/manage/vault`);
+    const dry = page.locator('form[action="/manage/vault/dry-run"]');
+    await dry.locator('input[name="runId"]').fill(runId);
+    await dry.locator('input[name="pattern"]').fill("blocked.demo.test");
+    await dry.locator('select[name="action"]').selectOption("allow");
+    await dry.locator('button[type="submit"]').click();
+    await page.waitForLoadState();
+    expect(await page.locator("#dry-hosts").textContent()).toContain("blocked.demo.test");
+    await shot(page, "06-dry-run");
+
     // The recent blocked hosts, account-wide: promote it, and the entry is an allow now.
     await page.goto(`${base}/manage/vault`);
     const recent = page.locator("#blocked");
     expect(await recent.textContent()).toContain("blocked.demo.test");
-    await shot(page, "06-vault-blocked-hosts");
+    await shot(page, "07-vault-blocked-hosts");
     await recent
       .locator('form[action="/manage/vault/blocked-hosts/allow"] button[type="submit"]')
       .first()
@@ -112,11 +124,30 @@ describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a
     expect(
       entries.json.hosts.find((h: { pattern: string }) => h.pattern === "blocked.demo.test"),
     ).toMatchObject({ action: "allow" });
-    await shot(page, "07-vault-promoted");
+    await shot(page, "08-vault-promoted");
 
-    // The run list and the proxy's page of an ended run say what they have.
+    // A run that lingers: its page's link shows the proxy's own view; then the run list.
     await page.goto(`${base}/runs`);
-    await shot(page, "08-runs");
+    const launch = page.locator('form[action="/runs"]');
+    await launch.locator('input[name="linger_seconds"]').fill("600");
+    await launch.locator('button[type="submit"]').click();
+    await page.waitForURL(/\/runs\/run_[a-z2-7]+/);
+    const lingering = new URL(page.url()).pathname.split("/").at(-1) ?? "";
+    await until(
+      "lingering",
+      async () => (await api.call("GET", `/v1/runs/${lingering}`)).json.status === "lingering",
+      60_000,
+    );
+    await page.reload();
+    await shot(page, "09-run-lingering");
+    await page.click('a:has-text("Look at the proxy")');
+    await page.waitForURL(`${base}/runs/${lingering}/proxy`);
+    expect(await page.textContent("body")).toContain("api.demo.test");
+    await shot(page, "10-proxy-view");
+    await api.call("POST", `/v1/runs/${lingering}/cancel`);
+    await waitForEnd(api, lingering);
+    await page.goto(`${base}/runs`);
+    await shot(page, "11-runs");
     for (const html of seen) expect(html).not.toContain(e.canary);
     await page.close();
   });
