@@ -6,7 +6,7 @@ import { timingSafeEqualHex } from "../crypto/api-keys";
 
 const STYLE = `
 *{box-sizing:border-box}
-body{font:15px/1.45 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
+body{font:15px/1.45 system-ui,sans-serif;overflow-wrap:anywhere;margin:0;color:#1b1f24;background:#f6f7f9}
 header{display:flex;gap:1.5rem;align-items:center;padding:.6rem 1.2rem;background:#1b1f24;color:#fff}
 header a{color:#fff;text-decoration:none}header form{margin-left:auto}
 main{max-width:72rem;margin:0 auto;padding:1rem 1.2rem 3rem}

@@ -148,6 +148,23 @@ describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a
     await waitForEnd(api, lingering);
     await page.goto(`${base}/runs`);
     await shot(page, "11-runs");
+
+    // A 253-character host (the longest DNS name) does not widen the vault page.
+    const long = `${Array.from({ length: 3 }, () => "a".repeat(63)).join(".")}.${"b".repeat(56)}.test`;
+    expect(long).toHaveLength(253);
+    await page.goto(`${base}/manage/vault`);
+    const entry = page.locator('form[action="/manage/vault/hosts"]');
+    await entry.locator('input[name="pattern"]').fill(long);
+    await entry.locator('select[name="action"]').selectOption("block");
+    await entry.locator('button[type="submit"]').click();
+    await page.waitForLoadState();
+    expect(await page.textContent("#hosts")).toContain(long.slice(0, 63));
+    const width = await page.evaluate(() => [
+      document.documentElement.scrollWidth,
+      document.documentElement.clientWidth,
+    ]);
+    expect(width[0], "the page is wider than the window").toBeLessThanOrEqual(width[1] ?? 0);
+    await shot(page, "12-vault-long-host");
     for (const html of seen) expect(html).not.toContain(e.canary);
     await page.close();
   });
