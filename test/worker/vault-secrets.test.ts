@@ -347,9 +347,11 @@ describe("secrets: routes", () => {
     expectProblem(await t.api("POST", "/v1/nope", { a: 1 }), 404, "route_not_found");
   });
 
-  it("a route outside /v1 → 404 route_not_found, without a key", async () => {
+  it("a route outside /v1 → 404 route_not_found, without a key; / is the pages' front door", async () => {
     expectProblem(await call(null, "GET", "/nope"), 404, "route_not_found");
-    expectProblem(await call(null, "GET", "/"), 404, "route_not_found");
+    const front = await call(null, "GET", "/");
+    expect(front.status).toBe(303);
+    expect(front.headers.get("location")).toBe("/manage/vault");
   });
 
   it("an unknown route under /v1 without a key → 401 unauthorized (routes are not revealed)", async () => {
