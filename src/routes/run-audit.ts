@@ -3,8 +3,9 @@ import { and, asc, desc, eq, gt, lt, or } from "drizzle-orm";
 import type { Principal } from "../context";
 import { blockedHostLog, egressRouteLog } from "../db/schema";
 import type { Db } from "../db/types";
-import { fail, ok, type Result, unwrap } from "../errors";
+import { ok, type Result, unwrap } from "../errors";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
+import { badCursor, decodeCursor, encodeCursor } from "../runs/cursor";
 import { ownRun, type Page } from "../runs/service";
 
 // A run's audit, as its proxy reported it: hosts refused (with counts) and the route each host
@@ -69,23 +70,15 @@ const CursorShape = z.union([
   z.tuple([z.iso.datetime(), z.string().max(1024), z.enum(["direct", "tunnel", "refused"])]),
 ]);
 
-function encodeCursor(p: Position): string {
-  const json = JSON.stringify([p.lastSeen.toISOString(), p.host, ...(p.route ? [p.route] : [])]);
-  return btoa(json).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
-}
+const encodePosition = (p: Position) =>
+  encodeCursor([p.lastSeen.toISOString(), p.host, ...(p.route ? [p.route] : [])]);
 
-function decodeCursor(cursor: string, withRoute: boolean): Position | null {
-  try {
-    const parsed = CursorShape.safeParse(JSON.parse(atob(cursor.replaceAll("-", "+").replaceAll("_", "/"))));
-    if (!parsed.success || parsed.data.length !== (withRoute ? 3 : 2)) return null;
-    const [at, host, route] = parsed.data;
-    return { lastSeen: new Date(at), host, route };
-  } catch {
-    return null;
-  }
+function decodePosition(cursor: string, withRoute: boolean): Position | null {
+  const parsed = decodeCursor(cursor, CursorShape);
+  if (!parsed || parsed.length !== (withRoute ? 3 : 2)) return null;
+  const [at, host, route] = parsed;
+  return { lastSeen: new Date(at), host, route };
 }
-
-const badCursor = () => fail("invalid_request", "cursor: not a cursor this API gave");
 
 export async function listBlockedHosts(
   db: Db,
@@ -96,7 +89,7 @@ export async function listBlockedHosts(
 ): Promise<Result<Page<BlockedRow>>> {
   const run = await ownRun(db, p, runId);
   if (!run.ok) return run;
-  const at = cursor === undefined ? null : decodeCursor(cursor, false);
+  const at = cursor === undefined ? null : decodePosition(cursor, false);
   if (cursor !== undefined && !at) return badCursor();
   const rows = await db
     .select()
@@ -117,7 +110,7 @@ export async function listBlockedHosts(
     .limit(limit + 1);
   const items = rows.slice(0, limit);
   const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+  return ok({ items, nextCursor: rows.length > limit && last ? encodePosition(last) : null });
 }
 
 export async function listEgressRoutes(
@@ -129,7 +122,7 @@ export async function listEgressRoutes(
 ): Promise<Result<Page<RouteRow>>> {
   const run = await ownRun(db, p, runId);
   if (!run.ok) return run;
-  const at = cursor === undefined ? null : decodeCursor(cursor, true);
+  const at = cursor === undefined ? null : decodePosition(cursor, true);
   if (cursor !== undefined && !at) return badCursor();
   const rows = await db
     .select()
@@ -156,7 +149,7 @@ export async function listEgressRoutes(
     .limit(limit + 1);
   const items = rows.slice(0, limit);
   const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+  return ok({ items, nextCursor: rows.length > limit && last ? encodePosition(last) : null });
 }
 
 // ---- routes ----

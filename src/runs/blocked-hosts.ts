@@ -4,6 +4,7 @@ import type { Principal } from "../context";
 import { blockedHostLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
+import { badCursor, decodeCursor, encodeCursor } from "./cursor";
 import { ownRun, type Page } from "./service";
 
 // Blocked hosts across all runs of the caller's environment ("Recent blocked hosts"): one row
@@ -44,20 +45,6 @@ export const RUNS_PER_HOST = 10;
 // (milliseconds), so the ISO string holds the aggregated max exactly.
 const CursorShape = z.tuple([z.iso.datetime(), z.string().min(1).max(1024)]);
 
-function encodeCursor(row: { lastSeen: Date; host: string }): string {
-  const json = JSON.stringify([row.lastSeen.toISOString(), row.host]);
-  return btoa(json).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
-}
-
-function decodeCursor(cursor: string): { lastSeen: string; host: string } | null {
-  try {
-    const parsed = CursorShape.safeParse(JSON.parse(atob(cursor.replaceAll("-", "+").replaceAll("_", "/"))));
-    return parsed.success ? { lastSeen: parsed.data[0], host: parsed.data[1] } : null;
-  } catch {
-    return null;
-  }
-}
-
 export async function listBlockedHosts(
   db: Db,
   p: Principal,
@@ -67,8 +54,9 @@ export async function listBlockedHosts(
   if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
     return fail("invalid_request", `limit: from 1 to ${MAX_LIMIT}`);
   }
-  const at = cursor === undefined ? null : decodeCursor(cursor);
-  if (cursor !== undefined && !at) return fail("invalid_request", "cursor: not a cursor this API gave");
+  const parsed = cursor === undefined ? null : decodeCursor(cursor, CursorShape);
+  if (cursor !== undefined && !parsed) return badCursor();
+  const at = parsed ? { lastSeen: parsed[0], host: parsed[1] } : null;
   if (runId !== undefined) {
     const run = await ownRun(db, p, runId);
     if (!run.ok) return run;
@@ -119,5 +107,8 @@ export async function listBlockedHosts(
     .limit(limit + 1);
   const items = rows.slice(0, limit);
   const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+  return ok({
+    items,
+    nextCursor: rows.length > limit && last ? encodeCursor([last.lastSeen.toISOString(), last.host]) : null,
+  });
 }
