@@ -177,10 +177,7 @@ export class SandboxBroker extends DurableObject<Env> {
     const live = new Set(
       rows.filter((r) => r.status === "creating" || r.status === "ready").map((r) => r.id),
     );
-    // Work and task sandboxes first: the proxy sandbox is their network.
-    const unowned = listed
-      .filter((l) => !live.has(l.id))
-      .sort((a, b) => Number(a.kind === "proxy") - Number(b.kind === "proxy"));
+    const unowned = listed.filter((l) => !live.has(l.id)).sort(proxyLast);
     for (const l of unowned) {
       try {
         await backend.destroy(l.id);
@@ -210,8 +207,7 @@ export class SandboxBroker extends DurableObject<Env> {
         );
       if (live.length === 0) return 0;
       const backend = this.backendOrError();
-      // Work and task sandboxes first: the proxy sandbox is their network.
-      live.sort((a, b) => Number(a.kind === "proxy") - Number(b.kind === "proxy"));
+      live.sort(proxyLast);
       for (const s of live) {
         await backend.destroy(s.id);
         await db
@@ -223,6 +219,10 @@ export class SandboxBroker extends DurableObject<Env> {
     });
   }
 }
+
+/** Work and task sandboxes before the proxy sandbox: the proxy sandbox is their network. */
+const proxyLast = (a: { kind: string }, b: { kind: string }) =>
+  Number(a.kind === "proxy") - Number(b.kind === "proxy");
 
 function failure(error: unknown): CreateResult & { ok: false } {
   if (error instanceof BackendError) {

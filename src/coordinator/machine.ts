@@ -313,10 +313,8 @@ export class RunMachine {
     const s = await this.storage.load();
     if (!s || isOver(s.state) || s.state === "finishing")
       return { ok: false, why: `the run is ${s?.state ?? "unknown"}` };
-    if (!s.network?.created || !s.proxy?.execId || s.proxy.unfiltered || !s.policy?.enforce) {
-      return { ok: false, why: `no proxy runs for this run (it is ${s.state})` };
-    }
-    const sandboxId = s.network.sandboxId;
+    if (!this.proxyRuns(s)) return { ok: false, why: `no proxy runs for this run (it is ${s.state})` };
+    const sandboxId = must(s.network).sandboxId;
     if (s.state !== "lingering" || !s.linger) return { ok: true, runId: s.runId, sandboxId, resumed: false };
     const resumed = s.linger.paused;
     if (resumed) {
@@ -994,10 +992,9 @@ export class RunMachine {
 
   /** The linger ends: the run ends as its commands did (finished), with the linger's reason. */
   private endLinger(s: MachineState, why: { reason: string; detail: string }): number {
+    // Replaces the commands' outcome as the run's end (finish keeps a final already set).
     s.final = { to: must(s.linger).outcome.to, reason: why.reason, detail: why.detail };
-    s.state = "finishing";
-    s.attempt = 0;
-    s.enteredAt = this.ports.now();
+    this.finish(s, s.final);
     return this.ports.now();
   }
 

@@ -121,10 +121,9 @@ export class RunCoordinator extends DurableObject<Env> {
       if (exec.state === "running" || exec.exitCode !== 0) {
         return { ok: false, code: "proxy_unreachable", detail: "the proxy did not answer in time" };
       }
-      const parsed = ProxyView.safeParse(JSON.parse(exec.stdout.trim().split("\n").at(-1) ?? ""));
-      if (!parsed.success)
-        return { ok: false, code: "proxy_unreachable", detail: "the proxy's answer was not a view" };
-      return { ok: true, view: parsed.data, resumed: woke.resumed };
+      const view = lastJsonLine(exec.stdout, ProxyView);
+      if (!view) return { ok: false, code: "proxy_unreachable", detail: "the proxy's answer was not a view" };
+      return { ok: true, view, resumed: woke.resumed };
     } catch {
       // The backend's message may name its own internals; the caller gets a plain reason.
       return { ok: false, code: "proxy_unreachable", detail: "the proxy sandbox could not be reached" };
@@ -205,13 +204,19 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       const { routing, hostsFile } = await previewPolicy(db, owner, { egress });
       return { routing, hostsFile };
     },
-    parseProof: (stdout) => {
-      try {
-        const parsed = WiringProof.safeParse(JSON.parse(stdout.trim().split("\n").at(-1) ?? ""));
-        return parsed.success ? parsed.data : null;
-      } catch {
-        return null;
-      }
-    },
+    parseProof: (stdout) => lastJsonLine(stdout, WiringProof),
   };
+}
+
+/** The last line a program printed, parsed as JSON with `shape`; null when it is not one. */
+function lastJsonLine<T>(
+  stdout: string,
+  shape: { safeParse(v: unknown): { success: true; data: T } | { success: false } },
+): T | null {
+  try {
+    const parsed = shape.safeParse(JSON.parse(stdout.trim().split("\n").at(-1) ?? ""));
+    return parsed.success ? parsed.data : null;
+  } catch {
+    return null;
+  }
 }

@@ -81,12 +81,18 @@ export async function flashQuery(
   csrf: string,
   flash: { ok?: string; error?: string },
 ): Promise<URLSearchParams> {
+  const ok = flash.ok ? cut(flash.ok) : undefined;
+  const error = flash.error ? cut(flash.error) : undefined;
   const q = new URLSearchParams();
-  if (flash.ok) q.set("ok", flash.ok);
-  if (flash.error) q.set("error", flash.error);
-  if (flash.ok || flash.error) q.set("fs", await flashMac(csrf, flash.ok, flash.error));
+  if (ok) q.set("ok", ok);
+  if (error) q.set("error", error);
+  if (ok || error) q.set("fs", await flashMac(csrf, ok, error));
   return q;
 }
+
+/** A flash longer than this is cut: it travels in the redirect's URL. */
+const MAX_FLASH = 600;
+const cut = (s: string) => (s.length > MAX_FLASH ? `${s.slice(0, MAX_FLASH - 1)}…` : s);
 
 /** The flash of a page's query if its MAC holds for this session; else none. */
 export async function readFlash(

@@ -16,7 +16,7 @@ import {
   runSandboxes,
   runTrace,
 } from "../runs/service";
-import { BENCHMARKS, checkLaunchable, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
+import { BENCHMARKS, checkLaunchable, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 import { allowHosts } from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, flashQuery, Layout, PostForm, readFlash } from "./layout";
@@ -183,10 +183,6 @@ function launchSpec(form: Record<string, unknown>): { ok: true; spec: RunSpec } 
 
 // ---- answering a form: a 303 back to the run's page with a flash ----
 
-/** A flash travels in the redirect's URL: cut it. */
-const MAX_FLASH = 600;
-const cut = (s: string) => (s.length > MAX_FLASH ? `${s.slice(0, MAX_FLASH - 1)}…` : s);
-
 async function back(
   c: Ctx,
   runId: string,
@@ -194,10 +190,7 @@ async function back(
   anchor: string,
   keep: Record<string, string> = {},
 ): Promise<Response> {
-  const q = await flashQuery(c.var.session.csrf, {
-    ...(flash.ok ? { ok: cut(flash.ok) } : {}),
-    ...(flash.error ? { error: cut(flash.error) } : {}),
-  });
+  const q = await flashQuery(c.var.session.csrf, flash);
   for (const [k, v] of Object.entries(keep)) q.set(k, v);
   return c.redirect(`/runs/${encodeURIComponent(runId)}?${q}#${anchor}`, 303);
 }
@@ -270,7 +263,7 @@ export const runPageRoutes = new Hono<PageEnv>()
   .post("/runs", async (c) => {
     const made = launchSpec(await c.req.parseBody());
     const refuse = async (why: string) =>
-      c.redirect(`/runs?${await flashQuery(c.var.session.csrf, { error: cut(why) })}#launch`, 303);
+      c.redirect(`/runs?${await flashQuery(c.var.session.csrf, { error: why })}#launch`, 303);
     if (!made.ok) return refuse(`Not launched: ${made.why}.`);
     try {
       checkLaunchable(made.spec);
@@ -384,15 +377,11 @@ export const runPageRoutes = new Hono<PageEnv>()
     }
     const seconds = Number(raw);
     // The API's checks, in its words: the 24 h cap (linger_too_long), then an ended run (run_ended).
-    if (seconds > MAX_LINGER_SECONDS) {
-      return back(
-        c,
-        run.id,
-        {
-          error: `A proxy may linger at most ${MAX_LINGER_SECONDS} seconds (24 h); ${seconds} were asked for.`,
-        },
-        "linger",
-      );
+    try {
+      checkLinger(seconds);
+    } catch (error) {
+      if (error instanceof ApiError) return back(c, run.id, { error: error.detail }, "linger");
+      throw error;
     }
     const accepted = !isTerminal(run.status) && (await coordinatorStub(c.env, run.id).linger(seconds));
     if (!accepted) {

@@ -33,8 +33,6 @@ type Ctx = Context<PageEnv>;
 const PAGE = "/manage/vault";
 /** Rows per section before it pages. */
 const PAGE_SIZE = 100;
-/** A flash longer than this is cut (it travels in the redirect's URL). */
-const MAX_FLASH = 600;
 const MAX_SECRET_VALUE = 16_384;
 const SECRET_NAME_RULE = "letters, digits, _ . - (at most 64), starting with a letter or _";
 
@@ -53,10 +51,7 @@ async function back(
   to: Where,
   keep: Keep = {},
 ): Promise<Response> {
-  const q = await flashQuery(c.var.session.csrf, {
-    ...(flash.ok ? { ok: cut(flash.ok) } : {}),
-    ...(flash.error ? { error: cut(flash.error) } : {}),
-  });
+  const q = await flashQuery(c.var.session.csrf, flash);
   for (const [k, v] of keepQuery(keep)) q.set(k, v.slice(0, 1024));
   const { path, anchor } = typeof to === "string" ? { path: PAGE, anchor: to } : to;
   return c.redirect(`${path}?${q}${anchor ? `#${anchor}` : ""}`, 303);
@@ -64,8 +59,6 @@ async function back(
 
 const keepQuery = (keep: Keep) =>
   new URLSearchParams(Object.entries(keep).flatMap(([k, v]) => (v ? [[k, v]] : [])));
-
-const cut = (s: string) => (s.length > MAX_FLASH ? `${s.slice(0, MAX_FLASH - 1)}…` : s);
 
 /** A service's answer as a redirect: its detail on failure (the API's own words), else `ok`. */
 function answer<T>(
