@@ -2,6 +2,7 @@ import { DurableObject } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { brokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
+import type { Principal } from "../context";
 import { ProxyView } from "../contract/proxy-view";
 import { WiringProof } from "../contract/wiring";
 import { randomId } from "../crypto/api-keys";
@@ -11,7 +12,7 @@ import type { Db } from "../db/types";
 import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-credentials";
 import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
-import type { RunSpec } from "../runs/spec";
+import { checkLaunchable, type RunSpec } from "../runs/spec";
 import { previewPolicy } from "../vault/service";
 import { type MachinePorts, type MachineState, RunMachine, type StopRequest } from "./machine";
 
@@ -145,6 +146,31 @@ export class RunCoordinator extends DurableObject<Env> {
 
 export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunCoordinator> {
   return env.RUN_COORDINATOR.get(env.RUN_COORDINATOR.idFromName(runId));
+}
+
+/**
+ * Launches a run (the API's and the runs page's launch): checked, recorded queued, started. If
+ * the start call fails the run stays queued; the reaper's sweep starts or stops it.
+ */
+export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
+  checkLaunchable(spec);
+  const run = await runsService.createRun(db, p, spec, env.COMPUTE_BACKEND || "local");
+  await coordinatorStub(env, run.id).start(run.id);
+  return run;
+}
+
+/**
+ * Cancels a live run through its coordinator; a run whose coordinator never started has nothing
+ * to tear down and is stopped here. "asked": it stops at its next step.
+ */
+export async function cancelRun(env: Env, db: Db, runId: string): Promise<"asked" | "stopped"> {
+  if (await coordinatorStub(env, runId).cancel()) return "asked";
+  await runsService.recordTransition(db, runId, {
+    to: "stopped",
+    reason: "cancelled",
+    detail: "Cancelled by the user before it started.",
+  });
+  return "stopped";
 }
 
 /** The machine's ports over Postgres, the vault and the broker. */

@@ -1,22 +1,20 @@
 import { z } from "@hono/zod-openapi";
 import { type Context, Hono } from "hono";
-import { coordinatorStub } from "../coordinator/run-coordinator";
+import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { ApiError } from "../errors";
 import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import {
-  createRun,
   getRun,
   haltedNow,
   isTerminal,
   lingerOf,
   listRuns,
   type RunRow,
-  recordTransition,
   runSandboxes,
   runTrace,
 } from "../runs/service";
-import { BENCHMARKS, checkLaunchable, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
+import { BENCHMARKS, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 import { allowHosts } from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, flashQuery, Layout, PostForm, readFlash } from "./layout";
@@ -265,20 +263,13 @@ export const runPageRoutes = new Hono<PageEnv>()
     const refuse = async (why: string) =>
       c.redirect(`/runs?${await flashQuery(c.var.session.csrf, { error: why })}#launch`, 303);
     if (!made.ok) return refuse(`Not launched: ${made.why}.`);
+    let run: RunRow;
     try {
-      checkLaunchable(made.spec);
+      run = await launchRun(c.env, c.var.db, c.var.session.principal, made.spec);
     } catch (error) {
       if (error instanceof ApiError) return refuse(`Not launched: ${error.detail}`);
       throw error;
     }
-    const run = await createRun(
-      c.var.db,
-      c.var.session.principal,
-      made.spec,
-      c.env.COMPUTE_BACKEND || "local",
-    );
-    // As the API: if this call fails the run stays queued, and the reaper's sweep starts it.
-    await coordinatorStub(c.env, run.id).start(run.id);
     return back(c, run.id, { ok: "Launched." }, "status");
   })
   .get("/runs/:id", async (c) => {
@@ -345,15 +336,7 @@ export const runPageRoutes = new Hono<PageEnv>()
         "controls",
       );
     }
-    const accepted = await coordinatorStub(c.env, run.id).cancel();
-    // A run whose coordinator never started has nothing to tear down: stop it here.
-    if (!accepted) {
-      await recordTransition(c.var.db, run.id, {
-        to: "stopped",
-        reason: "cancelled",
-        detail: "Cancelled by the user before it started.",
-      });
-    }
+    const accepted = (await cancelRun(c.env, c.var.db, run.id)) === "asked";
     const ok = !accepted
       ? "Cancelled: the run had not started; it is stopped."
       : run.status === "lingering"

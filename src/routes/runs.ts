@@ -2,12 +2,12 @@ import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import type { AppEnv } from "../context";
 import { ProxyView } from "../contract/proxy-view";
-import { coordinatorStub } from "../coordinator/run-coordinator";
+import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as runs from "../runs/service";
-import { checkLaunchable, checkLinger, LingerSeconds, RunSpec } from "../runs/spec";
+import { checkLinger, LingerSeconds, RunSpec } from "../runs/spec";
 
 const Note = z
   .object({ level: z.enum(["note", "warning"]), code: z.string(), text: z.string() })
@@ -137,11 +137,7 @@ export const runsRoutes = newRouter()
       responses: { 202: jsonOk(RunSummary, "Accepted: the run is queued"), ...problems(400, 401) },
     }),
     async (c) => {
-      const spec = c.req.valid("json");
-      checkLaunchable(spec);
-      const run = await runs.createRun(c.var.db, c.var.principal, spec, c.env.COMPUTE_BACKEND || "local");
-      // If this call fails the run stays queued; the reaper's sweep starts or stops it.
-      await coordinatorStub(c.env, run.id).start(run.id);
+      const run = await launchRun(c.env, c.var.db, c.var.principal, c.req.valid("json"));
       return c.json(summary(run), 202);
     },
   )
@@ -219,17 +215,7 @@ export const runsRoutes = newRouter()
     }),
     async (c) => {
       const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
-      if (!runs.isTerminal(run.status)) {
-        const accepted = await coordinatorStub(c.env, run.id).cancel();
-        // A run whose coordinator never started has nothing to tear down: stop it here.
-        if (!accepted) {
-          await runs.recordTransition(c.var.db, run.id, {
-            to: "stopped",
-            reason: "cancelled",
-            detail: "Cancelled by the user before it started.",
-          });
-        }
-      }
+      if (!runs.isTerminal(run.status)) await cancelRun(c.env, c.var.db, run.id);
       return c.json(summary(run), 202);
     },
   )
