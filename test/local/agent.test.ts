@@ -660,6 +660,8 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
       (await api.sh("wk3", "cat /proc/self/uid_map", "setup")).stdout.trim().split(/\s+/)[1],
     );
     await api.start("wk3", { argv: ["sh", "-c", "sleep 60 & sleep 60"], stage: "execute" });
+    // Freeze once they run in the sandbox: a process still on its way in is not there to stop.
+    await until("the sleeps to run", async () => (await stateOf(api, "wk3", "sleep 60")) === "S");
     expect((await api.call("POST", "/v1/sandboxes/wk3/freeze", { frozen: true })).status).toBe(204);
     await until("the sleeps to be stopped", async () => (await stateOf(api, "wk3", "sleep 60")) === "T");
     const started = Date.now();

@@ -5,6 +5,7 @@ import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/
 import { vaultSecrets } from "../../src/db/schema";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
+import { newRun } from "./run-fixtures";
 
 // Case B5: a canary secret appears 0 times in logs, response bodies and headers (error bodies
 // included) and database plaintext, however the vault routes are driven; case B8 at the
@@ -246,8 +247,11 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     const runId = launched.json.id as string;
     await api("POST", "/v1/runs", { benchmark: "nope" }, [400, "unknown_benchmark"]);
     await api("GET", "/v1/runs", undefined, [200]);
-    await api("POST", `/v1/runs/${runId}/halt`, undefined, [202]);
-    await api("POST", `/v1/runs/${runId}/resume`, undefined, [202]);
+    // Halt and resume on a run whose coordinator has not started (a row the test makes): the
+    // launched one may already be tearing down (no compute backend here), which refuses both.
+    const held = await newRun(t, { status: "running", spec: { commands: ["true"] } });
+    await api("POST", `/v1/runs/${held.id}/halt`, undefined, [202]);
+    await api("POST", `/v1/runs/${held.id}/resume`, undefined, [202]);
     await api("POST", `/v1/runs/${runId}/linger`, { seconds: 90_000 }, [400, "linger_too_long"]);
     await api("POST", `/v1/runs/${runId}/cancel`, undefined, [202]);
     await api("GET", `/v1/runs/${runId}`, undefined, [200]);
