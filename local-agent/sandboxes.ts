@@ -319,6 +319,7 @@ export class Registry {
       controlPlaneUrl: s.controlPlaneUrl,
       routing: s.routing,
       probeTarget: probe,
+      wiring: null, // the setup stage is root of the sandbox: the wiring program does it all
     };
   }
 
@@ -463,7 +464,9 @@ export class Registry {
     }
   }
 
-  private async createWork(request: Extract<CreateSandbox, { kind: "work" | "task" }>): Promise<Sandbox> {
+  private async createWork(
+    request: Extract<CreateSandbox, { kind: "work" | "task" | "orchestrator" }>,
+  ): Promise<Sandbox> {
     const proxy = this.sandboxes.get(request.proxySandboxId);
     if (proxy?.kind !== "proxy") {
       throw new AgentError("not_found", `no proxy sandbox ${request.proxySandboxId}`);

@@ -126,6 +126,16 @@ function install(
     }
 
     step = "the hosts file";
+    if (input.hostsInstalled) {
+      const missing = hosts.filter((h) => lookupInHostsFile(input.hostsPath, h) !== input.proxyAddress);
+      if (missing.length === 0) return null;
+      return {
+        name: "install",
+        expected: "the hosts entries the backend installed",
+        observed: `${input.hostsPath} does not send ${missing.join(", ")} to ${input.proxyAddress}`,
+        ok: false,
+      };
+    }
     const before = existsSync(input.hostsPath) ? readFileSync(input.hostsPath, "utf8") : "";
     const after = rewriteHosts(before, hostsEntries, hosts);
     if (after !== before) writeFileSync(input.hostsPath, after, { mode: 0o644 });

@@ -1,7 +1,30 @@
-import type { CreateSandbox, ExecInfo, ExecRequest, SandboxInfo, SandboxKind } from "../contract/local-agent";
+import { z } from "zod";
+import type { ExecInfo, ExecRequest, SandboxInfo, SandboxKind } from "../contract/local-agent";
 
-// A compute backend as the broker sees it. `local` (Linux namespaces through the host agent) is
-// the one built; sandbox0 and E2B implement the same interface. Only the broker holds a backend.
+// A compute backend as the broker sees it: `sandbox0` (Kubernetes pods on DOKS, the default on
+// the platform), `e2b` (microVMs, the fallback) and `local` (Linux namespaces through the host
+// agent, for development and tests). Only the broker holds a backend and its credentials.
+
+export const BackendName = z.enum(["sandbox0", "e2b", "local"]);
+export type BackendName = z.infer<typeof BackendName>;
+
+/** What the broker asks a backend to make (the broker has checked the run owns every id). */
+export type SandboxSpec =
+  | { kind: "proxy"; id: string; runId: string }
+  | {
+      kind: "work" | "task" | "orchestrator";
+      id: string;
+      runId: string;
+      /** The run's proxy sandbox: the only route out of this one (catch-all). */
+      proxySandboxId: string;
+      routing: "default" | "catch-all";
+      /**
+       * default routing: the exact host names the wiring redirects to the proxy. A backend that
+       * cannot let the setup stage write the hosts file (no root in the pod) installs them itself
+       * and says so in SandboxInfo.wiring.
+       */
+      hostsFile: string[];
+    };
 
 export interface ExecPoll {
   waitMs?: number;
@@ -10,15 +33,15 @@ export interface ExecPoll {
 }
 
 export interface ComputeBackend {
-  readonly name: string;
-  create(request: CreateSandbox): Promise<SandboxInfo>;
+  readonly name: BackendName;
+  create(spec: SandboxSpec): Promise<SandboxInfo>;
   exec(sandboxId: string, request: ExecRequest): Promise<ExecInfo>;
   poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo>;
   kill(sandboxId: string, execId: string): Promise<ExecInfo>;
   destroy(sandboxId: string): Promise<void>;
   /**
-   * Stops or continues every process of a sandbox: a work/task sandbox (halting a run for review)
-   * or a lingering run's proxy sandbox (paused while nobody inspects it).
+   * Stops or continues a sandbox: a work/task sandbox (halting a run for review) or a lingering
+   * run's proxy sandbox (paused while nobody inspects it; each backend says what pausing costs).
    */
   freeze(sandboxId: string, frozen: boolean): Promise<void>;
   /** Every sandbox the backend holds, whichever run it belongs to (to find those no run owns). */

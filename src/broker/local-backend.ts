@@ -1,15 +1,23 @@
 import { z } from "zod";
-import {
-  type CreateSandbox,
-  ExecInfo,
-  type ExecRequest,
-  SandboxInfo,
-  SandboxList,
-} from "../contract/local-agent";
-import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
+import { ExecInfo, type ExecRequest, SandboxInfo, SandboxList } from "../contract/local-agent";
+import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 
 // The `local` backend: the host agent on this machine (local-agent/), over HTTP on loopback with
 // a shared secret. Every answer is parsed with the shared contract.
+
+export const LocalEnv = z.object({
+  COMPUTE_BACKEND_URL: z.url({ error: "COMPUTE_BACKEND_URL is not an http URL" }),
+  COMPUTE_BACKEND_SECRET: z
+    .string({ error: "COMPUTE_BACKEND_SECRET is not set" })
+    .min(16, "COMPUTE_BACKEND_SECRET is too short"),
+});
+
+/** The local backend from the Worker's env; the reason it is not configured otherwise. */
+export function localFromEnv(env: Record<keyof z.infer<typeof LocalEnv>, unknown>): ComputeBackend | string {
+  const parsed = LocalEnv.safeParse(env);
+  if (!parsed.success) return parsed.error.issues.map((i) => i.message).join("; ");
+  return localBackend(parsed.data.COMPUTE_BACKEND_URL, parsed.data.COMPUTE_BACKEND_SECRET);
+}
 
 const AgentProblem = z.object({ code: z.string(), detail: z.string().optional() });
 
@@ -52,7 +60,23 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
   const sandboxPath = (id: string) => `/v1/sandboxes/${encodeURIComponent(id)}`;
   return {
     name: "local",
-    create: (request: CreateSandbox) => call("POST", "/v1/sandboxes", SandboxInfo, request),
+    // The agent's setup stage is root of the sandbox, so the wiring program writes the hosts
+    // file itself: the names are not part of the agent's contract.
+    create: (spec: SandboxSpec) =>
+      call(
+        "POST",
+        "/v1/sandboxes",
+        SandboxInfo,
+        spec.kind === "proxy"
+          ? spec
+          : {
+              kind: spec.kind,
+              id: spec.id,
+              runId: spec.runId,
+              proxySandboxId: spec.proxySandboxId,
+              routing: spec.routing,
+            },
+      ),
     exec: (sandboxId: string, request: ExecRequest) =>
       call("POST", `${sandboxPath(sandboxId)}/exec`, ExecInfo, request),
     poll: (sandboxId: string, execId: string, poll: ExecPoll) => {

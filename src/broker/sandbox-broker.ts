@@ -1,37 +1,23 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, eq, inArray, ne } from "drizzle-orm";
-import { z } from "zod";
 import { loadConfig } from "../config";
 import type { ExecInfo, ExecRequest } from "../contract/local-agent";
 import type { CreateResult, SandboxRequest } from "../coordinator/machine";
 import { openDb } from "../db/client";
-import { sandboxes } from "../db/schema";
+import { runs, sandboxes } from "../db/schema";
 import type { Db } from "../db/types";
 import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
-import { localBackend } from "./local-backend";
+import { backendFor, configuredBackends } from "./backends";
 
 // The sandbox broker: the only code that holds compute-backend credentials and calls a backend.
 // A run's coordinator asks it for sandboxes for that run only; every sandbox is recorded in
 // Postgres *before* the backend is asked for it, so a crash between the two leaves a row the
 // teardown (and the reaper) can find, never an orphan. One instance: `brokerStub(env)`.
 
-const BrokerEnv = z.object({
-  COMPUTE_BACKEND: z.enum(["local"], {
-    error: "COMPUTE_BACKEND must be local (sandbox0 and e2b come later)",
-  }),
-  COMPUTE_BACKEND_URL: z.url({ error: "COMPUTE_BACKEND_URL is not an http URL" }),
-  COMPUTE_BACKEND_SECRET: z
-    .string({ error: "COMPUTE_BACKEND_SECRET is not set" })
-    .min(16, "COMPUTE_BACKEND_SECRET is too short"),
-});
-
 export class SandboxBroker extends DurableObject<Env> {
-  private backendOrError(): ComputeBackend {
-    const parsed = BrokerEnv.safeParse(this.env);
-    if (!parsed.success) {
-      throw new BackendError("backend_not_configured", parsed.error.issues.map((i) => i.message).join("; "));
-    }
-    return localBackend(parsed.data.COMPUTE_BACKEND_URL, parsed.data.COMPUTE_BACKEND_SECRET);
+  /** A sandbox's backend: the one its row names (the run's), whatever the default is now. */
+  private backendOf(name: string): ComputeBackend {
+    return backendFor(this.env, name);
   }
 
   private async withDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
@@ -61,13 +47,15 @@ export class SandboxBroker extends DurableObject<Env> {
    * from "try again".
    */
   async create(runId: string, request: SandboxRequest): Promise<CreateResult> {
-    let backend: ComputeBackend;
-    try {
-      backend = this.backendOrError();
-    } catch (error) {
-      return failure(error);
-    }
     return this.withDb(async (db) => {
+      const [run] = await db.select({ backend: runs.backend }).from(runs).where(eq(runs.id, runId));
+      if (!run) return failure(new BackendError("not_found", `no run ${runId}`));
+      let backend: ComputeBackend;
+      try {
+        backend = this.backendOf(run.backend);
+      } catch (error) {
+        return failure(error);
+      }
       await db
         .insert(sandboxes)
         .values({
@@ -97,6 +85,7 @@ export class SandboxBroker extends DurableObject<Env> {
                 runId,
                 proxySandboxId: request.proxySandboxId,
                 routing: request.routing,
+                hostsFile: request.hostsFile,
               },
         );
         if (row.status !== "ready") {
@@ -118,23 +107,20 @@ export class SandboxBroker extends DurableObject<Env> {
   }
 
   async exec(runId: string, sandboxId: string, request: ExecRequest): Promise<ExecInfo> {
-    const backend = this.backendOrError();
-    await this.withDb((db) => this.own(db, runId, sandboxId));
-    return backend.exec(sandboxId, request);
+    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
+    return this.backendOf(row.backend).exec(sandboxId, request);
   }
 
   async poll(runId: string, sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
-    const backend = this.backendOrError();
-    await this.withDb((db) => this.own(db, runId, sandboxId));
-    return backend.poll(sandboxId, execId, poll);
+    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
+    return this.backendOf(row.backend).poll(sandboxId, execId, poll);
   }
 
   /** Stops an exec of the run's sandbox; an exec the backend never started is no error. */
   async kill(runId: string, sandboxId: string, execId: string): Promise<void> {
-    const backend = this.backendOrError();
-    await this.withDb((db) => this.own(db, runId, sandboxId));
+    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
     try {
-      await backend.kill(sandboxId, execId);
+      await this.backendOf(row.backend).kill(sandboxId, execId);
     } catch (error) {
       if (!(error instanceof BackendError && error.code === "not_found")) throw error;
     }
@@ -142,9 +128,8 @@ export class SandboxBroker extends DurableObject<Env> {
 
   /** Halts (or resumes) the processes of the run's sandbox. */
   async freeze(runId: string, sandboxId: string, frozen: boolean): Promise<void> {
-    const backend = this.backendOrError();
-    await this.withDb((db) => this.own(db, runId, sandboxId));
-    await backend.freeze(sandboxId, frozen);
+    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
+    await this.backendOf(row.backend).freeze(sandboxId, frozen);
   }
 
   /**
@@ -154,36 +139,40 @@ export class SandboxBroker extends DurableObject<Env> {
    * always has its row: this never touches a live one.
    */
   async sweepUnowned(): Promise<{ destroyed: string[]; errors: string[] } | { skipped: string }> {
-    let backend: ComputeBackend;
-    try {
-      backend = this.backendOrError();
-    } catch (error) {
-      return { skipped: failure(error).code }; // nothing to sweep where no backend is configured
-    }
-    const listed = await backend.list();
+    const backends = configuredBackends(this.env);
+    if (backends.length === 0) return { skipped: "backend_not_configured" }; // nothing to sweep
     const result = { destroyed: [] as string[], errors: [] as string[] };
-    if (listed.length === 0) return result;
-    const rows = await this.withDb((db) =>
-      db
-        .select({ id: sandboxes.id, status: sandboxes.status })
-        .from(sandboxes)
-        .where(
-          inArray(
-            sandboxes.id,
-            listed.map((l) => l.id),
-          ),
-        ),
-    );
-    const live = new Set(
-      rows.filter((r) => r.status === "creating" || r.status === "ready").map((r) => r.id),
-    );
-    const unowned = listed.filter((l) => !live.has(l.id)).sort(proxyLast);
-    for (const l of unowned) {
+    for (const backend of backends) {
+      let listed: Awaited<ReturnType<ComputeBackend["list"]>>;
       try {
-        await backend.destroy(l.id);
-        result.destroyed.push(l.id);
+        listed = await backend.list();
       } catch {
-        result.errors.push(l.id);
+        result.errors.push(`${backend.name}: list failed`);
+        continue;
+      }
+      if (listed.length === 0) continue;
+      const rows = await this.withDb((db) =>
+        db
+          .select({ id: sandboxes.id, status: sandboxes.status })
+          .from(sandboxes)
+          .where(
+            inArray(
+              sandboxes.id,
+              listed.map((l) => l.id),
+            ),
+          ),
+      );
+      const live = new Set(
+        rows.filter((r) => r.status === "creating" || r.status === "ready").map((r) => r.id),
+      );
+      const unowned = listed.filter((l) => !live.has(l.id)).sort(proxyLast);
+      for (const l of unowned) {
+        try {
+          await backend.destroy(l.id);
+          result.destroyed.push(l.id);
+        } catch {
+          result.errors.push(l.id);
+        }
       }
     }
     return result;
@@ -196,7 +185,7 @@ export class SandboxBroker extends DurableObject<Env> {
   async destroyRun(runId: string, options: { keepProxy?: boolean } = {}): Promise<number> {
     return this.withDb(async (db) => {
       const live = await db
-        .select({ id: sandboxes.id, kind: sandboxes.kind })
+        .select({ id: sandboxes.id, kind: sandboxes.kind, backend: sandboxes.backend })
         .from(sandboxes)
         .where(
           and(
@@ -206,10 +195,9 @@ export class SandboxBroker extends DurableObject<Env> {
           ),
         );
       if (live.length === 0) return 0;
-      const backend = this.backendOrError();
       live.sort(proxyLast);
       for (const s of live) {
-        await backend.destroy(s.id);
+        await this.backendOf(s.backend).destroy(s.id);
         await db
           .update(sandboxes)
           .set({ status: "destroyed", destroyedAt: new Date() })

@@ -19,7 +19,8 @@ import { z } from "zod";
 
 const Id = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ -");
 
-export const SandboxKind = z.enum(["proxy", "work", "task"]);
+/** orchestrator: the Harbor bridge's sandbox (runs the Harbor CLI; wired like a work sandbox). */
+export const SandboxKind = z.enum(["proxy", "work", "task", "orchestrator"]);
 export type SandboxKind = z.infer<typeof SandboxKind>;
 
 /** Listener ports of the proxy process inside the proxy sandbox (unprivileged ports). */
@@ -32,7 +33,7 @@ export const CreateSandbox = z.discriminatedUnion("kind", [
     runId: Id,
   }),
   z.strictObject({
-    kind: z.enum(["work", "task"]),
+    kind: z.enum(["work", "task", "orchestrator"]),
     id: Id,
     runId: Id,
     /** The run's proxy sandbox: the only route out of this one. */
@@ -66,6 +67,19 @@ export const SandboxInfo = z.strictObject({
    * must fail to connect to it; under default routing it would succeed.
    */
   probeTarget: z.string().nullable().default(null),
+  /**
+   * work/task: what the wiring program must do differently in this sandbox, merged into its
+   * input by the coordinator. A backend whose setup stage has no root (Kubernetes pods) installs
+   * the hosts entries itself (`hostsInstalled`) and points the CA files at a writable place.
+   */
+  wiring: z
+    .strictObject({
+      hostsInstalled: z.boolean().optional(),
+      caDir: z.string().optional(),
+      caBundlePath: z.string().optional(),
+    })
+    .nullable()
+    .default(null),
 });
 export type SandboxInfo = z.infer<typeof SandboxInfo>;
 

@@ -57,6 +57,11 @@ export const WiringInput = z
     /** The system CA bundle (the sandbox's own writable copy); the run CA is appended to it. */
     caBundlePath: AbsolutePath.default("/etc/ssl/certs/ca-certificates.crt"),
     hostsPath: AbsolutePath.default("/etc/hosts"),
+    /**
+     * The backend wrote the hosts entries itself (a Kubernetes pod's hostAliases: the setup stage
+     * there has no root). The wiring then checks each entry is there instead of writing it.
+     */
+    hostsInstalled: z.boolean().default(false),
     /** The port the HTTPS probe connects to (tests point it at an ephemeral listener). */
     probePort: z.number().int().min(1).max(65_535).default(443),
     /**

@@ -60,6 +60,8 @@ export interface Worker {
    */
   routing?: "default" | "catch-all";
   hostsFile?: string[];
+  /** What the backend said the wiring program must do differently in this sandbox. */
+  wiring?: SandboxInfo["wiring"];
 }
 
 /** A lingering proxy: the window (from startedAt), the last time someone looked, and pauses. */
@@ -149,10 +151,12 @@ export type SandboxRequest =
   | { id: string; kind: "proxy" }
   | {
       id: string;
-      kind: "work" | "task";
+      kind: "work" | "task" | "orchestrator";
       taskIndex: number | null;
       proxySandboxId: string;
       routing: "default" | "catch-all";
+      /** default routing: the names the hosts file redirects (a backend may install them). */
+      hostsFile: string[];
     };
 
 /** A backend's answer to a create: the sandbox, or why not (retryable: worth another alarm). */
@@ -632,10 +636,12 @@ export class RunMachine {
       taskIndex: w.taskIndex,
       proxySandboxId: must(s.network).sandboxId,
       routing: w.routing ?? policy.routing.mode,
+      hostsFile: (w.routing ?? policy.routing.mode) === "default" ? (w.hostsFile ?? policy.hostsFile) : [],
     });
     if (made.ok) {
       w.proxyAddress = made.info.proxyAddress ?? "";
       w.probeTarget = made.info.probeTarget ?? null;
+      if (made.info.wiring) w.wiring = made.info.wiring;
       return null;
     }
     if (made.retryable) throw new Error(made.message);
@@ -707,6 +713,7 @@ export class RunMachine {
           proxyAddress: w.proxyAddress,
           hostsFile: w.hostsFile ?? policy.hostsFile,
           probe: { directTarget: mode === "catch-all" ? w.probeTarget : null },
+          ...w.wiring,
         }),
         timeoutMs: 60_000,
       });

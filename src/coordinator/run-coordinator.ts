@@ -1,5 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
+import { backendForLaunch } from "../broker/backends";
 import { brokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import type { Principal } from "../context";
@@ -154,7 +155,7 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  */
 export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
   checkLaunchable(spec);
-  const run = await runsService.createRun(db, p, spec, env.COMPUTE_BACKEND || "local");
+  const run = await runsService.createRun(db, p, spec, backendForLaunch(env, spec.backend));
   await coordinatorStub(env, run.id).start(run.id);
   return run;
 }

@@ -26,7 +26,7 @@ const Event = z
 const Sandbox = z
   .object({
     id: z.string(),
-    kind: z.enum(["proxy", "work", "task"]),
+    kind: z.enum(["proxy", "work", "task", "orchestrator"]),
     taskIndex: z.number().int().nullable(),
     backend: z.string(),
     status: z.enum(["creating", "ready", "destroyed", "failed"]),

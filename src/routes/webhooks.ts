@@ -2,6 +2,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
+import { backendForLaunch } from "../broker/backends";
 import type { AppEnv } from "../context";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { VaultDecryptError } from "../crypto/vault-crypto";
@@ -176,7 +177,7 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
     const spec = RunSpec.parse(webhook.runTemplate);
     checkLaunchable(spec);
     const delivery = { deliveryId: verified.deliveryId, bodyBytes: raw.byteLength };
-    const backend = c.env.COMPUTE_BACKEND || "local";
+    const backend = backendForLaunch(c.env, spec.backend);
     const recorded = unwrap(await hooks.recordDelivery(c.var.db, webhook, delivery, spec, backend));
     if (!recorded.fresh) return c.json({ runId: recorded.runId }, 200);
     // After the commit, and only for a fresh delivery. If this fails the run stays queued (the

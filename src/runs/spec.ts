@@ -36,6 +36,11 @@ export const RunSpec = z
     /** The model the benchmark evaluates (its lane comes later); recorded with the run. */
     model: z.string().min(1).max(128).optional(),
     egress: z.enum(["direct", "local"]).default("direct"),
+    /**
+     * Where the run's sandboxes are made: sandbox0 (Kubernetes pods), e2b (microVMs) or local
+     * (Linux namespaces, development). Default: the deployment's COMPUTE_BACKEND.
+     */
+    backend: z.enum(["sandbox0", "e2b", "local"]).optional(),
     /** Fan-out: one task sandbox per task, each running its own commands. */
     tasks: z
       .array(TaskSpec)

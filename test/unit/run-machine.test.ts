@@ -142,6 +142,7 @@ function world(o: WorldOptions = {}) {
           controlPlaneUrl: null,
           routing: req.kind === "proxy" ? null : req.routing,
           probeTarget: req.kind === "proxy" ? null : "10.9.0.1:9",
+          wiring: null,
         };
         return { ok: true, info: sandbox };
       },

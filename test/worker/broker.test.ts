@@ -35,6 +35,7 @@ describe("sandbox broker", () => {
         taskIndex: null,
         proxySandboxId: theirs,
         routing: "default",
+        hostsFile: [],
       }),
     );
     expect(result).toMatchObject({ ok: false, code: "not_found", retryable: false });

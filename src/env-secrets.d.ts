@@ -1,0 +1,10 @@
+// Secrets a deployment sets only for the compute backends it uses, so they are not in wrangler's
+// `[secrets] required` (which every deployment must set) and `wrangler types` does not see them.
+declare namespace Cloudflare {
+  interface Env {
+    /** sandbox0: the broker's Kubernetes service account token. */
+    SANDBOX0_TOKEN?: string;
+    /** e2b: the broker's E2B API key. */
+    E2B_API_KEY?: string;
+  }
+}
