@@ -36,7 +36,7 @@ export default defineConfig({
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
-          globalSetup: ["./test/setup/database.ts"],
+          globalSetup: ["./test/setup/database.ts", "./test/setup/contracts.ts"],
         },
       },
       {

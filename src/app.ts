@@ -11,6 +11,8 @@ import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
 import { blockedHostsRoutes } from "./routes/blocked-hosts";
 import { bugReportsRoutes } from "./routes/bug-reports";
+import { computeRoutes } from "./routes/compute";
+import { computeImagesRoutes } from "./routes/compute-images";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
 import { runAuditRoutes } from "./routes/run-audit";
@@ -68,6 +70,9 @@ export function createApp(options: AppOptions = {}) {
   app.use("/internal/*", withDatabase);
   // Webhook deliveries: the database too; the delivery's signature is its credential.
   app.use("/hooks/*", withDatabase);
+  // Compute control from inside a run: the database too; each route checks the run's capability
+  // (src/compute/middleware.ts).
+  app.use("/compute/*", withDatabase);
   // The pages: the database too; each page checks its session (src/pages/routes.tsx).
   for (const path of ["/", "/login", "/logout", "/manage/*", "/runs", "/runs/*"]) {
     app.use(
@@ -92,6 +97,9 @@ export function createApp(options: AppOptions = {}) {
   app.route("/internal", internalRoutes({ onProxyReady: options.onProxyReady }));
   // Outside /v1 and its document: senders call it without an API key.
   app.route("/hooks", deliveryRoutes);
+  // Outside /v1 and its document: a run's work or orchestrator sandbox calls it with its capability.
+  app.route("/compute", computeRoutes);
+  app.route("/compute", computeImagesRoutes);
   app.route("/", pageRoutes);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });

@@ -1,0 +1,7 @@
+import type { TestProject } from "vitest/node";
+
+// Placeholder: the contract servers (Kubernetes, E2B, OCI registry) the worker tests' cloud
+// backends talk to, started on loopback and provided to the tests.
+export default async function setup(_project: TestProject) {
+  return async () => {};
+}
