@@ -12,6 +12,7 @@ import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
 import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import { canonicalHost, splitHostPort } from "../../src/policy/host";
 import type { RunCa } from "./ca";
+import { COMPUTE_PATH_PREFIX, type ComputeLane } from "./compute-lane";
 import { checkFraming, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
 import { inject } from "./inject";
 import type { PolicyState } from "./policy-client";
@@ -64,6 +65,8 @@ export interface ProxyOptions {
   log?: (record: DecisionRecord | Record<string, unknown>) => void;
   /** Bounds (F2). */
   limits?: Partial<Limits>;
+  /** Forwards https://<probe host>/compute/... to the control plane (see compute-lane.ts). */
+  computeLane?: ComputeLane;
 }
 
 interface Limits {
@@ -382,7 +385,29 @@ export function createProxy(options: ProxyOptions) {
       target = targetOf(req, conn);
       // The platform's own probe (wiring step): answered here, before policy, never audited and
       // never forwarded. It proves the redirect and the CA trust, not anything about the policy.
-      if (target.host === WIRING_PROBE_HOST) throw probeRefusal();
+      if (target.host === WIRING_PROBE_HOST) {
+        // The compute lane shares the platform's host: only over TLS to this proxy, only its path.
+        if (options.computeLane && target.scheme === "https" && target.path.startsWith(COMPUTE_PATH_PREFIX)) {
+          const status = await options.computeLane(req, res, target.path);
+          log(
+            record(
+              conn,
+              req.method ?? "?",
+              target.host,
+              target.port,
+              "allow",
+              "compute lane",
+              status,
+              null,
+              0,
+              0,
+              started,
+            ),
+          );
+          return;
+        }
+        throw probeRefusal();
+      }
 
       const state = options.policy.current();
       if (state.kind !== "ready") {

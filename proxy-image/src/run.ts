@@ -1,11 +1,13 @@
 // Starting the proxy: configuration → run CA → policy client → audit reporter → listeners (and the
 // catch-all resolver when BW_DNS_PORT is set, and the view on 127.0.0.1:BW_VIEW_PORT) → tell the
 // control plane we are ready (CA certificate for the work sandbox to trust).
+
 import type { AddressInfo, Server } from "node:net";
 import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
 import { createAddressPolicy } from "./address";
 import { AuditReporter } from "./audit";
 import { createRunCa } from "./ca";
+import { computeLane } from "./compute-lane";
 import { loadProxyConfig } from "./config";
 import { type CatchAllResolver, startCatchAllResolver } from "./dns";
 import { PolicyClient } from "./policy-client";
@@ -54,6 +56,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     policy,
     audit,
     upstream,
+    computeLane: computeLane(config.BW_CONTROL_PLANE_URL),
     // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
     log: (record) => {
       process.stdout.write(`${JSON.stringify(record)}\n`);

@@ -178,6 +178,23 @@ export class SandboxBroker extends DurableObject<Env> {
     return result;
   }
 
+  /** Destroys one sandbox of the run (a task that is done); idempotent. */
+  async destroySandbox(runId: string, sandboxId: string): Promise<void> {
+    await this.withDb(async (db) => {
+      const [row] = await db
+        .select()
+        .from(sandboxes)
+        .where(and(eq(sandboxes.id, sandboxId), eq(sandboxes.runId, runId)));
+      if (!row) throw new BackendError("not_found", `run ${runId} has no sandbox ${sandboxId}`);
+      if (row.status === "destroyed") return;
+      await this.backendOf(row.backend).destroy(sandboxId);
+      await db
+        .update(sandboxes)
+        .set({ status: "destroyed", destroyedAt: new Date() })
+        .where(eq(sandboxes.id, sandboxId));
+    });
+  }
+
   /**
    * Destroys every sandbox of the run (idempotent); with keepProxy, all but its proxy sandbox
    * (a lingering run keeps its proxy).

@@ -40,7 +40,7 @@ export type Final = { to: "finished" | "stopped" | "failed"; reason: string; det
 
 export interface Worker {
   sandboxId: string;
-  kind: "work" | "task";
+  kind: "work" | "task" | "orchestrator";
   taskIndex: number | null;
   name: string;
   commands: string[];
@@ -62,6 +62,13 @@ export interface Worker {
   hostsFile?: string[];
   /** What the backend said the wiring program must do differently in this sandbox. */
   wiring?: SandboxInfo["wiring"];
+  /**
+   * A task environment asked for through the compute API (by the work or orchestrator sandbox's
+   * capability): no commands of its own, the holder execs in it; done when the holder deletes it.
+   */
+  environment?: boolean;
+  /** The task's sandbox is destroyed (a task's sandbox goes when the task is done). */
+  destroyed?: boolean;
 }
 
 /** A lingering proxy: the window (from startedAt), the last time someone looked, and pauses. */
@@ -212,7 +219,16 @@ export interface MachinePorts {
     ): Promise<ExecInfo>;
     /** Every sandbox of the run; with keepProxy, all but the proxy sandbox (lingering). */
     destroyRun(runId: string, options?: { keepProxy: boolean }): Promise<void>;
+    /** One sandbox of the run (a task that is done). Idempotent. */
+    destroy(runId: string, sandboxId: string): Promise<void>;
   };
+  /**
+   * A fresh compute-control capability for a work or orchestrator sandbox (never a task
+   * sandbox), handed to it in one exec's environment only: never kept in the coordinator's state.
+   */
+  issueCapability(runId: string, holderSandboxId: string): Promise<{ token: string }>;
+  /** Every capability of the run (its end). Idempotent. */
+  revokeCapabilities(runId: string): Promise<void>;
   /** The routing and hosts file the run's vault asks for now (no secret is read). */
   currentRouting(runId: string): Promise<Pick<PolicyDocument, "routing" | "hostsFile">>;
   /** Parses the wiring program's stdout; null when it is not a proof. */
@@ -233,6 +249,22 @@ const PROXY_ENV = {
   BW_DNS_PORT: "5353",
   BW_SPOOL_DIR: "/tmp/benchwright-spool",
 };
+
+/** Where a holder sandbox reaches the compute API: the platform host, through the run's proxy. */
+export const COMPUTE_URL = "https://probe.benchwright.invalid/compute";
+/** Task environments one run may ask for through the compute API, in all. */
+export const MAX_ENVIRONMENTS = 64;
+
+/** A task environment as the compute API shows it. */
+export interface EnvironmentView {
+  id: string;
+  name: string;
+  state: "preparing" | "ready" | "deleted";
+}
+
+export type EnvironmentAnswer =
+  | { ok: true; environment: EnvironmentView }
+  | { ok: false; code: "not_found" | "run_ended" | "conflict" | "limit"; why: string };
 
 export class RunMachine {
   private readonly lingerIdleMs: number;
@@ -460,7 +492,12 @@ export class RunMachine {
       }
       return this.ports.now() + VAULT_BACKOFF_MS * 2 ** (s.attempt - 1);
     }
-    const p = read.policy;
+    // The Harbor bridge's orchestrator reaches the compute API through the run's proxy, so a
+    // Harbor run always has one, even when the vault gives it nothing to enforce.
+    const p =
+      s.spec?.orchestrator === "harbor" && !read.policy.enforce
+        ? { ...read.policy, enforce: true, note: null }
+        : read.policy;
     s.policy = {
       version: p.version,
       routing: p.routing,
@@ -607,7 +644,9 @@ export class RunMachine {
     const spec = must(s.spec);
     if (s.workers.length === 0) {
       s.workers = [
-        worker(this.ports.newId("sbx_"), "work", null, "work", [...commandsOf(spec)]),
+        spec.orchestrator === "harbor"
+          ? worker(this.ports.newId("sbx_"), "orchestrator", null, "orchestrator", [...commandsOf(spec)])
+          : worker(this.ports.newId("sbx_"), "work", null, "work", [...commandsOf(spec)]),
         ...(spec.tasks ?? []).map((t, i) => worker(this.ports.newId("sbx_"), "task", i, t.name, t.commands)),
       ];
       await this.checkpoint(s);
@@ -778,9 +817,18 @@ export class RunMachine {
     let pending = false;
     let slots =
       this.parallelTasks(s) -
-      s.workers.filter((w) => w.kind === "task" && w.proxyAddress !== null && !w.done).length;
+      s.workers.filter((w) => w.kind === "task" && !w.environment && w.proxyAddress !== null && !w.done)
+        .length;
     for (const w of s.workers) {
       if (w.done) continue;
+      if (w.environment) {
+        // Made and wired in its turn like a late task; the holder execs in it once ready.
+        if (w.env !== null) continue;
+        const ready = await this.prepareLateTask(s, w);
+        if (typeof ready === "number") return ready;
+        pending = true;
+        continue;
+      }
       if (w.proxyAddress === null || w.env === null) {
         if (w.proxyAddress === null) {
           if (slots <= 0) {
@@ -797,13 +845,13 @@ export class RunMachine {
       if (w.execId === null) {
         const command = w.commands[w.cmdIndex];
         if (command === undefined) {
-          w.done = true;
+          await this.done(s, w);
           continue;
         }
         const info = await this.ports.broker.exec(s.runId, w.sandboxId, {
           id: `cmd-${w.cmdIndex}`,
           argv: ["sh", "-c", command],
-          env: w.env ?? {},
+          env: { ...w.env, ...(await this.computeEnv(s, w)) },
           stage: "execute",
           timeoutMs: 600_000,
         });
@@ -832,19 +880,19 @@ export class RunMachine {
       w.execId = null;
       if (exec.exitCode !== 0) {
         w.exitCode = exec.exitCode ?? -1;
-        w.done = true;
+        await this.done(s, w);
         continue;
       }
       w.cmdIndex += 1;
       if (w.cmdIndex >= w.commands.length) {
         w.exitCode = 0;
-        w.done = true;
+        await this.done(s, w);
       } else {
         pending = true;
       }
     }
     if (pending) return this.ports.now() + POLL_MS;
-    const failed = s.workers.filter((w) => w.exitCode !== 0);
+    const failed = s.workers.filter((w) => !w.environment && w.exitCode !== 0);
     this.finish(
       s,
       failed.length === 0
@@ -856,6 +904,74 @@ export class RunMachine {
           },
     );
     return this.ports.now();
+  }
+
+  /** A worker whose commands ended; a task's sandbox goes with its task (the rest at the run's end). */
+  private async done(s: MachineState, w: Worker): Promise<void> {
+    w.done = true;
+    if (w.kind === "task" && !w.destroyed) {
+      await this.checkpoint(s); // done before destroyed: a replay never runs its commands again
+      await this.ports.broker.destroy(s.runId, w.sandboxId);
+      w.destroyed = true;
+    }
+  }
+
+  /**
+   * The compute API's address and a fresh capability, for a command of the work or orchestrator
+   * sandbox while the run's proxy (the lane's way out) runs. Task sandboxes get nothing.
+   */
+  private async computeEnv(s: MachineState, w: Worker): Promise<Record<string, string>> {
+    if (w.kind === "task" || !this.proxyRuns(s)) return {};
+    const { token } = await this.ports.issueCapability(s.runId, w.sandboxId);
+    return { BW_COMPUTE_URL: COMPUTE_URL, BW_COMPUTE_TOKEN: token };
+  }
+
+  /** Asks for a task environment named `name` (made and wired at the next steps). */
+  async addEnvironment(name: string): Promise<EnvironmentAnswer> {
+    const s = await this.storage.load();
+    if (!s || s.state !== "running" || s.final) {
+      return { ok: false, code: "run_ended", why: "the run is not running" };
+    }
+    if (!this.proxyRuns(s)) return { ok: false, code: "run_ended", why: "the run has no proxy" };
+    if (s.workers.some((w) => w.name === name)) {
+      return { ok: false, code: "conflict", why: `the run already has a sandbox named ${name}` };
+    }
+    if (s.workers.filter((w) => w.environment).length >= MAX_ENVIRONMENTS) {
+      return { ok: false, code: "limit", why: `a run may ask for at most ${MAX_ENVIRONMENTS} environments` };
+    }
+    const w = worker(this.ports.newId("sbx_"), "task", null, name, []);
+    w.environment = true;
+    s.workers.push(w);
+    await this.checkpoint(s);
+    await this.storage.setAlarm(this.ports.now());
+    return { ok: true, environment: environmentView(w) };
+  }
+
+  /** A task environment of the run and its exec environment (null env while not ready). */
+  async environment(
+    id: string,
+  ): Promise<{ view: EnvironmentView; env: Record<string, string> | null } | null> {
+    const s = await this.storage.load();
+    const w = s?.workers.find((x) => x.environment && x.sandboxId === id);
+    if (!s || !w) return null;
+    // Halted for review: nothing new starts in any of the run's sandboxes until it resumes.
+    const live = s.state === "running" && !w.done && !s.halted;
+    return { view: environmentView(w), env: live ? w.env : null };
+  }
+
+  /** Deletes a task environment: its sandbox is destroyed now. Idempotent. */
+  async removeEnvironment(id: string): Promise<EnvironmentAnswer> {
+    const s = await this.storage.load();
+    const w = s?.workers.find((x) => x.environment && x.sandboxId === id);
+    if (!s || !w) return { ok: false, code: "not_found", why: `no environment ${id}` };
+    if (!w.done) {
+      w.done = true;
+      w.exitCode = 0;
+    }
+    if (!w.destroyed && w.proxyAddress !== null) await this.done(s, w);
+    w.destroyed = true;
+    await this.checkpoint(s);
+    return { ok: true, environment: environmentView(w) };
   }
 
   /** Stops or continues every unfinished work and task sandbox, and says so in the trace. */
@@ -932,6 +1048,7 @@ export class RunMachine {
     const seconds = s.linger ? 0 : ((await this.storage.lingerRequested()) ?? s.spec?.linger_seconds ?? 0);
     if (seconds > 0 && final.to === "finished" && this.proxyRuns(s))
       return this.startLinger(s, final, seconds);
+    await this.ports.revokeCapabilities(s.runId);
     await this.ports.broker.destroyRun(s.runId);
     await this.ports.revokeProxyCredentials(s.runId);
     await this.ports.transition(s.runId, { to: final.to, reason: final.reason, detail: final.detail });
@@ -944,6 +1061,7 @@ export class RunMachine {
    * the proxy keeps its credentials (they are revoked when the linger ends).
    */
   private async startLinger(s: MachineState, outcome: Final, seconds: number): Promise<number> {
+    await this.ports.revokeCapabilities(s.runId);
     await this.ports.broker.destroyRun(s.runId, { keepProxy: true });
     const now = this.ports.now();
     s.linger = { seconds, startedAt: now, lastActivity: now, paused: false, pauses: 0, outcome };
@@ -1057,9 +1175,17 @@ function newState(runId: string, now: number): MachineState {
   };
 }
 
+function environmentView(w: Worker): EnvironmentView {
+  return {
+    id: w.sandboxId,
+    name: w.name,
+    state: w.destroyed || w.done ? "deleted" : w.env !== null ? "ready" : "preparing",
+  };
+}
+
 function worker(
   sandboxId: string,
-  kind: "work" | "task",
+  kind: "work" | "task" | "orchestrator",
   taskIndex: number | null,
   name: string,
   commands: string[],

@@ -2,8 +2,10 @@ import { DurableObject } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { backendForLaunch } from "../broker/backends";
 import { brokerStub } from "../broker/sandbox-broker";
+import { issueCapability, revokeRunCapabilities } from "../compute/capability";
 import { loadConfig } from "../config";
 import type { Principal } from "../context";
+import type { ExecInfo } from "../contract/local-agent";
 import { ProxyView } from "../contract/proxy-view";
 import { WiringProof } from "../contract/wiring";
 import { randomId } from "../crypto/api-keys";
@@ -15,7 +17,13 @@ import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
 import { checkLaunchable, type RunSpec } from "../runs/spec";
 import { previewPolicy } from "../vault/service";
-import { type MachinePorts, type MachineState, RunMachine, type StopRequest } from "./machine";
+import {
+  type EnvironmentAnswer,
+  type MachinePorts,
+  type MachineState,
+  RunMachine,
+  type StopRequest,
+} from "./machine";
 
 // One Durable Object per run (named by the run id): it owns the run's state machine. Its state
 // lives in the object's storage, so an eviction mid-run loses nothing; its alarm drives every
@@ -132,6 +140,64 @@ export class RunCoordinator extends DurableObject<Env> {
     }
   }
 
+  // ---- task environments, asked for through the compute API (src/routes/compute.ts) ----
+
+  async addEnvironment(name: string): Promise<EnvironmentAnswer> {
+    return this.serial(() => this.withMachine((m) => m.addEnvironment(name)));
+  }
+
+  async environment(id: string): Promise<EnvironmentAnswer> {
+    const found = await this.withMachine((m) => m.environment(id));
+    return found
+      ? { ok: true, environment: found.view }
+      : { ok: false, code: "not_found", why: `no environment ${id}` };
+  }
+
+  async removeEnvironment(id: string): Promise<EnvironmentAnswer> {
+    return this.serial(() => this.withMachine((m) => m.removeEnvironment(id)));
+  }
+
+  /**
+   * Starts a command in a ready environment, in its execute stage with the environment the wiring
+   * proved (the run CA); never a capability. The exec id is the caller's idempotency key.
+   */
+  async environmentExec(
+    runId: string,
+    id: string,
+    request: { execId: string; argv: string[]; stdin?: string; timeoutMs: number },
+  ): Promise<{ ok: true; exec: ExecInfo } | Extract<EnvironmentAnswer, { ok: false }>> {
+    const found = await this.withMachine((m) => m.environment(id));
+    if (!found) return { ok: false, code: "not_found", why: `no environment ${id}` };
+    if (found.env === null) {
+      return { ok: false, code: "conflict", why: `environment ${id} is ${found.view.state}` };
+    }
+    const exec = await brokerStub(this.env).exec(runId, id, {
+      id: request.execId,
+      argv: request.argv,
+      env: found.env,
+      stage: "execute",
+      ...(request.stdin === undefined ? {} : { stdin: request.stdin }),
+      timeoutMs: request.timeoutMs,
+    });
+    return { ok: true, exec };
+  }
+
+  async environmentPoll(
+    runId: string,
+    id: string,
+    execId: string,
+    from: { stdoutFrom: number; stderrFrom: number },
+  ): Promise<{ ok: true; exec: ExecInfo } | Extract<EnvironmentAnswer, { ok: false }>> {
+    const found = await this.withMachine((m) => m.environment(id));
+    if (!found || found.view.state === "deleted")
+      return { ok: false, code: "not_found", why: `no environment ${id}` };
+    try {
+      return { ok: true, exec: await brokerStub(this.env).poll(runId, id, execId, { ...from, waitMs: 0 }) };
+    } catch {
+      return { ok: false, code: "not_found", why: `no exec ${execId} in environment ${id}` };
+    }
+  }
+
   async poke(): Promise<void> {
     await this.withMachine((m) => m.poke());
   }
@@ -222,7 +288,10 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       destroyRun: async (runId, options) => {
         await broker.destroyRun(runId, options);
       },
+      destroy: (runId, sandboxId) => broker.destroySandbox(runId, sandboxId),
     },
+    issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),
+    revokeCapabilities: (runId) => revokeRunCapabilities(db, runId),
     currentRouting: async (runId) => {
       const row = await runsService.loadRun(db, runId);
       if (!row) throw new Error(`no run ${runId}`);

@@ -134,7 +134,7 @@ function limit(maxSize: number) {
 }
 
 /** A JSON body checked against a strict schema, failing as the /v1 routes do. */
-function parseBody<T extends z.ZodType>(schema: T, raw: string): z.infer<T> {
+export function parseBody<T extends z.ZodType>(schema: T, raw: string): z.infer<T> {
   let json: unknown;
   try {
     json = JSON.parse(raw);

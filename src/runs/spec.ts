@@ -63,8 +63,18 @@ export const RunSpec = z
      * POST /v1/runs/{id}/linger.
      */
     linger_seconds: LingerSeconds.optional(),
+    /**
+     * harbor: the Harbor bridge. The commands run in an orchestrator sandbox (the Harbor CLI),
+     * which asks the broker for per-task environments through the compute API with the run's
+     * capability; exclusive with tasks.
+     */
+    orchestrator: z.literal("harbor").optional(),
   })
   .strict()
+  .refine((s) => s.orchestrator === undefined || s.tasks === undefined, {
+    message: "a Harbor run asks for its task environments itself: give no tasks",
+    path: ["tasks"],
+  })
   .refine((s) => (s.benchmark === undefined) !== (s.commands === undefined), {
     message: "give exactly one of benchmark or commands",
     path: ["commands"],
