@@ -6,5 +6,7 @@ declare namespace Cloudflare {
     SANDBOX0_TOKEN?: string;
     /** e2b: the broker's E2B API key. */
     E2B_API_KEY?: string;
+    /** Image build cache: the private ES256 JWK the registry's token auth trusts (docs/image-cache.md). */
+    REGISTRY_SIGNING_KEY?: string;
   }
 }
