@@ -929,7 +929,7 @@ export class RunMachine {
   /** Asks for a task environment named `name` (made and wired at the next steps). */
   async addEnvironment(name: string): Promise<EnvironmentAnswer> {
     const s = await this.storage.load();
-    if (!s || s.state !== "running" || s.final) {
+    if (s?.state !== "running" || s.final) {
       return { ok: false, code: "run_ended", why: "the run is not running" };
     }
     if (!this.proxyRuns(s)) return { ok: false, code: "run_ended", why: "the run has no proxy" };

@@ -2,7 +2,6 @@ import { Hono } from "hono";
 import { z } from "zod";
 import { renewCapability } from "../compute/capability";
 import { type ComputeEnv, requireCapability } from "../compute/middleware";
-import type { ExecInfo } from "../contract/local-agent";
 import type { EnvironmentAnswer } from "../coordinator/machine";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { ApiError } from "../errors";

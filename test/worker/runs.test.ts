@@ -114,6 +114,46 @@ describe("runs API", () => {
     expect(run.json.notes.some((n: { level: string }) => n.level === "warning")).toBe(true);
   });
 
+  it("takes the backend a launch names only where it is configured; the default otherwise", async () => {
+    const t = await newTenant();
+    // Nothing of sandbox0 or e2b is configured here: refused at launch, no run recorded.
+    for (const backend of ["sandbox0", "e2b"]) {
+      const refused = expectProblem(
+        await t.api("POST", "/v1/runs", { commands: ["echo x"], backend }),
+        400,
+        "backend_not_configured",
+      );
+      expect(refused.json.detail).toContain(backend);
+    }
+    expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["echo x"], backend: "k8s" }),
+      400,
+      "invalid_request",
+    );
+    expect((await t.api("GET", "/v1/runs")).json.runs).toEqual([]);
+    // The default backend is recorded as it is (its missing settings stop the run, as above).
+    const launched = await t.api("POST", "/v1/runs", { commands: ["echo x"] });
+    expect(launched.json.backend).toBe("local");
+  });
+
+  it("refuses tasks on a Harbor run (the orchestrator asks for its environments itself)", async () => {
+    const t = await newTenant();
+    expectProblem(
+      await t.api("POST", "/v1/runs", {
+        orchestrator: "harbor",
+        commands: ["x"],
+        tasks: [{ name: "a", commands: ["y"] }],
+      }),
+      400,
+      "invalid_request",
+    );
+    expectProblem(
+      await t.api("POST", "/v1/runs", { orchestrator: "other", commands: ["x"] }),
+      400,
+      "invalid_request",
+    );
+  });
+
   it("cancels a live run: stopped with the reason; cancelling again changes nothing", async () => {
     // A vault that does not decrypt keeps the run retrying (alive) for a few seconds.
     const t = await tenantWithUnreadableVault("canary-cancel-value");
