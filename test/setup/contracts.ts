@@ -1,9 +1,11 @@
 import type { TestProject } from "vitest/node";
+import { startKubernetesContract } from "../contract/kubernetes-server";
 import { startRegistryContract } from "../contract/registry-server";
 
 // Placeholder: the contract servers (Kubernetes, E2B, OCI registry) the worker tests' cloud
 // backends talk to, started on loopback and provided to the tests.
 export default async function setup(_project: TestProject) {
   await startRegistryContract(_project); // OCI registry (image build cache); closes with vitest
+  await startKubernetesContract(_project); // Kubernetes (sandbox0 backend); closes with vitest
   return async () => {};
 }

@@ -1,0 +1,397 @@
+import { PROXY_PORTS } from "../../contract/local-agent";
+import { WIRING_PROBE_HOST } from "../../contract/proxy-wire";
+import { POD_PATHS } from "./runner-wire";
+
+// The Kubernetes objects of the sandbox0 backend, as plain JSON (core/v1 and networking.k8s.io/v1).
+// Pure functions of what the broker asked for: the contract tests compare them field by field.
+
+export const LABELS = {
+  managedBy: "app.kubernetes.io/managed-by",
+  run: "benchwright.dev/run",
+  sandbox: "benchwright.dev/sandbox",
+  kind: "benchwright.dev/kind",
+} as const;
+export const MANAGED_BY = "benchwright";
+export const EXEC_ID_ANNOTATION = "benchwright.dev/exec-id";
+
+/** The one uid of every benchwright container but the catch-all redirect (the image's `proxy`). */
+export const SANDBOX_UID = 10001;
+
+export type SandboxKindLabel = "proxy" | "work" | "task" | "orchestrator";
+
+/** Kubernetes label values: the sandbox and run ids go in as they are (they are the mapping back). */
+const LABEL_VALUE = /^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$/;
+export const isLabelValue = (v: string) => LABEL_VALUE.test(v);
+
+/** FNV-1a, 32 bits, hex: tells apart ids that lowercase to the same name. Not a secret. */
+function fnv(text: string): string {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h.toString(16).padStart(8, "0");
+}
+
+/**
+ * The object name of a sandbox (pod of a work sandbox, Service, NetworkPolicy): `bw-` + the id
+ * lowercased with anything outside [a-z0-9-] as `-`, cut to 40, + `-` + a hash of the exact id.
+ * A DNS-1035 label (Service names need one), at most 52 characters. Not reversed: the id is in
+ * the object's `benchwright.dev/sandbox` label.
+ */
+export function objectName(sandboxId: string): string {
+  const slug = sandboxId
+    .toLowerCase()
+    .replace(/[^a-z0-9-]/g, "-")
+    .slice(0, 40);
+  return `bw-${slug}-${fnv(sandboxId)}`;
+}
+
+/** A proxy launch's pod (one per exec id: a relaunch never waits for the old pod to go). */
+export const proxyPodName = (sandboxId: string, execId: string) => `${objectName(sandboxId)}-${fnv(execId)}`;
+/** The proxy's credentials (one per proxy sandbox, so one per run). */
+export const secretName = (sandboxId: string) => `${objectName(sandboxId)}-creds`;
+
+export function labels(runId: string, sandboxId: string, kind: SandboxKindLabel): Record<string, string> {
+  return {
+    [LABELS.managedBy]: MANAGED_BY,
+    [LABELS.run]: runId,
+    [LABELS.sandbox]: sandboxId,
+    [LABELS.kind]: kind,
+  };
+}
+
+/** Never a destination of a sandbox: private, CGNAT, loopback, link-local (cloud metadata). */
+export const NON_PUBLIC_V4 = [
+  "0.0.0.0/8",
+  "10.0.0.0/8",
+  "100.64.0.0/10",
+  "127.0.0.0/8",
+  "169.254.0.0/16",
+  "172.16.0.0/12",
+  "192.168.0.0/16",
+  "198.18.0.0/15",
+  "224.0.0.0/4",
+  "240.0.0.0/4",
+];
+
+const PROXY_POD_PORTS = [
+  { port: PROXY_PORTS.tls, protocol: "TCP" },
+  { port: PROXY_PORTS.http, protocol: "TCP" },
+  { port: PROXY_PORTS.explicit, protocol: "TCP" },
+  { port: PROXY_PORTS.dns, protocol: "TCP" },
+  { port: PROXY_PORTS.dns, protocol: "UDP" },
+];
+
+const KUBE_DNS = {
+  to: [
+    {
+      namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "kube-system" } },
+      podSelector: { matchLabels: { "k8s-app": "kube-dns" } },
+    },
+  ],
+  ports: [
+    { port: 53, protocol: "UDP" },
+    { port: 53, protocol: "TCP" },
+  ],
+};
+
+const PUBLIC_INTERNET = { to: [{ ipBlock: { cidr: "0.0.0.0/0", except: NON_PUBLIC_V4 } }] };
+
+const podBasics = {
+  restartPolicy: "Never",
+  automountServiceAccountToken: false,
+  enableServiceLinks: false,
+  hostNetwork: false,
+  hostPID: false,
+  hostIPC: false,
+};
+
+const podSecurity = {
+  runAsNonRoot: true,
+  runAsUser: SANDBOX_UID,
+  runAsGroup: SANDBOX_UID,
+  fsGroup: SANDBOX_UID,
+  seccompProfile: { type: "RuntimeDefault" },
+};
+
+const nonRootContainer = (readOnlyRootFilesystem: boolean) => ({
+  runAsNonRoot: true,
+  runAsUser: SANDBOX_UID,
+  runAsGroup: SANDBOX_UID,
+  allowPrivilegeEscalation: false,
+  readOnlyRootFilesystem,
+  capabilities: { drop: ["ALL"] },
+});
+
+// ---- proxy sandbox ----
+
+/**
+ * The proxy's Service: its clusterIP is what default-routed work pods' hosts files point at.
+ * 443/80 map to the proxy's unprivileged 8443/8080 (the proxy runs without capabilities, so it
+ * cannot listen on 443 itself); the proxy's own ports are there too.
+ */
+export function proxyService(ns: string, runId: string, sandboxId: string) {
+  return {
+    apiVersion: "v1",
+    kind: "Service",
+    metadata: { name: objectName(sandboxId), namespace: ns, labels: labels(runId, sandboxId, "proxy") },
+    spec: {
+      type: "ClusterIP",
+      selector: { [LABELS.sandbox]: sandboxId, [LABELS.kind]: "proxy" },
+      ports: [
+        { name: "https", port: 443, targetPort: PROXY_PORTS.tls, protocol: "TCP" },
+        { name: "http", port: 80, targetPort: PROXY_PORTS.http, protocol: "TCP" },
+        { name: "tls", port: PROXY_PORTS.tls, targetPort: PROXY_PORTS.tls, protocol: "TCP" },
+        { name: "http-alt", port: PROXY_PORTS.http, targetPort: PROXY_PORTS.http, protocol: "TCP" },
+        { name: "explicit", port: PROXY_PORTS.explicit, targetPort: PROXY_PORTS.explicit, protocol: "TCP" },
+        { name: "dns-tcp", port: PROXY_PORTS.dns, targetPort: PROXY_PORTS.dns, protocol: "TCP" },
+        { name: "dns-udp", port: PROXY_PORTS.dns, targetPort: PROXY_PORTS.dns, protocol: "UDP" },
+      ],
+    },
+  };
+}
+
+/**
+ * The proxy pod's policy: in, only its own run's work/task/orchestrator pods on the proxy ports;
+ * out, the cluster's DNS and the public internet (the control plane and upstreams), never a
+ * private, CGNAT, loopback or link-local address.
+ */
+export function proxyNetworkPolicy(ns: string, runId: string, sandboxId: string) {
+  return {
+    apiVersion: "networking.k8s.io/v1",
+    kind: "NetworkPolicy",
+    metadata: { name: objectName(sandboxId), namespace: ns, labels: labels(runId, sandboxId, "proxy") },
+    spec: {
+      podSelector: { matchLabels: { [LABELS.sandbox]: sandboxId, [LABELS.kind]: "proxy" } },
+      policyTypes: ["Ingress", "Egress"],
+      ingress: [
+        {
+          from: [
+            {
+              podSelector: {
+                matchLabels: { [LABELS.run]: runId },
+                matchExpressions: [
+                  { key: LABELS.kind, operator: "In", values: ["work", "task", "orchestrator"] },
+                ],
+              },
+            },
+          ],
+          ports: PROXY_POD_PORTS,
+        },
+      ],
+      egress: [KUBE_DNS, PUBLIC_INTERNET],
+    },
+  };
+}
+
+export function proxySecret(ns: string, runId: string, sandboxId: string, values: Record<string, string>) {
+  const data: Record<string, string> = {};
+  for (const [k, v] of Object.entries(values)) data[k] = base64(v);
+  return {
+    apiVersion: "v1",
+    kind: "Secret",
+    metadata: { name: secretName(sandboxId), namespace: ns, labels: labels(runId, sandboxId, "proxy") },
+    type: "Opaque",
+    data,
+  };
+}
+
+/** Normal proxy resources, and the floor a paused (frozen) proxy is resized to. */
+export const PROXY_CPU = {
+  running: { requests: "250m", limits: "1" },
+  paused: { requests: "10m", limits: "10m" },
+};
+
+export function proxyPod(o: {
+  ns: string;
+  runId: string;
+  sandboxId: string;
+  execId: string;
+  image: string;
+  argv: string[];
+  plainEnv: Record<string, string>;
+  secretKeys: string[];
+  serviceIp: string;
+}) {
+  const env: Array<Record<string, unknown>> = [
+    // The pod's own address, for the proxy's list of addresses it never forwards to.
+    { name: "BW_POD_IP", valueFrom: { fieldRef: { fieldPath: "status.podIP" } } },
+    ...Object.entries(o.plainEnv).map(([name, value]) => ({ name, value })),
+    ...o.secretKeys.map((name) => ({
+      name,
+      valueFrom: { secretKeyRef: { name: secretName(o.sandboxId), key: name } },
+    })),
+    { name: "BW_OWN_ADDRESSES", value: `$(BW_POD_IP),${o.serviceIp}` },
+  ];
+  return {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: {
+      name: proxyPodName(o.sandboxId, o.execId),
+      namespace: o.ns,
+      labels: labels(o.runId, o.sandboxId, "proxy"),
+      annotations: { [EXEC_ID_ANNOTATION]: o.execId },
+    },
+    spec: {
+      ...podBasics,
+      terminationGracePeriodSeconds: 5,
+      securityContext: podSecurity,
+      containers: [
+        {
+          name: "proxy",
+          image: o.image,
+          command: o.argv,
+          env,
+          ports: [
+            { name: "tls", containerPort: PROXY_PORTS.tls, protocol: "TCP" },
+            { name: "http", containerPort: PROXY_PORTS.http, protocol: "TCP" },
+            { name: "explicit", containerPort: PROXY_PORTS.explicit, protocol: "TCP" },
+            { name: "dns-tcp", containerPort: PROXY_PORTS.dns, protocol: "TCP" },
+            { name: "dns-udp", containerPort: PROXY_PORTS.dns, protocol: "UDP" },
+          ],
+          securityContext: nonRootContainer(true),
+          resources: {
+            requests: { cpu: PROXY_CPU.running.requests, memory: "256Mi" },
+            limits: { cpu: PROXY_CPU.running.limits, memory: "512Mi" },
+          },
+          // A paused proxy is resized in place, never restarted: a restart would lose its CA key.
+          resizePolicy: [
+            { resourceName: "cpu", restartPolicy: "NotRequired" },
+            { resourceName: "memory", restartPolicy: "NotRequired" },
+          ],
+          // The root filesystem is read-only; the spool (BW_SPOOL_DIR) lives under /tmp.
+          volumeMounts: [{ name: "tmp", mountPath: "/tmp" }],
+        },
+      ],
+      volumes: [{ name: "tmp", emptyDir: { sizeLimit: "64Mi" } }],
+    },
+  };
+}
+
+/** The in-place resize of a proxy pod's CPU (strategic merge patch on pods/{name}/resize). */
+export function proxyResize(paused: boolean) {
+  const cpu = paused ? PROXY_CPU.paused : PROXY_CPU.running;
+  return {
+    spec: {
+      containers: [
+        { name: "proxy", resources: { requests: { cpu: cpu.requests }, limits: { cpu: cpu.limits } } },
+      ],
+    },
+  };
+}
+
+// ---- work / task / orchestrator sandboxes ----
+
+export function workNetworkPolicy(o: {
+  ns: string;
+  runId: string;
+  sandboxId: string;
+  kind: SandboxKindLabel;
+  routing: "default" | "catch-all";
+}) {
+  const toProxy = {
+    to: [{ podSelector: { matchLabels: { [LABELS.run]: o.runId, [LABELS.kind]: "proxy" } } }],
+    ports: PROXY_POD_PORTS,
+  };
+  return {
+    apiVersion: "networking.k8s.io/v1",
+    kind: "NetworkPolicy",
+    metadata: {
+      name: objectName(o.sandboxId),
+      namespace: o.ns,
+      labels: labels(o.runId, o.sandboxId, o.kind),
+    },
+    spec: {
+      podSelector: { matchLabels: { [LABELS.sandbox]: o.sandboxId } },
+      policyTypes: ["Ingress", "Egress"],
+      ingress: [],
+      egress: o.routing === "catch-all" ? [toProxy] : [toProxy, KUBE_DNS, PUBLIC_INTERNET],
+    },
+  };
+}
+
+export function workPod(o: {
+  ns: string;
+  runId: string;
+  sandboxId: string;
+  kind: SandboxKindLabel;
+  routing: "default" | "catch-all";
+  proxyImage: string;
+  workImage: string;
+  /** The hosts-file target: the proxy Service (default) or the proxy pod (catch-all). */
+  proxyAddress: string;
+  hostsFile: string[];
+}) {
+  const hostnames =
+    o.routing === "default" ? [...new Set([...o.hostsFile, WIRING_PROBE_HOST])] : [WIRING_PROBE_HOST];
+  const tools = { name: "bw-tools", mountPath: POD_PATHS.tools };
+  const state = { name: "bw-run", mountPath: POD_PATHS.state };
+  const home = { name: "home", mountPath: POD_PATHS.home };
+  const redirect = {
+    name: "bw-redirect",
+    image: o.proxyImage,
+    command: ["bw-init", "redirect", o.proxyAddress],
+    // The only container of the pod with a capability, and the only root one: it installs the
+    // catch-all rules in the pod's network namespace and exits before anything else runs.
+    securityContext: {
+      runAsNonRoot: false,
+      runAsUser: 0,
+      runAsGroup: 0,
+      allowPrivilegeEscalation: false,
+      readOnlyRootFilesystem: true,
+      capabilities: { drop: ["ALL"], add: ["NET_ADMIN"] },
+    },
+    resources: { requests: { cpu: "10m", memory: "16Mi" }, limits: { memory: "64Mi" } },
+  };
+  const toolsInit = {
+    name: "bw-tools",
+    image: o.proxyImage,
+    command: ["bw-init", "tools"],
+    securityContext: nonRootContainer(true),
+    resources: { requests: { cpu: "10m", memory: "32Mi" }, limits: { memory: "128Mi" } },
+    volumeMounts: [tools, state, home],
+  };
+  return {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: {
+      name: objectName(o.sandboxId),
+      namespace: o.ns,
+      labels: labels(o.runId, o.sandboxId, o.kind),
+    },
+    spec: {
+      ...podBasics,
+      // The pause process is PID 1 and reaps the runner's detached supervisors.
+      shareProcessNamespace: true,
+      terminationGracePeriodSeconds: 5,
+      dnsPolicy: "ClusterFirst",
+      hostAliases: [{ ip: o.proxyAddress, hostnames }],
+      securityContext: podSecurity,
+      initContainers: o.routing === "catch-all" ? [redirect, toolsInit] : [toolsInit],
+      containers: [
+        {
+          name: "work",
+          image: o.workImage,
+          command: [POD_PATHS.runner, "hold"],
+          env: [{ name: "HOME", value: POD_PATHS.home }],
+          securityContext: nonRootContainer(false),
+          resources: { requests: { cpu: "500m", memory: "1Gi" }, limits: { memory: "4Gi" } },
+          volumeMounts: [{ ...tools, readOnly: true }, state, home],
+        },
+      ],
+      volumes: [
+        { name: "bw-tools", emptyDir: {} },
+        { name: "bw-run", emptyDir: {} },
+        { name: "home", emptyDir: {} },
+      ],
+    },
+  };
+}
+
+function base64(text: string): string {
+  const bytes = new TextEncoder().encode(text);
+  let bin = "";
+  for (const b of bytes) bin += String.fromCharCode(b);
+  return btoa(bin);
+}
