@@ -1,5 +1,9 @@
-# The E2B template of the proxy sandbox: the same image as Dockerfile (E2B builds from this file;
-# run `e2b template build` from the repository root with -c proxy-image/e2b.toml).
+# syntax=docker/dockerfile:1.7
+# The E2B template of a run's PROXY sandbox (E2B_PROXY_TEMPLATE). Build from the repository root:
+#   e2b template build -c proxy-image/e2b.toml
+# The same proxy as Dockerfile, plus the two programs the e2b backend drives it with (docs/e2b.md):
+# bw-exec, the exec runner (E2B keeps no output of a process: the runner keeps it in the sandbox),
+# and bw-tunnel, whose `serve` end is the only way the run's work sandboxes reach the proxy.
 FROM node:20-bookworm-slim AS build
 WORKDIR /src
 COPY package.json package-lock.json ./
@@ -8,26 +12,27 @@ RUN npm ci --ignore-scripts --no-audit --no-fund
 COPY src/policy src/policy
 COPY src/contract src/contract
 COPY proxy-image/src proxy-image/src
-RUN npm run build:proxy
+RUN npm run build:proxy \
+ && for p in exec tunnel; do \
+      npx esbuild "proxy-image/src/e2b-$p-main.ts" --bundle --platform=node --target=node20 --format=cjs \
+        --outfile="proxy-image/dist/$p.cjs" --log-level=warning; \
+    done
 
 FROM node:20-bookworm-slim
-# Listen on 80/443 without running as root: the capability is on the node binary only.
-RUN apt-get update && apt-get install -y --no-install-recommends libcap2-bin ca-certificates \
- && setcap cap_net_bind_service=+ep "$(readlink -f /usr/local/bin/node)" \
- && apt-get purge -y libcap2-bin && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin proxy \
- && mkdir -p /var/spool/benchwright && chown proxy /var/spool/benchwright
-COPY --from=build /src/proxy-image/dist/proxy.cjs /opt/benchwright/proxy.cjs
-# The wiring program, for work and task sandboxes' setup stage (an init container runs it from
-# this image on Kubernetes; the local backend mounts proxy-image/dist instead).
-COPY --from=build /src/proxy-image/dist/wiring.cjs /opt/benchwright/wiring.cjs
-# The programs by the names the sandbox broker uses in its exec calls: bw-proxy (the proxy),
-# bw-proxy-view (prints the running proxy's view as one JSON line: the control plane runs it to
-# inspect a lingering run's proxy) and bw-wiring.
+# Nothing here listens on a privileged port (the proxy on 8443/8080 behind 127.0.0.1, the tunnel
+# on 8090), so no capability is given to anyone. sudo is removed for good measure: nothing of the
+# agent runs in this sandbox, and the proxy's own user has no use for root.
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+ && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/proxy-image/dist/proxy.cjs /src/proxy-image/dist/exec.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
+# The programs by the names the sandbox broker uses. The runner's state: one private directory per
+# uid under a sticky directory (root's made here; the others make their own on first use).
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs "$@"\n' > /usr/local/bin/bw-proxy \
  && printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs view "$@"\n' > /usr/local/bin/bw-proxy-view \
- && printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
- && chmod 755 /usr/local/bin/bw-proxy /usr/local/bin/bw-proxy-view /usr/local/bin/bw-wiring
-USER proxy
-EXPOSE 80 443 3128
-# E2B starts the proxy with start_cmd in e2b.toml.
+ && printf '#!/bin/sh\nexec node /opt/benchwright/exec.cjs "$@"\n' > /usr/local/bin/bw-exec \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
+ && chmod 755 /usr/local/bin/bw-proxy /usr/local/bin/bw-proxy-view /usr/local/bin/bw-exec /usr/local/bin/bw-tunnel \
+ && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
+# No start command: the broker starts bw-tunnel (at create) and bw-proxy (with the run's
+# credentials in that one process's environment) itself. A template that started the proxy would
+# start it without credentials, in every sandbox, before its run exists.

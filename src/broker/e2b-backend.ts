@@ -1,6 +1,608 @@
-import type { ComputeBackend } from "./backend";
+import {
+  AuthenticationError,
+  CommandExitError,
+  type CommandResult,
+  type ConnectionOpts,
+  type SandboxInfo as E2bSandboxInfo,
+  InvalidArgumentError,
+  NotFoundError,
+  RateLimitError,
+  Sandbox,
+  SandboxError,
+  type SandboxNetworkOpts,
+  TimeoutError,
+} from "e2b";
+import { z } from "zod";
+import { ExecInfo, ExecRequest, type SandboxInfo, SandboxKind } from "../contract/local-agent";
+import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
+import { egressOf, networkDrift, proxyNetwork, type Routing, TUNNEL_PORT, workNetwork } from "./e2b/network";
+import {
+  killCommand,
+  lastJson,
+  pollCommand,
+  RUNNER_UNKNOWN_EXEC,
+  RunnerStatus,
+  startCommand,
+} from "./e2b/runner";
 
-// Placeholder until the e2b backend lands: never configured.
-export function e2bFromEnv(_env: Env): ComputeBackend | string {
-  return "not built yet";
+// The `e2b` backend: one E2B microVM per sandbox, through E2B's `e2b` SDK, from the SandboxBroker
+// Durable Object (the SDK runs in workerd with nodejs_compat). docs/e2b.md says what it makes,
+// what it guarantees and how to set it up; in short:
+//
+// - proxy sandbox: the proxy template, public traffic off; `bw-tunnel serve` is started in it at
+//   create, the only way in for the run's work sandboxes. The proxy process (`bw-proxy`) gets the
+//   run's proxy credentials as that one process's environment, never as sandbox settings.
+// - work/task/orchestrator: the work template, public traffic off; catch-all routing is E2B's
+//   firewall (deny everything but the proxy's tunnel host), checked after create. In each, the
+//   backend starts `bw-tunnel connect` (root) so that 127.0.0.1:443/80 lead to the proxy, and
+//   under catch-all installs the redirect of every 80/443 connection to it. Setup-stage execs
+//   run as root, execute-stage ones as `user`, who must not be able to become root (checked).
+// - every exec goes through the templates' runner `bw-exec`, which keeps output and exit status
+//   in the sandbox (E2B keeps none) and makes a start idempotent by its exec id.
+// - freeze is E2B's pause (memory kept) and connect (resume); destroy is kill; list is by
+//   metadata. Sandboxes time out into pause, never into loss.
+
+const setting = (name: string) => z.string({ error: `${name} is not set` }).min(1, `${name} is not set`);
+const optionalUrl = (name: string) =>
+  z
+    .union([z.literal(""), z.url({ protocol: /^https?$/, error: `${name} is not an http(s) URL` })])
+    .optional();
+
+export const E2bEnv = z.object({
+  E2B_API_KEY: setting("E2B_API_KEY").min(16, "E2B_API_KEY is too short"),
+  // The proxy sandbox reaches the control plane there, over the internet.
+  PUBLIC_URL: z.url({ protocol: /^https$/, error: "PUBLIC_URL is not an https URL" }),
+  E2B_PROXY_TEMPLATE: setting("E2B_PROXY_TEMPLATE"),
+  E2B_WORK_TEMPLATE: setting("E2B_WORK_TEMPLATE"),
+  /** Empty: E2B's cloud (https://api.<domain>). */
+  E2B_API_URL: optionalUrl("E2B_API_URL"),
+  E2B_DOMAIN: z
+    .union([z.literal(""), z.string().regex(/^[a-z0-9.-]+$/, "E2B_DOMAIN is not a domain")])
+    .optional(),
+  /** envd's address, for a self-hosted E2B or a contract server (the SDK's `sandboxUrl`). */
+  E2B_SANDBOX_URL: optionalUrl("E2B_SANDBOX_URL"),
+});
+export type E2bEnv = z.infer<typeof E2bEnv>;
+
+/** The e2b backend from the Worker's env; the reason it is not configured otherwise. */
+export function e2bFromEnv(
+  env: Record<
+    "PUBLIC_URL" | "E2B_PROXY_TEMPLATE" | "E2B_WORK_TEMPLATE" | "E2B_API_URL" | "E2B_DOMAIN",
+    unknown
+  > & {
+    E2B_API_KEY?: unknown;
+    E2B_SANDBOX_URL?: unknown;
+  },
+): ComputeBackend | string {
+  const parsed = E2bEnv.safeParse(env);
+  if (!parsed.success) return [...new Set(parsed.error.issues.map((i) => i.message))].join("; ");
+  return e2bBackend(parsed.data);
+}
+
+/** Metadata on every sandbox: how list() maps E2B's sandboxes back, and whose they are. */
+export const META = {
+  /** This deployment (PUBLIC_URL's origin): another deployment on the same E2B team is not ours. */
+  deployment: "bw-deployment",
+  run: "bw-run",
+  kind: "bw-kind",
+  sandbox: "bw-sandbox",
+  /** work/task/orchestrator: the run's proxy sandbox and the routing they were made with. */
+  proxy: "bw-proxy",
+  routing: "bw-routing",
+} as const;
+
+/** A sandbox's life at a time; it is extended while the run uses it, and it pauses when it ends. */
+export const SANDBOX_TTL_MS = 60 * 60_000;
+const KEEPALIVE_EVERY_MS = 5 * 60_000;
+const MAX_POLL_WAIT_MS = 5_000;
+/** Longest a runner call may take beyond its own wait (envd's stream deadline). */
+const RUNNER_DEADLINE_MS = 30_000;
+const READY_DEADLINE_MS = 15_000;
+const STDIN_CHUNK = 256 * 1024;
+/** The tunnel's local end in a work sandbox: what the hosts file and the redirect point at. */
+export const WORK_PROXY_ADDRESS = "127.0.0.1";
+/** The runner's exec id for the tunnel in each sandbox (one per sandbox, idempotent). */
+export const TUNNEL_EXEC_ID = "bw-tunnel";
+
+type Meta = Record<string, string>;
+interface Held {
+  e2bId: string;
+  meta: Meta;
+  sandbox: Sandbox | null;
+  touchedAt: number;
+}
+
+// Per isolate: which E2B sandbox each of ours is, and a connected SDK handle. The broker is one
+// Durable Object, so this is nearly always the only copy; a miss costs one list and one connect.
+const held = new Map<string, Held>();
+
+export function e2bBackend(config: E2bEnv): ComputeBackend {
+  const deployment = new URL(config.PUBLIC_URL).origin;
+  const opts: ConnectionOpts = {
+    apiKey: config.E2B_API_KEY,
+    ...(config.E2B_API_URL ? { apiUrl: config.E2B_API_URL } : {}),
+    ...(config.E2B_DOMAIN ? { domain: config.E2B_DOMAIN } : {}),
+    ...(config.E2B_SANDBOX_URL ? { sandboxUrl: config.E2B_SANDBOX_URL } : {}),
+    requestTimeoutMs: 30_000,
+  };
+  const cacheKey = (id: string) => `${config.E2B_API_URL ?? ""}|${deployment}|${id}`;
+
+  // ---- errors: never a credential in a message ----
+
+  let hidden: string[] = [config.E2B_API_KEY];
+  function scrub(text: string): string {
+    let out = text;
+    for (const h of hidden) if (h.length >= 8) out = out.replaceAll(h, "[redacted]");
+    return out.length > 300 ? `${out.slice(0, 300)}…` : out;
+  }
+  function asBackendError(e: unknown, what: string): BackendError {
+    if (e instanceof BackendError) return e;
+    const said = e instanceof Error ? scrub(e.message) : "unknown error";
+    if (e instanceof NotFoundError) return new BackendError("not_found", `E2B: ${what}: not found`);
+    if (e instanceof AuthenticationError)
+      return new BackendError("backend_error", `E2B refused the API key (${what})`);
+    if (e instanceof RateLimitError)
+      return new BackendError("backend_busy", `E2B: ${what}: rate limited`, true);
+    if (e instanceof TimeoutError)
+      return new BackendError("backend_unreachable", `E2B: ${what}: ${said}`, true);
+    if (e instanceof InvalidArgumentError)
+      return new BackendError("invalid_request", `E2B: ${what}: ${said}`);
+    if (e instanceof SandboxError && (e.statusCode ?? 500) < 500) {
+      return new BackendError("sandbox_failed", `E2B: ${what}: ${said}`);
+    }
+    if (e instanceof TypeError)
+      return new BackendError("backend_unreachable", `E2B does not answer (${what})`, true);
+    return new BackendError("backend_error", `E2B: ${what}: ${said}`, true);
+  }
+  async function call<T>(what: string, fn: () => Promise<T>): Promise<T> {
+    try {
+      return await fn();
+    } catch (e) {
+      throw asBackendError(e, what);
+    }
+  }
+
+  // ---- which E2B sandbox is ours ----
+
+  async function findAll(id: string): Promise<E2bSandboxInfo[]> {
+    const pages = Sandbox.list({
+      ...opts,
+      query: { metadata: { [META.deployment]: deployment, [META.sandbox]: id } },
+      limit: 100,
+    });
+    const found: E2bSandboxInfo[] = [];
+    while (pages.hasNext) found.push(...(await pages.nextItems()));
+    return found;
+  }
+
+  async function resolve(id: string): Promise<Held> {
+    const known = held.get(cacheKey(id));
+    if (known) return known;
+    const found = await call("find the sandbox", () => findAll(id));
+    const pick = found.find((s) => s.state === "running") ?? found[0];
+    if (!pick) throw new BackendError("not_found", `no sandbox ${id}`);
+    const h: Held = { e2bId: pick.sandboxId, meta: pick.metadata, sandbox: null, touchedAt: 0 };
+    held.set(cacheKey(id), h);
+    return h;
+  }
+
+  /** A connected handle; connecting resumes a paused sandbox and extends its life. */
+  async function attach(id: string): Promise<Held & { sandbox: Sandbox }> {
+    const h = await resolve(id);
+    if (!h.sandbox) {
+      h.sandbox = await call("connect to the sandbox", () =>
+        Sandbox.connect(h.e2bId, { ...opts, timeoutMs: SANDBOX_TTL_MS }),
+      );
+      h.touchedAt = Date.now();
+    }
+    return h as Held & { sandbox: Sandbox };
+  }
+
+  /** Runs fn on the sandbox; once more on a fresh connection if the old one found it paused or gone. */
+  async function withSandbox<T>(id: string, fn: (s: Sandbox, h: Held) => Promise<T>): Promise<T> {
+    const h = await attach(id);
+    try {
+      return await fn(h.sandbox, h);
+    } catch (e) {
+      if (!(e instanceof TimeoutError || e instanceof NotFoundError)) throw e;
+      held.delete(cacheKey(id));
+      const again = await attach(id);
+      return fn(again.sandbox, again);
+    }
+  }
+
+  /** Extends the life of a sandbox in use, and of its run's proxy (best effort, now and then). */
+  async function keepAlive(h: Held): Promise<void> {
+    if (Date.now() - h.touchedAt < KEEPALIVE_EVERY_MS) return;
+    h.touchedAt = Date.now();
+    const ids = [h.e2bId];
+    const proxy = h.meta[META.proxy];
+    if (proxy) ids.push((await resolve(proxy).catch(() => null))?.e2bId ?? "");
+    for (const e2bId of ids.filter(Boolean)) {
+      await Sandbox.setTimeout(e2bId, SANDBOX_TTL_MS, opts).catch(() => {});
+    }
+  }
+
+  // ---- commands ----
+
+  async function run(
+    sandbox: Sandbox,
+    command: string,
+    o: { user: string; envs?: Record<string, string>; cwd?: string; stdin?: Uint8Array; timeoutMs: number },
+  ): Promise<CommandResult> {
+    const base = {
+      user: o.user,
+      timeoutMs: o.timeoutMs,
+      ...(o.envs && Object.keys(o.envs).length > 0 ? { envs: o.envs } : {}),
+      ...(o.cwd === undefined ? {} : { cwd: o.cwd }),
+    };
+    try {
+      if (!o.stdin || o.stdin.length === 0) return await sandbox.commands.run(command, base);
+      const handle = await sandbox.commands.run(command, { ...base, background: true, stdin: true });
+      let sendFailed: unknown = null;
+      try {
+        for (let at = 0; at < o.stdin.length; at += STDIN_CHUNK) {
+          await handle.sendStdin(o.stdin.subarray(at, at + STDIN_CHUNK));
+        }
+      } catch (e) {
+        // An exec that already exists ends without reading its stdin: its answer says so.
+        sendFailed = e;
+      }
+      const result = await handle.wait().catch((e: unknown) => {
+        if (e instanceof CommandExitError) return e;
+        throw e;
+      });
+      if (sendFailed !== null && result.exitCode !== 0) throw sendFailed;
+      return result;
+    } catch (e) {
+      if (e instanceof CommandExitError) return e;
+      throw e;
+    }
+  }
+
+  /** One bw-exec call; its status, or the backend's reason it has none. */
+  async function runner(
+    id: string,
+    command: string,
+    what: string,
+    o: { user: string; envs?: Record<string, string>; cwd?: string; stdin?: Uint8Array; waitMs?: number },
+  ): Promise<RunnerStatus> {
+    const result = await call(what, () =>
+      withSandbox(id, async (sandbox, h) => {
+        const r = await run(sandbox, command, { ...o, timeoutMs: RUNNER_DEADLINE_MS + (o.waitMs ?? 0) });
+        await keepAlive(h);
+        return r;
+      }),
+    );
+    if (result.exitCode === RUNNER_UNKNOWN_EXEC)
+      throw new BackendError("not_found", `sandbox ${id}: ${what}: no such exec`);
+    const parsed = RunnerStatus.safeParse(lastJson(result.stdout));
+    if (result.exitCode !== 0 || !parsed.success) {
+      const why = result.stderr.trim().split("\n").at(-1) ?? "";
+      throw new BackendError(
+        "sandbox_failed",
+        `sandbox ${id}: ${what}: the exec runner answered exit ${result.exitCode}${why ? `: ${scrub(why)}` : ""}`,
+      );
+    }
+    return parsed.data;
+  }
+
+  const execInfo = (sandboxId: string, execId: string, s: RunnerStatus): ExecInfo => {
+    const { created: _created, ...status } = s;
+    return ExecInfo.parse({ execId, sandboxId, ...status });
+  };
+
+  /** Starts a long-running program (the tunnel) under the runner and waits for its first line. */
+  async function startService(
+    id: string,
+    argv: string[],
+    envs: Record<string, string>,
+    user: string,
+    what: string,
+  ) {
+    const started = await runner(id, startCommand(TUNNEL_EXEC_ID, argv, null, 0), what, { user, envs });
+    let status = started;
+    const deadline = Date.now() + READY_DEADLINE_MS;
+    while (!status.stdout.includes('"listening"')) {
+      if (status.state === "exited") {
+        const why = status.stderr.trim().split("\n").at(-1) ?? `exit ${status.exitCode}`;
+        throw new BackendError("sandbox_failed", `sandbox ${id}: ${what}: it ended: ${scrub(why)}`);
+      }
+      if (Date.now() >= deadline)
+        throw new BackendError("sandbox_starting", `sandbox ${id}: ${what}: not ready`, true);
+      status = await runner(id, pollCommand(TUNNEL_EXEC_ID, 0, 0, 1_000), what, {
+        user: "root",
+        waitMs: 1_000,
+      });
+    }
+  }
+
+  /** The tunnel token of a run's proxy: HMAC of its id under the API key, so no state keeps it. */
+  async function tunnelToken(proxyId: string): Promise<string> {
+    const key = await crypto.subtle.importKey(
+      "raw",
+      new TextEncoder().encode(config.E2B_API_KEY),
+      { name: "HMAC", hash: "SHA-256" },
+      false,
+      ["sign"],
+    );
+    const mac = await crypto.subtle.sign(
+      "HMAC",
+      key,
+      new TextEncoder().encode(`benchwright e2b tunnel v1\0${proxyId}`),
+    );
+    return [...new Uint8Array(mac)].map((b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  /** The settings E2B holds are the ones asked for, made so (one whole update) if they are not. */
+  async function ensureNetwork(id: string, e2bId: string, wanted: SandboxNetworkOpts): Promise<void> {
+    const heldNow = await call("read the sandbox's network", () => Sandbox.getInfo(e2bId, opts));
+    if (networkDrift(wanted, heldNow.network).length === 0) return;
+    // The update replaces the whole egress configuration: it is always sent whole.
+    await call("set the sandbox's network", () => Sandbox.updateNetwork(e2bId, egressOf(wanted), opts));
+    const after = await call("read the sandbox's network", () => Sandbox.getInfo(e2bId, opts));
+    const drift = networkDrift(wanted, after.network);
+    if (drift.length > 0) {
+      throw new BackendError(
+        "cannot_isolate",
+        `E2B does not hold the network settings sandbox ${id} needs (${drift.join("; ")})`,
+      );
+    }
+  }
+
+  /** null instead of not_found; every other failure stays what it is (a retry may help). */
+  const resolveOrNull = (id: string) =>
+    resolve(id).catch((e: unknown) => {
+      if (e instanceof BackendError && e.code === "not_found") return null;
+      throw e;
+    });
+
+  async function proxyOf(spec: { runId: string; proxySandboxId: string }) {
+    const p = await resolveOrNull(spec.proxySandboxId);
+    if (!p || p.meta[META.run] !== spec.runId || p.meta[META.kind] !== "proxy") {
+      throw new BackendError("not_found", `run ${spec.runId} has no proxy sandbox ${spec.proxySandboxId}`);
+    }
+    const proxy = await attach(spec.proxySandboxId);
+    return { proxy, host: proxy.sandbox.getHost(TUNNEL_PORT) };
+  }
+
+  /** Our sandbox `id` on E2B: the one already there (an earlier, interrupted create), or a new one. */
+  async function ensureSandbox(id: string, template: string, meta: Meta, network: SandboxNetworkOpts) {
+    if (await resolveOrNull(id)) return attach(id);
+    const sandbox = await call("create the sandbox", () =>
+      Sandbox.create(template, {
+        ...opts,
+        metadata: meta,
+        network,
+        timeoutMs: SANDBOX_TTL_MS,
+        // Out of time, a sandbox pauses (kept, resumable) rather than vanishing mid-run.
+        lifecycle: { onTimeout: "pause" },
+      }),
+    );
+    const h: Held & { sandbox: Sandbox } = { e2bId: sandbox.sandboxId, meta, sandbox, touchedAt: Date.now() };
+    held.set(cacheKey(id), h);
+    return h;
+  }
+
+  function userFor(kind: string, stage: "setup" | "execute"): string {
+    // The proxy runs unprivileged; a work sandbox's setup stage is root, its execute stage never.
+    if (kind === "proxy") return "user";
+    return stage === "setup" ? "root" : "user";
+  }
+
+  return {
+    name: "e2b",
+
+    async create(spec: SandboxSpec): Promise<SandboxInfo> {
+      const meta: Meta = {
+        [META.deployment]: deployment,
+        [META.run]: spec.runId,
+        [META.kind]: spec.kind,
+        [META.sandbox]: spec.id,
+      };
+      if (spec.kind === "proxy") {
+        const network = proxyNetwork();
+        const h = await ensureSandbox(spec.id, config.E2B_PROXY_TEMPLATE, meta, network);
+        const info = await call("read the sandbox", () => Sandbox.getInfo(h.e2bId, opts));
+        const drift = networkDrift(network, info.network);
+        if (drift.length > 0) {
+          throw new BackendError(
+            "cannot_isolate",
+            `E2B does not keep the proxy sandbox private (${drift.join("; ")})`,
+          );
+        }
+        const token = await tunnelToken(spec.id);
+        hidden = [config.E2B_API_KEY, token];
+        await startService(
+          spec.id,
+          ["bw-tunnel", "serve"],
+          { BW_TUNNEL_TOKEN: token, BW_TUNNEL_PORT: String(TUNNEL_PORT) },
+          "user",
+          "start the tunnel's proxy end",
+        );
+        return {
+          id: spec.id,
+          runId: spec.runId,
+          kind: "proxy",
+          state: "ready",
+          address: h.e2bId,
+          proxyAddress: null,
+          controlPlaneUrl: config.PUBLIC_URL,
+          routing: null,
+          probeTarget: null,
+          wiring: null,
+        };
+      }
+
+      const { proxy, host } = await proxyOf(spec);
+      const network = workNetwork(spec.routing, host);
+      const h = await ensureSandbox(
+        spec.id,
+        config.E2B_WORK_TEMPLATE,
+        { ...meta, [META.proxy]: spec.proxySandboxId, [META.routing]: spec.routing },
+        network,
+      );
+      await ensureNetwork(spec.id, h.e2bId, network);
+      // The execute stage's user must not become root: root could undo the hosts file. E2B's
+      // template build gives `user` sudo after the Dockerfile ran, so it is taken away here, in
+      // each sandbox, then checked as that user.
+      const drop = await call("take root away from the execute user", () =>
+        withSandbox(spec.id, (s) => run(s, "bw-drop-root", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
+      );
+      const check =
+        drop.exitCode !== 0
+          ? drop
+          : await call("check the execute user", () =>
+              withSandbox(spec.id, (s) =>
+                run(s, "bw-check-user", { user: "user", timeoutMs: RUNNER_DEADLINE_MS }),
+              ),
+            );
+      if (check.exitCode !== 0) {
+        throw new BackendError(
+          "cannot_isolate",
+          `the work template lets its execute user become root (${scrub(check.stdout.trim() || check.stderr.trim())}); rebuild it from proxy-image/e2b-work.Dockerfile`,
+        );
+      }
+      const token = await tunnelToken(spec.proxySandboxId);
+      const edge = proxy.sandbox.trafficAccessToken ?? "";
+      hidden = [config.E2B_API_KEY, token, edge];
+      await startService(
+        spec.id,
+        ["bw-tunnel", "connect"],
+        {
+          BW_TUNNEL_URL: `https://${host}`,
+          BW_TUNNEL_TOKEN: token,
+          ...(edge ? { BW_TUNNEL_EDGE_TOKEN: edge } : {}),
+          BW_TUNNEL_LISTEN: WORK_PROXY_ADDRESS,
+        },
+        "root",
+        "start the tunnel to the proxy",
+      );
+      if (spec.routing === "catch-all") {
+        const redirect = await call("install the redirect", () =>
+          withSandbox(spec.id, (s) => run(s, "bw-redirect", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
+        );
+        if (redirect.exitCode !== 0) {
+          throw new BackendError(
+            "redirect_not_installed",
+            `the catch-all redirect could not be installed: ${scrub(redirect.stderr.trim().split("\n").at(-1) ?? "")}`,
+          );
+        }
+      }
+      return {
+        id: spec.id,
+        runId: spec.runId,
+        kind: spec.kind,
+        state: "ready",
+        address: h.e2bId,
+        proxyAddress: WORK_PROXY_ADDRESS,
+        controlPlaneUrl: null,
+        routing: spec.routing,
+        // E2B's firewall accepts a blocked connection before it drops it, so a direct-connect
+        // probe cannot tell; catch-all is proved by E2B's own report instead (ensureNetwork).
+        probeTarget: null,
+        wiring: null,
+      };
+    },
+
+    async exec(sandboxId: string, input: ExecRequest): Promise<ExecInfo> {
+      const parsed = ExecRequest.safeParse(input);
+      if (!parsed.success)
+        throw new BackendError("invalid_request", "the exec request is outside its contract");
+      const request = parsed.data;
+      const execId = request.id ?? `x_${crypto.randomUUID().replaceAll("-", "")}`;
+      const h = await resolve(sandboxId);
+      const kind = h.meta[META.kind] ?? "";
+      let envs = request.env;
+      if (kind === "proxy" && request.argv[0] === "bw-proxy") {
+        // Where the control plane is, and listeners on loopback only: the tunnel is the way in.
+        envs = { ...envs, BW_CONTROL_PLANE_URL: config.PUBLIC_URL, BW_LISTEN_HOST: "127.0.0.1" };
+      }
+      hidden = [config.E2B_API_KEY, ...Object.values(request.env)];
+      const stdin = new TextEncoder().encode(request.stdin ?? "");
+      const status = await runner(
+        sandboxId,
+        startCommand(execId, request.argv, request.timeoutMs, stdin.length),
+        `start ${request.argv[0]}`,
+        {
+          user: userFor(kind, request.stage),
+          envs,
+          ...(request.cwd === undefined ? {} : { cwd: request.cwd }),
+          stdin,
+        },
+      );
+      return execInfo(sandboxId, execId, status);
+    },
+
+    async poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
+      const waitMs = Math.min(Math.max(poll.waitMs ?? 0, 0), MAX_POLL_WAIT_MS);
+      const status = await runner(
+        sandboxId,
+        pollCommand(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs),
+        "poll the command",
+        { user: "root", waitMs },
+      );
+      return execInfo(sandboxId, execId, status);
+    },
+
+    async kill(sandboxId: string, execId: string): Promise<ExecInfo> {
+      const status = await runner(sandboxId, killCommand(execId), "kill the command", { user: "root" });
+      return execInfo(sandboxId, execId, status);
+    },
+
+    async destroy(sandboxId: string): Promise<void> {
+      held.delete(cacheKey(sandboxId));
+      const found = await call("find the sandbox", () => findAll(sandboxId));
+      for (const s of found) {
+        await call("kill the sandbox", () => Sandbox.kill(s.sandboxId, opts)); // false: already gone
+      }
+    },
+
+    async freeze(sandboxId: string, frozen: boolean): Promise<void> {
+      const h = await resolve(sandboxId);
+      if (frozen) {
+        // A pause keeps memory: processes continue where they were on resume.
+        await call("pause the sandbox", () => Sandbox.pause(h.e2bId, opts)); // false: already paused
+        h.sandbox = null;
+        return;
+      }
+      const proxyId = h.meta[META.proxy];
+      const routing = h.meta[META.routing] as Routing | undefined;
+      // A work sandbox's network is its proxy: that one runs first (it may have timed out into pause).
+      const proxy = proxyId
+        ? await proxyOf({ runId: h.meta[META.run] ?? "", proxySandboxId: proxyId })
+        : null;
+      h.sandbox = null;
+      await attach(sandboxId); // connect: resumes
+      if (proxy && routing) {
+        try {
+          await ensureNetwork(sandboxId, h.e2bId, workNetwork(routing, proxy.host));
+        } catch (e) {
+          // Never leave it running outside its boundary.
+          await Sandbox.pause(h.e2bId, opts).catch(() => {});
+          h.sandbox = null;
+          throw e;
+        }
+      }
+    },
+
+    async list() {
+      const pages = Sandbox.list({
+        ...opts,
+        query: { metadata: { [META.deployment]: deployment } },
+        limit: 100,
+      });
+      const all: E2bSandboxInfo[] = [];
+      while (pages.hasNext) all.push(...(await call("list the sandboxes", () => pages.nextItems())));
+      const seen = new Map<string, { id: string; runId: string; kind: SandboxKind }>();
+      for (const s of all) {
+        const id = s.metadata[META.sandbox];
+        const runId = s.metadata[META.run];
+        const kind = SandboxKind.safeParse(s.metadata[META.kind]);
+        if (!id || !runId || !kind.success) continue;
+        if (!seen.has(id)) seen.set(id, { id, runId, kind: kind.data });
+      }
+      return [...seen.values()];
+    },
+  };
 }

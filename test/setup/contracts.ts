@@ -1,4 +1,5 @@
 import type { TestProject } from "vitest/node";
+import { startE2bContract } from "../contract/e2b-server";
 import { startKubernetesContract } from "../contract/kubernetes-server";
 import { startRegistryContract } from "../contract/registry-server";
 
@@ -7,5 +8,6 @@ import { startRegistryContract } from "../contract/registry-server";
 export default async function setup(_project: TestProject) {
   await startRegistryContract(_project); // OCI registry (image build cache); closes with vitest
   await startKubernetesContract(_project); // Kubernetes (sandbox0 backend); closes with vitest
+  await startE2bContract(_project); // E2B (e2b backend); its sandboxes' processes die with vitest
   return async () => {};
 }

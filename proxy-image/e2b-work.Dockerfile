@@ -1,0 +1,81 @@
+# syntax=docker/dockerfile:1.7
+# The E2B template of a run's WORK, TASK and ORCHESTRATOR sandboxes (E2B_WORK_TEMPLATE). Build from
+# the repository root:
+#   e2b template build -c proxy-image/e2b-work.toml
+# What the e2b backend needs in it (docs/e2b.md): node (its programs), the wiring program, the exec
+# runner, the tunnel's local end, iptables (catch-all's redirect), and the three scripts below.
+# The agent's own toolchain is python3, git and curl; add what your benchmarks need.
+FROM node:20-bookworm-slim AS build
+WORKDIR /src
+COPY package.json package-lock.json ./
+COPY proxy-image/package.json proxy-image/
+RUN npm ci --ignore-scripts --no-audit --no-fund
+COPY src/policy src/policy
+COPY src/contract src/contract
+COPY proxy-image/src proxy-image/src
+RUN npm run build:proxy \
+ && for p in exec tunnel; do \
+      npx esbuild "proxy-image/src/e2b-$p-main.ts" --bundle --platform=node --target=node20 --format=cjs \
+        --outfile="proxy-image/dist/$p.cjs" --log-level=warning; \
+    done
+
+FROM node:20-bookworm-slim
+# No sudo: the execute stage runs as E2B's `user`, who must never become root (root could rewrite
+# the hosts file, the one thing that sends named hosts to the proxy under default routing). E2B's
+# template build installs sudo and gives `user` sudo AFTER this file, so this alone is not enough:
+# the backend runs bw-drop-root (below) in every sandbox at create, then bw-check-user as `user`,
+# and refuses the sandbox if `user` can still become root.
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      ca-certificates iptables python3 python3-venv git curl \
+ && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
+RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/exec.cjs "$@"\n' > /usr/local/bin/bw-exec \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
+ && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
+
+# Run as root at create: takes every way to root away from `user`.
+COPY --chmod=755 <<'EOF' /usr/local/bin/bw-drop-root
+#!/bin/sh
+set -eu
+rm -f /etc/sudoers.d/*
+if [ -f /etc/sudoers ]; then sed -i '/^[[:space:]]*user[[:space:]]/d;/^[[:space:]]*%sudo[[:space:]]/d;/^[[:space:]]*%admin[[:space:]]/d' /etc/sudoers; fi
+for g in sudo admin wheel adm disk; do gpasswd -d user "$g" >/dev/null 2>&1 || true; done
+for b in /usr/bin/sudo /usr/bin/su /bin/su /usr/bin/pkexec /usr/bin/newgrp /usr/bin/chsh /usr/bin/chfn; do
+  if [ -e "$b" ]; then chmod u-s,g-s "$b"; fi
+done
+echo ok
+EOF
+
+# Run as `user` at create: exit 0 only if it cannot become root nor touch what routes its traffic.
+COPY --chmod=755 <<'EOF' /usr/local/bin/bw-check-user
+#!/bin/sh
+[ "$(id -u)" != 0 ] || { echo "the execute user is root"; exit 1; }
+if sudo -n true 2>/dev/null; then echo "the execute user can sudo"; exit 1; fi
+if su -c true root </dev/null >/dev/null 2>&1; then echo "the execute user can su"; exit 1; fi
+for f in /etc/hosts /etc/resolv.conf /var/lib/bw-exec/0; do
+  if [ -w "$f" ]; then echo "the execute user can write $f"; exit 1; fi
+done
+echo ok
+EOF
+
+# Run as root at create under catch-all routing: every TCP connection to 80 or 443 that anyone but
+# root makes goes to the tunnel's local end (127.0.0.1:443/80, root's own), wherever it was meant
+# to go. This only routes: E2B's firewall is what lets nothing but the proxy's tunnel host out.
+COPY --chmod=755 <<'EOF' /usr/local/bin/bw-redirect
+#!/bin/sh
+set -eu
+iptables -w -t nat -N BW_REDIRECT 2>/dev/null || iptables -w -t nat -F BW_REDIRECT
+iptables -w -t nat -A BW_REDIRECT -d 127.0.0.0/8 -j RETURN
+iptables -w -t nat -A BW_REDIRECT -m owner --uid-owner 0 -j RETURN
+iptables -w -t nat -A BW_REDIRECT -p tcp --dport 443 -j REDIRECT --to-ports 443
+iptables -w -t nat -A BW_REDIRECT -p tcp --dport 80 -j REDIRECT --to-ports 80
+iptables -w -t nat -C OUTPUT -p tcp -j BW_REDIRECT 2>/dev/null || iptables -w -t nat -A OUTPUT -p tcp -j BW_REDIRECT
+# No IPv6 way around it (E2B's ALL_TRAFFIC is 0.0.0.0/0).
+if command -v ip6tables >/dev/null; then
+  ip6tables -w -C OUTPUT -o lo -j ACCEPT 2>/dev/null || ip6tables -w -A OUTPUT -o lo -j ACCEPT
+  ip6tables -w -P OUTPUT DROP
+fi
+echo ok
+EOF
+# No start command: the broker starts the tunnel (as root, at create) itself.

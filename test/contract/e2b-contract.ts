@@ -1,0 +1,76 @@
+// What the E2B contract server (e2b-server.ts, Node) tells the workerd tests, what it recorded,
+// and the faults a test can ask of it. Types only, so both the Node global setup and the workerd
+// tests import it.
+
+export interface E2bContractInfo {
+  /** http://127.0.0.1:<port>: both the platform API (apiUrl) and envd (sandboxUrl). */
+  url: string;
+  /** The only API key the contract server accepts (X-API-KEY). */
+  apiKey: string;
+  /** The sandbox domain it pretends to serve (what getHost() names). */
+  domain: string;
+  /** Template names it knows; any other templateID is refused. */
+  templates: { proxy: string; work: string };
+}
+
+/**
+ * One request as the contract server saw it. The three credential headers (X-API-KEY,
+ * X-Access-Token, e2b-traffic-access-token) are not kept, only whether each was right; every
+ * other header and the whole body are kept, so tests can search them.
+ */
+export interface RecordedE2bRequest {
+  seq: number;
+  /** platform: the REST API; envd: the sandbox's process API (Connect over HTTP). */
+  api: "platform" | "envd" | "contract";
+  method: string;
+  path: string;
+  query: Record<string, string>;
+  /** The E2B sandbox the request was about (path or E2b-Sandbox-Id), if any. */
+  sandboxId: string | null;
+  /** envd: the user the request runs as (its Basic authorization), null when none was given. */
+  user: string | null;
+  apiKey: "ok" | "wrong" | "absent";
+  accessToken: "ok" | "wrong" | "absent";
+  headers: Record<string, string>;
+  /** The JSON body (a streaming envd request: its one enveloped message). */
+  body: unknown;
+  status: number;
+}
+
+/** A sandbox as the contract server holds it. */
+export interface ContractSandbox {
+  sandboxID: string;
+  templateID: string;
+  state: "running" | "paused";
+  metadata: Record<string, string>;
+  envVars: Record<string, string>;
+  network: Record<string, unknown> | null;
+  autoPause: boolean;
+  timeoutSeconds: number;
+  pauses: number;
+  resumes: number;
+}
+
+/**
+ * Faults for the sandboxes of one run (metadata `bw-run`): what a misbehaving E2B deployment or a
+ * badly built template would do.
+ */
+export interface E2bFaults {
+  runId: string;
+  /** The work template's bw-check-user fails (its execute user still has sudo). */
+  checkUserFails?: boolean;
+  /** The work template's bw-redirect fails (no iptables). */
+  redirectFails?: boolean;
+  /** Create answers 201 but keeps no allowOut/denyOut (a deployment that ignores them). */
+  dropNetworkOnCreate?: boolean;
+  /** A resumed sandbox comes back without its allowOut/denyOut. */
+  dropNetworkOnResume?: boolean;
+  /** PUT .../network answers 204 and changes nothing. */
+  ignoreNetworkUpdates?: boolean;
+}
+
+declare module "vitest" {
+  export interface ProvidedContext {
+    e2b: E2bContractInfo;
+  }
+}
