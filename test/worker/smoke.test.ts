@@ -1,3 +1,4 @@
+import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import { call, expectProblem, newTenant } from "./harness";
 
@@ -9,6 +10,14 @@ describe("smoke", () => {
   });
   it("refuses a missing key", async () => {
     expectProblem(await call(null, "GET", "/v1/me"), 401, "unauthorized");
+  });
+  // nodejs_compat (for the e2b SDK) would copy every var and secret into process.env, where any
+  // dependency could read or log them: wrangler.toml turns that off, and this pins it.
+  it("keeps vars and secrets out of process.env", () => {
+    expect(typeof env.VAULT_KEK).toBe("string");
+    for (const name of ["VAULT_KEK", "DATABASE_URL", "COMPUTE_BACKEND_SECRET", "COMPUTE_BACKEND"]) {
+      expect(process.env[name], name).toBeUndefined();
+    }
   });
   it("knows who a key belongs to", async () => {
     const t = await newTenant();
