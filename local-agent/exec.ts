@@ -1,11 +1,11 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
-import type { ExecInfo } from "../src/contract/local-agent";
+import { EXEC_OUTPUT_LIMIT, type ExecInfo, outputPage } from "../src/contract/local-agent";
 
 // One command in a sandbox: its process, its output (the last 1 MiB of each stream, with
 // absolute byte offsets so a caller can page through it), its timeout.
 
-export const OUTPUT_LIMIT = 1024 * 1024;
+export const OUTPUT_LIMIT = EXEC_OUTPUT_LIMIT;
 export const MAX_WAIT_MS = 30_000;
 
 export class OutputBuffer {
@@ -38,29 +38,9 @@ export class OutputBuffer {
    */
   read(from: number, final: boolean): { text: string; end: number } {
     const start = this.end - this.kept;
-    let data = Buffer.concat(this.chunks).subarray(Math.max(0, Math.min(from, this.end) - start));
-    let begin = Math.min(Math.max(from, start), this.end);
-    if (from < start) {
-      // The oldest kept byte may be mid-character: skip continuation bytes.
-      let skip = 0;
-      while (skip < data.length && skip < 3 && ((data[skip] as number) & 0xc0) === 0x80) skip++;
-      data = data.subarray(skip);
-      begin += skip;
-    }
-    if (!final) data = data.subarray(0, completeUtf8Length(data));
-    return { text: data.toString("utf8"), end: begin + data.length };
+    const begin = Math.min(Math.max(from, start), this.end);
+    return outputPage(Buffer.concat(this.chunks).subarray(begin - start), begin, from, final);
   }
-}
-
-/** Length of the longest prefix that does not end inside a multi-byte UTF-8 character. */
-function completeUtf8Length(data: Buffer): number {
-  for (let back = 1; back <= Math.min(4, data.length); back++) {
-    const byte = data[data.length - back] as number;
-    if ((byte & 0xc0) === 0x80) continue; // continuation byte: look further back
-    const need = byte >= 0xf0 ? 4 : byte >= 0xe0 ? 3 : byte >= 0xc0 ? 2 : 1;
-    return need > back ? data.length - back : data.length;
-  }
-  return data.length;
 }
 
 export class Exec {

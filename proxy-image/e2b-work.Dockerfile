@@ -14,10 +14,8 @@ COPY src/policy src/policy
 COPY src/contract src/contract
 COPY proxy-image/src proxy-image/src
 RUN npm run build:proxy \
- && for p in exec tunnel; do \
-      npx esbuild "proxy-image/src/e2b-$p-main.ts" --bundle --platform=node --target=node20 --format=cjs \
-        --outfile="proxy-image/dist/$p.cjs" --log-level=warning; \
-    done
+ && npx esbuild proxy-image/src/e2b-tunnel-main.ts --bundle --platform=node --target=node20 --format=cjs \
+      --outfile=proxy-image/dist/tunnel.cjs --log-level=warning
 
 FROM node:20-bookworm-slim
 # No sudo: the execute stage runs as E2B's `user`, who must never become root (root could rewrite
@@ -28,9 +26,9 @@ FROM node:20-bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends \
       ca-certificates iptables python3 python3-venv git curl \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
+COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
- && printf '#!/bin/sh\nexec node /opt/benchwright/exec.cjs "$@"\n' > /usr/local/bin/bw-exec \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/exec-runner.cjs "$@"\n' > /usr/local/bin/bw-exec \
  && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
  && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
 

@@ -13,10 +13,8 @@ COPY src/policy src/policy
 COPY src/contract src/contract
 COPY proxy-image/src proxy-image/src
 RUN npm run build:proxy \
- && for p in exec tunnel; do \
-      npx esbuild "proxy-image/src/e2b-$p-main.ts" --bundle --platform=node --target=node20 --format=cjs \
-        --outfile="proxy-image/dist/$p.cjs" --log-level=warning; \
-    done
+ && npx esbuild proxy-image/src/e2b-tunnel-main.ts --bundle --platform=node --target=node20 --format=cjs \
+      --outfile=proxy-image/dist/tunnel.cjs --log-level=warning
 
 FROM node:20-bookworm-slim
 # Nothing here listens on a privileged port (the proxy on 8443/8080 behind 127.0.0.1, the tunnel
@@ -24,12 +22,12 @@ FROM node:20-bookworm-slim
 # agent runs in this sandbox, and the proxy's own user has no use for root.
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/proxy-image/dist/proxy.cjs /src/proxy-image/dist/exec.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
+COPY --from=build /src/proxy-image/dist/proxy.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
 # The programs by the names the sandbox broker uses. The runner's state: one private directory per
 # uid under a sticky directory (root's made here; the others make their own on first use).
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs "$@"\n' > /usr/local/bin/bw-proxy \
  && printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs view "$@"\n' > /usr/local/bin/bw-proxy-view \
- && printf '#!/bin/sh\nexec node /opt/benchwright/exec.cjs "$@"\n' > /usr/local/bin/bw-exec \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/exec-runner.cjs "$@"\n' > /usr/local/bin/bw-exec \
  && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
  && chmod 755 /usr/local/bin/bw-proxy /usr/local/bin/bw-proxy-view /usr/local/bin/bw-exec /usr/local/bin/bw-tunnel \
  && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0

@@ -3,6 +3,7 @@ import {
   closeSync,
   existsSync,
   fstatSync,
+  lstatSync,
   mkdirSync,
   openSync,
   readdirSync,
@@ -10,42 +11,39 @@ import {
   readSync,
   renameSync,
   rmSync,
+  unlinkSync,
   writeFileSync,
 } from "node:fs";
 import { dirname, join } from "node:path";
-import {
-  POD_PATHS,
-  RUNNER_EXIT,
-  type RunnerError,
-  RunnerExecId,
-  type RunnerFreeze,
-  RunnerStart,
-  type RunnerStatus,
-} from "../../src/broker/kubernetes/runner-wire";
+import type { RunnerError, RunnerFreeze, RunnerStatus } from "../../src/contract/exec-runner";
+import { RunnerExecId } from "../../src/contract/exec-runner";
+import { EXEC_OUTPUT_LIMIT, outputPage } from "../../src/contract/local-agent";
 
-// The exec runner of a sandbox0 work pod (contract: src/broker/kubernetes/runner-wire.ts). Each
-// command runs detached from the Kubernetes exec that started it, under a supervisor process,
-// in a session of its own; its output and exit status go to files under BW_EXEC_DIR/<execId>/,
-// so any later short exec can read them, whatever happened to the broker in between.
+// `bw-exec`, the exec runner of the sandbox0 work pods and the E2B templates (contract:
+// src/contract/exec-runner.ts; command: exec-runner-main.ts). Each command runs detached from the
+// call that started it, under a supervisor process, in a session of its own; its output and exit
+// status go to files, so any later short call can read them whatever happened to the broker.
 //
-// Files of an exec: spec.json (the RunnerStart), stdin, out, err, pid (the command's pid, which
-// is also its session and process group id), exit.json ({exitCode, signal}, written once by
-// rename). Linux only (sessions are found through /proc).
+//   <base>/<uid>/<execId>/spec.json      argv, cwd, timeoutMs (env is the supervisor's own)
+//   <base>/<uid>/<execId>/stdin          the command's stdin, removed once it has it open
+//   <base>/<uid>/<execId>/stdout, stderr the command's output, written by the command itself
+//   <base>/<uid>/<execId>/supervisor, pid  the supervisor's pid; the command's (= its session id)
+//   <base>/<uid>/<execId>/exit           {"exitCode","signal"}, written once by rename
+//   <base>/<uid>/.frozen                 this uid's sandbox is frozen: new commands stop at once
+//
+// `start` is idempotent by exec id (mkdir is the lock). One private directory per uid: root
+// (E2B's poll and kill) finds an exec of any uid, so each uid's directory must be a directory
+// that uid owns and nobody else can enter, or a sandbox user could plant a record root would act
+// on. Linux only (sessions are found through /proc).
 
-const OUTPUT_LIMIT = 1024 * 1024;
-const MAX_WAIT_MS = 10_000;
+const MAX_WAIT_MS = 30_000;
 const START_WAIT_MS = 10_000;
-const MAX_SPEC_BYTES = 4 * 1024 * 1024;
+const KILL_WAIT_MS = 5_000;
 
-const execRoot = () => process.env.BW_EXEC_DIR || POD_PATHS.execDir;
-/** The node that runs this program (a wrapper in the pod: node there runs from /bw/tools). */
-const nodeBin = () => process.env.BW_NODE || process.execPath;
-const self = () => process.argv[1] as string;
-
-/** The sandbox's own programs, by the names the coordinator uses; next to this file. */
+/** The sandbox's own programs, run by node from beside this file when they are there (a pod). */
 const PROGRAMS: Record<string, string> = { "bw-wiring": "wiring.cjs" };
 
-class Refusal extends Error {
+export class Refusal extends Error {
   constructor(
     readonly code: RunnerError["error"],
     detail: string,
@@ -54,26 +52,21 @@ class Refusal extends Error {
   }
 }
 
-function execDir(execId: string): string {
-  if (!RunnerExecId.safeParse(execId).success) throw new Refusal("bad_request", "bad exec id");
-  return join(execRoot(), execId);
+/** What start needs besides the command: where state goes, and how to run the supervisor. */
+export interface RunnerHost {
+  base: string;
+  /** This program's path and the node that runs it (a pod's node is a wrapper: BW_NODE). */
+  self: string;
+  node: string;
 }
 
-function readJson<T>(path: string): T | null {
-  try {
-    return JSON.parse(readFileSync(path, "utf8")) as T;
-  } catch {
-    return null;
-  }
+export interface StartSpec {
+  argv: string[];
+  cwd?: string;
+  timeoutMs: number | null;
 }
 
-/** Written aside and renamed: a reader never sees half a file. */
-function writeAtomic(path: string, text: string): void {
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, text, { mode: 0o600 });
-  renameSync(tmp, path);
-}
-
+const uid = () => process.getuid?.() ?? 0;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 async function until(test: () => boolean, ms: number): Promise<boolean> {
@@ -85,48 +78,119 @@ async function until(test: () => boolean, ms: number): Promise<boolean> {
   }
 }
 
-// ---- output windows (the same paging as the local agent's OutputBuffer) ----
-
-/** Length of the longest prefix that does not end inside a multi-byte UTF-8 character. */
-function completeUtf8Length(data: Buffer): number {
-  for (let back = 1; back <= Math.min(4, data.length); back++) {
-    const byte = data[data.length - back] as number;
-    if ((byte & 0xc0) === 0x80) continue;
-    const need = byte >= 0xf0 ? 4 : byte >= 0xe0 ? 3 : byte >= 0xc0 ? 2 : 1;
-    return need > back ? data.length - back : data.length;
-  }
-  return data.length;
+function checkId(execId: string): string {
+  if (!RunnerExecId.safeParse(execId).success)
+    throw new Refusal("bad_request", "an exec id is 1-64 of A-Z a-z 0-9 _ -");
+  return execId;
 }
 
-/**
- * Text of `path` from byte offset `from` (or from the oldest of its last 1 MiB) and the offset
- * to ask from next, cut on UTF-8 boundaries; a character still being written waits unless final.
- */
-function readWindow(path: string, from: number, final: boolean): { text: string; end: number } {
-  let fd: number;
+/** Written aside and renamed: a reader never sees half a file. */
+function writeAtomic(path: string, text: string): void {
+  const tmp = `${path}.tmp-${process.pid}`;
+  writeFileSync(tmp, text, { mode: 0o600 });
+  renameSync(tmp, path);
+}
+
+function readNumber(path: string): number | null {
   try {
-    fd = openSync(path, "r");
+    const n = Number.parseInt(readFileSync(path, "utf8"), 10);
+    return Number.isInteger(n) && n > 0 ? n : null;
   } catch {
-    return { text: "", end: 0 };
+    return null;
   }
+}
+
+function alive(pid: number): boolean {
   try {
-    const size = fstatSync(fd).size;
-    const start = Math.max(0, size - OUTPUT_LIMIT);
-    let begin = Math.min(Math.max(from, start), size);
-    let data = Buffer.alloc(size - begin);
-    const got = data.length > 0 ? readSync(fd, data, 0, data.length, begin) : 0;
-    data = data.subarray(0, got);
-    if (from < start) {
-      let skip = 0;
-      while (skip < data.length && skip < 3 && ((data[skip] as number) & 0xc0) === 0x80) skip++;
-      data = data.subarray(skip);
-      begin += skip;
-    }
-    if (!final) data = data.subarray(0, completeUtf8Length(data));
-    return { text: data.toString("utf8"), end: begin + data.length };
-  } finally {
-    closeSync(fd);
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as { code?: string }).code === "EPERM";
   }
+}
+
+// ---- directories ----
+
+/** A uid's directory, checked: a directory (not a link), owned by that uid, closed to others. */
+function checkOwned(dir: string, owner: number): string {
+  const st = lstatSync(dir);
+  if (!st.isDirectory() || st.uid !== owner || (st.mode & 0o077) !== 0) {
+    throw new Refusal("unsafe", `${dir} is not a private directory of uid ${owner}`);
+  }
+  return dir;
+}
+
+/** This uid's directory under `base`, made on first use (and `base`, in a pod's empty volume). */
+function ownDir(base: string): string {
+  mkdirSync(base, { recursive: true, mode: 0o700 });
+  const dir = join(base, String(uid()));
+  try {
+    mkdirSync(dir, { mode: 0o700 });
+  } catch (e) {
+    if ((e as { code?: string }).code !== "EEXIST") throw e;
+  }
+  return checkOwned(dir, uid());
+}
+
+/** The uid directories this caller may act in: root's first, then (as root) every other uid's. */
+function ownerDirs(base: string): { owner: number; dir: string }[] {
+  const me = uid();
+  const owners =
+    me === 0 && existsSync(base)
+      ? [
+          0,
+          ...readdirSync(base)
+            .filter((n) => /^[0-9]+$/.test(n) && n !== "0")
+            .map(Number),
+        ]
+      : [me];
+  return owners.map((owner) => ({ owner, dir: join(base, String(owner)) }));
+}
+
+/** The directory of exec `execId`, its uid's directory checked; null when there is none. */
+function findExec(base: string, execId: string): string | null {
+  checkId(execId);
+  for (const { owner, dir } of ownerDirs(base)) {
+    if (!existsSync(join(dir, execId))) continue;
+    checkOwned(dir, owner);
+    return join(dir, execId);
+  }
+  return null;
+}
+
+function mustFind(base: string, execId: string): string {
+  const dir = findExec(base, execId);
+  if (dir === null) throw new Refusal("not_found", `no exec ${execId}`);
+  return dir;
+}
+
+export interface RecordedExec {
+  execId: string;
+  dir: string;
+  /** The command's pid (its session and group id) and its supervisor's, once known. */
+  pid: number | null;
+  supervisor: number | null;
+  exited: boolean;
+}
+
+/** Every exec recorded under `base`, any uid's, unchecked: for whoever cleans up after tests. */
+export function recordedExecs(base: string): RecordedExec[] {
+  const out: RecordedExec[] = [];
+  for (const owner of existsSync(base) ? readdirSync(base) : []) {
+    if (!/^[0-9]+$/.test(owner)) continue;
+    for (const execId of readdirSync(join(base, owner))) {
+      if (!RunnerExecId.safeParse(execId).success) continue;
+      const dir = join(base, owner, execId);
+      out.push({
+        execId,
+        dir,
+        pid: readNumber(join(dir, "pid")),
+        supervisor: readNumber(join(dir, "supervisor")),
+        exited: existsSync(join(dir, "exit")),
+      });
+    }
+  }
+  return out;
 }
 
 // ---- sessions ----
@@ -153,6 +217,7 @@ function sessionMembers(sid: number): number[] {
   return out;
 }
 
+/** `signal` to the command's session and its process group; how many processes it reached. */
 function signalSession(sid: number, signal: NodeJS.Signals): number {
   let signalled = 0;
   // Twice: a process forked while the first round ran is caught by the second.
@@ -164,22 +229,63 @@ function signalSession(sid: number, signal: NodeJS.Signals): number {
       } catch {}
     }
   }
+  // The group too: where /proc shows no session (or a member left it but not its group).
+  try {
+    process.kill(-sid, signal);
+  } catch {}
   return signalled;
 }
 
-const pidOf = (dir: string): number | null => readJson<{ pid: number }>(join(dir, "pid"))?.pid ?? null;
-const exitOf = (dir: string) =>
-  readJson<{ exitCode: number | null; signal: string | null }>(join(dir, "exit.json"));
+// ---- status ----
 
-// ---- operations ----
+function readExit(dir: string): { exitCode: number | null; signal: string | null } | null {
+  try {
+    return JSON.parse(readFileSync(join(dir, "exit"), "utf8"));
+  } catch {
+    return null;
+  }
+}
 
-function status(execId: string, stdoutFrom: number, stderrFrom: number): RunnerStatus {
-  const dir = execDir(execId);
-  if (!existsSync(dir)) throw new Refusal("not_found", `no exec ${execId}`);
+/** The exit, or a lost one: a supervisor that died without recording an end leaves nobody to wait. */
+function exitOf(dir: string): { exitCode: number | null; signal: string | null } | null {
+  const exit = readExit(dir);
+  if (exit !== null) return exit;
+  const supervisor = readNumber(join(dir, "supervisor"));
+  if (supervisor !== null && !alive(supervisor) && readExit(dir) === null) {
+    return { exitCode: null, signal: null };
+  }
+  return exit;
+}
+
+/** Text of a stream file from byte offset `from` (or from the oldest of its last 1 MiB). */
+function readStream(path: string, from: number, final: boolean): { text: string; end: number } {
+  let fd: number;
+  try {
+    fd = openSync(path, "r");
+  } catch {
+    return { text: "", end: 0 };
+  }
+  try {
+    const size = fstatSync(fd).size;
+    const begin = Math.min(Math.max(from, size - EXEC_OUTPUT_LIMIT, 0), size);
+    const data = Buffer.alloc(size - begin);
+    let got = 0;
+    while (got < data.length) {
+      const n = readSync(fd, data, got, data.length - got, begin + got);
+      if (n === 0) break;
+      got += n;
+    }
+    return outputPage(data.subarray(0, got), begin, from, final);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function status(dir: string, execId: string, stdoutFrom: number, stderrFrom: number): RunnerStatus {
   const exit = exitOf(dir);
   const final = exit !== null;
-  const out = readWindow(join(dir, "out"), stdoutFrom, final);
-  const err = readWindow(join(dir, "err"), stderrFrom, final);
+  const out = readStream(join(dir, "stdout"), stdoutFrom, final);
+  const err = readStream(join(dir, "stderr"), stderrFrom, final);
   return {
     execId,
     state: final ? "exited" : "running",
@@ -192,203 +298,151 @@ function status(execId: string, stdoutFrom: number, stderrFrom: number): RunnerS
   };
 }
 
-async function start(execId: string, specLine: string): Promise<RunnerStatus> {
-  const dir = execDir(execId);
-  mkdirSync(execRoot(), { recursive: true, mode: 0o700 });
-  let fresh = true;
+// ---- operations ----
+
+/**
+ * Starts exec `execId` as this uid, or finds it started (`created` says which). `env` is the
+ * command's whole environment; it goes to the supervisor's, never to a file.
+ */
+export async function start(
+  host: RunnerHost,
+  execId: string,
+  spec: StartSpec,
+  env: NodeJS.ProcessEnv,
+  stdin: Uint8Array | null,
+): Promise<RunnerStatus> {
+  checkId(execId);
+  const dir = join(ownDir(host.base), execId);
+  let created = true;
   try {
     mkdirSync(dir, { mode: 0o700 });
   } catch (e) {
     if ((e as { code?: string }).code !== "EEXIST") throw e;
-    fresh = false; // started before (a replayed call): answer for that one, start nothing
+    created = false; // started before (a replayed call): answer for that one, start nothing
   }
-  if (fresh) {
-    let spec: RunnerStart;
-    try {
-      spec = RunnerStart.parse(JSON.parse(specLine));
-    } catch {
-      rmSync(dir, { recursive: true, force: true });
-      throw new Refusal("bad_request", "stdin is not one RunnerStart line");
-    }
+  if (created) {
+    writeFileSync(join(dir, "stdout"), "", { mode: 0o600 });
+    writeFileSync(join(dir, "stderr"), "", { mode: 0o600 });
+    if (stdin !== null) writeFileSync(join(dir, "stdin"), stdin, { mode: 0o600 });
     writeAtomic(join(dir, "spec.json"), JSON.stringify(spec));
-    const supervisor = spawn(nodeBin(), [self(), "supervise", execId], {
+    const supervisor = spawn(host.node, [host.self, "supervise", dir, host.node], {
       detached: true,
       stdio: "ignore",
-      env: process.env,
+      env,
     });
     supervisor.on("error", () => {});
     supervisor.unref();
+    if (supervisor.pid !== undefined) writeAtomic(join(dir, "supervisor"), String(supervisor.pid));
   }
+  // Answer once the command runs (or could not start), so a poll right after never misses it.
   const begun = await until(
-    () => existsSync(join(dir, "pid")) || existsSync(join(dir, "exit.json")),
+    () => existsSync(join(dir, "pid")) || exitOf(dir) !== null || !existsSync(join(dir, "supervisor")),
     START_WAIT_MS,
   );
-  if (!begun && fresh) {
+  if (created && exitOf(dir) === null && (!begun || !existsSync(join(dir, "pid")))) {
     // The supervisor never got going: say so once, rather than "running" for ever.
-    writeFileSync(join(dir, "err"), "could not start: the supervisor did not start\n", { flag: "a" });
-    writeAtomic(join(dir, "exit.json"), JSON.stringify({ exitCode: null, signal: null }));
+    const supervisor = readNumber(join(dir, "supervisor"));
+    if (supervisor !== null) signalSession(supervisor, "SIGKILL");
+    writeFileSync(join(dir, "stderr"), "could not start: the supervisor did not start\n", { flag: "a" });
+    writeAtomic(join(dir, "exit"), JSON.stringify({ exitCode: null, signal: null }));
   }
-  return status(execId, 0, 0);
+  return { ...status(dir, execId, 0, 0), created };
 }
 
 /** The detached parent of one command: starts it, enforces its timeout, records its exit. */
-function supervise(execId: string): void {
-  const dir = execDir(execId);
-  const spec = RunnerStart.parse(JSON.parse(readFileSync(join(dir, "spec.json"), "utf8")));
-  const outFd = openSync(join(dir, "out"), "a", 0o600);
-  const errFd = openSync(join(dir, "err"), "a", 0o600);
-  let inFd: number | "ignore" = "ignore";
-  if (spec.stdin !== undefined) {
-    writeFileSync(join(dir, "stdin"), spec.stdin, { mode: 0o600 });
-    inFd = openSync(join(dir, "stdin"), "r");
-  }
+export function supervise(dir: string, node: string): void {
+  const spec = JSON.parse(readFileSync(join(dir, "spec.json"), "utf8")) as StartSpec;
+  const stdinPath = join(dir, "stdin");
+  const stdin = existsSync(stdinPath) ? openSync(stdinPath, "r") : "ignore";
+  const out = openSync(join(dir, "stdout"), "a");
+  const err = openSync(join(dir, "stderr"), "a");
   const [name, ...args] = spec.argv as [string, ...string[]];
-  const program = PROGRAMS[name];
-  let [file, argv] = program ? [nodeBin(), [join(dirname(self()), program), ...args]] : [name, args];
-  const frozenFile = join(execRoot(), ".frozen");
+  const beside = PROGRAMS[name] && join(dirname(process.argv[1] as string), PROGRAMS[name]);
+  let [file, argv] = beside && existsSync(beside) ? [node, [beside, ...args]] : [name, args];
+  const frozenFile = join(dirname(dir), ".frozen");
   if (existsSync(frozenFile)) {
     // The sandbox is frozen: the command stops itself before it runs, and thaw continues it.
     [file, argv] = ["/bin/sh", ["-c", 'kill -STOP $$ && exec "$@"', "bw-frozen", file, ...argv]];
   }
-  const env: Record<string, string> = {};
-  for (const [k, v] of Object.entries(process.env)) {
-    if (v !== undefined && k !== "BW_NODE" && k !== "BW_EXEC_DIR") env[k] = v;
-  }
-  Object.assign(env, spec.env);
   let done = false;
   const finish = (exitCode: number | null, signal: string | null) => {
     if (done) return;
     done = true;
-    writeAtomic(join(dir, "exit.json"), JSON.stringify({ exitCode, signal }));
+    writeAtomic(join(dir, "exit"), JSON.stringify({ exitCode, signal }));
     process.exit(0);
   };
   // detached: the command leads a new session, so kill and freeze reach everything it starts.
-  const child = spawn(file, argv, {
-    cwd: spec.cwd,
-    env,
-    detached: true,
-    stdio: [inFd, outFd, errFd],
-  });
+  const child = spawn(file, argv, { cwd: spec.cwd, stdio: [stdin, out, err], detached: true });
+  for (const fd of [stdin, out, err]) if (typeof fd === "number") closeSync(fd);
   child.on("spawn", () => {
     const pid = child.pid as number;
-    writeAtomic(join(dir, "pid"), JSON.stringify({ pid }));
+    writeAtomic(join(dir, "pid"), String(pid));
+    try {
+      unlinkSync(stdinPath);
+    } catch {}
     // Frozen since the check above: this command stops with the others.
     if (existsSync(frozenFile)) signalSession(pid, "SIGSTOP");
-    if (spec.timeoutMs !== null) {
-      setTimeout(() => signalSession(pid, "SIGKILL"), spec.timeoutMs).unref();
-    }
+    if (spec.timeoutMs !== null) setTimeout(() => signalSession(pid, "SIGKILL"), spec.timeoutMs).unref();
   });
   child.on("error", (e) => {
-    writeFileSync(errFd, `could not start: ${e.message}\n`);
+    // As the local agent says it: no exit code, for there was no process.
+    writeFileSync(join(dir, "stderr"), `could not start: ${e.message}\n`, { flag: "a" });
     finish(null, null);
   });
   child.on("exit", (code, signal) => finish(code, signal));
 }
 
-async function poll(execId: string, stdoutFrom: number, stderrFrom: number, waitMs: number) {
-  const dir = execDir(execId);
-  if (!existsSync(dir)) throw new Refusal("not_found", `no exec ${execId}`);
-  if (waitMs > 0) await until(() => existsSync(join(dir, "exit.json")), Math.min(waitMs, MAX_WAIT_MS));
-  return status(execId, stdoutFrom, stderrFrom);
-}
-
-async function kill(execId: string): Promise<RunnerStatus> {
-  const dir = execDir(execId);
-  if (!existsSync(dir)) throw new Refusal("not_found", `no exec ${execId}`);
-  if (!existsSync(join(dir, "exit.json"))) {
-    await until(() => pidOf(dir) !== null || existsSync(join(dir, "exit.json")), START_WAIT_MS);
-    const pid = pidOf(dir);
-    if (pid !== null) signalSession(pid, "SIGKILL");
-    await until(() => existsSync(join(dir, "exit.json")), 5_000);
+/**
+ * Status from the offsets, after waiting up to `waitMs` for the end or for output past them (a
+ * caller waiting for a line, such as the tunnel's "listening", need not wait out the whole wait).
+ */
+export async function poll(
+  base: string,
+  execId: string,
+  stdoutFrom: number,
+  stderrFrom: number,
+  waitMs: number,
+): Promise<RunnerStatus> {
+  const dir = mustFind(base, execId);
+  const deadline = Date.now() + Math.min(waitMs, MAX_WAIT_MS);
+  for (;;) {
+    const s = status(dir, execId, stdoutFrom, stderrFrom);
+    const news = s.stdoutEnd > stdoutFrom || s.stderrEnd > stderrFrom;
+    if (s.state === "exited" || news || Date.now() >= deadline) return s;
+    await sleep(50);
   }
-  return status(execId, 0, 0);
 }
 
-/** SIGSTOP (or SIGCONT) to the session of every running exec. */
-function freeze(frozen: boolean): RunnerFreeze {
-  const root = execRoot();
-  mkdirSync(root, { recursive: true, mode: 0o700 });
-  // The mark first: a command starting meanwhile stops itself (see supervise).
-  if (frozen) writeFileSync(join(root, ".frozen"), "");
-  else rmSync(join(root, ".frozen"), { force: true });
+/** SIGKILL to the command's session; the status once its end is recorded. Idempotent. */
+export async function kill(base: string, execId: string): Promise<RunnerStatus> {
+  const dir = mustFind(base, execId);
+  if (exitOf(dir) === null) {
+    // A start still under way: its command gets its pid in a moment.
+    await until(() => existsSync(join(dir, "pid")) || exitOf(dir) !== null, START_WAIT_MS);
+    const pid = readNumber(join(dir, "pid"));
+    if (pid !== null && exitOf(dir) === null) signalSession(pid, "SIGKILL");
+    await until(() => exitOf(dir) !== null, KILL_WAIT_MS);
+  }
+  return status(dir, execId, 0, 0);
+}
+
+/** SIGSTOP (or SIGCONT) to the session of every running exec this caller may act on. */
+export function freeze(base: string, frozen: boolean): RunnerFreeze {
+  ownDir(base); // this uid's mark even before its first exec
   let signalled = 0;
-  for (const entry of readdirSync(root)) {
-    if (!RunnerExecId.safeParse(entry).success) continue;
-    const dir = join(root, entry);
-    if (existsSync(join(dir, "exit.json"))) continue;
-    const pid = pidOf(dir);
-    if (pid !== null) signalled += signalSession(pid, frozen ? "SIGSTOP" : "SIGCONT");
+  for (const { owner, dir } of ownerDirs(base)) {
+    if (!existsSync(dir)) continue;
+    checkOwned(dir, owner);
+    // The mark first: a command starting meanwhile stops itself (see supervise).
+    if (frozen) writeFileSync(join(dir, ".frozen"), "");
+    else rmSync(join(dir, ".frozen"), { force: true });
+    for (const entry of readdirSync(dir)) {
+      if (!RunnerExecId.safeParse(entry).success) continue;
+      const exec = join(dir, entry);
+      if (existsSync(join(exec, "exit"))) continue;
+      const pid = readNumber(join(exec, "pid"));
+      if (pid !== null) signalled += signalSession(pid, frozen ? "SIGSTOP" : "SIGCONT");
+    }
   }
   return { frozen, signalled };
-}
-
-async function readLine(max: number): Promise<string> {
-  // One line, not the end of stdin: a v4 Kubernetes exec cannot close its stdin.
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of process.stdin) {
-    const buf = chunk as Buffer;
-    const nl = buf.indexOf(10);
-    chunks.push(nl === -1 ? buf : buf.subarray(0, nl));
-    size += buf.length;
-    if (nl !== -1 || size > max) break;
-  }
-  process.stdin.destroy();
-  return Buffer.concat(chunks).toString("utf8");
-}
-
-const int = (s: string | undefined, name: string): number => {
-  if (s === undefined || !/^[0-9]{1,15}$/.test(s))
-    throw new Refusal("bad_request", `${name} must be an integer`);
-  return Number(s);
-};
-
-async function main(args: string[]): Promise<unknown> {
-  const [op, ...rest] = args;
-  switch (op) {
-    case "start":
-      return start(rest[0] ?? "", await readLine(MAX_SPEC_BYTES));
-    case "poll":
-      return poll(
-        rest[0] ?? "",
-        int(rest[1] ?? "0", "stdoutFrom"),
-        int(rest[2] ?? "0", "stderrFrom"),
-        int(rest[3] ?? "0", "waitMs"),
-      );
-    case "kill":
-      return kill(rest[0] ?? "");
-    case "freeze":
-    case "thaw":
-      return freeze(op === "freeze");
-    default:
-      throw new Refusal("bad_request", `unknown operation ${op ?? "(none)"}`);
-  }
-}
-
-const EXIT_OF: Record<RunnerError["error"], number> = {
-  not_found: RUNNER_EXIT.notFound,
-  bad_request: RUNNER_EXIT.badRequest,
-  internal: RUNNER_EXIT.internal,
-};
-
-const [op, ...rest] = process.argv.slice(2);
-if (op === "supervise") {
-  supervise(rest[0] ?? "");
-} else if (op === "hold") {
-  // The pod's main process: nothing to do but stay, and go when Kubernetes asks.
-  process.on("SIGTERM", () => process.exit(0));
-  setInterval(() => {}, 1 << 30);
-  process.stdout.write("bw-exec: holding the pod open\n");
-} else {
-  main(process.argv.slice(2)).then(
-    (reply) => {
-      process.stdout.write(`${JSON.stringify(reply)}\n`);
-    },
-    (e: unknown) => {
-      const refusal = e instanceof Refusal ? e : new Refusal("internal", (e as Error).message ?? "error");
-      const reply: RunnerError = { error: refusal.code, detail: refusal.message };
-      process.stdout.write(`${JSON.stringify(reply)}\n`);
-      process.exitCode = EXIT_OF[refusal.code];
-    },
-  );
 }

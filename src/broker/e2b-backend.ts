@@ -13,17 +13,18 @@ import {
   TimeoutError,
 } from "e2b";
 import { z } from "zod";
-import { ExecInfo, ExecRequest, type SandboxInfo, SandboxKind } from "../contract/local-agent";
+import {
+  killArgs,
+  pollArgs,
+  RunnerStatus,
+  runnerAnswer,
+  startInlineArgs,
+  toExecInfo,
+} from "../contract/exec-runner";
+import { type ExecInfo, ExecRequest, type SandboxInfo, SandboxKind } from "../contract/local-agent";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 import { egressOf, networkDrift, proxyNetwork, type Routing, TUNNEL_PORT, workNetwork } from "./e2b/network";
-import {
-  killCommand,
-  lastJson,
-  pollCommand,
-  RUNNER_UNKNOWN_EXEC,
-  RunnerStatus,
-  startCommand,
-} from "./e2b/runner";
+import { runnerCommand } from "./e2b/shell";
 
 // The `e2b` backend: one E2B microVM per sandbox, through E2B's `e2b` SDK, from the SandboxBroker
 // Durable Object (the SDK runs in workerd with nodejs_compat). docs/e2b.md says what it makes,
@@ -274,23 +275,18 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         return r;
       }),
     );
-    if (result.exitCode === RUNNER_UNKNOWN_EXEC)
+    const answer = runnerAnswer(result.stdout, result.exitCode, RunnerStatus);
+    if (!answer.ok && answer.refusal?.error === "not_found")
       throw new BackendError("not_found", `sandbox ${id}: ${what}: no such exec`);
-    const parsed = RunnerStatus.safeParse(lastJson(result.stdout));
-    if (result.exitCode !== 0 || !parsed.success) {
+    if (!answer.ok) {
       const why = result.stderr.trim().split("\n").at(-1) ?? "";
       throw new BackendError(
         "sandbox_failed",
         `sandbox ${id}: ${what}: the exec runner answered exit ${result.exitCode}${why ? `: ${scrub(why)}` : ""}`,
       );
     }
-    return parsed.data;
+    return answer.data;
   }
-
-  const execInfo = (sandboxId: string, execId: string, s: RunnerStatus): ExecInfo => {
-    const { created: _created, ...status } = s;
-    return ExecInfo.parse({ execId, sandboxId, ...status });
-  };
 
   /** Starts a long-running program (the tunnel) under the runner and waits for its first line. */
   async function startService(
@@ -300,7 +296,10 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     user: string,
     what: string,
   ) {
-    const started = await runner(id, startCommand(TUNNEL_EXEC_ID, argv, null, 0), what, { user, envs });
+    const started = await runner(id, runnerCommand(startInlineArgs(TUNNEL_EXEC_ID, argv, null, 0)), what, {
+      user,
+      envs,
+    });
     let status = started;
     const deadline = Date.now() + READY_DEADLINE_MS;
     while (!status.stdout.includes('"listening"')) {
@@ -310,7 +309,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       }
       if (Date.now() >= deadline)
         throw new BackendError("sandbox_starting", `sandbox ${id}: ${what}: not ready`, true);
-      status = await runner(id, pollCommand(TUNNEL_EXEC_ID, 0, 0, 1_000), what, {
+      status = await runner(id, runnerCommand(pollArgs(TUNNEL_EXEC_ID, 0, 0, 1_000)), what, {
         user: "root",
         waitMs: 1_000,
       });
@@ -522,7 +521,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       const stdin = new TextEncoder().encode(request.stdin ?? "");
       const status = await runner(
         sandboxId,
-        startCommand(execId, request.argv, request.timeoutMs, stdin.length),
+        runnerCommand(startInlineArgs(execId, request.argv, request.timeoutMs, stdin.length)),
         `start ${request.argv[0]}`,
         {
           user: userFor(kind, request.stage),
@@ -531,23 +530,25 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
           stdin,
         },
       );
-      return execInfo(sandboxId, execId, status);
+      return toExecInfo(sandboxId, status);
     },
 
     async poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
       const waitMs = Math.min(Math.max(poll.waitMs ?? 0, 0), MAX_POLL_WAIT_MS);
       const status = await runner(
         sandboxId,
-        pollCommand(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs),
+        runnerCommand(pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs)),
         "poll the command",
         { user: "root", waitMs },
       );
-      return execInfo(sandboxId, execId, status);
+      return toExecInfo(sandboxId, status);
     },
 
     async kill(sandboxId: string, execId: string): Promise<ExecInfo> {
-      const status = await runner(sandboxId, killCommand(execId), "kill the command", { user: "root" });
-      return execInfo(sandboxId, execId, status);
+      const status = await runner(sandboxId, runnerCommand(killArgs(execId)), "kill the command", {
+        user: "root",
+      });
+      return toExecInfo(sandboxId, status);
     },
 
     async destroy(sandboxId: string): Promise<void> {

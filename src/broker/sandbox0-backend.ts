@@ -1,4 +1,14 @@
 import { z } from "zod";
+import {
+  freezeArgs,
+  killArgs,
+  pollArgs,
+  RunnerFreeze,
+  RunnerStatus,
+  runnerAnswer,
+  startArgs,
+  toExecInfo,
+} from "../contract/exec-runner";
 import { ExecInfo, ExecRequest, type SandboxInfo, type SandboxKind } from "../contract/local-agent";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 import { type CallMeaning, KubeClient, type KubeObject } from "./kubernetes/client";
@@ -7,6 +17,7 @@ import {
   LABELS,
   MANAGED_BY,
   objectName,
+  POD_PATHS,
   proxyNetworkPolicy,
   proxyPod,
   proxyPodName,
@@ -17,7 +28,6 @@ import {
   workNetworkPolicy,
   workPod,
 } from "./kubernetes/manifests";
-import { POD_PATHS, RunnerError, RunnerFreeze, RunnerStatus } from "./kubernetes/runner-wire";
 
 // The `sandbox0` backend: a Kubernetes pod per sandbox (DigitalOcean Kubernetes), driven through
 // the Kubernetes API with fetch only, from the SandboxBroker Durable Object. docs/sandbox0.md says
@@ -206,29 +216,21 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       { stdin, timeoutMs: RUNNER_TIMEOUT_MS + extraMs },
       { what, notFound: NO_POD },
     );
-    const line = res.stdout.trimEnd().split("\n").at(-1) ?? "";
-    let json: unknown = null;
-    try {
-      json = JSON.parse(line);
-    } catch {}
-    const refused = RunnerError.safeParse(json);
-    if (refused.success) {
+    const answer = runnerAnswer(res.stdout, res.exitCode, schema);
+    if (answer.ok) return answer.data;
+    if (answer.refusal) {
       const code =
-        refused.data.error === "not_found"
+        answer.refusal.error === "not_found"
           ? "not_found"
-          : refused.data.error === "bad_request"
+          : answer.refusal.error === "bad_request"
             ? "invalid_request"
             : "sandbox_failed";
-      throw new BackendError(code, `the sandbox's exec runner refused (${what}): ${refused.data.detail}`);
+      throw new BackendError(code, `the sandbox's exec runner refused (${what}): ${answer.refusal.detail}`);
     }
-    const parsed = schema.safeParse(json);
-    if (res.exitCode !== 0 || !parsed.success) {
-      throw new BackendError(
-        "sandbox_failed",
-        `the sandbox's exec runner answered outside its contract (${what}, exit ${res.exitCode})`,
-      );
-    }
-    return parsed.data;
+    throw new BackendError(
+      "sandbox_failed",
+      `the sandbox's exec runner answered outside its contract (${what}, exit ${res.exitCode})`,
+    );
   }
 
   /** Runs `work` against a work pod; `proxy` when the sandbox has no such pod (a proxy sandbox). */
@@ -454,29 +456,30 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       };
       const status = await runner(
         sandboxId,
-        ["start", execId],
+        startArgs(execId),
         RunnerStatus,
         "start the command",
         `${JSON.stringify(start)}\n`,
       );
-      return { ...status, sandboxId };
+      return toExecInfo(sandboxId, status);
     },
 
     async poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
       checkId(sandboxId);
       const waitMs = Math.min(Math.max(poll.waitMs ?? 0, 0), MAX_POLL_WAIT_MS);
       return workOrProxy(
-        async () => ({
-          ...(await runner(
+        async () =>
+          toExecInfo(
             sandboxId,
-            ["poll", execId, String(poll.stdoutFrom ?? 0), String(poll.stderrFrom ?? 0), String(waitMs)],
-            RunnerStatus,
-            "poll the command",
-            undefined,
-            waitMs,
-          )),
-          sandboxId,
-        }),
+            await runner(
+              sandboxId,
+              pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs),
+              RunnerStatus,
+              "poll the command",
+              undefined,
+              waitMs,
+            ),
+          ),
         async () => {
           const pod = await kube.get("pods", proxyPodName(sandboxId, execId), { what: "read the proxy pod" });
           if (!pod) throw new BackendError("not_found", `sandbox ${sandboxId} has no exec ${execId}`);
@@ -488,10 +491,8 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
     async kill(sandboxId: string, execId: string): Promise<ExecInfo> {
       checkId(sandboxId);
       return workOrProxy(
-        async () => ({
-          ...(await runner(sandboxId, ["kill", execId], RunnerStatus, "kill the command")),
-          sandboxId,
-        }),
+        async () =>
+          toExecInfo(sandboxId, await runner(sandboxId, killArgs(execId), RunnerStatus, "kill the command")),
         async () => {
           // The launch's pod and the credentials it held: a relaunch makes both anew.
           const had = await kube.remove("pods", proxyPodName(sandboxId, execId), podMeaning, 0);
@@ -516,7 +517,7 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       checkId(sandboxId);
       await workOrProxy(
         async () => {
-          await runner(sandboxId, [frozen ? "freeze" : "thaw"], RunnerFreeze, "freeze the sandbox");
+          await runner(sandboxId, freezeArgs(frozen), RunnerFreeze, "freeze the sandbox");
         },
         async () => {
           // A proxy is paused by shrinking its CPU in place: it keeps its memory (its CA key and

@@ -134,6 +134,45 @@ export const ExecInfo = z.strictObject({
 });
 export type ExecInfo = z.infer<typeof ExecInfo>;
 
+/** How much of each output stream an exec keeps: its last 1 MiB. */
+export const EXEC_OUTPUT_LIMIT = 1024 * 1024;
+
+/** Length of the longest prefix that does not end inside a multi-byte UTF-8 character. */
+function completeUtf8Length(data: Uint8Array): number {
+  for (let back = 1; back <= Math.min(4, data.length); back++) {
+    const byte = data[data.length - back] as number;
+    if ((byte & 0xc0) === 0x80) continue; // continuation byte: look further back
+    const need = byte >= 0xf0 ? 4 : byte >= 0xe0 ? 3 : byte >= 0xc0 ? 2 : 1;
+    return need > back ? data.length - back : data.length;
+  }
+  return data.length;
+}
+
+/**
+ * One page of an ExecInfo stream, the same rule wherever the bytes are kept (the local agent's
+ * memory, the exec runner's files): `data` is what is kept from absolute offset `begin` on, for a
+ * caller who asked from `from`. Cut on UTF-8 character boundaries so pages concatenate to the
+ * original text; a character still being written waits for the next page unless `final`.
+ */
+export function outputPage(
+  data: Uint8Array,
+  begin: number,
+  from: number,
+  final: boolean,
+): { text: string; end: number } {
+  let page = data;
+  let at = begin;
+  if (from < begin) {
+    // The oldest kept byte may be mid-character: skip continuation bytes.
+    let skip = 0;
+    while (skip < page.length && skip < 3 && ((page[skip] as number) & 0xc0) === 0x80) skip++;
+    page = page.subarray(skip);
+    at += skip;
+  }
+  if (!final) page = page.subarray(0, completeUtf8Length(page));
+  return { text: new TextDecoder().decode(page), end: at + page.length };
+}
+
 /**
  * Halting a run for review (its work and task sandboxes), or pausing a lingering run's proxy
  * sandbox while nobody inspects it: the sandbox's processes stop, then continue.

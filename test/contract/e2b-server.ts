@@ -1,15 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import {
-  chmodSync,
-  existsSync,
-  mkdirSync,
-  mkdtempSync,
-  readdirSync,
-  readFileSync,
-  rmSync,
-  writeFileSync,
-} from "node:fs";
+import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -17,6 +8,7 @@ import { join, resolve } from "node:path";
 import type { components } from "e2b";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
+import { recordedExecs } from "../../proxy-image/src/exec-runner";
 import type { ContractSandbox, E2bContractInfo, E2bFaults, RecordedE2bRequest } from "./e2b-contract";
 
 // CONTRACT SERVER, not E2B: what the `e2b` SDK (2.51.0) calls, written from E2B's published
@@ -43,7 +35,7 @@ import type { ContractSandbox, E2bContractInfo, E2bFaults, RecordedE2bRequest } 
 // Process model (documented, not E2B's): a command arrives as `/bin/bash -l -c <string>`; the
 // string is split as the shell would split the backend's quoted words (no other shell syntax is
 // accepted) and run by program name:
-//   bw-exec          the REAL runner (proxy-image/src/e2b-exec-main.ts, built here), as a real
+//   bw-exec          the REAL runner (proxy-image/src/exec-runner-main.ts, built here), as a real
 //                    process, with its state under this sandbox's directory. The commands it runs
 //                    are real processes too: `sh -c ...` from the tests runs on this machine, and
 //                    the images' programs are stand-ins on PATH: bw-proxy and bw-tunnel print a
@@ -67,7 +59,7 @@ export async function buildE2bPrograms(outDir: string): Promise<{ exec: string; 
   const root = resolve(import.meta.dirname, "../..");
   const out = { exec: join(outDir, "exec.cjs"), tunnel: join(outDir, "tunnel.cjs") };
   for (const [entry, file] of [
-    ["proxy-image/src/e2b-exec-main.ts", out.exec],
+    ["proxy-image/src/exec-runner-main.ts", out.exec],
     ["proxy-image/src/e2b-tunnel-main.ts", out.tunnel],
   ] as const) {
     await build({
@@ -226,16 +218,8 @@ export async function startE2bServer(options: E2bServerOptions) {
   function sandboxPids(box: Box): number[] {
     const pids = new Set<number>();
     for (const p of box.procs.values()) if (p.child?.pid && !p.ended) pids.add(p.child.pid);
-    const base = join(box.dir, "exec");
-    if (existsSync(base)) {
-      for (const owner of readdirSync(base)) {
-        for (const exec of readdirSync(join(base, owner))) {
-          for (const file of ["supervisor", "pid"]) {
-            const n = Number.parseInt(readFileSyncSafe(join(base, owner, exec, file)), 10);
-            if (n > 0) pids.add(n);
-          }
-        }
-      }
+    for (const exec of recordedExecs(join(box.dir, "exec"))) {
+      for (const pid of [exec.supervisor, exec.pid]) if (pid !== null) pids.add(pid);
     }
     return [...pids];
   }
@@ -776,14 +760,6 @@ export async function startE2bServer(options: E2bServerOptions) {
       await new Promise<void>((r) => server.close(() => r()));
     },
   };
-}
-
-function readFileSyncSafe(path: string): string {
-  try {
-    return readFileSync(path, "utf8");
-  } catch {
-    return "";
-  }
 }
 
 /**

@@ -1,12 +1,13 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
 import { type WebSocket, WebSocketServer } from "ws";
+import { recordedExecs } from "../../proxy-image/src/exec-runner";
 import type { ContractOptions, KubernetesContractInfo, RecordedRequest } from "./kubernetes-contract";
 
 // A CONTRACT SERVER for the Kubernetes API (this machine cannot reach a DigitalOcean Kubernetes
@@ -25,7 +26,7 @@ import type { ContractOptions, KubernetesContractInfo, RecordedRequest } from ".
 //   every container running (options: stay Pending for n reads; an init container that fails).
 //   A deleted pod is Terminating (deletionTimestamp) for one more GET, then gone.
 // - Containers: a work pod's `/bw/tools/bin/bw-exec ...` exec RUNS THE REAL EXEC RUNNER
-//   (proxy-image/src/exec-runner.ts, bundled at start) with node on this machine against a
+//   (proxy-image/src/exec-runner-main.ts, bundled at start) with node on this machine against a
 //   per-pod temporary directory as its BW_EXEC_DIR, so commands really run (on this machine, as
 //   the test user: tests run only commands they chose). Deleting the pod SIGKILLs the process
 //   groups it started. A proxy pod runs nothing: its log is a scripted line, it "exits" when a
@@ -140,7 +141,7 @@ export async function startKubernetesServer(
   // The real exec runner, bundled from its source (the worker tests do not build the proxy image).
   const runner = join(root, "exec-runner.cjs");
   await build({
-    entryPoints: [resolve(import.meta.dirname, "../../proxy-image/src/exec-runner.ts")],
+    entryPoints: [resolve(import.meta.dirname, "../../proxy-image/src/exec-runner-main.ts")],
     bundle: true,
     platform: "node",
     target: "node20",
@@ -356,15 +357,11 @@ export async function startKubernetesServer(
 
   /** The processes a pod's runner started, SIGKILLed (their process groups) as its containers die. */
   function killPodProcesses(rec: PodRecord) {
-    const execs = join(rec.dir, "exec");
-    if (!existsSync(execs)) return;
-    for (const id of readdirSync(execs)) {
-      const pidFile = join(execs, id, "pid");
-      if (!existsSync(pidFile) || existsSync(join(execs, id, "exit.json"))) continue;
+    for (const exec of recordedExecs(join(rec.dir, "exec"))) {
+      if (exec.pid === null || exec.exited) continue;
       try {
-        const { pid } = JSON.parse(readFileSync(pidFile, "utf8")) as { pid: number };
-        process.kill(-pid, "SIGCONT");
-        process.kill(-pid, "SIGKILL");
+        process.kill(-exec.pid, "SIGCONT");
+        process.kill(-exec.pid, "SIGKILL");
       } catch {}
     }
   }
@@ -823,15 +820,13 @@ export async function startKubernetesServer(
       const rec = nsOf(ns).pods.get(url.searchParams.get("pod") ?? "");
       if (!rec) return send(res, 404, { error: "no such pod" });
       const states: Record<string, string | null> = {};
-      const execs = join(rec.dir, "exec");
-      for (const id of existsSync(execs) ? readdirSync(execs) : []) {
-        if (!existsSync(join(execs, id, "pid"))) continue;
-        const { pid } = JSON.parse(readFileSync(join(execs, id, "pid"), "utf8")) as { pid: number };
+      for (const { execId, pid } of recordedExecs(join(rec.dir, "exec"))) {
+        if (pid === null) continue;
         try {
           const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-          states[id] = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] ?? null;
+          states[execId] = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] ?? null;
         } catch {
-          states[id] = null;
+          states[execId] = null;
         }
       }
       return send(res, 200, states);

@@ -1,9 +1,24 @@
 import { PROXY_PORTS } from "../../contract/local-agent";
 import { WIRING_PROBE_HOST } from "../../contract/proxy-wire";
-import { POD_PATHS } from "./runner-wire";
 
 // The Kubernetes objects of the sandbox0 backend, as plain JSON (core/v1 and networking.k8s.io/v1).
 // Pure functions of what the broker asked for: the contract tests compare them field by field.
+
+/**
+ * Where the pod spec puts things (the init container's `bw-init tools` fills /bw/tools). The exec
+ * runner's wrapper there sets BW_EXEC_DIR to execDir (proxy-image/Dockerfile).
+ */
+export const POD_PATHS = {
+  /** Read-only in the work container: node, its libraries, the runner, the wiring program. */
+  tools: "/bw/tools",
+  /** Writable, the sandbox's uid: the run CA (wiring), exec state (runner). */
+  state: "/bw/run",
+  runner: "/bw/tools/bin/bw-exec",
+  execDir: "/bw/run/exec",
+  caDir: "/bw/run/ca",
+  caBundle: "/bw/run/ca/bundle.crt",
+  home: "/home/bw",
+} as const;
 
 export const LABELS = {
   managedBy: "app.kubernetes.io/managed-by",
