@@ -2,6 +2,7 @@ import { spawn, spawnSync } from "node:child_process";
 import {
   chmodSync,
   chownSync,
+  copyFileSync,
   existsSync,
   mkdirSync,
   mkdtempSync,
@@ -54,11 +55,23 @@ afterAll(() => {
   rmSync(dir, { recursive: true, force: true });
 });
 
+/**
+ * The runner as another uid sees it: a copy in the test's own directory. The checkout may sit
+ * below a directory that uid cannot enter (a mktemp -d clone is 0700), as a pod's tools never do.
+ */
+function runnerFor(): string {
+  const copy = join(dir, "exec-runner.cjs");
+  copyFileSync(RUNNER, copy);
+  chmodSync(copy, 0o644);
+  chmodSync(dir, 0o755);
+  return copy;
+}
+
 function cli(
   args: string[],
   o: { stdin?: string; env?: Record<string, string>; uid?: number; state?: string } = {},
 ): { code: number | null; reply: unknown; stderr: string } {
-  const res = spawnSync(process.execPath, [RUNNER, ...args], {
+  const res = spawnSync(process.execPath, [o.uid === undefined ? RUNNER : runnerFor(), ...args], {
     cwd: dir,
     input: o.stdin ?? "",
     env: { PATH: process.env.PATH ?? "/usr/bin:/bin", BW_EXEC_DIR: o.state ?? execDir, ...o.env },
