@@ -9,6 +9,7 @@ import {
   readdirSync,
   readFileSync,
   rmSync,
+  writeFileSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -336,11 +337,14 @@ describe("exec runner, started with the command in its arguments (E2B envd)", { 
 
   it("pages output by byte offsets, holding back a character still being written", () => {
     const id = uniq();
-    // é is two bytes (c3 a9): the first arrives, then the second a moment later.
-    start(id, ["sh", "-c", "printf 'ab\\303'; sleep 0.6; printf '\\251cd'"]);
-    const first = poll(id, 0, 0, 500).status as RunnerStatus;
+    // é is two bytes (c3 a9): the first arrives, the second only once the test says so.
+    const go = join(dir, `${id}.go`);
+    start(id, ["sh", "-c", `printf 'ab\\303'; while [ ! -e ${go} ]; do sleep 0.05; done; printf '\\251cd'`]);
+    let first = poll(id, 0, 0, 500).status as RunnerStatus;
+    for (let i = 0; i < 100 && first.stdoutEnd < 2; i++) first = poll(id, 0, 0, 500).status as RunnerStatus;
     expect(first.state).toBe("running");
     expect(first).toMatchObject({ stdout: "ab", stdoutEnd: 2 });
+    writeFileSync(go, "");
     const rest = untilExited(id, first.stdoutEnd);
     expect(rest).toMatchObject({ stdout: "écd", stdoutEnd: 6, exitCode: 0 });
     // Asking again from the end gives nothing new; from 0, everything.
