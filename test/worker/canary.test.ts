@@ -4,41 +4,12 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
-import { findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
+import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 import { newRun } from "./run-fixtures";
 
 // Case B5: a canary secret appears 0 times in logs, response bodies and headers (error bodies
 // included) and database plaintext, however the vault routes are driven; case B8 at the
 // database level: a stored row decrypts only under its true owner and id.
-
-const LEVELS = ["log", "info", "warn", "error", "debug", "trace"] as const;
-
-function show(value: unknown): string {
-  if (typeof value === "string") return value;
-  if (value instanceof Error) {
-    const cause = value.cause === undefined ? "" : `\ncause: ${show(value.cause)}`;
-    return `${value.name}: ${value.message}\n${value.stack ?? ""}${cause}`;
-  }
-  try {
-    return JSON.stringify(value) ?? String(value);
-  } catch {
-    return String(value);
-  }
-}
-
-/**
- * Captures everything logged in this isolate: under vitest-pool-workers the Worker runs in the
- * same isolate as the test, so these spies see the Worker's own console calls.
- */
-function captureLogs() {
-  const lines: string[] = [];
-  for (const level of LEVELS) {
-    vi.spyOn(console, level).mockImplementation((...args: unknown[]) => {
-      lines.push(`${level}: ${args.map(show).join(" ")}`);
-    });
-  }
-  return lines;
-}
 
 afterEach(() => {
   vi.restoreAllMocks();

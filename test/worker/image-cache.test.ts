@@ -1,13 +1,13 @@
-import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, inject, it, vi } from "vitest";
+// The app first: its routes extend zod with .openapi before any shared contract schema is built.
+import "../../src/app";
 import { issueCapability, revokeCapability } from "../../src/compute/capability";
 import { imageBuilds } from "../../src/db/schema";
-import worker from "../../src/index";
 import type { RecordedRequest } from "../contract/registry-contract";
-import { type ApiResponse, BASE, expectProblem, newTenant, type Tenant, withDb } from "./harness";
-import { findNeedles, leakNeedles, scanDatabase } from "./leaks";
+import { type ApiResponse, callWith, expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { captureLogs, findNeedles, leakNeedles, scanDatabase } from "./leaks";
 import { newRun, setRunStatus } from "./run-fixtures";
 
 // The image build cache (issue 7): /compute/images with a run's capability, the broker's push
@@ -29,32 +29,6 @@ const cacheEnv: Env = {
   REGISTRY_ISSUER: registry.issuer,
   REGISTRY_REPOSITORY_PREFIX: PREFIX,
 };
-
-/** The harness's call, with the bindings given (the harness's own uses the test env). */
-async function callWith(
-  bindings: Env,
-  token: string | null,
-  method: string,
-  path: string,
-  body?: unknown,
-  headers: Record<string, string> = {},
-): Promise<ApiResponse> {
-  const init: RequestInit = { method, headers: { ...headers } };
-  if (token) (init.headers as Record<string, string>).authorization = `Bearer ${token}`;
-  if (body !== undefined) {
-    init.body = typeof body === "string" ? body : JSON.stringify(body);
-    (init.headers as Record<string, string>)["content-type"] ??= "application/json";
-  }
-  const ctx = createExecutionContext();
-  const res = await worker.fetch(new Request(`${BASE}${path}`, init), bindings, ctx);
-  const text = await res.text();
-  await waitOnExecutionContext(ctx);
-  let json: unknown = null;
-  try {
-    json = text ? JSON.parse(text) : null;
-  } catch {}
-  return { status: res.status, headers: res.headers, text, json };
-}
 
 interface CapRun {
   runId: string;
@@ -184,19 +158,6 @@ async function built(t: Tenant, run: CapRun, contentHash: string, label = "v1") 
   expect(confirm.status, confirm.text).toBe(200);
   expect(confirm.json.digest).toBe(pushed.digest);
   return { grant, digest: pushed.digest, tenant: t };
-}
-
-const LEVELS = ["log", "info", "warn", "error", "debug", "trace"] as const;
-
-/** Everything logged in this isolate (the Worker runs in the test's isolate). */
-function captureLogs() {
-  const lines: string[] = [];
-  for (const level of LEVELS) {
-    vi.spyOn(console, level).mockImplementation((...args: unknown[]) => {
-      lines.push(`${level}: ${args.map((a) => (typeof a === "string" ? a : JSON.stringify(a))).join(" ")}`);
-    });
-  }
-  return lines;
 }
 
 afterEach(() => {

@@ -16,7 +16,7 @@ import { unwrap } from "../../src/errors";
 import { issueProxyCredentials, revokeProxyCredentials } from "../../src/runs/proxy-credentials";
 import * as vault from "../../src/vault/service";
 import { type ApiResponse, BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
-import { findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
+import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 import {
   auditBatch,
   auditRows,
@@ -62,19 +62,6 @@ async function tenantWithVault() {
 
 async function vaultVersion(t: Tenant): Promise<number> {
   return (await withDb((db) => vault.getSettings(db, principal(t)))).version;
-}
-
-const LEVELS = ["log", "info", "warn", "error", "debug", "trace"] as const;
-
-/** Everything logged in this isolate (the Worker runs in the test's isolate). */
-function captureLogs(): string[] {
-  const lines: string[] = [];
-  for (const level of LEVELS) {
-    vi.spyOn(console, level).mockImplementation((...args: unknown[]) => {
-      lines.push(`${level}: ${args.map((a) => (typeof a === "string" ? a : JSON.stringify(a))).join(" ")}`);
-    });
-  }
-  return lines;
 }
 
 afterEach(() => {

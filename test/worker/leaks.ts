@@ -1,4 +1,5 @@
 import { type SQL, sql } from "drizzle-orm";
+import { vi } from "vitest";
 import { type ApiResponse, withDb } from "./harness";
 
 // Canary values and the spellings a leak of one could take (cases B5, C4). A canary is plain
@@ -102,4 +103,34 @@ export async function scanDatabase(needles: readonly string[]) {
     }
     return { columns: columns.map((c) => `${c.schema}.${c.table}.${c.column}`), hits };
   });
+}
+
+const LEVELS = ["log", "info", "warn", "error", "debug", "trace"] as const;
+
+function show(value: unknown): string {
+  if (typeof value === "string") return value;
+  if (value instanceof Error) {
+    const cause = value.cause === undefined ? "" : `\ncause: ${show(value.cause)}`;
+    return `${value.name}: ${value.message}\n${value.stack ?? ""}${cause}`;
+  }
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
+/**
+ * Captures everything logged in this isolate: under vitest-pool-workers the Worker runs in the
+ * same isolate as the test, so these spies see the Worker's own console calls. Undo with
+ * vi.restoreAllMocks().
+ */
+export function captureLogs(): string[] {
+  const lines: string[] = [];
+  for (const level of LEVELS) {
+    vi.spyOn(console, level).mockImplementation((...args: unknown[]) => {
+      lines.push(`${level}: ${args.map(show).join(" ")}`);
+    });
+  }
+  return lines;
 }
