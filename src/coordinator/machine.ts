@@ -241,7 +241,7 @@ const NO_SANDBOX_CODES = new Set(["cannot_isolate", "backend_not_configured"]);
 /** Proxy listener ports inside the proxy sandbox (see the local-agent contract). */
 // The catch-all resolver always listens: a task sandbox made after a vault edit may need
 // catch-all routing even when the run started under default routing.
-const PROXY_ENV = {
+export const PROXY_ENV = {
   BW_LISTEN_HOST: "0.0.0.0",
   BW_TLS_PORT: "8443",
   BW_HTTP_PORT: "8080",

@@ -6,9 +6,11 @@ import { BackendError, type ComputeBackend } from "../../src/broker/backend";
 import { e2bFromEnv, SANDBOX_TTL_MS } from "../../src/broker/e2b-backend";
 import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
 import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
+import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs, sandboxes } from "../../src/db/schema";
 import type { ContractSandbox, E2bFaults, RecordedE2bRequest } from "../contract/e2b-contract";
+import { proxyOf } from "./backend-fixtures";
 import { newTenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary } from "./leaks";
 import { newRun } from "./run-fixtures";
@@ -31,14 +33,6 @@ const ENV = {
   E2B_SANDBOX_URL: e2b.url,
 };
 const META = { deployment: "bw-deployment", run: "bw-run", kind: "bw-kind", sandbox: "bw-sandbox" };
-const PROXY_ENV = {
-  BW_LISTEN_HOST: "0.0.0.0",
-  BW_TLS_PORT: "8443",
-  BW_HTTP_PORT: "8080",
-  BW_EXPLICIT_PORT: "3128",
-  BW_DNS_PORT: "5353",
-  BW_SPOOL_DIR: "/tmp/benchwright-spool",
-};
 const SLOW = { timeout: 60_000 };
 
 function backend(over: Record<string, string> = {}): ComputeBackend {
@@ -88,21 +82,6 @@ async function waitExit(b: ComputeBackend, sandboxId: string, execId: string, fr
     if (info.state === "exited") return info;
   }
   throw new Error(`exec ${execId} did not exit`);
-}
-
-/** A run's proxy sandbox with its proxy launched, as the coordinator does it. */
-async function proxyOf(b: ComputeBackend, runId: string) {
-  const creds = { token: randomId("tok_"), audit: `whsec_${randomId("k_")}` };
-  const proxyId = randomId("sbx_");
-  const info = await b.create({ kind: "proxy", id: proxyId, runId });
-  const launch = await b.exec(proxyId, {
-    id: "proxy-1",
-    argv: ["bw-proxy"],
-    env: { ...PROXY_ENV, BW_RUN_ID: runId, BW_PROXY_TOKEN: creds.token, BW_AUDIT_KEY: creds.audit },
-    stage: "setup",
-    timeoutMs: null,
-  });
-  return { proxyId, info, launch, creds };
 }
 
 async function workOf(

@@ -7,9 +7,11 @@ import { objectName, proxyPodName, secretName } from "../../src/broker/kubernete
 import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
 import { sandbox0FromEnv } from "../../src/broker/sandbox0-backend";
 import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
+import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs, sandboxes } from "../../src/db/schema";
 import type { ContractOptions, RecordedRequest } from "../contract/kubernetes-contract";
+import { proxyOf } from "./backend-fixtures";
 import { newTenant, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 
@@ -115,33 +117,6 @@ async function waitExit(b: ComputeBackend, sandboxId: string, execId: string): P
 async function run(b: ComputeBackend, sandboxId: string, request: ExecRequest): Promise<ExecInfo> {
   const started = await b.exec(sandboxId, request);
   return waitExit(b, sandboxId, started.execId);
-}
-
-const PROXY_ENV = {
-  BW_LISTEN_HOST: "0.0.0.0",
-  BW_TLS_PORT: "8443",
-  BW_HTTP_PORT: "8080",
-  BW_EXPLICIT_PORT: "3128",
-  BW_DNS_PORT: "5353",
-  BW_SPOOL_DIR: "/tmp/benchwright-spool",
-};
-
-/** A run's proxy sandbox, launched (its pod made), as the coordinator does it. */
-async function proxyOf(
-  b: ComputeBackend,
-  runId: string,
-  creds = { token: randomId("tok_"), audit: `whsec_${randomId("k_")}` },
-) {
-  const proxyId = randomId("sbx_");
-  const info = await b.create({ kind: "proxy", id: proxyId, runId });
-  const launch = await b.exec(proxyId, {
-    id: "proxy-1",
-    argv: ["bw-proxy"],
-    env: { ...PROXY_ENV, BW_RUN_ID: runId, BW_PROXY_TOKEN: creds.token, BW_AUDIT_KEY: creds.audit },
-    stage: "setup",
-    timeoutMs: null,
-  });
-  return { proxyId, info, launch, creds };
 }
 
 describe("sandbox0 configuration", () => {

@@ -1,0 +1,23 @@
+import type { ComputeBackend } from "../../src/broker/backend";
+import { PROXY_ENV } from "../../src/coordinator/machine";
+import { randomId } from "../../src/crypto/api-keys";
+
+// What the cloud backends' contract tests share: a run's proxy sandbox made and its proxy launched
+// the way the coordinator does it (machine.ts), with the credentials it would hand over.
+
+export async function proxyOf(
+  b: ComputeBackend,
+  runId: string,
+  creds = { token: randomId("tok_"), audit: `whsec_${randomId("k_")}` },
+) {
+  const proxyId = randomId("sbx_");
+  const info = await b.create({ kind: "proxy", id: proxyId, runId });
+  const launch = await b.exec(proxyId, {
+    id: "proxy-1",
+    argv: ["bw-proxy"],
+    env: { ...PROXY_ENV, BW_RUN_ID: runId, BW_PROXY_TOKEN: creds.token, BW_AUDIT_KEY: creds.audit },
+    stage: "setup",
+    timeoutMs: null,
+  });
+  return { proxyId, info, launch, creds };
+}
