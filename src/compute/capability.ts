@@ -1,5 +1,5 @@
 import { and, eq, isNull } from "drizzle-orm";
-import { hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
+import { encodeBase64Url, hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
 import { computeCapabilities, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { ENDED_STATES, type RunOwner } from "../runs/proxy-credentials";
@@ -27,7 +27,7 @@ export async function issueCapability(
   holderSandboxId: string,
   now = new Date(),
 ): Promise<{ id: string; token: string; expiresAt: Date }> {
-  const token = `bwc_${base64Url(crypto.getRandomValues(new Uint8Array(32)))}`;
+  const token = `bwc_${encodeBase64Url(crypto.getRandomValues(new Uint8Array(32)))}`;
   const id = randomId("cap_");
   const expiresAt = new Date(now.getTime() + CAPABILITY_TTL_MS);
   await db
@@ -89,11 +89,4 @@ export async function revokeRunCapabilities(db: Db, runId: string, now = new Dat
     .update(computeCapabilities)
     .set({ revokedAt: now })
     .where(and(eq(computeCapabilities.runId, runId), isNull(computeCapabilities.revokedAt)));
-}
-
-function base64Url(bytes: Uint8Array): string {
-  return btoa(String.fromCharCode(...bytes))
-    .replaceAll("+", "-")
-    .replaceAll("/", "_")
-    .replace(/=+$/, "");
 }

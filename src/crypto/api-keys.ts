@@ -80,7 +80,8 @@ function toHex(bytes: Uint8Array): string {
   return out;
 }
 
-function encodeBase64Url(bytes: Uint8Array): string {
+/** Unpadded base64url (RFC 4648 §5), for tokens and key material. */
+export function encodeBase64Url(bytes: Uint8Array): string {
   let out = "";
   for (let i = 0; i < bytes.length; i += 3) {
     const n = ((bytes[i] as number) << 16) | ((bytes[i + 1] ?? 0) << 8) | (bytes[i + 2] ?? 0);

@@ -1,3 +1,5 @@
+import { encodeBase64Url } from "./api-keys";
+
 // Envelope encryption of vault secret values (cases B5, B8, B9).
 //
 // Only WebCrypto globals are used so the same module runs in workerd and in Node 20.
@@ -327,19 +329,6 @@ function toHex(bytes: Uint8Array): string {
 }
 
 const BASE64URL_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-
-function encodeBase64Url(bytes: Uint8Array): string {
-  let out = "";
-  for (let i = 0; i < bytes.length; i += 3) {
-    const b0 = bytes[i] as number;
-    const b1 = bytes[i + 1] ?? 0;
-    const b2 = bytes[i + 2] ?? 0;
-    const n = (b0 << 16) | (b1 << 8) | b2;
-    const chars = i + 2 < bytes.length ? 4 : i + 1 < bytes.length ? 3 : 2;
-    for (let c = 0; c < chars; c++) out += BASE64URL_ALPHABET[(n >> (18 - 6 * c)) & 63];
-  }
-  return out;
-}
 
 /**
  * Strict base64 decoding. "url": base64url without padding (blob parts). "any": standard or URL

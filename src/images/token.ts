@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { encodeBase64Url } from "../crypto/api-keys";
 
 // Registry bearer tokens (the distribution "token authentication" scheme and its JWT profile),
 // minted by the broker itself: the registry trusts one public key, and only the Worker holds the
@@ -105,7 +106,7 @@ export async function mintRegistryToken(
 ): Promise<MintedToken> {
   const iat = Math.floor(now.getTime() / 1000);
   const exp = iat + claims.ttlSeconds;
-  const jti = base64Url(crypto.getRandomValues(new Uint8Array(16)));
+  const jti = encodeBase64Url(crypto.getRandomValues(new Uint8Array(16)));
   const header = { typ: "JWT", alg: "ES256", kid: key.kid };
   const payload = {
     iss: claims.issuer,
@@ -117,7 +118,7 @@ export async function mintRegistryToken(
     jti,
     access: claims.access,
   };
-  const signingInput = `${base64Url(utf8(JSON.stringify(header)))}.${base64Url(utf8(JSON.stringify(payload)))}`;
+  const signingInput = `${encodeBase64Url(utf8(JSON.stringify(header)))}.${encodeBase64Url(utf8(JSON.stringify(payload)))}`;
   // WebCrypto's ECDSA signature is r||s (64 bytes for P-256): the JWS encoding, no DER to undo.
   const signature = await crypto.subtle.sign(
     { name: "ECDSA", hash: "SHA-256" },
@@ -125,19 +126,13 @@ export async function mintRegistryToken(
     utf8(signingInput),
   );
   return {
-    token: `${signingInput}.${base64Url(new Uint8Array(signature))}`,
+    token: `${signingInput}.${encodeBase64Url(new Uint8Array(signature))}`,
     jti,
     expiresAt: new Date(exp * 1000),
   };
 }
 
 const utf8 = (text: string) => new TextEncoder().encode(text);
-
-function base64Url(bytes: Uint8Array): string {
-  let binary = "";
-  for (const b of bytes) binary += String.fromCharCode(b);
-  return btoa(binary).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
-}
 
 const BASE32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
 

@@ -1,6 +1,6 @@
 import { eq } from "drizzle-orm";
 import { newAuditKey } from "../contract/proxy-wire";
-import { hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
+import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
 import { type RunState, runs } from "../db/schema";
 import type { Db } from "../db/types";
@@ -128,11 +128,4 @@ export async function revokeProxyCredentials(db: Db, runId: string): Promise<voi
     .update(runs)
     .set({ proxyTokenHash: null, auditKeyCiphertext: null, updatedAt: new Date() })
     .where(eq(runs.id, runId));
-}
-
-function encodeBase64Url(bytes: Uint8Array): string {
-  return btoa(String.fromCharCode(...bytes))
-    .replaceAll("+", "-")
-    .replaceAll("/", "_")
-    .replace(/=+$/, "");
 }
