@@ -393,6 +393,7 @@ export class AuditReporter {
       createdAt,
       blockedHosts: [],
       egressRoutes: [],
+      modelCalls: [],
     };
     for (const e of entries) {
       const times = { count: e.seen.count, firstSeen: iso(e.seen.first), lastSeen: iso(e.seen.last) };

@@ -67,6 +67,7 @@ export const RoutingReason = z.enum([
   "wildcard_rule",
   "ip_literal",
   "local_egress",
+  "tunnel_host",
 ]);
 export type RoutingReason = z.infer<typeof RoutingReason>;
 
@@ -76,8 +77,46 @@ export type RoutingMode = z.infer<typeof RoutingMode>;
 /** A canonical host pattern (grammar only; the public-suffix check happens when it is saved). */
 export const HostPattern = z.string().refine(isCanonicalPattern, "not a canonical host pattern");
 
-export const PolicyHostEntry = z.object({ pattern: HostPattern, action: HostAction }).strict();
+/**
+ * How an allowed host's traffic leaves the proxy: straight out, or through the tunnel to the
+ * user's own machine (the local egress agent). Unset: the run's egress decides (local → tunnel).
+ */
+export const EgressVia = z.enum(["direct", "tunnel"]);
+export type EgressVia = z.infer<typeof EgressVia>;
+
+export const PolicyHostEntry = z
+  .object({ pattern: HostPattern, action: HostAction, via: EgressVia.optional() })
+  .strict()
+  .refine((h) => h.via === undefined || h.action === "allow", {
+    message: "only an allowed host has a route",
+    path: ["via"],
+  });
 export type PolicyHostEntry = z.infer<typeof PolicyHostEntry>;
+
+/** The run's egress: "local" sends every allowed host through the user's machine by default. */
+export const RunEgress = z.enum(["direct", "local"]);
+export type RunEgress = z.infer<typeof RunEgress>;
+
+/**
+ * The run's declared model, served by the proxy's model lane (outside host policy by design: it
+ * is what the user asked to evaluate). The work sandbox sees only MODEL_LANE_BASE_URL and a
+ * placeholder key; the proxy calls `baseUrl` (OpenAI wire format) with the secret's value.
+ */
+export const ModelLaneSpec = z
+  .object({
+    /** The name the run declares and the sandbox sends as `model`. */
+    name: z.string().min(1).max(128),
+    /** A label for people (openai, openrouter, vllm...); the wire format is OpenAI's either way. */
+    provider: z.string().min(1).max(64),
+    /** The provider's API base, https only (e.g. https://api.openai.com/v1). */
+    baseUrl: z.url({ protocol: /^https$/, error: "must be an https URL" }).max(2048),
+    /** The `model` sent upstream (often the same as name). */
+    upstreamModel: z.string().min(1).max(128),
+    /** The vault secret sent as `Authorization: Bearer`; its value travels with the secrets. */
+    secret: z.string().min(1),
+  })
+  .strict();
+export type ModelLaneSpec = z.infer<typeof ModelLaneSpec>;
 
 export const PolicyRule = z
   .object({
@@ -103,8 +142,12 @@ export const PolicyDocument = z
     /** False only when the vault gives a proxy nothing to do; the run then goes without one. */
     enforce: z.boolean(),
     note: z.string().nullable(),
+    /** The run's egress option, which decides the route of a host entry without its own `via`. */
+    egress: RunEgress.default("direct"),
     hosts: z.array(PolicyHostEntry),
     rules: z.array(PolicyRule),
+    /** The run's declared model (the model lane), or null. */
+    model: ModelLaneSpec.nullable().default(null),
     /** Hosts the work sandbox's hosts file points at the proxy (default mode only). */
     hostsFile: z.array(z.string().refine(isCanonicalHostName, "not a canonical exact host name")),
   })
@@ -115,7 +158,7 @@ export const PolicyDocument = z
         ctx.addIssue({ code: "custom", path: ["rules", i, "index"], message: `must be ${i}, its position` });
       }
     });
-    const expected = deriveFields(doc, doc.routing.reasons.includes("local_egress") ? "local" : "direct");
+    const expected = deriveFields(doc, doc.egress, doc.model !== null);
     const same = (a: readonly string[], b: readonly string[]) =>
       a.length === b.length && a.every((x, i) => x === b[i]);
     if (!same(doc.routing.reasons, expected.routing.reasons) || doc.routing.mode !== expected.routing.mode) {
@@ -158,10 +201,11 @@ export interface DerivedFields {
 export function deriveFields(
   entries: {
     default: HostAction;
-    hosts: readonly { pattern: string; action: HostAction }[];
+    hosts: readonly { pattern: string; action: HostAction; via?: EgressVia | undefined }[];
     rules: readonly { host: string }[];
   },
-  egress: "direct" | "local",
+  egress: RunEgress,
+  model = false,
 ): DerivedFields {
   const wild = (p: string) => p.startsWith("*.");
   const blocks = entries.hosts.filter((h) => h.action === "block");
@@ -174,11 +218,20 @@ export function deriveFields(
   if (blocks.some((h) => isCanonicalIp(h.pattern)) || entries.rules.some((r) => isCanonicalIp(r.host))) {
     reasons.push("ip_literal");
   }
+  // Traffic through the user's machine is catch-all, whether the whole run's or some hosts'.
+  const tunnelHost = entries.hosts.some((h) => h.action === "allow" && h.via === "tunnel");
   if (egress === "local") reasons.push("local_egress");
+  else if (tunnelHost) reasons.push("tunnel_host");
   const mode: RoutingMode = reasons.length > 0 ? "catch-all" : "default";
-  // Under local egress the proxy is the way into the tunnel, so it runs even for an empty vault.
+  // Under local egress the proxy is the way into the tunnel, and a declared model's lane lives in
+  // the proxy: either makes it run even for an empty vault.
   const enforce =
-    entries.rules.length > 0 || blocks.length > 0 || entries.default === "block" || egress === "local";
+    entries.rules.length > 0 ||
+    blocks.length > 0 ||
+    entries.default === "block" ||
+    egress === "local" ||
+    tunnelHost ||
+    model;
   const hostsFile =
     mode === "default"
       ? [...new Set([...entries.rules.map((r) => r.host), ...blocks.map((h) => h.pattern)])]

@@ -63,6 +63,17 @@ export const WIRING_PROBE_HOST = "probe.benchwright.invalid";
 /** Response header the proxy sets on its answer to WIRING_PROBE_HOST. */
 export const PROBE_HEADER = "x-benchwright-probe";
 
+/**
+ * The model lane's host inside a run: the proxy answers it itself (http or https) and makes the
+ * real call to the run's declared model. Like the probe host it never resolves outside a run;
+ * the wiring maps it to the proxy in every hosts file.
+ */
+export const MODEL_LANE_HOST = "model.benchwright.invalid";
+/** What a work sandbox gets as its OpenAI base URL when the run declares a model. */
+export const MODEL_LANE_BASE_URL = `http://${MODEL_LANE_HOST}/v1`;
+/** The placeholder API key a work sandbox gets: never a credential, only there so SDKs start. */
+export const MODEL_LANE_PLACEHOLDER_KEY = "bw-model-lane-placeholder";
+
 /** The ETag of a policy document: its version, quoted. */
 export const policyEtag = (version: number): string => `"${version}"`;
 
@@ -86,13 +97,14 @@ export const PolicyEnvelope = z
   .strictObject({ policy: PolicyDocument, secrets: z.record(SecretName, SecretValue) })
   .superRefine((envelope, ctx) => {
     const named = new Set(envelope.policy.rules.map((r) => r.secret));
+    if (envelope.policy.model) named.add(envelope.policy.model.secret);
     for (const name of named) {
       // hasOwn, not `in`: a rule naming "constructor" must not find Object.prototype's.
       if (!Object.hasOwn(envelope.secrets, name)) {
         ctx.addIssue({ code: "custom", path: ["secrets"], message: `no value for the secret ${name}` });
       }
     }
-    // The proxy holds only the secrets its rules use.
+    // The proxy holds only the secrets its rules (and its model lane) use.
     for (const name of Object.keys(envelope.secrets)) {
       if (!named.has(name)) {
         ctx.addIssue({ code: "custom", path: ["secrets", name], message: "no rule uses this secret" });
@@ -140,6 +152,36 @@ export const EgressRouteRow = z
   .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
 export type EgressRouteRow = z.infer<typeof EgressRouteRow>;
 
+/** The model lane's calls, the OpenAI endpoints it serves. */
+export const ModelEndpoint = z.enum(["chat.completions", "responses"]);
+export type ModelEndpoint = z.infer<typeof ModelEndpoint>;
+
+/** Per call: 0 when the provider reported no usage (the call is still recorded). */
+const Tokens = z
+  .number()
+  .int()
+  .min(0)
+  .max(2 ** 40);
+
+/**
+ * One call through the model lane: which model and provider, the status and the token counts.
+ * Never a prompt, an output, a header or a path beyond the endpoint's name.
+ */
+export const ModelCallRow = z.strictObject({
+  /** Unique per call (the proxy's id): a call counted twice is stored once. */
+  callId: z.string().regex(/^[A-Za-z0-9_-]{8,64}$/),
+  at: Instant,
+  model: z.string().min(1).max(128),
+  provider: z.string().min(1).max(64),
+  endpoint: ModelEndpoint,
+  stream: z.boolean(),
+  status: z.number().int().min(100).max(599),
+  inputTokens: Tokens,
+  outputTokens: Tokens,
+  ms: z.number().int().min(0),
+});
+export type ModelCallRow = z.infer<typeof ModelCallRow>;
+
 /**
  * One audit delivery: counts per host, aggregated over a flush interval. Strict, and there is
  * deliberately no field that could carry a path, query, header or body. A host (or host and
@@ -154,6 +196,7 @@ export const AuditBatch = z
     createdAt: Instant,
     blockedHosts: z.array(BlockedHostRow).max(MAX_AUDIT_ENTRIES),
     egressRoutes: z.array(EgressRouteRow).max(MAX_AUDIT_ENTRIES),
+    modelCalls: z.array(ModelCallRow).max(MAX_AUDIT_ENTRIES).default([]),
   })
   .superRefine((batch, ctx) => {
     const seen = new Set<string>();

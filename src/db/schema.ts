@@ -150,13 +150,42 @@ export const vaultHosts = pgTable(
     // Added because a rule names this host; removed with the last such rule unless the user
     // saves the entry themselves, which makes it explicit.
     implicit: boolean("implicit").notNull().default(false),
+    // How an allowed host's traffic leaves: direct, or through the user's egress agent (tunnel).
+    // Null: as the run's egress says. Only an allow entry has one.
+    via: text("via", { enum: ["direct", "tunnel"] }),
     createdAt: createdAt(),
     updatedAt: updatedAt(),
   },
   (t) => [
     uniqueIndex("vault_hosts_environment_pattern").on(t.environmentId, t.pattern),
     check("vault_hosts_action", sql`${t.action} in ('allow', 'block')`),
+    check(
+      "vault_hosts_via",
+      sql`${t.via} is null or (${t.via} in ('direct', 'tunnel') and ${t.action} = 'allow')`,
+    ),
   ],
+);
+
+// Models a run may declare (the model lane): the run names one; its proxy calls the provider's
+// OpenAI-compatible API at base_url with the secret's value. The sandbox never sees either.
+export const vaultModels = pgTable(
+  "vault_models",
+  {
+    id: text("id").primaryKey(),
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    name: text("name").notNull(),
+    provider: text("provider").notNull(),
+    baseUrl: text("base_url").notNull(),
+    upstreamModel: text("upstream_model").notNull(),
+    secretId: text("secret_id")
+      .notNull()
+      .references(() => vaultSecrets.id, { onDelete: "restrict" }),
+    createdAt: createdAt(),
+    updatedAt: updatedAt(),
+  },
+  (t) => [uniqueIndex("vault_models_environment_name").on(t.environmentId, t.name)],
 );
 
 // ---- runs ----
@@ -204,6 +233,9 @@ export const runs = pgTable(
     proof: jsonb("proof"),
     // SHA-256 of the run's proxy token; the token itself only reaches the proxy sandbox.
     proxyTokenHash: text("proxy_token_hash").unique(),
+    // SHA-256 of the run's egress agent token (bwe_); minting a new one replaces it, the run's end
+    // clears it. The token itself is shown to the user once.
+    egressTokenHash: text("egress_token_hash").unique(),
     // The run's audit signing key, encrypted with the vault key ring (AAD binds owner and run).
     auditKeyCiphertext: text("audit_key_ciphertext"),
     caCertPem: text("ca_cert_pem"),
@@ -313,6 +345,31 @@ export const egressRouteLog = pgTable(
     lastSeen: timestamp("last_seen", { withTimezone: true }).notNull(),
   },
   (t) => [primaryKey({ columns: [t.runId, t.host, t.route] })],
+);
+
+// The model lane's calls: which model and provider, status and token counts. Never a prompt or
+// an output. A call id stored twice (a batch re-sent after a crash) is kept once.
+export const modelCallLog = pgTable(
+  "model_call_log",
+  {
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    callId: text("call_id").notNull(),
+    at: timestamp("at", { withTimezone: true }).notNull(),
+    model: text("model").notNull(),
+    provider: text("provider").notNull(),
+    endpoint: text("endpoint", { enum: ["chat.completions", "responses"] }).notNull(),
+    stream: boolean("stream").notNull(),
+    status: integer("status").notNull(),
+    inputTokens: bigint("input_tokens", { mode: "number" }).notNull(),
+    outputTokens: bigint("output_tokens", { mode: "number" }).notNull(),
+    ms: integer("ms").notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.callId] }), index("model_call_log_run_at").on(t.runId, t.at)],
 );
 
 // Audit batch ids already stored: a retried or replayed batch is stored once (case D5).

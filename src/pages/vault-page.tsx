@@ -245,6 +245,8 @@ const REASONS: Record<RoutingReason, string> = {
   wildcard_rule: "A rule for a wildcard host: a hosts file can only redirect exact names.",
   ip_literal: "An entry or rule names an IP address: connections to an IP never look at the hosts file.",
   local_egress: "The run egresses through your own machine.",
+  tunnel_host:
+    "A host is routed through your own machine (via tunnel): only catch-all routing brings its traffic to the proxy and the tunnel.",
 };
 
 /** The entries behind a reason, so the user sees what to change. */
@@ -258,6 +260,8 @@ function culprits(doc: PolicyDocument, reason: RoutingReason): string[] {
       return rules.filter((p) => p.startsWith("*."));
     case "ip_literal":
       return [...new Set([...blocks, ...rules].filter(isCanonicalIp))];
+    case "tunnel_host":
+      return doc.hosts.filter((h) => h.via === "tunnel").map((h) => h.pattern);
     default:
       return [];
   }

@@ -1,9 +1,12 @@
 import {
   deriveFields,
+  type EgressVia,
   type HostAction,
   type InjectSpec,
+  type ModelLaneSpec,
   PolicyDocument,
   type PolicyRule,
+  type RunEgress,
 } from "../contract/policy";
 import { canonicalHost, wildcardRemainders } from "./host";
 
@@ -13,14 +16,16 @@ export interface VaultSnapshot {
   version: number;
   default: HostAction;
   /** Canonical patterns, as parseHostPattern returned them. */
-  hosts: readonly { pattern: string; action: HostAction }[];
+  hosts: readonly { pattern: string; action: HostAction; via?: EgressVia | null | undefined }[];
   /** Canonical host patterns, in the user's order. */
   rules: readonly { host: string; secret: string; inject: InjectSpec }[];
 }
 
 export interface RunOptions {
   /** "local": the run egresses through the user's machine, which forces catch-all routing. */
-  egress: "direct" | "local";
+  egress: RunEgress;
+  /** The run's declared model, as the vault describes it (null or absent: none). */
+  model?: ModelLaneSpec | null;
 }
 
 const NOTHING_TO_DO =
@@ -33,7 +38,13 @@ const NOTHING_TO_DO =
  * yield a document the proxy would refuse.
  */
 export function compilePolicy(vault: VaultSnapshot, run: RunOptions = { egress: "direct" }): PolicyDocument {
-  const derived = deriveFields(vault, run.egress);
+  const hosts = vault.hosts.map((h) => ({
+    pattern: h.pattern,
+    action: h.action,
+    ...(h.via && h.action === "allow" ? { via: h.via } : {}),
+  }));
+  const model = run.model ?? null;
+  const derived = deriveFields({ ...vault, hosts }, run.egress, model !== null);
   return PolicyDocument.parse({
     schema: 1,
     version: vault.version,
@@ -41,8 +52,10 @@ export function compilePolicy(vault: VaultSnapshot, run: RunOptions = { egress: 
     routing: derived.routing,
     enforce: derived.enforce,
     note: derived.enforce ? null : NOTHING_TO_DO,
-    hosts: vault.hosts.map((h) => ({ pattern: h.pattern, action: h.action })),
+    egress: run.egress,
+    hosts,
     rules: vault.rules.map((r, index) => ({ index, host: r.host, secret: r.secret, inject: r.inject })),
+    model,
     hostsFile: derived.hostsFile,
   });
 }
@@ -51,6 +64,8 @@ export interface HostDecision {
   action: HostAction;
   /** The entry that decided, or null when the default (or an invalid host) did. */
   pattern: string | null;
+  /** How an allowed host leaves: the deciding entry's `via`, else the run's egress. */
+  via: EgressVia;
 }
 
 export interface RuleMatch {
@@ -69,21 +84,48 @@ export interface PolicyIndex {
   matchRule(host: string): RuleMatch | null;
 }
 
+export interface HostPolicy {
+  default: HostAction;
+  egress: RunEgress;
+  hosts: readonly { pattern: string; action: HostAction; via?: EgressVia | undefined }[];
+}
+
 /**
- * Indexes a document for lookups in O(labels of the host), independent of the number of entries:
- * maps keyed by exact host and by wildcard remainder (`*.example.com` → `example.com`).
+ * Host policy alone (no rules): what the proxy decides per host, and what the local egress agent
+ * enforces on its side with the same code. O(labels of the host), independent of the number of
+ * entries: maps keyed by exact host and by wildcard remainder (`*.example.com` → `example.com`).
  */
-export function buildPolicyIndex(doc: PolicyDocument): PolicyIndex {
+export function buildHostDecider(policy: HostPolicy): (host: string) => HostDecision {
+  const runVia: EgressVia = policy.egress === "local" ? "tunnel" : "direct";
   const exactHosts = new Map<string, HostDecision>();
   const wildHosts = new Map<string, HostDecision>();
-  for (const { pattern, action } of doc.hosts) {
+  for (const { pattern, action, via } of policy.hosts) {
     const wild = pattern.startsWith("*.");
     const map = wild ? wildHosts : exactHosts;
     const key = wild ? pattern.slice(2) : pattern;
     // Two entries for one pattern should not exist; if they do, block wins (fail closed).
     if (map.get(key)?.action === "block") continue;
-    map.set(key, Object.freeze({ action, pattern }));
+    map.set(key, Object.freeze({ action, pattern, via: via ?? runVia }));
   }
+  const fallback: HostDecision = Object.freeze({ action: policy.default, pattern: null, via: runVia });
+  const invalid: HostDecision = Object.freeze({ action: "block", pattern: null, via: runVia });
+  return (input) => {
+    const host = canonicalHost(input);
+    if (host === null) return invalid;
+    const exact = exactHosts.get(host);
+    if (exact) return exact;
+    // Longest remainder first: the most specific wildcard wins.
+    for (const rest of wildcardRemainders(host)) {
+      const hit = wildHosts.get(rest);
+      if (hit) return hit;
+    }
+    return fallback;
+  };
+}
+
+/** Indexes a document for the per-request lookups: host policy, then the first matching rule. */
+export function buildPolicyIndex(doc: PolicyDocument): PolicyIndex {
+  const decideHost = buildHostDecider(doc);
   const exactRules = new Map<string, number>();
   const wildRules = new Map<string, number>();
   for (const rule of doc.rules) {
@@ -92,22 +134,8 @@ export function buildPolicyIndex(doc: PolicyDocument): PolicyIndex {
     const key = wild ? rule.host.slice(2) : rule.host;
     if (!map.has(key)) map.set(key, rule.index);
   }
-  const fallback: HostDecision = Object.freeze({ action: doc.default, pattern: null });
-  const invalid: HostDecision = Object.freeze({ action: "block", pattern: null });
-
   return {
-    decideHost(input) {
-      const host = canonicalHost(input);
-      if (host === null) return invalid;
-      const exact = exactHosts.get(host);
-      if (exact) return exact;
-      // Longest remainder first: the most specific wildcard wins.
-      for (const rest of wildcardRemainders(host)) {
-        const hit = wildHosts.get(rest);
-        if (hit) return hit;
-      }
-      return fallback;
-    },
+    decideHost,
     matchRule(input) {
       const host = canonicalHost(input);
       if (host === null) return null;

@@ -158,6 +158,7 @@ describe("the audit endpoint contract (D1, D2, D5)", () => {
     const batch: AuditBatch = {
       schema: 1,
       runId: RUN,
+      modelCalls: [],
       batchId: "batch-1",
       source: "proxy",
       createdAt: at,

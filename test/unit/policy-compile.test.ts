@@ -348,35 +348,51 @@ describe("buildPolicyIndex", () => {
         }),
       ),
     );
-    expect(index.decideHost("a.example.com")).toEqual({ action: "allow", pattern: "*.example.com" });
+    expect(index.decideHost("a.example.com")).toEqual({
+      action: "allow",
+      pattern: "*.example.com",
+      via: "direct",
+    });
     expect(index.decideHost("a.evil.example.com")).toEqual({
       action: "block",
       pattern: "*.evil.example.com",
+      via: "direct",
     });
     expect(index.decideHost("OK.evil.example.com.:443")).toEqual({
       action: "allow",
       pattern: "ok.evil.example.com",
+      via: "direct",
     });
     expect(index.decideHost("a.ok.evil.example.com")).toEqual({
       action: "block",
       pattern: "*.evil.example.com",
+      via: "direct",
     });
     expect(index.decideHost("b.x.evil.example.com")).toEqual({
       action: "allow",
       pattern: "*.x.evil.example.com",
+      via: "direct",
     });
-    expect(index.decideHost("example.com")).toEqual({ action: "block", pattern: null });
-    expect(index.decideHost("elsewhere.net")).toEqual({ action: "block", pattern: null });
+    expect(index.decideHost("example.com")).toEqual({ action: "block", pattern: null, via: "direct" });
+    expect(index.decideHost("elsewhere.net")).toEqual({ action: "block", pattern: null, via: "direct" });
   });
 
   it("the default decides for unlisted hosts; an invalid host is blocked even under allow", () => {
     const index = buildPolicyIndex(
       compilePolicy(vault({ hosts: [{ pattern: "evil.example", action: "block" }] })),
     );
-    expect(index.decideHost("fine.example")).toEqual({ action: "allow", pattern: null });
-    expect(index.decideHost("Evil.Example.")).toEqual({ action: "block", pattern: "evil.example" });
-    expect(index.decideHost("evil.example\u0000.ok")).toEqual({ action: "block", pattern: null });
-    expect(index.decideHost("")).toEqual({ action: "block", pattern: null });
+    expect(index.decideHost("fine.example")).toEqual({ action: "allow", pattern: null, via: "direct" });
+    expect(index.decideHost("Evil.Example.")).toEqual({
+      action: "block",
+      pattern: "evil.example",
+      via: "direct",
+    });
+    expect(index.decideHost("evil.example\u0000.ok")).toEqual({
+      action: "block",
+      pattern: null,
+      via: "direct",
+    });
+    expect(index.decideHost("")).toEqual({ action: "block", pattern: null, via: "direct" });
   });
 
   it("case A11: a block on 127.0.0.1 holds for every spelling of it", () => {
@@ -384,7 +400,7 @@ describe("buildPolicyIndex", () => {
       compilePolicy(vault({ hosts: [{ pattern: "127.0.0.1", action: "block" }] })),
     );
     for (const spelling of ["127.1", "0177.0.0.1", "0x7f.1", "2130706433", "[::ffff:7f00:1]"]) {
-      expect(index.decideHost(spelling)).toEqual({ action: "block", pattern: "127.0.0.1" });
+      expect(index.decideHost(spelling)).toEqual({ action: "block", pattern: "127.0.0.1", via: "direct" });
     }
   });
 
@@ -448,11 +464,13 @@ describe("buildPolicyIndex", () => {
     });
     const naiveDecide = (v: VaultSnapshot, host: string) => {
       const exact = v.hosts.find((h) => h.pattern === host);
-      if (exact) return { action: exact.action, pattern: exact.pattern };
+      if (exact) return { action: exact.action, pattern: exact.pattern, via: "direct" };
       const wild = v.hosts
         .filter((h) => h.pattern.startsWith("*.") && hostMatches(h.pattern, host))
         .sort((x, y) => y.pattern.length - x.pattern.length)[0];
-      return wild ? { action: wild.action, pattern: wild.pattern } : { action: v.default, pattern: null };
+      return wild
+        ? { action: wild.action, pattern: wild.pattern, via: "direct" }
+        : { action: v.default, pattern: null, via: "direct" };
     };
     const naiveRule = (v: VaultSnapshot, host: string) => {
       const index = v.rules.findIndex((r) => hostMatches(r.host, host));

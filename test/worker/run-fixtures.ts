@@ -88,6 +88,7 @@ export function auditBatch(runId: string, fields: Partial<AuditBatch> = {}): Aud
     batchId: `bat_${++batchCount}_${crypto.randomUUID().slice(0, 8)}`,
     source: "proxy",
     createdAt: new Date().toISOString(),
+    modelCalls: [],
     blockedHosts: [],
     egressRoutes: [],
     ...fields,

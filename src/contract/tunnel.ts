@@ -1,0 +1,74 @@
+import { z } from "zod";
+import { EgressVia, HostAction, HostPattern, RunEgress } from "./policy";
+
+// The egress tunnel's wire contract: the run's proxy and the user's local egress agent both dial
+// the control plane (nothing dials the user's machine, and a proxy on a cloud backend is not
+// reachable from outside), and a per-run relay (a Durable Object) joins the two WebSockets:
+//
+//   proxy ──wss── GET tunnelPath(runId)     (Authorization: Bearer <proxy token>)  ┐
+//                                                                                   ├─ relay
+//   agent ──wss── GET EGRESS_AGENT_PATH     (Authorization: Bearer <bwe_ token>)   ┘
+//
+// Once both ends are there the relay sends each the text message PAIRED, then carries binary
+// messages from one end to the other unchanged. The bytes are one HTTP/2 connection (node:http2,
+// its flow control is the back-pressure): the proxy is the client, the agent the server. Each
+// upstream connection is one CONNECT stream (`:authority` host:port); the agent answers 200 and
+// pipes, or refuses with a status and REFUSAL_HEADER naming why. Inside a stream the proxy runs
+// TLS end to end with the upstream: the agent never sees a request, let alone a credential.
+//
+// When either end leaves, the relay closes the other (CLOSE_PEER_GONE): the HTTP/2 connection
+// dies with it, and the proxy refuses tunnelled egress until a new pair (never goes direct).
+
+export const tunnelPath = (runId: string): string => `/internal/runs/${encodeURIComponent(runId)}/tunnel`;
+/** The agent's WebSocket (upgrade) and, with GET and no upgrade, nothing else. */
+export const EGRESS_AGENT_PATH = "/v1/egress-agent";
+/** The agent's copy of the run's host policy (GET, Bearer <bwe_ token>): AgentPolicy. */
+export const EGRESS_AGENT_POLICY_PATH = "/v1/egress-agent/policy";
+
+/** The token the user's agent authenticates with: `bwe_` + 32 random bytes, base64url. */
+export const EGRESS_TOKEN_PREFIX = "bwe_";
+export const EgressToken = z.string().regex(/^bwe_[A-Za-z0-9_-]{43}$/, "not an egress agent token");
+
+/** Text message from the relay: both ends are connected; start (or restart) HTTP/2 now. */
+export const PAIRED = "paired";
+/** Close codes the relay uses (4000-4999 are the application's). */
+export const CLOSE_REPLACED = 4000; // a newer connection of the same end took over
+export const CLOSE_PEER_GONE = 4001; // the other end left
+export const CLOSE_RUN_ENDED = 4002; // the run is over: do not reconnect
+export const CLOSE_TOKEN_REVOKED = 4003; // the agent's token was replaced or revoked
+
+/** Response header on a refused CONNECT stream: why the agent refused. */
+export const REFUSAL_HEADER = "x-benchwright-refusal";
+export const TunnelRefusal = z.enum([
+  /** The run's block list (or the user's own --block) names the host. */
+  "blocked",
+  /** The host resolved to an address the agent does not dial (loopback, link-local, ...). */
+  "address",
+  /** The host does not resolve on the user's network. */
+  "dns",
+  /** It resolved but the connection failed. */
+  "unreachable",
+  /** Not a host:port the agent carries (ports 80 and 443 only). */
+  "bad_target",
+]);
+export type TunnelRefusal = z.infer<typeof TunnelRefusal>;
+/** The status the agent answers each refusal with (the proxy reads the header, not the status). */
+export const REFUSAL_STATUS: Record<TunnelRefusal, number> = {
+  blocked: 403,
+  address: 403,
+  dns: 502,
+  unreachable: 502,
+  bad_target: 400,
+};
+/** Ports the tunnel carries: the proxy forwards only https and http upstream. */
+export const TUNNEL_PORTS: readonly number[] = [443, 80];
+
+/** The run's host policy as the agent enforces it: no rules, no secret names, no model. */
+export const AgentPolicy = z.strictObject({
+  runId: z.string(),
+  version: z.number().int().min(0),
+  default: HostAction,
+  egress: RunEgress,
+  hosts: z.array(z.strictObject({ pattern: HostPattern, action: HostAction, via: EgressVia.optional() })),
+});
+export type AgentPolicy = z.infer<typeof AgentPolicy>;
