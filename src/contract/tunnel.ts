@@ -9,6 +9,9 @@ import { EgressVia, HostAction, HostPattern, RunEgress } from "./policy";
 //                                                                                   ├─ relay
 //   agent ──wss── GET EGRESS_AGENT_PATH     (Authorization: Bearer <bwe_ token>)   ┘
 //
+// Both live outside /v1 (like /compute and /hooks): their credential is the run's own token, not
+// the user's API key, and the user's API key is never needed on the machine running the agent.
+//
 // Once both ends are there the relay sends each the text message PAIRED, then carries binary
 // messages from one end to the other unchanged. The bytes are one HTTP/2 connection (node:http2,
 // its flow control is the back-pressure): the proxy is the client, the agent the server. Each
@@ -20,10 +23,10 @@ import { EgressVia, HostAction, HostPattern, RunEgress } from "./policy";
 // dies with it, and the proxy refuses tunnelled egress until a new pair (never goes direct).
 
 export const tunnelPath = (runId: string): string => `/internal/runs/${encodeURIComponent(runId)}/tunnel`;
-/** The agent's WebSocket (upgrade) and, with GET and no upgrade, nothing else. */
-export const EGRESS_AGENT_PATH = "/v1/egress-agent";
+/** The agent's WebSocket (GET with Upgrade: websocket). */
+export const EGRESS_AGENT_PATH = "/egress-agent/tunnel";
 /** The agent's copy of the run's host policy (GET, Bearer <bwe_ token>): AgentPolicy. */
-export const EGRESS_AGENT_POLICY_PATH = "/v1/egress-agent/policy";
+export const EGRESS_AGENT_POLICY_PATH = "/egress-agent/policy";
 
 /** The token the user's agent authenticates with: `bwe_` + 32 random bytes, base64url. */
 export const EGRESS_TOKEN_PREFIX = "bwe_";
