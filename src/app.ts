@@ -13,6 +13,7 @@ import { blockedHostsRoutes } from "./routes/blocked-hosts";
 import { bugReportsRoutes } from "./routes/bug-reports";
 import { computeRoutes } from "./routes/compute";
 import { computeImagesRoutes } from "./routes/compute-images";
+import { egressAgentRoutes, egressTokenRoutes } from "./routes/egress-agent";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
 import { runAuditRoutes } from "./routes/run-audit";
@@ -73,6 +74,8 @@ export function createApp(options: AppOptions = {}) {
   // Compute control from inside a run: the database too; each route checks the run's capability
   // (src/compute/middleware.ts).
   app.use("/compute/*", withDatabase);
+  // The user's local egress agent: the database too; its routes check the run's egress token.
+  app.use("/egress-agent/*", withDatabase);
   // The pages: the database too; each page checks its session (src/pages/routes.tsx).
   for (const path of ["/", "/login", "/logout", "/manage/*", "/runs", "/runs/*"]) {
     app.use(
@@ -90,6 +93,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", dryRunRoutes);
   app.route("/v1", runsRoutes);
   app.route("/v1", runAuditRoutes);
+  app.route("/v1", egressTokenRoutes);
   app.route("/v1", blockedHostsRoutes);
   app.route("/v1", webhooksRoutes);
   app.route("/v1", bugReportsRoutes);
@@ -100,6 +104,8 @@ export function createApp(options: AppOptions = {}) {
   // Outside /v1 and its document: a run's work or orchestrator sandbox calls it with its capability.
   app.route("/compute", computeRoutes);
   app.route("/compute", computeImagesRoutes);
+  // Outside /v1 and its document: the user's egress agent calls it with its run's egress token.
+  app.route("/egress-agent", egressAgentRoutes);
   app.route("/", pageRoutes);
 
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });

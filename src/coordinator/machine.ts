@@ -1,6 +1,7 @@
 import { BackendError } from "../broker/backend";
 import type { ExecInfo, SandboxInfo } from "../contract/local-agent";
 import type { PolicyDocument } from "../contract/policy";
+import { MODEL_LANE_BASE_URL, MODEL_LANE_PLACEHOLDER_KEY } from "../contract/proxy-wire";
 import type { WiringProof } from "../contract/wiring";
 import type { RunState } from "../db/schema";
 import { commandsOf, type RunSpec } from "../runs/spec";
@@ -24,6 +25,10 @@ export const VAULT_ATTEMPTS = 4;
 export const VAULT_BACKOFF_MS = 500;
 export const PROXY_READY_DEADLINE_MS = 30_000;
 export const POLL_MS = 250;
+/** How often a run waiting for its egress agent looks again. */
+export const TUNNEL_POLL_MS = 1_000;
+/** How long a run waits for its egress agent by default (egress_agent_wait_seconds). */
+export const DEFAULT_EGRESS_AGENT_WAIT_SECONDS = 600;
 export const MAX_FAULTS = 5;
 /** How often a halted run looks for its resume. */
 export const HALTED_POLL_MS = 1_000;
@@ -94,7 +99,17 @@ export interface MachineState {
   cancelReason?: StopRequest;
   final: Final | null;
   spec: RunSpec | null;
-  policy: Pick<PolicyDocument, "version" | "routing" | "enforce" | "hostsFile" | "note"> | null;
+  policy:
+    | (Pick<PolicyDocument, "version" | "routing" | "enforce" | "hostsFile" | "note"> & {
+        /** The declared model's lane (name and provider only), absent in state from before it. */
+        model?: { name: string; provider: string } | null;
+      })
+    | null;
+  /**
+   * The egress tunnel, for a run that sends traffic through the user's machine: when the machine
+   * began waiting for the agent, and whether it was ever there (checked once, before any command).
+   */
+  tunnel?: { waitingSince: number; ready: boolean };
   /** The router/proxy sandbox of the run, and whether the proxy process runs in it. */
   network: { sandboxId: string; created: boolean } | null;
   /**
@@ -229,10 +244,28 @@ export interface MachinePorts {
   issueCapability(runId: string, holderSandboxId: string): Promise<{ token: string }>;
   /** Every capability of the run (its end). Idempotent. */
   revokeCapabilities(runId: string): Promise<void>;
+  /** Whether the run's proxy and the user's egress agent are paired in the relay now. */
+  tunnelPaired(runId: string): Promise<boolean>;
+  /** The run's commands are over: the relay closes both ends, the agent's token stops working. */
+  endTunnel(runId: string): Promise<void>;
   /** The routing and hosts file the run's vault asks for now (no secret is read). */
   currentRouting(runId: string): Promise<Pick<PolicyDocument, "routing" | "hostsFile">>;
   /** Parses the wiring program's stdout; null when it is not a proof. */
   parseProof(stdout: string): WiringProof | null;
+}
+
+/**
+ * The declared model's lane as the benchmark's code sees it: the proxy's fake base URL and a
+ * placeholder key (never a credential), in the variables OpenAI-compatible SDKs read.
+ */
+function modelEnv(s: MachineState): Record<string, string> {
+  const model = s.policy?.model;
+  if (!model || !s.policy?.enforce || s.proxy?.unfiltered) return {};
+  return {
+    OPENAI_BASE_URL: MODEL_LANE_BASE_URL,
+    OPENAI_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
+    BENCHWRIGHT_MODEL: model.name,
+  };
 }
 
 /** Backend answers that mean "no isolated sandbox can be made here at all". */
@@ -504,6 +537,7 @@ export class RunMachine {
       enforce: p.enforce,
       hostsFile: p.hostsFile,
       note: p.note,
+      model: p.model ? { name: p.model.name, provider: p.model.provider } : null,
     };
     await this.ports.setRunFields(s.runId, { routing: p.routing.mode, policyVersion: p.version });
     if (p.routing.mode === "catch-all") {
@@ -814,6 +848,8 @@ export class RunMachine {
     const wantHalt = await this.storage.haltRequested();
     if (wantHalt !== (s.halted ?? false)) return this.applyHalt(s, wantHalt);
     if (s.halted) return this.ports.now() + HALTED_POLL_MS;
+    const waiting = await this.awaitTunnel(s);
+    if (waiting !== null) return waiting;
     let pending = false;
     let slots =
       this.parallelTasks(s) -
@@ -851,7 +887,7 @@ export class RunMachine {
         const info = await this.ports.broker.exec(s.runId, w.sandboxId, {
           id: `cmd-${w.cmdIndex}`,
           argv: ["sh", "-c", command],
-          env: { ...w.env, ...(await this.computeEnv(s, w)) },
+          env: { ...w.env, ...modelEnv(s), ...(await this.computeEnv(s, w)) },
           stage: "execute",
           timeoutMs: 600_000,
         });
@@ -904,6 +940,48 @@ export class RunMachine {
           },
     );
     return this.ports.now();
+  }
+
+  /**
+   * A run that egresses through the user's machine starts its commands only once the user's
+   * egress agent is there (paired with the proxy in the relay): otherwise its first requests
+   * would be refused for no reason the user could see. Null when the commands may go on; else
+   * when to look again, or the stop's next step once the wait is over.
+   */
+  private async awaitTunnel(s: MachineState): Promise<number | null> {
+    const policy = must(s.policy);
+    const needs =
+      policy.enforce &&
+      !s.proxy?.unfiltered &&
+      policy.routing.reasons.some((r) => r === "local_egress" || r === "tunnel_host");
+    if (!needs || s.tunnel?.ready) return null;
+    const now = this.ports.now();
+    if (!s.tunnel) {
+      s.tunnel = { waitingSince: now, ready: false };
+      await this.ports.note(s.runId, {
+        level: "note",
+        code: "egress_agent_awaited",
+        text: "This run egresses through your machine: its commands start once your egress agent is connected (the launch answer, or POST /v1/runs/{id}/egress-agent-token, gives the command to run).",
+      });
+    }
+    if (await this.ports.tunnelPaired(s.runId)) {
+      s.tunnel.ready = true;
+      await this.ports.event(s.runId, "tunnel:ready", "note", {
+        text: "The egress agent connected; the commands start.",
+        waitedMs: now - s.tunnel.waitingSince,
+      });
+      return null;
+    }
+    const waitMs = (s.spec?.egress_agent_wait_seconds ?? DEFAULT_EGRESS_AGENT_WAIT_SECONDS) * 1000;
+    if (now - s.tunnel.waitingSince >= waitMs) {
+      await this.ports.note(s.runId, {
+        level: "warning",
+        code: "egress_agent_absent",
+        text: `The egress agent did not connect within ${waitMs / 1000} s, so the run stopped before any benchmark code ran (its traffic is never sent direct instead).`,
+      });
+      return this.stop(s, "egress_agent_absent", "the egress agent never connected; no benchmark code ran");
+    }
+    return now + TUNNEL_POLL_MS;
   }
 
   /** A worker whose commands ended; a task's sandbox goes with its task (the rest at the run's end). */
@@ -1049,6 +1127,7 @@ export class RunMachine {
     if (seconds > 0 && final.to === "finished" && this.proxyRuns(s))
       return this.startLinger(s, final, seconds);
     await this.ports.revokeCapabilities(s.runId);
+    await this.ports.endTunnel(s.runId);
     await this.ports.broker.destroyRun(s.runId);
     await this.ports.revokeProxyCredentials(s.runId);
     await this.ports.transition(s.runId, { to: final.to, reason: final.reason, detail: final.detail });
@@ -1062,6 +1141,7 @@ export class RunMachine {
    */
   private async startLinger(s: MachineState, outcome: Final, seconds: number): Promise<number> {
     await this.ports.revokeCapabilities(s.runId);
+    await this.ports.endTunnel(s.runId);
     await this.ports.broker.destroyRun(s.runId, { keepProxy: true });
     const now = this.ports.now();
     s.linger = { seconds, startedAt: now, lastActivity: now, paused: false, pauses: 0, outcome };

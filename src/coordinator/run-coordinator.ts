@@ -12,10 +12,12 @@ import { randomId } from "../crypto/api-keys";
 import { openDb } from "../db/client";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
+import { revokeEgressToken } from "../runs/egress-token";
 import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-credentials";
 import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
 import { checkLaunchable, type RunSpec } from "../runs/spec";
+import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/service";
 import {
   type EnvironmentAnswer,
@@ -292,6 +294,11 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     },
     issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),
     revokeCapabilities: (runId) => revokeRunCapabilities(db, runId),
+    tunnelPaired: async (runId) => (await relayStub(env, runId).status()).paired,
+    endTunnel: async (runId) => {
+      await relayStub(env, runId).endRun();
+      await revokeEgressToken(db, runId);
+    },
     currentRouting: async (runId) => {
       const row = await runsService.loadRun(db, runId);
       if (!row) throw new Error(`no run ${runId}`);

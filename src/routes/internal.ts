@@ -19,6 +19,7 @@ import { ApiError, type ErrorCode, problem } from "../errors";
 import { findRunByProxyToken, type ProxyRun, readAuditKey } from "../runs/proxy-credentials";
 import { storeAuditBatch, storeProxyReady } from "../runs/proxy-reports";
 import { runPolicyEnvelope, vaultVersion } from "../runs/run-vault";
+import { relayTo } from "./egress-agent";
 
 // The control plane's internal API for a run's proxy (the wire contract in
 // src/contract/proxy-wire.ts; test/proxy/control-plane.ts is its contract double). Not part of
@@ -67,6 +68,10 @@ export function internalRoutes(options: InternalOptions = {}) {
           await options.onProxyReady?.(c.env, c.var.proxyRun.id);
           return c.body(null, 204);
         },
+      )
+      // The proxy's end of the egress tunnel (src/contract/tunnel.ts): handed to the run's relay.
+      .get("/runs/:runId/tunnel", proxyAuth({ endedRun: "refuse" }), (c) =>
+        relayTo(c.env, c.req.raw, c.var.proxyRun.id, "proxy"),
       )
       // Batches of an ended run are accepted while its token is not revoked: the proxy flushes
       // its spool when it is shut down, which is when the run is ending (docs/design-notes.md).

@@ -6,8 +6,11 @@ import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordi
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { issueEgressToken } from "../runs/egress-token";
 import * as runs from "../runs/service";
 import { checkLinger, LingerSeconds, RunSpec } from "../runs/spec";
+import { previewPolicy } from "../vault/service";
+import { agentCommand, EgressAgentToken, publicUrl } from "./egress-agent";
 
 const Note = z
   .object({ level: z.enum(["note", "warning"]), code: z.string(), text: z.string() })
@@ -126,6 +129,21 @@ async function halt(c: Context<AppEnv>, on: boolean) {
 }
 const params = IdParam("run_");
 
+/**
+ * A run that will wait for the user's egress agent gets its token in the launch answer: egress
+ * local, or a vault that routes some host through the tunnel now. (Later, or for a vault edited
+ * after the launch: POST /v1/runs/{id}/egress-agent-token.)
+ */
+async function egressAgentAtLaunch(c: Context<AppEnv>, runId: string, spec: RunSpec) {
+  const local = spec.egress === "local";
+  if (!local) {
+    const preview = await previewPolicy(c.var.db, c.var.principal, { egress: "direct" });
+    if (!preview.routing.reasons.includes("tunnel_host")) return null;
+  }
+  const token = await issueEgressToken(c.var.db, runId);
+  return token ? { token, command: agentCommand(publicUrl(c.req.url, c.env.PUBLIC_URL), token) } : null;
+}
+
 export const runsRoutes = newRouter()
   .openapi(
     createRoute({
@@ -134,11 +152,24 @@ export const runsRoutes = newRouter()
       tags,
       summary: "Launch a run",
       request: jsonBody(RunSpec),
-      responses: { 202: jsonOk(RunSummary, "Accepted: the run is queued"), ...problems(400, 401) },
+      responses: {
+        202: jsonOk(
+          RunSummary.extend({
+            egressAgent: EgressAgentToken.optional().openapi({
+              description:
+                "When the run egresses through your machine (egress local, or a host via tunnel): the token and command for its egress agent, shown once",
+            }),
+          }),
+          "Accepted: the run is queued",
+        ),
+        ...problems(400, 401),
+      },
     }),
     async (c) => {
-      const run = await launchRun(c.env, c.var.db, c.var.principal, c.req.valid("json"));
-      return c.json(summary(run), 202);
+      const spec = c.req.valid("json");
+      const run = await launchRun(c.env, c.var.db, c.var.principal, spec);
+      const egressAgent = await egressAgentAtLaunch(c, run.id, spec);
+      return c.json({ ...summary(run), ...(egressAgent ? { egressAgent } : {}) }, 202);
     },
   )
   .openapi(

@@ -37,6 +37,11 @@ export const RunSpec = z
     model: z.string().min(1).max(128).optional(),
     egress: z.enum(["direct", "local"]).default("direct"),
     /**
+     * A run that egresses through the user's machine starts its commands once the egress agent
+     * connects; it stops (no code ran) if none did within this many seconds. Default 600.
+     */
+    egress_agent_wait_seconds: z.number().int().min(1).max(3600).optional(),
+    /**
      * Where the run's sandboxes are made: sandbox0 (Kubernetes pods), e2b (microVMs) or local
      * (Linux namespaces, development). Default: the deployment's COMPUTE_BACKEND.
      */

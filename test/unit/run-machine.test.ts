@@ -44,6 +44,8 @@ interface WorldOptions {
   /** The routing the vault asks for when the run is resumed (default: the run's own). */
   routingNow?: Policy["routing"];
   lingerIdleMs?: number;
+  /** Whether the relay has the run's proxy and egress agent paired, per look (default: never). */
+  tunnelPaired?: (look: number) => boolean;
 }
 
 function world(o: WorldOptions = {}) {
@@ -69,6 +71,8 @@ function world(o: WorldOptions = {}) {
   const capabilities: string[] = [];
   const destroyedEarly: string[] = [];
   let capabilityRevocations = 0;
+  let tunnelLooks = 0;
+  let tunnelEnds = 0;
   let vaultReads = 0;
   let proxyStarted = false;
   let throws = o.throwOnce?.times ?? 0;
@@ -191,6 +195,13 @@ function world(o: WorldOptions = {}) {
     revokeCapabilities: async () => {
       capabilityRevocations += 1;
     },
+    tunnelPaired: async () => {
+      tunnelLooks += 1;
+      return o.tunnelPaired?.(tunnelLooks) ?? false;
+    },
+    endTunnel: async () => {
+      tunnelEnds += 1;
+    },
     parseProof: (stdout) => JSON.parse(stdout) as WiringProof,
     currentRouting: async () => ({
       routing: o.routingNow ?? (o.policy ?? RULE_POLICY).routing,
@@ -239,6 +250,8 @@ function world(o: WorldOptions = {}) {
     capabilities,
     destroyedEarly,
     capabilityRevocations: () => capabilityRevocations,
+    tunnelLooks: () => tunnelLooks,
+    tunnelEnds: () => tunnelEnds,
     now: () => now,
     alarm: () => alarm,
     /** The vault is edited: from now on it asks for this routing. */
@@ -856,5 +869,90 @@ describe("run machine: compute control, task teardown and task environments (iss
     const commands = [...w.execs.values()].filter((e) => e.argv[0] === "sh");
     expect(commands.every((e) => e.env.BW_COMPUTE_TOKEN?.startsWith("bwc_"))).toBe(true);
     expect(w.notes.some((n) => n.code === "no_proxy")).toBe(false);
+  });
+});
+
+describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
+  const LOCAL: RunSpec = { ...SPEC, egress: "local" };
+  const LOCAL_POLICY: Policy = compilePolicy(
+    { version: 2, default: "allow", hosts: [], rules: [] },
+    { egress: "local" },
+  );
+  const TUNNEL_HOST_POLICY: Policy = compilePolicy({
+    version: 2,
+    default: "allow",
+    hosts: [{ pattern: "lan.example", action: "allow", via: "tunnel" }],
+    rules: [],
+  });
+  const commandsRun = (w: ReturnType<typeof world>) =>
+    [...w.execs.values()].filter((e) => e.argv[0] === "sh");
+
+  it("starts no command until the egress agent is paired, then runs, and ends the tunnel with the run", async () => {
+    const w = world({ spec: LOCAL, policy: LOCAL_POLICY, tunnelPaired: (look) => look >= 3 });
+    const end = await w.drive();
+    expect(end?.state).toBe("finished");
+    expect(w.notes.map((n) => n.code)).toContain("egress_agent_awaited");
+    expect(w.tunnelLooks()).toBe(3);
+    expect(commandsRun(w).map((e) => e.argv[2])).toEqual(["echo one", "echo two"]);
+    expect(w.events.has("tunnel:ready")).toBe(true);
+    expect(w.tunnelEnds()).toBe(1);
+  });
+
+  it("waits for the agent when only some hosts go via the tunnel, too", async () => {
+    const w = world({ policy: TUNNEL_HOST_POLICY, tunnelPaired: (look) => look >= 2 });
+    expect((await w.drive())?.state).toBe("finished");
+    expect(w.tunnelLooks()).toBe(2);
+  });
+
+  it("stops before any benchmark code when the agent never connects within the wait", async () => {
+    const w = world({ spec: { ...LOCAL, egress_agent_wait_seconds: 5 }, policy: LOCAL_POLICY });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)?.reason).toBe("egress_agent_absent");
+    expect(w.notes.map((n) => n.code)).toContain("egress_agent_absent");
+    expect(commandsRun(w)).toEqual([]);
+    // It looked about once a second for the 5 s, not in a hot loop.
+    expect(w.tunnelLooks()).toBeGreaterThanOrEqual(5);
+    expect(w.tunnelLooks()).toBeLessThanOrEqual(7);
+    expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+    expect(w.tunnelEnds()).toBe(1);
+  });
+
+  it("never asks for the agent when the run sends nothing through the tunnel", async () => {
+    const w = world();
+    expect((await w.drive())?.state).toBe("finished");
+    expect(w.tunnelLooks()).toBe(0);
+    expect(w.notes.map((n) => n.code)).not.toContain("egress_agent_awaited");
+  });
+
+  it("gives the commands the model lane's base URL and a placeholder key, never a credential", async () => {
+    const withModel: Policy = compilePolicy(
+      { version: 5, default: "allow", hosts: [], rules: [] },
+      {
+        egress: "direct",
+        model: {
+          name: "eval-model",
+          provider: "openai",
+          baseUrl: "https://api.openai.example/v1",
+          upstreamModel: "gpt-x",
+          secret: "MODEL_KEY",
+        },
+      },
+    );
+    expect(withModel.enforce).toBe(true);
+    const w = world({ spec: { ...SPEC, tasks: [{ name: "t1", commands: ["echo t1"] }] }, policy: withModel });
+    expect((await w.drive())?.state).toBe("finished");
+    const commands = commandsRun(w);
+    expect(commands.length).toBe(3);
+    for (const e of commands) {
+      expect(e.env).toMatchObject({
+        OPENAI_BASE_URL: "http://model.benchwright.invalid/v1",
+        OPENAI_API_KEY: "bw-model-lane-placeholder",
+        BENCHWRIGHT_MODEL: "eval-model",
+      });
+    }
+    const plain = world();
+    await plain.drive();
+    expect(commandsRun(plain).every((e) => e.env.OPENAI_BASE_URL === undefined)).toBe(true);
   });
 });
