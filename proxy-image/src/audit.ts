@@ -9,12 +9,14 @@ import {
   type EgressRoute,
   JSON_CONTENT_TYPE,
   MAX_AUDIT_ENTRIES,
+  ModelCallRow,
   signAuditBatch,
 } from "../../src/contract/proxy-wire";
 import { canonicalHost } from "../../src/policy/host";
 import type { FetchFn, LogFn } from "./policy-client";
 
-// Audit rows (blocked hosts, egress routes; host and counts only) leave the proxy in batches.
+// Audit rows (blocked hosts, egress routes: host and counts only; model calls: one row per call,
+// counts only, never aggregated) leave the proxy in batches.
 // Each batch is written to a spool directory before it is sent and deleted only once the control
 // plane has it, so a control-plane outage or a crash loses nothing (case F1); the control plane
 // de-duplicates on the batch id, so a retry is never counted twice. The spool is bounded: when it
@@ -49,7 +51,7 @@ export interface AuditReporterOptions {
 }
 
 export interface AuditStats {
-  /** Rows taken by recordBlocked / recordRoute. */
+  /** Rows taken by recordBlocked / recordRoute / recordModelCall. */
   rowsRecorded: number;
   /** Rows the control plane has acknowledged (2xx, or 409: it had them already). */
   rowsSent: number;
@@ -75,12 +77,14 @@ interface Spooled {
 
 type Entry =
   | { kind: "blocked"; host: string; seen: Seen }
-  | { kind: "route"; host: string; route: EgressRoute; seen: Seen };
+  | { kind: "route"; host: string; route: EgressRoute; seen: Seen }
+  | { kind: "model"; row: ModelCallRow };
 
 const SPOOL_FILE = /^(\d{12})-([A-Za-z0-9_-]{1,64})\.json$/;
 const REJECTED = "rejected";
-// Distinct (host, route) keys held in memory while the spool is full: rows for hosts already
-// held are still counted, a new host beyond this is refused (and the proxy refuses its egress).
+// Distinct (host, route) keys and model call rows held in memory while the spool is full: rows
+// for hosts already held are still counted, a new host or call beyond this is refused (and the
+// proxy refuses its egress).
 const MAX_MEMORY_KEYS = 100_000;
 
 const defaultLog: LogFn = (level, message, fields) => {
@@ -92,6 +96,8 @@ const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
 export class AuditReporter {
   private readonly blocked = new Map<string, Seen>();
   private readonly routes = new Map<string, { host: string; route: EgressRoute; seen: Seen }>();
+  // One entry per call, oldest first: each call is its own row (its callId de-duplicates it).
+  private modelCalls: ModelCallRow[] = [];
   private readonly queue: Spooled[] = [];
   private spoolBytes = 0;
   private nextSeq = 1;
@@ -161,7 +167,7 @@ export class AuditReporter {
     let rows = 0;
     for (const seen of this.blocked.values()) rows += seen.count;
     for (const { seen } of this.routes.values()) rows += seen.count;
-    return rows;
+    return rows + this.modelCalls.length;
   }
 
   /** A request to `host` was refused by host policy. False when the row could not be kept. */
@@ -182,6 +188,18 @@ export class AuditReporter {
     const held = this.routes.get(key);
     if (held === undefined && this.memoryFull()) return this.refuse("too many distinct hosts held in memory");
     this.bump(held?.seen, (seen) => this.routes.set(key, { host: canonical, route, seen }));
+    return true;
+  }
+
+  /** A call through the model lane. False when the row could not be kept. */
+  recordModelCall(row: ModelCallRow): boolean {
+    if (this.stopped) return this.refuse("the reporter is stopped");
+    // The row is not logged: only that it did not fit the contract.
+    const parsed = ModelCallRow.safeParse(row);
+    if (!parsed.success) return this.refuse("not a valid model call row");
+    if (this.memoryFull()) return this.refuse("too many rows held in memory");
+    this.stats.rowsRecorded++;
+    this.modelCalls.push(parsed.data);
     return true;
   }
 
@@ -254,7 +272,11 @@ export class AuditReporter {
   }
 
   private memoryFull(): boolean {
-    return this.blocked.size + this.routes.size >= MAX_MEMORY_KEYS;
+    return this.heldKeys() >= MAX_MEMORY_KEYS;
+  }
+
+  private heldKeys(): number {
+    return this.blocked.size + this.routes.size + this.modelCalls.length;
   }
 
   private bump(seen: Seen | undefined, create: (seen: Seen) => void): void {
@@ -312,7 +334,7 @@ export class AuditReporter {
 
   private async spoolOnce(force: boolean): Promise<void> {
     await this.ready();
-    while (this.blocked.size + this.routes.size > 0) {
+    while (this.heldKeys() > 0) {
       // Room left under the bound; a lone batch is always allowed, or a tiny bound could never drain.
       const room = force
         ? this.maxBatchBytes
@@ -320,7 +342,7 @@ export class AuditReporter {
       const taken = this.take(room, force || this.queue.length === 0);
       // Rows that arrive while this batch is written wait for the next flush: looping on them
       // sent a stream of one-row batches under steady traffic (seen in the bench).
-      const more = force || this.blocked.size + this.routes.size > 0;
+      const more = force || this.heldKeys() > 0;
       if (taken === null) {
         if (!this.held) {
           this.log("warn", "audit spool full; refusing new egress until it drains", {
@@ -364,23 +386,34 @@ export class AuditReporter {
       if (entries.length - routesFrom >= MAX_AUDIT_ENTRIES) break;
       entries.push({ kind: "route", host, route, seen });
     }
+    const modelsFrom = entries.length;
+    for (const row of this.modelCalls) {
+      if (entries.length - modelsFrom >= MAX_AUDIT_ENTRIES) break;
+      entries.push({ kind: "model", row });
+    }
     const batchId = randomUUID();
     const createdAt = new Date(this.now()).toISOString();
     let n = entries.length;
     let body = this.serialize(batchId, createdAt, entries.slice(0, n));
-    while (body.length > room && n > 1) {
-      n = Math.max(1, Math.min(n - 1, Math.floor((n * room) / body.length)));
+    // Hosts are canonical (ASCII), a model's name need not be: count bytes.
+    let bytes = Buffer.byteLength(body);
+    while (bytes > room && n > 1) {
+      n = Math.max(1, Math.min(n - 1, Math.floor((n * room) / bytes)));
       body = this.serialize(batchId, createdAt, entries.slice(0, n));
+      bytes = Buffer.byteLength(body);
     }
-    if (body.length > room && !oneAlways) return null;
+    if (bytes > room && !oneAlways) return null;
     const chosen = entries.slice(0, n);
+    let calls = 0;
     for (const entry of chosen) {
       if (entry.kind === "blocked") this.blocked.delete(entry.host);
-      else this.routes.delete(`${entry.route} ${entry.host}`);
+      else if (entry.kind === "route") this.routes.delete(`${entry.route} ${entry.host}`);
+      else calls++;
     }
+    // Model rows are taken from the front, in order.
+    if (calls > 0) this.modelCalls = this.modelCalls.slice(calls);
     const name = `${String(this.nextSeq++).padStart(12, "0")}-${batchId}.json`;
-    // Hosts are canonical (ASCII), so the string length is the byte length.
-    return { name, batchId, body, bytes: body.length, entries: chosen };
+    return { name, batchId, body, bytes, entries: chosen };
   }
 
   private serialize(batchId: string, createdAt: string, entries: readonly Entry[]): string {
@@ -396,6 +429,10 @@ export class AuditReporter {
       modelCalls: [],
     };
     for (const e of entries) {
+      if (e.kind === "model") {
+        batch.modelCalls.push(e.row);
+        continue;
+      }
       const times = { count: e.seen.count, firstSeen: iso(e.seen.first), lastSeen: iso(e.seen.last) };
       if (e.kind === "blocked") batch.blockedHosts.push({ host: e.host, ...times });
       else batch.egressRoutes.push({ host: e.host, route: e.route, ...times });
@@ -405,7 +442,12 @@ export class AuditReporter {
 
   /** Puts detached entries back (a failed write); merging is commutative, so order does not matter. */
   private restore(entries: readonly Entry[]): void {
+    const calls: ModelCallRow[] = [];
     for (const entry of entries) {
+      if (entry.kind === "model") {
+        calls.push(entry.row);
+        continue;
+      }
       const current =
         entry.kind === "blocked"
           ? this.blocked.get(entry.host)
@@ -424,6 +466,8 @@ export class AuditReporter {
       current.first = Math.min(current.first, entry.seen.first);
       current.last = Math.max(current.last, entry.seen.last);
     }
+    // Back in front of the calls recorded since, so they still go out oldest first.
+    if (calls.length > 0) this.modelCalls = [...calls, ...this.modelCalls];
   }
 
   /** Atomic: temp file, fsync, rename, fsync of the directory. */
@@ -598,7 +642,7 @@ function countRows(batch: AuditBatch): number {
   let rows = 0;
   for (const row of batch.blockedHosts) rows += row.count;
   for (const row of batch.egressRoutes) rows += row.count;
-  return rows;
+  return rows + batch.modelCalls.length;
 }
 
 function errorName(error: unknown): string {

@@ -15,6 +15,8 @@ import {
   bearer,
   type EgressRoute,
   MAX_AUDIT_BODY_BYTES,
+  MAX_AUDIT_ENTRIES,
+  type ModelCallRow,
   newAuditKey,
   readBearer,
   signAuditBatch,
@@ -89,6 +91,11 @@ class FakeControlPlane {
       for (const row of batch.egressRoutes) add(`${row.route} ${row.host}`, row.count);
     }
     return out;
+  }
+
+  /** Every model call row stored, in batch order (a row stored twice would appear twice). */
+  modelCalls(runId = RUN): ModelCallRow[] {
+    return [...this.stored.values()].filter((b) => b.runId === runId).flatMap((b) => b.modelCalls);
   }
 
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -355,6 +362,48 @@ describe("AuditReporter", () => {
     expect(r.stats).toMatchObject({ rowsRecorded: N, rowsSent: N, rowsRejected: 0 });
     expect(spoolFiles(dir)).toEqual([]);
     expect(logs.some((l) => l.message.includes("will retry"))).toBe(true);
+  });
+
+  it("F1 for model calls: each call is its own row, delivered exactly once across an outage", async () => {
+    const r = reporter({ maxBatchBytes: 6 * 1024 * 1024 });
+    await r.start();
+    await cp.stop();
+    const at = new Date().toISOString();
+    const row = (i: number): ModelCallRow => ({
+      callId: `call-${String(i).padStart(8, "0")}`,
+      at,
+      model: "bench-model",
+      provider: "fakeai",
+      endpoint: i % 2 === 0 ? "chat.completions" : "responses",
+      stream: i % 3 === 0,
+      status: 200,
+      inputTokens: 12,
+      outputTokens: 5,
+      ms: 40,
+    });
+    // More than one batch may carry: the per-array bound splits them.
+    const N = MAX_AUDIT_ENTRIES + 1500;
+    for (let i = 0; i < N; i++) expect(r.recordModelCall(row(i))).toBe(true);
+    // Identical calls are still two calls: nothing is aggregated.
+    expect(r.recordModelCall({ ...row(N), callId: "call-twin-a" })).toBe(true);
+    expect(r.recordModelCall({ ...row(N), callId: "call-twin-b" })).toBe(true);
+    r.recordBlocked("evil.example");
+    expect(r.recordModelCall({ ...row(0), callId: "no" })).toBe(false);
+    expect(r.heldRows).toBe(N + 3);
+    await r.flush();
+    expect(r.pendingBatches).toBeGreaterThanOrEqual(2);
+    cp.dropAfterStore = 1;
+    await cp.start();
+    await until(() => r.pendingBatches === 0 && r.heldRows === 0, "the spool to drain");
+    const ids = cp.modelCalls().map((c) => c.callId);
+    expect(ids).toHaveLength(N + 2);
+    expect(new Set(ids).size).toBe(N + 2);
+    expect(ids.slice(0, 3)).toEqual(["call-00000000", "call-00000001", "call-00000002"]);
+    for (const batch of cp.stored.values())
+      expect(batch.modelCalls.length).toBeLessThanOrEqual(MAX_AUDIT_ENTRIES);
+    expect(cp.totals().get("blocked evil.example")).toBe(1);
+    expect(cp.statuses).toContain(409);
+    expect(r.stats).toMatchObject({ rowsRecorded: N + 3, rowsSent: N + 3, rowsRefused: 1 });
   });
 
   it("retries a 5xx with backoff, oldest batch first, and delivers in order", async () => {
