@@ -4,6 +4,10 @@
 // stdin: one JSON line { certPem, keyPem, expectedKey, httpsPort, directPort }.
 // HTTPS: every request gets JSON { host, path, keyPresent, keyMatches } back: whether an
 // Authorization header came and whether it is `Bearer <expectedKey>`; never the header itself.
+// POST /v1/chat/completions and /v1/responses (any host): a model provider speaking the OpenAI
+// wire format, JSON or server-sent events (`stream: true`), with fixed usage numbers; 401 unless
+// `Bearer <expectedKey>`. The seen-line adds endpoint, model and stream. Same answers as
+// test/fixtures/fake-model-server.ts (a short copy: this file needs nothing but node).
 // TCP directPort: writes "direct\n" and closes (something a sandbox could reach if nothing stopped it).
 // stdout: one JSON line per request seen, then "ready" once listening.
 
@@ -18,6 +22,8 @@ process.stdin.on("data", (d) => {
 process.stdin.on("end", () => {
   const config = JSON.parse(input);
   const https = createServer({ cert: config.certPem, key: config.keyPem }, (req, res) => {
+    const endpoint = req.method === "POST" ? MODEL_ENDPOINTS[(req.url ?? "").split("?", 1)[0]] : undefined;
+    if (endpoint) return void modelCall(req, res, endpoint, config.expectedKey).catch(() => res.destroy());
     const auth = req.headers.authorization;
     const seen = {
       event: "request",
@@ -39,3 +45,111 @@ process.stdin.on("end", () => {
     direct.listen(config.directPort, "0.0.0.0", () => process.stdout.write("ready\n"));
   });
 });
+
+// ---- the model provider ----
+
+const MODEL_ENDPOINTS = { "/v1/chat/completions": "chat.completions", "/v1/responses": "responses" };
+const USAGE = { "chat.completions": { input: 12, output: 5 }, responses: { input: 9, output: 4 } };
+const DELTAS = ["Hello", " world"];
+const CREATED = 1_700_000_000;
+
+async function modelCall(req, res, endpoint, expectedKey) {
+  const chunks = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += chunk.length;
+    if (size <= 1024 * 1024) chunks.push(chunk);
+  }
+  let body = {};
+  try {
+    body = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+  } catch {}
+  const auth = req.headers.authorization;
+  const stream = body?.stream === true;
+  const model = typeof body?.model === "string" ? body.model : "unknown";
+  const seen = {
+    event: "request",
+    host: req.headers.host ?? null,
+    path: req.url,
+    keyPresent: auth !== undefined,
+    keyMatches: auth === `Bearer ${expectedKey}`,
+    endpoint,
+    model,
+    stream,
+  };
+  process.stdout.write(`${JSON.stringify(seen)}\n`);
+  const json = (status, value) => {
+    const text = JSON.stringify(value);
+    res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
+    res.end(text);
+  };
+  if (!seen.keyMatches) {
+    return json(401, {
+      error: {
+        message: "Incorrect API key provided.",
+        type: "invalid_request_error",
+        code: "invalid_api_key",
+      },
+    });
+  }
+  if (size > 1024 * 1024 || typeof body !== "object" || body === null) {
+    return json(400, { error: { message: "Expected a JSON object.", type: "invalid_request_error" } });
+  }
+  const u = USAGE[endpoint];
+  const text = DELTAS.join("");
+  const response = (status, done) => ({
+    id: "resp_demo",
+    object: "response",
+    created_at: CREATED,
+    status,
+    model,
+    output: done
+      ? [
+          {
+            type: "message",
+            id: "msg_demo",
+            status: "completed",
+            role: "assistant",
+            content: [{ type: "output_text", text, annotations: [] }],
+          },
+        ]
+      : [],
+    usage: done ? { input_tokens: u.input, output_tokens: u.output, total_tokens: u.input + u.output } : null,
+  });
+  const chatUsage = { prompt_tokens: u.input, completion_tokens: u.output, total_tokens: u.input + u.output };
+  if (!stream) {
+    if (endpoint === "responses") return json(200, response("completed", true));
+    return json(200, {
+      id: "chatcmpl-demo",
+      object: "chat.completion",
+      created: CREATED,
+      model,
+      choices: [{ index: 0, message: { role: "assistant", content: text }, finish_reason: "stop" }],
+      usage: chatUsage,
+    });
+  }
+  const events = [];
+  if (endpoint === "responses") {
+    const typed = (type, value) =>
+      events.push(`event: ${type}\ndata: ${JSON.stringify({ type, ...value })}\n\n`);
+    typed("response.created", { response: response("in_progress", false) });
+    for (const delta of DELTAS) {
+      typed("response.output_text.delta", { item_id: "msg_demo", output_index: 0, content_index: 0, delta });
+    }
+    typed("response.completed", { response: response("completed", true) });
+  } else {
+    const includeUsage = body.stream_options?.include_usage === true;
+    const chunk = (choices, more = {}) =>
+      events.push(
+        `data: ${JSON.stringify({ id: "chatcmpl-demo", object: "chat.completion.chunk", created: CREATED, model, choices, ...(includeUsage ? { usage: null } : {}), ...more })}\n\n`,
+      );
+    chunk([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]);
+    for (const content of DELTAS) chunk([{ index: 0, delta: { content }, finish_reason: null }]);
+    chunk([{ index: 0, delta: {}, finish_reason: "stop" }]);
+    if (includeUsage) chunk([], { usage: chatUsage });
+    events.push("data: [DONE]\n\n");
+  }
+  res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+  for (const event of events) res.write(event);
+  res.end();
+}
