@@ -53,7 +53,8 @@ export function createApp(options: AppOptions = {}) {
     const requestId = `req_${crypto.randomUUID().replaceAll("-", "")}`;
     c.set("requestId", requestId);
     await next();
-    c.res.headers.set("x-request-id", requestId);
+    // A WebSocket handshake's answer (the egress tunnel) has immutable headers.
+    if (c.res.status !== 101) c.res.headers.set("x-request-id", requestId);
   });
 
   app.use(
