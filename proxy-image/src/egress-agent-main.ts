@@ -1,0 +1,127 @@
+// `benchwright egress-agent`: the local egress agent (egress-agent.ts) as a command the user runs
+// on their own machine. Flags only parse and check here; a bad one exits 2 with a message that
+// names the flag (and never repeats a token). Exits 0 when the run ends, 1 when the token stops
+// working. Prefer BENCHWRIGHT_EGRESS_TOKEN over --token: a flag shows in the process list.
+import { isIP } from "node:net";
+import { parseArgs } from "node:util";
+import { EgressToken } from "../../src/contract/tunnel";
+import { parseBlockPattern, startEgressAgent } from "./egress-agent";
+
+const USAGE = `usage: egress-agent --url <control plane URL> --token <bwe_...>
+  [--allow-cidr <cidr>]...   private ranges on your network the agent may dial (default: none)
+  [--block <host pattern>]... hosts this agent never dials, whatever the run allows (exact or *.x)
+  [--policy-interval-ms <n>] how often to read the run's host policy (default 2000)
+The URL and token may come from BENCHWRIGHT_URL and BENCHWRIGHT_EGRESS_TOKEN instead.`;
+
+class FlagError extends Error {}
+
+function parseUrl(value: string | undefined): string {
+  if (!value) throw new FlagError("--url (or BENCHWRIGHT_URL) is required");
+  let url: URL;
+  try {
+    url = new URL(value);
+  } catch {
+    throw new FlagError("--url is not a URL");
+  }
+  if (url.username || url.password || url.search || url.hash) {
+    throw new FlagError("--url must be the control plane's base URL (no user, query or fragment)");
+  }
+  const host = url.hostname.replace(/^\[|\]$/g, "");
+  const local = host === "localhost" || host === "::1" || (isIP(host) === 4 && host.startsWith("127."));
+  // The token goes in a header: over plain http only to this machine.
+  if (url.protocol !== "https:" && !(url.protocol === "http:" && local)) {
+    throw new FlagError("--url must be https:// (plain http:// only to this machine)");
+  }
+  return `${url.origin}${url.pathname.replace(/\/+$/, "")}`;
+}
+
+function parseCidr(value: string): string {
+  const [net, bits, extra] = value.split("/");
+  const family = isIP(net ?? "");
+  const max = family === 4 ? 32 : 128;
+  if (family === 0 || extra !== undefined || !/^[0-9]{1,3}$/.test(bits ?? "") || Number(bits) > max) {
+    throw new FlagError(`--allow-cidr ${value.slice(0, 64)} is not a CIDR (e.g. 192.168.1.0/24)`);
+  }
+  return `${net}/${Number(bits)}`;
+}
+
+function parse(argv: string[], env: NodeJS.ProcessEnv) {
+  let values: ReturnType<typeof read>["values"];
+  function read() {
+    return parseArgs({
+      args: argv,
+      strict: true,
+      allowPositionals: false,
+      options: {
+        url: { type: "string" },
+        token: { type: "string" },
+        "allow-cidr": { type: "string", multiple: true },
+        block: { type: "string", multiple: true },
+        "policy-interval-ms": { type: "string" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
+  }
+  try {
+    values = read().values;
+  } catch (error) {
+    // Node's messages can quote the argument itself, which may be a token: name the flag only.
+    const code = (error as { code?: string }).code;
+    const flag = /'(--?[A-Za-z][A-Za-z0-9-]*)/.exec((error as Error).message)?.[1];
+    if (code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") throw new FlagError(`unknown flag ${flag ?? ""}`.trim());
+    if (code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE")
+      throw new FlagError(`${flag ?? "a flag"} needs a value`);
+    throw new FlagError("unexpected argument (every value goes after its flag)");
+  }
+  if (values.help) return null;
+  const url = parseUrl(values.url ?? env.BENCHWRIGHT_URL);
+  const token = values.token ?? env.BENCHWRIGHT_EGRESS_TOKEN;
+  if (!token) throw new FlagError("--token (or BENCHWRIGHT_EGRESS_TOKEN) is required");
+  if (!EgressToken.safeParse(token).success) {
+    throw new FlagError("--token (or BENCHWRIGHT_EGRESS_TOKEN) is not an egress agent token (bwe_...)");
+  }
+  const allowCidrs = (values["allow-cidr"] ?? []).map(parseCidr);
+  const block = (values.block ?? []).map((value) => {
+    const parsed = parseBlockPattern(value);
+    if (!parsed.ok) throw new FlagError(`--block ${value.slice(0, 260)}: ${parsed.message}`);
+    return parsed.pattern;
+  });
+  const interval = values["policy-interval-ms"] ?? "2000";
+  const policyIntervalMs = Number(interval);
+  if (!/^[0-9]{1,6}$/.test(interval) || policyIntervalMs < 200 || policyIntervalMs > 60_000) {
+    throw new FlagError("--policy-interval-ms must be a whole number of milliseconds from 200 to 60000");
+  }
+  return { url, token, allowCidrs, block, policyIntervalMs };
+}
+
+function main(): void {
+  let options: ReturnType<typeof parse>;
+  try {
+    options = parse(process.argv.slice(2), process.env);
+  } catch (error) {
+    const message = error instanceof FlagError ? error.message : "could not read the flags";
+    process.stderr.write(`egress-agent: ${message}\n${USAGE}\n`);
+    process.exit(2);
+  }
+  if (options === null) {
+    process.stdout.write(`${USAGE}\n`);
+    return;
+  }
+  let why = "stopped";
+  const agent = startEgressAgent({
+    ...options,
+    log: (record) => {
+      if (record.event === "stopped" && typeof record.why === "string") why = record.why;
+      process.stdout.write(`${JSON.stringify(record)}\n`);
+    },
+  });
+  const quit = () => void agent.stop();
+  process.once("SIGINT", quit);
+  process.once("SIGTERM", quit);
+  void agent.done.then((code) => {
+    process.stderr.write(`egress-agent: ${why}\n`);
+    process.exit(code);
+  });
+}
+
+main();
