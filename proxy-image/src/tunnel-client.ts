@@ -296,12 +296,19 @@ export class TunnelClient {
       this.teardown();
       if (this.ws === ws) ws.terminate();
     });
+    // An HTTP/2 PING end to end: keeps idle sockets alive through the relay, and a pair whose
+    // far end vanished without a close (no answer by the next PING) is given up and redialled.
+    let awaiting = false;
     this.keepalive = setInterval(() => {
-      // An HTTP/2 PING end to end: keeps idle sockets alive through the relay and finds a pair
-      // whose far end vanished without a close.
       if (session.destroyed) return;
+      if (awaiting) {
+        session.destroy();
+        return;
+      }
+      awaiting = true;
       const sent = session.ping((error) => {
-        if (error && this.session === session) session.destroy();
+        awaiting = false;
+        if (error) session.destroy();
       });
       if (!sent) session.destroy();
     }, KEEPALIVE_MS);
@@ -350,7 +357,7 @@ export interface TunnelConnectOptions {
   timeoutMs: number;
 }
 
-/** undici's connector callback (its types say net.Socket; any Duplex works, see withSocketShims). */
+/** undici's connector callback (its types say net.Socket; a Duplex serves, see the http: case). */
 type ConnectCallback = (...args: [null, Socket] | [Error, null]) => void;
 interface ConnectOpts {
   hostname: string;
@@ -401,7 +408,9 @@ export function tunnelConnect(client: TunnelClient, options: TunnelConnectOption
         }
         raw = stream;
         if (!https) {
-          socket = withSocketShims(stream);
+          // The stream itself, no shims: undici 7's HTTP/1.1 client calls ref/unref only when
+          // present and sets TCP options only in its own connector (tested over plain http).
+          socket = stream;
           finish(null, socket);
           return;
         }
@@ -422,19 +431,4 @@ export function tunnelConnect(client: TunnelClient, options: TunnelConnectOption
       (error: Error) => finish(error, null),
     );
   };
-}
-
-/**
- * undici's HTTP/1.1 client treats its socket as a net.Socket in a few optional places (ref/unref
- * when the pool goes idle, setKeepAlive/setNoDelay in some versions). A tunnel stream has no TCP
- * options of its own — the agent's socket and the relay's carry them — so these are no-ops. A
- * TLS socket over the stream already has them (it is a net.Socket subclass).
- */
-function withSocketShims(stream: Duplex): Duplex {
-  const s = stream as Duplex & Partial<Pick<Socket, "ref" | "unref" | "setKeepAlive" | "setNoDelay">>;
-  s.ref ??= () => s as unknown as Socket;
-  s.unref ??= () => s as unknown as Socket;
-  s.setKeepAlive ??= () => s as unknown as Socket;
-  s.setNoDelay ??= () => s as unknown as Socket;
-  return s;
 }

@@ -211,12 +211,13 @@ function newAgent(relay: TestRelay, extra: Partial<EgressAgentOptions> = {}) {
   return { agent, log, policyRead: () => log.waitFor((r) => r.event === "policy") };
 }
 
-function newClient(relay: TestRelay, proxyToken = PROXY_TOKEN) {
+function newClient(relay: TestRelay, proxyToken = PROXY_TOKEN, openTimeoutMs?: number) {
   const log = recorder();
   const client = new TunnelClient({
     controlPlaneUrl: relay.url,
     runId: RUN_ID,
     proxyToken,
+    ...(openTimeoutMs ? { openTimeoutMs } : {}),
     reconnectMs: { min: 20, max: 200 },
     log: (record) => log.push(record),
   });
@@ -367,6 +368,16 @@ describe("egress tunnel: refusals", () => {
     );
     expect(error.kind).toBe("blocked");
     expect(error.message).not.toContain(PROXY_TOKEN);
+  });
+
+  it("gives up on an agent that does not answer (unreachable) and cancels the stream", async () => {
+    const relay = await newRelay();
+    const agent = newAgent(relay, { lookup: () => new Promise(() => {}), dnsTimeoutMs: 60_000 });
+    await agent.policyRead();
+    const proxy = newClient(relay, PROXY_TOKEN, 300);
+    await proxy.until(true);
+    expect((await refusalOf(proxy.client.open("api.test", 443))).kind).toBe("unreachable");
+    expect(proxy.client.up).toBe(true); // one stream gave up; the tunnel itself is fine
   });
 
   it("refuses loopback unless --allow-cidr names it", async () => {
