@@ -11,11 +11,13 @@ const USAGE = `usage: egress-agent --url <control plane URL> --token <bwe_...>
   [--allow-cidr <cidr>]...   private ranges on your network the agent may dial (default: none)
   [--block <host pattern>]... hosts this agent never dials, whatever the run allows (exact or *.x)
   [--policy-interval-ms <n>] how often to read the run's host policy (default 2000)
+  [--insecure-http]          allow a plain http:// URL that is not this machine (development
+                             only: the token then crosses the network unencrypted)
 The URL and token may come from BENCHWRIGHT_URL and BENCHWRIGHT_EGRESS_TOKEN instead.`;
 
 class FlagError extends Error {}
 
-function parseUrl(value: string | undefined): string {
+function parseUrl(value: string | undefined, insecureHttp: boolean): string {
   if (!value) throw new FlagError("--url (or BENCHWRIGHT_URL) is required");
   let url: URL;
   try {
@@ -29,8 +31,10 @@ function parseUrl(value: string | undefined): string {
   const host = url.hostname.replace(/^\[|\]$/g, "");
   const local = host === "localhost" || host === "::1" || (isIP(host) === 4 && host.startsWith("127."));
   // The token goes in a header: over plain http only to this machine.
-  if (url.protocol !== "https:" && !(url.protocol === "http:" && local)) {
-    throw new FlagError("--url must be https:// (plain http:// only to this machine)");
+  if (url.protocol !== "https:" && !(url.protocol === "http:" && (local || insecureHttp))) {
+    throw new FlagError(
+      "--url must be https:// (plain http:// only to this machine, or with --insecure-http)",
+    );
   }
   return `${url.origin}${url.pathname.replace(/\/+$/, "")}`;
 }
@@ -58,6 +62,7 @@ function parse(argv: string[], env: NodeJS.ProcessEnv) {
         "allow-cidr": { type: "string", multiple: true },
         block: { type: "string", multiple: true },
         "policy-interval-ms": { type: "string" },
+        "insecure-http": { type: "boolean" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -74,7 +79,7 @@ function parse(argv: string[], env: NodeJS.ProcessEnv) {
     throw new FlagError("unexpected argument (every value goes after its flag)");
   }
   if (values.help) return null;
-  const url = parseUrl(values.url ?? env.BENCHWRIGHT_URL);
+  const url = parseUrl(values.url ?? env.BENCHWRIGHT_URL, values["insecure-http"] === true);
   const token = values.token ?? env.BENCHWRIGHT_EGRESS_TOKEN;
   if (!token) throw new FlagError("--token (or BENCHWRIGHT_EGRESS_TOKEN) is required");
   if (!EgressToken.safeParse(token).success) {

@@ -9,12 +9,19 @@ import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createSecureContext, TLSSocket } from "node:tls";
 import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
-import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
+import {
+  type AuditSource,
+  MODEL_LANE_HOST,
+  type ModelCallRow,
+  PROBE_HEADER,
+  WIRING_PROBE_HOST,
+} from "../../src/contract/proxy-wire";
 import { canonicalHost, splitHostPort } from "../../src/policy/host";
 import type { RunCa } from "./ca";
 import { COMPUTE_PATH_PREFIX, type ComputeLane } from "./compute-lane";
 import { checkFraming, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
 import { inject } from "./inject";
+import type { ModelLane } from "./model-lane";
 import type { PolicyState } from "./policy-client";
 import { maskString, needlesFor, RedactStream } from "./redact";
 import type { Upstream } from "./upstream";
@@ -32,8 +39,11 @@ export interface PolicySource {
 }
 
 export interface AuditSink {
-  recordBlocked(host: string): void;
+  /** A refused host: by this proxy, or by the user's egress agent at the tunnel's far end. */
+  recordBlocked(host: string, source?: AuditSource): void;
   recordRoute(host: string, route: "direct" | "tunnel" | "refused"): void;
+  /** One call through the model lane (token counts; no prompt, no output). */
+  recordModelCall(row: ModelCallRow): void;
   /** False when the spool is full: refuse new egress rather than lose audit rows (E3). */
   readonly accepting: boolean;
 }
@@ -67,6 +77,8 @@ export interface ProxyOptions {
   limits?: Partial<Limits>;
   /** Forwards https://<probe host>/compute/... to the control plane (see compute-lane.ts). */
   computeLane?: ComputeLane;
+  /** Serves the run's declared model at MODEL_LANE_HOST (see model-lane.ts). */
+  modelLane?: ModelLane;
 }
 
 interface Limits {
@@ -408,6 +420,39 @@ export function createProxy(options: ProxyOptions) {
         }
         throw probeRefusal();
       }
+      // The declared model's lane: outside host policy by design (the model is what the user
+      // asked to evaluate), but never without an audit trail: a full spool refuses it too.
+      if (target.host === MODEL_LANE_HOST && options.modelLane) {
+        if (!options.audit.accepting) throw spoolFull();
+        const state = options.policy.current();
+        const spec = state.kind === "ready" ? state.policy.model : null;
+        const secret = spec && state.kind === "ready" ? state.secrets[spec.secret] : undefined;
+        if (spec && secret === undefined)
+          throw new Refusal(503, "refuse", "model secret missing", "Policy incomplete.\n");
+        const outcome = await options.modelLane(
+          req,
+          res,
+          target.path,
+          spec && secret !== undefined ? { spec, secret } : null,
+        );
+        if (outcome.call) options.audit.recordModelCall(outcome.call);
+        log(
+          record(
+            conn,
+            req.method ?? "?",
+            target.host,
+            target.port,
+            outcome.call ? "allow" : "refuse",
+            outcome.call ? "model lane" : `model lane: ${outcome.code ?? "refused"}`,
+            outcome.status,
+            null,
+            0,
+            0,
+            started,
+          ),
+        );
+        return;
+      }
 
       const state = options.policy.current();
       if (state.kind !== "ready") {
@@ -425,14 +470,7 @@ export function createProxy(options: ProxyOptions) {
         options.audit.recordRoute(target.host, "refused");
         throw new Refusal(403, "block", "host blocked by policy", blockedBody(target.host));
       }
-      if (!options.audit.accepting) {
-        throw new Refusal(
-          503,
-          "refuse",
-          "audit spool full",
-          "Egress paused: the run's audit log cannot be delivered yet.\n",
-        );
-      }
+      if (!options.audit.accepting) throw spoolFull();
 
       const match = state.index.matchRule(target.host);
       let injection: ReturnType<typeof inject> | null = null;
@@ -661,6 +699,15 @@ function probeRefusal(): Refusal {
     "wiring probe",
     "Benchwright wiring probe: this request reached the run's proxy.\n",
     { [PROBE_HEADER]: "refused" },
+  );
+}
+
+function spoolFull(): Refusal {
+  return new Refusal(
+    503,
+    "refuse",
+    "audit spool full",
+    "Egress paused: the run's audit log cannot be delivered yet.\n",
   );
 }
 

@@ -3,6 +3,7 @@
 // control plane we are ready (CA certificate for the work sandbox to trust).
 
 import type { AddressInfo, Server } from "node:net";
+import { join } from "node:path";
 import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
 import { createAddressPolicy } from "./address";
 import { AuditReporter } from "./audit";
@@ -10,8 +11,9 @@ import { createRunCa } from "./ca";
 import { computeLane } from "./compute-lane";
 import { loadProxyConfig } from "./config";
 import { type CatchAllResolver, startCatchAllResolver } from "./dns";
+import { modelLane } from "./model-lane";
 import { PolicyClient } from "./policy-client";
-import { createProxy } from "./proxy";
+import { type AuditSink, createProxy } from "./proxy";
 import { createUpstream } from "./upstream";
 import { isDecision, View } from "./view";
 
@@ -42,6 +44,25 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     maxSpoolBytes: config.BW_SPOOL_MAX_BYTES,
     source: "proxy",
   });
+  // What the user's egress agent refused, reported through the tunnel: its own batches (source
+  // local_agent), with their own spool (a subdirectory the proxy's spool never reads as a batch).
+  const agentAudit = new AuditReporter({
+    controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
+    runId: config.BW_RUN_ID,
+    proxyToken: config.BW_PROXY_TOKEN,
+    auditKey: config.BW_AUDIT_KEY,
+    spoolDir: join(config.BW_SPOOL_DIR, "local-agent"),
+    maxSpoolBytes: config.BW_SPOOL_MAX_BYTES,
+    source: "local_agent",
+  });
+  const sink: AuditSink = {
+    recordBlocked: (host, source = "proxy") => (source === "proxy" ? audit : agentAudit).recordBlocked(host),
+    recordRoute: (host, route) => audit.recordRoute(host, route),
+    recordModelCall: (row) => void audit.recordModelCall(row),
+    get accepting() {
+      return audit.accepting && agentAudit.accepting;
+    },
+  };
   const upstream = createUpstream({
     addressPolicy: createAddressPolicy({
       ownAddresses: config.ownAddresses,
@@ -54,9 +75,10 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   proxy = createProxy({
     ca,
     policy,
-    audit,
+    audit: sink,
     upstream,
     computeLane: computeLane(config.BW_CONTROL_PLANE_URL),
+    modelLane: modelLane({ upstream }),
     // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
     log: (record) => {
       process.stdout.write(`${JSON.stringify(record)}\n`);
@@ -64,6 +86,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     },
   });
   await audit.start();
+  await agentAudit.start();
   await policy.start();
   const host = config.BW_LISTEN_HOST;
   const listeners = {
@@ -107,6 +130,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     await view.close();
     await policy.stop();
     await audit.stop();
+    await agentAudit.stop();
   };
   return {
     ca,

@@ -13,7 +13,12 @@ import { request } from "node:https";
 import { connect } from "node:net";
 import { join } from "node:path";
 import type { TLSSocket } from "node:tls";
-import { describeIssues, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
+import {
+  describeIssues,
+  PLATFORM_HOSTS,
+  PROBE_HEADER,
+  WIRING_PROBE_HOST,
+} from "../../src/contract/proxy-wire";
 import {
   WIRING_EXIT,
   type WiringEnv,
@@ -75,7 +80,7 @@ export async function wire(raw: unknown): Promise<WiringResult> {
     CURL_CA_BUNDLE: input.caBundlePath,
   };
   const hosts =
-    input.mode === "default" ? [...new Set([...input.hostsFile, WIRING_PROBE_HOST])] : [WIRING_PROBE_HOST];
+    input.mode === "default" ? [...new Set([...input.hostsFile, ...PLATFORM_HOSTS])] : [...PLATFORM_HOSTS];
   const hostsEntries = hosts.map((h) => `${input.proxyAddress} ${h}`);
 
   const done = (probes: WiringProbe[]): WiringResult => {

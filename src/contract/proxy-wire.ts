@@ -71,6 +71,13 @@ export const PROBE_HEADER = "x-benchwright-probe";
 export const MODEL_LANE_HOST = "model.benchwright.invalid";
 /** What a work sandbox gets as its OpenAI base URL when the run declares a model. */
 export const MODEL_LANE_BASE_URL = `http://${MODEL_LANE_HOST}/v1`;
+/**
+ * The platform's own names every hosts file maps to the run's proxy, whatever the routing: the
+ * wiring probe and the model lane (catch-all routing would bring them anyway; default routing
+ * needs the entries).
+ */
+export const PLATFORM_HOSTS: readonly string[] = [WIRING_PROBE_HOST, MODEL_LANE_HOST];
+
 /** The placeholder API key a work sandbox gets: never a credential, only there so SDKs start. */
 export const MODEL_LANE_PLACEHOLDER_KEY = "bw-model-lane-placeholder";
 

@@ -22,6 +22,7 @@ import {
 } from "../../proxy-image/src/proxy";
 import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/upstream";
 import type { TestCa } from "../../scripts/lib/test-ca";
+import type { ModelCallRow } from "../../src/contract/proxy-wire";
 import { buildPolicyIndex, compilePolicy, type VaultSnapshot } from "../../src/policy/compile";
 
 export { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
@@ -141,17 +142,24 @@ async function listening(
 
 export interface AuditRecorder extends AuditSink {
   blocked: string[];
+  /** Hosts the user's egress agent refused (source local_agent). */
+  agentBlocked: string[];
   routes: Array<[string, string]>;
+  modelCalls: ModelCallRow[];
   accepting: boolean;
 }
 
 export function auditRecorder(): AuditRecorder {
   const rec: AuditRecorder = {
     blocked: [],
+    agentBlocked: [],
     routes: [],
+    modelCalls: [],
     accepting: true,
-    recordBlocked: (host) => void rec.blocked.push(host),
+    recordBlocked: (host, source = "proxy") =>
+      void (source === "proxy" ? rec.blocked : rec.agentBlocked).push(host),
     recordRoute: (host, route) => void rec.routes.push([host, route]),
+    recordModelCall: (row) => void rec.modelCalls.push(row),
   };
   return rec;
 }

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/ca";
 import { wire } from "../../proxy-image/src/wiring";
-import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
+import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import { type WiringInput, WiringProof } from "../../src/contract/wiring";
 import {
   createTestCa,
@@ -108,7 +108,12 @@ describe("default routing", () => {
     expect(result.code).toBe(0);
     const proof = WiringProof.parse(result.proof);
     expect(proof).toMatchObject({ ok: true, mode: "default", caFingerprint256: fingerprint(proxy.caPem) });
-    expect(proof.hostsEntries).toEqual(["127.0.0.1 api.test", "127.0.0.1 evil.test", `127.0.0.1 ${PROBE}`]);
+    expect(proof.hostsEntries).toEqual([
+      "127.0.0.1 api.test",
+      "127.0.0.1 evil.test",
+      `127.0.0.1 ${PROBE}`,
+      `127.0.0.1 ${MODEL_LANE_HOST}`,
+    ]);
     expect(proof.probes).toHaveLength(1);
     expect(proof.probes[0]).toMatchObject({ name: "tls_probe", ok: true });
     expect(proof.probes[0]?.observed).toContain(`403 with ${PROBE_HEADER}: refused, chain root the run CA`);
@@ -177,7 +182,8 @@ describe("catch-all routing", () => {
   it("writes only the probe host's line, and proves the redirect and the trust", async () => {
     const result = await wire(input({ mode: "catch-all", hostsFile: [] }));
     expect(result.code).toBe(0);
-    expect(result.proof?.hostsEntries).toEqual([`127.0.0.1 ${PROBE}`]);
+    // The platform's own names only: the probe and the model lane.
+    expect(result.proof?.hostsEntries).toEqual([`127.0.0.1 ${PROBE}`, `127.0.0.1 ${MODEL_LANE_HOST}`]);
     expect(result.proof?.probes.map((p) => p.name)).toEqual(["tls_probe"]);
     expect(readFileSync(paths.hostsPath, "utf8")).not.toMatch(/^127\.0\.0\.1 api\.test$/m);
   });

@@ -26,6 +26,7 @@ const WORK_IMAGE =
   "registry.contract.test/benchwright-work@sha256:2222222222222222222222222222222222222222222222222222222222222222";
 const PUBLIC_URL = "https://boundary.contract.test";
 const PROBE_HOST = "probe.benchwright.invalid";
+const MODEL_HOST = "model.benchwright.invalid";
 const PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"];
 const PROXY_PORTS = [
   { port: 8443, protocol: "TCP" },
@@ -555,9 +556,9 @@ describe("sandbox0 work, task and orchestrator pods", () => {
 
     // Hosts: catch-all sends only the probe host to the proxy pod; default, the vault's hosts too,
     // to the proxy's Service.
-    expect(caPod.spec.hostAliases).toEqual([{ ip: proxyPod.status.podIP, hostnames: [PROBE_HOST] }]);
+    expect(caPod.spec.hostAliases).toEqual([{ ip: proxyPod.status.podIP, hostnames: [PROBE_HOST, MODEL_HOST] }]);
     expect(dfPod.spec.hostAliases).toEqual([
-      { ip: proxy.address, hostnames: ["api.example.com", "uploads.example.org", PROBE_HOST] },
+      { ip: proxy.address, hostnames: ["api.example.com", "uploads.example.org", PROBE_HOST, MODEL_HOST] },
     ]);
     const wiring = { hostsInstalled: true, caDir: "/bw/run/ca", caBundlePath: "/bw/run/ca/bundle.crt" };
     expect(catchAll).toMatchObject({

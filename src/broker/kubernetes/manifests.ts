@@ -1,5 +1,5 @@
 import { PROXY_PORTS } from "../../contract/local-agent";
-import { WIRING_PROBE_HOST } from "../../contract/proxy-wire";
+import { PLATFORM_HOSTS } from "../../contract/proxy-wire";
 
 // The Kubernetes objects of the sandbox0 backend, as plain JSON (core/v1 and networking.k8s.io/v1).
 // Pure functions of what the broker asked for: the contract tests compare them field by field.
@@ -339,7 +339,7 @@ export function workPod(o: {
   hostsFile: string[];
 }) {
   const hostnames =
-    o.routing === "default" ? [...new Set([...o.hostsFile, WIRING_PROBE_HOST])] : [WIRING_PROBE_HOST];
+    o.routing === "default" ? [...new Set([...o.hostsFile, ...PLATFORM_HOSTS])] : [...PLATFORM_HOSTS];
   const tools = { name: "bw-tools", mountPath: POD_PATHS.tools };
   const state = { name: "bw-run", mountPath: POD_PATHS.state };
   const home = { name: "home", mountPath: POD_PATHS.home };
