@@ -24,6 +24,7 @@ import { inject } from "./inject";
 import type { ModelLane } from "./model-lane";
 import type { PolicyState } from "./policy-client";
 import { maskString, needlesFor, RedactStream } from "./redact";
+import { TunnelError } from "./tunnel-client";
 import type { Upstream } from "./upstream";
 
 // The proxy's one decision path. Three ways in (transparent TLS routed by SNI, plain HTTP routed
@@ -486,7 +487,16 @@ export function createProxy(options: ProxyOptions) {
         needles = needlesFor(secret, injection.injected);
       }
 
-      const resolved = await options.upstream.resolve(target.host, target.port);
+      // Through the user's machine, or straight out. A tunnelled host is never sent direct: with
+      // the agent away it is refused, and the agent resolves and checks the address itself.
+      const viaTunnel = decision.via === "tunnel";
+      if (viaTunnel && !options.upstream.tunnelUp()) {
+        options.audit.recordRoute(target.host, "refused");
+        throw new Refusal(503, "refuse", "egress tunnel down", tunnelDownBody(target.host));
+      }
+      const resolved: Awaited<ReturnType<Upstream["resolve"]>> = viaTunnel
+        ? { ok: true, address: target.host, port: target.port }
+        : await options.upstream.resolve(target.host, target.port);
       // The rest of the message may have failed to parse meanwhile (bad chunk framing, A4): a
       // request the client side already lost is not started upstream.
       if (req.destroyed || socket.destroyed) throw bad(400, "the request failed before it was forwarded");
@@ -533,19 +543,26 @@ export function createProxy(options: ProxyOptions) {
           })
         : null;
       if (body) pipeline(req, body).catch(() => {});
-      const pool = options.upstream.poolFor(
-        `${target.scheme}:`,
-        target.host,
-        resolved.address,
-        resolved.port,
-      );
-      const upstreamRes = await pool.request({
-        method: req.method ?? "GET",
-        path: injection?.path ?? target.path,
-        headers: headers.flat(),
-        body,
-      });
-      options.audit.recordRoute(target.host, "direct");
+      const pool = viaTunnel
+        ? options.upstream.tunnelPoolFor(`${target.scheme}:`, target.host, target.port)
+        : options.upstream.poolFor(`${target.scheme}:`, target.host, resolved.address, resolved.port);
+      if (pool === null) {
+        options.audit.recordRoute(target.host, "refused");
+        throw new Refusal(503, "refuse", "no egress tunnel", tunnelDownBody(target.host));
+      }
+      let upstreamRes: Awaited<ReturnType<typeof pool.request>>;
+      try {
+        upstreamRes = await pool.request({
+          method: req.method ?? "GET",
+          path: injection?.path ?? target.path,
+          headers: headers.flat(),
+          body,
+        });
+      } catch (error) {
+        if (error instanceof TunnelError) throw tunnelRefusal(target.host, error, options.audit);
+        throw error;
+      }
+      options.audit.recordRoute(target.host, viaTunnel ? "tunnel" : "direct");
 
       const outHeaders = filterResponseHeaders(upstreamRes.headers);
       const stages: Transform[] = [];
@@ -700,6 +717,52 @@ function probeRefusal(): Refusal {
     "Benchwright wiring probe: this request reached the run's proxy.\n",
     { [PROBE_HEADER]: "refused" },
   );
+}
+
+function tunnelDownBody(host: string): string {
+  return [
+    `Refused by Benchwright: ${host} goes out through the run owner's own machine, and their egress agent is not connected.`,
+    "It is never sent direct instead. Start the egress agent (the run's page says how) and try again.",
+    "",
+  ].join("\n");
+}
+
+/** The user's egress agent refused the connection (or it is gone): recorded, never retried direct. */
+function tunnelRefusal(host: string, error: TunnelError, audit: AuditSink): Refusal {
+  audit.recordRoute(host, "refused");
+  switch (error.kind) {
+    case "blocked":
+    case "address":
+      // The agent is the second enforcement point: its refusals are audited as its own.
+      audit.recordBlocked(host, "local_agent");
+      return new Refusal(
+        403,
+        "block",
+        `refused by the egress agent (${error.kind})`,
+        blockedBody(
+          host,
+          error.kind === "blocked"
+            ? "the egress agent on the run owner's machine blocks it"
+            : "on the run owner's network it resolves to an address the egress agent does not dial",
+        ),
+      );
+    case "down":
+      return new Refusal(503, "refuse", "egress tunnel down", tunnelDownBody(host));
+    case "dns":
+      return new Refusal(
+        502,
+        "refuse",
+        "the egress agent could not resolve it",
+        `Could not resolve ${host}.\n`,
+      );
+    default:
+      return new Refusal(
+        502,
+        "error",
+        `the egress agent could not connect (${error.kind})`,
+        "Upstream request failed.\n",
+      );
+  }
 }
 
 function spoolFull(): Refusal {

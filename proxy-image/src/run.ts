@@ -14,6 +14,7 @@ import { type CatchAllResolver, startCatchAllResolver } from "./dns";
 import { modelLane } from "./model-lane";
 import { PolicyClient } from "./policy-client";
 import { type AuditSink, createProxy } from "./proxy";
+import { TunnelClient } from "./tunnel-client";
 import { createUpstream } from "./upstream";
 import { isDecision, View } from "./view";
 
@@ -28,12 +29,29 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const config = loadProxyConfig(env, argv);
   const ca = await createRunCa({ runId: config.BW_RUN_ID });
   let proxy: ReturnType<typeof createProxy> | null = null;
+  // The egress tunnel is dialled once the policy routes anything through the user's machine
+  // (egress local, or a host via tunnel), and then kept: a later edit may route through it again.
+  const tunnel = new TunnelClient({
+    controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
+    runId: config.BW_RUN_ID,
+    proxyToken: config.BW_PROXY_TOKEN,
+    log: (record) => process.stdout.write(`${JSON.stringify({ event: "tunnel", ...record })}\n`),
+  });
+  const startTunnelIfRouted = () => {
+    const state = policy.current();
+    if (state.kind !== "ready") return;
+    const doc = state.policy;
+    if (doc.egress === "local" || doc.hosts.some((h) => h.via === "tunnel")) tunnel.start();
+  };
   const policy = new PolicyClient({
     controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
     runId: config.BW_RUN_ID,
     proxyToken: config.BW_PROXY_TOKEN,
     intervalMs: config.BW_POLICY_INTERVAL_MS,
-    onChange: () => void proxy?.policyChanged(),
+    onChange: () => {
+      startTunnelIfRouted();
+      void proxy?.policyChanged();
+    },
   });
   const audit = new AuditReporter({
     controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
@@ -70,6 +88,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     }),
     extraCaPem: config.extraCaPem,
     testRoutes: config.testRoutes,
+    tunnel,
   });
   const view = new View({ runId: config.BW_RUN_ID, policy, audit });
   proxy = createProxy({
@@ -88,6 +107,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   await audit.start();
   await agentAudit.start();
   await policy.start();
+  startTunnelIfRouted();
   const host = config.BW_LISTEN_HOST;
   const listeners = {
     tls: await listen(proxy.tls, config.BW_TLS_PORT, host),
@@ -126,6 +146,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
 
   const shutdown = async () => {
     await proxy?.close();
+    await tunnel.stop();
     await dns?.close();
     await view.close();
     await policy.stop();

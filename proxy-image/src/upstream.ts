@@ -3,6 +3,7 @@ import { isIP } from "node:net";
 import { createSecureContext, rootCertificates } from "node:tls";
 import { buildConnector, Pool } from "undici";
 import type { createAddressPolicy } from "./address";
+import { type TunnelClient, tunnelConnect } from "./tunnel-client";
 
 // Upstream connections: resolve once, check every answer (A12, A13), dial exactly the checked
 // address with the original name for SNI and certificate verification (B3). Pools belong to this
@@ -22,6 +23,8 @@ export interface UpstreamOptions {
   dnsTimeoutMs?: number;
   /** Injectable for tests of DNS failure (E5) and rebinding (A13). */
   lookup?: (host: string) => Promise<string[]>;
+  /** The egress tunnel to the user's machine, for hosts routed through it. */
+  tunnel?: TunnelClient | undefined;
 }
 
 const systemLookup = async (host: string): Promise<string[]> =>
@@ -102,13 +105,48 @@ export function createUpstream(options: UpstreamOptions) {
     return pool;
   }
 
+  /**
+   * A pool whose connections go through the egress tunnel: the user's agent resolves and checks
+   * the address on its side (it refuses with a TunnelError), this proxy verifies `host`'s TLS
+   * end to end inside the tunnel (B3). Null when this proxy has no tunnel.
+   */
+  function tunnelPoolFor(protocol: "https:" | "http:", host: string, port: number): Pool | null {
+    const tunnel = options.tunnel;
+    if (!tunnel) return null;
+    const key = `tunnel ${protocol}//${host}:${port}`;
+    let pool = pools.get(key);
+    if (!pool) {
+      const origin = `${protocol}//${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${port}`;
+      pool = new Pool(origin, {
+        connect: tunnelConnect(tunnel, {
+          secureContext,
+          timeoutMs: options.dialTimeoutMs ?? 15_000,
+        }) as never,
+        connections: 64,
+        pipelining: 1,
+        keepAliveTimeout: 30_000,
+        headersTimeout: 60_000,
+        bodyTimeout: 300_000,
+      });
+      pools.set(key, pool);
+    }
+    return pool;
+  }
+
   async function closeAll(): Promise<void> {
     const all = [...pools.values()];
     pools.clear();
     await Promise.allSettled(all.map((p) => p.destroy()));
   }
 
-  return { resolve, poolFor, closeAll };
+  return {
+    resolve,
+    poolFor,
+    tunnelPoolFor,
+    /** Whether the tunnel is paired with the user's agent now. */
+    tunnelUp: () => options.tunnel?.up === true,
+    closeAll,
+  };
 }
 
 export type Upstream = ReturnType<typeof createUpstream>;
