@@ -20,6 +20,7 @@ import { runAuditRoutes } from "./routes/run-audit";
 import { runsRoutes } from "./routes/runs";
 import { dryRunRoutes } from "./routes/vault-dry-run";
 import { hostsRoutes } from "./routes/vault-hosts";
+import { modelsRoutes } from "./routes/vault-models";
 import { previewRoutes } from "./routes/vault-preview";
 import { rulesRoutes } from "./routes/vault-rules";
 import { secretsRoutes } from "./routes/vault-secrets";
@@ -90,6 +91,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", secretsRoutes);
   app.route("/v1/vault", rulesRoutes);
   app.route("/v1/vault", hostsRoutes);
+  app.route("/v1/vault", modelsRoutes);
   app.route("/v1/vault", previewRoutes);
   app.route("/v1/vault", dryRunRoutes);
   app.route("/v1", runsRoutes);

@@ -3,6 +3,7 @@ import { WiringProof } from "../contract/wiring";
 import type { blockedHostLog, egressRouteLog } from "../db/schema";
 import type { Result } from "../errors";
 import type { BugReport } from "../runs/bug-reports";
+import type { ModelUse } from "../runs/model-calls";
 import {
   isTerminal,
   type Linger,
@@ -39,6 +40,8 @@ export interface RunView {
   blocked: Result<Page<BlockedRow>>;
   routes: Result<Page<RouteRow>>;
   reports: Result<Page<BugReport>>;
+  /** The declared model and the totals of its calls (GET /v1/runs/{id}/model-calls). */
+  model?: Result<ModelUse> | undefined;
   /** The query the page was asked with (card cursors), to build the cards' next links. */
   query: { blocked?: string | undefined; routes?: string | undefined; reports?: string | undefined };
   flash: { ok?: string | undefined; error?: string | undefined };
@@ -703,6 +706,35 @@ function EgressRoutes(props: { view: RunView }) {
   );
 }
 
+// ---- the model lane ----
+
+function ModelCard(props: { model: Result<ModelUse> | undefined }) {
+  const use = props.model;
+  if (!use?.ok) return null;
+  const { model, totals } = use.value;
+  // Prompts and outputs are never recorded: only which model, the provider and the counts.
+  return (
+    <Card id="model" title="Model">
+      {model === null ? (
+        <p class="empty">This run declared no model.</p>
+      ) : (
+        <dl class="facts">
+          <dt>Model</dt>
+          <dd class="mono">{model.name}</dd>
+          <dt>Provider</dt>
+          <dd>{model.provider ?? <span class="muted">—</span>}</dd>
+          <dt>API host</dt>
+          <dd class="mono">{model.baseHost ?? <span class="muted">—</span>}</dd>
+          <dt>Calls</dt>
+          <dd>{totals.calls}</dd>
+          <dt>Tokens</dt>
+          <dd>{`${totals.inputTokens} in, ${totals.outputTokens} out`}</dd>
+        </dl>
+      )}
+    </Card>
+  );
+}
+
 // ---- bug reports ----
 
 function BugReports(props: { view: RunView }) {
@@ -774,6 +806,7 @@ export function RunPage(props: { view: RunView }) {
       <ProofCard run={run} trace={trace} />
       <DeniedHosts view={props.view} />
       <EgressRoutes view={props.view} />
+      <ModelCard model={props.view.model} />
       <Sandboxes run={run} sandboxes={sandboxes} />
       <Trace run={run} trace={trace} />
       <BugReports view={props.view} />

@@ -4,6 +4,7 @@ import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordi
 import { ApiError } from "../errors";
 import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
+import { runModelUse } from "../runs/model-calls";
 import {
   getRun,
   haltedNow,
@@ -278,12 +279,13 @@ export const runPageRoutes = new Hono<PageEnv>()
     const { db } = c.var;
     const p = c.var.session.principal;
     const q = { blocked: query(c, "blocked"), routes: query(c, "routes"), reports: query(c, "reports") };
-    const [trace, sandboxes, blocked, routes, reports] = await Promise.all([
+    const [trace, sandboxes, blocked, routes, reports, model] = await Promise.all([
       runTrace(db, run.id),
       runSandboxes(db, run.id),
       listBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
       listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
       listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
+      runModelUse(db, p, run.id),
     ]);
     return c.html(
       <RunPage
@@ -296,6 +298,7 @@ export const runPageRoutes = new Hono<PageEnv>()
           blocked,
           routes,
           reports,
+          model,
           query: q,
           flash: await readFlash(c.var.session.csrf, (k) => query(c, k)),
           keptTitle: query(c, "title"),

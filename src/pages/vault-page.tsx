@@ -1,6 +1,7 @@
 import { type Context, Hono } from "hono";
 import type { Child } from "hono/jsx";
 import {
+  EgressVia,
   HostAction,
   InjectScheme,
   type InjectSpec,
@@ -599,6 +600,7 @@ function HostsSection(props: { c: Ctx; csrf: string; hosts: vault.HostEntry[]; d
           <colgroup>
             <col />
             <col class="c-name" />
+            <col class="c-name" />
             <col class="c-btn" />
             <col class="c-btn" />
           </colgroup>
@@ -606,6 +608,7 @@ function HostsSection(props: { c: Ctx; csrf: string; hosts: vault.HostEntry[]; d
             <tr>
               <th>Pattern</th>
               <th>Action</th>
+              <th>Route</th>
               <th>Change</th>
               <th>Delete</th>
             </tr>
@@ -619,6 +622,16 @@ function HostsSection(props: { c: Ctx; csrf: string; hosts: vault.HostEntry[]; d
                 <td>
                   {h.action}
                   {h.implicit ? <span class="muted"> (for a rule)</span> : null}
+                </td>
+                <td>
+                  {h.action === "block" ? (
+                    <span class="muted">—</span>
+                  ) : (
+                    <PostForm action={`${PAGE}/hosts/${h.id}`} csrf={csrf}>
+                      <ViaSelect selected={h.via} label={`Route of ${h.pattern}`} />{" "}
+                      <button type="submit">Set</button>
+                    </PostForm>
+                  )}
                 </td>
                 <td>
                   <PostForm action={`${PAGE}/hosts/${h.id}`} csrf={csrf}>
@@ -656,15 +669,47 @@ function HostsSection(props: { c: Ctx; csrf: string; hosts: vault.HostEntry[]; d
             </option>
           ))}
         </select>{" "}
+        <ViaSelect selected={hostVia(c.req.query("hostVia")) ?? null} label="Route (allowed hosts only)" />{" "}
         <button type="submit">Save entry</button>
       </PostForm>
+      <p class="muted">
+        An allowed host's route: <strong>tunnel</strong> sends its traffic through your own machine (the
+        egress agent), which makes runs use catch-all routing; <strong>direct</strong> sends it straight out;
+        unset, the run decides (a run launched with egress "local" sends everything through your machine). A
+        blocked host has no route.
+      </p>
     </Section>
+  );
+}
+
+/** The route choice of an allowed host; "" is unset (the run's egress decides). */
+function ViaSelect(props: { selected: EgressVia | null; label: string }) {
+  const options: [string, string][] = [
+    ["", "as the run's egress"],
+    ["tunnel", "tunnel (your machine)"],
+    ["direct", "direct"],
+  ];
+  return (
+    <select name="via" aria-label={props.label}>
+      {options.map(([value, label]) => (
+        <option value={value} selected={value === (props.selected ?? "")}>
+          {label}
+        </option>
+      ))}
+    </select>
   );
 }
 
 function hostAction(v: string | undefined): HostAction | null {
   const parsed = HostAction.safeParse(v);
   return parsed.success ? parsed.data : null;
+}
+
+/** A form's route: "" or absent → null (unset); anything else must be tunnel or direct. */
+function hostVia(v: string | undefined): EgressVia | null | undefined {
+  if (v === undefined || v === "") return null;
+  const parsed = EgressVia.safeParse(v);
+  return parsed.success ? parsed.data : undefined;
 }
 
 // ---- recent blocked hosts ----
@@ -1159,16 +1204,19 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       const f = await form(c);
       const pattern = text(f, "pattern");
       const action = hostAction(f.action);
-      const keep = { hostPattern: pattern, hostAction: f.action };
+      const via = hostVia(f.via);
+      const keep = { hostPattern: pattern, hostAction: f.action, hostVia: f.via };
       if (!pattern) return back(c, { error: "Give a host or *.domain." }, "hosts", keep);
       if (pattern.length > 300)
         return back(c, { error: "A host pattern is at most 300 characters." }, "hosts");
       if (!action) return back(c, { error: "Pick allow or block." }, "hosts", keep);
-      const done = await vault.putHost(db(c), who(c), { pattern, action });
+      if (via === undefined) return back(c, { error: "Pick tunnel, direct or no route." }, "hosts", keep);
+      const done = await vault.putHost(db(c), who(c), { pattern, action, via });
       return answer(
         c,
         done,
-        (h) => `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}.`,
+        (h) =>
+          `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}${h.via ? ` (route: ${h.via})` : ""}.`,
         "hosts",
         keep,
       );
@@ -1176,7 +1224,23 @@ export const vaultPageRoutes = new Hono<PageEnv>()
   )
   .post(`${PAGE}/hosts/:id`, (c) =>
     act(c, "hosts", async () => {
-      const action = hostAction((await form(c)).action);
+      const f = await form(c);
+      // The row's Allow/Block button sends action; its route form sends via ("" clears it).
+      if (f.via !== undefined) {
+        const via = hostVia(f.via);
+        if (via === undefined) return back(c, { error: "Pick tunnel, direct or no route." }, "hosts");
+        const done = await vault.updateHost(db(c), who(c), c.req.param("id"), { via });
+        return answer(
+          c,
+          done,
+          (h) =>
+            h.via
+              ? `${h.pattern} now goes ${h.via === "tunnel" ? "through your machine (tunnel)" : "direct"}.`
+              : `${h.pattern} now goes as the run's egress says.`,
+          "hosts",
+        );
+      }
+      const action = hostAction(f.action);
       if (!action) return back(c, { error: "Pick allow or block." }, "hosts");
       const done = await vault.updateHost(db(c), who(c), c.req.param("id"), { action });
       return answer(c, done, (h) => `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}.`, "hosts");

@@ -6,11 +6,13 @@ import type { Db } from "../db/types";
 import { ok, type Result, unwrap } from "../errors";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
 import { badCursor, decodeCursor, encodeCursor } from "../runs/cursor";
+import { listModelCalls, runModelUse } from "../runs/model-calls";
 import { ownRun, type Page } from "../runs/service";
 
-// A run's audit, as its proxy reported it: hosts refused (with counts) and the route each host
-// was reached by. Hosts and counts only; paths, queries and bodies are never recorded. Scoped by
-// the key's environment: another tenant's run is 404.
+// A run's audit, as its proxy reported it: hosts refused (with counts), the route each host
+// was reached by, and the model lane's calls (model, provider, status, tokens). Paths, queries,
+// bodies, prompts and outputs are never recorded. Scoped by the key's environment: another
+// tenant's run is 404.
 
 const BlockedHost = z
   .object({
@@ -35,6 +37,31 @@ const EgressRouteEntry = z
   })
   .strict()
   .openapi("EgressRoute");
+
+const ModelCall = z
+  .object({
+    callId: z.string(),
+    at: z.string().datetime(),
+    model: z.string(),
+    provider: z.string(),
+    endpoint: z.enum(["chat.completions", "responses"]),
+    stream: z.boolean(),
+    status: z.number().int().openapi({ description: "The provider's HTTP status" }),
+    inputTokens: z.number().int(),
+    outputTokens: z.number().int(),
+    ms: z.number().int(),
+  })
+  .strict()
+  .openapi("ModelCall");
+
+const RunModel = z
+  .object({
+    name: z.string().openapi({ description: "The model the run declared" }),
+    provider: z.string().nullable(),
+    baseHost: z.string().nullable().openapi({ description: "The provider's API host, as at launch" }),
+  })
+  .strict()
+  .openapi("RunModel");
 
 const PageQuery = z
   .object({
@@ -216,6 +243,59 @@ export const runAuditRoutes = newRouter()
             firstSeen: r.firstSeen.toISOString(),
             lastSeen: r.lastSeen.toISOString(),
           })),
+          nextCursor: page.nextCursor,
+        },
+        200,
+      );
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}/model-calls",
+      tags,
+      summary:
+        "The run's declared model and its calls through the model lane (newest first), with totals; never prompts or outputs",
+      request: { params, query: PageQuery },
+      responses: {
+        200: jsonOk(
+          z.object({
+            model: RunModel.nullable().openapi({ description: "Null: the run declared no model" }),
+            calls: z.array(ModelCall),
+            totals: z
+              .object({
+                calls: z.number().int(),
+                inputTokens: z.number().int(),
+                outputTokens: z.number().int(),
+              })
+              .strict(),
+            nextCursor: NextCursor,
+          }),
+        ),
+        ...problems(400, 401, 404),
+      },
+    }),
+    async (c) => {
+      const { limit, cursor } = c.req.valid("query");
+      const { db, principal } = c.var;
+      const use = unwrap(await runModelUse(db, principal, c.req.valid("param").id));
+      const page = unwrap(await listModelCalls(db, principal, c.req.valid("param").id, limit, cursor));
+      return c.json(
+        {
+          model: use.model,
+          calls: page.items.map((r) => ({
+            callId: r.callId,
+            at: r.at.toISOString(),
+            model: r.model,
+            provider: r.provider,
+            endpoint: r.endpoint,
+            stream: r.stream,
+            status: r.status,
+            inputTokens: r.inputTokens,
+            outputTokens: r.outputTokens,
+            ms: r.ms,
+          })),
+          totals: use.totals,
           nextCursor: page.nextCursor,
         },
         200,

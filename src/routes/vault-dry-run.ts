@@ -3,7 +3,7 @@ import { HostAction, InjectSpec, PolicyRouting } from "../contract/policy";
 import { unwrap } from "../errors";
 import { jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as dry from "../vault/dry-run";
-import { HostPatternInput } from "./vault-hosts";
+import { HostPatternInput, ViaInput } from "./vault-hosts";
 import { SecretName } from "./vault-secrets";
 
 // Dry run: what a run's hosts would meet under a draft vault, next to what they meet now. The
@@ -11,7 +11,9 @@ import { SecretName } from "./vault-secrets";
 
 const MAX_ITEMS = 10_000;
 
-const HostEntryInput = z.object({ pattern: HostPatternInput, action: HostAction }).strict();
+const HostEntryInput = z
+  .object({ pattern: HostPatternInput, action: HostAction, via: ViaInput.optional() })
+  .strict();
 const RuleInput = z
   .object({
     host: HostPatternInput.openapi({ example: "api.openrouter.ai" }),
@@ -75,7 +77,9 @@ const Outcome = z
       .int()
       .nullable()
       .openapi({ description: "Index of the rule whose secret would be injected, in that vault's order" }),
-    route: z.enum(["direct", "tunnel"]),
+    route: z.enum(["direct", "tunnel"]).openapi({
+      description: "How the host's traffic would leave: the deciding entry's via, else the run's egress",
+    }),
   })
   .strict();
 

@@ -1,8 +1,12 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import { HostAction } from "../contract/policy";
+import { EgressVia, HostAction } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/service";
+
+// The contract's enum rebuilt with this module's z, which carries .openapi() whatever the order
+// in which modules were loaded.
+const Via = z.enum(EgressVia.options);
 
 export const HostEntry = z
   .object({
@@ -10,6 +14,10 @@ export const HostEntry = z
     pattern: z.string(),
     action: HostAction,
     implicit: z.boolean().openapi({ description: "Added for a rule's host; removed with the rule" }),
+    via: Via.nullable().openapi({
+      description:
+        "How an allowed host's traffic leaves: tunnel (through the user's egress agent, which makes routing catch-all) or direct; null: as the run's egress says (local → tunnel)",
+    }),
     createdAt: z.string().datetime(),
     updatedAt: z.string().datetime(),
   })
@@ -24,6 +32,12 @@ const toJson = (h: vault.HostEntry): z.infer<typeof HostEntry> => ({
 
 /** A host pattern as the user writes it (checked and canonicalised by the vault service). */
 export const HostPatternInput = z.string().min(1).max(300);
+
+/** The route of an allowed host; a block entry takes none (400 via_on_block). */
+export const ViaInput = Via.openapi({
+  description:
+    "Allowed hosts only: tunnel (through the user's machine) or direct; omitted: as the run's egress says",
+});
 
 const Settings = z
   .object({ default: HostAction, version: z.number().int() })
@@ -55,6 +69,7 @@ export const hostsRoutes = newRouter()
           .object({
             pattern: HostPatternInput.openapi({ example: "*.evil.example" }),
             action: HostAction,
+            via: ViaInput.optional(),
           })
           .strict(),
       ),
@@ -135,8 +150,23 @@ export const hostsRoutes = newRouter()
       method: "patch",
       path: "/hosts/{id}",
       tags,
-      summary: "Change a host entry's action",
-      request: { params, ...jsonBody(z.object({ action: HostAction }).strict()) },
+      summary: "Change a host entry's action and/or route (blocking drops the route)",
+      request: {
+        params,
+        ...jsonBody(
+          z
+            .object({
+              action: HostAction.optional(),
+              via: ViaInput.nullable()
+                .optional()
+                .openapi({ description: "tunnel or direct; null clears it (the run's egress decides)" }),
+            })
+            .strict()
+            .refine((b) => b.action !== undefined || b.via !== undefined, {
+              message: "give action, via or both",
+            }),
+        ),
+      },
       responses: { 200: jsonOk(HostEntry), ...problems(400, 401, 404, 409) },
     }),
     async (c) => {

@@ -10,12 +10,16 @@ export const previewRoutes = newRouter().openapi(
     method: "get",
     path: "/policy-preview",
     tags: ["vault"],
-    summary: "Preview the compiled policy (routing mode with reasons, hosts-file entries)",
+    summary:
+      "Preview the compiled policy (routing mode with reasons, hosts-file entries, the declared model's lane)",
     request: {
       query: z
         .object({
           egress: z.enum(["direct", "local"]).default("direct").openapi({
             description: "local: the run egresses through the user's machine (forces catch-all)",
+          }),
+          model: z.string().min(1).max(128).optional().openapi({
+            description: "A model the run declares (a vault model's name); unknown → 400 unknown_model",
           }),
         })
         .strict(),

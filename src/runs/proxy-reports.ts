@@ -1,11 +1,12 @@
 import { eq, sql } from "drizzle-orm";
 import type { AuditBatch, ProxyReady } from "../contract/proxy-wire";
-import { auditBatches, blockedHostLog, egressRouteLog, runEvents, runs } from "../db/schema";
+import { auditBatches, blockedHostLog, egressRouteLog, modelCallLog, runEvents, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import type { RunOwner } from "./proxy-credentials";
 
 // What a run's proxy reports to the control plane, stored: its ready call (the run CA) and its
-// audit batches (counts per host, de-duplicated by batch id).
+// audit batches (counts per host and the model lane's calls, de-duplicated by batch id, and the
+// calls by call id too).
 
 /**
  * Stores the run CA and when the proxy became ready, and appends one trace row. Idempotent: a
@@ -38,7 +39,7 @@ export async function storeProxyReady(db: Db, runId: string, ready: ProxyReady):
   });
 }
 
-// Rows per INSERT: 8 parameters a row stays far below Postgres's 65535 parameters a statement.
+// Rows per INSERT: at most 12 parameters a row stays far below Postgres's 65535 a statement.
 const CHUNK = 1000;
 const chunks = <T>(rows: readonly T[]): T[][] =>
   Array.from({ length: Math.ceil(rows.length / CHUNK) }, (_, i) => rows.slice(i * CHUNK, (i + 1) * CHUNK));
@@ -104,6 +105,28 @@ export async function storeAuditBatch(db: Db, run: RunOwner, batch: AuditBatch):
             lastSeen: sql`greatest(${egressRouteLog.lastSeen}, excluded.last_seen)`,
           },
         });
+    }
+    for (const rows of chunks(batch.modelCalls)) {
+      await tx
+        .insert(modelCallLog)
+        .values(
+          rows.map((r) => ({
+            environmentId: run.environmentId,
+            runId: run.id,
+            callId: r.callId,
+            at: new Date(r.at),
+            model: r.model,
+            provider: r.provider,
+            endpoint: r.endpoint,
+            stream: r.stream,
+            status: r.status,
+            inputTokens: r.inputTokens,
+            outputTokens: r.outputTokens,
+            ms: r.ms,
+          })),
+        )
+        // A call the proxy re-sent in a later batch (after a crash) is kept once.
+        .onConflictDoNothing({ target: [modelCallLog.runId, modelCallLog.callId] });
     }
     return true;
   });

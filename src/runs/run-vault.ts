@@ -5,11 +5,11 @@ import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { previewPolicy } from "../vault/service";
+import { readPolicy } from "../vault/service";
 import type { RunOwner } from "./proxy-credentials";
 
-// A run's view of its vault: the policy compiled now (with the run's egress option) and the
-// values of exactly the secrets its rules name. Read by the coordinator at run start (a failure
+// A run's view of its vault: the policy compiled now (with the run's egress option and declared
+// model) and the values of exactly the secrets its rules and its model lane name. Read by the coordinator at run start (a failure
 // stops the run before any benchmark code, E1) and served to the run's proxy over the internal
 // API, and only there.
 
@@ -17,6 +17,8 @@ import type { RunOwner } from "./proxy-credentials";
 const COMPILE_ATTEMPTS = 3;
 
 const Egress = z.enum(["direct", "local"]).default("direct");
+/** The spec's declared model (a vault model's name); a spec without one declares none. */
+const DeclaredModel = z.string().min(1).nullable().catch(null);
 
 export async function vaultVersion(db: Db, environmentId: string): Promise<number> {
   const [row] = await db
@@ -28,9 +30,10 @@ export async function vaultVersion(db: Db, environmentId: string): Promise<numbe
 
 /**
  * The run's policy envelope, compiled now from its environment's vault (the same compile as the
- * preview, with the run's egress), with the values of exactly the secrets its rules name. All or
- * nothing: a secret that does not decrypt fails the whole envelope (vault_unreadable), so the
- * proxy keeps what it has rather than enforce a partial policy.
+ * preview, with the run's egress and declared model), with the values of exactly the secrets its
+ * rules and model lane name. All or nothing: a secret that does not decrypt, or a declared model
+ * the vault no longer has, fails the whole envelope (vault_unreadable), so the proxy keeps what it
+ * has rather than enforce a partial policy, and a run not yet started stops before any code runs.
  */
 export async function runPolicyEnvelope(
   db: Db,
@@ -40,11 +43,24 @@ export async function runPolicyEnvelope(
   const [row] = await db.select({ spec: runs.spec }).from(runs).where(eq(runs.id, run.id));
   if (!row) return fail("not_found", "No such run.");
   // The spec was validated at launch; a spec without egress predates the option: direct.
-  const egress = Egress.parse((row.spec as { egress?: unknown } | null)?.egress);
+  const spec = row.spec as { egress?: unknown; model?: unknown } | null;
+  const egress = Egress.parse(spec?.egress);
+  const model = DeclaredModel.parse(spec?.model ?? null);
   const owner = { userId: run.userId, environmentId: run.environmentId, keyId: `proxy:${run.id}` };
   for (let attempt = 0; attempt < COMPILE_ATTEMPTS; attempt++) {
-    const policy = await previewPolicy(db, owner, { egress });
-    const names = [...new Set(policy.rules.map((r) => r.secret))];
+    const read = await readPolicy(db, owner, { egress, model });
+    if (!read.ok && read.error.code !== "unknown_model") return read;
+    if (!read.ok) {
+      // Checked at launch, so deleted or renamed since.
+      return fail(
+        "vault_unreadable",
+        `The run's model ${JSON.stringify(model)} is missing from the vault (deleted or renamed after the run was launched), so its model lane cannot be set up.`,
+      );
+    }
+    const policy = read.value;
+    const names = [
+      ...new Set([...policy.rules.map((r) => r.secret), ...(policy.model ? [policy.model.secret] : [])]),
+    ];
     const rows =
       names.length === 0
         ? []

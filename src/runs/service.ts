@@ -3,7 +3,8 @@ import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
 import type { Db } from "../db/types";
-import { fail, ok, type Result } from "../errors";
+import { ApiError, fail, ok, type Result } from "../errors";
+import { modelLane } from "../vault/service";
 import type { RunSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
 
@@ -17,9 +18,32 @@ export const isTerminal = (s: RunState) => TERMINAL_STATES.includes(s);
 
 export type RunRow = typeof runs.$inferSelect;
 
+/** What the launch trace row records of the declared model: never its secret. */
+export interface LaunchedModel {
+  name: string;
+  provider: string;
+  /** The provider's API host (and port, if not 443). */
+  baseHost: string;
+}
+
+/**
+ * Records a launched run, queued. Shared by every launch (the API, the runs page, webhook
+ * deliveries): a declared model must be in the vault (else ApiError unknown_model, nothing
+ * written), and what it pointed at is kept in the launch row of the trace.
+ */
 export async function createRun(db: Db, p: Principal, spec: RunSpec, backend: string): Promise<RunRow> {
   const id = randomId("run_");
   const [row] = await db.transaction(async (tx) => {
+    const lane = spec.model ? await modelLane(tx, p.environmentId, spec.model) : null;
+    if (spec.model && !lane) {
+      throw new ApiError(
+        "unknown_model",
+        `No model named ${JSON.stringify(spec.model)} in this vault; add it with POST /v1/vault/models, or launch without model.`,
+      );
+    }
+    const model: LaunchedModel | null = lane
+      ? { name: lane.name, provider: lane.provider, baseHost: new URL(lane.baseUrl).host }
+      : null;
     const inserted = await tx
       .insert(runs)
       .values({ id, userId: p.userId, environmentId: p.environmentId, spec, backend })
@@ -30,6 +54,14 @@ export async function createRun(db: Db, p: Principal, spec: RunSpec, backend: st
       kind: "transition",
       state: "queued",
       reason: "launched",
+      ...(model
+        ? {
+            detail: {
+              text: `Declares the model ${model.name} (${model.provider}, ${model.baseHost}).`,
+              model,
+            },
+          }
+        : {}),
     });
     return inserted;
   });

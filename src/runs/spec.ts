@@ -33,7 +33,11 @@ export const RunSpec = z
     /** A built-in benchmark (see BENCHMARKS); exclusive with commands. */
     benchmark: z.string().max(64).optional().openapi({ example: "demo" }),
     commands: Commands.optional(),
-    /** The model the benchmark evaluates (its lane comes later); recorded with the run. */
+    /**
+     * The model the benchmark evaluates: a vault model's name (GET /v1/vault/models), else the
+     * launch is refused (unknown_model). The run's proxy serves it to the commands as an
+     * OpenAI-compatible lane; the provider's key stays in the proxy.
+     */
     model: z.string().min(1).max(128).optional(),
     egress: z.enum(["direct", "local"]).default("direct"),
     /**

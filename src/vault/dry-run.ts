@@ -1,6 +1,7 @@
 import { and, eq } from "drizzle-orm";
 import type { Principal } from "../context";
 import {
+  type EgressVia,
   type HostAction,
   InjectSpec,
   type PolicyDocument,
@@ -17,11 +18,14 @@ import { getSettings, listHosts, listSecrets, previewPolicy, type RuleInput } fr
 // Dry run: replays the hosts a run reached or was refused (its egress_route_log and
 // blocked_host_log) against a draft vault and against the vault as it is now, with the code the
 // proxy decides by (compilePolicy, then buildPolicyIndex's decideHost and matchRule), and the
-// run's egress. Rules are named by index and secret name; no secret value is read at all.
+// run's egress. Each host's route is the proxy's too: the deciding entry's `via`, else the run's
+// egress. Rules are named by index and secret name; no secret value is read at all.
 
 export interface HostEntryInput {
   pattern: string;
   action: HostAction;
+  /** An allowed host's route; none: as the run's egress says. A block entry takes none. */
+  via?: EgressVia | undefined;
 }
 
 /** A whole vault, as the user would leave it. */
@@ -82,6 +86,7 @@ const READ_ATTEMPTS = 3;
 
 interface Entry {
   action: HostAction;
+  via?: EgressVia | undefined;
   /** Added for a rule's host, as the vault does; goes with the last rule naming the host. */
   implicit: boolean;
 }
@@ -143,15 +148,19 @@ function checkRules(path: string, rules: readonly RuleInput[], names: Set<string
   return ok(out);
 }
 
-function checkEntries(path: string, hosts: readonly HostEntryInput[]): Result<Map<string, HostAction>> {
-  const out = new Map<string, HostAction>();
+/** Entries as the vault would save them (canonical, once each; a block entry has no route). */
+function checkEntries(path: string, hosts: readonly HostEntryInput[]): Result<Map<string, Entry>> {
+  const out = new Map<string, Entry>();
   for (const [i, h] of hosts.entries()) {
     const pattern = checkEntryPattern(`${path}[${i}].pattern`, h.pattern);
     if (!pattern.ok) return pattern;
     if (out.has(pattern.value)) {
       return fail("invalid_request", `${path}[${i}].pattern: ${pattern.value} is given twice`);
     }
-    out.set(pattern.value, h.action);
+    if (h.via && h.action === "block") {
+      return fail("via_on_block", `${path}[${i}].via: ${pattern.value} is blocked, so it has no route`);
+    }
+    out.set(pattern.value, { action: h.action, implicit: false, ...(h.via ? { via: h.via } : {}) });
   }
   return ok(out);
 }
@@ -162,10 +171,7 @@ function fromDraft(draft: DraftVault, base: Base): Result<Resolved> {
   if (!entries.ok) return entries;
   const rules = checkRules("draft.rules", draft.rules, base.secretNames);
   if (!rules.ok) return rules;
-  const hosts = new Map<string, Entry>(
-    [...entries.value].map(([p, action]) => [p, { action, implicit: false }]),
-  );
-  return ok({ default: draft.default, hosts, rules: rules.value });
+  return ok({ default: draft.default, hosts: entries.value, rules: rules.value });
 }
 
 interface Resolved {
@@ -177,7 +183,10 @@ interface Resolved {
 /** The current vault with the edits applied, the way the vault's own writes would apply them. */
 function fromChanges(changes: VaultChanges, base: Base): Result<Resolved> {
   const hosts = new Map<string, Entry>(
-    base.doc.hosts.map((h) => [h.pattern, { action: h.action, implicit: base.implicit.has(h.pattern) }]),
+    base.doc.hosts.map((h) => [
+      h.pattern,
+      { action: h.action, implicit: base.implicit.has(h.pattern), ...(h.via ? { via: h.via } : {}) },
+    ]),
   );
   let rules: PolicyRule[] = [...base.doc.rules];
 
@@ -219,7 +228,8 @@ function fromChanges(changes: VaultChanges, base: Base): Result<Resolved> {
   }
   const upsert = checkEntries("changes.hosts.upsert", changes.hosts?.upsert ?? []);
   if (!upsert.ok) return upsert;
-  for (const [pattern, action] of upsert.value) hosts.set(pattern, { action, implicit: false });
+  // An upsert replaces the entry, as POST /v1/vault/hosts does: its route is the one given.
+  for (const [pattern, entry] of upsert.value) hosts.set(pattern, entry);
 
   return ok({ default: changes.default ?? base.doc.default, hosts, rules });
 }
@@ -242,16 +252,19 @@ function withImplicitEntries(vault: Resolved, version: number): Result<VaultSnap
     default: vault.default,
     hosts: [...vault.hosts]
       .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-      .map(([pattern, { action }]) => ({ pattern, action })),
+      .map(([pattern, { action, via }]) => ({ pattern, action, via })),
     rules: vault.rules.map(({ host, secret, inject }) => ({ host, secret, inject })),
   });
 }
 
-/** What the proxy does with a request to `host`: host policy first; a blocked host gets no rule. */
-function outcome(index: PolicyIndex, host: string, route: Route): HostOutcome {
-  const action = index.decideHost(host).action;
+/**
+ * What the proxy does with a request to `host`: host policy first (which also gives the route:
+ * the deciding entry's via, else the run's egress); a blocked host gets no rule.
+ */
+function outcome(index: PolicyIndex, host: string): HostOutcome {
+  const { action, via } = index.decideHost(host);
   const rule = action === "block" ? null : (index.matchRule(host)?.index ?? null);
-  return { action, rule, route };
+  return { action, rule, route: via };
 }
 
 const ruleKey = (doc: PolicyDocument, index: number | null) => {
@@ -287,7 +300,6 @@ export async function dryRun(db: Db, p: Principal, input: DryRunInput): Promise<
   if (!run) return fail("not_found", `No run ${input.runId}.`);
   // As the run's proxy gets it: a spec without egress predates the option and is direct.
   const egress = (run.spec as { egress?: unknown } | null)?.egress === "local" ? "local" : "direct";
-  const route: Route = egress === "local" ? "tunnel" : "direct";
 
   const base = await readCurrent(db, p, egress);
   const resolved = input.draft ? fromDraft(input.draft, base) : fromChanges(input.changes ?? {}, base);
@@ -298,8 +310,8 @@ export async function dryRun(db: Db, p: Principal, input: DryRunInput): Promise<
   const [draftIndex, currentIndex] = [buildPolicyIndex(draftDoc), buildPolicyIndex(base.doc)];
 
   const replays = (await runHosts(db, p, run.id)).map((host): HostReplay => {
-    const draft = outcome(draftIndex, host, route);
-    const current = outcome(currentIndex, host, route);
+    const draft = outcome(draftIndex, host);
+    const current = outcome(currentIndex, host);
     const changed =
       draft.action !== current.action ||
       draft.route !== current.route ||

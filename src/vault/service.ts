@@ -1,14 +1,22 @@
-import { and, asc, eq, inArray, sql } from "drizzle-orm";
+import { and, asc, eq, inArray, type SQL, sql } from "drizzle-orm";
 import type { Principal } from "../context";
-import { type HostAction, type InjectScheme, InjectSpec } from "../contract/policy";
+import {
+  type EgressVia,
+  type HostAction,
+  type InjectScheme,
+  InjectSpec,
+  type ModelLaneSpec,
+  type PolicyDocument,
+  type RunEgress,
+} from "../contract/policy";
 import { SecretValue } from "../contract/proxy-wire";
 import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
-import { vaultHosts, vaultRules, vaultSecrets, vaultSettings } from "../db/schema";
+import { vaultHosts, vaultModels, vaultRules, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Db } from "../db/types";
-import { type Failure, fail, ok, type Result } from "../errors";
-import { compilePolicy, type RunOptions } from "../policy/compile";
-import { parseHostPattern, patternCovers } from "../policy/host";
+import { type Failure, fail, ok, type Result, unwrap } from "../errors";
+import { compilePolicy } from "../policy/compile";
+import { parseHostPattern, patternCovers, splitHostPort } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 
 // The vault's domain logic over Postgres. Every query is scoped by the principal's environment,
@@ -39,6 +47,19 @@ export interface HostEntry {
   pattern: string;
   action: HostAction;
   implicit: boolean;
+  /** How an allowed host's traffic leaves; null: as the run's egress says. */
+  via: EgressVia | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+export interface ModelInfo {
+  id: string;
+  name: string;
+  provider: string;
+  baseUrl: string;
+  upstreamModel: string;
+  /** The secret's name; its value is never part of a model. */
+  secret: string;
   createdAt: Date;
   updatedAt: Date;
 }
@@ -59,6 +80,7 @@ const hostColumns = {
   pattern: vaultHosts.pattern,
   action: vaultHosts.action,
   implicit: vaultHosts.implicit,
+  via: vaultHosts.via,
   createdAt: vaultHosts.createdAt,
   updatedAt: vaultHosts.updatedAt,
 };
@@ -200,6 +222,15 @@ export async function deleteSecret(db: Db, p: Principal, id: string): Promise<Re
     if (users.length > 0) {
       const ids = users.map((r) => r.id).join(", ");
       return fail("secret_in_use", `Rules ${ids} use this secret; delete or change them first.`);
+    }
+    // The models' foreign key restricts the delete too; say which, as for rules.
+    const models = await tx
+      .select({ name: vaultModels.name })
+      .from(vaultModels)
+      .where(and(eq(vaultModels.environmentId, p.environmentId), eq(vaultModels.secretId, id)));
+    if (models.length > 0) {
+      const names = models.map((m) => m.name).join(", ");
+      return fail("secret_in_use", `Models ${names} use this secret; delete or change them first.`);
     }
     const deleted = await tx
       .delete(vaultSecrets)
@@ -468,13 +499,25 @@ async function ruleUnder(tx: Tx, environmentId: string, pattern: string): Promis
   return hit ? `${hit.id} (${hit.host})` : null;
 }
 
-/** Creates or replaces the entry for a pattern; saving it makes it explicit. */
+const viaOnBlock = (pattern: string) =>
+  fail(
+    "via_on_block",
+    `${pattern} is blocked, so it has no route: only an allowed host may carry via (tunnel or direct).`,
+  );
+
+/**
+ * Creates or replaces the entry for a pattern; saving it makes it explicit. `via`: the route of
+ * an allowed host (null: as the run's egress says; undefined: keep the entry's own). A block
+ * entry has none, so blocking drops it.
+ */
 async function saveHost(
   tx: Tx,
   p: Principal,
   pattern: string,
   action: HostAction,
+  via: EgressVia | null | undefined,
 ): Promise<Result<HostEntry>> {
+  if (action === "block" && via) return viaOnBlock(pattern);
   if (action === "block") {
     const rule = await ruleUnder(tx, p.environmentId, pattern);
     if (rule) {
@@ -486,38 +529,50 @@ async function saveHost(
   }
   const [row] = await tx
     .insert(vaultHosts)
-    .values({ id: randomId("hst_"), environmentId: p.environmentId, pattern, action })
+    .values({ id: randomId("hst_"), environmentId: p.environmentId, pattern, action, via: via ?? null })
     .onConflictDoUpdate({
       target: [vaultHosts.environmentId, vaultHosts.pattern],
-      set: { action, implicit: false, updatedAt: new Date() },
+      set: {
+        action,
+        implicit: false,
+        ...(action === "block" ? { via: null } : via === undefined ? {} : { via }),
+        updatedAt: new Date(),
+      },
     })
     .returning(hostColumns);
   return row ? ok(row) : fail("internal_error", "Host entry was not saved.");
 }
 
+/** Creates or replaces the entry (an omitted via is none: the run's egress decides). */
 export async function putHost(
   db: Db,
   p: Principal,
-  input: { pattern: string; action: HostAction },
+  input: { pattern: string; action: HostAction; via?: EgressVia | null | undefined },
 ): Promise<Result<HostEntry>> {
   const pattern = checkPattern(input.pattern, "host-entry");
   if (!pattern.ok) return pattern;
-  return change(db, p.environmentId, (tx) => saveHost(tx, p, pattern.value, input.action));
+  if (input.action === "block" && input.via) return viaOnBlock(pattern.value);
+  return change(db, p.environmentId, (tx) => saveHost(tx, p, pattern.value, input.action, input.via ?? null));
 }
 
+/**
+ * Changes an entry's action and/or route. `via` undefined keeps the entry's route (blocking drops
+ * it), null clears it; a route on an entry that is or becomes a block is refused (via_on_block).
+ */
 export async function updateHost(
   db: Db,
   p: Principal,
   id: string,
-  input: { action: HostAction },
+  input: { action?: HostAction | undefined; via?: EgressVia | null | undefined },
 ): Promise<Result<HostEntry>> {
   // Read and write in one transaction, so a concurrent delete cannot be undone by this update.
   return change(db, p.environmentId, async (tx) => {
     const [entry] = await tx
-      .select({ pattern: vaultHosts.pattern })
+      .select({ pattern: vaultHosts.pattern, action: vaultHosts.action })
       .from(vaultHosts)
       .where(and(eq(vaultHosts.environmentId, p.environmentId), eq(vaultHosts.id, id)));
-    return entry ? saveHost(tx, p, entry.pattern, input.action) : notFound("host entry", id);
+    if (!entry) return notFound("host entry", id);
+    return saveHost(tx, p, entry.pattern, input.action ?? entry.action, input.via);
   });
 }
 
@@ -602,31 +657,229 @@ export async function setDefault(
   return done.ok ? ok(await getSettings(db, p)) : done;
 }
 
+// ---- models a run may declare (the model lane) ----
+
+export interface ModelInput {
+  name: string;
+  provider: string;
+  baseUrl: string;
+  /** Default: the name. */
+  upstreamModel?: string | undefined;
+  /** A secret's name in this vault. */
+  secret: string;
+}
+
+const MAX_BASE_URL_LENGTH = 2048;
+
+/**
+ * A model's base URL, canonical: https, a canonical host (and a port other than 443), the path
+ * without a trailing slash; no user info, query or fragment. The input is never quoted back: a
+ * URL with user info may carry a credential.
+ */
+export function canonicalBaseUrl(input: string): Result<string> {
+  const bad = (why: string) => fail("invalid_base_url", `base_url: ${why}.`);
+  if (input.length === 0 || input.length > MAX_BASE_URL_LENGTH) {
+    return bad(`1 to ${MAX_BASE_URL_LENGTH} characters`);
+  }
+  // The URL parser would silently drop tabs, newlines and edge spaces: refuse them instead.
+  if (!/^[\x21-\x7e]+$/.test(input)) return bad("printable ASCII without spaces");
+  if (!/^https:\/\//i.test(input)) return bad("must be an https:// URL");
+  const authority = input.slice("https://".length).split("/")[0] ?? "";
+  if (authority.includes("@")) {
+    return bad("no user name or password in the URL; keep the key in a vault secret and name it");
+  }
+  if (input.includes("?") || input.includes("#")) return bad("no query string or fragment");
+  let url: URL;
+  try {
+    url = new URL(input);
+  } catch {
+    return bad("not a URL");
+  }
+  if (url.protocol !== "https:" || url.username !== "" || url.password !== "") {
+    return bad("must be an https:// URL without user info");
+  }
+  const host = splitHostPort(url.host);
+  if (!host) return bad("not a valid host");
+  const port = host.port === null || host.port === 443 ? "" : `:${host.port}`;
+  const path = url.pathname.replace(/\/+$/, "");
+  return ok(`https://${host.host}${port}${path}`);
+}
+
+function modelSelect(q: Q, environmentId: string, also?: SQL) {
+  return q
+    .select({
+      id: vaultModels.id,
+      name: vaultModels.name,
+      provider: vaultModels.provider,
+      baseUrl: vaultModels.baseUrl,
+      upstreamModel: vaultModels.upstreamModel,
+      secret: vaultSecrets.name,
+      createdAt: vaultModels.createdAt,
+      updatedAt: vaultModels.updatedAt,
+    })
+    .from(vaultModels)
+    .innerJoin(vaultSecrets, eq(vaultSecrets.id, vaultModels.secretId))
+    .where(and(eq(vaultModels.environmentId, environmentId), also))
+    .orderBy(asc(vaultModels.name));
+}
+
+export async function listModels(db: Db, p: Principal): Promise<ModelInfo[]> {
+  return modelSelect(db, p.environmentId);
+}
+
+export async function getModel(db: Db, p: Principal, id: string): Promise<Result<ModelInfo>> {
+  const [row] = await modelSelect(db, p.environmentId, eq(vaultModels.id, id));
+  return row ? ok(row) : notFound("model", id);
+}
+
+/** The model a run declares, by name, as the proxy's model lane is given it; null if none. */
+export async function modelLane(q: Q, environmentId: string, name: string): Promise<ModelLaneSpec | null> {
+  const [row] = await modelSelect(q, environmentId, eq(vaultModels.name, name));
+  return row
+    ? {
+        name: row.name,
+        provider: row.provider,
+        baseUrl: row.baseUrl,
+        upstreamModel: row.upstreamModel,
+        secret: row.secret,
+      }
+    : null;
+}
+
+/** Whether the vault has a model of this name (a run may declare it). */
+export async function hasModel(q: Q, environmentId: string, name: string): Promise<boolean> {
+  const [row] = await q
+    .select({ id: vaultModels.id })
+    .from(vaultModels)
+    .where(and(eq(vaultModels.environmentId, environmentId), eq(vaultModels.name, name)));
+  return row !== undefined;
+}
+
+async function resolveModelInput(tx: Tx, p: Principal, input: ModelInput) {
+  const baseUrl = canonicalBaseUrl(input.baseUrl);
+  if (!baseUrl.ok) return baseUrl;
+  const [secret] = await tx
+    .select({ id: vaultSecrets.id })
+    .from(vaultSecrets)
+    .where(and(eq(vaultSecrets.environmentId, p.environmentId), eq(vaultSecrets.name, input.secret)));
+  if (!secret) return fail("unknown_secret", `No secret named ${input.secret}; create it first.`);
+  return ok({
+    name: input.name,
+    provider: input.provider,
+    baseUrl: baseUrl.value,
+    upstreamModel: input.upstreamModel ?? input.name,
+    secretId: secret.id,
+  });
+}
+
+const modelExists = (name: string) =>
+  fail("model_exists", `A model named ${name} exists in this vault; change it with PATCH.`);
+
+export async function createModel(db: Db, p: Principal, input: ModelInput): Promise<Result<ModelInfo>> {
+  const id = randomId("mdl_");
+  const created = await change(db, p.environmentId, async (tx) => {
+    const resolved = await resolveModelInput(tx, p, input);
+    if (!resolved.ok) return resolved;
+    const rows = await tx
+      .insert(vaultModels)
+      .values({ id, environmentId: p.environmentId, ...resolved.value })
+      .onConflictDoNothing()
+      .returning({ id: vaultModels.id });
+    return rows.length > 0 ? ok(null) : modelExists(input.name);
+  });
+  return created.ok ? getModel(db, p, id) : created;
+}
+
+export async function updateModel(
+  db: Db,
+  p: Principal,
+  id: string,
+  patch: Partial<ModelInput>,
+): Promise<Result<ModelInfo>> {
+  const updated = await change(db, p.environmentId, async (tx) => {
+    const [current] = await modelSelect(tx, p.environmentId, eq(vaultModels.id, id));
+    if (!current) return notFound("model", id);
+    const resolved = await resolveModelInput(tx, p, {
+      name: patch.name ?? current.name,
+      provider: patch.provider ?? current.provider,
+      baseUrl: patch.baseUrl ?? current.baseUrl,
+      upstreamModel: patch.upstreamModel ?? current.upstreamModel,
+      secret: patch.secret ?? current.secret,
+    });
+    if (!resolved.ok) return resolved;
+    // Writers of one vault are serialised by the version bump, so this check cannot race.
+    if (resolved.value.name !== current.name && (await hasModel(tx, p.environmentId, resolved.value.name))) {
+      return modelExists(resolved.value.name);
+    }
+    await tx
+      .update(vaultModels)
+      .set({ ...resolved.value, updatedAt: new Date() })
+      .where(and(eq(vaultModels.environmentId, p.environmentId), eq(vaultModels.id, id)));
+    return ok(null);
+  });
+  return updated.ok ? getModel(db, p, id) : updated;
+}
+
+/** Runs that declare it and have not read their vault yet stop before any code (model missing). */
+export async function deleteModel(db: Db, p: Principal, id: string): Promise<Result<null>> {
+  return change(db, p.environmentId, async (tx) => {
+    const deleted = await tx
+      .delete(vaultModels)
+      .where(and(eq(vaultModels.environmentId, p.environmentId), eq(vaultModels.id, id)))
+      .returning({ id: vaultModels.id });
+    return deleted.length > 0 ? ok(null) : notFound("model", id);
+  });
+}
+
 // ---- the compiled view ----
 
-/** What a run started now would get. Reads in one transaction so the version matches the rows. */
-export async function previewPolicy(db: Db, p: Principal, run: RunOptions) {
+export interface PolicyOptions {
+  /** "local": the run egresses through the user's machine, which forces catch-all routing. */
+  egress: RunEgress;
+  /** The name of the model the run declares (a vault model), or none. */
+  model?: string | null | undefined;
+}
+
+/**
+ * What a run started now would get. Reads in one transaction so the version matches the rows,
+ * the declared model's included; unknown_model when the vault has no model of that name.
+ */
+export async function readPolicy(db: Db, p: Principal, run: PolicyOptions): Promise<Result<PolicyDocument>> {
   return db.transaction(async (tx) => {
     const [settings] = await tx
       .select({ default: vaultSettings.defaultAction, version: vaultSettings.version })
       .from(vaultSettings)
       .where(eq(vaultSettings.environmentId, p.environmentId));
     const hosts = await tx
-      .select({ pattern: vaultHosts.pattern, action: vaultHosts.action })
+      .select({ pattern: vaultHosts.pattern, action: vaultHosts.action, via: vaultHosts.via })
       .from(vaultHosts)
       .where(eq(vaultHosts.environmentId, p.environmentId))
       .orderBy(asc(vaultHosts.pattern));
     const rules = (await ruleSelect(tx, p.environmentId)).map(toRule);
-    return compilePolicy(
-      {
-        version: settings?.version ?? 0,
-        default: settings?.default ?? "allow",
-        hosts,
-        rules: rules.map((r) => ({ host: r.host, secret: r.secret, inject: r.inject })),
-      },
-      run,
+    const model = run.model ? await modelLane(tx, p.environmentId, run.model) : null;
+    if (run.model && !model) {
+      return fail(
+        "unknown_model",
+        `No model named ${JSON.stringify(run.model)} in this vault; add it with POST /v1/vault/models.`,
+      );
+    }
+    return ok(
+      compilePolicy(
+        {
+          version: settings?.version ?? 0,
+          default: settings?.default ?? "allow",
+          hosts,
+          rules: rules.map((r) => ({ host: r.host, secret: r.secret, inject: r.inject })),
+        },
+        { egress: run.egress, model },
+      ),
     );
   });
+}
+
+/** readPolicy for a caller that answers a request: an unknown model is its 400 unknown_model. */
+export async function previewPolicy(db: Db, p: Principal, run: PolicyOptions): Promise<PolicyDocument> {
+  return unwrap(await readPolicy(db, p, run));
 }
 
 // ---- allowing hosts that runs were refused ----
@@ -685,8 +938,9 @@ export async function allowHosts(
         counts.unchanged++;
         continue;
       }
-      // Allowing never conflicts with a rule, so saveHost cannot refuse here.
-      const saved = await saveHost(tx, p, pattern, "allow");
+      // Allowing never conflicts with a rule, so saveHost cannot refuse here. An entry's own
+      // route is kept (a block entry has none).
+      const saved = await saveHost(tx, p, pattern, "allow", undefined);
       if (!saved.ok) return saved;
       counts[entry ? "updated" : "created"]++;
     }

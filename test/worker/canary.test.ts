@@ -197,11 +197,43 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("POST", "/v1/vault/hosts/starter-pack", undefined, [200]);
     await api("PUT", "/v1/vault/settings", { default: "block" }, [200]);
 
+    // Models: one names the canary's secret (by name); refused bodies, two with a value in the URL.
+    const modelName = `m-${tag}`;
+    const modelBody = {
+      name: modelName,
+      provider: "openai",
+      base_url: `https://llm.${tag}.example/v1`,
+      secret: name,
+    };
+    const model = await api("POST", "/v1/vault/models", modelBody, [201]);
+    await api("POST", "/v1/vault/models", modelBody, [409, "model_exists"]);
+    await api(
+      "POST",
+      "/v1/vault/models",
+      { ...modelBody, name: "x", base_url: `https://u:${canary("userinfo")}@llm.${tag}.example/v1` },
+      [400, "invalid_base_url"],
+    );
+    await api(
+      "POST",
+      "/v1/vault/models",
+      { ...modelBody, name: "x", base_url: `https://llm.${tag}.example/v1?key=${canary("query")}` },
+      [400, "invalid_base_url"],
+    );
+    await api("POST", "/v1/vault/models", { ...modelBody, name: "y", secret: "NOPE" }, [
+      400,
+      "unknown_secret",
+    ]);
+    await api("PATCH", `/v1/vault/models/${model.json.id}`, { upstream_model: "gpt-x" }, [200]);
+    await api("PATCH", "/v1/vault/models/mdl_nope", { upstream_model: "gpt-x" }, [404, "not_found"]);
+    await api("GET", `/v1/vault/policy-preview?model=${modelName}`, undefined, [200]);
+    await api("GET", "/v1/vault/policy-preview?model=nope", undefined, [400, "unknown_model"]);
+
     // Every read.
     for (const [path, key] of [
       ["/v1/vault/secrets", "secrets"],
       ["/v1/vault/rules", "rules"],
       ["/v1/vault/hosts", "hosts"],
+      ["/v1/vault/models", "models"],
     ] as const) {
       const list = await api("GET", path, undefined, [200]);
       for (const item of list.json[key] as { id: string }[])
@@ -214,8 +246,15 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
 
     // Runs: launched with this vault (the coordinator reads and decrypts it), read, listed,
     // cancelled; their audit reads too. None of it may carry a value.
-    const launched = await api("POST", "/v1/runs", { commands: ["echo canary-run"] }, [202]);
+    // It declares the model, so the run's envelope decrypts the canary for the model lane too.
+    const launched = await api(
+      "POST",
+      "/v1/runs",
+      { commands: ["echo canary-run"], model: modelName },
+      [202],
+    );
     const runId = launched.json.id as string;
+    await api("POST", "/v1/runs", { commands: ["true"], model: "nope" }, [400, "unknown_model"]);
     await api("POST", "/v1/runs", { benchmark: "nope" }, [400, "unknown_benchmark"]);
     await api("GET", "/v1/runs", undefined, [200]);
     // Halt and resume on a run whose coordinator has not started (a row the test makes): the
@@ -240,6 +279,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("GET", `/v1/runs/${runId}/proxy`, undefined, [409, "proxy_gone"]);
     await api("GET", `/v1/runs/${runId}/blocked-hosts`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}/model-calls`, undefined, [200]);
     await api("GET", `/v1/blocked-hosts?runId=${runId}`, undefined, [200]);
     await api("GET", "/v1/blocked-hosts?runId=run_nope", undefined, [404, "not_found"]);
     // A dry run of that run against a draft that names the canary's secret (by name only).
@@ -262,6 +302,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("POST", "/v1/bug-reports", { runId: "run_nope", title: "t", body: "b" }, [404, "not_found"]);
     await api("GET", `/v1/runs/${runId}/bug-reports`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}`, undefined, [200]);
+    await api("DELETE", `/v1/vault/models/${model.json.id}`, undefined, [204]);
 
     // Webhooks: registered (its own secret is shown there, once), read, listed, rotated, revoked;
     // refused bodies. None of it may carry a vault value.
@@ -317,7 +358,10 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
       responses.map(([where]) =>
         where
           .split("?")[0]
-          ?.replace(/\/(secrets|rules|hosts)\/(?!order$|starter-pack$|from-blocked$)[^/]+$/, "/$1/{id}")
+          ?.replace(
+            /\/(secrets|rules|hosts|models)\/(?!order$|starter-pack$|from-blocked$)[^/]+$/,
+            "/$1/{id}",
+          )
           .replace(/\/runs\/run_[^/]+/, "/runs/{id}")
           .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}"),
       ),

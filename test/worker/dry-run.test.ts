@@ -225,6 +225,78 @@ describe("POST /v1/vault/dry-run", { timeout: 60_000 }, () => {
     });
   });
 
+  it("per-host routes: each host leaves by its deciding entry's via, else the run's egress", async () => {
+    const f = await fixture();
+    const pypi = await f.t.api("POST", "/v1/vault/hosts", {
+      pattern: f.h("pypi"),
+      action: "allow",
+      via: "tunnel",
+    });
+    expect(pypi.status, pypi.text).toBe(200);
+    const res = await f.dry({
+      runId: f.run.id,
+      changes: {
+        hosts: {
+          upsert: [
+            { pattern: `*.${f.tag}.example`, action: "allow", via: "tunnel" },
+            // An upsert replaces the entry: without via, the run's egress (direct) decides.
+            { pattern: f.h("pypi"), action: "allow" },
+          ],
+        },
+      },
+    });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.routing).toEqual({
+      draft: { mode: "catch-all", reasons: ["tunnel_host"] },
+      current: { mode: "catch-all", reasons: ["tunnel_host"] },
+    });
+    expect(res.json.hosts).toEqual([
+      // The wildcard decides for other.<tag> now; pypi's own entry lost its tunnel.
+      { host: f.h("other"), draft: allow(null, "tunnel"), current: allow(), changed: true },
+      { host: f.h("pypi"), draft: allow(), current: allow(null, "tunnel"), changed: true },
+      // api's exact (implicit) entry decides, without a route of its own; evil stays blocked.
+      { host: f.h("api"), draft: allow(0), current: allow(0), changed: false },
+      { host: f.h("evil"), draft: block(), current: block(), changed: false },
+    ]);
+    await expectNoLeak(f);
+  });
+
+  it("per-host routes under local egress: a direct entry leaves direct, the rest through the tunnel", async () => {
+    const f = await fixture({ commands: ["true"], egress: "local" });
+    const res = await f.dry({
+      runId: f.run.id,
+      draft: {
+        ...currentAsDraft(f),
+        hosts: [...currentAsDraft(f).hosts, { pattern: f.h("pypi"), action: "allow", via: "direct" }],
+      },
+    });
+    expect(res.status, res.text).toBe(200);
+    const routes = Object.fromEntries(
+      (res.json.hosts as { host: string; draft: { route: string }; current: { route: string } }[]).map(
+        (h) => [h.host, [h.draft.route, h.current.route]],
+      ),
+    );
+    expect(routes).toEqual({
+      [f.h("api")]: ["tunnel", "tunnel"],
+      [f.h("evil")]: ["tunnel", "tunnel"],
+      [f.h("other")]: ["tunnel", "tunnel"],
+      [f.h("pypi")]: ["direct", "tunnel"],
+    });
+    expect(res.json.counts).toEqual({ hosts: 4, changed: 1 });
+    // A route on a block entry is refused as the vault refuses it.
+    const bad = { pattern: f.h("pypi"), action: "block", via: "tunnel" };
+    expectProblem(
+      await f.dry({ runId: f.run.id, draft: { ...currentAsDraft(f), hosts: [bad] } }),
+      400,
+      "via_on_block",
+    );
+    expectProblem(
+      await f.dry({ runId: f.run.id, changes: { hosts: { upsert: [bad] } } }),
+      400,
+      "via_on_block",
+    );
+  });
+
   it("bad bodies → 400/409 with the exact code, checked as the vault routes check them; nothing written", async () => {
     const f = await fixture();
     const before = {

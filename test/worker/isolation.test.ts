@@ -8,24 +8,26 @@ import {
   apiKeys,
   users,
   vaultHosts,
+  vaultModels,
   vaultRules,
   vaultSecrets,
   vaultSettings,
   webhooks,
 } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
+import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
 import * as vault from "../../src/vault/service";
 import * as hooks from "../../src/webhooks/service";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
-import { auditRows, runWithAudit } from "./run-fixtures";
+import { auditBatch, auditRows, runWithAudit } from "./run-fixtures";
 
 // Tenant isolation and the read/write boundary of the API (cases C1, C3, C4), driven by the
 // OpenAPI document so that a new route cannot slip past: CASES below must name every operation
 // the document lists, and the meta-test fails, naming the route, when one has no case.
 
-type Resource = "secret" | "rule" | "host";
+type Resource = "secret" | "rule" | "host" | "model";
 
 /** A tenant with a full vault: secrets, rules (so an order), host entries, a non-default setting. */
 interface Vault {
@@ -52,6 +54,7 @@ const COLLECTIONS: Record<Resource, { path: string; key: string }> = {
   secret: { path: "/v1/vault/secrets", key: "secrets" },
   rule: { path: "/v1/vault/rules", key: "rules" },
   host: { path: "/v1/vault/hosts", key: "hosts" },
+  model: { path: "/v1/vault/models", key: "models" },
 };
 
 function expectStatus(res: ApiResponse, status: number, what: string): ApiResponse {
@@ -71,6 +74,7 @@ async function idsOf(t: Tenant): Promise<Record<Resource, string[]>> {
     secret: (await vault.listSecrets(db, p)).map((s) => s.id),
     rule: (await vault.listRules(db, p)).map((r) => r.id),
     host: (await vault.listHosts(db, p)).map((h) => h.id),
+    model: (await vault.listModels(db, p)).map((m) => m.id),
   }));
 }
 
@@ -105,6 +109,21 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     );
     unwrap(await vault.putHost(db, p, { pattern: `*.evil-${tag}.example`, action: "block" }));
     unwrap(await vault.putHost(db, p, { pattern: `${role}-only.shared.example`, action: "allow" }));
+    unwrap(await vault.putHost(db, p, { pattern: `home.${tag}.example`, action: "allow", via: "tunnel" }));
+    // Models: a name both vaults have, and one only this vault has; the key is a canary too.
+    const modelKey = newCanary(`${role}model`);
+    values.push(modelKey);
+    unwrap(await vault.createSecret(db, ring, p, { name: "MODEL_KEY", value: modelKey }));
+    for (const name of ["shared-model", `${role}-only-model`]) {
+      unwrap(
+        await vault.createModel(db, p, {
+          name,
+          provider: `provider-${tag}`,
+          baseUrl: `https://llm.${tag}.example/v1`,
+          secret: "MODEL_KEY",
+        }),
+      );
+    }
     unwrap(await vault.setDefault(db, p, "block"));
   });
   const run = await runWithAudit(t, [`blocked.${tag}.example`, `other.${tag}.example`]);
@@ -135,6 +154,12 @@ async function fresh(v: Vault, resource: Resource): Promise<string> {
       return unwrap(await vault.createRule(db, p, { host, secret: "API_KEY", inject: { scheme: "bearer" } }))
         .id;
     }
+    if (resource === "model") {
+      const baseUrl = `https://fresh${n}.${v.tag}.example/v1`;
+      return unwrap(
+        await vault.createModel(db, p, { name: `fresh-${n}`, provider: "fresh", baseUrl, secret: "API_KEY" }),
+      ).id;
+    }
     return unwrap(await vault.putHost(db, p, { pattern: `fresh${n}.${v.tag}.example`, action: "allow" })).id;
   });
 }
@@ -158,6 +183,11 @@ async function rows(t: Tenant) {
       .from(vaultHosts)
       .where(eq(vaultHosts.environmentId, t.environmentId))
       .orderBy(vaultHosts.id),
+    models: await db
+      .select()
+      .from(vaultModels)
+      .where(eq(vaultModels.environmentId, t.environmentId))
+      .orderBy(vaultModels.id),
   }));
 }
 
@@ -343,6 +373,45 @@ const CASES: Record<string, Case> = {
   },
   "DELETE /v1/vault/hosts/{id}": { kind: "by-id", resource: "host", ok: 204 },
 
+  "GET /v1/vault/models": { kind: "list", resource: "model" },
+  "POST /v1/vault/models": {
+    kind: "write",
+    ok: 201,
+    // A name only B has: names are per vault, so this creates A's own model.
+    body: ({ a }) => ({
+      name: "b-only-model",
+      provider: "openai",
+      base_url: `https://new.${a.tag}.example/v1`,
+      secret: "API_KEY",
+    }),
+    // A model can only name a secret of the caller's vault, and a name A has is A's conflict.
+    refused: ({ a }) => [
+      {
+        body: { name: "x", provider: "p", base_url: `https://x.${a.tag}.example`, secret: "B_ONLY_KEY" },
+        status: 400,
+        code: "unknown_secret",
+      },
+      {
+        body: {
+          name: "shared-model",
+          provider: "p",
+          base_url: `https://x.${a.tag}.example`,
+          secret: "API_KEY",
+        },
+        status: 409,
+        code: "model_exists",
+      },
+    ],
+  },
+  "GET /v1/vault/models/{id}": { kind: "by-id", resource: "model", ok: 200 },
+  "PATCH /v1/vault/models/{id}": {
+    kind: "by-id",
+    resource: "model",
+    ok: 200,
+    body: ({ a }) => ({ provider: "patched", base_url: `https://patched.${a.tag}.example/v1` }),
+  },
+  "DELETE /v1/vault/models/{id}": { kind: "by-id", resource: "model", ok: 204 },
+
   "GET /v1/vault/settings": {
     kind: "read",
     check: async ({ a, b }, res) => {
@@ -458,6 +527,38 @@ const CASES: Record<string, Case> = {
     },
   },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
+  "GET /v1/runs/{id}/model-calls": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      // One model call on each run, named after its tenant's tag.
+      for (const v of [a, b]) {
+        const call = {
+          callId: `call_${v.tag}`,
+          at: new Date().toISOString(),
+          model: `model-${v.tag}`,
+          provider: `provider-${v.tag}`,
+          endpoint: "chat.completions" as const,
+          stream: false,
+          status: 200,
+          inputTokens: 5,
+          outputTokens: 7,
+          ms: 100,
+        };
+        const owner = { id: v.runId, userId: v.t.userId, environmentId: v.t.environmentId };
+        await withDb((db) => storeAuditBatch(db, owner, auditBatch(v.runId, { modelCalls: [call] })));
+      }
+      const res = expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.runId)), 200, "list");
+      expect(own.json.calls.map((c: { model: string }) => c.model)).toEqual([`model-${a.tag}`]);
+      expect(own.json.totals).toEqual({ calls: 1, inputTokens: 5, outputTokens: 7 });
+      expect(own.text).not.toContain(b.tag);
+      // A query parameter cannot widen the read either.
+      const q = `?environmentId=${b.t.environmentId}&runId=${b.runId}`;
+      expectProblem(await a.t.api(method, `${path.replace("{id}", a.runId)}${q}`), 400, "unknown_field");
+    },
+  },
   "GET /v1/blocked-hosts": {
     kind: "run",
     id: false,

@@ -780,3 +780,45 @@ describe("the canary secret (B5)", () => {
     expect(hits).toEqual([]);
   });
 });
+
+describe("the model card", () => {
+  it("shows the model and provider the run reached and the totals of its calls, never the key", async () => {
+    const t = await newTenant();
+    const key = newCanary("pagemodel");
+    expect((await t.api("POST", "/v1/vault/secrets", { name: "M_KEY", value: key })).status).toBe(201);
+    const model = {
+      name: "eval-model",
+      provider: "openrouter",
+      base_url: "https://openrouter.ai/api/v1",
+      secret: "M_KEY",
+    };
+    expect((await t.api("POST", "/v1/vault/models", model)).status).toBe(201);
+    const id = await launch(t, { commands: ["true"], model: "eval-model" });
+    const call = (n: number) => ({
+      callId: `call_page_${n}_${crypto.randomUUID().slice(0, 8)}`,
+      at: new Date().toISOString(),
+      model: "eval-model",
+      provider: "openrouter",
+      endpoint: "chat.completions" as const,
+      stream: false,
+      status: 200,
+      inputTokens: 10 * n,
+      outputTokens: n,
+      ms: 20,
+    });
+    const owner = { id, userId: t.userId, environmentId: t.environmentId };
+    await withDb((db) => storeAuditBatch(db, owner, auditBatch(id, { modelCalls: [call(1), call(2)] })));
+    const b = await loggedIn(t, `/runs/${id}`);
+    const res = await b.get(`/runs/${id}`);
+    const text = expectPage(res);
+    has(
+      text,
+      "Model Model eval-model Provider openrouter API host openrouter.ai Calls 2 Tokens 30 in, 3 out",
+    );
+    expect(findNeedles("page", res.html, await leakNeedles(key))).toEqual([]);
+
+    // A run without a model says so.
+    const plain = await launch(t);
+    has(expectPage(await b.get(`/runs/${plain}`)), "This run declared no model.");
+  });
+});

@@ -684,3 +684,55 @@ describe("vault page: long lists", { timeout: 60_000 }, () => {
     }
   });
 });
+
+describe("vault page: per-host routes", { timeout: 60_000 }, () => {
+  it("the form sets an allowed host's route; each row shows it and changes or clears it; a block takes none", async () => {
+    const t = await newTenant();
+    const b = recording(await loggedIn(t));
+    const entries = async () =>
+      (await t.api("GET", "/v1/vault/hosts")).json.hosts as {
+        id: string;
+        pattern: string;
+        via: string | null;
+      }[];
+
+    const tunnel = await b.submit(`${VAULT}/hosts`, {
+      pattern: "home.example",
+      action: "allow",
+      via: "tunnel",
+    });
+    expect(tunnel.ok).toBe("Allowed home.example (route: tunnel).");
+    const [home] = await entries();
+    expect(home).toMatchObject({ pattern: "home.example", via: "tunnel" });
+    // The row shows the route (its own form, tunnel selected); routing became catch-all for it.
+    expect(tunnel.page.html).toContain(`action="/manage/vault/hosts/${home?.id}"`);
+    expect(tunnel.page.html).toMatch(/<option value="tunnel" selected="">tunnel \(your machine\)<\/option>/);
+    expect(routing(tunnel.page.html)).toContain("gets catch-all routing");
+    expect(routing(tunnel.page.html)).toContain("A host is routed through your own machine (via tunnel)");
+
+    const refused = await b.submit(`${VAULT}/hosts`, {
+      pattern: "evil.example",
+      action: "block",
+      via: "tunnel",
+    });
+    expect(refused.error).toContain("evil.example is blocked, so it has no route");
+    const bad = await b.submit(`${VAULT}/hosts`, { pattern: "x.example", action: "allow", via: "vpn" });
+    expect(bad.error).toBe("Pick tunnel, direct or no route.");
+    expect((await entries()).map((e) => e.pattern)).toEqual(["home.example"]);
+
+    const direct = await b.submit(`${VAULT}/hosts/${home?.id}`, { via: "direct" });
+    expect(direct.ok).toBe("home.example now goes direct.");
+    expect((await entries())[0]?.via).toBe("direct");
+    const cleared = await b.submit(`${VAULT}/hosts/${home?.id}`, { via: "" });
+    expect(cleared.ok).toBe("home.example now goes as the run's egress says.");
+    expect((await entries())[0]?.via).toBeNull();
+    expect(routing(cleared.page.html)).not.toContain("A host is routed through your own machine");
+
+    await b.submit(`${VAULT}/hosts/${home?.id}`, { via: "tunnel" });
+    const blocked = await b.submit(`${VAULT}/hosts/${home?.id}`, { action: "block" });
+    expect(blocked.ok).toBe("Blocked home.example.");
+    expect((await entries())[0]).toMatchObject({ via: null });
+    // A blocked row offers no route.
+    expect(blocked.page.html).not.toContain('aria-label="Route of home.example"');
+  });
+});

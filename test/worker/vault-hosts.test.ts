@@ -5,7 +5,7 @@ import { expectProblem, newTenant, type Tenant } from "./harness";
 // Host entries, the default action and its version counter, the starter pack, and the policy
 // preview's routing decisions.
 
-const HOST_FIELDS = ["action", "createdAt", "id", "implicit", "pattern", "updatedAt"];
+const HOST_FIELDS = ["action", "createdAt", "id", "implicit", "pattern", "updatedAt", "via"];
 
 async function version(t: Tenant): Promise<number> {
   const res = await t.api("GET", "/v1/vault/settings");
@@ -411,8 +411,10 @@ describe("policy preview", () => {
       routing: { mode: "default", reasons: [] },
       enforce: false,
       note: expect.stringMatching(/without a proxy/),
+      egress: "direct",
       hosts: [],
       rules: [],
+      model: null,
       hostsFile: [],
     });
   });
@@ -577,5 +579,142 @@ describe("policy preview", () => {
       400,
       "invalid_request",
     );
+  });
+});
+
+describe("per-host routes (via)", () => {
+  it("an allow entry takes via tunnel or direct; the entry shows it; a POST without via replaces it with none", async () => {
+    const t = await newTenant();
+    const plain = await put(t, "plain.example.com", "allow");
+    expect(plain.via).toBeNull();
+    const tunnel = await t.api("POST", "/v1/vault/hosts", {
+      pattern: "home.example.com",
+      action: "allow",
+      via: "tunnel",
+    });
+    expect(tunnel.status, tunnel.text).toBe(200);
+    expect(tunnel.json).toMatchObject({ pattern: "home.example.com", action: "allow", via: "tunnel" });
+    expect((await t.api("GET", `/v1/vault/hosts/${tunnel.json.id}`)).json.via).toBe("tunnel");
+    const direct = await t.api("POST", "/v1/vault/hosts", {
+      pattern: "home.example.com",
+      action: "allow",
+      via: "direct",
+    });
+    expect(direct.json).toMatchObject({ id: tunnel.json.id, via: "direct" });
+    // POST creates or replaces the entry: no via is no route of its own.
+    expect((await put(t, "home.example.com", "allow")).via).toBeNull();
+  });
+
+  it("via on a block entry → 400 via_on_block, nothing written; a bad via → 400 invalid_request", async () => {
+    const t = await newTenant();
+    const before = await version(t);
+    const res = expectProblem(
+      await t.api("POST", "/v1/vault/hosts", { pattern: "evil.example.com", action: "block", via: "tunnel" }),
+      400,
+      "via_on_block",
+    );
+    expect(res.json.detail).toContain("evil.example.com");
+    expectProblem(
+      await t.api("POST", "/v1/vault/hosts", { pattern: "evil.example.com", action: "allow", via: "vpn" }),
+      400,
+      "invalid_request",
+    );
+    expect(await version(t)).toBe(before);
+    expect((await t.api("GET", "/v1/vault/hosts")).json.hosts).toEqual([]);
+
+    const blocked = await put(t, "evil.example.com", "block");
+    const v = await version(t);
+    expectProblem(
+      await t.api("PATCH", `/v1/vault/hosts/${blocked.id}`, { via: "direct" }),
+      400,
+      "via_on_block",
+    );
+    expectProblem(
+      await t.api("PATCH", `/v1/vault/hosts/${blocked.id}`, { action: "block", via: "tunnel" }),
+      400,
+      "via_on_block",
+    );
+    expect(await version(t)).toBe(v);
+    expect((await t.api("GET", `/v1/vault/hosts/${blocked.id}`)).json).toEqual(blocked);
+  });
+
+  it("PATCH sets and clears via (null), keeps it when only the action is sent, and blocking drops it", async () => {
+    const t = await newTenant();
+    const e = await put(t, "x.example.com", "allow");
+    const patch = async (body: unknown) => {
+      const res = await t.api("PATCH", `/v1/vault/hosts/${e.id}`, body);
+      expect(res.status, res.text).toBe(200);
+      return res.json;
+    };
+    expect(await patch({ via: "tunnel" })).toMatchObject({ action: "allow", via: "tunnel" });
+    expect(await patch({ action: "allow" })).toMatchObject({ action: "allow", via: "tunnel" });
+    expect(await patch({ via: null })).toMatchObject({ action: "allow", via: null });
+    expect(await patch({ via: "direct" })).toMatchObject({ via: "direct" });
+    expect(await patch({ action: "block" })).toMatchObject({ action: "block", via: null });
+    // Allowing again does not bring the old route back; allowing with one sets it.
+    expect(await patch({ action: "allow" })).toMatchObject({ action: "allow", via: null });
+    expect(await patch({ action: "allow", via: "tunnel" })).toMatchObject({ via: "tunnel" });
+    expectProblem(await t.api("PATCH", `/v1/vault/hosts/${e.id}`, {}), 400, "invalid_request");
+    expectProblem(await t.api("PATCH", `/v1/vault/hosts/${e.id}`, { via: "vpn" }), 400, "invalid_request");
+  });
+
+  it("allowing a refused host keeps an allow entry's route (from-blocked)", async () => {
+    const t = await newTenant();
+    const e = await t.api("POST", "/v1/vault/hosts", {
+      pattern: "a.example.com",
+      action: "allow",
+      via: "tunnel",
+    });
+    const res = await t.api("POST", "/v1/vault/hosts/from-blocked", { hosts: ["a.example.com"] });
+    expect(res.status, res.text).toBe(200);
+    expect((await t.api("GET", `/v1/vault/hosts/${e.json.id}`)).json.via).toBe("tunnel");
+  });
+
+  it("a tunnel host → catch-all (tunnel_host), enforced even alone; the preview carries each entry's via", async () => {
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/hosts", { pattern: "home.example.com", action: "allow", via: "tunnel" });
+    await t.api("POST", "/v1/vault/hosts", { pattern: "cdn.example.com", action: "allow", via: "direct" });
+    await put(t, "plain.example.com", "allow");
+    const doc = await preview(t);
+    expect(doc).toMatchObject({
+      routing: { mode: "catch-all", reasons: ["tunnel_host"] },
+      enforce: true,
+      note: null,
+      egress: "direct",
+      hostsFile: [],
+    });
+    expect(doc.hosts).toEqual([
+      { pattern: "cdn.example.com", action: "allow", via: "direct" },
+      { pattern: "home.example.com", action: "allow", via: "tunnel" },
+      { pattern: "plain.example.com", action: "allow" },
+    ]);
+    // Under local egress the run's own reason says it all.
+    expect((await preview(t, "?egress=local")).routing).toEqual({
+      mode: "catch-all",
+      reasons: ["local_egress"],
+    });
+  });
+
+  it("a direct route alone changes nothing: default routing, nothing to enforce", async () => {
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/hosts", { pattern: "cdn.example.com", action: "allow", via: "direct" });
+    const doc = await preview(t);
+    expect(doc.routing).toEqual({ mode: "default", reasons: [] });
+    expect(doc.enforce).toBe(false);
+  });
+
+  it("switching the tunnel host to block leaves default routing again (its via went with it)", async () => {
+    const t = await newTenant();
+    const e = await t.api("POST", "/v1/vault/hosts", {
+      pattern: "home.example.com",
+      action: "allow",
+      via: "tunnel",
+    });
+    expect((await preview(t)).routing.reasons).toEqual(["tunnel_host"]);
+    await t.api("PATCH", `/v1/vault/hosts/${e.json.id}`, { action: "block" });
+    const doc = await preview(t);
+    expect(doc.routing).toEqual({ mode: "default", reasons: [] });
+    expect(doc.hosts).toEqual([{ pattern: "home.example.com", action: "block" }]);
+    expect(doc.hostsFile).toEqual(["home.example.com"]);
   });
 });

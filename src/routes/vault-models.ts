@@ -1,0 +1,153 @@
+import { createRoute, z } from "@hono/zod-openapi";
+import { unwrap } from "../errors";
+import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import * as vault from "../vault/service";
+import { SecretName } from "./vault-secrets";
+
+// Models a run may declare (`model` in the run spec): the run's proxy serves them to the work
+// sandbox as an OpenAI-compatible lane and calls the provider with the named secret's value. The
+// secret is named, never shown; no response here has a field that could carry its value.
+
+// Printable ASCII without spaces: the name travels in the run spec and as `model` on the wire.
+const ModelName = z
+  .string()
+  .regex(/^[\x21-\x7e]{1,128}$/, "1-128 printable ASCII characters, no spaces")
+  .openapi({ example: "gpt-4o-mini" });
+const Provider = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit")
+  .openapi({ description: "A label for people (openai, openrouter, vllm, ...)", example: "openai" });
+const BaseUrl = z.string().min(1).max(2048).openapi({
+  description:
+    "The provider's OpenAI-compatible API base: https only, no user info, query or fragment (stored canonical)",
+  example: "https://api.openai.com/v1",
+});
+
+export const ModelInfo = z
+  .object({
+    id: z.string(),
+    name: ModelName.openapi({ description: "What a run declares and its sandbox sends as `model`" }),
+    provider: z.string(),
+    base_url: z.string(),
+    upstream_model: z.string().openapi({ description: "The `model` sent to the provider" }),
+    secret: z.string().openapi({ description: "The secret's name; its value is never returned" }),
+    createdAt: z.string().datetime(),
+    updatedAt: z.string().datetime(),
+  })
+  .strict()
+  .openapi("Model");
+
+const toJson = (m: vault.ModelInfo): z.infer<typeof ModelInfo> => ({
+  id: m.id,
+  name: m.name,
+  provider: m.provider,
+  base_url: m.baseUrl,
+  upstream_model: m.upstreamModel,
+  secret: m.secret,
+  createdAt: m.createdAt.toISOString(),
+  updatedAt: m.updatedAt.toISOString(),
+});
+
+const Fields = z
+  .object({
+    name: ModelName,
+    provider: Provider,
+    base_url: BaseUrl,
+    upstream_model: ModelName.optional().openapi({
+      description: "Default: the name",
+      example: "gpt-4o-mini",
+    }),
+    secret: SecretName.openapi({ description: "A vault secret's name: sent as `Authorization: Bearer`" }),
+  })
+  .strict();
+
+type FieldsIn = Partial<z.infer<typeof Fields>>;
+const toInput = (b: FieldsIn): Partial<vault.ModelInput> => ({
+  ...(b.name === undefined ? {} : { name: b.name }),
+  ...(b.provider === undefined ? {} : { provider: b.provider }),
+  ...(b.base_url === undefined ? {} : { baseUrl: b.base_url }),
+  ...(b.upstream_model === undefined ? {} : { upstreamModel: b.upstream_model }),
+  ...(b.secret === undefined ? {} : { secret: b.secret }),
+});
+
+const tags = ["vault: models"];
+const params = IdParam("mdl_");
+
+export const modelsRoutes = newRouter()
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/models",
+      tags,
+      summary: "List the models runs may declare (by name)",
+      responses: { 200: jsonOk(z.object({ models: z.array(ModelInfo) })), ...problems(401) },
+    }),
+    async (c) => c.json({ models: (await vault.listModels(c.var.db, c.var.principal)).map(toJson) }, 200),
+  )
+  .openapi(
+    createRoute({
+      method: "post",
+      path: "/models",
+      tags,
+      summary: "Add a model a run may declare (one per name)",
+      request: jsonBody(Fields),
+      responses: { 201: jsonOk(ModelInfo, "Created"), ...problems(400, 401, 409) },
+    }),
+    async (c) => {
+      const body = c.req.valid("json");
+      const made = unwrap(
+        await vault.createModel(c.var.db, c.var.principal, {
+          name: body.name,
+          provider: body.provider,
+          baseUrl: body.base_url,
+          upstreamModel: body.upstream_model,
+          secret: body.secret,
+        }),
+      );
+      return c.json(toJson(made), 201);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/models/{id}",
+      tags,
+      summary: "Read a model",
+      request: { params },
+      responses: { 200: jsonOk(ModelInfo), ...problems(401, 404) },
+    }),
+    async (c) =>
+      c.json(toJson(unwrap(await vault.getModel(c.var.db, c.var.principal, c.req.valid("param").id))), 200),
+  )
+  .openapi(
+    createRoute({
+      method: "patch",
+      path: "/models/{id}",
+      tags,
+      summary: "Change a model (runs that declared its old name no longer find it)",
+      request: { params, ...jsonBody(Fields.partial().strict()) },
+      responses: { 200: jsonOk(ModelInfo), ...problems(400, 401, 404, 409) },
+    }),
+    async (c) => {
+      const { id } = c.req.valid("param");
+      const model = unwrap(
+        await vault.updateModel(c.var.db, c.var.principal, id, toInput(c.req.valid("json"))),
+      );
+      return c.json(toJson(model), 200);
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "delete",
+      path: "/models/{id}",
+      tags,
+      summary:
+        "Delete a model (a run declaring it that has not read its vault yet stops before any code runs)",
+      request: { params },
+      responses: { 204: { description: "Deleted" }, ...problems(401, 404) },
+    }),
+    async (c) => {
+      unwrap(await vault.deleteModel(c.var.db, c.var.principal, c.req.valid("param").id));
+      return c.body(null, 204);
+    },
+  );
