@@ -48,7 +48,9 @@ export async function startDemoUpstream(options: {
   ip("-n", ns, "link", "set", "lo", "up");
   ip("-n", ns, "route", "add", "default", "via", host);
 
-  const ca = await createTestCa("Benchwright demo upstream CA");
+  // Named per namespace: two upstreams' CAs with one name would be indistinguishable to a
+  // verifier that holds both (it picks the first by subject, and the signature then fails).
+  const ca = await createTestCa(`Benchwright demo upstream CA (${ns})`);
   const leaf = await ca.issue(options.hosts);
   const httpsPort = 443;
   const directPort = 9000;

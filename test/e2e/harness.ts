@@ -30,12 +30,16 @@ export async function startE2e(options: {
   /** Extra proxy settings (fault injection: a setting the proxy refuses to start with). */
   proxyEnv?: Record<string, string>;
   workerVars?: Record<string, string>;
+  /** More test CAs the proxy trusts upstream (another upstream of the suite's own). */
+  extraCaPem?: string;
+  /** The vault's canary, when another upstream of the suite must expect it too. */
+  canary?: string;
 }): Promise<E2e> {
   const databaseUrl = inject("databaseUrl");
   const wsProxy = inject("databaseWsProxy");
   configureNeonForNode(wsProxy);
   // The vault's secret: a canary nothing but the upstream (through the proxy) may ever see.
-  const canary = `canary-${randomId("e2e_")}`;
+  const canary = options.canary ?? `canary-${randomId("e2e_")}`;
   const upstream = await startDemoUpstream({
     name: options.name,
     index: options.index,
@@ -52,7 +56,11 @@ export async function startE2e(options: {
       dir,
       nft: options.nft,
       agentStateDir: join(dir, "agent"),
-      proxyTestEnv: { ...proxyTestEnv(upstream), ...options.proxyEnv },
+      proxyTestEnv: {
+        ...proxyTestEnv(upstream),
+        ...(options.extraCaPem ? { BW_TEST_EXTRA_CA_PEM: `${upstream.caPem.trimEnd()}\n${options.extraCaPem}` } : {}),
+        ...options.proxyEnv,
+      },
       workerVars: options.workerVars,
       log: process.env.BW_E2E_LOG ? (line) => console.log(line) : undefined,
     });
