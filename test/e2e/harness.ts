@@ -58,7 +58,9 @@ export async function startE2e(options: {
       agentStateDir: join(dir, "agent"),
       proxyTestEnv: {
         ...proxyTestEnv(upstream),
-        ...(options.extraCaPem ? { BW_TEST_EXTRA_CA_PEM: `${upstream.caPem.trimEnd()}\n${options.extraCaPem}` } : {}),
+        ...(options.extraCaPem
+          ? { BW_TEST_EXTRA_CA_PEM: `${upstream.caPem.trimEnd()}\n${options.extraCaPem}` }
+          : {}),
         ...options.proxyEnv,
       },
       workerVars: options.workerVars,

@@ -556,7 +556,9 @@ describe("sandbox0 work, task and orchestrator pods", () => {
 
     // Hosts: catch-all sends only the probe host to the proxy pod; default, the vault's hosts too,
     // to the proxy's Service.
-    expect(caPod.spec.hostAliases).toEqual([{ ip: proxyPod.status.podIP, hostnames: [PROBE_HOST, MODEL_HOST] }]);
+    expect(caPod.spec.hostAliases).toEqual([
+      { ip: proxyPod.status.podIP, hostnames: [PROBE_HOST, MODEL_HOST] },
+    ]);
     expect(dfPod.spec.hostAliases).toEqual([
       { ip: proxy.address, hostnames: ["api.example.com", "uploads.example.org", PROBE_HOST, MODEL_HOST] },
     ]);
