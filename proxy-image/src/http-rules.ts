@@ -1,3 +1,6 @@
+import type { Transform } from "node:stream";
+import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
+
 // HTTP/1.1 message rules the proxy enforces on top of Node's strict parser, so that no message
 // whose framing two parties could read differently is ever forwarded (cases A1–A5), and no
 // hop-by-hop or run-internal header crosses the proxy in either direction (case B4).
@@ -74,6 +77,25 @@ export function filterResponseHeaders(
     const name = k.toLowerCase();
     if (v === undefined || dropped(name, listed)) continue;
     for (const value of Array.isArray(v) ? v : [v]) out.push([name, value]);
+  }
+  return out;
+}
+
+/**
+ * Decoders for a Content-Encoding list, last-applied first; null when a coding is unknown (the
+ * proxy and the model lane then refuse the response: the scrubber could not read it, B7).
+ */
+export function decodersFor(value: string | string[] | undefined): Transform[] | null {
+  const codings = (Array.isArray(value) ? value.join(",") : (value ?? ""))
+    .split(",")
+    .map((c) => c.trim().toLowerCase())
+    .filter((c) => c !== "" && c !== "identity");
+  const out: Transform[] = [];
+  for (const coding of codings.reverse()) {
+    if (coding === "gzip" || coding === "x-gzip") out.push(createGunzip());
+    else if (coding === "deflate") out.push(createInflate());
+    else if (coding === "br") out.push(createBrotliDecompress());
+    else return null;
   }
   return out;
 }

@@ -2,11 +2,10 @@ import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { Transform, type TransformCallback } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
 import type { ModelLaneSpec } from "../../src/contract/policy";
 import { ModelCallRow, type ModelEndpoint } from "../../src/contract/proxy-wire";
 import { splitHostPort } from "../../src/policy/host";
-import { filterResponseHeaders } from "./http-rules";
+import { decodersFor, filterResponseHeaders } from "./http-rules";
 import { maskAll, maskString, needlesFor, RedactStream } from "./redact";
 import type { Upstream } from "./upstream";
 
@@ -440,22 +439,6 @@ function laneNeedles(secret: string): Buffer[] {
   const forms = new Set([...needlesFor(secret, `Bearer ${secret}`).map((b) => b.toString("latin1"))]);
   for (const form of [json, json.replaceAll("/", "\\/")]) if (form.length >= 4) forms.add(form);
   return [...forms].map((f) => Buffer.from(f, "latin1"));
-}
-
-/** Decoders for a Content-Encoding list, last-applied first; null when a coding is unknown. */
-function decodersFor(value: string | string[] | undefined): Transform[] | null {
-  const codings = (Array.isArray(value) ? value.join(",") : (value ?? ""))
-    .split(",")
-    .map((c) => c.trim().toLowerCase())
-    .filter((c) => c !== "" && c !== "identity");
-  const out: Transform[] = [];
-  for (const coding of codings.reverse()) {
-    if (coding === "gzip" || coding === "x-gzip") out.push(createGunzip());
-    else if (coding === "deflate") out.push(createInflate());
-    else if (coding === "br") out.push(createBrotliDecompress());
-    else return null;
-  }
-  return out;
 }
 
 /**

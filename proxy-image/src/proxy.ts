@@ -8,7 +8,6 @@ import { createServer as createNetServer, type Server as NetServer, type Socket 
 import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { createSecureContext, TLSSocket } from "node:tls";
-import { createBrotliDecompress, createGunzip, createInflate } from "node:zlib";
 import {
   type AuditSource,
   MODEL_LANE_HOST,
@@ -19,7 +18,7 @@ import {
 import { canonicalHost, splitHostPort } from "../../src/policy/host";
 import type { RunCa } from "./ca";
 import { COMPUTE_PATH_PREFIX, type ComputeLane } from "./compute-lane";
-import { checkFraming, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
+import { checkFraming, decodersFor, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
 import { inject } from "./inject";
 import type { ModelLane } from "./model-lane";
 import type { PolicyState } from "./policy-client";
@@ -679,22 +678,6 @@ export function createProxy(options: ProxyOptions) {
       await options.upstream.closeAll();
     },
   };
-}
-
-/** Decoders for a Content-Encoding list, last-applied first; null when a coding is unknown. */
-function decodersFor(value: string | string[] | undefined): Transform[] | null {
-  const codings = (Array.isArray(value) ? value.join(",") : (value ?? ""))
-    .split(",")
-    .map((c) => c.trim().toLowerCase())
-    .filter((c) => c !== "" && c !== "identity");
-  const out: Transform[] = [];
-  for (const coding of codings.reverse()) {
-    if (coding === "gzip" || coding === "x-gzip") out.push(createGunzip());
-    else if (coding === "deflate") out.push(createInflate());
-    else if (coding === "br") out.push(createBrotliDecompress());
-    else return null;
-  }
-  return out;
 }
 
 function hostHeaderValues(req: IncomingMessage): string[] {

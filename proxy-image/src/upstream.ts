@@ -27,6 +27,15 @@ export interface UpstreamOptions {
   tunnel?: TunnelClient | undefined;
 }
 
+/** Per upstream origin, direct or through the tunnel alike. */
+const POOL_LIMITS = {
+  connections: 64,
+  pipelining: 1,
+  keepAliveTimeout: 30_000,
+  headersTimeout: 60_000,
+  bodyTimeout: 300_000,
+} as const;
+
 const systemLookup = async (host: string): Promise<string[]> =>
   (await dnsLookup(host, { all: true, verbatim: true })).map((a) => a.address);
 
@@ -92,14 +101,7 @@ export function createUpstream(options: UpstreamOptions) {
         ...(isIP(host.replace(/^\[|\]$/g, "")) ? {} : { servername: host }),
       });
       const origin = `${protocol}//${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${port}`;
-      pool = new Pool(origin, {
-        connect,
-        connections: 64,
-        pipelining: 1,
-        keepAliveTimeout: 30_000,
-        headersTimeout: 60_000,
-        bodyTimeout: 300_000,
-      });
+      pool = new Pool(origin, { ...POOL_LIMITS, connect });
       pools.set(key, pool);
     }
     return pool;
@@ -117,17 +119,8 @@ export function createUpstream(options: UpstreamOptions) {
     let pool = pools.get(key);
     if (!pool) {
       const origin = `${protocol}//${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${port}`;
-      pool = new Pool(origin, {
-        connect: tunnelConnect(tunnel, {
-          secureContext,
-          timeoutMs: options.dialTimeoutMs ?? 15_000,
-        }) as never,
-        connections: 64,
-        pipelining: 1,
-        keepAliveTimeout: 30_000,
-        headersTimeout: 60_000,
-        bodyTimeout: 300_000,
-      });
+      const connect = tunnelConnect(tunnel, { secureContext, timeoutMs: options.dialTimeoutMs ?? 15_000 });
+      pool = new Pool(origin, { ...POOL_LIMITS, connect: connect as never });
       pools.set(key, pool);
     }
     return pool;
