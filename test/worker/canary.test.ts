@@ -262,6 +262,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     const held = await newRun(t, { status: "running", spec: { commands: ["true"] } });
     await api("POST", `/v1/runs/${held.id}/halt`, undefined, [202]);
     await api("POST", `/v1/runs/${held.id}/resume`, undefined, [202]);
+    await api("POST", `/v1/runs/${held.id}/egress-agent-token`, undefined, [201]);
     await api("POST", `/v1/runs/${runId}/linger`, { seconds: 90_000 }, [400, "linger_too_long"]);
     await api("POST", `/v1/runs/${runId}/cancel`, undefined, [202]);
     await api("GET", `/v1/runs/${runId}`, undefined, [200]);
@@ -277,6 +278,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
       await new Promise((r) => setTimeout(r, 50));
     await api("POST", `/v1/runs/${runId}/linger`, { seconds: 60 }, [409, "run_ended"]);
     await api("GET", `/v1/runs/${runId}/proxy`, undefined, [409, "proxy_gone"]);
+    await api("POST", `/v1/runs/${runId}/egress-agent-token`, undefined, [409, "run_ended"]);
     await api("GET", `/v1/runs/${runId}/blocked-hosts`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/model-calls`, undefined, [200]);

@@ -464,6 +464,8 @@ const CASES: Record<string, Case> = {
   "POST /v1/runs/{id}/halt": runAction(202),
   "POST /v1/runs/{id}/resume": runAction(202),
   "POST /v1/runs/{id}/linger": runAction(202, { seconds: 600 }),
+  // A's own run gets a fresh egress agent token; B's run keeps its own (no token minted for it).
+  "POST /v1/runs/{id}/egress-agent-token": runAction(201),
   // A's run has no proxy running here (no compute backend in this suite): 409 proxy_gone.
   "GET /v1/runs/{id}/proxy": runAction(409),
   "GET /v1/runs/{id}/blocked-hosts": { kind: "by-run", key: "blockedHosts" },
