@@ -48,6 +48,8 @@ export interface RunView {
   /** The title of a bug report the page refused, to fill the form again (never its body). */
   keptTitle?: string | undefined;
   csrf: string;
+  /** A fresh egress agent command, on the one answer to the form that made it (never stored). */
+  egressAgentCommand?: string | undefined;
 }
 
 // A few additions to the layout's sheet, for this page only.
@@ -236,6 +238,40 @@ function Controls(props: { view: RunView }) {
           </div>
         </PostForm>
       )}
+    </Card>
+  );
+}
+
+// ---- the egress agent (a run that egresses through the user's machine) ----
+
+/** Whether the run sends traffic through the user's machine (so needs their egress agent). */
+export function needsEgressAgent(run: RunRow): boolean {
+  const local = (run.spec as { egress?: unknown } | null)?.egress === "local";
+  const awaited = (run.notes as Array<{ code: string }>).some((n) => n.code === "egress_agent_awaited");
+  return local || awaited;
+}
+
+function EgressAgent(props: { view: RunView }) {
+  const { run, csrf, egressAgentCommand } = props.view;
+  if (!needsEgressAgent(run) || isTerminal(run.status)) return null;
+  return (
+    <Card id="egress-agent" title="Egress agent">
+      <p>
+        This run sends traffic through your own machine: run the egress agent there. Its commands start once
+        the agent is connected; while it is away, hosts routed through it are refused (never sent direct).
+      </p>
+      {egressAgentCommand ? (
+        <>
+          <p>
+            <strong>Shown once.</strong> Run this on your machine (the token in it replaces any earlier one):
+          </p>
+          <pre>{egressAgentCommand}</pre>
+        </>
+      ) : null}
+      <PostForm action={`/runs/${run.id}/egress-agent-token`} csrf={csrf}>
+        <button type="submit">{egressAgentCommand ? "Another command" : "Get the agent's command"}</button>
+        <span class="muted"> A new token disconnects the agent of the previous one.</span>
+      </PostForm>
     </Card>
   );
 }
@@ -802,6 +838,7 @@ export function RunPage(props: { view: RunView }) {
       <Flash ok={flash.ok} error={flash.error} />
       <Summary view={props.view} />
       <Controls view={props.view} />
+      <EgressAgent view={props.view} />
       <Notes run={run} />
       <ProofCard run={run} trace={trace} />
       <DeniedHosts view={props.view} />

@@ -2,8 +2,10 @@ import { z } from "@hono/zod-openapi";
 import { type Context, Hono } from "hono";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { ApiError } from "../errors";
+import { agentCommand, publicUrl } from "../routes/egress-agent";
 import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
+import { issueEgressToken } from "../runs/egress-token";
 import { runModelUse } from "../runs/model-calls";
 import {
   getRun,
@@ -16,11 +18,12 @@ import {
   runTrace,
 } from "../runs/service";
 import { BENCHMARKS, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
+import { relayStub } from "../tunnel/relay";
 import { allowHosts } from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, flashQuery, Layout, PostForm, readFlash } from "./layout";
 import { type ProxyLook, ProxyPage } from "./proxy-page";
-import { RUN_PAGE_STYLE, RunPage, StatusPill, When } from "./run-page";
+import { needsEgressAgent, RUN_PAGE_STYLE, RunPage, StatusPill, When } from "./run-page";
 
 // The run pages: /runs (the caller's runs, newest first) and /runs/{id} (one run's dashboard) with
 // its proxy's view at /runs/{id}/proxy. They call the service functions and coordinator methods
@@ -158,6 +161,41 @@ function LaunchForm(props: { csrf: string }) {
   );
 }
 
+/** The run page, with a fresh egress agent command when one was just made. */
+async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Promise<Response> {
+  const { db } = c.var;
+  const p = c.var.session.principal;
+  const q = { blocked: query(c, "blocked"), routes: query(c, "routes"), reports: query(c, "reports") };
+  const [trace, sandboxes, blocked, routes, reports, model] = await Promise.all([
+    runTrace(db, run.id),
+    runSandboxes(db, run.id),
+    listBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
+    listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
+    listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
+    runModelUse(db, p, run.id),
+  ]);
+  return c.html(
+    <RunPage
+      view={{
+        run,
+        trace,
+        sandboxes,
+        halted: haltedNow(run, trace),
+        linger: lingerOf(run),
+        blocked,
+        routes,
+        reports,
+        model,
+        query: q,
+        flash: await readFlash(c.var.session.csrf, (k) => query(c, k)),
+        keptTitle: query(c, "title"),
+        csrf: c.var.session.csrf,
+        egressAgentCommand,
+      }}
+    />,
+  );
+}
+
 /** The launch form as a RunSpec, or the reason it is not one. */
 function launchSpec(form: Record<string, unknown>): { ok: true; spec: RunSpec } | { ok: false; why: string } {
   const text = (k: string) => (typeof form[k] === "string" ? (form[k] as string).trim() : "");
@@ -276,36 +314,21 @@ export const runPageRoutes = new Hono<PageEnv>()
   .get("/runs/:id", async (c) => {
     const run = await ownRunRow(c);
     if (!run) return notFound(c);
-    const { db } = c.var;
-    const p = c.var.session.principal;
-    const q = { blocked: query(c, "blocked"), routes: query(c, "routes"), reports: query(c, "reports") };
-    const [trace, sandboxes, blocked, routes, reports, model] = await Promise.all([
-      runTrace(db, run.id),
-      runSandboxes(db, run.id),
-      listBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
-      listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
-      listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
-      runModelUse(db, p, run.id),
-    ]);
-    return c.html(
-      <RunPage
-        view={{
-          run,
-          trace,
-          sandboxes,
-          halted: haltedNow(run, trace),
-          linger: lingerOf(run),
-          blocked,
-          routes,
-          reports,
-          model,
-          query: q,
-          flash: await readFlash(c.var.session.csrf, (k) => query(c, k)),
-          keptTitle: query(c, "title"),
-          csrf: c.var.session.csrf,
-        }}
-      />,
-    );
+    return renderRun(c, run);
+  })
+  .post("/runs/:id/egress-agent-token", async (c) => {
+    const run = await ownRunRow(c);
+    if (!run) return notFound(c);
+    // As POST /v1/runs/{id}/egress-agent-token. The command (its token) is on this one answer
+    // only: rendered, never put in a redirect's URL, and the answer is not stored by the browser.
+    const token = needsEgressAgent(run) ? await issueEgressToken(c.var.db, run.id) : null;
+    if (token === null) {
+      return back(c, run.id, { error: `Run ${run.id} has ended or needs no egress agent.` }, "status");
+    }
+    await relayStub(c.env, run.id).dropAgent();
+    const command = agentCommand(publicUrl(c.req.url, c.env.PUBLIC_URL), token);
+    c.header("cache-control", "no-store");
+    return renderRun(c, run, command);
   })
   .get("/runs/:id/proxy", async (c) => {
     const run = await ownRunRow(c);

@@ -9,7 +9,7 @@ import { type ProxyLook, ProxyPage } from "../../src/pages/proxy-page";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { addEvent, addNote, type RunRow } from "../../src/runs/service";
 import { loggedIn, type PageResponse } from "./browser";
-import { newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
+import { call, newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary } from "./leaks";
 import { auditBatch, driveToEnd, newRun, postBatch, setRunStatus } from "./run-fixtures";
 
@@ -820,5 +820,51 @@ describe("the model card", () => {
     // A run without a model says so.
     const plain = await launch(t);
     has(expectPage(await b.get(`/runs/${plain}`)), "This run declared no model.");
+  });
+});
+
+describe("the egress agent card", () => {
+  it("a run through the user's machine offers the agent's command, shown once on the form's own answer", async () => {
+    const t = await newTenant();
+    const run = await newRun(t, { status: "running", spec: { commands: ["true"], egress: "local" } });
+    const b = await loggedIn(t, `/runs/${run.id}`);
+    const look = await b.get(`/runs/${run.id}`);
+    has(expectPage(look), "Get the agent's command");
+    has(look.html, `action="/runs/${run.id}/egress-agent-token"`);
+    lacks(look.html, "bwe_");
+    const made = await b.post(`/runs/${run.id}/egress-agent-token`, {});
+    const html = expectPage(made);
+    expect(made.headers.get("cache-control")).toBe("no-store");
+    const token = /--token (bwe_[A-Za-z0-9_-]{43})/.exec(html)?.[1];
+    expect(token, html.slice(0, 400)).toBeDefined();
+    has(html, "npx benchwright egress-agent --url");
+    // It works for the agent's policy copy, and the next look at the page no longer shows it.
+    expect((await call(token as string, "GET", "/egress-agent/policy")).status).toBe(200);
+    lacks(expectPage(await b.get(`/runs/${run.id}`)), token as string);
+    // Another command replaces it.
+    const again = /--token (bwe_[A-Za-z0-9_-]{43})/.exec(
+      expectPage(await b.post(`/runs/${run.id}/egress-agent-token`, {})),
+    )?.[1];
+    expect(again).not.toBe(token);
+    expect((await call(token as string, "GET", "/egress-agent/policy")).status).toBe(401);
+  });
+
+  it("a direct run has no card; another tenant's run is not found; an ended run gets no token", async () => {
+    const t = await newTenant();
+    const direct = await newRun(t, { status: "running", spec: { commands: ["true"] } });
+    const b = await loggedIn(t, `/runs/${direct.id}`);
+    const look = await b.get(`/runs/${direct.id}`);
+    expectPage(look);
+    lacks(look.html, "egress-agent-token");
+    expect(flashOf(await b.post(`/runs/${direct.id}/egress-agent-token`, {})).error).toMatch(
+      /needs no egress agent/,
+    );
+    const other = await newRun(await newTenant(), {
+      status: "running",
+      spec: { commands: ["true"], egress: "local" },
+    });
+    expect((await b.post(`/runs/${other.id}/egress-agent-token`, {})).status).toBe(404);
+    const ended = await newRun(t, { status: "finished", spec: { commands: ["true"], egress: "local" } });
+    expect(flashOf(await b.post(`/runs/${ended.id}/egress-agent-token`, {})).error).toMatch(/has ended/);
   });
 });
