@@ -39,8 +39,12 @@ export type AddressVerdict = { allowed: true } | { allowed: false; reason: strin
 export interface AddressPolicyOptions {
   /** The proxy's own addresses: never a destination. */
   ownAddresses?: readonly string[];
-  /** Test-only: CIDRs the suite's own test hosts live in (never set in production). */
-  testAllowCidrs?: readonly string[];
+  /**
+   * Non-public ranges let through anyway. The proxy: only the test suite's own hosts
+   * (BW_TEST_ALLOW_CIDRS, never set in production). The egress agent: the ranges the user names
+   * with --allow-cidr (their own LAN, on their own machine).
+   */
+  allowCidrs?: readonly string[];
 }
 
 function addCidr(list: BlockList, cidr: string): void {
@@ -100,8 +104,8 @@ export function createAddressPolicy(options: AddressPolicyOptions = {}) {
     reasons.push([one, why]);
     deny.addSubnet(net, bits, isIPv6(net) ? "ipv6" : "ipv4");
   }
-  const testAllow = new BlockList();
-  for (const cidr of options.testAllowCidrs ?? []) addCidr(testAllow, cidr);
+  const allowed = new BlockList();
+  for (const cidr of options.allowCidrs ?? []) addCidr(allowed, cidr);
   // A BlockList compares addresses, not spellings (`2001:db8:0::1` is `2001:db8::1`).
   const own = new BlockList();
   for (const a of options.ownAddresses ?? []) own.addAddress(a, isIPv6(a) ? "ipv6" : "ipv4");
@@ -117,7 +121,7 @@ export function createAddressPolicy(options: AddressPolicyOptions = {}) {
         return verdict.allowed ? verdict : { allowed: false, reason: `embeds ${inner}: ${verdict.reason}` };
       }
     }
-    if (testAllow.check(ip, family)) return { allowed: true };
+    if (allowed.check(ip, family)) return { allowed: true };
     if (deny.check(ip, family)) {
       const why = reasons.find(([list]) => list.check(ip, family))?.[1] ?? "special-purpose range";
       return { allowed: false, reason: why };

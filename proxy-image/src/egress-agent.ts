@@ -145,9 +145,8 @@ export function startEgressAgent(options: EgressAgentOptions): EgressAgent {
   const block = [...(options.block ?? [])];
   const addressPolicy = createAddressPolicy({
     ownAddresses: options.ownAddresses ?? ownInterfaceAddresses(),
-    // The user's explicit --allow-cidr ranges: the same hole the proxy's tests use, opened here
-    // by the only person whose network it is.
-    testAllowCidrs: options.allowCidrs ?? [],
+    // The user's explicit --allow-cidr ranges, opened by the only person whose network it is.
+    allowCidrs: options.allowCidrs ?? [],
   });
 
   let decide: ((host: string) => HostDecision) | null = null;

@@ -84,7 +84,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const upstream = createUpstream({
     addressPolicy: createAddressPolicy({
       ownAddresses: config.ownAddresses,
-      testAllowCidrs: config.testAllowCidrs,
+      allowCidrs: config.testAllowCidrs,
     }),
     extraCaPem: config.extraCaPem,
     testRoutes: config.testRoutes,

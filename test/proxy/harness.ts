@@ -229,7 +229,7 @@ export async function startProxy(options: {
   );
   const upstream = createUpstream({
     addressPolicy: createAddressPolicy({
-      testAllowCidrs: options.testAllowCidrs ?? ["127.0.0.2/31", "127.0.0.4/30"],
+      allowCidrs: options.testAllowCidrs ?? ["127.0.0.2/31", "127.0.0.4/30"],
       ...(options.ownAddresses ? { ownAddresses: options.ownAddresses } : {}),
     }),
     extraCaPem: options.upstreamCa?.certPem,

@@ -78,7 +78,7 @@ async function start(
   const fake = await startFakeModelServer({ cert, expectedKey: CANARY, ...options.fake });
   const upstream = createUpstream({
     addressPolicy: createAddressPolicy(
-      options.allowLoopback === false ? {} : { testAllowCidrs: ["127.0.0.0/8"] },
+      options.allowLoopback === false ? {} : { allowCidrs: ["127.0.0.0/8"] },
     ),
     extraCaPem: ca.certPem,
     testRoutes: new Map([

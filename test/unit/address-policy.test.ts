@@ -91,7 +91,7 @@ describe("case A12: createAddressPolicy", () => {
 
   it("test hosts are allowed only through the explicit test-only setting, and only those", () => {
     const plain = createAddressPolicy();
-    const tests = createAddressPolicy({ testAllowCidrs: ["127.0.0.2/31", "127.0.0.4/30"] });
+    const tests = createAddressPolicy({ allowCidrs: ["127.0.0.2/31", "127.0.0.4/30"] });
     for (const ip of ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.7"]) {
       expect(plain.check(ip).allowed, ip).toBe(false);
       expect(tests.check(ip).allowed, ip).toBe(true);
@@ -102,7 +102,7 @@ describe("case A12: createAddressPolicy", () => {
   });
 
   it("the proxy's own address is denied even inside the test allowance", () => {
-    const p = createAddressPolicy({ testAllowCidrs: ["127.0.0.4/30"], ownAddresses: ["127.0.0.6"] });
+    const p = createAddressPolicy({ allowCidrs: ["127.0.0.4/30"], ownAddresses: ["127.0.0.6"] });
     expect(p.check("127.0.0.5")).toEqual({ allowed: true });
     expect(p.check("127.0.0.6")).toEqual({ allowed: false, reason: "the proxy's own address" });
     expect(p.check("::ffff:127.0.0.6").allowed).toBe(false);
