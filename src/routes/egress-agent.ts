@@ -49,9 +49,12 @@ export const egressTokenRoutes = newRouter().openapi(
   },
 );
 
-/** The command the user runs (the README's two-terminal example). */
+/**
+ * The command the user runs (the README's two-terminal example), from a checkout of this
+ * repository. `--no`: npx must never fetch a package of that name from the registry instead.
+ */
 export function agentCommand(url: string, token: string): string {
-  return `npx benchwright egress-agent --url ${url} --token ${token}`;
+  return `npx --no benchwright egress-agent --url ${url} --token ${token}`;
 }
 
 /** The control plane's public URL: the configured one, else the one this request came in on. */

@@ -95,7 +95,7 @@ describe("egress agent tokens", () => {
   it("mints a bwe_ token shown once, stores only its hash, and gives the command to run", async () => {
     const { run, token, command } = await runWithToken();
     expect(token).toMatch(/^bwe_[A-Za-z0-9_-]{43}$/);
-    expect(command).toBe(`npx benchwright egress-agent --url ${BASE} --token ${token}`);
+    expect(command).toBe(`npx --no benchwright egress-agent --url ${BASE} --token ${token}`);
     const [row] = await withDb((db) =>
       db.select({ hash: runs.egressTokenHash }).from(runs).where(eq(runs.id, run.id)),
     );

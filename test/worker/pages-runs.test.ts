@@ -837,7 +837,7 @@ describe("the egress agent card", () => {
     expect(made.headers.get("cache-control")).toBe("no-store");
     const token = /--token (bwe_[A-Za-z0-9_-]{43})/.exec(html)?.[1];
     expect(token, html.slice(0, 400)).toBeDefined();
-    has(html, "npx benchwright egress-agent --url");
+    has(html, "npx --no benchwright egress-agent --url");
     // It works for the agent's policy copy, and the next look at the page no longer shows it.
     expect((await call(token as string, "GET", "/egress-agent/policy")).status).toBe(200);
     lacks(expectPage(await b.get(`/runs/${run.id}`)), token as string);
