@@ -5,9 +5,10 @@ import { defineConfig } from "vitest/config";
 process.env.CLOUDFLARE_CF_FETCH_ENABLED = "false";
 process.env.WRANGLER_SEND_METRICS = "false";
 
-// Three projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
+// Four projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
 // inside workerd against a real Postgres that test/setup/database.ts starts ("worker"); whole
-// runs on the local backend ("e2e").
+// runs on the local backend ("e2e"); the `benchwright` CLI as a child process against
+// `wrangler dev` over real HTTP ("cli").
 export default defineConfig({
   test: {
     projects: [
@@ -51,6 +52,15 @@ export default defineConfig({
           fileParallelism: false,
           testTimeout: 120_000,
           hookTimeout: 180_000,
+        },
+      },
+      {
+        test: {
+          name: "cli",
+          include: ["test/cli/**/*.test.ts"],
+          environment: "node",
+          globalSetup: ["./test/setup/cli-stack.ts"],
+          testTimeout: 30_000,
         },
       },
     ],

@@ -1,0 +1,75 @@
+import { spawn } from "node:child_process";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { inject } from "vitest";
+import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
+import { provisionApiKey } from "../../src/auth/provision";
+import { randomId } from "../../src/crypto/api-keys";
+
+// The CLI as a user runs it: a child process of cli/bin/benchwright.cjs with its own config
+// directory, talking to `wrangler dev` (test/setup/cli-stack.ts) over real HTTP.
+
+const BIN = join(import.meta.dirname, "..", "..", "cli", "bin", "benchwright.cjs");
+
+export interface Result {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+export function apiUrl(): string {
+  return inject("apiUrl");
+}
+
+/** A private XDG_CONFIG_HOME per test, so no test sees another's login. */
+export function configHome(): string {
+  return mkdtempSync(join(tmpdir(), "bw-cli-home-"));
+}
+
+export function cli(args: string[], options: { home: string; input?: string }): Promise<Result> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [BIN, ...args], {
+      // HOME too: a fallback to ~/.config must not find the developer's own login.
+      env: { PATH: process.env.PATH, XDG_CONFIG_HOME: options.home, HOME: options.home },
+      stdio: ["pipe", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d) => {
+      stdout += d;
+    });
+    child.stderr.on("data", (d) => {
+      stderr += d;
+    });
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ code, stdout, stderr }));
+    child.stdin.end(options.input ?? "");
+  });
+}
+
+/** A fresh tenant: a user with one environment and an API key, made as create-user makes them. */
+export async function newUser(): Promise<{ key: string; userId: string; environmentId: string }> {
+  configureNeonForNode(inject("databaseWsProxy"));
+  const { db, pool } = nodeDb(inject("databaseUrl"));
+  try {
+    return await provisionApiKey(db, { email: `${randomId("cli_")}@tenants.test` });
+  } finally {
+    await pool.end();
+  }
+}
+
+/** The API itself, to check what the CLI did (never through the CLI). */
+export async function api(key: string, path: string): Promise<{ status: number; text: string }> {
+  const res = await fetch(`${apiUrl()}${path}`, { headers: { authorization: `Bearer ${key}` } });
+  return { status: res.status, text: await res.text() };
+}
+
+/** A user logged in through the CLI in their own config directory. */
+export async function loggedIn() {
+  const user = await newUser();
+  const home = configHome();
+  const login = await cli(["login", "--url", apiUrl()], { home, input: `${user.key}\n` });
+  if (login.code !== 0) throw new Error(`login failed: ${login.stderr}`);
+  return { ...user, home };
+}
