@@ -4,6 +4,7 @@
 
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
+import { usesTunnel } from "../../src/contract/policy";
 import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
 import { createAddressPolicy } from "./address";
 import { AuditReporter } from "./audit";
@@ -40,8 +41,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const startTunnelIfRouted = () => {
     const state = policy.current();
     if (state.kind !== "ready") return;
-    const doc = state.policy;
-    if (doc.egress === "local" || doc.hosts.some((h) => h.via === "tunnel")) tunnel.start();
+    if (usesTunnel(state.policy.routing)) tunnel.start();
   };
   const policy = new PolicyClient({
     controlPlaneUrl: config.BW_CONTROL_PLANE_URL,

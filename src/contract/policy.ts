@@ -188,6 +188,11 @@ export const PolicyDocument = z
   });
 export type PolicyDocument = z.infer<typeof PolicyDocument>;
 
+/** Whether a policy sends any traffic through the user's machine (so needs the egress tunnel). */
+export function usesTunnel(routing: PolicyRouting): boolean {
+  return routing.reasons.some((r) => r === "local_egress" || r === "tunnel_host");
+}
+
 export interface DerivedFields {
   routing: PolicyRouting;
   enforce: boolean;

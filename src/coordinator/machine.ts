@@ -1,6 +1,6 @@
 import { BackendError } from "../broker/backend";
 import type { ExecInfo, SandboxInfo } from "../contract/local-agent";
-import type { PolicyDocument } from "../contract/policy";
+import { type PolicyDocument, usesTunnel } from "../contract/policy";
 import { MODEL_LANE_BASE_URL, MODEL_LANE_PLACEHOLDER_KEY } from "../contract/proxy-wire";
 import type { WiringProof } from "../contract/wiring";
 import type { RunState } from "../db/schema";
@@ -950,10 +950,7 @@ export class RunMachine {
    */
   private async awaitTunnel(s: MachineState): Promise<number | null> {
     const policy = must(s.policy);
-    const needs =
-      policy.enforce &&
-      !s.proxy?.unfiltered &&
-      policy.routing.reasons.some((r) => r === "local_egress" || r === "tunnel_host");
+    const needs = policy.enforce && !s.proxy?.unfiltered && usesTunnel(policy.routing);
     if (!needs || s.tunnel?.ready) return null;
     const now = this.ports.now();
     if (!s.tunnel) {
