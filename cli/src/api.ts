@@ -76,6 +76,8 @@ export class Api {
       );
     }
     const text = await res.text();
+    // 204 (a delete): nothing to parse, and nothing the caller reads.
+    if (res.status === 204) return undefined as Success<Op<P, M>>;
     let json: unknown;
     try {
       json = JSON.parse(text);

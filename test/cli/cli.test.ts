@@ -1,5 +1,5 @@
 import { randomBytes } from "node:crypto";
-import { existsSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { api, apiUrl, cli, configHome, loggedIn, newUser } from "./harness";
@@ -178,6 +178,73 @@ describe("runs", () => {
     expect((await cli(["runs", "show", "run_0123456789abcdef"], { home })).code).toBe(3);
     expect((await cli(["runs", "launch"], { home })).code).toBe(2);
     expect((await cli(["runs", "launch", "echo", "hi"], { home })).code).toBe(2);
+  });
+});
+
+describe("runs: launch from a folder, follow, list, controls", () => {
+  it("launches a benchmark folder's benchwright.json and follows it to its end (exit 4: it did not complete)", async () => {
+    const user = await loggedIn();
+    const folder = join(user.home, "bench");
+    mkdirSync(folder);
+    writeFileSync(join(folder, "benchwright.json"), JSON.stringify({ commands: ["echo from-folder"] }));
+    // No compute backend answers in this suite, so the run cannot be put inside a boundary: it
+    // ends without running anything, and following it says so with exit 4.
+    const res = await cli(["runs", "launch", "--from", folder, "--follow", "--json"], { home: user.home });
+    expect(res.code, res.stderr).toBe(4);
+    const run = JSON.parse(res.stdout);
+    expect(run.spec.commands).toEqual(["echo from-folder"]);
+    expect(["stopped", "failed"]).toContain(run.status);
+    expect(res.stderr).toContain(`launched ${run.id}`);
+    expect(res.stderr).toContain(`run ${run.id} ${run.status}: ${run.reason}`);
+
+    const followed = await cli(["runs", "follow", run.id], { home: user.home });
+    expect(followed.code).toBe(4);
+    expect(followed.stdout).toContain(`· ${run.status} (${run.reason})`);
+
+    const listed = await cli(["runs", "list", "--json", "--limit", "5"], { home: user.home });
+    expect(listed.code, listed.stderr).toBe(0);
+    expect(JSON.parse(listed.stdout).runs.map((r: { id: string }) => r.id)).toEqual([run.id]);
+    expect((await cli(["runs", "list"], { home: user.home })).stdout).toMatch(/^ID\s+STATUS\s+REASON/);
+  });
+
+  it("refuses a folder without benchwright.json and a spec the API refuses, sending nothing", async () => {
+    const user = await loggedIn();
+    const empty = join(user.home, "empty");
+    mkdirSync(empty);
+    const missing = await cli(["runs", "launch", "--from", empty], { home: user.home });
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toContain("benchwright.json");
+    writeFileSync(join(empty, "benchwright.json"), JSON.stringify({ commands: [], bogus: 1 }));
+    const refused = await cli(["runs", "launch", "--from", empty], { home: user.home });
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/^benchwright: unknown_field: .*bogus/);
+    expect(JSON.parse((await api(user.key, "/v1/runs")).text).runs).toEqual([]);
+  });
+
+  it("checks a linger window before sending it; halt and resume of an ended run are the API's no", async () => {
+    const user = await loggedIn();
+    expect((await cli(["runs", "linger", "run_0123456789abcdef", "forever"], { home: user.home })).code).toBe(
+      2,
+    );
+    expect((await cli(["runs", "linger", "run_0123456789abcdef", "25h"], { home: user.home })).code).toBe(2);
+    for (const verb of ["halt", "resume"]) {
+      const res = await cli(["runs", verb, "run_0123456789abcdef"], { home: user.home });
+      expect(res.code, verb).toBe(1);
+      expect(res.stderr).toMatch(/^benchwright: not_found: /);
+    }
+  });
+
+  it("takes the key from BENCHWRIGHT_API_KEY without a login (and never prints it)", async () => {
+    const user = await newUser();
+    const home = configHome();
+    const res = await cli(["whoami", "--json"], {
+      home,
+      env: { BENCHWRIGHT_API_KEY: user.key, BENCHWRIGHT_URL: apiUrl() },
+    });
+    expect(res.code, res.stderr).toBe(0);
+    expect(JSON.parse(res.stdout)).toMatchObject({ userId: user.userId });
+    expect(res.stdout + res.stderr).not.toContain(user.key);
+    expect(existsSync(configFile(home))).toBe(false);
   });
 });
 

@@ -27,11 +27,14 @@ export function configHome(): string {
   return mkdtempSync(join(tmpdir(), "bw-cli-home-"));
 }
 
-export function cli(args: string[], options: { home: string; input?: string }): Promise<Result> {
+export function cli(
+  args: string[],
+  options: { home: string; input?: string; env?: Record<string, string> },
+): Promise<Result> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [BIN, ...args], {
       // HOME too: a fallback to ~/.config must not find the developer's own login.
-      env: { PATH: process.env.PATH, XDG_CONFIG_HOME: options.home, HOME: options.home },
+      env: { PATH: process.env.PATH, XDG_CONFIG_HOME: options.home, HOME: options.home, ...options.env },
       stdio: ["pipe", "pipe", "pipe"],
     });
     let stdout = "";

@@ -1,0 +1,79 @@
+import { api, type Ctx, nextPage, print, table } from "./shared";
+
+// `benchwright logs ...`: what the boundary recorded, one page at a time (--limit, --cursor).
+
+type Page = { limit?: number; cursor?: string };
+
+/** One run's refused hosts, or with no run every host refused across the environment's runs. */
+export async function blockedHosts(ctx: Ctx, id: string | undefined, page: Page): Promise<void> {
+  const client = api(ctx);
+  if (id === undefined) {
+    const body = await client.call("get", "/v1/blocked-hosts", { query: page });
+    print(ctx, body, () => [
+      ...(body.blockedHosts.length === 0
+        ? ["no hosts were refused"]
+        : table([
+            ["HOST", "COUNT", "RUNS", "SOURCE", "LAST SEEN"],
+            ...body.blockedHosts.map((h) => [
+              h.host,
+              String(h.seenCount),
+              String(h.runCount),
+              h.source,
+              h.lastSeen,
+            ]),
+          ])),
+      ...nextPage(body.nextCursor),
+    ]);
+    return;
+  }
+  const body = await client.call("get", "/v1/runs/{id}/blocked-hosts", { params: { id }, query: page });
+  print(ctx, body, () => [
+    ...(body.blockedHosts.length === 0
+      ? ["no hosts were refused"]
+      : [
+          ...table([
+            ["HOST", "COUNT", "SOURCE", "LAST SEEN"],
+            ...body.blockedHosts.map((h) => [h.host, String(h.seenCount), h.source, h.lastSeen]),
+          ]),
+          `allow them: benchwright vault hosts promote --run ${id}  (try it first: benchwright vault dry-run ${id} --allow HOST)`,
+        ]),
+    ...nextPage(body.nextCursor),
+  ]);
+}
+
+export async function egressRoutes(ctx: Ctx, id: string, page: Page): Promise<void> {
+  const body = await api(ctx).call("get", "/v1/runs/{id}/egress-routes", { params: { id }, query: page });
+  print(ctx, body, () => [
+    ...(body.egressRoutes.length === 0
+      ? ["no traffic recorded"]
+      : table([
+          ["HOST", "ROUTE", "COUNT", "LAST SEEN"],
+          ...body.egressRoutes.map((r) => [r.host, r.route, String(r.count), r.lastSeen]),
+        ])),
+    ...nextPage(body.nextCursor),
+  ]);
+}
+
+export async function modelCalls(ctx: Ctx, id: string, page: Page): Promise<void> {
+  const body = await api(ctx).call("get", "/v1/runs/{id}/model-calls", { params: { id }, query: page });
+  print(ctx, body, () => [
+    body.model
+      ? `model ${body.model.name} (${body.model.provider}, ${body.model.baseHost})`
+      : "the run declared no model",
+    `${body.totals.calls} calls, ${body.totals.inputTokens} tokens in, ${body.totals.outputTokens} out`,
+    ...(body.calls.length === 0
+      ? []
+      : table([
+          ["AT", "ENDPOINT", "STATUS", "IN", "OUT", "MS"],
+          ...body.calls.map((c) => [
+            c.at,
+            `${c.endpoint}${c.stream ? " (stream)" : ""}`,
+            String(c.status),
+            String(c.inputTokens),
+            String(c.outputTokens),
+            String(c.ms),
+          ]),
+        ])),
+    ...nextPage(body.nextCursor),
+  ]);
+}

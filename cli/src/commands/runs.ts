@@ -1,0 +1,271 @@
+import { readFileSync, statSync } from "node:fs";
+import { join } from "node:path";
+import type { Api, Schemas } from "../api";
+import { api, type Ctx, nextPage, oneOf, print, RunNotCompleted, table, UsageError } from "./shared";
+
+// `benchwright runs ...`: launch (inline commands, a built-in benchmark, or a benchmark folder's
+// benchwright.json), follow with live status, show, list, and the controls: cancel, halt,
+// resume, linger.
+
+type Run = Schemas["Run"];
+/**
+ * A run spec as the user writes it. The generated type marks fields with a default (egress,
+ * on_proxy_failure) as required, since the API's answers always carry them; a request may omit
+ * them and the API fills them in.
+ */
+export type SpecInput = Partial<Schemas["RunSpec"]>;
+export const asSpec = (spec: SpecInput) => spec as Schemas["RunSpec"];
+type RunEvent = Schemas["RunEvent"];
+const OVER = new Set(["finished", "stopped", "failed"]);
+/** The file a benchmark folder describes its run in: a RunSpec, as POST /v1/runs takes it. */
+export const SPEC_FILE = "benchwright.json";
+
+function readSpecFrom(path: string): SpecInput {
+  let file = path;
+  try {
+    if (statSync(path).isDirectory()) file = join(path, SPEC_FILE);
+  } catch (error) {
+    throw new UsageError(`cannot read ${path}: ${(error as NodeJS.ErrnoException).code ?? error}`);
+  }
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (error) {
+    throw new UsageError(
+      `cannot read ${file}: ${(error as NodeJS.ErrnoException).code ?? error} (a benchmark folder has a ${SPEC_FILE})`,
+    );
+  }
+  let spec: unknown;
+  try {
+    spec = JSON.parse(text);
+  } catch (error) {
+    throw new UsageError(`${file} is not JSON: ${(error as Error).message}`);
+  }
+  if (typeof spec !== "object" || spec === null || Array.isArray(spec)) {
+    throw new UsageError(`${file} must hold one JSON object (a run spec; see docs/user-guide.md)`);
+  }
+  // The API checks the rest, and answers with the field it refuses.
+  return spec as SpecInput;
+}
+
+export interface LaunchOptions {
+  commands: string[];
+  benchmark?: string;
+  from?: string;
+  model?: string;
+  egress?: string;
+  backend?: string;
+  linger?: string;
+  follow: boolean;
+}
+
+export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
+  const sources = [opts.commands.length > 0, opts.benchmark !== undefined, opts.from !== undefined].filter(
+    Boolean,
+  );
+  if (sources.length === 0) {
+    throw new UsageError(
+      "what to run? benchwright runs launch -- <command>, --benchmark NAME or --from FOLDER",
+    );
+  }
+  if (sources.length > 1) throw new UsageError("give one of: commands, --benchmark, --from");
+  const egress = oneOf(opts.egress, ["direct", "local"] as const, "--egress");
+  const backend = oneOf(opts.backend, ["sandbox0", "e2b", "local"] as const, "--backend");
+  const base: SpecInput = opts.from
+    ? readSpecFrom(opts.from)
+    : opts.benchmark
+      ? { benchmark: opts.benchmark }
+      : { commands: opts.commands };
+  const spec: SpecInput = {
+    ...base,
+    ...(opts.model ? { model: opts.model } : {}),
+    ...(egress ? { egress } : {}),
+    ...(backend ? { backend } : {}),
+    ...(opts.linger !== undefined ? { linger_seconds: seconds(opts.linger, "--linger") } : {}),
+  };
+  const client = api(ctx);
+  const run = await client.call("post", "/v1/runs", { body: asSpec(spec) });
+  const agent = run.egressAgent
+    ? [
+        "this run egresses through your machine; run its egress agent (the token is shown only now):",
+        `  ${run.egressAgent.command}`,
+      ]
+    : [];
+  if (!opts.follow) {
+    print(ctx, run, () => [
+      `${run.id} ${run.status} (backend ${run.backend})`,
+      ...agent,
+      `follow it: benchwright runs follow ${run.id}`,
+    ]);
+    return;
+  }
+  // The agent's command goes to standard error too: with --json, standard output is the run.
+  for (const line of [`launched ${run.id} (backend ${run.backend})`, ...agent]) ctx.err(line);
+  await follow(ctx, client, run.id);
+}
+
+/** "90", "90s", "15m", "2h" → seconds. */
+export function seconds(text: string, flag: string): number {
+  const m = /^(\d+)([smh]?)$/.exec(text.trim());
+  if (!m) throw new UsageError(`${flag} takes seconds, or a number with s, m or h (e.g. 15m)`);
+  const n = Number(m[1]) * ({ "": 1, s: 1, m: 60, h: 3600 }[m[2] as "" | "s" | "m" | "h"] ?? 1);
+  if (n > 86_400) throw new UsageError(`${flag} is at most 24h`);
+  return n;
+}
+
+/** The lines an event adds to the log a person follows (output as printed, the rest tagged). */
+function eventLines(e: RunEvent): string[] {
+  const d = (e.detail ?? {}) as Record<string, unknown>;
+  switch (e.kind) {
+    case "transition":
+      return [
+        `· ${e.state}${e.reason ? ` (${e.reason})` : ""}${typeof d.text === "string" ? `: ${d.text}` : ""}`,
+      ];
+    case "note":
+      return [`· [${d.level ?? "note"}] ${d.code ?? e.reason}: ${d.text ?? ""}`];
+    case "output": {
+      const who = d.name && d.name !== "work" ? `[${d.name}] ` : "";
+      if (typeof d.text === "string") {
+        const tag = d.stream === "stderr" ? "! " : "  ";
+        return d.text
+          .replace(/\n$/, "")
+          .split("\n")
+          .map((l) => `${tag}${who}${l}`);
+      }
+      if ("exitCode" in d)
+        return [`· ${who}command ${Number(d.command ?? 0) + 1} exited ${d.exitCode ?? "by a signal"}`];
+      return [];
+    }
+    case "bug_report":
+      return [`· bug report: ${typeof d.title === "string" ? d.title : (e.reason ?? "")}`];
+    default:
+      return [];
+  }
+}
+
+function progress(run: Run, since: number): string {
+  const boxes = run.sandboxes.filter((s) => s.kind !== "proxy");
+  const ready = boxes.filter((s) => s.status === "ready").length;
+  const secs = ((Date.now() - since) / 1000).toFixed(0);
+  const parts = [
+    `${run.id}`,
+    `${run.status}${run.halted ? " (halted)" : ""}`,
+    `${secs}s`,
+    ...(boxes.length > 0 ? [`sandboxes ${ready}/${boxes.length} ready`] : []),
+    ...(run.routing ? [`routing ${run.routing}`] : []),
+  ];
+  return parts.join(" · ");
+}
+
+/**
+ * Polls the run and prints what is new until its commands are over (ended, or lingering). People
+ * get the trace as it grows and, on a terminal, a status line that redraws; --json prints the run
+ * once at the end. A run that did not complete (a command failed, it stopped or failed) exits 4.
+ */
+export async function follow(ctx: Ctx, client: Api, id: string, intervalMs = 1000): Promise<Run> {
+  const live = !ctx.json && process.stderr.isTTY === true;
+  const seen = new Set<string>();
+  const since = Date.now();
+  let run: Run;
+  for (;;) {
+    run = await client.call("get", "/v1/runs/{id}", { params: { id } });
+    const fresh = run.trace.filter((e) => {
+      const key = JSON.stringify([e.at, e.kind, e.state, e.reason, e.detail]);
+      if (seen.has(key)) return false;
+      seen.add(key);
+      return true;
+    });
+    if (live) process.stderr.write("\r\x1b[2K");
+    if (!ctx.json) for (const e of fresh) for (const line of eventLines(e)) ctx.out(line);
+    const done = OVER.has(run.status) || run.status === "lingering";
+    if (live && !done) process.stderr.write(progress(run, since));
+    if (done) break;
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  print(ctx, run, () => [
+    `${run.id} ${run.status}${run.reason ? `: ${run.reason}` : ""}${run.reasonDetail ? ` (${run.reasonDetail})` : ""}`,
+    ...(run.status === "lingering" && run.linger.until
+      ? [`its proxy lingers until ${run.linger.until}: benchwright runs linger ${run.id} 0 ends it`]
+      : []),
+    `blocked hosts: benchwright logs blocked-hosts ${run.id}`,
+  ]);
+  if (run.reason !== "completed") {
+    throw new RunNotCompleted(`run ${run.id} ${run.status}: ${run.reason ?? "no reason"}`);
+  }
+  return run;
+}
+
+export async function runsFollow(ctx: Ctx, id: string): Promise<void> {
+  await follow(ctx, api(ctx), id);
+}
+
+export async function runsShow(ctx: Ctx, id: string): Promise<void> {
+  const run = await api(ctx).call("get", "/v1/runs/{id}", { params: { id } });
+  print(ctx, run, () => {
+    const lines = [
+      `run       ${run.id}`,
+      `status    ${run.status}${run.halted ? " (halted)" : ""}`,
+      ...(run.reason ? [`reason    ${run.reason}${run.reasonDetail ? `: ${run.reasonDetail}` : ""}`] : []),
+      `backend   ${run.backend}`,
+      `routing   ${run.routing ?? "-"}`,
+      `created   ${run.createdAt}`,
+      ...(run.startedAt ? [`started   ${run.startedAt}`] : []),
+      ...(run.endedAt ? [`ended     ${run.endedAt}`] : []),
+      ...(run.linger.until
+        ? [`lingers   until ${run.linger.until}${run.linger.paused ? " (paused)" : ""}`]
+        : []),
+    ];
+    if (run.notes.length > 0) {
+      lines.push("notes");
+      for (const n of run.notes) lines.push(`  [${n.level}] ${n.code}: ${n.text}`);
+    }
+    if (run.sandboxes.length > 0) {
+      lines.push("sandboxes");
+      for (const s of run.sandboxes) lines.push(`  ${s.id} ${s.kind} ${s.status}`);
+    }
+    const output = run.trace.filter((e) => e.kind === "output").flatMap(eventLines);
+    if (output.length > 0) lines.push("output", ...output);
+    return lines;
+  });
+}
+
+export async function runsList(ctx: Ctx, page: { limit?: number; cursor?: string }): Promise<void> {
+  const body = await api(ctx).call("get", "/v1/runs", { query: page });
+  print(ctx, body, () => [
+    ...(body.runs.length === 0
+      ? ["no runs"]
+      : table([
+          ["ID", "STATUS", "REASON", "BACKEND", "CREATED"],
+          ...body.runs.map((r) => [r.id, r.status, r.reason ?? "-", r.backend, r.createdAt]),
+        ])),
+    ...nextPage(body.nextCursor),
+  ]);
+}
+
+type Control = "cancel" | "halt" | "resume";
+const CONTROL_SAYS: Record<Control, string> = {
+  cancel: "cancel requested",
+  halt: "halted: its commands stop; the proxy keeps enforcing (benchwright runs resume goes on)",
+  resume: "resumed",
+};
+
+export async function runsControl(ctx: Ctx, verb: Control, id: string): Promise<void> {
+  const client = api(ctx);
+  const run =
+    verb === "cancel"
+      ? await client.call("post", "/v1/runs/{id}/cancel", { params: { id } })
+      : verb === "halt"
+        ? await client.call("post", "/v1/runs/{id}/halt", { params: { id }, body: {} })
+        : await client.call("post", "/v1/runs/{id}/resume", { params: { id }, body: {} });
+  print(ctx, run, () => [`${run.id} ${CONTROL_SAYS[verb]} (status ${run.status})`]);
+}
+
+export async function runsLinger(ctx: Ctx, id: string, window: string): Promise<void> {
+  const s = seconds(window, "the window");
+  const run = await api(ctx).call("post", "/v1/runs/{id}/linger", { params: { id }, body: { seconds: s } });
+  print(ctx, run, () => [
+    s === 0
+      ? `${run.id}: its proxy no longer lingers (status ${run.status})`
+      : `${run.id}: its proxy lingers ${s} s after its commands end (status ${run.status})`,
+  ]);
+}

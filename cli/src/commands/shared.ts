@@ -1,0 +1,73 @@
+import { Api } from "../api";
+import { configPath, readConfig } from "../config";
+
+// What every command shares: the context it prints through, the client of the API it is logged
+// in to, and the errors that map to the CLI's exit codes (cli/src/main.ts).
+
+export const DEFAULT_URL = "http://127.0.0.1:8787";
+
+/** Exit 2: the command line is wrong; nothing was sent. */
+export class UsageError extends Error {}
+/** Exit 3: no API key (run `benchwright login`, or set BENCHWRIGHT_API_KEY). */
+export class NotLoggedIn extends Error {}
+/** Exit 4: the run a command waited for ended without every command exiting 0. */
+export class RunNotCompleted extends Error {}
+
+export interface Ctx {
+  json: boolean;
+  out: (line: string) => void;
+  /** Progress for people (standard error), never part of what --json prints. */
+  err: (line: string) => void;
+  env: NodeJS.ProcessEnv;
+}
+
+/**
+ * The API the user is logged in to. BENCHWRIGHT_API_KEY (with BENCHWRIGHT_URL, else the saved
+ * URL, else the default) is for scripts and CI; the URL alone never overrides the saved one, so a
+ * stray variable cannot send the saved key to another host.
+ */
+export function api(ctx: Ctx): Api {
+  const saved = readConfig(configPath(ctx.env));
+  const envKey = ctx.env.BENCHWRIGHT_API_KEY?.trim();
+  if (envKey)
+    return new Api((ctx.env.BENCHWRIGHT_URL || saved?.url || DEFAULT_URL).replace(/\/+$/, ""), envKey);
+  if (!saved) {
+    throw new NotLoggedIn(
+      `not logged in (no ${configPath(ctx.env)}): run benchwright login, or set BENCHWRIGHT_API_KEY`,
+    );
+  }
+  return new Api(saved.url, saved.key);
+}
+
+/** With --json the API's JSON as it answered; else the lines for people. */
+export function print(ctx: Ctx, body: unknown, human: () => string[]): void {
+  if (ctx.json) ctx.out(JSON.stringify(body, null, 2));
+  else for (const line of human()) ctx.out(line);
+}
+
+export function table(rows: string[][]): string[] {
+  const widths = rows[0]?.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? "").length))) ?? [];
+  return rows.map((r) =>
+    r
+      .map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0)))
+      .join("  ")
+      .trimEnd(),
+  );
+}
+
+export function oneOf<T extends string>(
+  value: string | undefined,
+  allowed: readonly T[],
+  flag: string,
+): T | undefined {
+  if (value === undefined) return undefined;
+  if (!(allowed as readonly string[]).includes(value)) {
+    throw new UsageError(`${flag} is ${allowed.slice(0, -1).join(", ")} or ${allowed.at(-1)}`);
+  }
+  return value as T;
+}
+
+export const nextPage = (cursor: string | null | undefined) => (cursor ? [`more: --cursor ${cursor}`] : []);
+
+/** Exit 1: the API answered, but not with what the command needs (said in the message). */
+export class Failed extends Error {}

@@ -1,0 +1,132 @@
+import { describe, expect, it } from "vitest";
+import { api, cli, loggedIn } from "./harness";
+
+// The vault from the command line: rules, host entries, the default, the starter pack, the
+// preview and the dry run, each checked against what the API then holds.
+
+const json = async (key: string, path: string) => JSON.parse((await api(key, path)).text);
+
+describe("vault rules", () => {
+  it("adds a rule for a secret, lists it in order, and removes it by host", async () => {
+    const user = await loggedIn();
+    await cli(["vault", "secrets", "set", "SVC_TOKEN"], { home: user.home, input: "cli-rule-value" });
+    const added = await cli(["vault", "rules", "add", "api.svc.test", "--secret", "SVC_TOKEN", "--json"], {
+      home: user.home,
+    });
+    expect(added.code, added.stderr).toBe(0);
+    const rule = JSON.parse(added.stdout);
+    expect(rule).toMatchObject({ host: "api.svc.test", secret: "SVC_TOKEN", inject: { scheme: "bearer" } });
+    expect((await json(user.key, "/v1/vault/rules")).rules.map((r: { id: string }) => r.id)).toEqual([
+      rule.id,
+    ]);
+
+    const listed = await cli(["vault", "rules", "list"], { home: user.home });
+    expect(listed.stdout).toMatch(/^#\s+HOST\s+SECRET\s+INJECT/);
+    expect(listed.stdout).toContain("bearer (authorization)");
+
+    // raw and query need the header's or parameter's name: refused before anything is sent.
+    const noName = await cli(
+      ["vault", "rules", "add", "x.svc.test", "--secret", "SVC_TOKEN", "--inject", "raw"],
+      {
+        home: user.home,
+      },
+    );
+    expect(noName.code).toBe(2);
+    expect(noName.stderr).toContain("--name");
+
+    const removed = await cli(["vault", "rules", "remove", "api.svc.test"], { home: user.home });
+    expect(removed.code, removed.stderr).toBe(0);
+    expect((await json(user.key, "/v1/vault/rules")).rules).toEqual([]);
+  });
+
+  it("passes the API's refusal of a rule for a secret that does not exist through (exit 1)", async () => {
+    const user = await loggedIn();
+    const res = await cli(["vault", "rules", "add", "api.svc.test", "--secret", "NOPE"], { home: user.home });
+    expect(res.code).toBe(1);
+    expect(res.stderr).toMatch(/^benchwright: [a-z_]+: /);
+  });
+});
+
+describe("vault hosts", () => {
+  it("allows, blocks, lists, promotes and removes host entries", async () => {
+    const user = await loggedIn();
+    const allowed = await cli(["vault", "hosts", "allow", "a.svc.test", "*.cdn.test", "--via", "direct"], {
+      home: user.home,
+    });
+    expect(allowed.code, allowed.stderr).toBe(0);
+    const blocked = await cli(["vault", "hosts", "block", "evil.test"], { home: user.home });
+    expect(blocked.code, blocked.stderr).toBe(0);
+    const hosts = (await json(user.key, "/v1/vault/hosts")).hosts as {
+      pattern: string;
+      action: string;
+      via: string | null;
+    }[];
+    expect(hosts.map((h) => [h.pattern, h.action, h.via]).sort()).toEqual([
+      ["*.cdn.test", "allow", "direct"],
+      ["a.svc.test", "allow", "direct"],
+      ["evil.test", "block", null],
+    ]);
+    const listed = await cli(["vault", "hosts", "list", "--json"], { home: user.home });
+    expect(JSON.parse(listed.stdout).hosts).toHaveLength(3);
+
+    // --via on a block is a usage error; nothing is sent.
+    expect(
+      (await cli(["vault", "hosts", "block", "x.test", "--via", "tunnel"], { home: user.home })).code,
+    ).toBe(2);
+
+    // Promotion: the block entry becomes allow.
+    const promoted = await cli(["vault", "hosts", "promote", "evil.test", "--json"], { home: user.home });
+    expect(promoted.code, promoted.stderr).toBe(0);
+    expect(JSON.parse(promoted.stdout)).toMatchObject({ created: 0, updated: 1, unchanged: 0 });
+    const after = (await json(user.key, "/v1/vault/hosts")).hosts as { pattern: string; action: string }[];
+    expect(after.find((h) => h.pattern === "evil.test")?.action).toBe("allow");
+
+    const removed = await cli(["vault", "hosts", "remove", "evil.test"], { home: user.home });
+    expect(removed.code, removed.stderr).toBe(0);
+    const left = (await json(user.key, "/v1/vault/hosts")).hosts as { pattern: string }[];
+    expect(left.map((h) => h.pattern).sort()).toEqual(["*.cdn.test", "a.svc.test"]);
+    expect((await cli(["vault", "hosts", "remove", "evil.test"], { home: user.home })).code).toBe(1);
+  });
+
+  it("sets the default; the preview shows catch-all routing and why", async () => {
+    const user = await loggedIn();
+    const shown = await cli(["vault", "default"], { home: user.home });
+    expect(shown.code, shown.stderr).toBe(0);
+    expect(shown.stdout).toContain("default allow");
+    expect((await cli(["vault", "default", "deny"], { home: user.home })).code).toBe(2);
+    const set = await cli(["vault", "default", "block", "--json"], { home: user.home });
+    expect(set.code, set.stderr).toBe(0);
+    expect(JSON.parse(set.stdout)).toMatchObject({ default: "block" });
+    expect(await json(user.key, "/v1/vault/settings")).toMatchObject({ default: "block" });
+
+    const preview = await cli(["vault", "preview", "--json"], { home: user.home });
+    expect(preview.code, preview.stderr).toBe(0);
+    expect(JSON.parse(preview.stdout).routing).toEqual({ mode: "catch-all", reasons: ["block_default"] });
+    const human = await cli(["vault", "preview"], { home: user.home });
+    expect(human.stdout).toContain("routing catch-all (block_default)");
+  });
+
+  it("adds the starter pack once; a second call adds nothing", async () => {
+    const user = await loggedIn();
+    const first = await cli(["vault", "starter-pack", "--json"], { home: user.home });
+    expect(first.code, first.stderr).toBe(0);
+    const added = JSON.parse(first.stdout).added as string[];
+    expect(added).toContain("registry.npmjs.org");
+    const second = await cli(["vault", "starter-pack", "--json"], { home: user.home });
+    expect(JSON.parse(second.stdout).added).toEqual([]);
+    const hosts = (await json(user.key, "/v1/vault/hosts")).hosts as { pattern: string }[];
+    expect(hosts.map((h) => h.pattern)).toEqual(expect.arrayContaining(added));
+  });
+
+  it("dry-runs edits against a run that does not exist: exit 1 with the API's code", async () => {
+    const user = await loggedIn();
+    const res = await cli(["vault", "dry-run", "run_0123456789abcdef", "--allow", "x.test"], {
+      home: user.home,
+    });
+    expect(res.code).toBe(1);
+    expect(res.stderr).toMatch(/^benchwright: [a-z_]+: /);
+    expect((await cli(["vault", "dry-run", "run_x", "--default", "maybe"], { home: user.home })).code).toBe(
+      2,
+    );
+  });
+});
