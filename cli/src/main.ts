@@ -4,6 +4,7 @@ import { login, whoami } from "./commands/account";
 import { demo } from "./commands/demo";
 import { blockedHosts, egressRoutes, modelCalls } from "./commands/logs";
 import {
+  commandOf,
   runsControl,
   runsFollow,
   runsLaunch,
@@ -218,8 +219,9 @@ const COMMANDS: Record<string, Command> = {
     usage: "benchwright runs launch [options] -- <command>...  |  --benchmark NAME  |  --from FOLDER",
     summary: "launch a run (--follow: and follow it to its end)",
     help:
-      "Everything after -- is one command, run by sh -c in the sandbox; --command CMD (repeatable) gives\n" +
-      `several. --from FOLDER reads FOLDER/${SPEC_FILE} (or a JSON file): a run spec as POST /v1/runs\n` +
+      "Everything after -- is one command, run by sh -c in the sandbox (one word: as written, so\n" +
+      "-- 'make && ./bench' works; several: each kept as one argument); --command CMD (repeatable) gives\n" +
+      `several commands. --from FOLDER reads FOLDER/${SPEC_FILE} (or a JSON file): a run spec as POST /v1/runs\n` +
       "takes it (commands, tasks, model, egress, linger_seconds...). The folder's other files are not\n" +
       "uploaded: the commands fetch what they need from allowed hosts.\n" +
       "Options: --model NAME (a vault model), --egress direct|local, --backend sandbox0|e2b|local,\n" +
@@ -239,7 +241,7 @@ const COMMANDS: Record<string, Command> = {
       if (p.length > 0)
         throw new UsageError(`put the command after --: benchwright runs launch -- ${p.join(" ")}`);
       const commands = [...list(v, "command")];
-      if (rest.length > 0) commands.push(rest.join(" "));
+      if (rest.length > 0) commands.push(commandOf(rest));
       await runsLaunch(ctx, {
         commands,
         benchmark: str(v, "benchmark"),

@@ -153,6 +153,16 @@ describe("runs", () => {
     const shown = await cli(["runs", "show", run.id, "--json"], { home: user.home });
     expect(shown.code, shown.stderr).toBe(0);
     expect(JSON.parse(shown.stdout).spec.commands).toEqual(["echo hi --json"]);
+    // Several words keep their boundaries (quoted for sh); one word is a shell command as written.
+    const quoted = await cli(["runs", "launch", "--json", "--", "sh", "-c", `echo "a b" 'c'`], {
+      home: user.home,
+    });
+    expect(JSON.parse(quoted.stdout).spec.commands).toEqual([`sh -c 'echo "a b" '\\''c'\\'''`]);
+    const verbatim = await cli(["runs", "launch", "--json", "--", "echo a && echo b"], { home: user.home });
+    expect(JSON.parse(verbatim.stdout).spec.commands).toEqual(["echo a && echo b"]);
+    for (const r of [quoted, verbatim])
+      await cli(["runs", "cancel", JSON.parse(r.stdout).id], { home: user.home });
+
     const human = await cli(["runs", "show", run.id], { home: user.home });
     expect(human.stdout).toContain(`run       ${run.id}`);
     const cancelled = await cli(["runs", "cancel", run.id], { home: user.home });

@@ -29,10 +29,10 @@ export function configHome(): string {
 
 export function cli(
   args: string[],
-  options: { home: string; input?: string; env?: Record<string, string> },
+  options: { home: string; input?: string; env?: Record<string, string>; bin?: string },
 ): Promise<Result> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [BIN, ...args], {
+    const child = spawn(process.execPath, [options.bin ?? BIN, ...args], {
       // HOME too: a fallback to ~/.config must not find the developer's own login.
       env: { PATH: process.env.PATH, XDG_CONFIG_HOME: options.home, HOME: options.home, ...options.env },
       stdio: ["pipe", "pipe", "pipe"],

@@ -48,6 +48,18 @@ function readSpecFrom(path: string): SpecInput {
   return spec as SpecInput;
 }
 
+/**
+ * The words after `--` as one `sh -c` command. One word is taken as a shell command as it is
+ * (`-- 'make && ./run'`); several keep their boundaries (`-- node -e 'console.log(1)'`), each
+ * quoted for sh unless it is plain, as the user's own shell already split them.
+ */
+export function commandOf(words: string[]): string {
+  if (words.length === 1) return words[0] as string;
+  return words
+    .map((w) => (/^[A-Za-z0-9_@%+=:,./-]+$/.test(w) ? w : `'${w.replaceAll("'", `'\\''`)}'`))
+    .join(" ");
+}
+
 export interface LaunchOptions {
   commands: string[];
   benchmark?: string;
