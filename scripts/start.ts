@@ -216,6 +216,7 @@ Look at it:
   curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}/blocked-hosts
   curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}/egress-routes
 or in a browser: ${base}/runs/${id} (log in with the API key above)
+or with the CLI: npx benchwright login --url ${base} < .data/dev-api-key && npx benchwright demo
 `);
 }
 

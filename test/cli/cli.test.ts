@@ -154,14 +154,16 @@ describe("runs", () => {
     expect(shown.code, shown.stderr).toBe(0);
     expect(JSON.parse(shown.stdout).spec.commands).toEqual(["echo hi --json"]);
     // Several words keep their boundaries (quoted for sh); one word is a shell command as written.
-    const quoted = await cli(["runs", "launch", "--json", "--", "sh", "-c", `echo "a b" 'c'`], {
-      home: user.home,
-    });
-    expect(JSON.parse(quoted.stdout).spec.commands).toEqual([`sh -c 'echo "a b" '\\''c'\\'''`]);
-    const verbatim = await cli(["runs", "launch", "--json", "--", "echo a && echo b"], { home: user.home });
-    expect(JSON.parse(verbatim.stdout).spec.commands).toEqual(["echo a && echo b"]);
-    for (const r of [quoted, verbatim])
-      await cli(["runs", "cancel", JSON.parse(r.stdout).id], { home: user.home });
+    const specOf = async (args: string[]) => {
+      const launched = await cli(["runs", "launch", "--json", "--", ...args], { home: user.home });
+      const id = JSON.parse(launched.stdout).id;
+      await cli(["runs", "cancel", id], { home: user.home });
+      return JSON.parse((await cli(["runs", "show", id, "--json"], { home: user.home })).stdout).spec;
+    };
+    expect((await specOf(["sh", "-c", `echo "a b" 'c'`])).commands).toEqual([
+      String.raw`sh -c 'echo "a b" '\''c'\'''`,
+    ]);
+    expect((await specOf(["echo a && echo b"])).commands).toEqual(["echo a && echo b"]);
 
     const human = await cli(["runs", "show", run.id], { home: user.home });
     expect(human.stdout).toContain(`run       ${run.id}`);
