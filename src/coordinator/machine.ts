@@ -30,6 +30,8 @@ export const TUNNEL_POLL_MS = 1_000;
 /** How long a run waits for its egress agent by default (egress_agent_wait_seconds). */
 export const DEFAULT_EGRESS_AGENT_WAIT_SECONDS = 600;
 export const MAX_FAULTS = 5;
+/** How often a running (or halted) run checks that its proxy is still there. */
+export const PROXY_CHECK_MS = 2_000;
 /** How often a halted run looks for its resume. */
 export const HALTED_POLL_MS = 1_000;
 /** Longest wait between two attempts at a teardown that keeps failing. */
@@ -116,7 +118,16 @@ export interface MachineState {
    * The proxy process: `launches` counts exec attempts (each with its own exec id, checkpointed
    * before the call), `execId` is set once the backend confirmed the launch.
    */
-  proxy: { launches: number; execId: string | null; caCertPem: string | null; unfiltered: boolean } | null;
+  proxy: {
+    launches: number;
+    execId: string | null;
+    caCertPem: string | null;
+    unfiltered: boolean;
+    /** The last liveness check while running, and how much of its output was read by then. */
+    checkedAt?: number;
+    outEnd?: number;
+    errEnd?: number;
+  } | null;
   workers: Worker[];
   /** Output kept in the trace so far: characters, and rows. */
   traceBytes: number;
@@ -627,6 +638,37 @@ export class RunMachine {
     return this.ports.now() + POLL_MS;
   }
 
+  /**
+   * The proxy is the run's only way out and the keeper of its credentials: if it dies mid-run
+   * (crash, OOM kill, a kill from outside), nothing the commands do reaches an upstream, and a
+   * run that went on would fail in ways nobody could read. Stop it, tear everything down, and
+   * say why. Checked every PROXY_CHECK_MS through the broker (every backend reports its execs);
+   * only the output since the last check is read. Null while the proxy runs.
+   */
+  private async checkProxy(s: MachineState): Promise<number | null> {
+    const p = s.proxy;
+    if (!p || p.unfiltered || p.execId === null || !s.network) return null;
+    const now = this.ports.now();
+    if (p.checkedAt !== undefined && now - p.checkedAt < PROXY_CHECK_MS) return null;
+    p.checkedAt = now;
+    const exec = await this.ports.broker.poll(s.runId, s.network.sandboxId, p.execId, {
+      stdoutFrom: p.outEnd ?? 0,
+      stderrFrom: p.errEnd ?? 0,
+    });
+    p.outEnd = exec.stdoutEnd;
+    p.errEnd = exec.stderrEnd;
+    if (exec.state === "running") return null;
+    const how = exec.signal ? `killed by ${exec.signal}` : `exit code ${exec.exitCode}`;
+    const last = lastLine(exec.stderr) || lastLine(exec.stdout);
+    const why = `the proxy stopped mid-run (${how}${last ? `: ${last}` : ""})`;
+    await this.ports.note(s.runId, {
+      level: "warning",
+      code: "proxy_lost",
+      text: `The run's proxy stopped while the run was going (${how}). Nothing could leave through it from then on, so the run was stopped: its commands were ended and its sandboxes removed.`,
+    });
+    return this.stop(s, "proxy_lost", `${why}; the commands were ended and the sandboxes removed`);
+  }
+
   private async proxyFailed(s: MachineState, error: unknown): Promise<number> {
     const why = error instanceof Error ? error.message : String(error);
     const policy = must(s.policy);
@@ -847,6 +889,8 @@ export class RunMachine {
   private async run(s: MachineState): Promise<number> {
     const wantHalt = await this.storage.haltRequested();
     if (wantHalt !== (s.halted ?? false)) return this.applyHalt(s, wantHalt);
+    const lost = await this.checkProxy(s);
+    if (lost !== null) return lost;
     if (s.halted) return this.ports.now() + HALTED_POLL_MS;
     const waiting = await this.awaitTunnel(s);
     if (waiting !== null) return waiting;

@@ -46,6 +46,10 @@ interface WorldOptions {
   lingerIdleMs?: number;
   /** Whether the relay has the run's proxy and egress agent paired, per look (default: never). */
   tunnelPaired?: (look: number) => boolean;
+  /** Commands that keep running (never exit) while this says so. */
+  keepsRunning?: (command: string) => boolean;
+  /** The proxy's exec has exited (killed by this signal) from now on, per poll of it. */
+  proxyDead?: (poll: number) => string | null;
 }
 
 function world(o: WorldOptions = {}) {
@@ -75,6 +79,8 @@ function world(o: WorldOptions = {}) {
   let tunnelEnds = 0;
   let vaultReads = 0;
   let proxyStarted = false;
+  let proxyPolls = 0;
+  const proxyPollRanges: { stdoutFrom?: number; stderrFrom?: number }[] = [];
   let throws = o.throwOnce?.times ?? 0;
   const maybeThrow = (port: string) => {
     if (o.throwOnce?.port === port && throws > 0) {
@@ -164,12 +170,21 @@ function world(o: WorldOptions = {}) {
         }
         return info(sandboxId, req.id, null);
       },
-      poll: async (_runId, sandboxId, execId) => {
+      poll: async (_runId, sandboxId, execId, range) => {
         const e = execs.get(`${sandboxId}/${execId}`);
         if (!e) throw new Error("no such exec");
-        if (e.argv[0] === "bw-proxy") return info(sandboxId, execId, null);
+        if (e.argv[0] === "bw-proxy") {
+          proxyPolls += 1;
+          proxyPollRanges.push({ stdoutFrom: range?.stdoutFrom, stderrFrom: range?.stderrFrom });
+          const signal = o.proxyDead?.(proxyPolls) ?? null;
+          const base = info(sandboxId, execId, null, "proxy: listening\n");
+          return signal
+            ? { ...base, state: "exited", signal, stderr: "proxy: out of memory\n", stderrEnd: 21 }
+            : base;
+        }
         if (e.argv[0] === "bw-wiring")
           return info(sandboxId, execId, 0, JSON.stringify(proof(o.proofOk ?? true)));
+        if (e.argv[0] === "sh" && o.keepsRunning?.(e.argv[2] ?? "")) return info(sandboxId, execId, null);
         return info(sandboxId, execId, o.exitCodes?.[e.argv[2] ?? ""] ?? 0, `${e.argv[2]}\n`);
       },
       kill: async (_runId, sandboxId, execId) => {
@@ -252,6 +267,8 @@ function world(o: WorldOptions = {}) {
     capabilityRevocations: () => capabilityRevocations,
     tunnelLooks: () => tunnelLooks,
     tunnelEnds: () => tunnelEnds,
+    proxyPolls: () => proxyPolls,
+    proxyPollRanges,
     now: () => now,
     alarm: () => alarm,
     /** The vault is edited: from now on it asks for this routing. */
@@ -457,6 +474,49 @@ describe("run machine", () => {
     expect(w.transitions.at(-1)).toMatchObject({ reason: "proxy_setup_failed" });
     expect(w.notes).toContainEqual(expect.objectContaining({ level: "warning", code: "proxy_failed" }));
     expect(w.starts.some((k) => /\/cmd-/.test(k))).toBe(false);
+  });
+
+  // Fault injection, the proxy crashing mid-run: it must fail closed. The run stops, its
+  // sandboxes go, and the run says why.
+  it("stops, tears down and says why when the proxy dies mid-run", async () => {
+    let dead = false;
+    const w = world({
+      spec: { ...SPEC, commands: ["sleep forever"] },
+      keepsRunning: () => true,
+      proxyDead: () => (dead ? "SIGKILL" : null),
+    });
+    await w.machine.start("run_1");
+    for (let i = 0; i < 50 && w.state()?.state !== "running"; i++) await w.next();
+    for (let i = 0; i < 10; i++) await w.next();
+    expect(w.state()?.state).toBe("running");
+    const pollsWhileAlive = w.proxyPolls();
+    dead = true;
+    const end = await w.drive(1000);
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "proxy_lost" });
+    expect(w.notes).toContainEqual(expect.objectContaining({ level: "warning", code: "proxy_lost" }));
+    expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
+    // Looked at every PROXY_CHECK_MS, not on every step; only output not read before.
+    expect(pollsWhileAlive).toBeLessThan(10);
+    expect(w.proxyPollRanges.at(-1)?.stdoutFrom).toBe("proxy: listening\n".length);
+  });
+
+  it("notices a dead proxy while the run is halted for review, too", async () => {
+    let dead = false;
+    const w = world({
+      spec: { ...SPEC, commands: ["sleep forever"] },
+      keepsRunning: () => true,
+      proxyDead: () => (dead ? "SIGKILL" : null),
+    });
+    await w.machine.start("run_1");
+    for (let i = 0; i < 50 && w.state()?.state !== "running"; i++) await w.next();
+    await w.machine.halt(true);
+    for (let i = 0; i < 5; i++) await w.next();
+    expect(w.state()?.halted).toBe(true);
+    dead = true;
+    const end = await w.drive(1000);
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ reason: "proxy_lost" });
   });
 
   it("goes on unfiltered, with a warning, only when asked and only under default routing", async () => {
@@ -815,7 +875,7 @@ describe("run machine: compute control, task teardown and task environments (iss
   it("makes, wires and deletes a task environment asked for while running; it never holds a capability", async () => {
     const w = world({ spec: { ...SPEC, commands: ["sleep"] }, exitCodes: {} });
     await w.machine.start("run_1");
-    while (w.state()?.state !== "running") await w.next();
+    for (let i = 0; i < 50 && w.state()?.state !== "running"; i++) await w.next();
     const asked = await w.machine.addEnvironment("env-1");
     expect(asked.ok).toBe(true);
     const id = asked.ok ? asked.environment.id : "";
@@ -849,7 +909,7 @@ describe("run machine: compute control, task teardown and task environments (iss
   it("does not let an environment decide the run's outcome, and refuses environments after the run", async () => {
     const w = world();
     await w.machine.start("run_1");
-    while (w.state()?.state !== "running") await w.next();
+    for (let i = 0; i < 50 && w.state()?.state !== "running"; i++) await w.next();
     const asked = await w.machine.addEnvironment("env-1");
     expect(asked.ok).toBe(true);
     const end = await w.drive();
