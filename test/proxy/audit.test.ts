@@ -194,12 +194,14 @@ describe("the audit endpoint contract (D1, D2, D5)", () => {
     expect(cp.totals().get("blocked evil.example")).toBe(3);
   });
 
+  // case D5 (a batch naming another run), by the contract's verifyAuditBatch
   it("refuses a batch naming another run, even signed with this run's key", async () => {
     const raw = body({ runId: OTHER_RUN });
     expect(await post(raw, { ...signAuditBatch(cp.key, "batch-1", new Date(), raw) })).toBe(403);
     expect(cp.stored.size).toBe(0);
   });
 
+  // case D1 and case D2 (the old side) for the audit channel, by the contract's verifyAuditBatch
   it("refuses another run's key, a wrong key, a tampered body, missing headers, an old timestamp", async () => {
     const raw = body();
     const other = (cp.runs.get(OTHER_RUN) as { key: string }).key;
@@ -329,6 +331,7 @@ describe("AuditReporter", () => {
     expect(JSON.stringify(logs)).not.toContain("secret-path");
   });
 
+  // case F1
   it("F1: 5,000 rows across a control-plane outage arrive exactly once", async () => {
     const r = reporter();
     await r.start();
@@ -364,6 +367,7 @@ describe("AuditReporter", () => {
     expect(logs.some((l) => l.message.includes("will retry"))).toBe(true);
   });
 
+  // case F1
   it("F1 for model calls: each call is its own row, delivered exactly once across an outage", async () => {
     const r = reporter({ maxBatchBytes: 6 * 1024 * 1024 });
     await r.start();
@@ -446,6 +450,7 @@ describe("AuditReporter", () => {
     expect(readdirSync(dir).filter((n) => n !== "rejected")).toEqual([]);
   });
 
+  // case E3, the reporter's half: a full spool stops accepting (the proxy's 503 on that is not driven here)
   it("E3: a full spool stops accepting egress, and accepts again once it drains", async () => {
     await cp.stop();
     const r = reporter({ maxSpoolBytes: 1500 });

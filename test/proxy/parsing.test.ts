@@ -112,7 +112,7 @@ const post = (headers: string[], body: string) => (line: Way["line"], host: stri
   wire(line("POST", "/upload"), [`Host: ${host}`, ...headers], body);
 
 const cases: Case[] = [
-  // A1: Content-Length and Transfer-Encoding together, in both orders.
+  // case A1: Content-Length and Transfer-Encoding together, in both orders.
   {
     id: "A1",
     name: "CL then TE",
@@ -128,7 +128,7 @@ const cases: Case[] = [
     name: "CL 0 with TE",
     build: post(["Content-Length: 0", "Transfer-Encoding: chunked"], "0\r\n\r\n"),
   },
-  // A2: Content-Length that is duplicated, conflicting or not a plain decimal.
+  // case A2: Content-Length that is duplicated, conflicting or not a plain decimal.
   { id: "A2", name: "duplicate CL", build: post(["Content-Length: 5", "Content-Length: 5"], "hello") },
   { id: "A2", name: "conflicting CL", build: post(["Content-Length: 5", "Content-Length: 6"], "hello!") },
   { id: "A2", name: "CL list", build: post(["Content-Length: 5, 5"], "hello") },
@@ -139,7 +139,7 @@ const cases: Case[] = [
   { id: "A2", name: "CL 010", build: post(["Content-Length: 010"], "0123456789") },
   { id: "A2", name: "CL -1", build: post(["Content-Length: -1"], "h") },
   { id: "A2", name: "CL 5 5", build: post(["Content-Length: 5 5"], "hello") },
-  // A3: Transfer-Encoding in disguise.
+  // case A3: Transfer-Encoding in disguise.
   { id: "A3", name: "TE ,chunked", build: post(["Transfer-Encoding: ,chunked"], "0\r\n\r\n") },
   {
     id: "A3",
@@ -167,7 +167,7 @@ const cases: Case[] = [
   { id: "A3", name: "TE space before colon", build: post(["Transfer-Encoding : chunked"], "0\r\n\r\n") },
   { id: "A3", name: "CL space before colon", build: post(["Content-Length : 5"], "hello") },
   { id: "A3", name: "TE tab before colon", build: post(["Transfer-Encoding\t: chunked"], "0\r\n\r\n") },
-  // A4: chunk framing.
+  // case A4: chunk framing.
   {
     id: "A4",
     name: "chunk size 0x3a",
@@ -211,7 +211,7 @@ const cases: Case[] = [
     build: post(["Transfer-Encoding: chunked"], "3\r\nhello\r\n0\r\n\r\n"),
     inBody: true,
   },
-  // A5: NUL, CR and LF inside header values and names.
+  // case A5: NUL, CR and LF inside header values and names.
   {
     id: "A5",
     name: "NUL in Host",

@@ -358,12 +358,14 @@ describe("signAuditBatch / verifyAuditBatch (D1, D2, D5 for the audit channel)",
     expect(codeOf(() => verifyAuditBatch(key, headers, tampered))).toBe("unauthenticated");
   });
 
+  // case D1
   it.each(["webhook-id", "webhook-timestamp", "webhook-signature"])("refuses a missing %s", (name) => {
     const headers: Record<string, string> = { ...signAuditBatch(key, "b-1", now(), body) };
     delete headers[name];
     expect(codeOf(() => verifyAuditBatch(key, headers, body))).toBe("unauthenticated");
   });
 
+  // case D1
   it.each([
     ["a partial signature", (s: string) => s.slice(0, 20)],
     ["an unversioned signature", (s: string) => s.slice(3)],
@@ -375,6 +377,7 @@ describe("signAuditBatch / verifyAuditBatch (D1, D2, D5 for the audit channel)",
     expect(codeOf(() => verifyAuditBatch(key, headers, body))).toBe("unauthenticated");
   });
 
+  // case D1
   it("refuses a non-integer timestamp, even one parseInt would read", () => {
     const signed = signAuditBatch(key, "b-1", now(), body);
     for (const ts of [`${signed["webhook-timestamp"]}abc`, `${signed["webhook-timestamp"]}.5`, "-1", ""]) {
@@ -383,6 +386,7 @@ describe("signAuditBatch / verifyAuditBatch (D1, D2, D5 for the audit channel)",
     }
   });
 
+  // case D2
   it.each([
     ["6 minutes old", -6 * 60_000],
     ["6 minutes ahead", 6 * 60_000],
@@ -409,6 +413,7 @@ describe("signAuditBatch / verifyAuditBatch (D1, D2, D5 for the audit channel)",
     );
   });
 
+  // case D5
   it("refuses a batch naming another run than the one addressed (D5)", () => {
     const headers = signAuditBatch(key, "b-1", now(), body);
     expect(codeOf(() => verifyAuditBatch(key, headers, body, { runId: "run_other" }))).toBe("wrong_run");

@@ -155,6 +155,7 @@ describe("GET /internal/runs/{runId}/policy", { timeout: 60_000 }, () => {
   });
 });
 
+// case C2
 describe("C2 a run's proxy credential reaches its own run only", { timeout: 60_000 }, () => {
   it("run A's token on run B's policy, ready and audit → 404 not_found (same tenant or another); B unchanged", async () => {
     const { t } = await tenantWithVault();
@@ -276,6 +277,7 @@ describe("C2 a run's proxy credential reaches its own run only", { timeout: 60_0
 describe("POST /internal/runs/{runId}/audit (D5)", { timeout: 60_000 }, () => {
   const at = (minute: number) => new Date(Date.UTC(2026, 0, 1, 12, minute)).toISOString();
 
+  // case D5
   it("the same signed batch twice → stored once (204, then 409 already_stored)", async () => {
     const run = await newRun(await newTenant());
     const batch = auditBatch(run.id, {
@@ -296,6 +298,7 @@ describe("POST /internal/runs/{runId}/audit (D5)", { timeout: 60_000 }, () => {
     expect(rows.routes.map((r) => r.count)).toEqual([5]);
   });
 
+  // case D5, and case D1 and case D2 for the audit channel
   it("a batch naming another run → 403 wrong_run; bad signature, another run's key, stale or future timestamp → 401 invalid_signature", async () => {
     const t = await newTenant();
     const a = await newRun(t);

@@ -705,6 +705,7 @@ function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string;
   return { method, path: path.replace("{id}", id), body };
 }
 
+// case C1 (the meta-test: a new route without a case fails here)
 describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () => {
   it("the table names every operation of the OpenAPI document, and nothing else", async () => {
     const ops = await documentOperations();
@@ -740,6 +741,7 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
   });
 });
 
+// case C1
 describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_000 }, () => {
   for (const [op, c] of Object.entries(CASES)) {
     const { method, path } = split(op);
@@ -875,6 +877,7 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
   });
 });
 
+// case C3
 describe("C3 bodies cannot override the authenticated user or environment", { timeout: 120_000 }, () => {
   /** The body text `body` with one more field, first, whatever its name (also `__proto__`). */
   const withField = (body: unknown, field: string, value: unknown) => {
@@ -962,6 +965,7 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
   });
 });
 
+// case C4
 describe("C4 secret values are never returned by any read", { timeout: 120_000 }, () => {
   it("no GET route (lists, items, preview, settings, me, openapi) returns a value or an encoding of one", async () => {
     const a = await fullVault("a");

@@ -142,6 +142,7 @@ describe("webhook deliveries", { timeout: 60_000 }, () => {
     ]);
   });
 
+  // case D1
   it("D1: missing, invalid or partial signature, missing id or timestamp, non-integer timestamp → 401", async () => {
     const w = await register();
     const other = await register();
@@ -199,6 +200,7 @@ describe("webhook deliveries", { timeout: 60_000 }, () => {
     expect(await runCount(w.t)).toBe(1);
   });
 
+  // case D2
   it("D2: a timestamp more than 5 minutes old or ahead → 401; inside the window → accepted", async () => {
     const w = await register();
     const now = Date.now();
@@ -212,6 +214,7 @@ describe("webhook deliveries", { timeout: 60_000 }, () => {
     expect(await runCount(w.t)).toBe(2);
   });
 
+  // case D3
   it("D3: a replayed delivery creates exactly one run; the replay is answered 200 with the same run", async () => {
     const w = await register();
     const d = sign(w.secret);
@@ -238,6 +241,7 @@ describe("webhook deliveries", { timeout: 60_000 }, () => {
     expect(res.json.runId).not.toBe(first.json.runId);
   });
 
+  // case D4
   it("D4: verified over the raw bytes; any one valid signature of several is enough", async () => {
     const w = await register();
     const body = JSON.stringify({ event: "push", ref: "main", n: 1 });
@@ -263,6 +267,7 @@ describe("webhook deliveries", { timeout: 60_000 }, () => {
     expect(await runCount(w.t)).toBe(2);
   });
 
+  // case D4 (several signatures during a rotation)
   it("D4 rotation: the previous secret verifies for 24 h, alone or beside the new one; not after", async () => {
     const w = await register();
     const before = Date.now();
