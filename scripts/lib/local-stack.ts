@@ -15,6 +15,12 @@ export interface LocalStack {
   agentSecret: string;
   agent: RunningAgent;
   worker: WorkerDev;
+  /**
+   * Stops `wrangler dev` (the whole control plane: API, Durable Objects, internal routes) and,
+   * after `downMs`, starts it again on the same port with the same Durable Object state: an outage
+   * the run's proxy and the host agent live through (tests of spooling and recovery).
+   */
+  restartWorker: (downMs: number) => Promise<void>;
   stop: () => Promise<void>;
 }
 
@@ -47,39 +53,47 @@ export async function startLocalStack(options: {
     nft: options.nft,
     log: (event) => options.log?.(`[agent] ${JSON.stringify(event)}`),
   });
+  const workerOptions: Parameters<typeof startWorkerDev>[0] = {
+    port,
+    envFile: join(options.dir, "worker.vars"),
+    persistTo: join(options.dir, "wrangler-state"),
+    secrets: {
+      DATABASE_URL: options.databaseUrl,
+      VAULT_KEK: options.vaultKek,
+      COMPUTE_BACKEND_SECRET: agentSecret,
+    },
+    vars: {
+      ...options.workerVars,
+      DATABASE_WS_PROXY: options.wsProxy,
+      COMPUTE_BACKEND_URL: agent.url,
+      COMPUTE_BACKEND: "local",
+    },
+    log: (line) => options.log?.(`[wrangler] ${line}`),
+  };
   let worker: WorkerDev;
   try {
-    worker = await startWorkerDev({
-      port,
-      envFile: join(options.dir, "worker.vars"),
-      persistTo: join(options.dir, "wrangler-state"),
-      secrets: {
-        DATABASE_URL: options.databaseUrl,
-        VAULT_KEK: options.vaultKek,
-        COMPUTE_BACKEND_SECRET: agentSecret,
-      },
-      vars: {
-        ...options.workerVars,
-        DATABASE_WS_PROXY: options.wsProxy,
-        COMPUTE_BACKEND_URL: agent.url,
-        COMPUTE_BACKEND: "local",
-      },
-      log: (line) => options.log?.(`[wrangler] ${line}`),
-    });
+    worker = await startWorkerDev(workerOptions);
   } catch (error) {
     await agent.close();
     throw error;
   }
-  return {
+  const stack: LocalStack = {
     apiUrl: worker.url,
     agentSecret,
     agent,
     worker,
+    restartWorker: async (downMs) => {
+      await worker.stop();
+      await new Promise((r) => setTimeout(r, downMs));
+      worker = await startWorkerDev(workerOptions);
+      stack.worker = worker;
+    },
     stop: async () => {
       await worker.stop();
       await agent.close();
     },
   };
+  return stack;
 }
 
 /** proxy-image/dist/{proxy,wiring}.cjs, which the agent mounts into every sandbox. */

@@ -194,15 +194,21 @@ export async function follow(ctx: Ctx, client: Api, id: string, intervalMs = 100
     if (done) break;
     await new Promise((r) => setTimeout(r, intervalMs));
   }
+  // A lingering run has no reason yet (the run has not ended); its commands' outcome is the
+  // reason it moved to lingering with.
+  const reason =
+    run.status === "lingering"
+      ? (run.trace.findLast((e) => e.kind === "transition" && e.state === "lingering")?.reason ?? null)
+      : run.reason;
   print(ctx, run, () => [
-    `${run.id} ${run.status}${run.reason ? `: ${run.reason}` : ""}${run.reasonDetail ? ` (${run.reasonDetail})` : ""}`,
+    `${run.id} ${run.status}${reason ? `: ${reason}` : ""}${run.reasonDetail ? ` (${run.reasonDetail})` : ""}`,
     ...(run.status === "lingering" && run.linger.until
       ? [`its proxy lingers until ${run.linger.until}: benchwright runs linger ${run.id} 0 ends it`]
       : []),
     `blocked hosts: benchwright logs blocked-hosts ${run.id}`,
   ]);
-  if (run.reason !== "completed") {
-    throw new RunNotCompleted(`run ${run.id} ${run.status}: ${run.reason ?? "no reason"}`);
+  if (reason !== "completed") {
+    throw new RunNotCompleted(`run ${run.id} ${run.status}: ${reason ?? "no reason"}`);
   }
   return run;
 }
