@@ -450,7 +450,7 @@ describe("AuditReporter", () => {
     expect(readdirSync(dir).filter((n) => n !== "rejected")).toEqual([]);
   });
 
-  // case E3, the reporter's half: a full spool stops accepting (the proxy's 503 on that is not driven here)
+  // case E3, the reporter's half: a full spool stops accepting (the proxy's 503: host-policy.test.ts)
   it("E3: a full spool stops accepting egress, and accepts again once it drains", async () => {
     await cp.stop();
     const r = reporter({ maxSpoolBytes: 1500 });

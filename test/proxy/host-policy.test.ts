@@ -561,3 +561,30 @@ describe("case A17 (proxy side): CONNECT leaves only to port 443", () => {
     nothing();
   });
 });
+
+// case E3, the proxy's half (the reporter's is in audit.test.ts): while the audit spool is full,
+// the proxy refuses new egress with 503 rather than let traffic go unrecorded; nothing is dialled
+// and no credential leaves. It goes on once the spool has room again.
+describe("case E3: a full audit spool pauses egress", () => {
+  it("refuses an allowed, injected request with 503 and dials nothing; serves it again after", async () => {
+    const nothing = quiet();
+    proxy.audit.accepting = false;
+    try {
+      for (const target of [tlsTarget("api.test"), tlsTarget("other.test")]) {
+        const host = target.tls.servername;
+        const r = await exchange(target, [get(host, "/paused")]);
+        expect(r.responses[0]?.status, host).toBe(503);
+        expect(r.responses[0]?.body.toString()).toContain("audit log cannot be delivered");
+        expect(r.bytes.toString()).not.toContain(CANARY);
+      }
+      const plain = await exchange({ port: proxy.httpPort }, [get("other.test", "/paused")]);
+      expect(plain.responses[0]?.status).toBe(503);
+      nothing();
+    } finally {
+      proxy.audit.accepting = true;
+    }
+    const again = await exchange(tlsTarget("api.test"), [get("api.test", "/resumed")]);
+    expect(again.responses[0]?.status).toBe(200);
+    expect(api.seen.at(-1)?.headers.authorization).toBe(`Bearer ${CANARY}`);
+  });
+});
