@@ -92,8 +92,15 @@ export function expectProblem(res: ApiResponse, status: number, code: string): A
   return res;
 }
 
-/** A tenant whose only secret (used by a rule) no longer decrypts: its runs retry, then stop (E1). */
-export async function tenantWithUnreadableVault(value: string): Promise<Tenant> {
+/**
+ * A tenant whose only secret (used by a rule) no longer decrypts: its runs retry, then stop (E1).
+ * `missing_key`: sealed under a key id the ring does not have (a key retired too early);
+ * `tampered`: the real ciphertext with one byte of it changed (GCM's tag no longer matches).
+ */
+export async function tenantWithUnreadableVault(
+  value: string,
+  how: "missing_key" | "tampered" = "missing_key",
+): Promise<Tenant> {
   const t = await newTenant();
   await t.api("POST", "/v1/vault/secrets", { name: "KEY", value });
   await t.api("POST", "/v1/vault/rules", {
@@ -101,11 +108,20 @@ export async function tenantWithUnreadableVault(value: string): Promise<Tenant> 
     secret: "KEY",
     inject: { scheme: "bearer" },
   });
-  await withDb((db) =>
-    db
-      .update(vaultSecrets)
-      .set({ ciphertext: "v1.gone.AAAA.AAAA.AAAA.AAAA" })
-      .where(eq(vaultSecrets.environmentId, t.environmentId)),
-  );
+  await withDb(async (db) => {
+    const [row] = await db.select().from(vaultSecrets).where(eq(vaultSecrets.environmentId, t.environmentId));
+    if (!row) throw new Error("no secret row");
+    let ciphertext = "v1.gone.AAAA.AAAA.AAAA.AAAA";
+    if (how === "tampered") {
+      const parts = row.ciphertext.split(".");
+      const i = parts.length - 1; // the sealed value (v1.keyId.wrapIv.wrappedKey.iv.ciphertext)
+      const field = parts[i] as string;
+      const at = Math.floor(field.length / 2);
+      parts[i] = field.slice(0, at) + (field[at] === "A" ? "B" : "A") + field.slice(at + 1);
+      ciphertext = parts.join(".");
+      if (ciphertext === row.ciphertext) throw new Error("tampering changed nothing");
+    }
+    await db.update(vaultSecrets).set({ ciphertext }).where(eq(vaultSecrets.environmentId, t.environmentId));
+  });
   return t;
 }

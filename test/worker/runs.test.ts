@@ -84,25 +84,29 @@ describe("runs API", () => {
     expect((await b.api("GET", `/v1/runs/${other}`)).json.status).not.toBe("stopped");
   });
 
-  // case E1: the vault cannot be read at run start → retries, then stop before any sandbox.
-  it("stops a run whose vault cannot be decrypted, after retries, before any sandbox (E1)", async () => {
-    const t = await tenantWithUnreadableVault("canary-e1-value");
-    const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
-    const run = await driveToEnd(t, id);
-    expect(run.json).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
-    expect(run.json.reasonDetail).toContain("no benchmark code ran");
-    const attempts = run.json.trace.filter((e: { kind: string; detail: { text?: string } | null }) =>
-      e.detail?.text?.startsWith("Vault read attempt"),
-    );
-    expect(attempts).toHaveLength(VAULT_ATTEMPTS);
-    const states = run.json.trace
-      .filter((e: { kind: string }) => e.kind === "transition")
-      .map((e: { state: string }) => e.state);
-    expect(states).toEqual(["queued", "fetching_vault", "finishing", "stopped"]);
-    const made = await withDb((db) => db.select().from(sandboxes).where(eq(sandboxes.runId, id)));
-    expect(made).toEqual([]);
-    expect(run.text).not.toContain("canary-e1-value");
-  });
+  // case E1: the vault cannot be read at run start (a key missing from the ring, a ciphertext
+  // that fails to decrypt) → retries, then stop before any sandbox.
+  it.each(["missing_key", "tampered"] as const)(
+    "stops a run whose vault cannot be decrypted (%s), after retries, before any sandbox (E1)",
+    async (how) => {
+      const t = await tenantWithUnreadableVault("canary-e1-value", how);
+      const id = (await t.api("POST", "/v1/runs", { commands: ["echo never"] })).json.id;
+      const run = await driveToEnd(t, id);
+      expect(run.json).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
+      expect(run.json.reasonDetail).toContain("no benchmark code ran");
+      const attempts = run.json.trace.filter((e: { kind: string; detail: { text?: string } | null }) =>
+        e.detail?.text?.startsWith("Vault read attempt"),
+      );
+      expect(attempts).toHaveLength(VAULT_ATTEMPTS);
+      const states = run.json.trace
+        .filter((e: { kind: string }) => e.kind === "transition")
+        .map((e: { state: string }) => e.state);
+      expect(states).toEqual(["queued", "fetching_vault", "finishing", "stopped"]);
+      const made = await withDb((db) => db.select().from(sandboxes).where(eq(sandboxes.runId, id)));
+      expect(made).toEqual([]);
+      expect(run.text).not.toContain("canary-e1-value");
+    },
+  );
 
   it("stops with the reason when no compute backend can make a sandbox", async () => {
     const t = await newTenant();
