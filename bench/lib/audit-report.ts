@@ -62,7 +62,7 @@ export function renderAudit(r: AuditResults): string {
     `- date: ${r.date}, commit ${r.commit}, whole run ${f(r.wallS, 0)} s`,
     `- machine: ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.machine.node}, PostgreSQL ${r.postgres} (throwaway cluster, fsync off, as in the tests)`,
     `- ${c.concurrency} senders flat out, each with one batch in flight (as many proxies delivering at once); ` +
-      `${c.durationS} s measured per row in ${c.rounds} windows, each after ${c.warmupS} s unmeasured; ` +
+      `${c.durationS} s measured per row in ${c.rounds} window${c.rounds === 1 ? "" : "s"}, each after ${c.warmupS} s unmeasured; ` +
       "every row of every batch is a new host (half blocked hosts, half egress routes), so each row is an insert",
     "",
     "Signed audit batches, as a run's proxy sends them, posted to `POST /internal/runs/{id}/audit` on",
@@ -91,7 +91,8 @@ export function renderAudit(r: AuditResults): string {
     "",
     `One fresh connection through the driver and the bridge (connect, \`select 1\`, end), one at a time: ${f(r.connection.ms, 0)} ms, ` +
       `${f(r.connection.cpuMs, 0)} ms of it CPU in the client (the driver's SCRAM-SHA-256 login: 4,096 HMAC rounds, each an awaited WebCrypto call). ` +
-      "The Worker opens one per request, so small batches cost about that each, and the senders share the cores.",
+      "The Worker opens a connection per request too (src/db/client.ts), with the same login: compare " +
+      "the route's batches/s across batch sizes to see how much of a request is that fixed cost.",
     "",
     lost.length === 0
       ? "Every acknowledged row is in the database, and nothing else."

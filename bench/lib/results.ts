@@ -25,10 +25,15 @@ export function gitDescribe(): string {
       cwd: ROOT,
       encoding: "utf8",
     }).trim();
-    const dirty = execFileSync("git", ["status", "--porcelain", "--untracked-files=no"], {
-      cwd: ROOT,
-      encoding: "utf8",
-    }).trim();
+    // The results the benches write themselves do not make the tree dirty.
+    const dirty = execFileSync(
+      "git",
+      ["status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+      {
+        cwd: ROOT,
+        encoding: "utf8",
+      },
+    ).trim();
     return dirty ? `${head} (with uncommitted changes)` : head;
   } catch {
     return "unknown";
