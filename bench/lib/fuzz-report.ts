@@ -96,9 +96,9 @@ export function renderFuzz(r: FuzzResults): string {
     `| cores used: bench (clients, reference) / proxy process | ${f(r.cpuCores.bench, 2)} / ${f(r.cpuCores.proxy, 2)} |`,
     `| proxy process RSS MiB: start / end / peak | ${f(r.proxyRssMiB.start)} / ${f(r.proxyRssMiB.end)} / ${f(r.proxyRssMiB.peak)} |`,
     "",
-    "Cases/s is bounded by the wait for quiet after each case (at most concurrency / quiet wait =",
-    `${int((c.concurrency * 1000) / Math.max(1, c.idleMs + c.gapMs))} cases/s here) and by the cores, which the clients, the reference and the proxy`,
-    "share: it says how long a number of cases takes, not how fast the proxy parses.",
+    `A case the proxy does not close waits ${c.idleMs} ms of quiet, so with ${c.concurrency} in flight the rate stays near`,
+    `${int((c.concurrency * 1000) / Math.max(1, c.idleMs + c.gapMs))} cases/s unless the cores bind first (the clients, the reference and the proxy share`,
+    "them): it says how long a number of cases takes, not how fast the proxy parses.",
   ];
   if (r.crashes.length > 0) lines.push("", "Crashes:", "", ...r.crashes.map((x) => `- ${x}`));
   if (r.findings.length > 0)
