@@ -196,6 +196,12 @@ async function main(): Promise<number> {
   const rssEnd = memoryOf(pid)?.rssMiB ?? Number.NaN;
   if (proc.exit && crashes.length === 0) crashes.push(`the proxy process ${proc.exit}`);
   await reference.close();
+  // Disconnected, the proxy process closes its listeners and scratch directory and exits.
+  if (!proc.exit) {
+    const exited = new Promise((r) => proxyProc.once("exit", r));
+    proxyProc.disconnect();
+    await Promise.race([exited, new Promise((r) => setTimeout(r, 5_000))]);
+  }
 
   const shown = findings.slice(0, MAX_SHOWN).map((x) => {
     const id = Number(/[?&]c=(\d+)/.exec(x.key ?? x.where)?.[1] ?? /^case (\d+)/.exec(x.where)?.[1]);

@@ -11,6 +11,14 @@ import { startFuzzProxy } from "../../test/proxy/fuzz-lib";
 
 async function main(): Promise<void> {
   const fuzz = await startFuzzProxy();
+  // The bench going away takes the proxy with it (closed, so its scratch directory goes too).
+  process.once("disconnect", () => {
+    const bound = setTimeout(() => process.exit(0), 3_000);
+    void fuzz.close().finally(() => {
+      clearTimeout(bound);
+      process.exit(0);
+    });
+  });
   const decisions: Record<string, number> = {};
   process.on("message", (m: { kind: string; id: number }) => {
     if (m.kind !== "drain") return;
@@ -38,8 +46,6 @@ async function main(): Promise<void> {
   });
 }
 
-// The bench going away takes the proxy with it.
-process.on("disconnect", () => process.exit(0));
 main().catch((e: unknown) => {
   console.error(`fuzz proxy failed to start: ${(e as Error).stack ?? e}`);
   process.exit(1);
