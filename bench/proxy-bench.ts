@@ -8,11 +8,11 @@
 //   new connection  direct / through the proxy, one verified TLS handshake per request
 //   memory          the proxy's peak RSS, and its RSS holding 1,000 idle keep-alive connections
 //   decisions       decideHost + matchRule per lookup at 10 and 100,000 rules
-// and writes bench/results/latest.md and latest.json. It never fails on a number: targets are
-// reported as met or not met. Durations and sizes come from the environment (see CONFIG).
-import { type ChildProcess, execFileSync, fork, spawn } from "node:child_process";
+// and writes its section of bench/results/latest.md and latest.json. It never fails on a number:
+// targets are reported as met or not met. Durations and sizes come from the environment (see CONFIG).
+import { type ChildProcess, fork, spawn } from "node:child_process";
 import { mkdtempSync, openSync, rmSync, writeFileSync } from "node:fs";
-import { cpus, tmpdir } from "node:os";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
@@ -30,15 +30,10 @@ import {
   type Target,
 } from "./lib/load";
 import { type Mitmdump, mitmdumpVersion, startMitmdump, stopChild } from "./lib/mitm";
+import { publish, summaryLines } from "./lib/page";
 import { CpuMeter, memoryOf } from "./lib/proc";
-import { countDecisions, type Phase, type Results, writeResults } from "./lib/report";
-
-const num = (key: string, fallback: number) => {
-  const raw = process.env[key];
-  const n = raw === undefined || raw === "" ? fallback : Number(raw);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`${key} must be a positive number`);
-  return n;
-};
+import { consoleTable, countDecisions, type Phase, proxySection, type Results } from "./lib/report";
+import { gitDescribe, machine, num, ROOT } from "./lib/results";
 
 const CONFIG = {
   /** Seconds measured per row (target and kind of load), over all rounds. */
@@ -62,7 +57,13 @@ const CONFIG = {
   mitm: process.env.BENCH_MITM !== "0",
 };
 
-const ROOT = fileURLToPath(new URL("..", import.meta.url));
+/** Settings below these defaults make a short (trial) run, and the results say so. */
+const SHORT =
+  CONFIG.durationS < 9 ||
+  CONFIG.rounds < 3 ||
+  CONFIG.idleConnections < 1000 ||
+  CONFIG.decisionRounds < 7 ||
+  CONFIG.decisionPasses < 10;
 const HOST = "api.test";
 const UPSTREAM_ADDRESS = "127.0.0.2";
 const HEADER = "x-api-key";
@@ -93,22 +94,6 @@ function waitExitOr<T>(child: ChildProcess, what: string, p: Promise<T>, ms: num
       },
     );
   });
-}
-
-function gitDescribe(): string {
-  try {
-    const head = execFileSync("git", ["rev-parse", "--short", "HEAD"], {
-      cwd: ROOT,
-      encoding: "utf8",
-    }).trim();
-    const dirty = execFileSync("git", ["status", "--porcelain", "--untracked-files=no"], {
-      cwd: ROOT,
-      encoding: "utf8",
-    }).trim();
-    return dirty ? `${head} (with uncommitted changes)` : head;
-  } catch {
-    return "unknown";
-  }
 }
 
 async function main(): Promise<void> {
@@ -375,12 +360,7 @@ async function main(): Promise<void> {
       schema: 1,
       date: new Date().toISOString(),
       commit: gitDescribe(),
-      machine: {
-        cores: cpus().length,
-        cpu: cpus()[0]?.model ?? "unknown",
-        node: process.version,
-        mitmdump: mitmNote,
-      },
+      machine: { ...machine(), mitmdump: mitmNote },
       config: { ...CONFIG, fixedRate },
       phases,
       memory: {
@@ -399,9 +379,13 @@ async function main(): Promise<void> {
       proxyDecisionLog: decisions,
       audit: { batches: cp.batches.size, rows: cp.auditRows },
       wallS: (Date.now() - started) / 1000,
+      short: SHORT,
     };
-    const { table } = writeResults(results, join(ROOT, "bench/results"));
-    process.stdout.write(`${table}\n`);
+    const section = proxySection(results, SHORT);
+    const written = publish(section);
+    process.stdout.write(
+      `${consoleTable(results)}\n\nsummary:\n${summaryLines(section)}\nwritten to ${written}\n`,
+    );
   } finally {
     await mitm?.stop().catch(() => {});
     for (const c of children) await stopChild(c).catch(() => {});

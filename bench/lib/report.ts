@@ -1,10 +1,10 @@
-import { createReadStream, mkdirSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { createReadStream } from "node:fs";
 import { createInterface } from "node:readline";
 import type { DecisionResult } from "./decision";
 import type { LoadResult } from "./load";
+import { f, int, mark, ratio, type SectionHead, type SummaryRow, times } from "./results";
 
-// Results of one bench run: the JSON as measured, and a Markdown page a person reads (table,
+// Results of the proxy bench: the JSON as measured, and its section of the results page (table,
 // ratios, targets met or not). Targets never fail the run; they are reported.
 
 export interface Phase extends LoadResult {
@@ -40,6 +40,8 @@ export interface Results {
   /** Signed audit batches the bench's control plane accepted, and the rows they carried. */
   audit: { batches: number; rows: number };
   wallS: number;
+  /** Settings below the defaults (absent in results from before there was more than one bench). */
+  short?: boolean;
 }
 
 interface Target {
@@ -71,12 +73,7 @@ export async function countDecisions(file: string, secret: string) {
   return { byDecision, tlsErrors, malformed, linesWithSecret };
 }
 
-const f = (n: number | null | undefined, digits = 1) =>
-  n === null || n === undefined || !Number.isFinite(n) ? "n/a" : n.toFixed(digits);
-const ratio = (a: number | undefined, b: number | undefined) =>
-  a === undefined || b === undefined || b === 0 ? null : a / b;
 const signed = (n: number | null) => `${n !== null && n >= 0 ? "+" : ""}${f(n, 2)}`;
-const int = (n: number) => Math.round(n).toLocaleString("en-US");
 
 function targetsOf(r: Results): Target[] {
   const get = (kind: Phase["kind"], target: string) =>
@@ -152,8 +149,6 @@ function targetsOf(r: Results): Target[] {
   ];
 }
 
-const mark = (m: boolean | null) => (m === null ? "n/a" : m ? "met" : "NOT met");
-
 function throughputTable(r: Results): string[] {
   const kaMitm = r.phases.find((p) => p.kind === "keep-alive" && p.target === "mitmdump");
   const rate = Number(r.config.fixedRate ?? 0);
@@ -175,7 +170,7 @@ function throughputTable(r: Results): string[] {
   return rows;
 }
 
-export function renderMarkdown(r: Results): string {
+export function renderProxy(r: Results): string {
   const targets = targetsOf(r);
   const rate = Number(r.config.fixedRate ?? 0);
   const c = r.config;
@@ -183,11 +178,9 @@ export function renderMarkdown(r: Results): string {
   const mitmPhase = r.phases.find((p) => p.target === "mitmdump");
   const maxOthers = Math.max(0, ...r.phases.map((p) => p.cpuCores.others ?? 0));
   const lines = [
-    "# Proxy bench: latest run",
+    "## Proxy bench (`npm run bench:proxy`, bench/proxy-bench.ts)",
     "",
-    "Written by `npm run bench:proxy` (bench/proxy-bench.ts); the same numbers are in `latest.json`.",
-    "Targets are reported, never enforced: a run does not fail on a number.",
-    "",
+    ...(r.short ? ["**Short run**: settings below the defaults, so these numbers say less.", ""] : []),
     `- date: ${r.date}, commit ${r.commit}, whole run ${f(r.wallS, 0)} s`,
     `- machine: ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.machine.node}, mitmdump: ${r.machine.mitmdump}`,
     `- load: ${c.connections} connections (keep-alive) or ${c.connections} concurrent loops (new connection), ` +
@@ -195,7 +188,7 @@ export function renderMarkdown(r: Results): string {
       `GET with a ${c.bodyBytes}-byte response, ` +
       "loopback only (client → 127.0.0.1 proxy / mitmdump, or → 127.0.0.2 upstream), SNI and Host `api.test`",
     "",
-    "## How the two cores are shared",
+    "### How the two cores are shared",
     "",
     "Nothing is pinned. Three processes share the machine's cores under the Linux scheduler: the load",
     "generator (the bench process, one thread: autocannon for keep-alive, a Node `https` loop for new",
@@ -215,7 +208,7 @@ export function renderMarkdown(r: Results): string {
         ]
       : []),
     "",
-    "## Throughput and latency",
+    "### Throughput and latency",
     "",
     ...throughputTable(r),
     "",
@@ -238,7 +231,7 @@ export function renderMarkdown(r: Results): string {
         (p) => `**${p.target} did not keep up with the offered rate** (${int(p.rps)} of ${int(rate)} req/s).`,
       ),
     "",
-    "## Memory (proxy process, /proc/<pid>/status)",
+    "### Memory (proxy process, /proc/<pid>/status)",
     "",
     "| when | RSS MiB |",
     "| --- | ---: |",
@@ -252,7 +245,7 @@ export function renderMarkdown(r: Results): string {
     "The idle connections are opened after the load rows, so the heap the proxy grew under load is",
     "still there: this is the RSS of a proxy that has served traffic, not of a fresh one.",
     "",
-    "## Policy decisions (in-process)",
+    "### Policy decisions (in-process)",
     "",
     "`decideHost` + `matchRule` per lookup on `buildPolicyIndex(compilePolicy(vault))`, N rules and N",
     "host entries (half exact, half wildcard), lookups mixed: ¼ exact host hits, ¼ wildcard host hits,",
@@ -265,13 +258,13 @@ export function renderMarkdown(r: Results): string {
         `| ${int(d.rules)} | ${int(d.hostEntries)} | ${f(d.nsPerOp, 0)} | ${f(ratio(d.nsPerOp, r.decisions[0]?.nsPerOp), 2)} | ${f(d.buildMs, 0)} |`,
     ),
     "",
-    "## Targets",
+    "### Targets",
     "",
     "| target | goal | measured | |",
     "| --- | --- | --- | --- |",
     ...targets.map((t) => `| ${t.name} | ${t.goal} | ${t.measured} | ${mark(t.met)} |`),
     "",
-    "## Checks on the run itself",
+    "### Checks on the run itself",
     "",
     `- proxy decision log: ${Object.entries(r.proxyDecisionLog.byDecision)
       .map(([k, v]) => `${k} ${int(v)}`)
@@ -288,7 +281,8 @@ export function renderMarkdown(r: Results): string {
   return lines.join("\n");
 }
 
-function consoleTable(r: Results): string {
+/** The console table of a proxy run. */
+export function consoleTable(r: Results): string {
   const out = ["", "load            through      req/s    p50 ms   p99 ms  ×direct"];
   for (const p of r.phases) {
     const direct = r.phases.find((q) => q.kind === p.kind && q.target === "direct");
@@ -301,11 +295,69 @@ function consoleTable(r: Results): string {
   return out.join("\n");
 }
 
-/** Writes latest.md and latest.json under `dir`; returns the console table. */
-export function writeResults(r: Results, dir: string): { table: string } {
-  mkdirSync(dir, { recursive: true });
-  const withTargets = { ...r, targets: targetsOf(r) };
-  writeFileSync(join(dir, "latest.json"), `${JSON.stringify(withTargets, null, 2)}\n`);
-  writeFileSync(join(dir, "latest.md"), renderMarkdown(r));
-  return { table: consoleTable(r) };
+/** The proxy bench's section of latest.json: its results, the targets and the summary rows. */
+export function proxySection(r: Results, short: boolean): ProxySection {
+  const targets = targetsOf(r);
+  const get = (kind: Phase["kind"], target: string) =>
+    r.phases.find((p) => p.kind === kind && p.target === target);
+  const row = (kind: Phase["kind"], target: string, base: string, measure: string): SummaryRow => {
+    const a = get(kind, target);
+    const b = get(kind, base);
+    return {
+      measure,
+      result: a ? `${int(a.rps)} req/s` : "n/a",
+      baseline: b ? `${int(b.rps)} req/s (${base})` : `n/a (${base})`,
+      ratio: times(ratio(a?.rps, b?.rps)),
+    };
+  };
+  const frP99 = targets.find((t) => t.name.includes("open loop"));
+  const decision = targets.find((t) => t.name.startsWith("decision time"));
+  const idle = targets.find((t) => t.name.startsWith("proxy RSS"));
+  const small = r.decisions[0];
+  const large = r.decisions.at(-1);
+  const summary: SummaryRow[] = [
+    { ...row("keep-alive", "proxy", "direct", "keep-alive req/s through the proxy"), target: "≥ 0.5×" },
+    { ...row("keep-alive", "proxy", "mitmdump", "keep-alive req/s, proxy vs mitmdump"), target: "≥ 10×" },
+    {
+      ...row("new-connection", "proxy", "direct", "new-connection req/s through the proxy"),
+      target: "≥ 0.5×",
+    },
+    {
+      measure: `p99 added at a fixed ${int(Number(r.config.fixedRate ?? 0))} req/s`,
+      result: `${f(get("fixed-rate", "proxy")?.p99Ms, 2)} ms`,
+      baseline: `${f(get("fixed-rate", "direct")?.p99Ms, 2)} ms (direct)`,
+      ratio: frP99?.measured ?? "n/a",
+      target: frP99?.goal ?? "",
+      met: frP99?.met ?? null,
+    },
+    {
+      measure: `policy decision, ${int(large?.rules ?? 0)} rules`,
+      result: `${f(large?.nsPerOp, 0)} ns`,
+      baseline: `${f(small?.nsPerOp, 0)} ns (${int(small?.rules ?? 0)} rules)`,
+      ratio: times(ratio(large?.nsPerOp, small?.nsPerOp)),
+      target: decision?.goal ?? "",
+      met: decision?.met ?? null,
+    },
+    {
+      measure: `proxy RSS holding ${int(r.memory.idle.connections)} idle keep-alive connections`,
+      result: idle?.measured ?? "n/a",
+      baseline: `${f(r.memory.proxyFreshRssMiB)} MiB (fresh)`,
+      ratio: times(ratio(r.memory.idle.rssMiB, r.memory.proxyFreshRssMiB)),
+      target: idle?.goal ?? "",
+      met: idle?.met ?? null,
+    },
+  ];
+  // The ratio targets are the proxy's own rows above; their "met" comes from targetsOf.
+  const byGoal = [targets[0], targets[1], targets[2]];
+  for (const [i, t] of byGoal.entries()) if (summary[i] && t) summary[i].met = t.met;
+  return {
+    ...r,
+    bench: "proxy",
+    short: r.short ?? short,
+    machine: r.machine,
+    summary,
+    targets,
+  };
 }
+
+export type ProxySection = Results & SectionHead & { targets: Target[] };

@@ -1,0 +1,87 @@
+import { f, quantiles, ratio, type SectionHead, type SummaryRow, times } from "./results";
+
+// The run start bench's section of the results page (bench/start-bench.ts).
+
+export type StartKind = "no-proxy" | "proxy";
+
+export interface StartSample {
+  kind: StartKind;
+  runId: string;
+  /** Finished and completed, printed its line, and had a proxy exactly when it should. */
+  ok: boolean;
+  status: string;
+  /** POST /v1/runs answered (202), ms after it was sent. */
+  acceptedMs: number;
+  /** The trace's `running` transition and first command output, and the run's end, ms after the POST. */
+  toRunningMs: number;
+  toOutputMs: number;
+  toEndMs: number;
+}
+
+export interface StartResults extends SectionHead {
+  config: { runs: number; pollMs: number };
+  postgres: string;
+  samples: StartSample[];
+}
+
+type Measure = "acceptedMs" | "toRunningMs" | "toOutputMs" | "toEndMs";
+const MEASURES: Array<[Measure, string]> = [
+  ["acceptedMs", "POST /v1/runs answered"],
+  ["toRunningMs", "`running`"],
+  ["toOutputMs", "first command output"],
+  ["toEndMs", "run ended (finished)"],
+];
+
+const stats = (r: StartResults, kind: StartKind, m: Measure) =>
+  quantiles(r.samples.filter((s) => s.kind === kind && s.ok).map((s) => s[m]));
+
+export function startSection(r: StartResults): StartResults {
+  const summary: SummaryRow[] = (["toRunningMs", "toOutputMs"] as const).map((m) => {
+    const p = stats(r, "proxy", m);
+    const n = stats(r, "no-proxy", m);
+    return {
+      measure: `run start on the local backend, POST /v1/runs → ${m === "toRunningMs" ? "`running`" : "first command output"} (median)`,
+      result: `${f(p.median / 1000, 2)} s with a proxy (vault with a rule)`,
+      baseline: `${f(n.median / 1000, 2)} s without (empty vault)`,
+      ratio: times(ratio(p.median, n.median)),
+    };
+  });
+  return { ...r, summary };
+}
+
+export function renderStart(r: StartResults): string {
+  const bad = r.samples.filter((s) => !s.ok);
+  const lines = [
+    "## Run start bench (`npm run bench:start`, bench/start-bench.ts)",
+    "",
+    ...(r.short ? [`**Short run**: ${r.config.runs} runs of each kind, below the default 5.`, ""] : []),
+    `- date: ${r.date}, commit ${r.commit}, whole run ${f(r.wallS, 0)} s`,
+    `- machine: ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.machine.node}, PostgreSQL ${r.postgres}`,
+    `- ${r.config.runs} measured runs of each kind, taking turns, after one unmeasured run of each; one command (\`echo\`)`,
+    "",
+    "The local stack as the end-to-end tests run it (scripts/lib/local-stack.ts: the host agent, `wrangler",
+    "dev` with the run coordinator, a throwaway PostgreSQL). Times run from sending POST /v1/runs to",
+    "the run's trace rows (their own timestamps, same clock): the `running` transition and the first",
+    "output of the command. Without a proxy: a tenant with an empty vault (nothing to enforce, so the",
+    "run's network sandbox gets no proxy process). With: a tenant whose vault has a secret and a rule,",
+    "so the proxy is started, fetches its policy and reports ready, and the wiring step proves the",
+    "redirect before the command runs. The coordinator polls every 250 ms, which sets the grain.",
+    "",
+    "| ms after POST /v1/runs | without proxy: median | p90 | with proxy: median | p90 | × without (median) |",
+    "| --- | ---: | ---: | ---: | ---: | ---: |",
+  ];
+  for (const [m, label] of MEASURES) {
+    const n = stats(r, "no-proxy", m);
+    const p = stats(r, "proxy", m);
+    lines.push(
+      `| ${label} | ${f(n.median, 0)} | ${f(n.p90, 0)} | ${f(p.median, 0)} | ${f(p.p90, 0)} | ${f(ratio(p.median, n.median), 2)} |`,
+    );
+  }
+  lines.push(
+    "",
+    bad.length === 0
+      ? `All ${r.samples.length} measured runs finished as expected (completed, printed their line, a proxy exactly when the vault had a rule).`
+      : `**${bad.length} runs did not go as expected** and are left out: ${bad.map((s) => `${s.runId} (${s.kind}, ${s.status})`).join(", ")}.`,
+  );
+  return lines.join("\n");
+}
