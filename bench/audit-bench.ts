@@ -23,7 +23,7 @@ import { issueProxyCredentials, type RunOwner } from "../src/runs/proxy-credenti
 import { storeAuditBatch } from "../src/runs/proxy-reports";
 import { type AuditResults, type AuditRow, type AuditTarget, auditSection } from "./lib/audit-report";
 import { publish, summaryLines } from "./lib/page";
-import { gitDescribe, machine, num, quantiles } from "./lib/results";
+import { num, quantiles, runBench, sectionHead } from "./lib/results";
 import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
 
 const CONFIG = {
@@ -272,13 +272,7 @@ async function main(): Promise<number> {
     await admin.pool.end();
 
     const results: AuditResults = {
-      bench: "audit",
-      date: new Date().toISOString(),
-      commit: gitDescribe(),
-      machine: machine(),
-      short: SHORT,
-      wallS: (Date.now() - started) / 1000,
-      summary: [],
+      ...sectionHead("audit", started, SHORT),
       config: { ...CONFIG, batchRows: CONFIG.batchRows.join(",") },
       postgres: db.version,
       connection: { ms: quantiles(connect).median, cpuMs: quantiles(connectCpu).median },
@@ -293,12 +287,4 @@ async function main(): Promise<number> {
   }
 }
 
-process.stderr.on("error", () => {});
-
-main().then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    console.error(`audit bench failed: ${(e as Error).stack ?? e}`);
-    process.exit(1);
-  },
-);
+runBench("audit bench", main);

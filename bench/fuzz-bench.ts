@@ -31,7 +31,7 @@ import type { Seen } from "../test/proxy/harness";
 import { type FuzzResults, fuzzSection } from "./lib/fuzz-report";
 import { publish, summaryLines } from "./lib/page";
 import { cpuSecondsOf, memoryOf } from "./lib/proc";
-import { f, gitDescribe, int, machine, num } from "./lib/results";
+import { f, int, num, runBench, sectionHead } from "./lib/results";
 
 const CONFIG = {
   cases: num("BENCH_FUZZ_CASES", 100_000),
@@ -209,13 +209,7 @@ async function main(): Promise<number> {
     return { ...x, ...(chunks ? { caseId: id, chunks } : {}) };
   });
   const results: FuzzResults = {
-    bench: "fuzz",
-    date: new Date().toISOString(),
-    commit: gitDescribe(),
-    machine: machine(),
-    short: SHORT,
-    wallS: (Date.now() - started) / 1000,
-    summary: [],
+    ...sectionHead("fuzz", started, SHORT),
     config: { ...CONFIG, idleMs: EXCHANGE.idleMs ?? 0, gapMs: EXCHANGE.gapMs ?? 0 },
     cases: done,
     fuzzS,
@@ -253,12 +247,4 @@ process.on("exit", () => {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
 });
 for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.once(sig, () => process.exit(130));
-process.stderr.on("error", () => {});
-
-main().then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    console.error(`fuzz bench failed: ${(e as Error).stack ?? e}`);
-    process.exit(1);
-  },
-);
+runBench("fuzz bench", main);

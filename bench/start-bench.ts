@@ -14,7 +14,7 @@ import { proxyNamespaces } from "../local-agent/network";
 import { whyNotRunnable } from "../scripts/lib/can-isolate";
 import { startLocalStack } from "../scripts/lib/local-stack";
 import { publish, summaryLines } from "./lib/page";
-import { f, gitDescribe, machine, num } from "./lib/results";
+import { f, num, runBench, sectionHead } from "./lib/results";
 import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
 import { type StartKind, type StartResults, type StartSample, startSection } from "./lib/start-report";
 
@@ -172,13 +172,7 @@ async function main(): Promise<number> {
     }
 
     const results: StartResults = {
-      bench: "start",
-      date: new Date().toISOString(),
-      commit: gitDescribe(),
-      machine: machine(),
-      short: SHORT,
-      wallS: (Date.now() - started) / 1000,
-      summary: [],
+      ...sectionHead("start", started, SHORT),
       config: { ...CONFIG },
       postgres: db.version,
       samples,
@@ -195,12 +189,4 @@ async function main(): Promise<number> {
   }
 }
 
-process.stderr.on("error", () => {});
-
-main().then(
-  (code) => process.exit(code),
-  (e: unknown) => {
-    console.error(`run start bench failed: ${(e as Error).stack ?? e}`);
-    process.exit(1);
-  },
-);
+runBench("run start bench", main);

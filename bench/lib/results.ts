@@ -94,3 +94,31 @@ export interface SectionHead {
   wallS: number;
   summary: SummaryRow[];
 }
+
+/** The head every bench's section starts with (its summary is filled in by the section). */
+export function sectionHead<B extends BenchName>(bench: B, startedAt: number, short: boolean) {
+  return {
+    bench,
+    date: new Date().toISOString(),
+    commit: gitDescribe(),
+    machine: machine(),
+    short,
+    wallS: (Date.now() - startedAt) / 1000,
+    summary: [] as SummaryRow[],
+  };
+}
+
+/**
+ * Runs a bench's main and exits with its code (1 when it throws). A closed standard error (`| head`
+ * closing the pipe) must not stop a run midway.
+ */
+export function runBench(label: string, main: () => Promise<number>): void {
+  process.stderr.on("error", () => {});
+  main().then(
+    (code) => process.exit(code),
+    (e: unknown) => {
+      console.error(`${label} failed: ${(e as Error).stack ?? e}`);
+      process.exit(1);
+    },
+  );
+}
