@@ -11,6 +11,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { proxyNamespaces } from "../local-agent/network";
+import { type ApiClient as Api, apiClient as client } from "../scripts/lib/api-client";
 import { whyNotRunnable } from "../scripts/lib/can-isolate";
 import { startLocalStack } from "../scripts/lib/local-stack";
 import { publish, summaryLines } from "./lib/page";
@@ -29,36 +30,6 @@ const MARK = "bench-start-output";
 const TERMINAL = new Set(["finished", "stopped", "failed"]);
 
 const log = (s: string) => process.stderr.write(`${s}\n`);
-
-interface Api {
-  call(
-    method: string,
-    path: string,
-    body?: unknown,
-    // biome-ignore lint/suspicious/noExplicitAny: the API's JSON
-  ): Promise<{ status: number; json: any; text: string }>;
-}
-
-function client(apiUrl: string, key: string): Api {
-  return {
-    async call(method, path, body) {
-      const res = await fetch(`${apiUrl}${path}`, {
-        method,
-        headers: {
-          authorization: `Bearer ${key}`,
-          ...(body === undefined ? {} : { "content-type": "application/json" }),
-        },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-      const text = await res.text();
-      let json: unknown = null;
-      try {
-        json = JSON.parse(text);
-      } catch {}
-      return { status: res.status, json, text };
-    },
-  };
-}
 
 // biome-ignore lint/suspicious/noExplicitAny: trace rows are JSON
 type TraceEvent = { kind: string; state: string | null; detail: any; at: string };

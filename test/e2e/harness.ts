@@ -2,6 +2,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { inject } from "vitest";
+import { type ApiClient, apiClient } from "../../scripts/lib/api-client";
 import { type DemoUpstream, startDemoUpstream } from "../../scripts/lib/demo-upstream";
 import { type LocalStack, startLocalStack } from "../../scripts/lib/local-stack";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
@@ -91,35 +92,13 @@ export function proxyTestEnv(upstream: DemoUpstream): Record<string, string> {
   };
 }
 
-export interface Api {
-  key: string;
-  // biome-ignore lint/suspicious/noExplicitAny: tests read arbitrary JSON
-  call(method: string, path: string, body?: unknown): Promise<{ status: number; json: any; text: string }>;
-}
+export type Api = ApiClient;
 
 export async function newUser(apiUrl: string): Promise<Api> {
   const { db, pool } = nodeDb(inject("databaseUrl"));
   const made = await provisionApiKey(db, { email: `${randomId("e2e_")}@tenants.test` });
   await pool.end();
-  return {
-    key: made.key,
-    async call(method, path, body) {
-      const res = await fetch(`${apiUrl}${path}`, {
-        method,
-        headers: {
-          authorization: `Bearer ${made.key}`,
-          ...(body === undefined ? {} : { "content-type": "application/json" }),
-        },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-      const text = await res.text();
-      let json: unknown = null;
-      try {
-        json = JSON.parse(text);
-      } catch {}
-      return { status: res.status, json, text };
-    },
-  };
+  return apiClient(apiUrl, made.key);
 }
 
 const TERMINAL = new Set(["finished", "stopped", "failed"]);
