@@ -17,6 +17,10 @@ const EnvSchema = z.object({
     .string()
     .regex(/^$|^[1-9]\d{0,5}$/, "LINGER_IDLE_SECONDS must be a whole number of seconds (1-999999)")
     .optional(),
+  VAULT_READ_TIMEOUT_SECONDS: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,2}$/, "VAULT_READ_TIMEOUT_SECONDS must be a whole number of seconds (1-999)")
+    .optional(),
 });
 
 export interface Config {
@@ -26,6 +30,8 @@ export interface Config {
   readonly keyRing: KeyRing;
   /** Pause a lingering proxy nobody looked at for this long. */
   readonly lingerIdleMs: number;
+  /** A run's vault read at start that takes longer is cancelled by the database and retried. */
+  readonly vaultReadTimeoutMs: number;
 }
 
 export class ConfigError extends Error {}
@@ -50,6 +56,7 @@ export function loadConfig(env: Env): Config {
     databaseWsProxy: parsed.data.DATABASE_WS_PROXY || undefined,
     keyRing,
     lingerIdleMs: Number(parsed.data.LINGER_IDLE_SECONDS || 600) * 1000,
+    vaultReadTimeoutMs: Number(parsed.data.VAULT_READ_TIMEOUT_SECONDS || 10) * 1000,
   };
   cache.set(env, config);
   return config;

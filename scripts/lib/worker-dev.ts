@@ -52,13 +52,19 @@ export async function startWorkerDev(options: {
   });
   const log = options.log ?? (() => {});
   let tail = "";
-  const onData = (d: Buffer) => {
-    const text = d.toString();
-    tail = (tail + text).slice(-4000);
-    for (const line of text.split("\n")) if (line.trim()) log(line);
+  // Whole lines only: a chunk may end mid-line (callers match on lines). One rest per stream.
+  const lines = () => {
+    let rest = "";
+    return (d: Buffer) => {
+      const text = d.toString();
+      tail = (tail + text).slice(-4000);
+      const parts = (rest + text).split("\n");
+      rest = parts.pop() ?? "";
+      for (const line of parts) if (line.trim()) log(line);
+    };
   };
-  child.stdout?.on("data", onData);
-  child.stderr?.on("data", onData);
+  child.stdout?.on("data", lines());
+  child.stderr?.on("data", lines());
   const url = `http://127.0.0.1:${options.port}`;
   const stop = async () => {
     if (child.exitCode !== null || child.signalCode !== null) return;

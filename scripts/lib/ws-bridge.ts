@@ -9,13 +9,26 @@ import { WebSocketServer } from "ws";
 export interface WsBridge {
   /** host:port to give the driver as `wsProxy` (no scheme). */
   readonly address: string;
+  /**
+   * Fault injection: while down, every connection is cut and new ones are dropped at once (the
+   * database away, as the driver sees it); `refused` counts the ones dropped.
+   */
+  setDown(down: boolean): void;
+  readonly refused: number;
   close(): Promise<void>;
 }
 
 export async function startWsBridge(target: { host: string; port: number }): Promise<WsBridge> {
   const wss = new WebSocketServer({ host: "127.0.0.1", port: 0 });
   const sockets = new Set<Socket>();
+  let down = false;
+  let refused = 0;
   wss.on("connection", (ws) => {
+    if (down) {
+      refused += 1;
+      ws.terminate();
+      return;
+    }
     const tcp = createConnection(target);
     sockets.add(tcp);
     const pending: Buffer[] = [];
@@ -42,6 +55,15 @@ export async function startWsBridge(target: { host: string; port: number }): Pro
   const { port } = wss.address() as AddressInfo;
   return {
     address: `127.0.0.1:${port}`,
+    setDown: (value) => {
+      down = value;
+      if (!down) return;
+      for (const s of sockets) s.destroy();
+      for (const c of wss.clients) c.terminate();
+    },
+    get refused() {
+      return refused;
+    },
     close: () =>
       new Promise<void>((resolve) => {
         for (const s of sockets) s.destroy();

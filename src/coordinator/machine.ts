@@ -215,6 +215,8 @@ export interface MachinePorts {
       lingerPausedAt?: Date | null;
     },
   ): Promise<void>;
+  /** One line for the operator's log (JSON; ids and reasons, never a value). */
+  log(event: Record<string, unknown>): void;
   /** Compiles the run's vault now and checks every secret its rules need decrypts (E1). */
   readVault(runId: string): Promise<VaultRead>;
   issueProxyCredentials(runId: string): Promise<{ proxyToken: string; auditKey: string }>;
@@ -519,15 +521,26 @@ export class RunMachine {
     const read = await this.ports.readVault(s.runId);
     if (!read.ok) {
       s.attempt += 1;
-      await this.ports.event(s.runId, `vault:${s.attempt}`, "note", {
-        text: `Vault read attempt ${s.attempt} of ${VAULT_ATTEMPTS} failed: ${read.reason}`,
+      const text = `Vault read attempt ${s.attempt} of ${VAULT_ATTEMPTS} failed: ${read.reason}`;
+      // The database may be the very thing that is away: the attempt counts even when its note
+      // cannot be written, and the Worker's log has it either way.
+      this.ports.log({
+        event: "vault_read_failed",
+        runId: s.runId,
+        attempt: s.attempt,
+        of: VAULT_ATTEMPTS,
+        reason: read.reason,
       });
+      await this.ports.event(s.runId, `vault:${s.attempt}`, "note", { text }).catch(() => {});
       if (s.attempt >= VAULT_ATTEMPTS) {
-        await this.ports.note(s.runId, {
-          level: "warning",
-          code: "vault_unreadable",
-          text: `The vault could not be read after ${VAULT_ATTEMPTS} tries (${read.reason}), so the run stopped before any sandbox was made and no benchmark code ran.`,
-        });
+        await this.ports
+          .note(s.runId, {
+            level: "warning",
+            code: "vault_unreadable",
+            text: `The vault could not be read after ${VAULT_ATTEMPTS} tries (${read.reason}), so the run stopped before any sandbox was made and no benchmark code ran.`,
+          })
+          .catch(() => {});
+        // The stop is recorded by the teardown, which retries until the database answers.
         return this.stop(
           s,
           "vault_unreadable",

@@ -1,5 +1,5 @@
 import { DurableObject } from "cloudflare:workers";
-import { eq } from "drizzle-orm";
+import { eq, sql } from "drizzle-orm";
 import { backendForLaunch } from "../broker/backends";
 import { brokerStub } from "../broker/sandbox-broker";
 import { issueCapability, revokeRunCapabilities } from "../compute/capability";
@@ -242,6 +242,20 @@ export async function cancelRun(env: Env, db: Db, runId: string): Promise<"asked
   return "stopped";
 }
 
+/**
+ * Why a read failed, for the run's notes: the database's own timeout, or a database that could
+ * not be reached. Never the driver's message, which may name hosts.
+ */
+function databaseFault(error: unknown, timeoutMs: number): string {
+  // drizzle wraps the driver's error; Postgres's code is on the cause.
+  const cause = (error as { cause?: unknown }).cause ?? error;
+  const code = (cause as { code?: unknown }).code;
+  if (code === "57014") return `the database did not answer within ${timeoutMs / 1000} s`;
+  if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code))
+    return `the database failed the read (SQLSTATE ${code})`;
+  return "the database could not be reached";
+}
+
 /** The machine's ports over Postgres, the vault and the broker. */
 function workerPorts(env: Env, db: Db): MachinePorts {
   const config = loadConfig(env);
@@ -257,15 +271,22 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     note: (runId, note) => runsService.addNote(db, runId, note),
     event: (runId, key, kind, detail) => runsService.addEvent(db, runId, key, kind, detail),
     setRunFields: (runId, fields) => runsService.setRunFields(db, runId, fields),
+    log: (event) => console.warn(JSON.stringify(event)),
     readVault: async (runId) => {
       try {
-        const row = await runsService.loadRun(db, runId);
-        if (!row) return { ok: false, reason: `no run ${runId}` };
-        const read = await runPolicyEnvelope(db, config.keyRing, row);
-        return read.ok ? { ok: true, policy: read.value.policy } : { ok: false, reason: read.error.detail };
+        // Bounded by the database itself: a read that waits longer (a lock, a slow compute) is
+        // cancelled, the attempt fails and is retried, and the connection stays usable.
+        return await db.transaction(async (tx) => {
+          await tx.execute(
+            sql`select set_config('statement_timeout', ${String(config.vaultReadTimeoutMs)}, true)`,
+          );
+          const row = await runsService.loadRun(tx, runId);
+          if (!row) return { ok: false, reason: `no run ${runId}` };
+          const read = await runPolicyEnvelope(tx, config.keyRing, row);
+          return read.ok ? { ok: true, policy: read.value.policy } : { ok: false, reason: read.error.detail };
+        });
       } catch (error) {
-        // The database away or slow: a retryable reason, without the driver's message.
-        return { ok: false, reason: `the database did not answer (${(error as Error).name})` };
+        return { ok: false, reason: databaseFault(error, config.vaultReadTimeoutMs) };
       }
     },
     issueProxyCredentials: async (runId) => {

@@ -2,7 +2,7 @@
 // driver errors, so walk the cause chain.
 const UNAVAILABLE_SQLSTATE = /^(08|53|57P0[1-3])/; // connection exceptions, resources, shutdown
 const UNAVAILABLE_MESSAGE =
-  /timeout|terminated|ECONNREFUSED|ECONNRESET|connection (closed|refused|ended)|WebSocket|network|socket hang up/i;
+  /timeout|terminated|ECONNREFUSED|ECONNRESET|connection (closed|refused|ended)|WebSocket|network|socket hang up|not queryable/i;
 
 export function isDatabaseUnavailable(error: unknown): boolean {
   for (let e: unknown = error, depth = 0; e && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {

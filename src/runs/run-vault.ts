@@ -3,7 +3,7 @@ import { z } from "zod";
 import { describeIssues, PolicyEnvelope } from "../contract/proxy-wire";
 import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
-import type { Db } from "../db/types";
+import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { readPolicy } from "../vault/service";
 import type { RunOwner } from "./proxy-credentials";
@@ -20,7 +20,7 @@ const Egress = z.enum(["direct", "local"]).default("direct");
 /** The spec's declared model (a vault model's name); a spec without one declares none. */
 const DeclaredModel = z.string().min(1).nullable().catch(null);
 
-export async function vaultVersion(db: Db, environmentId: string): Promise<number> {
+export async function vaultVersion(db: Q, environmentId: string): Promise<number> {
   const [row] = await db
     .select({ version: vaultSettings.version })
     .from(vaultSettings)
@@ -36,7 +36,7 @@ export async function vaultVersion(db: Db, environmentId: string): Promise<numbe
  * has rather than enforce a partial policy, and a run not yet started stops before any code runs.
  */
 export async function runPolicyEnvelope(
-  db: Db,
+  db: Q,
   keyRing: KeyRing,
   run: RunOwner,
 ): Promise<Result<PolicyEnvelope>> {

@@ -2,7 +2,7 @@ import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
-import type { Db } from "../db/types";
+import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
 import { modelLane } from "../vault/service";
 import type { RunSpec } from "./spec";
@@ -78,7 +78,7 @@ export async function getRun(db: Db, p: Principal, id: string): Promise<Result<R
 }
 
 /** A run by id alone: for the coordinator, which acts for the run, not for a caller. */
-export async function loadRun(db: Db, id: string): Promise<RunRow | null> {
+export async function loadRun(db: Q, id: string): Promise<RunRow | null> {
   const [row] = await db.select().from(runs).where(eq(runs.id, id));
   return row ?? null;
 }

@@ -13,7 +13,7 @@ import { SecretValue } from "../contract/proxy-wire";
 import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
 import { vaultHosts, vaultModels, vaultRules, vaultSecrets, vaultSettings } from "../db/schema";
-import type { Db } from "../db/types";
+import type { Db, Q, Tx } from "../db/types";
 import { type Failure, fail, ok, type Result, unwrap } from "../errors";
 import { compilePolicy } from "../policy/compile";
 import { parseHostPattern, patternCovers, splitHostPort } from "../policy/host";
@@ -22,9 +22,6 @@ import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 // The vault's domain logic over Postgres. Every query is scoped by the principal's environment,
 // so another tenant's ids simply do not exist here (404, never 403). Every change runs in one
 // transaction that first bumps the vault version, which also serialises writers per vault.
-
-type Tx = Parameters<Parameters<Db["transaction"]>[0]>[0];
-type Q = Db | Tx;
 
 export interface SecretInfo {
   id: string;
@@ -844,7 +841,7 @@ export interface PolicyOptions {
  * What a run started now would get. Reads in one transaction so the version matches the rows,
  * the declared model's included; unknown_model when the vault has no model of that name.
  */
-export async function readPolicy(db: Db, p: Principal, run: PolicyOptions): Promise<Result<PolicyDocument>> {
+export async function readPolicy(db: Q, p: Principal, run: PolicyOptions): Promise<Result<PolicyDocument>> {
   return db.transaction(async (tx) => {
     const [settings] = await tx
       .select({ default: vaultSettings.defaultAction, version: vaultSettings.version })

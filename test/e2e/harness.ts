@@ -21,6 +21,8 @@ export interface E2e {
   stack: LocalStack;
   upstream: DemoUpstream;
   canary: string;
+  /** Every line the stack logged (the Worker's and the agent's), for waiting on one. */
+  logs: string[];
   stop: () => Promise<void>;
 }
 
@@ -31,14 +33,15 @@ export async function startE2e(options: {
   /** Extra proxy settings (fault injection: a setting the proxy refuses to start with). */
   proxyEnv?: Record<string, string>;
   workerVars?: Record<string, string>;
+  /** The Worker's own bridge to the database (fault injection); default: the suite's. */
+  wsProxy?: string;
   /** More test CAs the proxy trusts upstream (another upstream of the suite's own). */
   extraCaPem?: string;
   /** The vault's canary, when another upstream of the suite must expect it too. */
   canary?: string;
 }): Promise<E2e> {
   const databaseUrl = inject("databaseUrl");
-  const wsProxy = inject("databaseWsProxy");
-  configureNeonForNode(wsProxy);
+  configureNeonForNode(inject("databaseWsProxy"));
   // The vault's secret: a canary nothing but the upstream (through the proxy) may ever see.
   const canary = options.canary ?? `canary-${randomId("e2e_")}`;
   const upstream = await startDemoUpstream({
@@ -48,11 +51,12 @@ export async function startE2e(options: {
     expectedKey: canary,
   });
   const dir = mkdtempSync(join(tmpdir(), "bw-e2e-"));
+  const logs: string[] = [];
   let stack: LocalStack;
   try {
     stack = await startLocalStack({
       databaseUrl,
-      wsProxy,
+      wsProxy: options.wsProxy ?? inject("databaseWsProxy"),
       vaultKek: inject("vaultKek"),
       dir,
       nft: options.nft,
@@ -65,7 +69,10 @@ export async function startE2e(options: {
         ...options.proxyEnv,
       },
       workerVars: options.workerVars,
-      log: process.env.BW_E2E_LOG ? (line) => console.log(line) : undefined,
+      log: (line) => {
+        logs.push(line);
+        if (process.env.BW_E2E_LOG) console.log(line);
+      },
     });
   } catch (error) {
     await upstream.stop();
@@ -75,6 +82,7 @@ export async function startE2e(options: {
     stack,
     upstream,
     canary,
+    logs,
     stop: async () => {
       await stack.stop();
       await upstream.stop();

@@ -1,7 +1,10 @@
 import { eq } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
 import { nodeDb } from "../../scripts/lib/neon-node";
-import { vaultSecrets } from "../../src/db/schema";
+import { startWsBridge, type WsBridge } from "../../scripts/lib/ws-bridge";
+import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
+import { runs, vaultSecrets } from "../../src/db/schema";
+import { until } from "../until";
 import {
   CLIENT_HELPERS,
   demoVault,
@@ -12,6 +15,7 @@ import {
   SKIP_REASON,
   startE2e,
   stdoutOf,
+  type TraceEvent,
   waitForEnd,
 } from "./harness";
 
@@ -24,11 +28,22 @@ if (SKIP_REASON) console.warn(`end-to-end runs skipped: ${SKIP_REASON} (CI runs 
 
 describe.skipIf(SKIP_REASON !== null)("runs on the local backend", () => {
   let e: E2e;
+  // The Worker's own bridge to the database, which a test takes down (E1).
+  let workerBridge: WsBridge;
   beforeAll(async () => {
-    e = await startE2e({ name: "bwt-e2e", index: 91 });
+    const url = new URL(inject("databaseUrl"));
+    workerBridge = await startWsBridge({ host: url.hostname, port: Number(url.port) });
+    // A short vault read timeout, so the test of a slow database waits one second, not ten.
+    e = await startE2e({
+      name: "bwt-e2e",
+      index: 91,
+      wsProxy: workerBridge.address,
+      workerVars: { VAULT_READ_TIMEOUT_SECONDS: "1" },
+    });
   });
   afterAll(async () => {
     await e?.stop();
+    await workerBridge?.close();
   });
 
   it("default routing: injects the key for the API host, refuses and records the blocked host", async () => {
@@ -243,4 +258,71 @@ describe.skipIf(SKIP_REASON !== null)("runs on the local backend", () => {
     expect(JSON.stringify(run.trace)).not.toContain("must-not-run\n");
     expect(stdoutOf(run)).toBe("");
   });
+
+  // case E1, the database slow and then away during the vault fetch: each read is bounded by the
+  // database's own statement timeout, the attempts go on while it cannot be reached at all, and
+  // the run stops before any sandbox, its stop recorded once the database is back.
+  it.skipIf(inject("databaseKind") === "pglite")(
+    "stops before any sandbox when the database is slow, then away, during the vault fetch (E1)",
+    async () => {
+      const api = await newUser(e.stack.apiUrl);
+      await demoVault(api, e.canary);
+      const me = await api.call("GET", "/v1/me");
+      const { db, pool } = nodeDb(inject("databaseUrl"));
+      const lock = await pool.connect();
+      const attempt = (runId: string, n: number) =>
+        e.logs.find(
+          (l) => l.includes('"vault_read_failed"') && l.includes(runId) && l.includes(`"attempt":${n},`),
+        );
+      let runId = "";
+      let launching: Promise<unknown> | null = null;
+      try {
+        // Slow: every read of the vault's secrets waits behind this lock (the test's own
+        // connection, through the suite's bridge, not the Worker's).
+        await lock.query("begin");
+        await lock.query("lock table vault_secrets in access exclusive mode");
+        launching = api.call("POST", "/v1/runs", { commands: ["echo must-not-run"] });
+        runId = await until(
+          "the run's row",
+          async () =>
+            (
+              await db.select({ id: runs.id }).from(runs).where(eq(runs.environmentId, me.json.environmentId))
+            )[0]?.id,
+          30_000,
+        );
+        const first = await until(
+          "the first attempt, cancelled by the timeout",
+          () => attempt(runId, 1),
+          30_000,
+        );
+        expect(first).toContain("the database did not answer within 1 s");
+        // Away: the Worker's bridge cuts every connection and drops new ones; the lock goes after.
+        workerBridge.setDown(true);
+        await lock.query("rollback");
+        const last = await until("the last attempt", () => attempt(runId, VAULT_ATTEMPTS), 30_000);
+        expect(last).toContain("the database could not be reached");
+        expect(workerBridge.refused).toBeGreaterThan(0);
+      } finally {
+        lock.release();
+        workerBridge.setDown(false);
+      }
+      // The launch's answer waited behind the lock and was cut with its connection: a 503 to
+      // retry, not a 500; the run it had recorded is stopped all the same.
+      const answer = (await launching) as { status: number; json: { code: string } };
+      expect(`${answer.status} ${answer.json.code}`).toBe("503 database_unavailable");
+      const run = await waitForEnd(api, runId);
+      expect(run).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
+      expect(run.reasonDetail).toContain("the database could not be reached");
+      expect(run.reasonDetail).toContain("no benchmark code ran");
+      const texts = run.trace.map((t: TraceEvent) => t.detail?.text ?? "");
+      expect(texts).toContain(
+        `Vault read attempt 1 of ${VAULT_ATTEMPTS} failed: the database did not answer within 1 s`,
+      );
+      expect(run.sandboxes).toEqual([]);
+      expect(stdoutOf(run)).toBe("");
+      expect(JSON.stringify(run.trace)).not.toContain("must-not-run\n");
+      expect(e.logs.join("\n")).not.toContain(e.canary);
+      await pool.end();
+    },
+  );
 });

@@ -48,6 +48,8 @@ interface WorldOptions {
   tunnelPaired?: (look: number) => boolean;
   /** Commands that keep running (never exit) while this says so. */
   keepsRunning?: (command: string) => boolean;
+  /** Notes and events cannot be written while the vault reads fail (the database is away). */
+  databaseAway?: boolean;
   /** The proxy's exec has exited (killed by this signal) from now on, per poll of it. */
   proxyDead?: (poll: number) => string | null;
 }
@@ -112,8 +114,11 @@ function world(o: WorldOptions = {}) {
       CURL_CA_BUNDLE: "/etc/ssl/certs/ca-certificates.crt",
     },
   });
+  const logs: Record<string, unknown>[] = [];
+  const away = () => o.databaseAway === true && vaultReads <= (o.vaultFailures ?? 0);
   const ports: MachinePorts = {
     now: () => now,
+    log: (event) => logs.push(event),
     newId: (prefix) => `${prefix}${++ids}`,
     loadRun: async (id) => ({ id, status: o.runStatus ?? "queued", spec: o.spec ?? SPEC }),
     transition: async (_runId, t) => {
@@ -121,9 +126,11 @@ function world(o: WorldOptions = {}) {
       if (!transitions.some((x) => x.to === t.to)) transitions.push({ to: t.to, reason: t.reason });
     },
     note: async (_runId, note) => {
+      if (away()) throw new Error("database away");
       if (!notes.some((n) => n.code === note.code)) notes.push(note);
     },
     event: async (_runId, key, _kind, detail) => {
+      if (away()) throw new Error("database away");
       if (!events.has(key)) events.set(key, detail);
     },
     setRunFields: async (_runId, f) => {
@@ -261,6 +268,7 @@ function world(o: WorldOptions = {}) {
     routingOf,
     events,
     fields,
+    logs,
     revocations: () => revocations,
     capabilities,
     destroyedEarly,
@@ -411,6 +419,23 @@ describe("run machine", () => {
     expect(end?.state).toBe("stopped");
     expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "vault_unreadable" });
     expect(w.notes).toContainEqual(expect.objectContaining({ level: "warning", code: "vault_unreadable" }));
+    expect(w.created.size).toBe(0);
+    expect(w.starts).toEqual([]);
+  });
+
+  it("counts the attempts when the database is away and cannot take their notes, then stops (E1)", async () => {
+    // The teardown's record of the stop fails too, a few times, before the database is back.
+    const w = world({
+      vaultFailures: VAULT_ATTEMPTS,
+      databaseAway: true,
+      throwOnce: { port: "transition", times: 3 },
+    });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ to: "stopped", reason: "vault_unreadable" });
+    expect(w.logs.map((l) => [l.event, l.attempt])).toEqual(
+      Array.from({ length: VAULT_ATTEMPTS }, (_, i) => ["vault_read_failed", i + 1]),
+    );
     expect(w.created.size).toBe(0);
     expect(w.starts).toEqual([]);
   });

@@ -126,6 +126,11 @@ describe("configuration (config_invalid)", () => {
       { DATABASE_WS_PROXY: "ws://user:hunter2-pass@proxy" },
       /DATABASE_WS_PROXY must be host:port/,
     ],
+    [
+      "VAULT_READ_TIMEOUT_SECONDS not a number",
+      { VAULT_READ_TIMEOUT_SECONDS: "ten" },
+      /VAULT_READ_TIMEOUT_SECONDS must be a whole number/,
+    ],
   ])("%s → 500 config_invalid naming the variable, never a value", async (_label, overrides, message) => {
     const t = await newTenant();
     const a = await ask(overrides, t.key);
