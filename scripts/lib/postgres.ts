@@ -11,10 +11,13 @@ export interface LocalPostgres {
   readonly host: string;
   readonly port: number;
   readonly url: string;
+  /** A role that may sign in only with SCRAM-SHA-256 (set when the cluster's default is not). */
+  readonly scramUrl: string | null;
   stop(): Promise<void>;
 }
 
 const PASSWORD = "benchwright-local";
+const SCRAM_ROLE = "bw_scram";
 
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -45,8 +48,17 @@ export function findPostgresBin(): string | null {
   }
 }
 
-/** Starts a throwaway PostgreSQL cluster on a free loopback port; removed again on stop(). */
-export async function startPostgresql(bin: string): Promise<LocalPostgres> {
+/**
+ * Starts a throwaway PostgreSQL cluster on a free loopback port; removed again on stop().
+ * signIn "scram" (the default, as on Neon): every connection signs in with SCRAM-SHA-256.
+ * "password": the cluster's own role sends its password in clear over loopback, because SCRAM's
+ * key stretching on every connection (the Worker opens one per request) is a third of the test
+ * suites' time; a second role (scramUrl) still signs in only with SCRAM, so that path is tested.
+ */
+export async function startPostgresql(
+  bin: string,
+  options: { signIn?: "scram" | "password" } = {},
+): Promise<LocalPostgres> {
   const dir = mkdtempSync(join(tmpdir(), "benchwright-pg-"));
   const data = join(dir, "data");
   const pwfile = join(dir, "pw");
@@ -63,6 +75,18 @@ export async function startPostgresql(bin: string): Promise<LocalPostgres> {
     ["-D", data, "-U", "postgres", "--auth=scram-sha-256", `--pwfile=${pwfile}`, "--no-sync"],
     { stdio: "ignore", ...user },
   );
+  if (options.signIn === "password") {
+    writeFileSync(
+      join(data, "pg_hba.conf"),
+      [
+        "# Written by scripts/lib/postgres.ts for a throwaway test cluster (see startPostgresql).",
+        "local all all scram-sha-256",
+        `host all ${SCRAM_ROLE} 127.0.0.1/32 scram-sha-256`,
+        "host all all 127.0.0.1/32 password",
+        "",
+      ].join("\n"),
+    );
+  }
   const port = await freePort();
   const child = spawn(
     join(bin, "postgres"),
@@ -89,11 +113,36 @@ export async function startPostgresql(bin: string): Promise<LocalPostgres> {
     log += String(d);
   });
   await waitForReady(child, () => log);
+  let scramUrl: string | null = null;
+  if (options.signIn === "password") {
+    // Stored as a SCRAM verifier (password_encryption's default); a superuser, to reach every table.
+    execFileSync(
+      join(bin, "psql"),
+      [
+        "-h",
+        "127.0.0.1",
+        "-p",
+        String(port),
+        "-U",
+        "postgres",
+        "-d",
+        "postgres",
+        "-qAt",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-c",
+        `create role ${SCRAM_ROLE} login superuser password '${PASSWORD}'`,
+      ],
+      { stdio: "ignore", env: { ...process.env, PGPASSWORD: PASSWORD } },
+    );
+    scramUrl = `postgres://${SCRAM_ROLE}:${PASSWORD}@127.0.0.1:${port}/postgres`;
+  }
   return {
     kind: "postgresql",
     host: "127.0.0.1",
     port,
     url: `postgres://postgres:${PASSWORD}@127.0.0.1:${port}/postgres`,
+    scramUrl,
     stop: async () => {
       await stopChild(child);
       rmSync(dir, { recursive: true, force: true });

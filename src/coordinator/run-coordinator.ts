@@ -93,8 +93,12 @@ export class RunCoordinator extends DurableObject<Env> {
   }
 
   async ensure(runId: string): Promise<"started" | "rearmed" | "alive" | "over"> {
-    const pending = (await this.ctx.storage.getAlarm()) !== null;
-    return this.withMachine((m) => m.ensure(runId, pending));
+    // After any step in flight: while the alarm's handler runs, no alarm is pending, and a look
+    // then would re-arm a run that is moving.
+    return this.serial(async () => {
+      const pending = (await this.ctx.storage.getAlarm()) !== null;
+      return this.withMachine((m) => m.ensure(runId, pending));
+    });
   }
 
   async halt(halt: boolean): Promise<boolean> {

@@ -14,6 +14,8 @@ declare module "vitest" {
     databaseUrl: string;
     databaseWsProxy: string;
     databaseKind: string;
+    /** The same database as a role that signs in only with SCRAM-SHA-256 (null on PGlite). */
+    databaseScramUrl: string | null;
     vaultKek: string;
     silentAddress: string;
   }
@@ -21,11 +23,17 @@ declare module "vitest" {
 
 export default async function setup(project: TestProject) {
   const bin = findPostgresBin();
-  let db: { kind: string; url: string; wsProxy: string; stop: () => Promise<void> };
+  let db: { kind: string; url: string; scramUrl?: string | null; wsProxy: string; stop: () => Promise<void> };
   if (bin) {
-    const pg = await startPostgresql(bin);
+    const pg = await startPostgresql(bin, { signIn: "password" });
     const bridge = await startWsBridge({ host: pg.host, port: pg.port });
-    db = { kind: pg.kind, url: pg.url, wsProxy: bridge.address, stop: () => bridge.close().then(pg.stop) };
+    db = {
+      kind: pg.kind,
+      url: pg.url,
+      scramUrl: pg.scramUrl,
+      wsProxy: bridge.address,
+      stop: () => bridge.close().then(pg.stop),
+    };
   } else {
     console.warn("PostgreSQL is not installed; the worker tests run on PGlite instead.");
     db = await startEmbeddedPostgres();
@@ -37,6 +45,7 @@ export default async function setup(project: TestProject) {
   project.provide("databaseUrl", db.url);
   project.provide("databaseWsProxy", db.wsProxy);
   project.provide("databaseKind", pg.kind);
+  project.provide("databaseScramUrl", pg.scramUrl ?? null);
   // A test-only key ring with two keys, so rotation paths run in every route test.
   project.provide("vaultKek", `test2:${key(2)},test1:${key(1)}`);
   const silent = await startSilentServer();

@@ -97,6 +97,24 @@ describe("database unreachable (case E7)", () => {
     expect(a.ms).toBeLessThan(BOUND_MS);
   }, 20_000);
 
+  it("the driver signs in with SCRAM-SHA-256, as on Neon (a role the test cluster allows no other way)", async () => {
+    // The suite's own role sends its password in clear over loopback (test/setup/database.ts).
+    const scramUrl = (inject as (key: string) => unknown)("databaseScramUrl") as string | null;
+    if (!scramUrl) return; // PGlite: no roles, no sign-in
+    const t = await newTenant();
+    const a = await ask({ DATABASE_URL: scramUrl }, t.key, "GET", "/v1/me");
+    expect(a.status, a.text).toBe(200);
+    expect(a.json.userId).toBe(t.userId);
+    const wrong = await ask(
+      { DATABASE_URL: scramUrl.replace(/:[^:@]+@/, ":not-the-password@") },
+      t.key,
+      "GET",
+      "/v1/me",
+    );
+    expect(wrong.status).toBeGreaterThanOrEqual(500);
+    expect(wrong.text).not.toContain("not-the-password");
+  });
+
   it("a request without a key is refused before the database is asked: 401, not 503", async () => {
     const a = await ask({ DATABASE_WS_PROXY: "127.0.0.1:1" }, null);
     expectCode(a, 401, "unauthorized");
