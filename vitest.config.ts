@@ -9,8 +9,14 @@ process.env.WRANGLER_SEND_METRICS = "false";
 // inside workerd against a real Postgres that test/setup/database.ts starts ("worker"); whole
 // runs on the local backend ("e2e"); the `benchwright` CLI as a child process against
 // `wrangler dev` over real HTTP ("cli").
+//
+// Scheduling (CI has 2 cores; vitest's default there is one file at a time): unit, worker and cli
+// first, two files at once, the unit files one at a time among themselves (some build network
+// namespaces and nftables rules of the host); then e2e alone, one file at a time, so whole runs
+// with real timeouts never share the machine with another suite.
 export default defineConfig({
   test: {
+    maxWorkers: 2,
     projects: [
       {
         test: {
@@ -18,6 +24,7 @@ export default defineConfig({
           include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts", "test/local/**/*.test.ts"],
           environment: "node",
           globalSetup: ["./test/setup/build-proxy.ts"],
+          maxWorkers: 1,
         },
       },
       {
@@ -50,6 +57,7 @@ export default defineConfig({
           environment: "node",
           globalSetup: ["./test/setup/database.ts"],
           fileParallelism: false,
+          sequence: { groupOrder: 1 },
           testTimeout: 120_000,
           hookTimeout: 180_000,
         },

@@ -1,3 +1,4 @@
+import { mkdirSync, writeFileSync } from "node:fs";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ProxyView } from "../../src/contract/proxy-view";
 import { until } from "../until";
@@ -12,15 +13,20 @@ import {
   stdoutOf,
 } from "./harness";
 
-// case F1, on real parts (the short version `npm test` runs; bench/ has the long one): a local
-// run's command drives concurrent requests through its proxy to an injected host, an allowed host
-// and a blocked host, while the whole control plane (`wrangler dev`: API, Durable Objects, the
-// audit ingest) is stopped and started again. The proxy spools its audit batches meanwhile. After
-// it: every row the proxy recorded was stored exactly once (0 lost, 0 doubled), and what is
-// stored matches what the sandbox itself counted, host by host.
+// case F1, on real parts: a local run's command drives concurrent requests through its proxy to
+// an injected host, an allowed host and a blocked host, while the whole control plane
+// (`wrangler dev`: API, Durable Objects, the audit ingest) is stopped and started again. The
+// proxy spools its audit batches meanwhile. After it: every row the proxy recorded was stored
+// exactly once (0 lost, 0 doubled), and what is stored matches what the sandbox itself counted,
+// host by host. `npm test` runs the short version; `npm run test:audit-load` the long one (more
+// load, a longer outage), which also writes its counts to bench/results/audit-load.json.
 
-const LOAD_MS = 36_000;
-const CONCURRENCY = 12;
+const LONG = process.env.BW_AUDIT_LOAD === "long";
+const LOAD_MS = LONG ? 180_000 : 20_000;
+const CONCURRENCY = LONG ? 48 : 12;
+/** The control plane goes away this long after the load started, for this long (plus its restart). */
+const OUTAGE_AFTER_MS = LONG ? 20_000 : 2_000;
+const OUTAGE_MS = LONG ? 60_000 : 5_000;
 const LOAD = `
 const targets = {
   api: "https://api.demo.test/v1/load",
@@ -60,7 +66,9 @@ describe.skipIf(SKIP_REASON !== null)("audit completeness under load, across a c
     await e?.stop();
   });
 
-  it("stores every audit row the proxy recorded exactly once, and they match the sandbox's own counts", async () => {
+  it("stores every audit row the proxy recorded exactly once, and they match the sandbox's own counts", {
+    timeout: LOAD_MS + 300_000,
+  }, async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary, { default: "block" });
     const allow = await api.call("POST", "/v1/vault/hosts", { pattern: "other.demo.test", action: "allow" });
@@ -79,8 +87,10 @@ describe.skipIf(SKIP_REASON !== null)("audit completeness under load, across a c
       250,
     );
     // Mid-load, the control plane goes away for a while and comes back.
-    await new Promise((r) => setTimeout(r, 4_000));
-    await e.stack.restartWorker(8_000);
+    await new Promise((r) => setTimeout(r, OUTAGE_AFTER_MS));
+    const outageStart = Date.now();
+    await e.stack.restartWorker(OUTAGE_MS);
+    const outageMs = Date.now() - outageStart;
 
     const run = await until(
       "the run's commands to end (lingering)",
@@ -90,7 +100,7 @@ describe.skipIf(SKIP_REASON !== null)("audit completeness under load, across a c
           throw new Error(`ended: ${r.reason} ${r.reasonDetail}`);
         return r.status === "lingering" ? r : null;
       },
-      120_000,
+      LOAD_MS + 120_000,
       500,
     );
     // While lingering, the commands' outcome is the reason of the move to lingering.
@@ -145,6 +155,23 @@ describe.skipIf(SKIP_REASON !== null)("audit completeness under load, across a c
     expect(blocked.find((b) => b.host === "blocked.demo.test")?.seenCount).toBe(made.blocked);
     const stored = routes.reduce((a, r) => a + r.count, 0) + blocked.reduce((a, b) => a + b.seenCount, 0);
     expect(stored).toBe(view.audit.rowsRecorded);
+    const summary = {
+      load: LONG ? "long" : "short",
+      loadSeconds: LOAD_MS / 1000,
+      concurrency: CONCURRENCY,
+      outageSeconds: Math.round(outageMs / 100) / 10,
+      requests: made,
+      rowsRecorded: view.audit.rowsRecorded,
+      rowsStored: stored,
+      lost: view.audit.rowsRecorded - stored,
+      batchesSent: view.audit.batchesSent,
+    };
+    console.log(`audit-load: ${JSON.stringify(summary)}`);
+    if (LONG) {
+      mkdirSync("bench/results", { recursive: true });
+      const at = { date: new Date().toISOString() };
+      writeFileSync("bench/results/audit-load.json", `${JSON.stringify({ ...at, ...summary }, null, 2)}\n`);
+    }
 
     await api.call("POST", `/v1/runs/${id}/linger`, { seconds: 0 });
   });
