@@ -7,6 +7,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { loadConfig } from "../../src/config";
 import { type ModelCallRow, PolicyEnvelope } from "../../src/contract/proxy-wire";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
+import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { modelCallLog, sandboxes, vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
@@ -151,10 +152,17 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
 
   it("a run launched with a model that is then deleted stops before any sandbox, the reason naming the model", async () => {
     const { t, modelKey } = await tenantWithModel();
-    const launched = await t.api("POST", "/v1/runs", { commands: ["echo never"], model: "eval-model" });
-    expect(launched.status, launched.text).toBe(202);
+    // Recorded queued as a launch records it, its coordinator started only after the deletion: a
+    // launch through the API starts it at once, and its first vault read could beat the delete.
+    const launched = {
+      json: {
+        id: (await newRun(t, { status: "queued", spec: { commands: ["echo never"], model: "eval-model" } }))
+          .id,
+      },
+    };
     const id = (await t.api("GET", "/v1/vault/models")).json.models[0].id;
     expect((await t.api("DELETE", `/v1/vault/models/${id}`)).status).toBe(204);
+    await coordinatorStub(env, launched.json.id).start(launched.json.id);
     const run = await driveToEnd(t, launched.json.id);
     expect(run.json).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
     const attempts = run.json.trace.filter((e: { detail: { text?: string } | null }) =>
