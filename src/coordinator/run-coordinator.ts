@@ -10,6 +10,7 @@ import { ProxyView } from "../contract/proxy-view";
 import { WiringProof } from "../contract/wiring";
 import { randomId } from "../crypto/api-keys";
 import { openDb } from "../db/client";
+import { isDatabaseUnavailable, sqlState } from "../db/errors";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { revokeEgressToken } from "../runs/egress-token";
@@ -247,17 +248,14 @@ export async function cancelRun(env: Env, db: Db, runId: string): Promise<"asked
 }
 
 /**
- * Why a read failed, for the run's notes: the database's own timeout, or a database that could
- * not be reached. Never the driver's message, which may name hosts.
+ * Why a read failed, for the run's notes: the database's own timeout, a database that could not
+ * be reached, or a failed query. Never the driver's message, which may name hosts.
  */
 function databaseFault(error: unknown, timeoutMs: number): string {
-  // drizzle wraps the driver's error; Postgres's code is on the cause.
-  const cause = (error as { cause?: unknown }).cause ?? error;
-  const code = (cause as { code?: unknown }).code;
+  const code = sqlState(error);
   if (code === "57014") return `the database did not answer within ${timeoutMs / 1000} s`;
-  if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code))
-    return `the database failed the read (SQLSTATE ${code})`;
-  return "the database could not be reached";
+  if (isDatabaseUnavailable(error)) return "the database could not be reached";
+  return code ? `the database failed the read (SQLSTATE ${code})` : "the read failed unexpectedly";
 }
 
 /** The machine's ports over Postgres, the vault and the broker. */

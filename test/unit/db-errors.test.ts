@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { isDatabaseUnavailable } from "../../src/db/errors";
+import { isDatabaseUnavailable, sqlState } from "../../src/db/errors";
 
 // What the API answers 503 database_unavailable (retry later) rather than 500 (a bug), from the
 // errors the Neon driver and drizzle actually throw (messages copied from failures seen in tests).
@@ -34,5 +34,16 @@ describe("isDatabaseUnavailable (case E7)", () => {
     ["a bug", new TypeError("cannot read properties of undefined")],
   ])("%s → not unavailable", (_label, cause) => {
     expect(isDatabaseUnavailable(drizzleWrapped(cause))).toBe(false);
+  });
+});
+
+describe("sqlState", () => {
+  it("finds Postgres's code under drizzle's wrapper, and nothing where there is none", () => {
+    const timeout = Object.assign(new Error("canceling statement due to statement timeout"), {
+      code: "57014",
+    });
+    expect(sqlState(drizzleWrapped(timeout))).toBe("57014");
+    expect(sqlState(drizzleWrapped(new Error("connect ECONNREFUSED 127.0.0.1:1")))).toBeNull();
+    expect(sqlState(Object.assign(new Error("x"), { code: "ECONNRESET" }))).toBeNull();
   });
 });
