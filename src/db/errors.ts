@@ -4,12 +4,25 @@ const UNAVAILABLE_SQLSTATE = /^(08|53|57P0[1-3])/; // connection exceptions, res
 const UNAVAILABLE_MESSAGE =
   /timeout|terminated|ECONNREFUSED|ECONNRESET|connection (closed|refused|ended)|WebSocket|network|socket hang up|not queryable/i;
 
+const SQLSTATE = /^[0-9A-Z]{5}$/;
+
+/** The error and its causes, outermost first (a few levels: drizzle wraps the driver's error). */
+function* causes(error: unknown): Generator<unknown> {
+  for (let e: unknown = error, depth = 0; e && depth < 5; e = (e as { cause?: unknown }).cause, depth++)
+    yield e;
+}
+
+function codeOf(e: unknown): string | null {
+  const code = (e as { code?: unknown }).code;
+  return typeof code === "string" && SQLSTATE.test(code) ? code : null;
+}
+
 export function isDatabaseUnavailable(error: unknown): boolean {
-  for (let e: unknown = error, depth = 0; e && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && UNAVAILABLE_SQLSTATE.test(code)) return true;
+  for (const e of causes(error)) {
+    const code = codeOf(e);
+    if (code && UNAVAILABLE_SQLSTATE.test(code)) return true;
     // A server-side error with a SQLSTATE is a query problem, not an outage.
-    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return false;
+    if (code) return false;
     if (e instanceof Error && UNAVAILABLE_MESSAGE.test(e.message)) return true;
     if (typeof e === "object" && e !== null && (e as { type?: unknown }).type === "error") return true; // ws ErrorEvent
   }
@@ -18,9 +31,9 @@ export function isDatabaseUnavailable(error: unknown): boolean {
 
 /** Postgres's SQLSTATE of the first error in the cause chain that has one, or null. */
 export function sqlState(error: unknown): string | null {
-  for (let e: unknown = error, depth = 0; e && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
-    const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code;
+  for (const e of causes(error)) {
+    const code = codeOf(e);
+    if (code) return code;
   }
   return null;
 }
