@@ -152,18 +152,19 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
 
   it("a run launched with a model that is then deleted stops before any sandbox, the reason naming the model", async () => {
     const { t, modelKey } = await tenantWithModel();
-    // Recorded queued as a launch records it, its coordinator started only after the deletion: a
-    // launch through the API starts it at once, and its first vault read could beat the delete.
-    const launched = {
-      json: {
-        id: (await newRun(t, { status: "queued", spec: { commands: ["echo never"], model: "eval-model" } }))
-          .id,
-      },
-    };
+    // A launch with the model is accepted. The run followed here is recorded queued as a launch
+    // records it, its coordinator started only after the deletion: a launch starts it at once,
+    // and its first vault read could beat the delete.
+    const accepted = await t.api("POST", "/v1/runs", { commands: ["echo never"], model: "eval-model" });
+    expect(accepted.status, accepted.text).toBe(202);
+    await t.api("POST", `/v1/runs/${accepted.json.id}/cancel`);
+    const runId = (
+      await newRun(t, { status: "queued", spec: { commands: ["echo never"], model: "eval-model" } })
+    ).id;
     const id = (await t.api("GET", "/v1/vault/models")).json.models[0].id;
     expect((await t.api("DELETE", `/v1/vault/models/${id}`)).status).toBe(204);
-    await coordinatorStub(env, launched.json.id).start(launched.json.id);
-    const run = await driveToEnd(t, launched.json.id);
+    await coordinatorStub(env, runId).start(runId);
+    const run = await driveToEnd(t, runId);
     expect(run.json).toMatchObject({ status: "stopped", reason: "vault_unreadable" });
     const attempts = run.json.trace.filter((e: { detail: { text?: string } | null }) =>
       e.detail?.text?.startsWith("Vault read attempt"),
@@ -171,9 +172,7 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
     expect(attempts).toHaveLength(VAULT_ATTEMPTS);
     expect(attempts[0].detail.text).toContain("model");
     expect(attempts[0].detail.text).toContain("missing from the vault");
-    const made = await withDb((db) =>
-      db.select().from(sandboxes).where(eq(sandboxes.runId, launched.json.id)),
-    );
+    const made = await withDb((db) => db.select().from(sandboxes).where(eq(sandboxes.runId, runId)));
     expect(made).toEqual([]);
     expect(findNeedles("run", run.text, await leakNeedles(modelKey))).toEqual([]);
   });
