@@ -108,7 +108,7 @@ async function main(): Promise<void> {
       entryPoints: [join(ROOT, "proxy-image/src/main.ts")],
       bundle: true,
       platform: "node",
-      target: "node20",
+      target: "node24",
       format: "cjs",
       outfile: bundle,
       logLevel: "warning",

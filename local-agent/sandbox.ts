@@ -28,14 +28,20 @@ import { BASE_ENV } from "./command";
 export const SANDBOX_HOME = "/home/sandbox";
 /** Where the proxy image's programs (proxy.cjs, wiring.cjs) appear, read-only, in every sandbox. */
 export const IMAGE_MOUNT = "/run/bw-image";
+/**
+ * Where the agent's own node binary appears, read-only, in every sandbox: the image's programs run
+ * on it. It is the Node the project pins (npm's `node` package, under the checkout), which the
+ * sandbox cannot otherwise see: the checkout is hidden and /tmp is a tmpfs of the sandbox's own.
+ */
+export const NODE_MOUNT = "/run/bw-node";
 export const CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt";
 
 const INIT = `set -e
-dir=$1 uid=$2 image=$3
-shift 3
+dir=$1 uid=$2 image=$3 node=$4
+shift 4
 mount --make-rprivate /
 # Open the sandbox's files and the image directory first: the tmpfs mounts may cover them.
-exec 4<"$dir/hosts" 5<"$dir/resolv.conf" 7<"$image"
+exec 4<"$dir/hosts" 5<"$dir/resolv.conf" 7<"$image" 8<"$node"
 ca=0
 if [ -f "$dir/ca-certificates.crt" ]; then exec 6<"$dir/ca-certificates.crt"; ca=1; fi
 for d in /tmp /var/tmp /dev/shm; do
@@ -45,6 +51,9 @@ mount -t tmpfs -o "mode=755,uid=$uid,gid=$uid,nosuid,nodev" bw-run /run
 mkdir -m 755 ${IMAGE_MOUNT}
 mount --no-canonicalize --bind /proc/self/fd/7 ${IMAGE_MOUNT}
 mount -o remount,bind,ro,nosuid,nodev ${IMAGE_MOUNT}
+: > ${NODE_MOUNT}
+mount --no-canonicalize --bind /proc/self/fd/8 ${NODE_MOUNT}
+mount -o remount,bind,ro,nosuid,nodev ${NODE_MOUNT}
 mount -t tmpfs -o mode=755,nosuid,nodev bw-home /home
 mkdir -m 1777 ${SANDBOX_HOME}
 # Host directories a sandbox must not read (the checkout with its .data and any .dev.vars, the
@@ -63,7 +72,7 @@ bind() {
 bind 4 /etc/hosts
 bind 5 /etc/resolv.conf
 if [ "$ca" = 1 ]; then bind 6 ${CA_BUNDLE}; fi
-exec 4<&- 5<&- 6<&- 7<&-
+exec 4<&- 5<&- 6<&- 7<&- 8<&-
 cd /
 # unshare's --map-users asks newuidmap/newgidmap (setuid helpers that check /etc/subuid) to
 # write the maps. We are root and may map any host uids, so a root-only helper writes them.
@@ -175,6 +184,7 @@ export class SandboxProcess {
         options.dir,
         String(options.uid),
         options.imageDir,
+        process.execPath,
         ...options.hide,
       ],
       { env: BASE_ENV, stdio: ["ignore", "pipe", "pipe"], detached: true },

@@ -37,7 +37,7 @@ import {
   workNet,
 } from "./network";
 import { type HostListener, startProbe, startRelay } from "./relay";
-import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, SANDBOX_HOME, SandboxProcess } from "./sandbox";
+import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, NODE_MOUNT, SANDBOX_HOME, SandboxProcess } from "./sandbox";
 import type { StateDir } from "./state-dir";
 
 // The sandboxes this agent made and the runs they belong to. Creation and destruction are
@@ -232,7 +232,7 @@ export class Registry {
     env: Record<string, string>,
   ): { argv: string[]; env: Record<string, string> } {
     const [name, ...rest] = argv;
-    const node = process.execPath;
+    const node = NODE_MOUNT;
     if (name === "bw-proxy") {
       if (sandbox.kind !== "proxy")
         throw new AgentError("invalid_request", "bw-proxy runs in a proxy sandbox only");

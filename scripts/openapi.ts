@@ -28,7 +28,7 @@ export async function openApiDocument(): Promise<Record<string, unknown>> {
     write: false,
     platform: "node",
     format: "esm",
-    target: "node20",
+    target: "node24",
     logLevel: "warning",
     jsx: "automatic",
     jsxImportSource: "hono/jsx",

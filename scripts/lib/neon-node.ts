@@ -1,12 +1,12 @@
 import { neonConfig, Pool } from "@neondatabase/serverless";
 import { drizzle } from "drizzle-orm/neon-serverless";
-import ws from "ws";
 import * as schema from "../../src/db/schema";
+import { WebSocket } from "./node-ws";
 
 // Node-side database access (migrations, user creation, test factories) goes through the same
 // Neon driver as the Worker, so local and cloud paths share one code path.
 export function configureNeonForNode(wsProxy: string | undefined): void {
-  neonConfig.webSocketConstructor = ws;
+  neonConfig.webSocketConstructor = WebSocket;
   if (wsProxy) {
     neonConfig.wsProxy = (host, port) => `${wsProxy}/v2?address=${host}:${port}`;
     neonConfig.useSecureWebSocket = false;

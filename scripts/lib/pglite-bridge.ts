@@ -1,5 +1,5 @@
 import type { AddressInfo } from "node:net";
-import { WebSocketServer } from "ws";
+import { WebSocketServer } from "./node-ws";
 
 // The embedded database for `npm start` (and the tests where PostgreSQL is not installed):
 // PGlite, reached by the Neon driver over a WebSocket, as Neon's cloud is. PGlite is one Postgres

@@ -1,6 +1,6 @@
 import type { AddressInfo } from "node:net";
 import { createConnection, type Socket } from "node:net";
-import { WebSocketServer } from "ws";
+import { WebSocketServer } from "./node-ws";
 
 // The Neon driver speaks Postgres over a WebSocket. Neon's cloud terminates that WebSocket for
 // us; locally, this bridge does: one WebSocket ↔ one TCP connection to a single fixed Postgres.

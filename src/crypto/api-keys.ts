@@ -1,4 +1,4 @@
-// API keys and database ids. Only WebCrypto globals, so this runs in workerd and in Node 20.
+// API keys and database ids. Only WebCrypto globals, so this runs in workerd and in Node.
 
 const API_KEY_PREFIX = "bw_";
 const API_KEY_RANDOM_BYTES = 32;

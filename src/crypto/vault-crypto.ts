@@ -2,7 +2,7 @@ import { encodeBase64Url } from "./api-keys";
 
 // Envelope encryption of vault secret values (cases B5, B8, B9).
 //
-// Only WebCrypto globals are used so the same module runs in workerd and in Node 20.
+// Only WebCrypto globals are used so the same module runs in workerd and in Node.
 //
 // Blob format (ASCII, self-describing):
 //   v1.<kid>.<wrapIv>.<wrappedKey>.<iv>.<ciphertext>      (binary parts base64url, no padding)

@@ -1,3 +1,4 @@
+import { decode as decodePunycode } from "punycode/punycode.js";
 import { parse as parseDomain } from "tldts";
 
 // Host canonicalisation and the host-pattern grammar. Pure: only globals common to Workers and
@@ -121,8 +122,17 @@ function canonicalIpv6(inner: string): string | null {
   return parsed;
 }
 
-/** The WHATWG URL host parser (UTS 46, IPv4 number forms, IPv6 compression), or null. */
+/**
+ * The WHATWG URL host parser (UTS 46, IPv4 number forms, IPv6 compression), or null; its every
+ * `xn--` label checked to be real punycode (validAceLabel).
+ */
 function whatwgHost(host: string): string | null {
+  const parsed = urlHostname(host);
+  if (parsed === null || parsed.startsWith("[")) return parsed;
+  return parsed.split(".").every((l) => !l.startsWith("xn--") || validAceLabel(l)) ? parsed : null;
+}
+
+function urlHostname(host: string): string | null {
   try {
     const url = new URL(`http://${host}/`);
     // Belt and braces: the input was screened, so nothing but the host may have been parsed.
@@ -131,6 +141,21 @@ function whatwgHost(host: string): string | null {
   } catch {
     return null;
   }
+}
+
+/**
+ * An `xn--` label names a non-ASCII name that encodes back to exactly it (RFC 5891 §5.4). URL
+ * parsers no longer check this (the URL standard dropped it; Node 24's parser takes `xn--zz`), and
+ * two tools that decode a bogus label differently would disagree on which host it is.
+ */
+function validAceLabel(label: string): boolean {
+  let unicode: string;
+  try {
+    unicode = decodePunycode(label.slice(4));
+  } catch {
+    return false;
+  }
+  return /[^\p{ASCII}]/u.test(unicode) && urlHostname(unicode) === label;
 }
 
 /** True for an IPv4 or IPv6 literal in any spelling (`127.1`, `[::1]`, `::1`). */

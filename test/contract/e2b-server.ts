@@ -66,7 +66,7 @@ export async function buildE2bPrograms(outDir: string): Promise<{ exec: string; 
       entryPoints: [join(root, entry)],
       bundle: true,
       platform: "node",
-      target: "node20",
+      target: "node24",
       format: "cjs",
       outfile: file,
       logLevel: "warning",

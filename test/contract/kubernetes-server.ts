@@ -6,8 +6,8 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
-import { type WebSocket, WebSocketServer } from "ws";
 import { recordedExecs } from "../../proxy-image/src/exec-runner";
+import { type WebSocket, WebSocketServer } from "../../scripts/lib/node-ws";
 import type { ContractOptions, KubernetesContractInfo, RecordedRequest } from "./kubernetes-contract";
 
 // A CONTRACT SERVER for the Kubernetes API (this machine cannot reach a DigitalOcean Kubernetes
@@ -144,7 +144,7 @@ export async function startKubernetesServer(
     entryPoints: [resolve(import.meta.dirname, "../../proxy-image/src/exec-runner-main.ts")],
     bundle: true,
     platform: "node",
-    target: "node20",
+    target: "node24",
     format: "cjs",
     outfile: runner,
     logLevel: "warning",

@@ -35,7 +35,7 @@ describe.skipIf(SKIP_REASON !== null)("the CLI walk: clone to a blocked host pro
       entryPoints: ["cli/src/main.ts"],
       bundle: true,
       platform: "node",
-      target: "node20",
+      target: "node24",
       format: "cjs",
       outfile: bin,
       logLevel: "warning",

@@ -282,6 +282,15 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
     }
   });
 
+  it("gives both stages the agent's own Node, read-only, for the image's programs", async () => {
+    // The pinned Node 24 (under the hidden checkout) appears at /run/bw-node; no stage can change it.
+    for (const stage of ["execute", "setup"] as const) {
+      const res = await api.sh("wk1", "/run/bw-node --version; : > /run/bw-node && echo wrote", stage);
+      expect(res.stdout.trim(), stage).toBe(process.version);
+      expect(res.stderr, stage).toMatch(/Read-only file system|Permission denied/);
+    }
+  });
+
   it("lets no stage make a user namespace of its own (to shadow /etc/hosts there)", async () => {
     const shadow =
       "echo '10.0.0.9 api.example.test' > $HOME/hosts; unshare -Urm sh -c \"mount --bind $HOME/hosts /etc/hosts && cat /etc/hosts\"";
