@@ -58,7 +58,7 @@ export function renderPage(page: Page): string {
       lines.push(`| ${TITLE[name]} | not run yet: \`npm run bench:${name}\` | | | | | |`);
       continue;
     }
-    const run = `${s.date.slice(0, 10)}, ${s.commit}${s.short ? ", **short run**" : ""}`;
+    const run = `${s.date.slice(0, 10)}, ${s.commit}, Node ${s.machine.node}${s.short ? ", **short run**" : ""}`;
     for (const r of s.summary) {
       const target = r.target ? `${r.target}${r.met === undefined ? "" : ` (${mark(r.met ?? null)})`}` : "";
       lines.push(
