@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.7
-# The E2B template of a run's WORK, TASK and ORCHESTRATOR sandboxes (E2B_WORK_TEMPLATE). Build from
-# the repository root:
-#   e2b template build -c proxy-image/e2b-work.toml
+# The E2B template of a run's WORK, TASK and ORCHESTRATOR sandboxes (E2B_WORK_TEMPLATE). E2B builds
+# it through its API:
+#   npm run e2b:templates    (E2B_API_KEY in the environment; docs/e2b.md)
+# scripts/lib/e2b-templates.ts runs the build stage here and gives E2B the final stage as steps.
 # What the e2b backend needs in it (docs/e2b.md): node (its programs), the wiring program, the exec
 # runner, the tunnel's local end, iptables (catch-all's redirect), and the three scripts below.
 # The agent's own toolchain is python3, git and curl; add what your benchmarks need.

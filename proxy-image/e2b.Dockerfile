@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1.7
-# The E2B template of a run's PROXY sandbox (E2B_PROXY_TEMPLATE). Build from the repository root:
-#   e2b template build -c proxy-image/e2b.toml
+# The E2B template of a run's PROXY sandbox (E2B_PROXY_TEMPLATE). E2B builds it through its API:
+#   npm run e2b:templates    (E2B_API_KEY in the environment; docs/e2b.md)
+# scripts/lib/e2b-templates.ts runs the build stage here and gives E2B the final stage as steps.
 # The same proxy as Dockerfile, plus the two programs the e2b backend drives it with (docs/e2b.md):
 # bw-exec, the exec runner (E2B keeps no output of a process: the runner keeps it in the sandbox),
 # and bw-tunnel, whose `serve` end is the only way the run's work sandboxes reach the proxy.

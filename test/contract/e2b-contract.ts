@@ -9,7 +9,7 @@ export interface E2bContractInfo {
   apiKey: string;
   /** The sandbox domain it pretends to serve (what getHost() names). */
   domain: string;
-  /** Template names it knows; any other templateID is refused. */
+  /** Template names it starts with (built, ready); others exist once built through its API. */
   templates: { proxy: string; work: string };
 }
 
@@ -20,8 +20,11 @@ export interface E2bContractInfo {
  */
 export interface RecordedE2bRequest {
   seq: number;
-  /** platform: the REST API; envd: the sandbox's process API (Connect over HTTP). */
-  api: "platform" | "envd" | "contract";
+  /**
+   * platform: the REST API; envd: the sandbox's process API (Connect over HTTP); storage: a
+   * template build's file upload (the pre-signed URL E2B hands out; its body is not kept).
+   */
+  api: "platform" | "envd" | "storage" | "contract";
   method: string;
   path: string;
   query: Record<string, string>;
@@ -40,7 +43,9 @@ export interface RecordedE2bRequest {
 /** A sandbox as the contract server holds it. */
 export interface ContractSandbox {
   sandboxID: string;
+  /** E2B's id of the template (create names it by name; E2B answers with the id and `alias`). */
   templateID: string;
+  alias: string;
   state: "running" | "paused";
   metadata: Record<string, string>;
   envVars: Record<string, string>;
@@ -67,6 +72,53 @@ export interface E2bFaults {
   dropNetworkOnResume?: boolean;
   /** PUT .../network answers 204 and changes nothing. */
   ignoreNetworkUpdates?: boolean;
+}
+
+/** A template build as the contract server holds it (GET /_contract/templates). */
+export interface ContractTemplateBuild {
+  templateID: string;
+  buildID: string;
+  name: string;
+  tags: string[];
+  cpuCount: number;
+  memoryMB: number;
+  status: "waiting" | "building" | "ready" | "error";
+  /** The start request (TemplateBuildStartV2) as received; null until the build is started. */
+  start: {
+    fromImage?: string;
+    fromTemplate?: string;
+    startCmd?: string;
+    readyCmd?: string;
+    force?: boolean;
+    steps: Array<{ type: string; args?: string[]; filesHash?: string; force?: boolean }>;
+  } | null;
+  reason: { message: string; step?: string } | null;
+}
+
+/** One uploaded layer archive (a COPY step's files), keyed by the SDK's files hash. */
+export interface ContractLayerFiles {
+  hash: string;
+  /** What the archive holds, as tar entries: path, type, mode bits, size, SHA-256 of the content. */
+  entries: Array<{
+    path: string;
+    type: "file" | "directory" | "symlink";
+    mode: number;
+    size: number;
+    sha256: string;
+  }>;
+  /**
+   * The COPY step that used it and whether the server, recomputing the SDK's files hash from the
+   * archive and that step's source and destination, got the same hash (null: not recomputable,
+   * a directory's size is not in a tar; absent: no step used it yet).
+   */
+  copy?: { src: string; dest: string; verified: boolean | null };
+}
+
+/** A template build that fails: its first RUN step whose command contains `runContaining`. */
+export interface E2bBuildFault {
+  template: string;
+  runContaining: string;
+  exitCode?: number;
 }
 
 declare module "vitest" {

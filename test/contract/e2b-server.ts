@@ -9,15 +9,26 @@ import type { components } from "e2b";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
 import { recordedExecs } from "../../proxy-image/src/exec-runner";
-import type { ContractSandbox, E2bContractInfo, E2bFaults, RecordedE2bRequest } from "./e2b-contract";
+import { HttpError, id20, templateBuilds } from "./e2b-builds";
+import type {
+  ContractSandbox,
+  E2bBuildFault,
+  E2bContractInfo,
+  E2bFaults,
+  RecordedE2bRequest,
+} from "./e2b-contract";
 
 // CONTRACT SERVER, not E2B: what the `e2b` SDK (2.51.0) calls, written from E2B's published
-// OpenAPI spec (the SDK's generated `paths`/`components` types) and envd's process.proto, on
-// loopback. E2B's cloud cannot be reached from here; the real SDK talks to this instead, pointed
-// at it with its documented `apiUrl` and `sandboxUrl` options.
+// OpenAPI spec as that SDK carries it (its generated `paths`/`components` types) and envd's
+// process.proto, on loopback; re-checked against E2B's open-source API (e2b-dev/infra, Aug 2026)
+// for the answers the spec leaves open. E2B's cloud cannot be reached from here; the real SDK
+// talks to this instead, pointed at it with its documented `apiUrl` and `sandboxUrl` options.
 //
 // Platform API (X-API-KEY, JSON, errors as {code, message}):
-//   POST   /v2/sandboxes                       NewSandboxV2 → 201 Sandbox
+//   POST   /v2/sandboxes                       NewSandboxV2 → 201 Sandbox; templateID names a
+//                                              built template (name[:tag] or id; else 404
+//                                              "template '…' not found"), answered as E2B does:
+//                                              templateID = the template's id, alias = its name
 //   GET    /v2/sandboxes?metadata=&state=&limit=&nextToken=   ListedSandbox[] (+ X-Next-Token)
 //   GET    /sandboxes/{id}                     SandboxDetail
 //   DELETE /sandboxes/{id}                     204 | 404
@@ -25,6 +36,7 @@ import type { ContractSandbox, E2bContractInfo, E2bFaults, RecordedE2bRequest } 
 //   POST   /v2/sandboxes/{id}/connect          200 running | 201 resumed (TTL only extended)
 //   POST   /sandboxes/{id}/timeout             204
 //   PUT    /sandboxes/{id}/network             204 (replaces the egress configuration; 409 paused)
+//   the template build API (V2 builder) of `Template.build`: see e2b-builds.ts
 //
 // envd (E2b-Sandbox-Id selects the sandbox, X-Access-Token must be its envdAccessToken, the user
 // is the Basic authorization's name), Connect protocol with the JSON codec as the SDK sends it:
@@ -48,7 +60,9 @@ import type { ContractSandbox, E2bContractInfo, E2bFaults, RecordedE2bRequest } 
 // Every process runs as this machine's test user: the envd `user` is recorded, not enforced. A
 // paused sandbox's processes are stopped (SIGSTOP) and continued on resume; envd calls to it are
 // answered 502 as E2B's edge does. Timeouts are recorded, never enforced (no sandbox expires).
-// Every request is recorded (GET /_contract/requests); faults per run: POST /_contract/faults.
+// Every request is recorded (GET /_contract/requests); faults per run: POST /_contract/faults;
+// template builds and uploaded layers: GET /_contract/templates; a failing build: POST
+// /_contract/build-faults.
 
 type Schemas = components["schemas"];
 
@@ -94,15 +108,6 @@ interface Box extends ContractSandbox {
   procs: Map<number, Proc>;
 }
 
-class HttpError extends Error {
-  constructor(
-    readonly status: number,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
 /** Connect error codes and their HTTP statuses (connect protocol spec). */
 const CONNECT_STATUS: Record<string, number> = {
   invalid_argument: 400,
@@ -121,11 +126,6 @@ class ConnectFailure extends Error {
     super(message);
   }
 }
-
-const id20 = () => {
-  const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
-  return [...randomBytes(20)].map((b) => alphabet[b % alphabet.length]).join("");
-};
 
 function readBody(req: IncomingMessage): Promise<Buffer> {
   return new Promise((resolveBody, reject) => {
@@ -209,7 +209,11 @@ export async function startE2bServer(options: E2bServerOptions) {
   const faults = new Map<string, E2bFaults>();
   const recorded: RecordedE2bRequest[] = [];
   let nextScriptedPid = 900_000;
-  const templates = new Set([options.templates.proxy, options.templates.work]);
+  let origin = "";
+  const templates = templateBuilds({
+    seeded: [options.templates.proxy, options.templates.work],
+    origin: () => origin,
+  });
   const faultsOf = (box: Box) => faults.get(box.metadata["bw-run"] ?? "") ?? { runId: "" };
 
   // ---- processes ----
@@ -319,6 +323,7 @@ export async function startE2bServer(options: E2bServerOptions) {
       envdVersion: ENVD_VERSION,
       sandboxID: box.sandboxID,
       templateID: box.templateID,
+      alias: box.alias,
       domain: null,
       envdAccessToken: box.envdAccessToken,
       trafficAccessToken: box.trafficAccessToken,
@@ -338,6 +343,7 @@ export async function startE2bServer(options: E2bServerOptions) {
       startedAt: box.startedAt.toISOString(),
       state: box.state,
       templateID: box.templateID,
+      alias: box.alias,
     };
   }
 
@@ -397,10 +403,9 @@ export async function startE2bServer(options: E2bServerOptions) {
   function createSandbox(body: Record<string, unknown>): Box {
     for (const k of Object.keys(body))
       if (!NEW_SANDBOX_KEYS.has(k)) throw new HttpError(400, `unknown field ${k}`);
-    const templateID = body.templateID;
-    if (typeof templateID !== "string" || !templates.has(templateID)) {
-      throw new HttpError(400, `template ${String(templateID)} not found`);
-    }
+    if (typeof body.templateID !== "string") throw new HttpError(400, "templateID is required");
+    const template = templates.resolve(body.templateID);
+    if (!template) throw new HttpError(404, `template '${body.templateID}' not found`);
     const network = body.network === undefined ? null : checkNetwork(body.network, NETWORK_KEYS);
     const metadata = (body.metadata ?? {}) as Record<string, string>;
     const timeoutSeconds = typeof body.timeout === "number" ? body.timeout : 300;
@@ -409,7 +414,7 @@ export async function startE2bServer(options: E2bServerOptions) {
     mkdirSync(join(dir, "exec"), { recursive: true });
     const box: Box = {
       sandboxID: id,
-      templateID,
+      ...template,
       state: "running",
       metadata,
       envVars: (body.envVars ?? {}) as Record<string, string>,
@@ -455,6 +460,8 @@ export async function startE2bServer(options: E2bServerOptions) {
     body: unknown,
   ): [number, unknown, Record<string, string>?] {
     const b = (body ?? {}) as Record<string, unknown>;
+    const template = templates.handle(method, path, query, body);
+    if (template) return [template[0], template[1]];
     if (method === "POST" && path === "/v2/sandboxes") return [201, sandboxJson(createSandbox(b))];
     if (method === "GET" && path === "/v2/sandboxes") {
       const wanted = new URLSearchParams(query.get("metadata") ?? "");
@@ -614,18 +621,22 @@ export async function startE2bServer(options: E2bServerOptions) {
     const envdSandbox = req.headers["e2b-sandbox-id"];
     const api: RecordedE2bRequest["api"] = url.pathname.startsWith("/_contract/")
       ? "contract"
-      : typeof envdSandbox === "string"
-        ? "envd"
-        : "platform";
+      : url.pathname.startsWith("/_storage/")
+        ? "storage"
+        : typeof envdSandbox === "string"
+          ? "envd"
+          : "platform";
     const streaming = (req.headers["content-type"] ?? "").startsWith("application/connect+json");
     let body: unknown = null;
-    try {
-      const text =
-        streaming && raw.length >= 5 ? raw.subarray(5, 5 + raw.readUInt32BE(1)).toString() : raw.toString();
-      body = text ? JSON.parse(text) : null;
-    } catch {
-      body = raw.toString();
-    }
+    if (api === "storage") body = { bytes: raw.length };
+    else
+      try {
+        const text =
+          streaming && raw.length >= 5 ? raw.subarray(5, 5 + raw.readUInt32BE(1)).toString() : raw.toString();
+        body = text ? JSON.parse(text) : null;
+      } catch {
+        body = raw.toString();
+      }
     const basic = /^Basic (.+)$/.exec(req.headers.authorization ?? "")?.[1];
     const user = basic ? Buffer.from(basic, "base64").toString().replace(/:$/, "") : null;
     const record: RecordedE2bRequest = {
@@ -652,12 +663,17 @@ export async function startE2bServer(options: E2bServerOptions) {
     };
     const json = (status: number, value: unknown, extra: Record<string, string> = {}) => {
       record.status = status;
-      if (value === null) res.writeHead(status, extra).end();
+      // An empty answer says so (as E2B's does): the SDK reads any other body as JSON.
+      if (value === null)
+        res.writeHead(status, status === 204 ? extra : { "content-length": "0", ...extra }).end();
       else res.writeHead(status, { "content-type": "application/json", ...extra }).end(JSON.stringify(value));
     };
     if (api !== "contract") recorded.push(record);
     try {
       if (api === "contract") return contract(req.method ?? "", url, body, json);
+      if (api === "storage") {
+        return json(templates.upload(req.method ?? "", url.pathname, url.searchParams, headers, raw), null);
+      }
       if (api === "platform") {
         if (record.apiKey !== "ok") throw new HttpError(401, "Invalid API key");
         const [status, value, extra] = platform(req.method ?? "", url.pathname, url.searchParams, body);
@@ -730,6 +746,15 @@ export async function startE2bServer(options: E2bServerOptions) {
       );
       return;
     }
+    if (method === "GET" && url.pathname === "/_contract/templates") {
+      json(200, { builds: templates.builds(), layers: templates.layers() });
+      return;
+    }
+    if (method === "POST" && url.pathname === "/_contract/build-faults") {
+      templates.fault(body as E2bBuildFault);
+      json(204, null);
+      return;
+    }
     if (method === "POST" && url.pathname === "/_contract/faults") {
       const f = body as E2bFaults;
       faults.set(f.runId, f);
@@ -740,8 +765,9 @@ export async function startE2bServer(options: E2bServerOptions) {
   }
 
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   const info: E2bContractInfo = {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    url: origin,
     apiKey: options.apiKey,
     domain: options.domain,
     templates: options.templates,
