@@ -1,4 +1,4 @@
-import { decode as decodePunycode } from "punycode/punycode.js";
+import punycode from "punycode/punycode.js";
 import { parse as parseDomain } from "tldts";
 
 // Host canonicalisation and the host-pattern grammar. Pure: only globals common to Workers and
@@ -151,7 +151,7 @@ function urlHostname(host: string): string | null {
 function validAceLabel(label: string): boolean {
   let unicode: string;
   try {
-    unicode = decodePunycode(label.slice(4));
+    unicode = punycode.decode(label.slice(4));
   } catch {
     return false;
   }
