@@ -136,7 +136,10 @@ export function createProxy(options: ProxyOptions) {
 
   const serverOptions = {
     insecureHTTPParser: false, // case A6: never lenient
-    requireHostHeader: true,
+    // A missing Host is refused by targetOf, through the refusal path that closes the connection
+    // and drops what is pipelined behind it. Node's own check (requireHostHeader) answers 400 but,
+    // on Node 24, still hands the next pipelined request to the handler.
+    requireHostHeader: false,
     joinDuplicateHeaders: false,
     maxHeaderSize: limits.maxHeaderBytes,
     headersTimeout: limits.headersTimeoutMs,

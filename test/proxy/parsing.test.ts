@@ -388,6 +388,23 @@ describe("pipelining around a refusal (cases A2, B6)", () => {
     expect(plain.counts.requests).toBe(before);
   });
 
+  it("a valid request pipelined behind one with no Host is not processed, on both ways in", async () => {
+    // Found by the fuzz bench on Node 24: Node's own Host check (requireHostHeader) answered 400
+    // but let the request behind it reach the handler; the proxy now refuses a missing Host itself.
+    const plainBefore = plain.counts.requests;
+    const r = await exchange({ port: proxy.httpPort }, [
+      wire("GET /first HTTP/1.1", ["9ost: plain.test"]) + wire("GET /after HTTP/1.1", ["Host: plain.test"]),
+    ]);
+    expect(r.responses.map((x) => x.status)).toEqual([400]);
+    expect(plain.counts.requests).toBe(plainBefore);
+    const tls = await exchange(
+      { port: proxy.tlsPort, tls: { servername: "api.test", ca: proxy.caPem } },
+      [wire("GET /first HTTP/1.1", ["HHost: evil.test"]) + wire("GET /after HTTP/1.1", ["Host: api.test"])],
+    );
+    expect(tls.responses.map((x) => x.status)).toEqual([400]);
+    expect(api.seen.map((x) => x.url)).not.toContain("/after");
+  });
+
   it("a parse error behind a pending request does not answer 400 in that request's place", async () => {
     const r = await exchange({ port: proxy.httpPort }, [
       wire("GET /slow HTTP/1.1", ["Host: plain.test"]),
