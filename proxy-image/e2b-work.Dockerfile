@@ -33,6 +33,7 @@ COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-ru
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
  && printf '#!/bin/sh\nexec node /opt/benchwright/exec-runner.cjs "$@"\n' > /usr/local/bin/bw-exec \
  && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
+ && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-tunnel \
  && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
 
 # Run as root at create: takes every way to root away from `user`.
