@@ -86,6 +86,8 @@ export async function buildImages(
         "--isolation",
         "chroot",
         "--layers",
+        // A failed build removes its containers too (buildah keeps them by default).
+        "--force-rm",
         "--pull=never",
         "--build-arg",
         `BASE_IMAGE=${base.ref}`,
