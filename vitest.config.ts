@@ -5,15 +5,15 @@ import { defineConfig } from "vitest/config";
 process.env.CLOUDFLARE_CF_FETCH_ENABLED = "false";
 process.env.WRANGLER_SEND_METRICS = "false";
 
-// Four projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
+// Five projects: pure modules and Node-side code run in Node ("unit"); the Worker's routes run
 // inside workerd against a real Postgres that test/setup/database.ts starts ("worker"); whole
 // runs on the local backend ("e2e"); the `benchwright` CLI as a child process against
-// `wrangler dev` over real HTTP ("cli").
+// `wrangler dev` over real HTTP ("cli"); the images of proxy-image/, built and run ("images").
 //
-// Scheduling (CI has 2 cores; vitest's default there is one file at a time): unit, worker and cli
-// first, two files at once, the unit files one at a time among themselves (some build network
-// namespaces and nftables rules of the host); then e2e alone, one file at a time, so whole runs
-// with real timeouts never share the machine with another suite.
+// Scheduling (CI has 2 cores; vitest's default there is one file at a time): unit, worker, cli
+// and images first, two files at once, the unit files one at a time among themselves (some build
+// network namespaces and nftables rules of the host); then e2e alone, one file at a time, so whole
+// runs with real timeouts never share the machine with another suite.
 export default defineConfig({
   test: {
     maxWorkers: 2,
@@ -60,6 +60,20 @@ export default defineConfig({
           sequence: { groupOrder: 1 },
           testTimeout: 120_000,
           hookTimeout: 180_000,
+        },
+      },
+      {
+        // The three images built daemonless (npm run images; cached) and their programs run from
+        // them. Needs root and buildah; skipped with a message elsewhere, never under CI. It makes
+        // no network namespace (buildah's chroot isolation), so it may share the first group.
+        test: {
+          name: "images",
+          include: ["test/images/**/*.test.ts"],
+          environment: "node",
+          testTimeout: 60_000,
+          // A clean machine builds the base and the three images first (about 70 s here; minutes
+          // where only vfs storage works).
+          hookTimeout: 900_000,
         },
       },
       {

@@ -6,19 +6,22 @@
 # What the e2b backend needs in it (docs/e2b.md): node (its programs), the wiring program, the exec
 # runner, the tunnel's local end, iptables (catch-all's redirect), and the three scripts below.
 # The agent's own toolchain is python3, git and curl; add what your benchmarks need.
-FROM node:20-bookworm-slim AS build
+# The base: node 24 on Debian bookworm, with npm. `npm run images` passes a local build of the same
+# (scripts/lib/node-base.ts); anywhere else the public image is the default.
+ARG BASE_IMAGE=node:24-bookworm-slim
+# The same build stage in all three Dockerfiles, so a layer-caching build makes it once.
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./
 COPY proxy-image/package.json proxy-image/
-RUN npm ci --ignore-scripts --no-audit --no-fund
+# Only the proxy workspace's dependencies (esbuild is one), not the whole lockfile's.
+RUN npm ci --workspace=proxy-image --ignore-scripts --no-audit --no-fund
 COPY src/policy src/policy
 COPY src/contract src/contract
 COPY proxy-image/src proxy-image/src
-RUN npm run build:proxy \
- && npx esbuild proxy-image/src/e2b-tunnel-main.ts --bundle --platform=node --target=node20 --format=cjs \
-      --outfile=proxy-image/dist/tunnel.cjs --log-level=warning
+RUN npm run build:proxy
 
-FROM node:20-bookworm-slim
+FROM ${BASE_IMAGE}
 # No sudo: the execute stage runs as E2B's `user`, who must never become root (root could rewrite
 # the hosts file, the one thing that sends named hosts to the proxy under default routing). E2B's
 # template build installs sudo and gives `user` sudo AFTER this file, so this alone is not enough:
@@ -31,6 +34,7 @@ COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-ru
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
  && printf '#!/bin/sh\nexec node /opt/benchwright/exec-runner.cjs "$@"\n' > /usr/local/bin/bw-exec \
  && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
+ && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-tunnel \
  && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
 
 # Run as root at create: takes every way to root away from `user`.

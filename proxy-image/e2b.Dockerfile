@@ -5,19 +5,22 @@
 # The same proxy as Dockerfile, plus the two programs the e2b backend drives it with (docs/e2b.md):
 # bw-exec, the exec runner (E2B keeps no output of a process: the runner keeps it in the sandbox),
 # and bw-tunnel, whose `serve` end is the only way the run's work sandboxes reach the proxy.
-FROM node:20-bookworm-slim AS build
+# The base: node 24 on Debian bookworm, with npm. `npm run images` passes a local build of the same
+# (scripts/lib/node-base.ts); anywhere else the public image is the default.
+ARG BASE_IMAGE=node:24-bookworm-slim
+# The same build stage in all three Dockerfiles, so a layer-caching build makes it once.
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./
 COPY proxy-image/package.json proxy-image/
-RUN npm ci --ignore-scripts --no-audit --no-fund
+# Only the proxy workspace's dependencies (esbuild is one), not the whole lockfile's.
+RUN npm ci --workspace=proxy-image --ignore-scripts --no-audit --no-fund
 COPY src/policy src/policy
 COPY src/contract src/contract
 COPY proxy-image/src proxy-image/src
-RUN npm run build:proxy \
- && npx esbuild proxy-image/src/e2b-tunnel-main.ts --bundle --platform=node --target=node20 --format=cjs \
-      --outfile=proxy-image/dist/tunnel.cjs --log-level=warning
+RUN npm run build:proxy
 
-FROM node:20-bookworm-slim
+FROM ${BASE_IMAGE}
 # Nothing here listens on a privileged port (the proxy on 8443/8080 behind 127.0.0.1, the tunnel
 # on 8090), so no capability is given to anyone. sudo is removed for good measure: nothing of the
 # agent runs in this sandbox, and the proxy's own user has no use for root.

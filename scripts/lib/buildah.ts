@@ -1,0 +1,95 @@
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+
+// Every buildah call of the image builds and their test goes through here, with the one storage
+// the images live in: overlay where this machine lets root mount it (each layer a diff), else
+// vfs (each layer a whole copy: the same images, but a build of three takes minutes even from
+// cache, where overlay takes seconds); in a root of its own, so the host's other container
+// storage, or its driver, never conflicts; outside any clone, so the base image and the layer
+// cache outlive a checkout (CI builds in a fresh clone on the same machine). BW_IMAGES_DRIVER=vfs
+// forces vfs. To look inside: buildah --root /var/lib/benchwright/containers/overlay
+// --storage-driver overlay images
+export const STORE_ROOT = process.env.BW_IMAGES_ROOT || "/var/lib/benchwright/containers";
+
+const storageOf = (driver: string) => [
+  "--root",
+  `${STORE_ROOT}/${driver}`,
+  "--runroot",
+  `/run/benchwright/containers/${driver}`,
+  "--storage-driver",
+  driver,
+];
+
+let storage: Promise<string[]> | null = null;
+/** The storage flags; the first call finds out whether overlay works here (its driver test-mounts). */
+export function storageFlags(): Promise<string[]> {
+  storage ??= (async () => {
+    if (process.env.BW_IMAGES_DRIVER === "vfs") return storageOf("vfs");
+    const probe = await run("buildah", [...storageOf("overlay"), "info"]);
+    return storageOf(probe.code === 0 ? "overlay" : "vfs");
+  })();
+  return storage;
+}
+
+export interface Output {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Why images cannot be built or run here, or null when they can (root, buildah). */
+export function buildahMissing(): string | null {
+  if (process.platform !== "linux") return "image builds need Linux";
+  if (process.getuid?.() !== 0) return "image builds need root";
+  const path = (process.env.PATH ?? "/usr/bin").split(":");
+  if (!path.some((dir) => existsSync(`${dir}/buildah`))) return "buildah is not installed";
+  return null;
+}
+
+/** Runs a command to its end, keeping its output (and passing its lines to `onLine`). */
+export function run(
+  file: string,
+  args: string[],
+  opts: { input?: string; onLine?: (line: string) => void; env?: NodeJS.ProcessEnv } = {},
+): Promise<Output> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { stdio: ["pipe", "pipe", "pipe"], env: opts.env ?? process.env });
+    const out = { stdout: "", stderr: "" };
+    for (const name of ["stdout", "stderr"] as const) {
+      let partial = "";
+      child[name].setEncoding("utf8").on("data", (chunk: string) => {
+        out[name] += chunk;
+        if (!opts.onLine) return;
+        const lines = (partial + chunk).split("\n");
+        partial = lines.pop() ?? "";
+        for (const line of lines) opts.onLine(line);
+      });
+    }
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ code: code ?? 1, ...out }));
+    child.stdin.end(opts.input ?? "");
+  });
+}
+
+export const buildah = async (args: string[], opts?: Parameters<typeof run>[2]) =>
+  run("buildah", [...(await storageFlags()), ...args], opts);
+
+/** Like `buildah`, but a failure throws with the command and the end of its output. */
+export async function buildahOk(args: string[], opts?: Parameters<typeof run>[2]): Promise<string> {
+  const r = await buildah(args, opts);
+  if (r.code !== 0) throw new Error(`buildah ${args[0]} failed (exit ${r.code}):\n${tail(r)}`);
+  return r.stdout;
+}
+
+/** The last lines a command printed, for an error message. */
+export function tail(r: Output, lines = 30): string {
+  return `${r.stdout}\n${r.stderr}`.trim().split("\n").slice(-lines).join("\n");
+}
+
+/** An image's labels, or null when the image is not in the store. */
+export async function imageLabels(ref: string): Promise<Record<string, string> | null> {
+  const r = await buildah(["inspect", "--type", "image", ref]);
+  if (r.code !== 0) return null;
+  const info = JSON.parse(r.stdout) as { OCIv1?: { config?: { Labels?: Record<string, string> } } };
+  return info.OCIv1?.config?.Labels ?? {};
+}

@@ -1,0 +1,200 @@
+import { type ChildProcess, spawn } from "node:child_process";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { buildah, buildahMissing, buildahOk, type Output, storageFlags } from "../../scripts/lib/buildah";
+import { buildImages, type ImageBuild, type ImageName } from "../../scripts/lib/images";
+import { ProxyView } from "../../src/contract/proxy-view";
+import { FakeControlPlane } from "../proxy/control-plane";
+
+// The images of proxy-image/ as `npm run images` builds them (the same function; a built image
+// is reused from the layer cache in seconds), and their programs run from the built image: the
+// proxy starts against the contract double of the control plane and answers its view, the
+// wiring, exec-runner and tunnel programs print their usage. A build that fails fails its image's
+// tests with the end of the build's output.
+//
+// The programs run under `buildah run --isolation chroot`: a container of the image with the
+// image's own user, environment and /proc, /dev, and no network namespace of its own, so the
+// proxy's listeners, its control plane and its view are on this machine's loopback (ports the OS
+// picks) and no namespace is made that the unit suite's network tests could meet.
+//
+// Needs root and buildah; skipped with a message elsewhere, but not under CI, where .ci/run
+// installs buildah and a skip would hide a broken install.
+
+const SKIP_REASON = process.env.CI ? null : buildahMissing();
+if (SKIP_REASON) console.warn(`image tests skipped: ${SKIP_REASON} (CI runs them as root)`);
+
+const RUN = "run_images";
+
+describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
+  const builds = new Map<ImageName, ImageBuild>();
+  const containers: string[] = [];
+  const running: ChildProcess[] = [];
+
+  beforeAll(async () => {
+    const { base, images } = await buildImages();
+    console.log(`base ${base.ref}: ${base.built ? "built" : "cached"} in ${base.seconds.toFixed(1)} s`);
+    for (const image of images) {
+      console.log(`image ${image.tag}: ${image.ok ? "built" : "FAILED"} in ${image.seconds.toFixed(1)} s`);
+      builds.set(image.name, image);
+    }
+  });
+
+  afterAll(async () => {
+    for (const child of running) child.kill("SIGTERM");
+    for (const id of containers) await buildah(["rm", id]);
+  });
+
+  /** A new container of the image; fails the test with the build's output if it did not build. */
+  async function container(name: ImageName): Promise<string> {
+    const build = builds.get(name);
+    if (!build) throw new Error(`the ${name} image was not built`);
+    if (!build.ok) throw new Error(`the ${name} image did not build:\n${build.error}`);
+    const id = (await buildahOk(["from", "--pull=never", build.tag])).trim();
+    containers.push(id);
+    return id;
+  }
+
+  const runArgs = (id: string, argv: string[], opts: { user?: string; env?: Record<string, string> }) => [
+    "run",
+    "--isolation",
+    "chroot",
+    ...(opts.user ? ["--user", opts.user] : []),
+    ...Object.entries(opts.env ?? {}).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
+    id,
+    "--",
+    ...argv,
+  ];
+
+  /** Runs `argv` in the container to its end. */
+  const exec = (id: string, argv: string[], opts: { user?: string; env?: Record<string, string> } = {}) =>
+    buildah(runArgs(id, argv, opts));
+
+  /**
+   * Starts `bw-proxy` in a container of `name` against a fresh control-plane double on loopback,
+   * waits for the line it prints after its ready call, then reads its view with `bw-proxy-view`
+   * run in the same container.
+   */
+  async function proxyAndView(name: ImageName, env: Record<string, string> = {}) {
+    const id = await container(name);
+    const cp = new FakeControlPlane(RUN, { version: 3, default: "allow", hosts: [], rules: [] });
+    await cp.start();
+    try {
+      const proxyEnv = { ...cp.proxyEnv("/var/spool/benchwright"), ...env };
+      const args = [...(await storageFlags()), ...runArgs(id, ["bw-proxy"], { env: proxyEnv })];
+      const child = spawn("buildah", args, { stdio: ["ignore", "pipe", "pipe"] });
+      running.push(child);
+      const readyLine = await new Promise<string>((resolve, reject) => {
+        let output = "";
+        for (const stream of [child.stdout, child.stderr]) {
+          stream.on("data", (chunk: Buffer) => {
+            output += chunk;
+            const line = output
+              .split("\n")
+              .slice(0, -1)
+              .find((l) => l.includes('"event":"ready"'));
+            if (line) resolve(line);
+          });
+        }
+        child.on("exit", (code) =>
+          reject(new Error(`bw-proxy exited ${code} before it was ready:\n${output}`)),
+        );
+      });
+      const viewPort = (JSON.parse(readyLine) as { view: number }).view;
+      const view = await exec(id, ["bw-proxy-view"], { env: { BW_VIEW_PORT: String(viewPort) } });
+      child.kill("SIGTERM");
+      return { ready: cp.ready, view };
+    } finally {
+      await cp.close();
+    }
+  }
+
+  const expectView = (view: Output) => {
+    expect(view.code, view.stderr).toBe(0);
+    const lines = view.stdout.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    const parsed = ProxyView.parse(JSON.parse(lines[0] as string));
+    expect(parsed).toMatchObject({ runId: RUN, policyVersion: 3, policyState: "ready" });
+  };
+
+  /** The exec runner's answer to a call with no operation: its usage refusal, exit 2. */
+  const expectRunnerUsage = (r: Output) => {
+    expect(r.code).toBe(2);
+    expect(JSON.parse(r.stdout)).toEqual({ error: "bad_request", detail: "unknown operation (none)" });
+  };
+
+  const expectWiringUsage = (r: Output) => {
+    expect(r.code).toBe(2);
+    expect(r.stdout).toBe("");
+    expect(r.stderr).toContain("bad wiring input: (stdin): not a JSON object");
+  };
+
+  // The tunnel checks its token before its verb: with one and no verb, it names its verbs.
+  const tunnelUsage = (id: string) => exec(id, ["bw-tunnel"], { env: { BW_TUNNEL_TOKEN: "t".repeat(32) } });
+  const expectTunnelUsage = (r: Output) => {
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("usage: bw-tunnel serve|connect");
+  };
+
+  describe("proxy (proxy-image/Dockerfile)", () => {
+    it("runs the proxy as uid 10001; it starts on loopback and bw-proxy-view prints its view", async () => {
+      const id = await container("proxy");
+      expect((await exec(id, ["id", "-u"])).stdout.trim()).toBe("10001");
+      // The image's default spool directory, which only the proxy's user may write.
+      const { ready, view } = await proxyAndView("proxy");
+      expect(ready?.policyVersion).toBe(3);
+      expect(ready?.caCertPem).toContain("BEGIN CERTIFICATE");
+      expectView(view);
+    });
+
+    it("bw-wiring prints its usage", async () => {
+      expectWiringUsage(await exec(await container("proxy"), ["bw-wiring"]));
+    });
+
+    it("bw-init tools lays out node and the exec runner, which print their usage from /bw/tools", async () => {
+      const id = await container("proxy");
+      const init = await exec(id, ["sh", "-c", "mkdir -p /bw/tools /bw/run && bw-init tools"], { user: "0" });
+      expect(init.code, init.stderr).toBe(0);
+      // Node through its own loader and libraries, as in a work image that has neither.
+      const node = await exec(id, ["/bw/tools/bin/node", "-p", "process.version"], { user: "0" });
+      expect(node.stdout.trim()).toMatch(/^v24\./);
+      expectRunnerUsage(await exec(id, ["/bw/tools/bin/bw-exec"], { user: "0" }));
+      expectWiringUsage(await exec(id, ["/bw/tools/bin/bw-wiring"], { user: "0" }));
+      expect((await exec(id, ["bw-init"], { user: "0" })).stderr).toContain("usage: bw-init tools");
+    });
+  });
+
+  describe("e2b proxy (proxy-image/e2b.Dockerfile)", () => {
+    it("the proxy starts on loopback and bw-proxy-view prints its view", async () => {
+      // The spool the e2b backend gives the proxy (src/coordinator/machine.ts).
+      const { ready, view } = await proxyAndView("e2b-proxy", { BW_SPOOL_DIR: "/tmp/benchwright-spool" });
+      expect(ready?.policyVersion).toBe(3);
+      expectView(view);
+    });
+
+    it("bw-exec and bw-tunnel print their usage", async () => {
+      const id = await container("e2b-proxy");
+      expectRunnerUsage(await exec(id, ["bw-exec"]));
+      expectTunnelUsage(await tunnelUsage(id));
+    });
+  });
+
+  describe("e2b work (proxy-image/e2b-work.Dockerfile)", () => {
+    it("bw-wiring, bw-exec and bw-tunnel print their usage", async () => {
+      const id = await container("e2b-work");
+      expectWiringUsage(await exec(id, ["bw-wiring"]));
+      expectRunnerUsage(await exec(id, ["bw-exec"]));
+      expectTunnelUsage(await tunnelUsage(id));
+    });
+
+    it("has the heredoc scripts, executable, and the agent's toolchain", async () => {
+      const id = await container("e2b-work");
+      const check = await exec(id, ["bw-check-user"]);
+      expect(check).toMatchObject({ code: 1, stdout: "the execute user is root\n" });
+      const tools = await exec(id, [
+        "sh",
+        "-c",
+        "test -x /usr/local/bin/bw-drop-root && test -x /usr/local/bin/bw-redirect && python3 --version && git --version && curl --version && iptables --version",
+      ]);
+      expect(tools.code, tools.stderr).toBe(0);
+    });
+  });
+});
