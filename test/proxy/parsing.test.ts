@@ -397,10 +397,9 @@ describe("pipelining around a refusal (cases A2, B6)", () => {
     ]);
     expect(r.responses.map((x) => x.status)).toEqual([400]);
     expect(plain.counts.requests).toBe(plainBefore);
-    const tls = await exchange(
-      { port: proxy.tlsPort, tls: { servername: "api.test", ca: proxy.caPem } },
-      [wire("GET /first HTTP/1.1", ["HHost: evil.test"]) + wire("GET /after HTTP/1.1", ["Host: api.test"])],
-    );
+    const tls = await exchange({ port: proxy.tlsPort, tls: { servername: "api.test", ca: proxy.caPem } }, [
+      wire("GET /first HTTP/1.1", ["HHost: evil.test"]) + wire("GET /after HTTP/1.1", ["Host: api.test"]),
+    ]);
     expect(tls.responses.map((x) => x.status)).toEqual([400]);
     expect(api.seen.map((x) => x.url)).not.toContain("/after");
   });
