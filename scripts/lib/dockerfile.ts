@@ -10,9 +10,11 @@ export interface Instruction {
   flags: Array<[string, string]>;
   /** The rest of the instruction, line continuations removed, otherwise verbatim. */
   text: string;
-  /** The bodies of its heredocs, in the order they are named. */
-  heredocs: Array<{ name: string; body: string }>;
+  /** The bodies of its heredocs, in the order they are named; `quoted`: its delimiter was. */
+  heredocs: Array<{ name: string; body: string; quoted: boolean }>;
+  /** Its first and last line (1-based), heredoc bodies included. */
   line: number;
+  endLine: number;
 }
 
 export interface Stage {
@@ -30,7 +32,8 @@ export interface Dockerfile {
 const FLAG = /^--([a-z-]+)(?:=(\S+))?\s+/;
 const HEREDOC = /<<(-?)(["']?)([A-Za-z_][A-Za-z0-9_]*)\2/g;
 
-export function parseDockerfile(source: string): Dockerfile {
+/** The instructions of `source` in order, each with the lines it spans. */
+export function readInstructions(source: string): Instruction[] {
   const lines = source.split("\n");
   const instructions: Instruction[] = [];
   let i = 0;
@@ -65,17 +68,22 @@ export function parseDockerfile(source: string): Dockerfile {
       const name = h[3] as string;
       const body: string[] = [];
       for (;;) {
-        if (i >= lines.length) throw new Error(`line ${start + 1}: heredoc ${name} is not closed`);
+        if (i >= lines.length) throw new Error(`line ${start + 1}: heredoc ${name} is never closed`);
         const raw = lines[i] as string;
         i++;
         const l = h[1] ? raw.replace(/^\t+/, "") : raw;
         if (l === name) break;
         body.push(l);
       }
-      heredocs.push({ name, body: `${body.join("\n")}\n` });
+      heredocs.push({ name, body: `${body.join("\n")}\n`, quoted: h[2] !== "" });
     }
-    instructions.push({ keyword, flags, text: text.trim(), heredocs, line: start + 1 });
+    instructions.push({ keyword, flags, text: text.trim(), heredocs, line: start + 1, endLine: i });
   }
+  return instructions;
+}
+
+export function parseDockerfile(source: string): Dockerfile {
+  const instructions = readInstructions(source);
 
   const args = new Map<string, string>();
   const stages: Stage[] = [];

@@ -17,7 +17,17 @@
 // - like fromDockerfile: user root and workdir / first, and E2B's `user` and /home/user last
 //   unless the Dockerfile sets them.
 import { spawnSync } from "node:child_process";
-import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join, posix } from "node:path";
 import { type BuildInfo, Template, type TemplateBuilder } from "e2b";
 import { type Instruction, parseDockerfile, type Stage } from "./dockerfile";
@@ -218,6 +228,31 @@ export async function buildE2bTemplates(options: BuildTemplatesOptions): Promise
     }
   }
 
+  // E2B's context holds exactly what the templates copy, at the same paths: the SDK applies the
+  // context's .dockerignore, and the repository's (for Docker builds) keeps the built files out.
+  const context = mkdtempSync(join(tmpdir(), "bw-e2b-context-"));
+  try {
+    for (const t of templates)
+      for (const step of t.plan.steps)
+        if (step.kind === "copy") cpSync(join(root, step.src), join(context, step.src), { recursive: true });
+    return await buildEach(templates, context, connection, log);
+  } finally {
+    rmSync(context, { recursive: true, force: true });
+  }
+}
+
+async function buildEach(
+  templates: Array<{
+    name: string;
+    dockerfile: string;
+    cpuCount: number;
+    memoryMB: number;
+    plan: TemplatePlan;
+  }>,
+  root: string,
+  connection: BuildTemplatesOptions["connection"],
+  log: (line: string) => void,
+): Promise<BuildInfo[]> {
   const built: BuildInfo[] = [];
   for (const t of templates) {
     log(
