@@ -4,6 +4,7 @@ import {
   chownSync,
   copyFileSync,
   existsSync,
+  linkSync,
   mkdirSync,
   mkdtempSync,
   readdirSync,
@@ -68,11 +69,29 @@ function runnerFor(): string {
   return copy;
 }
 
+/**
+ * The node another uid runs: the suite's own (npm's `node` package, under the checkout, so as
+ * unreachable as the runner) linked, or else copied, into the test's directory.
+ */
+function nodeFor(): string {
+  const node = join(dir, "node");
+  if (!existsSync(node)) {
+    try {
+      linkSync(process.execPath, node);
+    } catch {
+      copyFileSync(process.execPath, node);
+    }
+    chmodSync(node, 0o755);
+  }
+  return node;
+}
+
 function cli(
   args: string[],
   o: { stdin?: string; env?: Record<string, string>; uid?: number; state?: string } = {},
 ): { code: number | null; reply: unknown; stderr: string } {
-  const res = spawnSync(process.execPath, [o.uid === undefined ? RUNNER : runnerFor(), ...args], {
+  const other = o.uid !== undefined;
+  const res = spawnSync(other ? nodeFor() : process.execPath, [other ? runnerFor() : RUNNER, ...args], {
     cwd: dir,
     input: o.stdin ?? "",
     env: { PATH: process.env.PATH ?? "/usr/bin:/bin", BW_EXEC_DIR: o.state ?? execDir, ...o.env },
