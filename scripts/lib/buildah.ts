@@ -71,14 +71,19 @@ export function run(
   });
 }
 
+/** Like `run`, but a failure throws, naming `what` with the end of the output; its stdout. */
+export async function runOk(file: string, args: string[], what: string): Promise<string> {
+  const r = await run(file, args);
+  if (r.code !== 0) throw new Error(`${what} failed (exit ${r.code}):\n${tail(r)}`);
+  return r.stdout;
+}
+
 export const buildah = async (args: string[], opts?: Parameters<typeof run>[2]) =>
   run("buildah", [...(await storageFlags()), ...args], opts);
 
 /** Like `buildah`, but a failure throws with the command and the end of its output. */
-export async function buildahOk(args: string[], opts?: Parameters<typeof run>[2]): Promise<string> {
-  const r = await buildah(args, opts);
-  if (r.code !== 0) throw new Error(`buildah ${args[0]} failed (exit ${r.code}):\n${tail(r)}`);
-  return r.stdout;
+export async function buildahOk(args: string[]): Promise<string> {
+  return runOk("buildah", [...(await storageFlags()), ...args], `buildah ${args[0]}`);
 }
 
 /** The last lines a command printed, for an error message. */

@@ -7,7 +7,7 @@ import { expandCopyHeredocs } from "./heredoc";
 import { ensureNodeBase } from "./node-base";
 
 // The three images of proxy-image/, built daemonless from their committed Dockerfiles: buildah
-// (chroot isolation, vfs storage, see buildah.ts) with the layer cache, so the build stage they
+// (chroot isolation, overlay storage or else vfs, see buildah.ts) with the layer cache, so the build stage they
 // share is made once and an unchanged image rebuilds from cache in seconds; the base is the local
 // build of node:24-bookworm-slim (node-base.ts), passed as BASE_IMAGE. The context is the
 // repository root, cut down by .dockerignore to what the Dockerfiles copy.

@@ -3,7 +3,7 @@ import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { buildah, buildahOk, imageLabels, run, tail } from "./buildah";
+import { buildah, buildahOk, imageLabels, runOk } from "./buildah";
 
 // The images' base when they are built here: what the public node:24-bookworm-slim offers the
 // Dockerfiles, made from sources this machine reaches. Debian bookworm (debootstrap's minbase,
@@ -137,17 +137,14 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/cache/apt/*.bin`;
 
 /** `npm pack <spec>` into `dir`; the tarball's path. */
 async function npmPack(spec: string, dir: string): Promise<string> {
-  const r = await run("npm", ["pack", spec, "--pack-destination", dir, "--json", "--silent"]);
-  if (r.code !== 0) throw new Error(`npm pack ${spec} failed:\n${tail(r)}`);
-  const [info] = JSON.parse(r.stdout) as Array<{ filename: string }>;
+  const out = await runOk(
+    "npm",
+    ["pack", spec, "--pack-destination", dir, "--json", "--silent"],
+    `npm pack ${spec}`,
+  );
+  const [info] = JSON.parse(out) as Array<{ filename: string }>;
   if (!info) throw new Error(`npm pack ${spec} printed no package`);
   return join(dir, info.filename);
-}
-
-async function ok(file: string, args: string[], what: string): Promise<string> {
-  const r = await run(file, args);
-  if (r.code !== 0) throw new Error(`${what} failed (exit ${r.code}):\n${tail(r)}`);
-  return r.stdout;
 }
 
 /**
@@ -174,12 +171,12 @@ export async function ensureNodeBase(
   try {
     const rootfs = (await buildahOk(["mount", ctr])).trim();
     log(`debootstrap --variant=minbase ${SUITE}`);
-    await ok(
+    await runOk(
       "debootstrap",
       ["--variant=minbase", `--arch=${arch.deb}`, SUITE, rootfs, mirrors.main],
       "debootstrap",
     );
-    await ok("chroot", [rootfs, "/bin/sh", "-eu", "-c", setupScript(mirrors)], "the base's setup");
+    await runOk("chroot", [rootfs, "/bin/sh", "-eu", "-c", setupScript(mirrors)], "the base's setup");
     // debootstrap takes the release as it was; the public image has its updates and security fixes.
     log("apt-get upgrade");
     await buildahOk(["run", "--isolation", "chroot", ctr, "--", "sh", "-euc", UPGRADE]);
@@ -188,19 +185,19 @@ export async function ensureNodeBase(
     const nodeTgz = await npmPack(`${arch.node}@${version}`, work);
     const local = join(rootfs, "usr/local");
     // Only the binary: the headers and manuals are no use to the images.
-    await ok(
+    await runOk(
       "tar",
       ["-xzf", nodeTgz, "-C", local, "--strip-components=1", "--no-same-owner", "package/bin/node"],
       "tar",
     );
-    const changelog = await ok("tar", ["-xzOf", nodeTgz, "package/CHANGELOG.md"], "tar");
+    const changelog = await runOk("tar", ["-xzOf", nodeTgz, "package/CHANGELOG.md"], "tar");
     // The changelog's newest "upgrade npm to X" is the npm this release bundles.
     const npmVersion = /\*\*deps\*\*: upgrade npm to (\d+\.\d+\.\d+)/.exec(changelog)?.[1];
     if (!npmVersion) throw new Error(`Node ${version}'s changelog names no bundled npm`);
     const npmTgz = await npmPack(`npm@${npmVersion}`, work);
     const npmDir = join(local, "lib/node_modules/npm");
     mkdirSync(npmDir, { recursive: true });
-    await ok("tar", ["-xzf", npmTgz, "-C", npmDir, "--strip-components=1", "--no-same-owner"], "tar");
+    await runOk("tar", ["-xzf", npmTgz, "-C", npmDir, "--strip-components=1", "--no-same-owner"], "tar");
     for (const bin of ["npm", "npx"]) {
       symlinkSync(`../lib/node_modules/npm/bin/${bin}-cli.js`, join(local, "bin", bin));
     }
