@@ -9,6 +9,7 @@ export const AGENT_ERROR_STATUS = {
   not_found: 404,
   cannot_isolate: 503,
   sandbox_failed: 500,
+  sealed: 409,
 } as const satisfies Record<AgentErrorCode, number>;
 
 const TITLES: Record<AgentErrorCode, string> = {
@@ -17,6 +18,7 @@ const TITLES: Record<AgentErrorCode, string> = {
   not_found: "Not found",
   cannot_isolate: "This machine cannot isolate a sandbox",
   sandbox_failed: "The sandbox could not be made or used",
+  sealed: "The sandbox's setup stage has ended",
 };
 
 export class AgentError extends Error {

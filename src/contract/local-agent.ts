@@ -14,6 +14,17 @@ import { z } from "zod";
 //   POST   /v1/sandboxes/{id}/freeze           ← Freeze → 204 (every process of the sandbox but
 //                                             its init stopped, or continued; idempotent; work,
 //                                             task and proxy sandboxes)
+//   PUT    /v1/sandboxes/{id}/bundle?dir=      ← a .tar.gz body → UnpackResult (200), unpacked
+//                                             into dir by bw-unpack as the execute stage's uid;
+//                                             a refused bundle is a 422 with { ok: false, code }
+//   POST   /v1/sandboxes/{id}/seal             ← Seal → SealResult (ends the setup stage: every
+//                                             process it started killed, the wiring files
+//                                             re-installed from the caller's copy; setup-stage
+//                                             execs refused from then on; idempotent)
+//   PUT    /v1/sandboxes/{id}/hosts            ← SetHosts → 204 (default routing: the hosts
+//                                             file's redirect entries rewritten from outside)
+//   GET    /v1/sandboxes/{id}/artifacts?dir=&maxBytes=&maxFiles= → a .tar.gz (bw-collect's, as the
+//                                             execute stage's uid; see contract/bundle.ts)
 //
 // Errors are problem+json with a `code` from AgentErrorCode.
 
@@ -26,11 +37,36 @@ export type SandboxKind = z.infer<typeof SandboxKind>;
 /** Listener ports of the proxy process inside the proxy sandbox (unprivileged ports). */
 export const PROXY_PORTS = { tls: 8443, http: 8080, explicit: 3128, dns: 5353 } as const;
 
+/**
+ * A sandbox's resource limits (its cgroup locally; the pod's limits on sandbox0; E2B's template
+ * sizes). memory: the kernel kills past it; pids: processes and threads at once (a fork bomb
+ * stops there); cpus: CPU time as a share of cores (throttled, never killed).
+ */
+export const Resources = z.strictObject({
+  memoryMb: z.number().int().min(64).max(262_144),
+  pids: z.number().int().min(16).max(1_000_000),
+  cpus: z.number().min(0.1).max(256),
+});
+export type Resources = z.infer<typeof Resources>;
+
+/** The limits of a sandbox made without `resources`, per kind. */
+export const DEFAULT_RESOURCES: Record<SandboxKind, Resources> = {
+  proxy: { memoryMb: 1024, pids: 512, cpus: 1 },
+  work: { memoryMb: 2048, pids: 1024, cpus: 1 },
+  task: { memoryMb: 2048, pids: 1024, cpus: 1 },
+  orchestrator: { memoryMb: 2048, pids: 1024, cpus: 1 },
+};
+
+/** Which limit the kernel enforced on a process of the sandbox (it was killed for it). */
+export const ResourceLimit = z.enum(["memory", "pids"]);
+export type ResourceLimit = z.infer<typeof ResourceLimit>;
+
 export const CreateSandbox = z.discriminatedUnion("kind", [
   z.strictObject({
     kind: z.literal("proxy"),
     id: Id,
     runId: Id,
+    resources: Resources.optional(),
   }),
   z.strictObject({
     kind: z.enum(["work", "task", "orchestrator"]),
@@ -45,6 +81,7 @@ export const CreateSandbox = z.discriminatedUnion("kind", [
      * everything else is dropped in the proxy namespace (out of this sandbox's reach).
      */
     routing: z.enum(["default", "catch-all"]),
+    resources: Resources.optional(),
   }),
 ]);
 export type CreateSandbox = z.infer<typeof CreateSandbox>;
@@ -131,6 +168,8 @@ export const ExecInfo = z.strictObject({
   stderr: z.string(),
   stdoutEnd: z.number().int().min(0),
   stderrEnd: z.number().int().min(0),
+  /** Exited because the sandbox hit this limit (killed by the kernel, or by the agent at it). */
+  limit: ResourceLimit.optional(),
 });
 export type ExecInfo = z.infer<typeof ExecInfo>;
 
@@ -180,6 +219,30 @@ export function outputPage(
 export const Freeze = z.strictObject({ frozen: z.boolean() });
 export type Freeze = z.infer<typeof Freeze>;
 
+/**
+ * Ends a work or task sandbox's setup stage. The wiring's files (hosts, resolver, CA bundle and
+ * the run CA's own file) are re-written from this copy (the coordinator's, which is the proxy's),
+ * whatever the setup stage did to them; with `caCertPem` null (no proxy enforces the run) they
+ * are restored to the image's.
+ */
+export const Seal = z.strictObject({
+  routing: z.enum(["default", "catch-all"]),
+  /** default routing: the exact names redirected to the proxy (the platform's are added). */
+  hostsFile: z.array(z.string().max(253)).max(10_000),
+  caCertPem: z.string().max(65_536).nullable(),
+});
+export type Seal = z.infer<typeof Seal>;
+
+export const SealResult = z.strictObject({
+  /** Processes of the setup stage still running when it ended, killed. */
+  killed: z.number().int().min(0),
+});
+export type SealResult = z.infer<typeof SealResult>;
+
+/** A vault edit while the run runs (default routing): the hosts file's redirect, rewritten. */
+export const SetHosts = z.strictObject({ hostsFile: z.array(z.string().max(253)).max(10_000) });
+export type SetHosts = z.infer<typeof SetHosts>;
+
 export const AgentHealth = z.strictObject({
   ok: z.boolean(),
   /** When not ok: each reason this machine cannot isolate a sandbox, in plain words. */
@@ -193,5 +256,7 @@ export const AgentErrorCode = z.enum([
   "not_found",
   "cannot_isolate",
   "sandbox_failed",
+  /** A setup-stage exec after the sandbox was sealed. */
+  "sealed",
 ]);
 export type AgentErrorCode = z.infer<typeof AgentErrorCode>;
