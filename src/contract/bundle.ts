@@ -54,6 +54,15 @@ export const UnpackResult = z.discriminatedUnion("ok", [
 ]);
 export type UnpackResult = z.infer<typeof UnpackResult>;
 
+/**
+ * bw-unpack's exit codes. `failed`: not the bundle's doing (bad arguments, <dir> not a directory,
+ * the disk, a file already in the way); a message on stderr and nothing on stdout.
+ */
+export const UNPACK_EXIT = { ok: 0, failed: 1, refused: 2 } as const;
+
+/** bw-collect's exit codes. `failed`: what stdout holds is no archive to use; stderr says why. */
+export const COLLECT_EXIT = { ok: 0, failed: 1 } as const;
+
 /** Where the commands leave results, per sandbox ($BW_OUT). */
 export const DEFAULT_OUT_DIR = "/home/sandbox/out";
 
