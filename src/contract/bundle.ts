@@ -81,17 +81,30 @@ export const CutReason = z.enum([
   "symlink",
   /** Not a regular file or directory (device, FIFO, socket). */
   "special",
-  /** Could not be read as the execute stage's uid. */
+  /**
+   * Could not be read as the execute stage's uid, or changed while it was read (its archive entry,
+   * if any, is then no artifact: only what `files` lists is), or a name that is not UTF-8.
+   */
   "unreadable",
 ]);
 export type CutReason = z.infer<typeof CutReason>;
 
-/** The last entry of bw-collect's archive. Paths are relative to $BW_OUT, `/`-separated. */
+/**
+ * The last entry of bw-collect's archive. Paths are relative to $BW_OUT, `/`-separated. It is the
+ * truth about the archive: a `files/<path>` entry is an artifact only when `files` lists its path
+ * (with the sha256 its bytes must have).
+ */
 export const CollectManifest = z.strictObject({
   files: z.array(z.strictObject({ path: z.string(), size: z.number().int(), sha256: BundleHash })),
   cut: z.array(z.strictObject({ path: z.string(), reason: CutReason, size: z.number().int().nullable() })),
   limits: z.strictObject({ maxBytes: z.number().int(), maxFiles: z.number().int() }),
   /** $BW_OUT did not exist (the commands wrote nothing): not an error. */
   missing: z.boolean(),
+  /**
+   * Present (true) only when the walk stopped early: more entries under $BW_OUT than it visits
+   * (10 × maxFiles, at least 10 000), or `cut` full (maxFiles entries). What came after is in
+   * neither list. Optional so that a manifest without it still parses.
+   */
+  incomplete: z.literal(true).optional(),
 });
 export type CollectManifest = z.infer<typeof CollectManifest>;
