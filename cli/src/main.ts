@@ -1,6 +1,7 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
 import { ApiError, NetworkError } from "./api";
 import { login, whoami } from "./commands/account";
+import { runsArtifacts } from "./commands/artifacts";
 import { demo } from "./commands/demo";
 import { blockedHosts, egressRoutes, modelCalls } from "./commands/logs";
 import {
@@ -295,6 +296,18 @@ const COMMANDS: Record<string, Command> = {
       none(p, "runs list");
       await runsList(ctx, pageOf(v));
     },
+  },
+  "runs artifacts": {
+    usage: "benchwright runs artifacts RUN_ID [--out DIR]",
+    summary: "the files the run's commands left under $BW_OUT (--out DIR: download them)",
+    help:
+      "Lists each artifact (sandbox, path, size, sha256) and what was not collected and why (over the\n" +
+      "size or count bound, a symlink, not a regular file). --out DIR saves each one to\n" +
+      "DIR/<sandbox name>/<path>, checked against its sha256 before it is put in place. A name that\n" +
+      "would leave DIR (.., an absolute path) is refused, and nothing is written through a symlink in\n" +
+      "DIR; exit 1 if any artifact was not saved.",
+    options: { out: { type: "string" } },
+    run: (ctx, v, p) => runsArtifacts(ctx, one(p, "run id"), { out: str(v, "out") }),
   },
   "runs cancel": {
     usage: "benchwright runs cancel RUN_ID",
