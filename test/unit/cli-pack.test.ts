@@ -5,6 +5,8 @@ import { dirname, join } from "node:path";
 import { unpackTar } from "modern-tar";
 import { afterAll, describe, expect, it } from "vitest";
 import { CREDENTIAL_PATTERNS, credentialPattern, PackRefused, packFolder } from "../../cli/src/pack";
+import { checkBundle } from "../../src/archive/bundle";
+import { BUNDLE_DEFAULTS } from "../../src/contract/bundle";
 
 // `runs launch --from FOLDER`'s packing (cli/src/pack.ts), on real folders: what goes in (as git
 // would add it, `files` narrowing it), what stops the pack (credential-looking names, symlinks
@@ -155,6 +157,26 @@ describe("what is packed", () => {
     expect(byName.get("data/blob.bin")?.header.mode).toBe(0o644);
     expect(byName.get("data/")?.header.type).toBe("directory");
     expect(packed.bytes).toBe(21 + 18 + 8);
+  });
+});
+
+describe("what the API will take", () => {
+  it("a packed folder passes the bundle check the Worker and bw-unpack run (src/archive)", async () => {
+    const root = folder({
+      ...SPEC,
+      "run.sh": "#!/bin/sh\n",
+      "data/real.txt": "r",
+      "data/rel": { link: "real.txt" },
+      up: { link: "data/../data/real.txt" },
+      [`deep/${"long-directory-name/".repeat(12)}file.txt`]: "past the 255 bytes of a ustar name and prefix",
+    });
+    symlinkSync(join(root, "data"), join(root, "abs-dir"));
+    const packed = await packFolder(root, { always });
+    const verdict = await checkBundle(new Blob([packed.archive]).stream(), {
+      maxUnpackedBytes: BUNDLE_DEFAULTS.maxUnpackedBytes,
+      maxFiles: BUNDLE_DEFAULTS.maxFiles,
+    });
+    expect(verdict).toEqual({ ok: true, files: expect.any(Number), bytes: packed.bytes });
   });
 });
 
