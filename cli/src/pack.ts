@@ -29,7 +29,7 @@ export const CREDENTIAL_PATTERNS = [
   "credentials*.json",
 ] as const;
 
-const credentials = ignore({ ignorecase: true }).add([...CREDENTIAL_PATTERNS]);
+const credentials = ignore({ ignorecase: true, allowRelativePaths: true }).add([...CREDENTIAL_PATTERNS]);
 
 /** The pattern a file's name matches, if it looks like a credential. */
 export function credentialPattern(name: string): string | null {
@@ -106,7 +106,11 @@ class Selection {
       .filter((p) => p.trim() !== "" && !p.startsWith("#"))
       .map((text) => {
         const negative = text.startsWith("!");
-        return { negative, text, match: ignore().add(negative ? text.slice(1) : text) };
+        return {
+          negative,
+          text,
+          match: ignore({ allowRelativePaths: true }).add(negative ? text.slice(1) : text),
+        };
       });
   }
   selects(path: string): boolean {
@@ -145,7 +149,7 @@ async function gitignoreOf(absDir: string): Promise<Ignore | null> {
     if ((error as NodeJS.ErrnoException).code === "ENOENT") return null;
     throw error;
   }
-  return ignore().add(text);
+  return ignore({ allowRelativePaths: true }).add(text);
 }
 
 function inside(root: string, target: string): boolean {

@@ -67,6 +67,7 @@ describe("what is packed", () => {
       "src/generated.py": "g",
       "src/debug.log": "d",
       "src/deep/ok.txt": "ok",
+      "...": "a name of dots is a name",
     });
     const packed = await packFolder(root, { always });
     // git's own answer, from a repository made over the same folder.
@@ -81,6 +82,7 @@ describe("what is packed", () => {
       .sort();
     expect(packed.paths).toEqual(git);
     expect(packed.paths).toEqual([
+      "...",
       ".gitignore",
       "benchwright.json",
       "keep.log",
