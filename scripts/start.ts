@@ -18,6 +18,7 @@ import { startLocalStack } from "./lib/local-stack";
 import { applyMigrations } from "./lib/migrate";
 import { configureNeonForNode, nodeDb } from "./lib/neon-node";
 import { startEmbeddedPostgres } from "./lib/pglite-bridge";
+import { benchIndexRoutes } from "./lib/pip-index";
 import { startWorkerDev } from "./lib/worker-dev";
 
 const DATA = join(process.cwd(), ".data");
@@ -71,6 +72,8 @@ async function main() {
       index: 200,
       hosts: DEMO_HOSTS,
       expectedKey: demoKey,
+      // The package index examples/qa-bench installs from (pypi.demo.test).
+      static: benchIndexRoutes(),
     });
     stops.push(() => (upstream as DemoUpstream).stop());
     const stack = await startLocalStack({
@@ -83,7 +86,9 @@ async function main() {
       proxyTestEnv: {
         // The demo upstream's own test CA and address: development-only proxy settings.
         BW_TEST_EXTRA_CA_PEM: upstream.caPem,
-        BW_TEST_ROUTES: DEMO_HOSTS.map((h) => `${h}=${upstream?.address}:${upstream?.httpsPort}`).join(","),
+        BW_TEST_ROUTES: upstream.hosts
+          .map((h) => `${h}=${upstream?.address}:${upstream?.httpsPort}`)
+          .join(","),
         BW_TEST_ALLOW_CIDRS: upstream.cidr,
       },
       log: process.env.BW_VERBOSE ? (line) => console.log(line) : undefined,

@@ -1,6 +1,7 @@
 import { type ParseArgsConfig, parseArgs } from "node:util";
 import { ApiError, NetworkError } from "./api";
 import { login, whoami } from "./commands/account";
+import { runsArtifacts } from "./commands/artifacts";
 import { demo } from "./commands/demo";
 import { blockedHosts, egressRoutes, modelCalls } from "./commands/logs";
 import {
@@ -11,10 +12,18 @@ import {
   runsLinger,
   runsList,
   runsShow,
-  SPEC_FILE,
 } from "./commands/runs";
-import { type Ctx, DEFAULT_URL, Failed, NotLoggedIn, RunNotCompleted, UsageError } from "./commands/shared";
+import {
+  type Ctx,
+  DEFAULT_URL,
+  Failed,
+  NotLoggedIn,
+  RunNotCompleted,
+  SPEC_FILE,
+  UsageError,
+} from "./commands/shared";
 import * as vault from "./commands/vault";
+import { CREDENTIAL_PATTERNS } from "./pack";
 
 // `benchwright`: a client of the public API only (what any user could do with curl). Exit codes:
 // 0 ok, 1 the API said no or could not be reached, 2 usage, 3 not logged in, 4 a run the command
@@ -216,20 +225,34 @@ const COMMANDS: Record<string, Command> = {
       }),
   },
   "runs launch": {
-    usage: "benchwright runs launch [options] -- <command>...  |  --benchmark NAME  |  --from FOLDER",
+    usage:
+      "benchwright runs launch [options] -- <command>...  |  --benchmark NAME  |  --from FOLDER [--include-secret-file PATH]...",
     summary: "launch a run (--follow: and follow it to its end)",
     help:
       "Everything after -- is one command, run by sh -c in the sandbox (one word: as written, so\n" +
       "-- 'make && ./bench' works; several: each kept as one argument); --command CMD (repeatable) gives\n" +
-      `several commands. --from FOLDER reads FOLDER/${SPEC_FILE} (or a JSON file): a run spec as POST /v1/runs\n` +
-      "takes it (commands, tasks, model, egress, linger_seconds...). The folder's other files are not\n" +
-      "uploaded: the commands fetch what they need from allowed hosts.\n" +
+      "several commands.\n" +
+      "\n" +
+      `--from FOLDER reads FOLDER/${SPEC_FILE}, a run spec as POST /v1/runs takes it (commands, setup,\n` +
+      "tasks, model, egress, linger_seconds...), and packs the folder into a .tar.gz that is uploaded\n" +
+      "(POST /v1/bundles, with progress on a terminal) and unpacked into each work and task sandbox's\n" +
+      "home before setup; the spec's bundle is set to its sha256. What is packed: every file the\n" +
+      `folder's .gitignore files do not exclude, never .git, always ${SPEC_FILE}; with "files" in\n` +
+      `${SPEC_FILE} (gitignore-style patterns, e.g. ["*.py", "setup.sh", "data/"]) only what they match.\n` +
+      "Refused (nothing is sent; each offending file is named): a symlink pointing outside the folder, a\n" +
+      "device, FIFO or socket, and files that look like credentials:\n" +
+      `  ${CREDENTIAL_PATTERNS.join("  ")}\n` +
+      "(matched against the file's name, any letter case). --include-secret-file PATH (relative to the\n" +
+      "folder; repeatable) packs one all the same. The same folder packs to the same sha256.\n" +
+      `--from FILE.json sends that spec alone (nothing packed), as does a folder with only ${SPEC_FILE}.\n` +
+      "\n" +
       "Options: --model NAME (a vault model), --egress direct|local, --backend sandbox0|e2b|local,\n" +
       "--linger 15m (keep the proxy after the commands end), --follow (exit 4 unless the run completes).",
     options: {
       command: { type: "string", multiple: true },
       benchmark: { type: "string" },
       from: { type: "string" },
+      "include-secret-file": { type: "string", multiple: true },
       model: { type: "string" },
       egress: { type: "string" },
       backend: { type: "string" },
@@ -246,6 +269,7 @@ const COMMANDS: Record<string, Command> = {
         commands,
         benchmark: str(v, "benchmark"),
         from: str(v, "from"),
+        includeSecretFiles: list(v, "include-secret-file"),
         model: str(v, "model"),
         egress: str(v, "egress"),
         backend: str(v, "backend"),
@@ -272,6 +296,18 @@ const COMMANDS: Record<string, Command> = {
       none(p, "runs list");
       await runsList(ctx, pageOf(v));
     },
+  },
+  "runs artifacts": {
+    usage: "benchwright runs artifacts RUN_ID [--out DIR]",
+    summary: "the files the run's commands left under $BW_OUT (--out DIR: download them)",
+    help:
+      "Lists each artifact (sandbox, path, size, sha256) and what was not collected and why (over the\n" +
+      "size or count bound, a symlink, not a regular file). --out DIR saves each one to\n" +
+      "DIR/<sandbox name>/<path>, checked against its sha256 before it is put in place. A name that\n" +
+      "would leave DIR (.., an absolute path) is refused, and nothing is written through a symlink in\n" +
+      "DIR; exit 1 if any artifact was not saved.",
+    options: { out: { type: "string" } },
+    run: (ctx, v, p) => runsArtifacts(ctx, one(p, "run id"), { out: str(v, "out") }),
   },
   "runs cancel": {
     usage: "benchwright runs cancel RUN_ID",

@@ -1,9 +1,14 @@
 // The demo's (and the end-to-end tests') upstream: runs inside a network namespace of its own,
 // started by scripts/lib/demo-upstream.ts. Plain JavaScript so that it needs nothing but node.
 //
-// stdin: one JSON line { certPem, keyPem, expectedKey, httpsPort, directPort }.
+// stdin: one JSON line { certPem, keyPem, expectedKey, httpsPort, directPort, bind?, static? }.
 // HTTPS: every request gets JSON { host, path, keyPresent, keyMatches } back: whether an
 // Authorization header came and whether it is `Bearer <expectedKey>`; never the header itself.
+// static (optional): [{ host, path, contentType, base64 }], files served as they are for their
+// hosts (a pip index: scripts/lib/pip-index.ts); any other path on such a host is a 404. Their
+// seen-lines add `static` (the status answered).
+// bind (default 0.0.0.0) and ports 0 (any free port) are for tests on loopback: the ports bound
+// come as one line { event: "listening", httpsPort, directPort } before "ready".
 // POST /v1/chat/completions and /v1/responses (any host): a model provider speaking the OpenAI
 // wire format, JSON or server-sent events (`stream: true`), with fixed usage numbers; 401 unless
 // `Bearer <expectedKey>`. The seen-line adds endpoint, model and stream. Same answers as
@@ -21,7 +26,11 @@ process.stdin.on("data", (d) => {
 });
 process.stdin.on("end", () => {
   const config = JSON.parse(input);
+  const files = new Map((config.static ?? []).map((r) => [`${r.host.toLowerCase()} ${r.path}`, r]));
+  const staticHosts = new Set((config.static ?? []).map((r) => r.host.toLowerCase()));
   const https = createServer({ cert: config.certPem, key: config.keyPem }, (req, res) => {
+    const host = (req.headers.host ?? "").toLowerCase().replace(/:\d+$/, "");
+    if (staticHosts.has(host)) return serveStatic(req, res, host, files, config.expectedKey);
     const endpoint = req.method === "POST" ? MODEL_ENDPOINTS[(req.url ?? "").split("?", 1)[0]] : undefined;
     if (endpoint) return void modelCall(req, res, endpoint, config.expectedKey).catch(() => res.destroy());
     const auth = req.headers.authorization;
@@ -41,10 +50,36 @@ process.stdin.on("end", () => {
     socket.end("direct\n");
     socket.on("error", () => {});
   });
-  https.listen(config.httpsPort, "0.0.0.0", () => {
-    direct.listen(config.directPort, "0.0.0.0", () => process.stdout.write("ready\n"));
+  const bind = config.bind ?? "0.0.0.0";
+  https.listen(config.httpsPort, bind, () => {
+    direct.listen(config.directPort, bind, () => {
+      const ports = { httpsPort: https.address().port, directPort: direct.address().port };
+      process.stdout.write(`${JSON.stringify({ event: "listening", ...ports })}\nready\n`);
+    });
   });
 });
+
+function serveStatic(req, res, host, files, expectedKey) {
+  const path = (req.url ?? "").split("?", 1)[0];
+  const file = req.method === "GET" || req.method === "HEAD" ? files.get(`${host} ${path}`) : undefined;
+  const auth = req.headers.authorization;
+  const seen = {
+    event: "request",
+    host,
+    path: req.url,
+    keyPresent: auth !== undefined,
+    keyMatches: auth === `Bearer ${expectedKey}`,
+    static: file ? 200 : 404,
+  };
+  process.stdout.write(`${JSON.stringify(seen)}\n`);
+  if (!file) {
+    res.writeHead(404, { "content-type": "text/plain" });
+    return res.end("not found\n");
+  }
+  const body = Buffer.from(file.base64, "base64");
+  res.writeHead(200, { "content-type": file.contentType, "content-length": body.byteLength });
+  res.end(req.method === "HEAD" ? undefined : body);
+}
 
 // ---- the model provider ----
 

@@ -6,6 +6,7 @@ import { type ApiClient, apiClient } from "../../scripts/lib/api-client";
 import { type DemoUpstream, startDemoUpstream } from "../../scripts/lib/demo-upstream";
 import { type LocalStack, startLocalStack } from "../../scripts/lib/local-stack";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
+import type { StaticRoute } from "../../scripts/lib/pip-index";
 import { provisionApiKey } from "../../src/auth/provision";
 import { randomId } from "../../src/crypto/api-keys";
 import { whyNotRunnable } from "../local/harness";
@@ -39,6 +40,8 @@ export async function startE2e(options: {
   extraCaPem?: string;
   /** The vault's canary, when another upstream of the suite must expect it too. */
   canary?: string;
+  /** Files the upstream serves as they are (a pip index), on hosts of their own it also serves. */
+  static?: StaticRoute[];
 }): Promise<E2e> {
   const databaseUrl = inject("databaseUrl");
   configureNeonForNode(inject("databaseWsProxy"));
@@ -49,6 +52,7 @@ export async function startE2e(options: {
     index: options.index,
     hosts: HOSTS,
     expectedKey: canary,
+    static: options.static,
   });
   const dir = mkdtempSync(join(tmpdir(), "bw-e2e-"));
   const logs: string[] = [];
@@ -91,11 +95,11 @@ export async function startE2e(options: {
   };
 }
 
-/** Test-only proxy settings: trust the upstream's test CA, route the demo hosts to it. */
+/** Test-only proxy settings: trust the upstream's test CA, route the demo hosts (and its others) to it. */
 export function proxyTestEnv(upstream: DemoUpstream): Record<string, string> {
   return {
     BW_TEST_EXTRA_CA_PEM: upstream.caPem,
-    BW_TEST_ROUTES: HOSTS.map((h) => `${h}=${upstream.address}:${upstream.httpsPort}`).join(","),
+    BW_TEST_ROUTES: upstream.hosts.map((h) => `${h}=${upstream.address}:${upstream.httpsPort}`).join(","),
     BW_TEST_ALLOW_CIDRS: upstream.cidr,
   };
 }

@@ -1,7 +1,19 @@
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import type { Api, Schemas } from "../api";
-import { api, type Ctx, nextPage, oneOf, print, RunNotCompleted, table, UsageError } from "./shared";
+import type { RunSpecWithBundle } from "../api-pending";
+import { uploadFolder } from "./bundles";
+import {
+  api,
+  type Ctx,
+  nextPage,
+  oneOf,
+  print,
+  RunNotCompleted,
+  SPEC_FILE,
+  table,
+  UsageError,
+} from "./shared";
 
 // `benchwright runs ...`: launch (inline commands, a built-in benchmark, or a benchmark folder's
 // benchwright.json), follow with live status, show, list, and the controls: cancel, halt,
@@ -13,17 +25,20 @@ type Run = Schemas["Run"];
  * on_proxy_failure) as required, since the API's answers always carry them; a request may omit
  * them and the API fills them in.
  */
-export type SpecInput = Partial<Schemas["RunSpec"]>;
+export type SpecInput = RunSpecWithBundle;
 export const asSpec = (spec: SpecInput) => spec as Schemas["RunSpec"];
 type RunEvent = Schemas["RunEvent"];
 const OVER = new Set(["finished", "stopped", "failed"]);
-/** The file a benchmark folder describes its run in: a RunSpec, as POST /v1/runs takes it. */
-export const SPEC_FILE = "benchwright.json";
 
-function readSpecFrom(path: string): SpecInput {
+/** A benchmark folder's spec file, or a JSON file: the spec, and whether it came from a folder. */
+function readSpecFrom(path: string): { spec: SpecInput; folder: string | null } {
   let file = path;
+  let folder: string | null = null;
   try {
-    if (statSync(path).isDirectory()) file = join(path, SPEC_FILE);
+    if (statSync(path).isDirectory()) {
+      folder = path;
+      file = join(path, SPEC_FILE);
+    }
   } catch (error) {
     throw new UsageError(`cannot read ${path}: ${(error as NodeJS.ErrnoException).code ?? error}`);
   }
@@ -45,7 +60,19 @@ function readSpecFrom(path: string): SpecInput {
     throw new UsageError(`${file} must hold one JSON object (a run spec; see docs/user-guide.md)`);
   }
   // The API checks the rest, and answers with the field it refuses.
-  return spec as SpecInput;
+  return { spec: spec as SpecInput, folder };
+}
+
+/** The spec's `files` (the CLI's own field: what to pack), checked and taken out of the spec. */
+function takeFiles(spec: SpecInput & { files?: unknown }): { spec: SpecInput; files?: string[] } {
+  const { files, ...rest } = spec;
+  if (files === undefined) return { spec: rest };
+  if (!Array.isArray(files) || files.length === 0 || !files.every((f) => typeof f === "string" && f !== "")) {
+    throw new UsageError(
+      `"files" in ${SPEC_FILE} is a non-empty list of paths or gitignore-style patterns (e.g. ["*.py", "data/"])`,
+    );
+  }
+  return { spec: rest, files };
 }
 
 /**
@@ -69,6 +96,8 @@ export interface LaunchOptions {
   backend?: string;
   linger?: string;
   follow: boolean;
+  /** Credential-looking files of the --from folder to pack all the same (relative to it). */
+  includeSecretFiles?: string[];
 }
 
 export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
@@ -83,11 +112,30 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
   if (sources.length > 1) throw new UsageError("give one of: commands, --benchmark, --from");
   const egress = oneOf(opts.egress, ["direct", "local"] as const, "--egress");
   const backend = oneOf(opts.backend, ["sandbox0", "e2b", "local"] as const, "--backend");
-  const base: SpecInput = opts.from
-    ? readSpecFrom(opts.from)
-    : opts.benchmark
-      ? { benchmark: opts.benchmark }
-      : { commands: opts.commands };
+  const secretFiles = opts.includeSecretFiles ?? [];
+  const read = opts.from ? readSpecFrom(opts.from) : null;
+  if (secretFiles.length > 0 && !read?.folder) {
+    throw new UsageError("--include-secret-file names a file of the --from FOLDER that is packed");
+  }
+  const client = api(ctx);
+  let base: SpecInput;
+  if (read?.folder) {
+    // A folder's files go with it: packed (the spec's `files` say what), uploaded, and named in
+    // the spec by their hash. `files` is the CLI's own field; the API never sees it.
+    const { spec: rest, files } = takeFiles(read.spec);
+    if (rest.bundle !== undefined) {
+      throw new UsageError(
+        `${SPEC_FILE} names a bundle, and --from FOLDER packs the folder as one: drop "bundle", or launch --from ${join(read.folder, SPEC_FILE)} (the file alone, nothing packed)`,
+      );
+    }
+    const bundle = await uploadFolder(ctx, client, read.folder, { files, includeSecretFiles: secretFiles });
+    base = bundle ? { ...rest, bundle: bundle.sha256 } : rest;
+  } else {
+    if (read && "files" in read.spec) {
+      throw new UsageError(`"files" says what to pack from a benchmark folder: give --from the folder`);
+    }
+    base = read ? read.spec : opts.benchmark ? { benchmark: opts.benchmark } : { commands: opts.commands };
+  }
   const spec: SpecInput = {
     ...base,
     ...(opts.model ? { model: opts.model } : {}),
@@ -95,7 +143,6 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
     ...(backend ? { backend } : {}),
     ...(opts.linger !== undefined ? { linger_seconds: seconds(opts.linger, "--linger") } : {}),
   };
-  const client = api(ctx);
   const run = await client.call("post", "/v1/runs", { body: asSpec(spec) });
   const agent = run.egressAgent
     ? [

@@ -5,6 +5,11 @@ import { configPath, readConfig } from "../config";
 // in to, and the errors that map to the CLI's exit codes (cli/src/main.ts).
 
 export const DEFAULT_URL = "http://127.0.0.1:8787";
+/**
+ * The file a benchmark folder describes its run in: a RunSpec, as POST /v1/runs takes it, plus
+ * the CLI's own `files` (what to pack).
+ */
+export const SPEC_FILE = "benchwright.json";
 
 /** Exit 2: the command line is wrong; nothing was sent. */
 export class UsageError extends Error {}

@@ -1,0 +1,149 @@
+import { mkdtempSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, relative } from "node:path";
+import { build } from "esbuild";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { BENCH_PACKAGE, benchIndexRoutes, buildWheel, INDEX_HOST } from "../../scripts/lib/pip-index";
+import { cli as runCli } from "../cli/harness";
+import { until } from "../until";
+import { demoVault, type E2e, newUser, SKIP_REASON, startE2e } from "./harness";
+
+// Issue 20's example benchmark end to end, on real parts: examples/qa-bench launched with the
+// real CLI (`runs launch --from ... --follow`: packed, uploaded as a bundle, launched), on the
+// local backend under catch-all routing. Its setup.sh pip installs a real wheel from a real
+// PEP 503 index that the suite's upstream serves from its own namespace (reachable only
+// through the run's proxy, the index host allowed in the vault); its three tasks call the API
+// host with no key (the proxy injects the vault's, the upstream checks it) and write their
+// results to $BW_OUT; `runs artifacts --out` brings them back. The vault's secret is a canary
+// that no artifact and no CLI output may contain.
+
+const EXAMPLE = join(import.meta.dirname, "..", "..", "examples", "qa-bench");
+const TASKS = ["goodbye", "hello", "hello-there"];
+
+describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tasks, artifacts", () => {
+  let e: E2e;
+  let bin: string;
+  const outputs: string[] = [];
+  beforeAll(async () => {
+    // The CLI's bundle, built from the current sources for this file alone (as cli-walk does).
+    bin = join(mkdtempSync(join(tmpdir(), "bw-example-cli-")), "benchwright.cjs");
+    await build({
+      entryPoints: ["cli/src/main.ts"],
+      bundle: true,
+      platform: "node",
+      target: "node24",
+      format: "cjs",
+      outfile: bin,
+      logLevel: "warning",
+    });
+    e = await startE2e({ name: "bwt-e2x", index: 84, static: benchIndexRoutes() });
+  });
+  afterAll(async () => {
+    await e?.stop();
+  });
+
+  it("installs its package through the proxy, fans out three tasks, and its results come back", async () => {
+    const user = await newUser(e.stack.apiUrl);
+    // The API host gets the canary as its key; a block default makes the run catch-all, so the
+    // index host must be allowed (the setup stage goes through the boundary too).
+    await demoVault(user, e.canary, { default: "block" });
+    const allowed = await user.call("POST", "/v1/vault/hosts", { pattern: INDEX_HOST, action: "allow" });
+    expect(allowed.status, allowed.text).toBeLessThan(300);
+
+    const home = mkdtempSync(join(tmpdir(), "bw-example-home-"));
+    const cli = async (args: string[], input?: string) => {
+      const res = await runCli(args, { home, input, bin });
+      outputs.push(res.stdout, res.stderr);
+      return res;
+    };
+    expect((await cli(["login", "--url", e.stack.apiUrl], `${user.key}\n`)).code).toBe(0);
+
+    const launched = await cli(["runs", "launch", "--from", EXAMPLE, "--follow"]);
+    expect(launched.code, `${launched.stdout}\n${launched.stderr}`).toBe(0);
+    const id = /launched (run_\S+)/.exec(launched.stderr)?.[1] as string;
+    expect(id).toBeTruthy();
+    expect(launched.stdout).toContain(`${id} finished: completed`);
+    // The folder went up as a bundle of the files its `files` list names, and the spec file.
+    expect(launched.stderr).toMatch(/packed .*qa-bench: 5 files/);
+    const sha = /uploaded bundle ([0-9a-f]{64})/.exec(launched.stderr)?.[1];
+    const run = (await user.call("GET", `/v1/runs/${id}`)).json;
+    expect(run).toMatchObject({ status: "finished", reason: "completed", routing: "catch-all" });
+    expect(run.spec.bundle).toBe(sha);
+    expect(run.spec.files).toBeUndefined();
+    // The work sandbox's command ran with the installed package too.
+    expect(launched.stdout).toContain('"benchscore": "1.0.0"');
+
+    // Every sandbox's setup read the index and fetched the wheel, through the proxy (catch-all:
+    // there is no other way out), and pip checked its hash.
+    const wheel = buildWheel(BENCH_PACKAGE);
+    const fetched = e.upstream.seen.filter(
+      (s) => s.host === INDEX_HOST && s.path === `/files/${wheel.filename}`,
+    );
+    expect(fetched.length).toBe(1 + TASKS.length);
+    expect(fetched.every((s) => s.static === 200)).toBe(true);
+    const routes = await until(
+      "the index host in the run's egress routes",
+      async () => {
+        const res = JSON.parse((await cli(["logs", "egress-routes", id, "--json"])).stdout);
+        return (res.egressRoutes as { host: string }[]).some((r) => r.host === INDEX_HOST) ? res : null;
+      },
+      30_000,
+      500,
+    );
+    expect(routes.egressRoutes.map((r: { host: string }) => r.host)).toContain("api.demo.test");
+
+    // Each task called the API without a key; the upstream saw the vault's.
+    const calls = e.upstream.seen.filter(
+      (s) => s.host === "api.demo.test" && s.endpoint === "chat.completions",
+    );
+    expect(calls.length).toBe(TASKS.length);
+    expect(calls.every((s) => s.keyMatches === true)).toBe(true);
+
+    // The artifacts: one result file per task sandbox, nothing cut; the work sandbox wrote none.
+    const listed = await cli(["runs", "artifacts", id, "--json"]);
+    expect(listed.code, listed.stderr).toBe(0);
+    const list = JSON.parse(listed.stdout);
+    expect(list.cut).toEqual([]);
+    expect(
+      list.artifacts.map((a: { sandboxName: string; path: string }) => `${a.sandboxName}/${a.path}`).sort(),
+    ).toEqual(TASKS.map((t) => `${t}/${t}.json`));
+    const out = mkdtempSync(join(tmpdir(), "bw-example-out-"));
+    const saved = await cli(["runs", "artifacts", id, "--out", out]);
+    expect(saved.code, saved.stderr).toBe(0);
+    expect(saved.stdout).toContain(`saved 3 of 3 artifacts under ${out}`);
+    const files = walk(out);
+    expect(files).toEqual(TASKS.map((t) => `${t}/${t}.json`));
+    for (const task of TASKS) {
+      const result = JSON.parse(readFileSync(join(out, task, `${task}.json`), "utf8"));
+      expect(result).toMatchObject({
+        task,
+        answer: "Hello world",
+        api: { status: 200, error: null },
+        package: { name: "benchscore", version: "1.0.0" },
+      });
+      // Imported from the virtual environment setup.sh made, not from anywhere else.
+      expect(result.package.file).toMatch(
+        /^\/opt\/qa-bench\/lib\/python3[.\d]*\/site-packages\/benchscore\/__init__\.py$/,
+      );
+    }
+    expect(JSON.parse(readFileSync(join(out, "hello", "hello.json"), "utf8")).score).toEqual({
+      exact: true,
+      overlap: 1,
+    });
+
+    // case H5: the canary is in no stored artifact (the proxy never handed it to the sandbox),
+    // and in nothing the CLI printed.
+    for (const file of files) expect(readFileSync(join(out, file), "utf8")).not.toContain(e.canary);
+    for (const text of outputs) expect(text).not.toContain(e.canary);
+  }, 300_000);
+});
+
+/** Every file under dir, relative, sorted. */
+function walk(dir: string, root = dir): string[] {
+  return readdirSync(dir)
+    .flatMap((name) => {
+      const path = join(dir, name);
+      return statSync(path).isDirectory() ? walk(path, root) : [relative(root, path)];
+    })
+    .sort();
+}
