@@ -1,5 +1,6 @@
 import { BackendError } from "../broker/backend";
-import type { ExecInfo, SandboxInfo } from "../contract/local-agent";
+import type { UnpackResult } from "../contract/bundle";
+import type { ExecInfo, Resources, SandboxInfo, Seal, SealResult } from "../contract/local-agent";
 import type { PolicyDocument } from "../contract/policy";
 import type { WiringProof } from "../contract/wiring";
 import type { RunState } from "../db/schema";
@@ -29,15 +30,22 @@ import { wire } from "./steps/wiring";
 // run's credentials and its view, is paused when nobody looked at it for LINGER_IDLE_MS, woken by
 // the next look (wake), and torn down when the window lapses (reason `linger_lapsed`).
 //
+// Once wired, each work, task and orchestrator sandbox goes through its own stages while the run
+// is `running`: bundle → setup → seal → rewire → commands → collect (steps/stages.ts). A failed
+// setup command stops the run (`setup_failed`) before any command; a sandbox killed at its
+// resource limits stops it too (`resource_exhausted`).
+//
 // This file holds the state's types, the public class and the dispatch; each phase's steps are
-// in steps/ (vault, proxy, sandboxes, wiring, commands, halt, tunnel, teardown, linger,
-// environments), functions over the same state and ports.
+// in steps/ (vault, proxy, sandboxes, wiring, stages, commands, halt, tunnel, teardown,
+// linger, environments), functions over the same state and ports.
 
-export { COMPUTE_URL, HALTED_POLL_MS, MAX_OUTPUT_EVENTS, MAX_TRACE_OUTPUT } from "./steps/commands";
+export { COMPUTE_URL, HALTED_POLL_MS } from "./steps/commands";
 export { POLL_MS } from "./steps/common";
 export { MAX_ENVIRONMENTS } from "./steps/environments";
 export { LINGER_IDLE_MS } from "./steps/linger";
+export { MAX_OUTPUT_EVENTS, MAX_TRACE_OUTPUT, OUT_ENV } from "./steps/output";
 export { PROXY_CHECK_MS, PROXY_ENV, PROXY_READY_DEADLINE_MS } from "./steps/proxy";
+export { SETUP_TIMEOUT_MS, WORK_DIR } from "./steps/stages";
 export { DEFAULT_EGRESS_AGENT_WAIT_SECONDS, TUNNEL_POLL_MS } from "./steps/tunnel";
 export { VAULT_ATTEMPTS, VAULT_BACKOFF_MS } from "./steps/vault";
 
@@ -78,7 +86,24 @@ export interface Worker {
   environment?: boolean;
   /** The task's sandbox is destroyed (a task's sandbox goes when the task is done). */
   destroyed?: boolean;
+  /** Setup commands (the run's, then the task's), run in the setup stage before `commands`. */
+  setup?: string[];
+  /**
+   * Where the worker is once its wiring is proved (steps/stages.ts): bundle → setup → seal →
+   * rewire → execute (its commands) → collect. Unset in state from before the setup stage, and
+   * for an environment: its commands' stage.
+   */
+  stage?: WorkerStage;
+  setupIndex?: number;
+  setupExecId?: string | null;
+  /** The re-proof after seal (bw-wiring in the execute stage, installed: true). */
+  rewireExecId?: string | null;
+  /** Something ran in the sandbox (a setup command or a command): its $BW_OUT is collected. */
+  ran?: boolean;
+  collected?: boolean;
 }
+
+export type WorkerStage = "bundle" | "setup" | "seal" | "rewire" | "execute" | "collect";
 
 /** A lingering proxy: the window (from startedAt), the last time someone looked, and pauses. */
 export interface Linger {
@@ -192,7 +217,16 @@ export type SandboxRequest =
       routing: "default" | "catch-all";
       /** default routing: the names the hosts file redirects (a backend may install them). */
       hostsFile: string[];
+      /** The run's resources (each unset limit the kind's default); absent: the kind's defaults. */
+      resources?: Resources;
     };
+
+/** What a collect stored: files kept, their bytes, and files cut (over a bound, links, ...). */
+export interface CollectResult {
+  files: number;
+  bytes: number;
+  cut: number;
+}
 
 /** A backend's answer to a create: the sandbox, or why not (retryable: worth another alarm). */
 export type CreateResult =
@@ -251,6 +285,31 @@ export interface MachinePorts {
     destroyRun(runId: string, options?: { keepProxy: boolean }): Promise<void>;
     /** One sandbox of the run (a task that is done). Idempotent. */
     destroy(runId: string, sandboxId: string): Promise<void>;
+    /**
+     * Unpacks the run's bundle into `dir` of a work or task sandbox (before setup). A refused
+     * bundle is an answer ({ ok: false, code }), not a throw.
+     */
+    putBundle(
+      runId: string,
+      sandboxId: string,
+      bundle: { sha256: string; dir: string },
+    ): Promise<UnpackResult>;
+    /**
+     * Ends the sandbox's setup stage: every process it left killed, the wiring's files
+     * re-installed from this copy, setup-stage execs refused from then on. Idempotent.
+     */
+    seal(runId: string, sandboxId: string, seal: Seal): Promise<SealResult>;
+    /**
+     * Rewrites a default-routing sandbox's hosts-file redirect while it runs (a vault edit).
+     * Throws BackendError `not_supported` where the backend cannot.
+     */
+    setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<void>;
+    /** Collects the files under `dir` (the commands' $BW_OUT) into the run's artifacts. */
+    collect(
+      runId: string,
+      sandboxId: string,
+      options: { sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
+    ): Promise<CollectResult>;
   };
   /**
    * A fresh compute-control capability for a work or orchestrator sandbox (never a task

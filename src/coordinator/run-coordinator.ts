@@ -1,11 +1,13 @@
 import { DurableObject } from "cloudflare:workers";
 import { eq, sql } from "drizzle-orm";
+import { BackendError } from "../broker/backend";
 import { backendForLaunch } from "../broker/backends";
 import { brokerStub } from "../broker/sandbox-broker";
 import { issueCapability, revokeRunCapabilities } from "../compute/capability";
 import { loadConfig } from "../config";
 import type { Principal } from "../context";
-import type { ExecInfo } from "../contract/local-agent";
+import type { UnpackResult } from "../contract/bundle";
+import type { ExecInfo, Seal, SealResult } from "../contract/local-agent";
 import { ProxyView } from "../contract/proxy-view";
 import { WiringProof } from "../contract/wiring";
 import { randomId } from "../crypto/api-keys";
@@ -21,6 +23,7 @@ import { checkLaunchable, type RunSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/service";
 import {
+  type CollectResult,
   type EnvironmentAnswer,
   type MachinePorts,
   type MachineState,
@@ -258,10 +261,52 @@ function databaseFault(error: unknown, timeoutMs: number): string {
   return code ? `the database failed the read (SQLSTATE ${code})` : "the read failed unexpectedly";
 }
 
+/**
+ * The broker's calls for a sandbox's stages (bundle, seal, hosts, collect), with the signatures
+ * the SandboxBroker gets for them (issue 20). A bundle and artifacts are the run's environment's.
+ */
+interface BrokerStages {
+  putBundle(
+    runId: string,
+    sandboxId: string,
+    bundle: { environmentId: string; sha256: string; dir: string },
+  ): Promise<UnpackResult>;
+  seal(runId: string, sandboxId: string, seal: Seal): Promise<SealResult>;
+  setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<unknown>;
+  collect(
+    runId: string,
+    sandboxId: string,
+    options: { environmentId: string; sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
+  ): Promise<CollectResult>;
+}
+
+/**
+ * A broker answer that refuses ({ ok: false, code, message }) as the BackendError the machine
+ * tells apart (an error's class and code do not cross the RPC boundary; an answer does).
+ */
+function refusal(answer: unknown): BackendError | null {
+  if (typeof answer !== "object" || answer === null || (answer as { ok?: unknown }).ok !== false) return null;
+  const { code, message } = answer as { code?: unknown; message?: unknown };
+  return new BackendError(
+    typeof code === "string" ? code : "backend_error",
+    typeof message === "string" ? message : "the broker refused",
+  );
+}
+
 /** The machine's ports over Postgres, the vault and the broker. */
 function workerPorts(env: Env, db: Db): MachinePorts {
   const config = loadConfig(env);
   const broker = brokerStub(env);
+  const stages = broker as unknown as BrokerStages;
+  const environments = new Map<string, string>();
+  const environmentOf = async (runId: string): Promise<string> => {
+    const known = environments.get(runId);
+    if (known) return known;
+    const row = await runsService.loadRun(db, runId);
+    if (!row) throw new Error(`no run ${runId}`);
+    environments.set(runId, row.environmentId);
+    return row.environmentId;
+  };
   return {
     now: () => Date.now(),
     newId: (prefix) => randomId(prefix),
@@ -314,6 +359,15 @@ function workerPorts(env: Env, db: Db): MachinePorts {
         await broker.destroyRun(runId, options);
       },
       destroy: (runId, sandboxId) => broker.destroySandbox(runId, sandboxId),
+      putBundle: async (runId, sandboxId, bundle) =>
+        stages.putBundle(runId, sandboxId, { environmentId: await environmentOf(runId), ...bundle }),
+      seal: (runId, sandboxId, seal) => stages.seal(runId, sandboxId, seal),
+      setHosts: async (runId, sandboxId, hostsFile) => {
+        const refused = refusal(await stages.setHosts(runId, sandboxId, hostsFile));
+        if (refused) throw refused;
+      },
+      collect: async (runId, sandboxId, options) =>
+        stages.collect(runId, sandboxId, { environmentId: await environmentOf(runId), ...options }),
     },
     issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),
     revokeCapabilities: (runId) => revokeRunCapabilities(db, runId),

@@ -24,15 +24,39 @@ export const TaskSpec = z
       .regex(/^[A-Za-z0-9_.-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ . -")
       .openapi({ example: "task-1" }),
     commands: Commands,
+    /** Run in this task's sandbox after the run's own setup, in the setup stage (root). */
+    setup: Commands.optional(),
   })
   .strict()
   .openapi("TaskSpec");
+
+/** A sandbox's resource limits as a run asks for them; each unset one is the kind's default. */
+export const RunResources = z
+  .object({
+    memory_mb: z.number().int().min(64).max(262_144).optional(),
+    pids: z.number().int().min(16).max(1_000_000).optional(),
+    cpus: z.number().min(0.1).max(256).optional(),
+  })
+  .strict()
+  .openapi("RunResources");
 
 export const RunSpec = z
   .object({
     /** A built-in benchmark (see BENCHMARKS); exclusive with commands. */
     benchmark: z.string().max(64).optional().openapi({ example: "demo" }),
     commands: Commands.optional(),
+    /** A bundle (POST /v1/bundles) by its sha256: unpacked into each work and task sandbox before setup. */
+    bundle: z
+      .string()
+      .regex(/^[0-9a-f]{64}$/, "a sha256: 64 lower-case hex digits")
+      .optional(),
+    /**
+     * Commands run in every work, task and orchestrator sandbox before `commands`, as the
+     * sandbox's root (the setup stage), with the boundary in force; a failure stops the run.
+     */
+    setup: Commands.optional(),
+    /** Limits of each work, task and orchestrator sandbox (memory, processes, CPU). */
+    resources: RunResources.optional(),
     /**
      * The model the benchmark evaluates: a vault model's name (GET /v1/vault/models), else the
      * launch is refused (unknown_model). The run's proxy serves it to the commands as an

@@ -1,39 +1,21 @@
-import type { ExecInfo } from "../../contract/local-agent";
-import { MODEL_LANE_BASE_URL, MODEL_LANE_PLACEHOLDER_KEY } from "../../contract/proxy-wire";
 import type { MachineState, Worker } from "../machine";
 import { finish, type Machine, POLL_MS, proxyRuns } from "./common";
 import { applyHalt } from "./halt";
+import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
 import { checkProxy } from "./proxy";
 import { parallelTasks, prepareLateTask } from "./sandboxes";
-import { workerDone } from "./teardown";
+import { endWorker, exhausted, prepare, ready, setupPending } from "./stages";
 import { awaitTunnel } from "./tunnel";
 
-// running: each worker's commands, one after the other in its sandbox's execute stage, each
-// under an exec id of its own (`cmd-<i>`) so that a step replayed after a crash never starts a
-// command twice; late tasks are made and wired as slots free up.
+// running: each worker's stages before its commands (steps/stages.ts), then its commands, one
+// after the other in its sandbox's execute stage, each under an exec id of its own (`cmd-<i>`)
+// so that a step replayed after a crash never starts a command twice; then its $BW_OUT is
+// collected. Late tasks are made and wired as slots free up, and go through the same stages.
 
 /** How often a halted run looks for its resume. */
 export const HALTED_POLL_MS = 1_000;
-/** Output kept in the trace per run; the rest is counted, not stored. */
-export const MAX_TRACE_OUTPUT = 256 * 1024;
-/** Output rows kept in the trace per run (a chatty command polled often makes many small ones). */
-export const MAX_OUTPUT_EVENTS = 2000;
 /** Where a holder sandbox reaches the compute API: the platform host, through the run's proxy. */
 export const COMPUTE_URL = "https://probe.benchwright.invalid/compute";
-
-/**
- * The declared model's lane as the benchmark's code sees it: the proxy's fake base URL and a
- * placeholder key (never a credential), in the variables OpenAI-compatible SDKs read.
- */
-function modelEnv(s: MachineState): Record<string, string> {
-  const model = s.policy?.model;
-  if (!model || !s.policy?.enforce || s.proxy?.unfiltered) return {};
-  return {
-    OPENAI_BASE_URL: MODEL_LANE_BASE_URL,
-    OPENAI_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
-    BENCHWRIGHT_MODEL: model.name,
-  };
-}
 
 export async function run(m: Machine, s: MachineState): Promise<number> {
   const wantHalt = await m.storage.haltRequested();
@@ -51,9 +33,9 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
     if (w.done) continue;
     if (w.environment) {
       // Made and wired in its turn like a late task; the holder execs in it once ready.
-      if (w.env !== null) continue;
-      const ready = await prepareLateTask(m, s, w);
-      if (typeof ready === "number") return ready;
+      if (ready(w)) continue;
+      const prepared = w.env === null ? await prepareLateTask(m, s, w) : await prepare(m, s, w);
+      if (typeof prepared === "number") return prepared;
       pending = true;
       continue;
     }
@@ -65,21 +47,38 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
         }
         slots -= 1;
       }
-      const ready = await prepareLateTask(m, s, w);
-      if (typeof ready === "number") return ready;
+      const made = await prepareLateTask(m, s, w);
+      if (typeof made === "number") return made;
       pending = true;
+      continue;
+    }
+    if (!ready(w)) {
+      const prepared = await prepare(m, s, w);
+      if (typeof prepared === "number") return prepared;
+      if (prepared === "pending") {
+        pending = true;
+        continue;
+      }
+    }
+    if (w.stage === "collect") {
+      await endWorker(m, s, w); // its commands ended before a crash: collect, then done
       continue;
     }
     if (w.execId === null) {
       const command = w.commands[w.cmdIndex];
       if (command === undefined) {
-        await workerDone(m, s, w);
+        await endWorker(m, s, w);
         continue;
       }
+      if (w.cmdIndex === 0 && setupPending(s, w)) {
+        pending = true; // another sandbox is still in its setup: no command before it is through
+        continue;
+      }
+      w.ran = true;
       const info = await m.ports.broker.exec(s.runId, w.sandboxId, {
         id: `cmd-${w.cmdIndex}`,
         argv: ["sh", "-c", command],
-        env: { ...w.env, ...modelEnv(s), ...(await computeEnv(m, s, w)) },
+        env: { ...w.env, ...modelEnv(s), ...OUT_ENV, ...(await computeEnv(m, s, w)) },
         stage: "execute",
         timeoutMs: 600_000,
       });
@@ -93,28 +92,23 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
       stdoutFrom: w.stdoutFrom,
       stderrFrom: w.stderrFrom,
     });
-    await recordOutput(m, s, w, exec);
+    await recordOutput(m, s, w, exec, "execute", w.cmdIndex);
     if (exec.state === "running") {
       pending = true;
       continue;
     }
-    await m.ports.event(s.runId, `exit:${w.sandboxId}:${w.cmdIndex}`, "output", {
-      sandbox: w.sandboxId,
-      name: w.name,
-      command: w.cmdIndex,
-      exitCode: exec.exitCode,
-      signal: exec.signal,
-    });
+    await recordExit(m, s, w, exec, "execute", w.cmdIndex);
+    if (exec.limit) return exhausted(m, s, w, exec.limit, `command ${w.cmdIndex + 1}`);
     w.execId = null;
     if (exec.exitCode !== 0) {
       w.exitCode = exec.exitCode ?? -1;
-      await workerDone(m, s, w);
+      await endWorker(m, s, w);
       continue;
     }
     w.cmdIndex += 1;
     if (w.cmdIndex >= w.commands.length) {
       w.exitCode = 0;
-      await workerDone(m, s, w);
+      await endWorker(m, s, w);
     } else {
       pending = true;
     }
@@ -143,29 +137,4 @@ async function computeEnv(m: Machine, s: MachineState, w: Worker): Promise<Recor
   if (w.kind === "task" || !proxyRuns(s)) return {};
   const { token } = await m.ports.issueCapability(s.runId, w.sandboxId);
   return { BW_COMPUTE_URL: COMPUTE_URL, BW_COMPUTE_TOKEN: token };
-}
-
-async function recordOutput(m: Machine, s: MachineState, w: Worker, exec: ExecInfo): Promise<void> {
-  for (const [stream, text, end] of [
-    ["stdout", exec.stdout, exec.stdoutEnd],
-    ["stderr", exec.stderr, exec.stderrEnd],
-  ] as const) {
-    if (text.length === 0) continue;
-    const room = MAX_TRACE_OUTPUT - s.traceBytes;
-    if (room > 0 && (s.outputEvents ?? 0) < MAX_OUTPUT_EVENTS) {
-      const kept = text.slice(0, room);
-      s.traceBytes += kept.length;
-      s.outputEvents = (s.outputEvents ?? 0) + 1;
-      await m.ports.event(s.runId, `out:${w.sandboxId}:${w.cmdIndex}:${stream}:${end}`, "output", {
-        sandbox: w.sandboxId,
-        name: w.name,
-        command: w.cmdIndex,
-        stream,
-        text: kept,
-        truncated: kept.length < text.length,
-      });
-    }
-    if (stream === "stdout") w.stdoutFrom = end;
-    else w.stderrFrom = end;
-  }
 }

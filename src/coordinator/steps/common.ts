@@ -69,6 +69,7 @@ export function worker(
   taskIndex: number | null,
   name: string,
   commands: string[],
+  setup: string[] = [],
 ): Worker {
   return {
     sandboxId,
@@ -76,6 +77,7 @@ export function worker(
     taskIndex,
     name,
     commands,
+    setup,
     proxyAddress: null,
     probeTarget: null,
     wiringExecId: null,

@@ -1,6 +1,6 @@
 import type { EnvironmentAnswer, EnvironmentView, Worker } from "../machine";
 import { checkpoint, type Machine, proxyRuns, worker } from "./common";
-import { workerDone } from "./teardown";
+import { ready, workerDone } from "./stages";
 
 // Task environments asked for through the compute API (by the work or orchestrator sandbox's
 // capability): made and wired in their turn like late tasks; the holder execs in them.
@@ -39,7 +39,7 @@ export async function environment(
   if (!s || !w) return null;
   // Halted for review: nothing new starts in any of the run's sandboxes until it resumes.
   const live = s.state === "running" && !w.done && !s.halted;
-  return { view: environmentView(w), env: live ? w.env : null };
+  return { view: environmentView(w), env: live && ready(w) ? w.env : null };
 }
 
 /** Deletes a task environment: its sandbox is destroyed now. Idempotent. */
@@ -61,6 +61,6 @@ function environmentView(w: Worker): EnvironmentView {
   return {
     id: w.sandboxId,
     name: w.name,
-    state: w.destroyed || w.done ? "deleted" : w.env !== null ? "ready" : "preparing",
+    state: w.destroyed || w.done ? "deleted" : ready(w) ? "ready" : "preparing",
   };
 }

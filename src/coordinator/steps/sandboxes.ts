@@ -1,4 +1,5 @@
-import { commandsOf } from "../../runs/spec";
+import { DEFAULT_RESOURCES, type Resources } from "../../contract/local-agent";
+import { commandsOf, type RunSpec } from "../../runs/spec";
 import type { MachineState, Worker } from "../machine";
 import {
   cannotIsolate,
@@ -19,11 +20,22 @@ import { wireSandbox } from "./wiring";
 export async function startSandboxes(m: Machine, s: MachineState): Promise<number> {
   const spec = must(s.spec);
   if (s.workers.length === 0) {
+    // The run's setup runs in every sandbox of the run's code; a task's own after it.
+    const setup = spec.setup ?? [];
     s.workers = [
       spec.orchestrator === "harbor"
-        ? worker(m.ports.newId("sbx_"), "orchestrator", null, "orchestrator", [...commandsOf(spec)])
-        : worker(m.ports.newId("sbx_"), "work", null, "work", [...commandsOf(spec)]),
-      ...(spec.tasks ?? []).map((t, i) => worker(m.ports.newId("sbx_"), "task", i, t.name, t.commands)),
+        ? worker(
+            m.ports.newId("sbx_"),
+            "orchestrator",
+            null,
+            "orchestrator",
+            [...commandsOf(spec)],
+            [...setup],
+          )
+        : worker(m.ports.newId("sbx_"), "work", null, "work", [...commandsOf(spec)], [...setup]),
+      ...(spec.tasks ?? []).map((t, i) =>
+        worker(m.ports.newId("sbx_"), "task", i, t.name, t.commands, [...setup, ...(t.setup ?? [])]),
+      ),
     ];
     await checkpoint(m, s);
   }
@@ -36,6 +48,20 @@ export async function startSandboxes(m: Machine, s: MachineState): Promise<numbe
   return m.ports.now();
 }
 
+/**
+ * The limits a work, task or orchestrator sandbox is made with: the run's `resources`, each one
+ * it leaves unset the kind's default. Undefined when the run asks for none (the broker's default).
+ */
+export function resourcesFor(spec: RunSpec | null, kind: Worker["kind"]): Resources | undefined {
+  const asked = spec?.resources;
+  if (!asked) return undefined;
+  return {
+    memoryMb: asked.memory_mb ?? DEFAULT_RESOURCES[kind].memoryMb,
+    pids: asked.pids ?? DEFAULT_RESOURCES[kind].pids,
+    cpus: asked.cpus ?? DEFAULT_RESOURCES[kind].cpus,
+  };
+}
+
 export function parallelTasks(s: MachineState): number {
   const tasks = s.workers.length - 1;
   return Math.min(tasks, s.spec?.max_parallel_tasks ?? tasks);
@@ -45,6 +71,7 @@ export function parallelTasks(s: MachineState): number {
 async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<number | null> {
   if (w.proxyAddress !== null) return null;
   const policy = must(s.policy);
+  const resources = resourcesFor(s.spec, w.kind);
   const made = await m.ports.broker.create(s.runId, {
     id: w.sandboxId,
     kind: w.kind,
@@ -52,6 +79,7 @@ async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<nu
     proxySandboxId: must(s.network).sandboxId,
     routing: w.routing ?? policy.routing.mode,
     hostsFile: (w.routing ?? policy.routing.mode) === "default" ? (w.hostsFile ?? policy.hostsFile) : [],
+    ...(resources ? { resources } : {}),
   });
   if (made.ok) {
     w.proxyAddress = made.info.proxyAddress ?? "";
@@ -75,7 +103,8 @@ async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<nu
 
 /**
  * A task whose turn came while the run is running: its sandbox is made with the routing the
- * vault asks for now (an edit made since the run started applies to it), then wired.
+ * vault asks for now (an edit made since the run started applies to it), then wired; its other
+ * stages (bundle, setup, seal, re-proof) follow in steps/stages.ts.
  */
 export async function prepareLateTask(
   m: Machine,
@@ -91,7 +120,11 @@ export async function prepareLateTask(
     }
     const stopped = await createSandbox(m, s, w);
     if (stopped !== null) return stopped;
-    if (!proxyRuns(s)) w.env = {}; // like its siblings: no proxy, nothing to wire
+    if (!proxyRuns(s)) {
+      // Like its siblings: no proxy, nothing to wire; its own stages (bundle, setup) follow.
+      w.env = {};
+      w.stage = "bundle";
+    }
     return "pending";
   }
   return wireSandbox(m, s, w);

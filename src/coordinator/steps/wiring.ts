@@ -8,7 +8,11 @@ export async function wire(m: Machine, s: MachineState): Promise<number> {
   const policy = must(s.policy);
   if (!policy.enforce || s.proxy?.unfiltered) {
     // Nothing to wire: no proxy runs. The run proof says so.
-    for (const w of s.workers) if (w.proxyAddress !== null) w.env = {};
+    for (const w of s.workers) {
+      if (w.proxyAddress === null) continue;
+      w.env = {};
+      w.stage = "bundle";
+    }
     await m.ports.setRunFields(s.runId, {
       proof: { enforced: false, reason: policy.enforce ? "proxy_failed_unfiltered" : "nothing_to_enforce" },
     });
@@ -36,7 +40,8 @@ export async function wire(m: Machine, s: MachineState): Promise<number> {
 
 /**
  * Runs the wiring program in a worker's sandbox and checks its proof. "done" once proved (the
- * worker's env is set), "pending" while it runs; a number is the stop's next step.
+ * worker's env is set, its next stage is the bundle), "pending" while it runs; a number is the
+ * stop's next step.
  */
 export async function wireSandbox(
   m: Machine,
@@ -44,6 +49,29 @@ export async function wireSandbox(
   w: Worker,
 ): Promise<"done" | "pending" | number> {
   if (w.env !== null) return "done";
+  const proved = await prove(m, s, w, "wiring");
+  if (proved === "done") w.stage = "bundle";
+  return proved;
+}
+
+/**
+ * After the setup stage was sealed (its files re-installed from outside), the wiring is proved
+ * again, in the execute stage and without writing anything (`installed: true`): root may have
+ * changed what the first proof saw (case G2).
+ */
+export function rewireSandbox(m: Machine, s: MachineState, w: Worker): Promise<"done" | "pending" | number> {
+  return prove(m, s, w, "rewire");
+}
+
+/** The first wiring (setup stage, writes the files) or the re-proof (execute stage, checks). */
+type Pass = "wiring" | "rewire";
+
+async function prove(
+  m: Machine,
+  s: MachineState,
+  w: Worker,
+  pass: Pass,
+): Promise<"done" | "pending" | number> {
   const policy = must(s.policy);
   const ca = s.proxy?.caCertPem ?? null;
   if (ca === null) {
@@ -51,12 +79,13 @@ export async function wireSandbox(
     return stop(m, s, "internal_error", "the run's proxy CA is missing, so no benchmark code ran");
   }
   const mode = w.routing ?? policy.routing.mode;
-  if (w.wiringExecId === null) {
+  const execId = pass === "wiring" ? w.wiringExecId : (w.rewireExecId ?? null);
+  if (execId === null) {
     const info = await m.ports.broker.exec(s.runId, w.sandboxId, {
-      id: "wiring",
+      id: pass,
       argv: ["bw-wiring"],
       env: {},
-      stage: "setup",
+      stage: pass === "wiring" ? "setup" : "execute",
       stdin: JSON.stringify({
         mode,
         caCertPem: ca,
@@ -64,22 +93,22 @@ export async function wireSandbox(
         hostsFile: w.hostsFile ?? policy.hostsFile,
         probe: { directTarget: mode === "catch-all" ? w.probeTarget : null },
         ...w.wiring,
+        ...(pass === "rewire" ? { installed: true } : {}),
       }),
       timeoutMs: 60_000,
     });
-    w.wiringExecId = info.execId;
+    if (pass === "wiring") w.wiringExecId = info.execId;
+    else w.rewireExecId = info.execId;
     return "pending";
   }
-  const exec = await m.ports.broker.poll(s.runId, w.sandboxId, w.wiringExecId, {
-    stdoutFrom: 0,
-    stderrFrom: 0,
-  });
+  const exec = await m.ports.broker.poll(s.runId, w.sandboxId, execId, { stdoutFrom: 0, stderrFrom: 0 });
   if (exec.state === "running") return "pending";
   const proof = m.ports.parseProof(exec.stdout);
-  await m.ports.event(s.runId, `wiring:${w.sandboxId}`, "proxy", {
+  await m.ports.event(s.runId, `${pass}:${w.sandboxId}`, "proxy", {
     sandbox: w.sandboxId,
     name: w.name,
     routing: mode,
+    ...(pass === "rewire" ? { stage: "execute", installed: true } : {}),
     proof: proof ?? { ok: false, error: lastLine(exec.stderr) || `exit code ${exec.exitCode}` },
   });
   if (!proof?.ok || exec.exitCode !== 0) {
@@ -92,10 +121,13 @@ export async function wireSandbox(
     await m.ports.note(s.runId, {
       level: "warning",
       code: "redirect_not_installed",
-      text: `The redirect to the proxy could not be installed or proved in ${w.name} (${why}), so the run stopped before its benchmark code ran there.`,
+      text:
+        pass === "wiring"
+          ? `The redirect to the proxy could not be installed or proved in ${w.name} (${why}), so the run stopped before its benchmark code ran there.`
+          : `The redirect to the proxy could not be proved again in ${w.name} after its setup stage (${why}), so the run stopped before its commands ran there.`,
     });
     await m.ports.setRunFields(s.runId, { proof: { enforced: false, sandbox: w.sandboxId, proof } });
-    return stop(m, s, "redirect_not_installed", why);
+    return stop(m, s, "redirect_not_installed", pass === "wiring" ? why : `after setup: ${why}`);
   }
   w.env = proof.env;
   return "done";
