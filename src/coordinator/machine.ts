@@ -36,12 +36,13 @@ import { wire } from "./steps/wiring";
 // resource limits stops it too (`resource_exhausted`).
 //
 // This file holds the state's types, the public class and the dispatch; each phase's steps are
-// in steps/ (vault, proxy, sandboxes, wiring, stages, commands, halt, tunnel, teardown,
+// in steps/ (vault, proxy, sandboxes, wiring, stages, commands, hosts, halt, tunnel, teardown,
 // linger, environments), functions over the same state and ports.
 
 export { COMPUTE_URL, HALTED_POLL_MS } from "./steps/commands";
 export { POLL_MS } from "./steps/common";
 export { MAX_ENVIRONMENTS } from "./steps/environments";
+export { HOSTS_CHECK_MS } from "./steps/hosts";
 export { LINGER_IDLE_MS } from "./steps/linger";
 export { MAX_OUTPUT_EVENTS, MAX_TRACE_OUTPUT, OUT_ENV } from "./steps/output";
 export { PROXY_CHECK_MS, PROXY_ENV, PROXY_READY_DEADLINE_MS } from "./steps/proxy";
@@ -101,6 +102,8 @@ export interface Worker {
   /** Something ran in the sandbox (a setup command or a command): its $BW_OUT is collected. */
   ran?: boolean;
   collected?: boolean;
+  /** The backend said it cannot rewrite this sandbox's hosts file mid-run (not_supported). */
+  hostsFixed?: boolean;
 }
 
 export type WorkerStage = "bundle" | "setup" | "seal" | "rewire" | "execute" | "collect";
@@ -165,6 +168,11 @@ export interface MachineState {
   halts?: number;
   /** Set once the run lingers (its commands ended and it asked to keep its proxy). */
   linger?: Linger;
+  /** Vault edits put onto running sandboxes' hosts files (steps/hosts.ts): the last look, edits so far. */
+  hostsCheckedAt?: number;
+  hostsEdits?: number;
+  /** The run says the vault needs catch-all routing its running sandboxes cannot get. */
+  routingNoted?: boolean;
 }
 
 /** Who asked the run to stop early. */

@@ -1,11 +1,11 @@
 import { describe, expect, it } from "vitest";
-import type { MachineState } from "../../src/coordinator/machine";
+import { HOSTS_CHECK_MS, type MachineState } from "../../src/coordinator/machine";
 import type { RunSpec } from "../../src/runs/spec";
 import { CATCH_ALL_POLICY, EMPTY_POLICY, RULE_POLICY, SPEC, world } from "./run-machine-world";
 
 // Each sandbox's stages once wired (issue 20): bundle → setup → seal → rewire → commands →
-// collect, over the in-memory world of run-machine-world.ts. The stages on real namespaces are
-// test/local's and test/e2e's.
+// collect, over the in-memory world of run-machine-world.ts; and vault edits that reach running
+// sandboxes' hosts files. The stages on real namespaces are test/local's and test/e2e's.
 
 const BUNDLE = "ab".repeat(32);
 const STAGED: RunSpec = {
@@ -29,6 +29,12 @@ const workerIds = (end: MachineState | undefined) =>
   Object.fromEntries((end?.workers ?? []).map((x) => [x.name, x.sandboxId]));
 
 const commandStarts = (w: World) => w.starts.filter((k) => /\/cmd-/.test(k));
+
+/** Steps until the predicate holds (each step advances the clock to its alarm). */
+async function stepUntil(w: World, done: () => boolean, max = 200) {
+  for (let i = 0; i < max && !done(); i++) await w.next();
+  if (!done()) throw new Error("never got there");
+}
 
 describe("run machine: a sandbox's stages (issue 20)", () => {
   it("takes every sandbox through bundle, setup, seal, rewire, commands and collect, in order (case G3)", async () => {
@@ -266,5 +272,78 @@ describe("run machine: a sandbox's stages (issue 20)", () => {
     expect(w.order.indexOf(`${ids.b}:wiring`)).toBeGreaterThan(w.order.indexOf(`${ids.a}:destroy`));
     expect(w.createRequests.filter((r) => r.kind === "task")).toHaveLength(3);
     for (const r of w.createRequests) if (r.kind === "task") expect(r.resources?.pids).toBe(64);
+  });
+});
+
+describe("run machine: vault edits reach running sandboxes (issue 20, item 7)", () => {
+  const RUNNING: RunSpec = { ...SPEC, commands: ["sleep"], tasks: [{ name: "t1", commands: ["sleep"] }] };
+  const EDITED = [...RULE_POLICY.hostsFile, "new-block.example"].sort();
+
+  async function running(w: World) {
+    await w.machine.start("run_1");
+    await stepUntil(w, () => w.starts.filter((k) => k.endsWith("/cmd-0")).length === 2);
+  }
+
+  /** Steps on for a while of the fake clock (each alarm advances it). */
+  async function wait(w: World, ms: number) {
+    const until = w.now() + ms;
+    await stepUntil(w, () => w.now() >= until, 500);
+  }
+
+  it("rewrites every running sandbox's hosts file after an edit, once, and says so in the trace", async () => {
+    const w = world({ spec: RUNNING, keepsRunning: () => true });
+    await running(w);
+    await wait(w, HOSTS_CHECK_MS * 2);
+    expect(w.hostsSet).toEqual([]); // nothing changed: nothing rewritten
+    w.setVaultHosts(EDITED);
+    await wait(w, HOSTS_CHECK_MS + 1000);
+    const ids = workerIds(w.state());
+    expect(w.hostsSet).toEqual([
+      { sandboxId: ids.work, hostsFile: EDITED },
+      { sandboxId: ids.t1, hostsFile: EDITED },
+    ]);
+    expect(w.events.get(`hosts:1:${ids.work}`)).toMatchObject({ reached: true, hostsFile: EDITED });
+    expect(w.state()?.workers.every((x) => x.hostsFile?.join() === EDITED.join())).toBe(true);
+    await wait(w, HOSTS_CHECK_MS * 3);
+    expect(w.hostsSet).toHaveLength(2);
+    expect(w.notes.some((n) => n.code === "hosts_edit_not_applied")).toBe(false);
+  });
+
+  it("rewrites them while the run is halted for review, too", async () => {
+    const w = world({ spec: RUNNING, keepsRunning: () => true });
+    await running(w);
+    await w.machine.halt(true);
+    await stepUntil(w, () => w.state()?.halted === true);
+    w.setVaultHosts(EDITED);
+    await wait(w, HOSTS_CHECK_MS + 1000);
+    expect(w.state()?.halted).toBe(true);
+    expect(w.hostsSet.map((x) => x.hostsFile)).toEqual([EDITED, EDITED]);
+  });
+
+  it("puts a warning on the run naming the edit and the sandboxes a backend cannot rewrite", async () => {
+    const w = world({ spec: RUNNING, keepsRunning: () => true, setHostsUnsupported: true });
+    await running(w);
+    w.setVaultHosts(EDITED);
+    await wait(w, HOSTS_CHECK_MS * 3);
+    const note = w.notes.find((n) => n.code === "hosts_edit_not_applied");
+    expect(note?.level).toBe("warning");
+    expect(note?.text).toContain("added new-block.example");
+    expect(note?.text).toContain("work, t1");
+    const ids = workerIds(w.state());
+    expect(w.events.get(`hosts:1:${ids.t1}`)).toMatchObject({ reached: false });
+    // Tried once per sandbox, not at every look.
+    expect(w.events.has(`hosts:2:${ids.t1}`)).toBe(false);
+    expect(w.state()?.workers.every((x) => x.hostsFile === undefined)).toBe(true);
+  });
+
+  it("says a routing mode change cannot reach running sandboxes, without waiting for a resume", async () => {
+    const w = world({ spec: RUNNING, keepsRunning: () => true });
+    await running(w);
+    w.setRouting({ mode: "catch-all", reasons: ["block_default"] });
+    await wait(w, HOSTS_CHECK_MS + 1000);
+    expect(w.notes).toContainEqual(
+      expect.objectContaining({ level: "warning", code: "routing_change_not_retrofitted" }),
+    );
+    expect(w.hostsSet).toEqual([]); // their hosts files stay as they are
   });
 });

@@ -1,6 +1,7 @@
 import type { MachineState, Worker } from "../machine";
 import { finish, type Machine, POLL_MS, proxyRuns } from "./common";
 import { applyHalt } from "./halt";
+import { syncHosts } from "./hosts";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
 import { checkProxy } from "./proxy";
 import { parallelTasks, prepareLateTask } from "./sandboxes";
@@ -22,6 +23,7 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
   if (wantHalt !== (s.halted ?? false)) return applyHalt(m, s, wantHalt);
   const lost = await checkProxy(m, s);
   if (lost !== null) return lost;
+  await syncHosts(m, s);
   if (s.halted) return m.ports.now() + HALTED_POLL_MS;
   const waiting = await awaitTunnel(m, s);
   if (waiting !== null) return waiting;

@@ -1,5 +1,6 @@
 import type { MachineState } from "../machine";
 import type { Machine } from "./common";
+import { retrofitCheck } from "./hosts";
 
 // Halted for review: the work and task sandboxes' processes are stopped (frozen) while the proxy
 // keeps running and picks up policy edits; resumed where they were.
@@ -22,23 +23,4 @@ export async function applyHalt(m: Machine, s: MachineState, halt: boolean): Pro
   }
   s.halted = halt;
   return m.ports.now();
-}
-
-/**
- * Routing is installed when a sandbox is made; an edit that needs catch-all (a block default,
- * a wildcard block, ...) cannot be put onto sandboxes that run under default routing. Say so.
- */
-async function retrofitCheck(m: Machine, s: MachineState): Promise<void> {
-  const installed = s.policy?.routing.mode;
-  if (installed !== "default") return;
-  const now = (await m.ports.currentRouting(s.runId)).routing;
-  if (now.mode !== "catch-all") return;
-  const later = s.workers.some((w) => w.proxyAddress === null)
-    ? " Task sandboxes made from now on (tasks still waiting for their turn) get catch-all routing."
-    : "";
-  await m.ports.note(s.runId, {
-    level: "warning",
-    code: "routing_change_not_retrofitted",
-    text: `The vault now needs catch-all routing (${now.reasons.join(", ")}), which cannot be installed on this run's running sandboxes: they keep default routing, so only the hosts in their hosts file go through the proxy. Relaunch the run to get catch-all routing.${later}`,
-  });
 }
