@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { BUNDLE_DEFAULTS } from "./contract/bundle";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
@@ -21,7 +22,33 @@ const EnvSchema = z.object({
     .string()
     .regex(/^$|^[1-9]\d{0,2}$/, "VAULT_READ_TIMEOUT_SECONDS must be a whole number of seconds (1-999)")
     .optional(),
+  BUNDLE_MAX_BYTES: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,11}$/, "BUNDLE_MAX_BYTES must be a whole number of bytes")
+    .optional(),
+  RESOURCES_MAX_MEMORY_MB: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,6}$/, "RESOURCES_MAX_MEMORY_MB must be a whole number of MiB")
+    .optional(),
+  RESOURCES_MAX_PIDS: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,6}$/, "RESOURCES_MAX_PIDS must be a whole number")
+    .optional(),
+  RESOURCES_MAX_CPUS: z
+    .string()
+    .regex(/^$|^\d{1,3}(\.\d{1,2})?$/, "RESOURCES_MAX_CPUS must be a number of CPUs (e.g. 4 or 0.5)")
+    .optional(),
 });
+
+/** The most a run spec's `resources` may ask of one sandbox (operator bounds). */
+export interface ResourceBounds {
+  readonly memoryMb: number;
+  readonly pids: number;
+  readonly cpus: number;
+}
+
+/** The bounds when the deployment sets none. */
+export const DEFAULT_RESOURCE_BOUNDS: ResourceBounds = { memoryMb: 8192, pids: 4096, cpus: 4 };
 
 export interface Config {
   readonly databaseUrl: string;
@@ -32,6 +59,9 @@ export interface Config {
   readonly lingerIdleMs: number;
   /** A run's vault read at start that takes longer is cancelled by the database and retried. */
   readonly vaultReadTimeoutMs: number;
+  /** The largest bundle (.tar.gz) POST /v1/bundles accepts. */
+  readonly bundleMaxBytes: number;
+  readonly resourceBounds: ResourceBounds;
 }
 
 export class ConfigError extends Error {}
@@ -57,6 +87,12 @@ export function loadConfig(env: Env): Config {
     keyRing,
     lingerIdleMs: Number(parsed.data.LINGER_IDLE_SECONDS || 600) * 1000,
     vaultReadTimeoutMs: Number(parsed.data.VAULT_READ_TIMEOUT_SECONDS || 10) * 1000,
+    bundleMaxBytes: Number(parsed.data.BUNDLE_MAX_BYTES || BUNDLE_DEFAULTS.maxUploadBytes),
+    resourceBounds: {
+      memoryMb: Number(parsed.data.RESOURCES_MAX_MEMORY_MB || DEFAULT_RESOURCE_BOUNDS.memoryMb),
+      pids: Number(parsed.data.RESOURCES_MAX_PIDS || DEFAULT_RESOURCE_BOUNDS.pids),
+      cpus: Number(parsed.data.RESOURCES_MAX_CPUS || DEFAULT_RESOURCE_BOUNDS.cpus),
+    },
   };
   cache.set(env, config);
   return config;
