@@ -1,5 +1,6 @@
 import { z } from "zod";
 import type { ExecInfo, ExecRequest, SandboxInfo, SandboxKind } from "../contract/local-agent";
+import type { RoutingMode } from "../contract/policy";
 
 // A compute backend as the broker sees it: `sandbox0` (Kubernetes pods on DOKS, the default on
 // the platform), `e2b` (microVMs, the fallback) and `local` (Linux namespaces through the host
@@ -17,7 +18,7 @@ export type SandboxSpec =
       runId: string;
       /** The run's proxy sandbox: the only route out of this one (catch-all). */
       proxySandboxId: string;
-      routing: "default" | "catch-all";
+      routing: RoutingMode;
       /**
        * default routing: the exact host names the wiring redirects to the proxy. A backend that
        * cannot let the setup stage write the hosts file (no root in the pod) installs them itself

@@ -22,8 +22,9 @@ import {
   toExecInfo,
 } from "../contract/exec-runner";
 import { type ExecInfo, ExecRequest, type SandboxInfo, SandboxKind } from "../contract/local-agent";
+import type { RoutingMode } from "../contract/policy";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
-import { egressOf, networkDrift, proxyNetwork, type Routing, TUNNEL_PORT, workNetwork } from "./e2b/network";
+import { egressOf, networkDrift, proxyNetwork, TUNNEL_PORT, workNetwork } from "./e2b/network";
 import { runnerCommand } from "./e2b/shell";
 
 // The `e2b` backend: one E2B microVM per sandbox, through E2B's `e2b` SDK, from the SandboxBroker
@@ -568,7 +569,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         return;
       }
       const proxyId = h.meta[META.proxy];
-      const routing = h.meta[META.routing] as Routing | undefined;
+      const routing = h.meta[META.routing] as RoutingMode | undefined;
       // A work sandbox's network is its proxy: that one runs first (it may have timed out into pause).
       const proxy = proxyId
         ? await proxyOf({ runId: h.meta[META.run] ?? "", proxySandboxId: proxyId })

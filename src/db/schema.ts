@@ -13,6 +13,8 @@ import {
   timestamp,
   uniqueIndex,
 } from "drizzle-orm/pg-core";
+import { ROUTING_MODES } from "../contract/routing";
+import type { RunSpec } from "../runs/spec";
 
 // Ids are opaque prefixed strings (usr_..., env_..., sec_...) made by randomId().
 const createdAt = () => timestamp("created_at", { withTimezone: true }).notNull().defaultNow();
@@ -223,9 +225,10 @@ export const runs = pgTable(
     reason: text("reason"),
     reasonDetail: text("reason_detail"),
     // The launch request as validated (commands, egress, tasks, ...). Never holds a secret.
-    spec: jsonb("spec").notNull(),
+    // Typed once here; read through storedSpec (src/runs/spec.ts), never cast.
+    spec: jsonb("spec").$type<RunSpec>().notNull(),
     backend: text("backend").notNull(),
-    routing: text("routing", { enum: ["default", "catch-all"] }),
+    routing: text("routing", { enum: ROUTING_MODES }),
     policyVersion: bigint("policy_version", { mode: "number" }),
     // "Network the platform changed": [{ level: "note" | "warning", code, text }].
     notes: jsonb("notes").notNull().default([]),
@@ -293,7 +296,7 @@ export const sandboxes = pgTable(
     backend: text("backend").notNull(),
     // Work and task sandboxes: the routing installed when it was made (a vault edit later does
     // not change it; a task sandbox made after the edit gets the new one).
-    routing: text("routing", { enum: ["default", "catch-all"] }),
+    routing: text("routing", { enum: ROUTING_MODES }),
     status: text("status", { enum: ["creating", "ready", "destroyed", "failed"] })
       .notNull()
       .default("creating"),
@@ -403,7 +406,7 @@ export const webhooks = pgTable(
       .references(() => environments.id, { onDelete: "cascade" }),
     name: text("name").notNull(),
     // A RunSpec as validated when the webhook was registered. Never holds a secret.
-    runTemplate: jsonb("run_template").notNull(),
+    runTemplate: jsonb("run_template").$type<RunSpec>().notNull(),
     secretCiphertext: text("secret_ciphertext"),
     previousSecretCiphertext: text("previous_secret_ciphertext"),
     previousSecretExpiresAt: timestamp("previous_secret_expires_at", { withTimezone: true }),

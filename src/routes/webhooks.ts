@@ -8,7 +8,7 @@ import { coordinatorStub } from "../coordinator/run-coordinator";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import { checkLaunchable, RunSpec } from "../runs/spec";
+import { checkLaunchable, RunSpec, storedSpec } from "../runs/spec";
 import * as hooks from "../webhooks/service";
 import { MAX_DELIVERY_BODY_BYTES, verifyDelivery } from "../webhooks/signature";
 
@@ -49,7 +49,7 @@ const view = (c: Context, w: hooks.WebhookRow): z.infer<typeof Webhook> => ({
   id: w.id,
   name: w.name,
   url: `${new URL(c.req.url).origin}/hooks/${w.id}`,
-  run: w.runTemplate as RunSpec,
+  run: storedSpec(w.runTemplate),
   createdAt: w.createdAt.toISOString(),
   rotatedAt: iso(w.rotatedAt),
   previousSecretExpiresAt: iso(w.previousSecretExpiresAt),

@@ -119,6 +119,19 @@ export const BENCHMARKS: Readonly<Record<string, readonly string[]>> = {
   demo: [`node -e '${DEMO_SCRIPT.trim()}'`],
 };
 
+/**
+ * A run spec as stored (runs.spec, webhooks.run_template), read back: the one way to read one.
+ * Every row is written from a validated spec; it is parsed again so that a row written before a
+ * field had its default (egress, on_proxy_failure) reads with it. A row that no longer parses is
+ * a bug or a missed migration: it throws (naming the fields, never their values).
+ */
+export function storedSpec(stored: RunSpec | unknown): RunSpec {
+  const parsed = RunSpec.safeParse(stored);
+  if (parsed.success) return parsed.data;
+  const at = parsed.error.issues.map((i) => i.path.join(".") || "(spec)").join(", ");
+  throw new Error(`a stored run spec does not parse (at ${at})`);
+}
+
 /** The commands of the work sandbox: the inline ones or the benchmark's. */
 export function commandsOf(spec: RunSpec): readonly string[] {
   if (spec.commands) return spec.commands;
