@@ -227,7 +227,7 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  * the start call fails the run stays queued; the reaper's sweep starts or stops it.
  */
 export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
-  checkLaunchable(spec);
+  await checkLaunchable(db, p.environmentId, spec, loadConfig(env).resourceBounds);
   const run = await runsService.createRun(db, p, spec, backendForLaunch(env, spec.backend));
   await coordinatorStub(env, run.id).start(run.id);
   return run;

@@ -485,3 +485,26 @@ export const imageBuilds = pgTable(
   },
   (t) => [uniqueIndex("image_builds_environment_hash").on(t.environmentId, t.contentHash)],
 );
+
+// ---- bundles and artifacts (issue 20; the bytes are in R2, the FILES binding) ----
+
+// A bundle: a .tar.gz of benchmark code uploaded to an environment, named by its sha256 and
+// stored in R2 at `bundles/<environment_id>/<sha256>`. Checked entry by entry at upload (what
+// it unpacks to: files, unpacked_bytes). Another environment's same bytes are its own row.
+export const bundles = pgTable(
+  "bundles",
+  {
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    sha256: text("sha256").notNull(),
+    size: bigint("size", { mode: "number" }).notNull(),
+    files: integer("files").notNull(),
+    unpackedBytes: bigint("unpacked_bytes", { mode: "number" }).notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.environmentId, t.sha256] }),
+    check("bundles_sha256", sql`${t.sha256} ~ '^[0-9a-f]{64}$'`),
+  ],
+);
