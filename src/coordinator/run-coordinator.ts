@@ -19,7 +19,7 @@ import { revokeEgressToken } from "../runs/egress-token";
 import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-credentials";
 import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
-import { checkLaunchable, type RunSpec } from "../runs/spec";
+import { checkLaunchable, type RunSpec, storedSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/service";
 import {
@@ -230,7 +230,7 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  * the start call fails the run stays queued; the reaper's sweep starts or stops it.
  */
 export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
-  checkLaunchable(spec);
+  await checkLaunchable(db, p.environmentId, spec, loadConfig(env).resourceBounds);
   const run = await runsService.createRun(db, p, spec, backendForLaunch(env, spec.backend));
   await coordinatorStub(env, run.id).start(run.id);
   return run;
@@ -312,7 +312,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     newId: (prefix) => randomId(prefix),
     loadRun: async (runId) => {
       const row = await runsService.loadRun(db, runId);
-      return row ? { id: row.id, status: row.status, spec: row.spec as RunSpec } : null;
+      return row ? { id: row.id, status: row.status, spec: storedSpec(row.spec) } : null;
     },
     transition: (runId, t) => runsService.recordTransition(db, runId, t),
     note: (runId, note) => runsService.addNote(db, runId, note),
@@ -379,7 +379,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     currentRouting: async (runId) => {
       const row = await runsService.loadRun(db, runId);
       if (!row) throw new Error(`no run ${runId}`);
-      const egress = (row.spec as { egress?: string } | null)?.egress === "local" ? "local" : "direct";
+      const { egress } = storedSpec(row.spec);
       const owner = { userId: row.userId, environmentId: row.environmentId, keyId: `run:${runId}` };
       const { routing, hostsFile } = await previewPolicy(db, owner, { egress });
       return { routing, hostsFile };

@@ -13,7 +13,7 @@ import {
   type runSandboxes,
   type TraceRow,
 } from "../runs/service";
-import { MAX_LINGER_SECONDS, type RunSpec } from "../runs/spec";
+import { MAX_LINGER_SECONDS, storedSpec } from "../runs/spec";
 import { Flash, Layout, PostForm } from "./layout";
 import { commandsFor, Stages } from "./run-stages";
 
@@ -247,7 +247,7 @@ function Controls(props: { view: RunView }) {
 
 /** Whether the run sends traffic through the user's machine (so needs their egress agent). */
 export function needsEgressAgent(run: RunRow): boolean {
-  const local = (run.spec as { egress?: unknown } | null)?.egress === "local";
+  const local = storedSpec(run.spec).egress === "local";
   const awaited = (run.notes as Array<{ code: string }>).some((n) => n.code === "egress_agent_awaited");
   return local || awaited;
 }
@@ -399,7 +399,7 @@ function ProofCard(props: { run: RunRow; trace: TraceRow[] }) {
 // ---- sandboxes ----
 
 function Sandboxes(props: { run: RunRow; sandboxes: SandboxRow[] }) {
-  const tasks = (props.run.spec as RunSpec).tasks ?? [];
+  const tasks = storedSpec(props.run.spec).tasks ?? [];
   return (
     <Card id="sandboxes" title="Sandboxes">
       {props.sandboxes.length === 0 ? (
@@ -609,7 +609,7 @@ function Trace(props: { run: RunRow; trace: TraceRow[] }) {
     group.chunks.push(c);
     outputs.set(c.sandbox, group);
   }
-  const spec = props.run.spec as RunSpec;
+  const spec = storedSpec(props.run.spec);
   return (
     <Card id="trace" title="Trace">
       <TraceTable runId={props.run.id} rows={events} />

@@ -1,6 +1,6 @@
 import type { Child } from "hono/jsx";
 import type { RunRow, TraceRow } from "../runs/service";
-import { commandsOf, type RunSpec } from "../runs/spec";
+import { commandsOf, type RunSpec, storedSpec } from "../runs/spec";
 
 // The run page's "Stages" card: each sandbox's two stages as its trace recorded them, the setup
 // stage (bundle, setup commands as root, seal, the wiring proved again) and then the execute
@@ -214,7 +214,7 @@ function StageStop(props: { run: RunRow; stages: Map<string, SandboxStages> }) {
 
 export function Stages(props: { run: RunRow; trace: TraceRow[] }) {
   const stages = stagesOf(props.trace);
-  const spec = props.run.spec as RunSpec;
+  const spec = storedSpec(props.run.spec);
   const shownSandboxes = [...stages].filter(
     ([, s]) => s.setup.size + s.commands.size > 0 || s.bundle !== null || s.collected !== null,
   );

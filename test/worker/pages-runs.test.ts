@@ -8,6 +8,7 @@ import { type RunState, runEvents, runs } from "../../src/db/schema";
 import { type ProxyLook, ProxyPage } from "../../src/pages/proxy-page";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { addEvent, addNote, type RunRow, recordTransition } from "../../src/runs/service";
+import { RunSpec } from "../../src/runs/spec";
 import { loggedIn, type PageResponse } from "./browser";
 import { call, newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary } from "./leaks";
@@ -89,7 +90,7 @@ describe("the runs list", () => {
           id,
           userId: t.userId,
           environmentId: t.environmentId,
-          spec: { commands: ["true"] },
+          spec: RunSpec.parse({ commands: ["true"] }),
           backend: "local",
           createdAt: new Date(base + i),
         })),
