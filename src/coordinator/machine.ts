@@ -1,7 +1,7 @@
 import { BackendError } from "../broker/backend";
 import type { UnpackResult } from "../contract/bundle";
 import type { ExecInfo, Resources, SandboxInfo, Seal, SealResult } from "../contract/local-agent";
-import type { PolicyDocument } from "../contract/policy";
+import type { PolicyDocument, RoutingMode } from "../contract/policy";
 import type { WiringProof } from "../contract/wiring";
 import type { RunState } from "../db/schema";
 import type { RunSpec } from "../runs/spec";
@@ -76,7 +76,7 @@ export interface Worker {
    * The routing and hosts file installed in this sandbox. A task sandbox made late (after
    * max_parallel_tasks others) takes the vault's routing at that moment; unset: the run's.
    */
-  routing?: "default" | "catch-all";
+  routing?: RoutingMode;
   hostsFile?: string[];
   /** What the backend said the wiring program must do differently in this sandbox. */
   wiring?: SandboxInfo["wiring"];
@@ -222,7 +222,7 @@ export type SandboxRequest =
       kind: "work" | "task" | "orchestrator";
       taskIndex: number | null;
       proxySandboxId: string;
-      routing: "default" | "catch-all";
+      routing: RoutingMode;
       /** default routing: the names the hosts file redirects (a backend may install them). */
       hostsFile: string[];
       /** The run's resources (each unset limit the kind's default); absent: the kind's defaults. */
@@ -251,7 +251,7 @@ export interface MachinePorts {
   setRunFields(
     runId: string,
     fields: {
-      routing?: "default" | "catch-all";
+      routing?: RoutingMode;
       policyVersion?: number;
       proof?: unknown;
       lingerSeconds?: number;

@@ -6,8 +6,7 @@ import { brokerStub } from "../broker/sandbox-broker";
 import { issueCapability, revokeRunCapabilities } from "../compute/capability";
 import { loadConfig } from "../config";
 import type { Principal } from "../context";
-import type { UnpackResult } from "../contract/bundle";
-import type { ExecInfo, Seal, SealResult } from "../contract/local-agent";
+import type { ExecInfo } from "../contract/local-agent";
 import { ProxyView } from "../contract/proxy-view";
 import { WiringProof } from "../contract/wiring";
 import { randomId } from "../crypto/api-keys";
@@ -262,17 +261,10 @@ function databaseFault(error: unknown, timeoutMs: number): string {
 }
 
 /**
- * The broker's calls for a sandbox's stages (bundle, seal, hosts, collect), with the signatures
- * the SandboxBroker gets for them (issue 20). A bundle and artifacts are the run's environment's.
+ * How the artifacts' collect reaches the broker (issue 20), typed here until the SandboxBroker
+ * has it; the run's environment names where its artifacts are stored.
  */
-interface BrokerStages {
-  putBundle(
-    runId: string,
-    sandboxId: string,
-    bundle: { environmentId: string; sha256: string; dir: string },
-  ): Promise<UnpackResult>;
-  seal(runId: string, sandboxId: string, seal: Seal): Promise<SealResult>;
-  setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<unknown>;
+interface BrokerCollect {
   collect(
     runId: string,
     sandboxId: string,
@@ -281,23 +273,30 @@ interface BrokerStages {
 }
 
 /**
- * A broker answer that refuses ({ ok: false, code, message }) as the BackendError the machine
- * tells apart (an error's class and code do not cross the RPC boundary; an answer does).
+ * A broker call's failure as the machine tells it apart. An error's class and code do not cross
+ * the RPC boundary, only its message: a backend's not_supported (backend.ts notSupported) is
+ * known by its words.
  */
-function refusal(answer: unknown): BackendError | null {
-  if (typeof answer !== "object" || answer === null || (answer as { ok?: unknown }).ok !== false) return null;
-  const { code, message } = answer as { code?: unknown; message?: unknown };
-  return new BackendError(
-    typeof code === "string" ? code : "backend_error",
-    typeof message === "string" ? message : "the broker refused",
-  );
+function fromBroker(error: unknown): unknown {
+  if (error instanceof Error && / is not yet built for the \S+ backend$/.test(error.message)) {
+    return new BackendError("not_supported", error.message);
+  }
+  return error;
+}
+
+async function viaBroker<T>(call: () => T): Promise<Awaited<T>> {
+  try {
+    return await call();
+  } catch (error) {
+    throw fromBroker(error);
+  }
 }
 
 /** The machine's ports over Postgres, the vault and the broker. */
 function workerPorts(env: Env, db: Db): MachinePorts {
   const config = loadConfig(env);
   const broker = brokerStub(env);
-  const stages = broker as unknown as BrokerStages;
+  const artifacts = broker as unknown as BrokerCollect;
   const environments = new Map<string, string>();
   const environmentOf = async (runId: string): Promise<string> => {
     const known = environments.get(runId);
@@ -359,15 +358,17 @@ function workerPorts(env: Env, db: Db): MachinePorts {
         await broker.destroyRun(runId, options);
       },
       destroy: (runId, sandboxId) => broker.destroySandbox(runId, sandboxId),
-      putBundle: async (runId, sandboxId, bundle) =>
-        stages.putBundle(runId, sandboxId, { environmentId: await environmentOf(runId), ...bundle }),
-      seal: (runId, sandboxId, seal) => stages.seal(runId, sandboxId, seal),
-      setHosts: async (runId, sandboxId, hostsFile) => {
-        const refused = refusal(await stages.setHosts(runId, sandboxId, hostsFile));
-        if (refused) throw refused;
+      putBundle: async (runId, sandboxId, bundle) => {
+        const environmentId = await environmentOf(runId);
+        return viaBroker(() => broker.putBundle(runId, sandboxId, { environmentId, ...bundle }));
       },
-      collect: async (runId, sandboxId, options) =>
-        stages.collect(runId, sandboxId, { environmentId: await environmentOf(runId), ...options }),
+      seal: (runId, sandboxId, seal) => viaBroker(() => broker.seal(runId, sandboxId, seal)),
+      setHosts: (runId, sandboxId, hostsFile) =>
+        viaBroker(() => broker.setHosts(runId, sandboxId, hostsFile)),
+      collect: async (runId, sandboxId, options) => {
+        const environmentId = await environmentOf(runId);
+        return viaBroker(() => artifacts.collect(runId, sandboxId, { environmentId, ...options }));
+      },
     },
     issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),
     revokeCapabilities: (runId) => revokeRunCapabilities(db, runId),

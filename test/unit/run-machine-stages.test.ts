@@ -163,6 +163,18 @@ describe("run machine: a sandbox's stages (issue 20)", () => {
     expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
   });
 
+  it("stops stage_not_supported where the backend cannot seal a setup stage; no command runs (case G3)", async () => {
+    const w = world({ spec: STAGED, sealUnsupported: true });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ reason: "stage_not_supported" });
+    expect(end?.final?.detail).toMatch(/: seal is not yet built for the e2b backend$/);
+    expect(w.notes).toContainEqual(
+      expect.objectContaining({ level: "warning", code: "stage_not_supported" }),
+    );
+    expect(commandStarts(w)).toEqual([]);
+  });
+
   it("stops bundle_rejected with the code and message, before any setup or command", async () => {
     const w = world({
       spec: STAGED,

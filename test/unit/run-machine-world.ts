@@ -67,6 +67,8 @@ export interface WorldOptions {
   setHostsUnsupported?: boolean;
   /** Every collect throws. */
   collectFails?: boolean;
+  /** The backend cannot seal a setup stage (not_supported). */
+  sealUnsupported?: boolean;
 }
 
 export function world(o: WorldOptions = {}) {
@@ -250,6 +252,8 @@ export function world(o: WorldOptions = {}) {
       },
       seal: async (_runId, sandboxId, seal) => {
         order.push(`${sandboxId}:seal`);
+        if (o.sealUnsupported)
+          throw new BackendError("not_supported", "seal is not yet built for the e2b backend");
         seals.push({ sandboxId, seal });
         return { killed: 2 };
       },

@@ -1,4 +1,5 @@
 import { BackendError } from "../../broker/backend";
+import type { PolicyDocument } from "../../contract/policy";
 import type { MachineState, Worker } from "../machine";
 import { type Machine, must, proxyRuns } from "./common";
 
@@ -99,7 +100,7 @@ export async function syncHosts(m: Machine, s: MachineState): Promise<void> {
 export async function retrofitCheck(
   m: Machine,
   s: MachineState,
-  known?: { mode: string; reasons: string[] },
+  known?: PolicyDocument["routing"],
 ): Promise<void> {
   if (s.routingNoted) return;
   const installedMode = s.policy?.routing.mode;

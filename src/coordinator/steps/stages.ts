@@ -1,5 +1,5 @@
 import { BackendError } from "../../broker/backend";
-import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR } from "../../contract/bundle";
+import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "../../contract/bundle";
 import { DEFAULT_RESOURCES, type ExecInfo, type ResourceLimit, type Seal } from "../../contract/local-agent";
 import type { MachineState, Worker, WorkerStage } from "../machine";
 import { checkpoint, type Machine, must, stop } from "./common";
@@ -71,7 +71,14 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
     w.stage = (w.setup ?? []).length > 0 ? "seal" : "execute";
   }
   if (w.stage === "seal") {
-    const { killed } = await m.ports.broker.seal(s.runId, w.sandboxId, sealOf(s, w));
+    let killed: number;
+    try {
+      ({ killed } = await m.ports.broker.seal(s.runId, w.sandboxId, sealOf(s, w)));
+    } catch (error) {
+      // Never on to the commands with what setup left running: stop instead.
+      if (notSupported(error)) return notBuilt(m, s, w, error, "before its commands ran");
+      throw error;
+    }
     await m.ports.event(s.runId, `seal:${w.sandboxId}`, "note", {
       sandbox: w.sandboxId,
       name: w.name,
@@ -95,7 +102,13 @@ async function putBundle(m: Machine, s: MachineState, w: Worker): Promise<number
   if (!sha256) return null;
   // A replay after a crash unpacks the same archive into the same place again, before any
   // setup command ran: the same files.
-  const unpacked = await m.ports.broker.putBundle(s.runId, w.sandboxId, { sha256, dir: WORK_DIR });
+  let unpacked: UnpackResult;
+  try {
+    unpacked = await m.ports.broker.putBundle(s.runId, w.sandboxId, { sha256, dir: WORK_DIR });
+  } catch (error) {
+    if (notSupported(error)) return notBuilt(m, s, w, error, "before its setup ran");
+    throw error;
+  }
   if (!unpacked.ok) {
     await m.ports.note(s.runId, {
       level: "warning",
@@ -147,6 +160,19 @@ async function runSetup(m: Machine, s: MachineState, w: Worker): Promise<"done" 
     w.setupIndex = i + 1;
   }
   return "done";
+}
+
+const notSupported = (error: unknown): error is BackendError =>
+  error instanceof BackendError && error.code === "not_supported";
+
+/** The run's backend cannot do a stage this run needs (bundles, sealing a setup stage) yet. */
+async function notBuilt(m: Machine, s: MachineState, w: Worker, error: BackendError, when: string) {
+  await m.ports.note(s.runId, {
+    level: "warning",
+    code: "stage_not_supported",
+    text: `${error.message}, so the run stopped ${when} in ${w.name}. Run it on a backend that has it (the local one has every stage).`,
+  });
+  return stop(m, s, "stage_not_supported", `${w.name}: ${error.message}`);
 }
 
 function quoted(command: string): string {
