@@ -250,8 +250,11 @@ describe("run machine: a sandbox's stages (issue 20)", () => {
       expect(new Set(commandStarts(w)).size).toBe(commandStarts(clean).length);
       // Every stage still happened, in order, for each sandbox (seal and collect at least once).
       for (const id of Object.values(workerIds(end))) {
-        const seen = [...new Set(stagesOf(w, id))];
-        expect(seen, `crash at step ${crash}`).toEqual([...new Set(stagesOf(clean, id))]);
+        const calls = stagesOf(w, id);
+        expect([...new Set(calls)], `crash at step ${crash}`).toEqual([...new Set(stagesOf(clean, id))]);
+        // Never unpacked again once setup began, nor sealed again once the re-proof began.
+        expect(calls.findLastIndex((c) => c.startsWith("bundle:"))).toBeLessThan(calls.indexOf("setup-0"));
+        expect(calls.lastIndexOf("seal")).toBeLessThan(calls.indexOf("rewire"));
       }
       expect([...w.created.keys()].every((id) => w.destroyed.has(id))).toBe(true);
     }

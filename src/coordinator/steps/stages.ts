@@ -64,6 +64,8 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
     w.stage = "setup";
     w.setupIndex = 0;
     w.setupExecId = null;
+    // Unpacked before setup-0 starts: a replay must not unpack again over what setup changed.
+    if (s.spec?.bundle) await checkpoint(m, s);
   }
   if (w.stage === "setup") {
     const setup = await runSetup(m, s, w);
@@ -87,6 +89,7 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
       text: `The setup stage of ${w.name} ended: ${killed} process(es) it left were killed and the wiring's files were re-installed from the proxy's copy.`,
     });
     w.stage = enforced(s) ? "rewire" : "execute";
+    await checkpoint(m, s); // sealed before the re-proof starts: never re-written under it
   }
   if (w.stage === "rewire") {
     const proved = await rewireSandbox(m, s, w);
