@@ -21,6 +21,7 @@ import { parseKeyRing } from "../src/crypto/vault-crypto";
 import * as schema from "../src/db/schema";
 import { issueProxyCredentials, type RunOwner } from "../src/runs/proxy-credentials";
 import { storeAuditBatch } from "../src/runs/proxy-reports";
+import { RunSpec } from "../src/runs/spec";
 import { type AuditResults, type AuditRow, type AuditTarget, auditSection } from "./lib/audit-report";
 import { publish, summaryLines } from "./lib/page";
 import { num, quantiles, runBench, sectionHead } from "./lib/results";
@@ -172,7 +173,7 @@ async function main(): Promise<number> {
       await admin.db.insert(schema.runs).values({
         ...owner,
         status: "running",
-        spec: { commands: ["true"] },
+        spec: RunSpec.parse({ commands: ["true"] }),
         backend: "local",
       });
       return { ...owner, ...(await issueProxyCredentials(admin.db, ring, owner)) };

@@ -1,13 +1,12 @@
 import { existsSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from "node:fs";
 import { PROXY_PORTS } from "../src/contract/local-agent";
+import type { RoutingMode } from "../src/contract/policy";
 import { must, run } from "./command";
 
 // The network of a run (docs/local-backend.md): per run k a proxy namespace bw<k>p linked to the
 // host (bwh<k> 10.231.<k>.1/30 <-> up0 10.231.<k>.2/30), per work/task sandbox i a namespace
 // bw<k>w<i> linked to the proxy namespace (bwp<k>w<i> 10.232.<k>.<4i+1>/30 <-> eth0 .<4i+2>/30).
 // Rulesets are generated whole, as text, and applied atomically with `nft -f -`.
-
-export type Routing = "default" | "catch-all";
 
 export const MAX_RUNS = 250;
 export const MAX_WORK_PER_RUN = 64;
@@ -90,7 +89,7 @@ export interface DirectExceptions {
 
 export function proxyRuleset(
   k: number,
-  links: ReadonlyArray<{ i: number; routing: Routing }>,
+  links: ReadonlyArray<{ i: number; routing: RoutingMode }>,
   except: DirectExceptions = { allowCidrs: [], nameservers: [] },
 ): string {
   const { tls, http, explicit, dns } = PROXY_PORTS;

@@ -10,6 +10,7 @@ import type {
   SandboxInfo,
   SandboxKind,
 } from "../src/contract/local-agent";
+import type { RoutingMode } from "../src/contract/policy";
 import { AgentError } from "./errors";
 import { Exec } from "./exec";
 import {
@@ -28,7 +29,6 @@ import {
   netnsExists,
   proxyNamespaces,
   proxyRuleset,
-  type Routing,
   type RunNet,
   readIpForward,
   removeHost,
@@ -82,14 +82,14 @@ interface Run {
   probe: Listener | null;
   members: Set<string>;
   /** Work index i -> the work/task sandbox on that link. */
-  slots: Map<number, { id: string; routing: Routing }>;
+  slots: Map<number, { id: string; routing: RoutingMode }>;
 }
 
 interface Sandbox {
   id: string;
   runId: string;
   kind: SandboxKind;
-  routing: Routing | null;
+  routing: RoutingMode | null;
   proxySandboxId: string | null;
   state: "ready" | "destroyed";
   /** Its processes are stopped (a halted run's work sandbox, a paused lingering proxy). */

@@ -1,5 +1,7 @@
 import { z } from "zod";
+import { BUNDLE_DEFAULTS } from "./contract/bundle";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
+import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "./runs/spec";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
 // malformed secret answers every request with config_invalid naming the variable (never its
@@ -21,7 +23,37 @@ const EnvSchema = z.object({
     .string()
     .regex(/^$|^[1-9]\d{0,2}$/, "VAULT_READ_TIMEOUT_SECONDS must be a whole number of seconds (1-999)")
     .optional(),
+  BUNDLE_MAX_BYTES: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,11}$/, "BUNDLE_MAX_BYTES must be a whole number of bytes")
+    .optional(),
+  BUNDLE_MAX_UNPACKED_BYTES: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,12}$/, "BUNDLE_MAX_UNPACKED_BYTES must be a whole number of bytes")
+    .optional(),
+  BUNDLE_MAX_FILES: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,7}$/, "BUNDLE_MAX_FILES must be a whole number")
+    .optional(),
+  RESOURCES_MAX_MEMORY_MB: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,6}$/, "RESOURCES_MAX_MEMORY_MB must be a whole number of MiB")
+    .optional(),
+  RESOURCES_MAX_PIDS: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,6}$/, "RESOURCES_MAX_PIDS must be a whole number")
+    .optional(),
+  RESOURCES_MAX_CPUS: z
+    .string()
+    .regex(/^$|^\d{1,3}(\.\d{1,2})?$/, "RESOURCES_MAX_CPUS must be a number of CPUs (e.g. 4 or 0.5)")
+    .optional(),
 });
+
+export interface BundleLimits {
+  readonly maxUploadBytes: number;
+  readonly maxUnpackedBytes: number;
+  readonly maxFiles: number;
+}
 
 export interface Config {
   readonly databaseUrl: string;
@@ -32,6 +64,9 @@ export interface Config {
   readonly lingerIdleMs: number;
   /** A run's vault read at start that takes longer is cancelled by the database and retried. */
   readonly vaultReadTimeoutMs: number;
+  /** POST /v1/bundles: the largest .tar.gz accepted, and the bounds on what it unpacks to. */
+  readonly bundleLimits: BundleLimits;
+  readonly resourceBounds: ResourceBounds;
 }
 
 export class ConfigError extends Error {}
@@ -57,6 +92,16 @@ export function loadConfig(env: Env): Config {
     keyRing,
     lingerIdleMs: Number(parsed.data.LINGER_IDLE_SECONDS || 600) * 1000,
     vaultReadTimeoutMs: Number(parsed.data.VAULT_READ_TIMEOUT_SECONDS || 10) * 1000,
+    bundleLimits: {
+      maxUploadBytes: Number(parsed.data.BUNDLE_MAX_BYTES || BUNDLE_DEFAULTS.maxUploadBytes),
+      maxUnpackedBytes: Number(parsed.data.BUNDLE_MAX_UNPACKED_BYTES || BUNDLE_DEFAULTS.maxUnpackedBytes),
+      maxFiles: Number(parsed.data.BUNDLE_MAX_FILES || BUNDLE_DEFAULTS.maxFiles),
+    },
+    resourceBounds: {
+      memoryMb: Number(parsed.data.RESOURCES_MAX_MEMORY_MB || DEFAULT_RESOURCE_BOUNDS.memoryMb),
+      pids: Number(parsed.data.RESOURCES_MAX_PIDS || DEFAULT_RESOURCE_BOUNDS.pids),
+      cpus: Number(parsed.data.RESOURCES_MAX_CPUS || DEFAULT_RESOURCE_BOUNDS.cpus),
+    },
   };
   cache.set(env, config);
   return config;

@@ -1,5 +1,6 @@
 import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
+import type { BundleCode } from "./contract/bundle";
 
 // One problem+json shape (RFC 9457) for the whole API, a closed set of codes, one status map.
 export const ErrorCode = z.enum([
@@ -39,11 +40,27 @@ export const ErrorCode = z.enum([
   "registry_refused",
   "image_not_pushed",
   "image_tag_changed",
+  // Bundles (POST /v1/bundles) and what a run may ask for.
+  "bundle_upload_too_large",
+  "unsupported_media_type",
+  "bundle_not_found",
+  // A refused bundle: the BundleCode (src/contract/bundle.ts) that says why.
+  "bundle_invalid",
+  "bundle_path_traversal",
+  "bundle_absolute_path",
+  "bundle_link_escape",
+  "bundle_special_file",
+  "bundle_too_large",
+  "bundle_too_many_files",
+  "resources_out_of_bounds",
   "config_invalid",
   "database_unavailable",
   "internal_error",
 ]);
 export type ErrorCode = z.infer<typeof ErrorCode>;
+
+/** A refused bundle answers with the BundleCode that says why (so each must be an ErrorCode). */
+export const bundleErrorCode = (code: BundleCode): ErrorCode => code;
 
 export const ERROR_STATUS = {
   unauthorized: 401,
@@ -82,6 +99,17 @@ export const ERROR_STATUS = {
   registry_refused: 502,
   image_not_pushed: 409,
   image_tag_changed: 409,
+  bundle_upload_too_large: 413,
+  unsupported_media_type: 415,
+  bundle_not_found: 404,
+  bundle_invalid: 422,
+  bundle_path_traversal: 422,
+  bundle_absolute_path: 422,
+  bundle_link_escape: 422,
+  bundle_special_file: 422,
+  bundle_too_large: 422,
+  bundle_too_many_files: 422,
+  resources_out_of_bounds: 422,
   config_invalid: 500,
   database_unavailable: 503,
   internal_error: 500,
@@ -117,6 +145,17 @@ const TITLES: Record<ErrorCode, string> = {
   registry_refused: "The image registry refused or misanswered the broker",
   image_not_pushed: "No image manifest at the tag",
   image_tag_changed: "The tag no longer holds the recorded image",
+  bundle_upload_too_large: "Bundle larger than this deployment accepts",
+  unsupported_media_type: "Body must be a .tar.gz (application/gzip or application/octet-stream)",
+  bundle_not_found: "No bundle with that hash in this environment",
+  bundle_invalid: "Not a gzip-compressed tar archive",
+  bundle_path_traversal: "A bundle entry's path has a .. segment",
+  bundle_absolute_path: "A bundle entry's path is absolute",
+  bundle_link_escape: "A bundle link points out of the bundle",
+  bundle_special_file: "A bundle entry is a device, FIFO or other special file",
+  bundle_too_large: "The bundle unpacks to more than the size bound",
+  bundle_too_many_files: "The bundle has more entries than the count bound",
+  resources_out_of_bounds: "Resources outside this deployment's bounds",
   unknown_benchmark: "No such benchmark",
   unknown_model: "No model with that name in the vault",
   run_ended: "The run has ended",

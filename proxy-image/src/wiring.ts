@@ -89,8 +89,10 @@ export async function wire(raw: unknown): Promise<WiringResult> {
     return { code: ok ? WIRING_EXIT.ok : WIRING_EXIT.probeFailed, proof, error: null };
   };
 
-  const installed = install(input, caFile, hostsEntries, hosts);
-  if (installed) return done([installed]);
+  const failed = input.installed
+    ? checkInstalled(input, caFile, hosts)
+    : install(input, caFile, hostsEntries, hosts);
+  if (failed) return done([failed]);
 
   const probes = [await tlsProbe(input, caFingerprint256)];
   if (input.mode === "catch-all" && input.probe.directTarget !== null) {
@@ -154,6 +156,39 @@ function install(
       ok: false,
     };
   }
+}
+
+/**
+ * `installed`: the run CA's file, the bundle and the hosts file were written from outside (seal);
+ * each is read and checked, nothing is written. A failed probe entry naming what is off, if any.
+ */
+function checkInstalled(input: WiringInputParsed, caFile: string, hosts: string[]): WiringProbe | null {
+  const pem = input.caCertPem.endsWith("\n") ? input.caCertPem : `${input.caCertPem}\n`;
+  const off: string[] = [];
+  let step = caFile;
+  try {
+    if (!existsSync(caFile) || !bundleHas(readFileSync(caFile, "utf8"), pem)) {
+      off.push(`${caFile} does not hold the run CA`);
+    }
+    step = input.caBundlePath;
+    if (!existsSync(input.caBundlePath) || !bundleHas(readFileSync(input.caBundlePath, "utf8"), pem)) {
+      off.push(`${input.caBundlePath} does not trust the run CA`);
+    }
+    step = input.hostsPath;
+    const missing = hosts.filter((h) => lookupInHostsFile(input.hostsPath, h) !== input.proxyAddress);
+    if (missing.length > 0) {
+      off.push(`${input.hostsPath} does not send ${missing.join(", ")} to ${input.proxyAddress}`);
+    }
+  } catch (e) {
+    off.push(`could not read ${step}: ${(e as { code?: string }).code ?? (e as Error).name}`);
+  }
+  if (off.length === 0) return null;
+  return {
+    name: "install",
+    expected: "the wiring's files as installed from outside",
+    observed: off.join("; "),
+    ok: false,
+  };
 }
 
 /** Whether `bundle` already holds the certificate in `pem` (compared on the base64 body). */

@@ -1,5 +1,14 @@
 import { z } from "zod";
-import type { ExecInfo, ExecRequest, SandboxInfo, SandboxKind } from "../contract/local-agent";
+import type { UnpackResult } from "../contract/bundle";
+import type {
+  ExecInfo,
+  ExecRequest,
+  Resources,
+  SandboxInfo,
+  SandboxKind,
+  Seal,
+} from "../contract/local-agent";
+import type { RoutingMode } from "../contract/policy";
 
 // A compute backend as the broker sees it: `sandbox0` (Kubernetes pods on DOKS, the default on
 // the platform), `e2b` (microVMs, the fallback) and `local` (Linux namespaces through the host
@@ -9,15 +18,20 @@ export const BackendName = z.enum(["sandbox0", "e2b", "local"]);
 export type BackendName = z.infer<typeof BackendName>;
 
 /** What the broker asks a backend to make (the broker has checked the run owns every id). */
+/**
+ * `resources`: the sandbox's limits; the broker always sends them (DEFAULT_RESOURCES of the kind
+ * when the run asked for none), so a backend may read an absent one as its kind's default.
+ */
 export type SandboxSpec =
-  | { kind: "proxy"; id: string; runId: string }
+  | { kind: "proxy"; id: string; runId: string; resources?: Resources }
   | {
       kind: "work" | "task" | "orchestrator";
       id: string;
       runId: string;
+      resources?: Resources;
       /** The run's proxy sandbox: the only route out of this one (catch-all). */
       proxySandboxId: string;
-      routing: "default" | "catch-all";
+      routing: RoutingMode;
       /**
        * default routing: the exact host names the wiring redirects to the proxy. A backend that
        * cannot let the setup stage write the hosts file (no root in the pod) installs them itself
@@ -46,6 +60,28 @@ export interface ComputeBackend {
   freeze(sandboxId: string, frozen: boolean): Promise<void>;
   /** Every sandbox the backend holds, whichever run it belongs to (to find those no run owns). */
   list(): Promise<Array<{ id: string; runId: string; kind: SandboxKind }>>;
+  /**
+   * Unpacks a bundle (.tar.gz) into `dir` of a work or task sandbox, as its execute stage's user,
+   * before setup. A refused bundle is `{ ok: false, code }` (a BundleCode), not a throw.
+   */
+  putBundle(sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string): Promise<UnpackResult>;
+  /**
+   * Ends the setup stage: kills every process it left, re-installs the wiring's files from the
+   * given copy, refuses setup-stage execs from then on. Idempotent.
+   */
+  seal(sandboxId: string, seal: Seal): Promise<{ killed: number }>;
+  /** Rewrites a default-routing sandbox's hosts-file redirect (a vault edit mid-run). */
+  setHosts(sandboxId: string, hostsFile: string[]): Promise<void>;
+  /** The files under `dir`, packed by bw-collect as the execute stage's user (contract/bundle.ts). */
+  collect(
+    sandboxId: string,
+    options: { dir: string; maxBytes: number; maxFiles: number },
+  ): Promise<ReadableStream<Uint8Array>>;
+}
+
+/** What a backend answers for a capability it does not have yet (see docs/e2b.md, docs/sandbox0.md). */
+export function notSupported(backend: BackendName, what: string): BackendError {
+  return new BackendError("not_supported", `${what} is not yet built for the ${backend} backend`);
 }
 
 /**

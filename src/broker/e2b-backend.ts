@@ -22,8 +22,9 @@ import {
   toExecInfo,
 } from "../contract/exec-runner";
 import { type ExecInfo, ExecRequest, type SandboxInfo, SandboxKind } from "../contract/local-agent";
-import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
-import { egressOf, networkDrift, proxyNetwork, type Routing, TUNNEL_PORT, workNetwork } from "./e2b/network";
+import type { RoutingMode } from "../contract/policy";
+import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "./backend";
+import { egressOf, networkDrift, proxyNetwork, TUNNEL_PORT, workNetwork } from "./e2b/network";
 import { runnerCommand } from "./e2b/shell";
 
 // The `e2b` backend: one E2B microVM per sandbox, through E2B's `e2b` SDK, from the SandboxBroker
@@ -568,7 +569,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         return;
       }
       const proxyId = h.meta[META.proxy];
-      const routing = h.meta[META.routing] as Routing | undefined;
+      const routing = h.meta[META.routing] as RoutingMode | undefined;
       // A work sandbox's network is its proxy: that one runs first (it may have timed out into pause).
       const proxy = proxyId
         ? await proxyOf({ runId: h.meta[META.run] ?? "", proxySandboxId: proxyId })
@@ -604,6 +605,21 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         if (!seen.has(id)) seen.set(id, { id, runId, kind: kind.data });
       }
       return [...seen.values()];
+    },
+
+    // The setup stage's sealing, bundles in and artifacts out are not built for e2b yet (issue 20):
+    // each is refused with not_supported, so a run that needs one stops with the reason.
+    async putBundle(): Promise<never> {
+      throw notSupported("e2b", "putBundle (unpacking a bundle into a sandbox)");
+    },
+    async seal(): Promise<never> {
+      throw notSupported("e2b", "seal (ending the setup stage)");
+    },
+    async setHosts(): Promise<never> {
+      throw notSupported("e2b", "setHosts (rewriting a running sandbox's hosts file)");
+    },
+    async collect(): Promise<never> {
+      throw notSupported("e2b", "collect (reading a sandbox's artifacts)");
     },
   };
 }

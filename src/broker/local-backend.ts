@@ -1,5 +1,14 @@
 import { z } from "zod";
-import { ExecInfo, type ExecRequest, SandboxInfo, SandboxList } from "../contract/local-agent";
+import { UnpackResult } from "../contract/bundle";
+import {
+  ExecInfo,
+  type ExecRequest,
+  SandboxInfo,
+  SandboxList,
+  type Seal,
+  SealResult,
+  type SetHosts,
+} from "../contract/local-agent";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 
 // The `local` backend: the host agent on this machine (local-agent/), over HTTP on loopback with
@@ -22,40 +31,50 @@ export function localFromEnv(env: Record<keyof z.infer<typeof LocalEnv>, unknown
 const AgentProblem = z.object({ code: z.string(), detail: z.string().optional() });
 
 export function localBackend(agentUrl: string, secret: string): ComputeBackend {
-  async function call<T>(method: string, path: string, schema: z.ZodType<T> | null, body?: unknown) {
+  /** One agent call; its answer when it is a success (or one of `alsoOk`), a BackendError otherwise. */
+  async function send(
+    method: string,
+    path: string,
+    body?: { json: unknown } | { stream: ReadableStream<Uint8Array>; type: string },
+    alsoOk: readonly number[] = [],
+  ): Promise<Response> {
     let res: Response;
     try {
       res = await fetch(new URL(path, agentUrl), {
         method,
         headers: {
           authorization: `Bearer ${secret}`,
-          ...(body === undefined ? {} : { "content-type": "application/json" }),
+          ...(body === undefined ? {} : { "content-type": "json" in body ? "application/json" : body.type }),
         },
-        body: body === undefined ? undefined : JSON.stringify(body),
+        body: body === undefined ? undefined : "json" in body ? JSON.stringify(body.json) : body.stream,
       });
     } catch {
       throw new BackendError("backend_unreachable", "The local host agent does not answer.", true);
     }
-    const text = await res.text();
-    if (!res.ok) {
-      const problem = AgentProblem.safeParse(safeJson(text));
-      throw problem.success
-        ? new BackendError(
-            problem.data.code,
-            problem.data.detail ?? `HTTP ${res.status}`,
-            res.status >= 500 && problem.data.code === "internal_error",
-          )
-        : new BackendError(
-            "backend_error",
-            `The local host agent answered HTTP ${res.status}.`,
-            res.status >= 500,
-          );
-    }
-    if (!schema) return null as T;
+    if (res.ok || alsoOk.includes(res.status)) return res;
+    const problem = AgentProblem.safeParse(safeJson(await res.text()));
+    throw problem.success
+      ? new BackendError(
+          problem.data.code,
+          problem.data.detail ?? `HTTP ${res.status}`,
+          res.status >= 500 && problem.data.code === "internal_error",
+        )
+      : new BackendError(
+          "backend_error",
+          `The local host agent answered HTTP ${res.status}.`,
+          res.status >= 500,
+        );
+  }
+  function parse<T>(schema: z.ZodType<T>, text: string): T {
     const parsed = schema.safeParse(safeJson(text));
     if (!parsed.success)
       throw new BackendError("backend_error", "The local host agent answered outside its contract.");
     return parsed.data;
+  }
+  async function call<T>(method: string, path: string, schema: z.ZodType<T> | null, body?: unknown) {
+    const res = await send(method, path, body === undefined ? undefined : { json: body });
+    const text = await res.text();
+    return schema ? parse(schema, text) : (null as T);
   }
   const sandboxPath = (id: string) => `/v1/sandboxes/${encodeURIComponent(id)}`;
   return {
@@ -75,6 +94,7 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
               runId: spec.runId,
               proxySandboxId: spec.proxySandboxId,
               routing: spec.routing,
+              ...(spec.resources ? { resources: spec.resources } : {}),
             },
       ),
     exec: (sandboxId: string, request: ExecRequest) =>
@@ -97,6 +117,44 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
     list: async () => {
       const { sandboxes } = await call("GET", "/v1/sandboxes", SandboxList);
       return sandboxes.map(({ id, runId, kind }) => ({ id, runId, kind }));
+    },
+    // The bundle's bytes are streamed through (the broker reads them from R2); a refused bundle
+    // is the agent's 422 with the same UnpackResult shape.
+    putBundle: async (sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string) => {
+      const q = new URLSearchParams({ dir });
+      const res = await send(
+        "PUT",
+        `${sandboxPath(sandboxId)}/bundle?${q}`,
+        { stream: bundle, type: "application/gzip" },
+        [422],
+      );
+      const text = await res.text();
+      const result = UnpackResult.safeParse(safeJson(text));
+      if (result.success && result.data.ok === (res.status === 200)) return result.data;
+      if (res.status === 422) {
+        // A 422 that is not a refused bundle is the agent refusing the request itself.
+        const problem = AgentProblem.safeParse(safeJson(text));
+        throw new BackendError(
+          problem.success ? problem.data.code : "backend_error",
+          problem.data?.detail ?? "HTTP 422",
+        );
+      }
+      throw new BackendError("backend_error", "The local host agent answered outside its contract.");
+    },
+    seal: (sandboxId: string, seal: Seal) => call("POST", `${sandboxPath(sandboxId)}/seal`, SealResult, seal),
+    setHosts: async (sandboxId: string, hostsFile: string[]) => {
+      const body: SetHosts = { hostsFile };
+      await call("PUT", `${sandboxPath(sandboxId)}/hosts`, null, body);
+    },
+    collect: async (sandboxId: string, options: { dir: string; maxBytes: number; maxFiles: number }) => {
+      const q = new URLSearchParams({
+        dir: options.dir,
+        maxBytes: String(options.maxBytes),
+        maxFiles: String(options.maxFiles),
+      });
+      const res = await send("GET", `${sandboxPath(sandboxId)}/artifacts?${q}`);
+      if (!res.body) throw new BackendError("backend_error", "The local host agent sent no archive.");
+      return res.body;
     },
   };
 }

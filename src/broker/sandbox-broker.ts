@@ -1,7 +1,15 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, eq, inArray, ne } from "drizzle-orm";
+import { bundleKey, findBundle } from "../bundles/service";
 import { loadConfig } from "../config";
-import type { ExecInfo, ExecRequest } from "../contract/local-agent";
+import type { UnpackResult } from "../contract/bundle";
+import {
+  DEFAULT_RESOURCES,
+  type ExecInfo,
+  type ExecRequest,
+  type Resources,
+  type Seal,
+} from "../contract/local-agent";
 import type { CreateResult, SandboxRequest } from "../coordinator/machine";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
@@ -42,11 +50,30 @@ export class SandboxBroker extends DurableObject<Env> {
   }
 
   /**
+   * A live work, task or orchestrator sandbox of the run (never its proxy sandbox: bundles, setup
+   * and artifacts are the benchmark's), and, given an environment, only if the run is in it.
+   */
+  private async ownWork(db: Db, runId: string, sandboxId: string, environmentId?: string) {
+    const row = await this.own(db, runId, sandboxId);
+    if (row.kind === "proxy") throw new BackendError("not_found", `sandbox ${sandboxId} is the run's proxy`);
+    if (environmentId !== undefined) {
+      const [run] = await db
+        .select({ environmentId: runs.environmentId })
+        .from(runs)
+        .where(eq(runs.id, runId));
+      if (run?.environmentId !== environmentId) {
+        throw new BackendError("not_found", `run ${runId} is not in environment ${environmentId}`);
+      }
+    }
+    return row;
+  }
+
+  /**
    * Makes a sandbox for the run (idempotent by id). Failures are answers, not throws: an error's
    * class does not cross the RPC boundary, and the coordinator must tell "cannot isolate here"
    * from "try again".
    */
-  async create(runId: string, request: SandboxRequest): Promise<CreateResult> {
+  async create(runId: string, request: SandboxRequest & { resources?: Resources }): Promise<CreateResult> {
     return this.withDb(async (db) => {
       const [run] = await db.select({ backend: runs.backend }).from(runs).where(eq(runs.id, runId));
       if (!run) return failure(new BackendError("not_found", `no run ${runId}`));
@@ -76,13 +103,16 @@ export class SandboxBroker extends DurableObject<Env> {
         return failure(error); // another run's id, or a sandbox already torn down
       }
       try {
+        // A sandbox always has limits: the run's, or its kind's defaults.
+        const resources = request.resources ?? DEFAULT_RESOURCES[request.kind];
         const info = await backend.create(
           request.kind === "proxy"
-            ? { kind: "proxy", id: request.id, runId }
+            ? { kind: "proxy", id: request.id, runId, resources }
             : {
                 kind: request.kind,
                 id: request.id,
                 runId,
+                resources,
                 proxySandboxId: request.proxySandboxId,
                 routing: request.routing,
                 hostsFile: request.hostsFile,
@@ -124,6 +154,40 @@ export class SandboxBroker extends DurableObject<Env> {
     } catch (error) {
       if (!(error instanceof BackendError && error.code === "not_found")) throw error;
     }
+  }
+
+  /**
+   * Unpacks the run's bundle into a work or task sandbox of the run. The broker reads the bytes
+   * from R2 itself and streams them to the backend: the coordinator names the bundle, never holds
+   * it. The bundle must be one of the run's own environment (case H3), whatever the caller says.
+   */
+  async putBundle(
+    runId: string,
+    sandboxId: string,
+    bundle: { environmentId: string; sha256: string; dir: string },
+  ): Promise<UnpackResult> {
+    const row = await this.withDb(async (db) => {
+      const row = await this.ownWork(db, runId, sandboxId, bundle.environmentId);
+      if (!(await findBundle(db, bundle.environmentId, bundle.sha256))) {
+        throw new BackendError("bundle_not_found", `no bundle ${bundle.sha256} in the run's environment`);
+      }
+      return row;
+    });
+    const object = await this.env.FILES.get(bundleKey(bundle.environmentId, bundle.sha256));
+    if (!object) throw new BackendError("bundle_not_found", `bundle ${bundle.sha256} has no stored bytes`);
+    return this.backendOf(row.backend).putBundle(sandboxId, object.body, bundle.dir);
+  }
+
+  /** Ends the setup stage of a work or task sandbox of the run (idempotent). */
+  async seal(runId: string, sandboxId: string, seal: Seal): Promise<{ killed: number }> {
+    const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
+    return this.backendOf(row.backend).seal(sandboxId, seal);
+  }
+
+  /** Rewrites the hosts-file redirect of a default-routing sandbox of the run (a vault edit). */
+  async setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<void> {
+    const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
+    await this.backendOf(row.backend).setHosts(sandboxId, hostsFile);
   }
 
   /** Halts (or resumes) the processes of the run's sandbox. */

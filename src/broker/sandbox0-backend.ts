@@ -10,7 +10,7 @@ import {
   toExecInfo,
 } from "../contract/exec-runner";
 import { ExecInfo, ExecRequest, type SandboxInfo, type SandboxKind } from "../contract/local-agent";
-import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
+import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "./backend";
 import { type CallMeaning, KubeClient, type KubeObject } from "./kubernetes/client";
 import {
   isLabelValue,
@@ -573,6 +573,21 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
         if (!seen.has(id)) seen.set(id, { id, runId, kind: kind as SandboxKind });
       }
       return [...seen.values()];
+    },
+
+    // The setup stage's sealing, bundles in and artifacts out are not built for sandbox0 yet (issue 20):
+    // each is refused with not_supported, so a run that needs one stops with the reason.
+    async putBundle(): Promise<never> {
+      throw notSupported("sandbox0", "putBundle (unpacking a bundle into a sandbox)");
+    },
+    async seal(): Promise<never> {
+      throw notSupported("sandbox0", "seal (ending the setup stage)");
+    },
+    async setHosts(): Promise<never> {
+      throw notSupported("sandbox0", "setHosts (rewriting a running sandbox's hosts file)");
+    },
+    async collect(): Promise<never> {
+      throw notSupported("sandbox0", "collect (reading a sandbox's artifacts)");
     },
   };
 }

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { RoutingMode } from "./policy";
 
 // The wire contract between the sandbox broker (Worker) and the local host agent (Node, root, on
 // the development machine). Imported by both sides. Every call carries
@@ -80,7 +81,7 @@ export const CreateSandbox = z.discriminatedUnion("kind", [
      * catch-all: every TCP 80/443 goes to the proxy, UDP/TCP 53 to the proxy's resolver,
      * everything else is dropped in the proxy namespace (out of this sandbox's reach).
      */
-    routing: z.enum(["default", "catch-all"]),
+    routing: RoutingMode,
     resources: Resources.optional(),
   }),
 ]);
@@ -97,7 +98,7 @@ export const SandboxInfo = z.strictObject({
   proxyAddress: z.string().nullable(),
   /** proxy: the URL at which the control plane is reachable from inside this sandbox. */
   controlPlaneUrl: z.string().nullable(),
-  routing: z.enum(["default", "catch-all"]).nullable(),
+  routing: RoutingMode.nullable(),
   /**
    * work/task: an address:port outside the run that this sandbox could reach if nothing
    * stopped it (a listener the backend runs for this purpose). Under catch-all the wiring probe
@@ -226,7 +227,7 @@ export type Freeze = z.infer<typeof Freeze>;
  * are restored to the image's.
  */
 export const Seal = z.strictObject({
-  routing: z.enum(["default", "catch-all"]),
+  routing: RoutingMode,
   /** default routing: the exact names redirected to the proxy (the platform's are added). */
   hostsFile: z.array(z.string().max(253)).max(10_000),
   caCertPem: z.string().max(65_536).nullable(),

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { isCanonicalHostName, isCanonicalIp, isCanonicalPattern } from "../policy/host";
+import { ROUTING_MODES } from "./routing";
 
 // The policy wire contract: what the control plane compiles from a vault and the run's proxy
 // enforces. Imported by both sides, so they cannot drift. Objects are strict (an unknown field is
@@ -71,7 +72,8 @@ export const RoutingReason = z.enum([
 ]);
 export type RoutingReason = z.infer<typeof RoutingReason>;
 
-export const RoutingMode = z.enum(["default", "catch-all"]);
+/** How a run's work sandboxes reach the proxy: the one name for it. */
+export const RoutingMode = z.enum(ROUTING_MODES);
 export type RoutingMode = z.infer<typeof RoutingMode>;
 
 /** A canonical host pattern (grammar only; the public-suffix check happens when it is saved). */

@@ -62,6 +62,12 @@ export const WiringInput = z
      * there has no root). The wiring then checks each entry is there instead of writing it.
      */
     hostsInstalled: z.boolean().default(false),
+    /**
+     * The files were installed from outside (a sandbox's seal re-writes them after its setup
+     * stage): check each is as this input says and write nothing, then probe. The re-proof runs
+     * in the execute stage, which could not write them anyway.
+     */
+    installed: z.boolean().default(false),
     /** The port the HTTPS probe connects to (tests point it at an ephemeral listener). */
     probePort: z.number().int().min(1).max(65_535).default(443),
     /**
@@ -91,7 +97,10 @@ export type WiringInput = z.input<typeof WiringInput>;
 export type WiringInputParsed = z.output<typeof WiringInput>;
 
 export const WiringProbeName = z.enum([
-  /** The run CA and hosts file could not be written: nothing else was tried. */
+  /**
+   * The run CA and hosts file could not be written (installed: were not as given): nothing else
+   * was tried.
+   */
   "install",
   /** HTTPS to the probe host, verified against the bundle just written: 403 + probe header. */
   "tls_probe",

@@ -1,5 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { eq, sql } from "drizzle-orm";
+import { BackendError } from "../broker/backend";
 import { backendForLaunch } from "../broker/backends";
 import { brokerStub } from "../broker/sandbox-broker";
 import { issueCapability, revokeRunCapabilities } from "../compute/capability";
@@ -17,10 +18,11 @@ import { revokeEgressToken } from "../runs/egress-token";
 import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-credentials";
 import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
-import { checkLaunchable, type RunSpec } from "../runs/spec";
+import { checkLaunchable, type RunSpec, storedSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/service";
 import {
+  type CollectResult,
   type EnvironmentAnswer,
   type MachinePorts,
   type MachineState,
@@ -227,7 +229,7 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  * the start call fails the run stays queued; the reaper's sweep starts or stops it.
  */
 export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
-  checkLaunchable(spec);
+  await checkLaunchable(db, p.environmentId, spec, loadConfig(env).resourceBounds);
   const run = await runsService.createRun(db, p, spec, backendForLaunch(env, spec.backend));
   await coordinatorStub(env, run.id).start(run.id);
   return run;
@@ -258,16 +260,58 @@ function databaseFault(error: unknown, timeoutMs: number): string {
   return code ? `the database failed the read (SQLSTATE ${code})` : "the read failed unexpectedly";
 }
 
+/**
+ * How the artifacts' collect reaches the broker (issue 20), typed here until the SandboxBroker
+ * has it; the run's environment names where its artifacts are stored.
+ */
+interface BrokerCollect {
+  collect(
+    runId: string,
+    sandboxId: string,
+    options: { environmentId: string; sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
+  ): Promise<CollectResult>;
+}
+
+/**
+ * A broker call's failure as the machine tells it apart. An error's class and code do not cross
+ * the RPC boundary, only its message: a backend's not_supported (backend.ts notSupported) is
+ * known by its words.
+ */
+function fromBroker(error: unknown): unknown {
+  if (error instanceof Error && / is not yet built for the \S+ backend$/.test(error.message)) {
+    return new BackendError("not_supported", error.message);
+  }
+  return error;
+}
+
+async function viaBroker<T>(call: () => T): Promise<Awaited<T>> {
+  try {
+    return await call();
+  } catch (error) {
+    throw fromBroker(error);
+  }
+}
+
 /** The machine's ports over Postgres, the vault and the broker. */
 function workerPorts(env: Env, db: Db): MachinePorts {
   const config = loadConfig(env);
   const broker = brokerStub(env);
+  const artifacts = broker as unknown as BrokerCollect;
+  const environments = new Map<string, string>();
+  const environmentOf = async (runId: string): Promise<string> => {
+    const known = environments.get(runId);
+    if (known) return known;
+    const row = await runsService.loadRun(db, runId);
+    if (!row) throw new Error(`no run ${runId}`);
+    environments.set(runId, row.environmentId);
+    return row.environmentId;
+  };
   return {
     now: () => Date.now(),
     newId: (prefix) => randomId(prefix),
     loadRun: async (runId) => {
       const row = await runsService.loadRun(db, runId);
-      return row ? { id: row.id, status: row.status, spec: row.spec as RunSpec } : null;
+      return row ? { id: row.id, status: row.status, spec: storedSpec(row.spec) } : null;
     },
     transition: (runId, t) => runsService.recordTransition(db, runId, t),
     note: (runId, note) => runsService.addNote(db, runId, note),
@@ -314,6 +358,17 @@ function workerPorts(env: Env, db: Db): MachinePorts {
         await broker.destroyRun(runId, options);
       },
       destroy: (runId, sandboxId) => broker.destroySandbox(runId, sandboxId),
+      putBundle: async (runId, sandboxId, bundle) => {
+        const environmentId = await environmentOf(runId);
+        return viaBroker(() => broker.putBundle(runId, sandboxId, { environmentId, ...bundle }));
+      },
+      seal: (runId, sandboxId, seal) => viaBroker(() => broker.seal(runId, sandboxId, seal)),
+      setHosts: (runId, sandboxId, hostsFile) =>
+        viaBroker(() => broker.setHosts(runId, sandboxId, hostsFile)),
+      collect: async (runId, sandboxId, options) => {
+        const environmentId = await environmentOf(runId);
+        return viaBroker(() => artifacts.collect(runId, sandboxId, { environmentId, ...options }));
+      },
     },
     issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),
     revokeCapabilities: (runId) => revokeRunCapabilities(db, runId),
@@ -325,7 +380,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     currentRouting: async (runId) => {
       const row = await runsService.loadRun(db, runId);
       if (!row) throw new Error(`no run ${runId}`);
-      const egress = (row.spec as { egress?: string } | null)?.egress === "local" ? "local" : "direct";
+      const { egress } = storedSpec(row.spec);
       const owner = { userId: row.userId, environmentId: row.environmentId, keyId: `run:${runId}` };
       const { routing, hostsFile } = await previewPolicy(db, owner, { egress });
       return { routing, hostsFile };

@@ -13,6 +13,8 @@ import {
   timestamp,
   uniqueIndex,
 } from "drizzle-orm/pg-core";
+import { ROUTING_MODES } from "../contract/routing";
+import type { RunSpec } from "../runs/spec";
 
 // Ids are opaque prefixed strings (usr_..., env_..., sec_...) made by randomId().
 const createdAt = () => timestamp("created_at", { withTimezone: true }).notNull().defaultNow();
@@ -223,9 +225,10 @@ export const runs = pgTable(
     reason: text("reason"),
     reasonDetail: text("reason_detail"),
     // The launch request as validated (commands, egress, tasks, ...). Never holds a secret.
-    spec: jsonb("spec").notNull(),
+    // Typed once here; read through storedSpec (src/runs/spec.ts), never cast.
+    spec: jsonb("spec").$type<RunSpec>().notNull(),
     backend: text("backend").notNull(),
-    routing: text("routing", { enum: ["default", "catch-all"] }),
+    routing: text("routing", { enum: ROUTING_MODES }),
     policyVersion: bigint("policy_version", { mode: "number" }),
     // "Network the platform changed": [{ level: "note" | "warning", code, text }].
     notes: jsonb("notes").notNull().default([]),
@@ -293,7 +296,7 @@ export const sandboxes = pgTable(
     backend: text("backend").notNull(),
     // Work and task sandboxes: the routing installed when it was made (a vault edit later does
     // not change it; a task sandbox made after the edit gets the new one).
-    routing: text("routing", { enum: ["default", "catch-all"] }),
+    routing: text("routing", { enum: ROUTING_MODES }),
     status: text("status", { enum: ["creating", "ready", "destroyed", "failed"] })
       .notNull()
       .default("creating"),
@@ -403,7 +406,7 @@ export const webhooks = pgTable(
       .references(() => environments.id, { onDelete: "cascade" }),
     name: text("name").notNull(),
     // A RunSpec as validated when the webhook was registered. Never holds a secret.
-    runTemplate: jsonb("run_template").notNull(),
+    runTemplate: jsonb("run_template").$type<RunSpec>().notNull(),
     secretCiphertext: text("secret_ciphertext"),
     previousSecretCiphertext: text("previous_secret_ciphertext"),
     previousSecretExpiresAt: timestamp("previous_secret_expires_at", { withTimezone: true }),
@@ -481,4 +484,27 @@ export const imageBuilds = pgTable(
     builtAt: timestamp("built_at", { withTimezone: true }),
   },
   (t) => [uniqueIndex("image_builds_environment_hash").on(t.environmentId, t.contentHash)],
+);
+
+// ---- bundles and artifacts (issue 20; the bytes are in R2, the FILES binding) ----
+
+// A bundle: a .tar.gz of benchmark code uploaded to an environment, named by its sha256 and
+// stored in R2 at `bundles/<environment_id>/<sha256>`. Checked entry by entry at upload (what
+// it unpacks to: files, unpacked_bytes). Another environment's same bytes are its own row.
+export const bundles = pgTable(
+  "bundles",
+  {
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    sha256: text("sha256").notNull(),
+    size: bigint("size", { mode: "number" }).notNull(),
+    files: integer("files").notNull(),
+    unpackedBytes: bigint("unpacked_bytes", { mode: "number" }).notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [
+    primaryKey({ columns: [t.environmentId, t.sha256] }),
+    check("bundles_sha256", sql`${t.sha256} ~ '^[0-9a-f]{64}$'`),
+  ],
 );

@@ -13,8 +13,9 @@ import {
   type runSandboxes,
   type TraceRow,
 } from "../runs/service";
-import { commandsOf, MAX_LINGER_SECONDS, type RunSpec } from "../runs/spec";
+import { MAX_LINGER_SECONDS, storedSpec } from "../runs/spec";
 import { Flash, Layout, PostForm } from "./layout";
+import { commandsFor, Stages } from "./run-stages";
 
 // The run dashboard (/runs/{id}): why the run is where it is, what the platform changed about
 // its network, what its boundary proved and refused, and the controls the API offers. Everything
@@ -246,7 +247,7 @@ function Controls(props: { view: RunView }) {
 
 /** Whether the run sends traffic through the user's machine (so needs their egress agent). */
 export function needsEgressAgent(run: RunRow): boolean {
-  const local = (run.spec as { egress?: unknown } | null)?.egress === "local";
+  const local = storedSpec(run.spec).egress === "local";
   const awaited = (run.notes as Array<{ code: string }>).some((n) => n.code === "egress_agent_awaited");
   return local || awaited;
 }
@@ -398,7 +399,7 @@ function ProofCard(props: { run: RunRow; trace: TraceRow[] }) {
 // ---- sandboxes ----
 
 function Sandboxes(props: { run: RunRow; sandboxes: SandboxRow[] }) {
-  const tasks = (props.run.spec as RunSpec).tasks ?? [];
+  const tasks = storedSpec(props.run.spec).tasks ?? [];
   return (
     <Card id="sandboxes" title="Sandboxes">
       {props.sandboxes.length === 0 ? (
@@ -454,6 +455,7 @@ function describeEvent(e: TraceRow): { what: Child; detail: Child } {
         detail: text(d),
       };
     case "note":
+      if (d && typeof d.stage === "string") return { what: d.stage, detail: text(d) };
       if (d && typeof d.level === "string" && typeof d.code === "string") {
         return {
           what: (
@@ -469,7 +471,7 @@ function describeEvent(e: TraceRow): { what: Child; detail: Child } {
       if (d && "proof" in d) {
         const ok = (d.proof as { ok?: unknown } | null)?.ok === true;
         return {
-          what: "wiring",
+          what: d.installed === true ? "wiring proved again" : "wiring",
           detail: `${String(d.name)} (${String(d.routing)}): ${ok ? "proved" : "not proved"}`,
         };
       }
@@ -525,6 +527,8 @@ function TraceTable(props: { runId: string; rows: TraceRow[] }) {
 interface OutputChunk {
   sandbox: string;
   name: string;
+  /** "setup" for a setup command's output; absent or "execute" for a command's. */
+  stage?: string;
   command: number;
   stream?: string;
   text?: string;
@@ -539,19 +543,21 @@ function SandboxOutput(props: {
   name: string;
   chunks: OutputChunk[];
   commands: readonly string[];
+  setup: readonly string[];
 }) {
   let room = OUTPUT_CHARS_SHOWN;
   let hidden = 0;
   let cut = false;
   const blocks: Child[] = [];
-  let current = -1;
+  let current = "";
   for (const c of props.chunks) {
-    if (c.command !== current) {
-      current = c.command;
-      const cmd = props.commands[c.command];
+    const setup = c.stage === "setup";
+    if (`${setup}:${c.command}` !== current) {
+      current = `${setup}:${c.command}`;
+      const cmd = (setup ? props.setup : props.commands)[c.command];
       blocks.push(
         <div class="mono muted">
-          $ command {c.command + 1}
+          $ {setup ? "setup" : "command"} {c.command + 1}
           {cmd ? `: ${cmd.length > 160 ? `${cmd.slice(0, 160)}…` : cmd}` : ""}
         </div>,
       );
@@ -603,9 +609,7 @@ function Trace(props: { run: RunRow; trace: TraceRow[] }) {
     group.chunks.push(c);
     outputs.set(c.sandbox, group);
   }
-  const spec = props.run.spec as RunSpec;
-  const commandsFor = (name: string) =>
-    name === "work" ? commandsOf(spec) : (spec.tasks?.find((t) => t.name === name)?.commands ?? []);
+  const spec = storedSpec(props.run.spec);
   return (
     <Card id="trace" title="Trace">
       <TraceTable runId={props.run.id} rows={events} />
@@ -618,7 +622,7 @@ function Trace(props: { run: RunRow; trace: TraceRow[] }) {
             runId={props.run.id}
             name={o.name}
             chunks={o.chunks}
-            commands={commandsFor(o.name)}
+            {...commandsFor(spec, o.name)}
           />
         ))
       )}
@@ -845,6 +849,7 @@ export function RunPage(props: { view: RunView }) {
       <EgressRoutes view={props.view} />
       <ModelCard model={props.view.model} />
       <Sandboxes run={run} sandboxes={sandboxes} />
+      <Stages run={run} trace={trace} />
       <Trace run={run} trace={trace} />
       <BugReports view={props.view} />
     </Layout>

@@ -2,13 +2,13 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../context";
-import { RunEgress } from "../contract/policy";
 import { readBearer } from "../contract/proxy-wire";
 import { AgentPolicy, EGRESS_AGENT_PATH, EGRESS_AGENT_POLICY_PATH } from "../contract/tunnel";
 import { ApiError, unwrap } from "../errors";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
 import { type EgressRun, findRunByEgressToken, issueEgressToken } from "../runs/egress-token";
 import * as runs from "../runs/service";
+import { storedSpec } from "../runs/spec";
 import { ROLE_HEADER, RUN_HEADER, relayStub, type TunnelRole } from "../tunnel/relay";
 import { previewPolicy } from "../vault/service";
 
@@ -84,7 +84,7 @@ export const egressAgentRoutes = new Hono<AgentEnv>()
   .get(suffix(EGRESS_AGENT_PATH), agentAuth, (c) => relayTo(c.env, c.req.raw, c.var.egressRun.id, "agent"))
   .get(suffix(EGRESS_AGENT_POLICY_PATH), agentAuth, async (c) => {
     const run = c.var.egressRun;
-    const egress = RunEgress.catch("direct").parse((run.spec as { egress?: unknown } | null)?.egress);
+    const { egress } = storedSpec(run.spec);
     const owner = { userId: run.userId, environmentId: run.environmentId, keyId: `agent:${run.id}` };
     const doc = await previewPolicy(c.var.db, owner, { egress });
     const policy = AgentPolicy.parse({

@@ -1,6 +1,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import type { AppEnv } from "../context";
+import { RoutingMode } from "../contract/policy";
 import { ProxyView } from "../contract/proxy-view";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
@@ -33,10 +34,7 @@ const Sandbox = z
     taskIndex: z.number().int().nullable(),
     backend: z.string(),
     status: z.enum(["creating", "ready", "destroyed", "failed"]),
-    routing: z
-      .enum(["default", "catch-all"])
-      .nullable()
-      .openapi({ description: "Installed when it was made" }),
+    routing: RoutingMode.nullable().openapi({ description: "Installed when it was made" }),
     createdAt: z.string().datetime(),
     destroyedAt: z.string().datetime().nullable(),
   })
@@ -48,7 +46,7 @@ const RunSummary = z
     status: z.enum(RUN_STATES),
     reason: z.string().nullable().openapi({ description: "Why the run ended (stable code)" }),
     reasonDetail: z.string().nullable(),
-    routing: z.enum(["default", "catch-all"]).nullable(),
+    routing: RoutingMode.nullable(),
     backend: z.string(),
     createdAt: z.string().datetime(),
     startedAt: z.string().datetime().nullable(),

@@ -8,7 +8,7 @@ import { coordinatorStub } from "../coordinator/run-coordinator";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import { checkLaunchable, RunSpec } from "../runs/spec";
+import { checkLaunchable, RunSpec, storedSpec } from "../runs/spec";
 import * as hooks from "../webhooks/service";
 import { MAX_DELIVERY_BODY_BYTES, verifyDelivery } from "../webhooks/signature";
 
@@ -49,7 +49,7 @@ const view = (c: Context, w: hooks.WebhookRow): z.infer<typeof Webhook> => ({
   id: w.id,
   name: w.name,
   url: `${new URL(c.req.url).origin}/hooks/${w.id}`,
-  run: w.runTemplate as RunSpec,
+  run: storedSpec(w.runTemplate),
   createdAt: w.createdAt.toISOString(),
   rotatedAt: iso(w.rotatedAt),
   previousSecretExpiresAt: iso(w.previousSecretExpiresAt),
@@ -73,7 +73,7 @@ export const webhooksRoutes = newRouter()
     }),
     async (c) => {
       const input = c.req.valid("json");
-      checkLaunchable(input.run);
+      await checkLaunchable(c.var.db, c.var.principal.environmentId, input.run, c.var.config.resourceBounds);
       const made = await hooks.createWebhook(c.var.db, c.var.config.keyRing, c.var.principal, input);
       return c.json({ ...view(c, made.webhook), secret: made.secret }, 201);
     },
@@ -174,8 +174,8 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
     if (!verified.ok)
       throw new ApiError("invalid_signature", `The delivery was refused: ${verified.reason}.`);
 
-    const spec = RunSpec.parse(webhook.runTemplate);
-    checkLaunchable(spec);
+    const spec = storedSpec(webhook.runTemplate);
+    await checkLaunchable(c.var.db, webhook.environmentId, spec, c.var.config.resourceBounds);
     const delivery = { deliveryId: verified.deliveryId, bodyBytes: raw.byteLength };
     const backend = backendForLaunch(c.env, spec.backend);
     const recorded = unwrap(await hooks.recordDelivery(c.var.db, webhook, delivery, spec, backend));

@@ -6,6 +6,7 @@ import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { badCursor, decodeCursor, encodeCursor } from "./cursor";
 import type { Page } from "./service";
+import { storedSpec } from "./spec";
 
 // The model lane's calls of a run, as its proxy reported them: which model and provider, status,
 // token counts and time. Never a prompt or an output (none is recorded). Scoped by the caller's
@@ -59,7 +60,7 @@ export async function runModelUse(db: Db, p: Principal, runId: string): Promise<
     .where(eq(modelCallLog.runId, run.id));
 
   const launched = Launched.safeParse(launch?.detail);
-  const declared = (run.spec as { model?: unknown } | null)?.model;
+  const declared = storedSpec(run.spec).model;
   const name = launched.success
     ? launched.data.model.name
     : typeof declared === "string"

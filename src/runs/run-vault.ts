@@ -1,5 +1,4 @@
 import { and, eq, inArray } from "drizzle-orm";
-import { z } from "zod";
 import { describeIssues, PolicyEnvelope } from "../contract/proxy-wire";
 import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
@@ -7,6 +6,7 @@ import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { readPolicy } from "../vault/service";
 import type { RunOwner } from "./proxy-credentials";
+import { storedSpec } from "./spec";
 
 // A run's view of its vault: the policy compiled now (with the run's egress option and declared
 // model) and the values of exactly the secrets its rules and its model lane name. Read by the coordinator at run start (a failure
@@ -15,10 +15,6 @@ import type { RunOwner } from "./proxy-credentials";
 
 /** A vault change between the reads of one compile makes it read again, this many times at most. */
 const COMPILE_ATTEMPTS = 3;
-
-const Egress = z.enum(["direct", "local"]).default("direct");
-/** The spec's declared model (a vault model's name); a spec without one declares none. */
-const DeclaredModel = z.string().min(1).nullable().catch(null);
 
 export async function vaultVersion(db: Q, environmentId: string): Promise<number> {
   const [row] = await db
@@ -42,10 +38,9 @@ export async function runPolicyEnvelope(
 ): Promise<Result<PolicyEnvelope>> {
   const [row] = await db.select({ spec: runs.spec }).from(runs).where(eq(runs.id, run.id));
   if (!row) return fail("not_found", "No such run.");
-  // The spec was validated at launch; a spec without egress predates the option: direct.
-  const spec = row.spec as { egress?: unknown; model?: unknown } | null;
-  const egress = Egress.parse(spec?.egress);
-  const model = DeclaredModel.parse(spec?.model ?? null);
+  const spec = storedSpec(row.spec);
+  const egress = spec.egress;
+  const model = spec.model ?? null;
   const owner = { userId: run.userId, environmentId: run.environmentId, keyId: `proxy:${run.id}` };
   for (let attempt = 0; attempt < COMPILE_ATTEMPTS; attempt++) {
     const read = await readPolicy(db, owner, { egress, model });

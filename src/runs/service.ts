@@ -5,7 +5,7 @@ import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
 import { modelLane } from "../vault/service";
-import type { RunSpec } from "./spec";
+import { type RunSpec, storedSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
 
 export type { RunNote, Transition } from "./types";
@@ -263,7 +263,7 @@ export interface Linger {
 
 export function lingerOf(run: RunRow): Linger {
   return {
-    seconds: run.lingerSeconds ?? (run.spec as RunSpec).linger_seconds ?? null,
+    seconds: run.lingerSeconds ?? storedSpec(run.spec).linger_seconds ?? null,
     until: run.lingerUntil,
     paused: run.status === "lingering" && run.lingerPausedAt !== null,
   };

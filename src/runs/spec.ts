@@ -1,4 +1,8 @@
 import { z } from "@hono/zod-openapi";
+import { findBundle } from "../bundles/service";
+import { BundleHash } from "../contract/bundle";
+import { DEFAULT_RESOURCES, Resources, type SandboxKind } from "../contract/local-agent";
+import type { Q } from "../db/types";
 import { ApiError } from "../errors";
 
 // What a user may ask of a run (the body of POST /v1/runs), and the built-in benchmarks a run
@@ -6,6 +10,11 @@ import { ApiError } from "../errors";
 
 const Command = z.string().min(1).max(8192).openapi({ description: "Run by `sh -c` in the sandbox" });
 const Commands = z.array(Command).min(1).max(100);
+// Run as root of the sandbox, before the wiring is re-proved and the commands run (the setup stage).
+const SetupCommands = z.array(Command).min(1).max(100).openapi({
+  description:
+    "Run by `sh -c` as root of the sandbox before the commands (package installs); through the proxy like everything else",
+});
 
 /** The longest a proxy sandbox may linger after its run's commands end. */
 export const MAX_LINGER_SECONDS = 24 * 60 * 60;
@@ -24,15 +33,63 @@ export const TaskSpec = z
       .regex(/^[A-Za-z0-9_.-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ . -")
       .openapi({ example: "task-1" }),
     commands: Commands,
+    /** This task's own setup, after the run's. */
+    setup: SetupCommands.optional(),
   })
   .strict()
   .openapi("TaskSpec");
+
+/** The most a run spec's `resources` may ask of one sandbox (operator settings RESOURCES_MAX_*). */
+export interface ResourceBounds {
+  readonly memoryMb: number;
+  readonly pids: number;
+  readonly cpus: number;
+}
+
+/** The bounds when the deployment sets none. */
+export const DEFAULT_RESOURCE_BOUNDS: ResourceBounds = { memoryMb: 8192, pids: 4096, cpus: 4 };
+
+/**
+ * What one work, task or orchestrator sandbox may use (each field optional: the kind's default).
+ * Beyond this deployment's bounds (its RESOURCES_MAX_* settings) → resources_out_of_bounds.
+ */
+export const RunResources = z
+  .object({
+    memory_mb: z
+      .number()
+      .int()
+      .positive()
+      .optional()
+      .openapi({ description: "Memory in MiB; past it the kernel kills", example: 4096 }),
+    pids: z
+      .number()
+      .int()
+      .positive()
+      .optional()
+      .openapi({ description: "Processes and threads at once", example: 2048 }),
+    cpus: z
+      .number()
+      .positive()
+      .optional()
+      .openapi({ description: "CPU time as a share of cores (throttled)", example: 2 }),
+  })
+  .strict()
+  .openapi("RunResources");
+export type RunResources = z.infer<typeof RunResources>;
 
 export const RunSpec = z
   .object({
     /** A built-in benchmark (see BENCHMARKS); exclusive with commands. */
     benchmark: z.string().max(64).optional().openapi({ example: "demo" }),
     commands: Commands.optional(),
+    /**
+     * A bundle (POST /v1/bundles) of this environment, by its sha256: unpacked into each work and
+     * task sandbox's working directory (/home/sandbox) before setup.
+     */
+    bundle: BundleHash.optional(),
+    /** Setup commands of every work, task and orchestrator sandbox (a task's own follow). */
+    setup: SetupCommands.optional(),
+    resources: RunResources.optional(),
     /**
      * The model the benchmark evaluates: a vault model's name (GET /v1/vault/models), else the
      * launch is refused (unknown_model). The run's proxy serves it to the commands as an
@@ -119,6 +176,19 @@ export const BENCHMARKS: Readonly<Record<string, readonly string[]>> = {
   demo: [`node -e '${DEMO_SCRIPT.trim()}'`],
 };
 
+/**
+ * A run spec as stored (runs.spec, webhooks.run_template), read back: the one way to read one.
+ * Every row is written from a validated spec; it is parsed again so that a row written before a
+ * field had its default (egress, on_proxy_failure) reads with it. A row that no longer parses is
+ * a bug or a missed migration: it throws (naming the fields, never their values).
+ */
+export function storedSpec(stored: RunSpec | unknown): RunSpec {
+  const parsed = RunSpec.safeParse(stored);
+  if (parsed.success) return parsed.data;
+  const at = parsed.error.issues.map((i) => i.path.join(".") || "(spec)").join(", ");
+  throw new Error(`a stored run spec does not parse (at ${at})`);
+}
+
 /** The commands of the work sandbox: the inline ones or the benchmark's. */
 export function commandsOf(spec: RunSpec): readonly string[] {
   if (spec.commands) return spec.commands;
@@ -136,10 +206,50 @@ export function checkLinger(seconds: number | undefined): void {
 }
 
 /**
- * What the schema cannot say about a launch (the API's, a webhook template's, the runs page's):
- * the benchmark must exist and a linger stay within 24 h. Throws the ApiError to answer with.
+ * The limits of a sandbox of `kind` in this run: the spec's `resources` over the kind's defaults.
+ * A proxy sandbox always gets its defaults (the spec's resources are the benchmark's).
  */
-export function checkLaunchable(spec: RunSpec): void {
+export function resourcesOf(spec: RunSpec, kind: SandboxKind): Resources {
+  const base = DEFAULT_RESOURCES[kind];
+  const asked = kind === "proxy" ? undefined : spec.resources;
+  return {
+    memoryMb: asked?.memory_mb ?? base.memoryMb,
+    pids: asked?.pids ?? base.pids,
+    cpus: asked?.cpus ?? base.cpus,
+  };
+}
+
+/** resources_out_of_bounds unless each asked limit is within the contract's floor and the operator's cap. */
+export function checkResources(resources: RunResources | undefined, bounds: ResourceBounds): void {
+  if (!resources) return;
+  const floor = Resources.shape;
+  const fields = [
+    ["memory_mb", resources.memory_mb, floor.memoryMb.minValue ?? 0, bounds.memoryMb, "MiB"],
+    ["pids", resources.pids, floor.pids.minValue ?? 0, bounds.pids, ""],
+    ["cpus", resources.cpus, floor.cpus.minValue ?? 0, bounds.cpus, ""],
+  ] as const;
+  const wrong = fields.flatMap(([name, value, min, max, unit]) =>
+    value === undefined || (value >= min && value <= max)
+      ? []
+      : [`resources.${name} ${value} is outside ${min}–${max}${unit ? ` ${unit}` : ""}`],
+  );
+  if (wrong.length > 0) {
+    throw new ApiError("resources_out_of_bounds", `${wrong.join("; ")} (this deployment's bounds).`);
+  }
+}
+
+/**
+ * What the schema cannot say about a launch (the API's, a webhook template's and its deliveries',
+ * the runs page's): the benchmark must exist, a linger stay within 24 h, the resources within
+ * the deployment's bounds, and a named bundle be one of the caller's environment (case H3).
+ * Throws the ApiError to answer with.
+ */
+export async function checkLaunchable(
+  db: Q,
+  environmentId: string,
+  spec: RunSpec,
+  bounds: ResourceBounds,
+): Promise<void> {
   if (spec.benchmark !== undefined && !Object.hasOwn(BENCHMARKS, spec.benchmark)) {
     throw new ApiError(
       "unknown_benchmark",
@@ -147,4 +257,11 @@ export function checkLaunchable(spec: RunSpec): void {
     );
   }
   checkLinger(spec.linger_seconds);
+  checkResources(spec.resources, bounds);
+  if (spec.bundle !== undefined && !(await findBundle(db, environmentId, spec.bundle))) {
+    throw new ApiError(
+      "bundle_not_found",
+      `No bundle ${spec.bundle} in this environment; upload it with POST /v1/bundles first.`,
+    );
+  }
 }

@@ -13,6 +13,7 @@ import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { buildPolicyIndex, compilePolicy, type PolicyIndex, type VaultSnapshot } from "../policy/compile";
 import { parseHostPattern, patternCovers } from "../policy/host";
+import { storedSpec } from "../runs/spec";
 import { getSettings, listHosts, listSecrets, previewPolicy, type RuleInput } from "./service";
 
 // Dry run: replays the hosts a run reached or was refused (its egress_route_log and
@@ -298,8 +299,8 @@ export async function dryRun(db: Db, p: Principal, input: DryRunInput): Promise<
     .from(runs)
     .where(and(eq(runs.id, input.runId), eq(runs.environmentId, p.environmentId)));
   if (!run) return fail("not_found", `No run ${input.runId}.`);
-  // As the run's proxy gets it: a spec without egress predates the option and is direct.
-  const egress = (run.spec as { egress?: unknown } | null)?.egress === "local" ? "local" : "direct";
+  // As the run's proxy gets it.
+  const { egress } = storedSpec(run.spec);
 
   const base = await readCurrent(db, p, egress);
   const resolved = input.draft ? fromDraft(input.draft, base) : fromChanges(input.changes ?? {}, base);

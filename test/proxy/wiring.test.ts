@@ -178,6 +178,54 @@ describe("default routing", () => {
   });
 });
 
+// After a sandbox's setup stage (root) its seal re-writes the wiring's files from outside; the
+// wiring is then proved again from the execute stage, checking them and writing nothing.
+describe("installed: the re-proof after seal (case G2)", () => {
+  const files = () => [join(paths.caDir, "run-ca.pem"), paths.caBundlePath, paths.hostsPath];
+  const contents = () => files().map((p) => readFileSync(p, "utf8"));
+
+  it("checks the files as installed, writes nothing, and proves the redirect again", async () => {
+    expect((await wire(input())).code).toBe(0);
+    const before = contents();
+    const result = await wire(input({ installed: true }));
+    expect(result.code).toBe(0);
+    expect(result.proof?.probes.map((p) => [p.name, p.ok])).toEqual([["tls_probe", true]]);
+    expect(contents()).toEqual(before);
+  });
+
+  it("fails on a hosts file setup rewrote, naming the hosts, and leaves it as it is", async () => {
+    expect((await wire(input())).code).toBe(0);
+    const tampered = readFileSync(paths.hostsPath, "utf8").replace(
+      "127.0.0.1 evil.test",
+      "6.6.6.6 evil.test",
+    );
+    writeFileSync(paths.hostsPath, tampered);
+    const result = await wire(input({ installed: true }));
+    expect(result.code).toBe(1);
+    expect(result.proof?.probes).toEqual([
+      {
+        name: "install",
+        expected: "the wiring's files as installed from outside",
+        observed: `${paths.hostsPath} does not send evil.test to 127.0.0.1`,
+        ok: false,
+      },
+    ]);
+    expect(readFileSync(paths.hostsPath, "utf8")).toBe(tampered);
+  });
+
+  it("fails when the run CA is gone from its file and the bundle (never writing them back)", async () => {
+    expect((await wire(input())).code).toBe(0);
+    writeFileSync(paths.caBundlePath, roots);
+    writeFileSync(join(paths.caDir, "run-ca.pem"), roots);
+    const result = await wire(input({ installed: true }));
+    expect(result.code).toBe(1);
+    expect(result.proof?.probes[0]?.observed).toBe(
+      `${join(paths.caDir, "run-ca.pem")} does not hold the run CA; ${paths.caBundlePath} does not trust the run CA`,
+    );
+    expect(readFileSync(paths.caBundlePath, "utf8")).toBe(roots);
+  });
+});
+
 describe("catch-all routing", () => {
   it("writes only the probe host's line, and proves the redirect and the trust", async () => {
     const result = await wire(input({ mode: "catch-all", hostsFile: [] }));

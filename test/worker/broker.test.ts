@@ -2,9 +2,12 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
+import type { BackendError, ComputeBackend, SandboxSpec } from "../../src/broker/backend";
 import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
+import { bundleKey } from "../../src/bundles/service";
+import { DEFAULT_RESOURCES, type Seal } from "../../src/contract/local-agent";
 import { randomId } from "../../src/crypto/api-keys";
-import { sandboxes } from "../../src/db/schema";
+import { bundles, sandboxes } from "../../src/db/schema";
 import { newTenant, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 
@@ -43,3 +46,197 @@ describe("sandbox broker", () => {
     expect(row?.status).toBe("ready");
   });
 });
+
+/**
+ * A backend that records what the broker hands it: for the broker's own logic (ownership, the
+ * bytes it reads from R2 and streams on, the limits it fills in). The local backend's HTTP side
+ * is exercised against the real host agent by the end-to-end suite.
+ */
+function recordingBackend() {
+  const calls: Array<{ method: string; sandboxId: string; args: unknown[] }> = [];
+  const record =
+    (method: string) =>
+    async (sandboxId: string, ...args: unknown[]) => {
+      calls.push({ method, sandboxId, args });
+      return undefined as never;
+    };
+  const backend = {
+    name: "local" as const,
+    calls,
+    create: async (spec: SandboxSpec) => {
+      calls.push({ method: "create", sandboxId: spec.id, args: [spec] });
+      return {
+        id: spec.id,
+        runId: spec.runId,
+        kind: spec.kind,
+        state: "ready" as const,
+        address: "10.0.0.2",
+        proxyAddress: null,
+        controlPlaneUrl: null,
+        routing: null,
+        probeTarget: null,
+        wiring: null,
+      };
+    },
+    exec: record("exec"),
+    poll: record("poll"),
+    kill: record("kill"),
+    destroy: record("destroy"),
+    freeze: record("freeze"),
+    list: async () => [],
+    putBundle: async (sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string) => {
+      const bytes = new Uint8Array(await new Response(bundle).arrayBuffer());
+      calls.push({ method: "putBundle", sandboxId, args: [bytes, dir] });
+      return { ok: true as const, files: 1, bytes: bytes.length };
+    },
+    seal: async (sandboxId: string, seal: Seal) => {
+      calls.push({ method: "seal", sandboxId, args: [seal] });
+      return { killed: 2 };
+    },
+    setHosts: record("setHosts"),
+    collect: record("collect"),
+  } satisfies ComputeBackend & { calls: unknown[] };
+  return backend;
+}
+
+/** Runs fn on a broker whose every backend is `backend`. */
+function withBackend<T>(backend: ComputeBackend, fn: (broker: SandboxBroker) => Promise<T>): Promise<T> {
+  return runInDurableObject(brokerStub(env), (_instance, state) => {
+    const broker = new SandboxBroker(state, { ...env, ...BACKEND });
+    Object.defineProperty(broker, "backendOf", { value: () => backend });
+    return fn(broker);
+  });
+}
+
+async function sandboxRow(
+  runId: string,
+  kind: "proxy" | "work" | "task",
+  status: "ready" | "destroyed" = "ready",
+) {
+  const id = randomId("sbx_");
+  await withDb((db) => db.insert(sandboxes).values({ id, runId, kind, backend: "local", status }));
+  return id;
+}
+
+describe("sandbox broker: bundles, seal, hosts", () => {
+  it("makes every sandbox with limits: the run's, else its kind's defaults", async () => {
+    const t = await newTenant();
+    const run = await newRun(t);
+    const backend = recordingBackend();
+    const proxy = randomId("sbx_");
+    const work = randomId("sbx_");
+    const resources = { memoryMb: 4096, pids: 300, cpus: 2 };
+    await withBackend(backend, async (broker) => {
+      expect(await broker.create(run.id, { id: proxy, kind: "proxy" })).toMatchObject({ ok: true });
+      const made = await broker.create(run.id, {
+        id: work,
+        kind: "work",
+        taskIndex: null,
+        proxySandboxId: proxy,
+        routing: "default",
+        hostsFile: [],
+        resources,
+      });
+      expect(made).toMatchObject({ ok: true });
+    });
+    const specs = backend.calls.filter((c) => c.method === "create").map((c) => c.args[0] as SandboxSpec);
+    expect(specs.map((s) => s.resources)).toEqual([DEFAULT_RESOURCES.proxy, resources]);
+  });
+
+  it("streams the run's bundle from R2 to the backend; the coordinator never holds it", async () => {
+    const t = await newTenant();
+    const run = await newRun(t);
+    const work = await sandboxRow(run.id, "work");
+    const bytes = new Uint8Array(200_000);
+    for (let at = 0; at < bytes.length; at += 65_536) crypto.getRandomValues(bytes.subarray(at, at + 65_536));
+    const sha256 = hex(await crypto.subtle.digest("SHA-256", bytes));
+    await env.FILES.put(bundleKey(t.environmentId, sha256), bytes);
+    await withDb((db) =>
+      db
+        .insert(bundles)
+        .values({ environmentId: t.environmentId, sha256, size: bytes.length, files: 1, unpackedBytes: 1 }),
+    );
+    const backend = recordingBackend();
+    const result = await withBackend(backend, (broker) =>
+      broker.putBundle(run.id, work, { environmentId: t.environmentId, sha256, dir: "/home/sandbox" }),
+    );
+    expect(result).toEqual({ ok: true, files: 1, bytes: bytes.length });
+    const [put] = backend.calls;
+    expect(put?.method).toBe("putBundle");
+    expect(put?.args[1]).toBe("/home/sandbox");
+    expect(hex(await crypto.subtle.digest("SHA-256", put?.args[0] as Uint8Array))).toBe(sha256);
+  });
+
+  // case H3
+  it("case H3: refuses another environment's bundle, another run's sandbox, or the proxy sandbox, before the backend", async () => {
+    const [a, b] = [await newTenant(), await newTenant()];
+    const [runA, runB] = [await newRun(a), await newRun(b)];
+    const workA = await sandboxRow(runA.id, "work");
+    const workB = await sandboxRow(runB.id, "work");
+    const proxyA = await sandboxRow(runA.id, "proxy");
+    const gone = await sandboxRow(runA.id, "task", "destroyed");
+    const sha256 = "b".repeat(64);
+    await env.FILES.put(bundleKey(b.environmentId, sha256), "B's bundle");
+    await withDb((db) =>
+      db
+        .insert(bundles)
+        .values({ environmentId: b.environmentId, sha256, size: 10, files: 1, unpackedBytes: 1 }),
+    );
+    const backend = recordingBackend();
+    const refusals = await withBackend(backend, async (broker) => {
+      const out: string[] = [];
+      const attempt = async (fn: () => Promise<unknown>) => {
+        try {
+          await fn();
+          out.push("accepted");
+        } catch (e) {
+          out.push((e as BackendError).code);
+        }
+      };
+      const dir = "/home/sandbox";
+      // A's run naming B's bundle: by A's environment it is not there; by B's, A's run is not B's.
+      await attempt(() => broker.putBundle(runA.id, workA, { environmentId: a.environmentId, sha256, dir }));
+      await attempt(() => broker.putBundle(runA.id, workA, { environmentId: b.environmentId, sha256, dir }));
+      await attempt(() => broker.putBundle(runA.id, workB, { environmentId: b.environmentId, sha256, dir }));
+      const seal = { routing: "default" as const, hostsFile: [], caCertPem: null };
+      await attempt(() => broker.seal(runA.id, workB, seal));
+      await attempt(() => broker.seal(runA.id, proxyA, seal));
+      await attempt(() => broker.seal(runA.id, gone, seal));
+      await attempt(() => broker.setHosts(runA.id, workB, ["api.example.com"]));
+      await attempt(() => broker.setHosts(runA.id, proxyA, ["api.example.com"]));
+      return out;
+    });
+    expect(refusals).toEqual([
+      "bundle_not_found",
+      "not_found",
+      "not_found",
+      "not_found",
+      "not_found",
+      "not_found",
+      "not_found",
+      "not_found",
+    ]);
+    expect(backend.calls).toEqual([]);
+  });
+
+  it("passes seal and setHosts on for the run's own work sandbox", async () => {
+    const t = await newTenant();
+    const run = await newRun(t);
+    const work = await sandboxRow(run.id, "task");
+    const backend = recordingBackend();
+    const seal = { routing: "catch-all" as const, hostsFile: ["api.example.com"], caCertPem: "PEM" };
+    const killed = await withBackend(backend, async (broker) => {
+      const sealed = await broker.seal(run.id, work, seal);
+      await broker.setHosts(run.id, work, ["api.example.com", "more.example.com"]);
+      return sealed;
+    });
+    expect(killed).toEqual({ killed: 2 });
+    expect(backend.calls.map((c) => [c.method, c.sandboxId, c.args[0]])).toEqual([
+      ["seal", work, seal],
+      ["setHosts", work, ["api.example.com", "more.example.com"]],
+    ]);
+  });
+});
+
+const hex = (buf: ArrayBuffer) =>
+  [...new Uint8Array(buf)].map((x) => x.toString(16).padStart(2, "0")).join("");

@@ -6,6 +6,7 @@ import { BackendError, type ComputeBackend } from "../../src/broker/backend";
 import { e2bFromEnv, SANDBOX_TTL_MS } from "../../src/broker/e2b-backend";
 import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
 import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
+import type { RoutingMode } from "../../src/contract/policy";
 import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs, sandboxes } from "../../src/db/schema";
@@ -88,7 +89,7 @@ async function workOf(
   b: ComputeBackend,
   runId: string,
   proxyId: string,
-  routing: "default" | "catch-all",
+  routing: RoutingMode,
   kind: "work" | "task" = "work",
 ) {
   const id = randomId("sbx_");

@@ -7,7 +7,8 @@ import { randomId } from "../../src/crypto/api-keys";
 import { type RunState, runEvents, runs } from "../../src/db/schema";
 import { type ProxyLook, ProxyPage } from "../../src/pages/proxy-page";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
-import { addEvent, addNote, type RunRow } from "../../src/runs/service";
+import { addEvent, addNote, type RunRow, recordTransition } from "../../src/runs/service";
+import { RunSpec } from "../../src/runs/spec";
 import { loggedIn, type PageResponse } from "./browser";
 import { call, newTenant, type Tenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary } from "./leaks";
@@ -89,7 +90,7 @@ describe("the runs list", () => {
           id,
           userId: t.userId,
           environmentId: t.environmentId,
-          spec: { commands: ["true"] },
+          spec: RunSpec.parse({ commands: ["true"] }),
           backend: "local",
           createdAt: new Date(base + i),
         })),
@@ -293,6 +294,113 @@ describe("a run's page", () => {
     lacks(res.html, "x".repeat(65_537));
     has(text, `${70_000 + 18 - 65_536} more characters not shown`);
     lacks(res.html, "<b>");
+  });
+
+  // case G6: the run page says which setup command failed and why; case G7: which limit.
+  it("shows each sandbox's two stages, the failing setup command (case G6) and the limit hit (case G7)", async () => {
+    const t = await newTenant();
+    const spec = {
+      commands: ["python task_impl.py"],
+      setup: ["pip install requests"],
+      tasks: [{ name: "t1", commands: ["echo t1"], setup: ["apt-get install -y <nothing>"] }],
+    };
+    const failed = await newRun(t, { status: "running", spec });
+    await withDb(async (db) => {
+      const ev = (key: string, kind: "output" | "note" | "proxy", detail: Record<string, unknown>) =>
+        addEvent(db, failed.id, key, kind, detail);
+      const w = { sandbox: "sbx_w", name: "work" };
+      const t1 = { sandbox: "sbx_t", name: "t1" };
+      await ev("setup:sbx_w:0:stdout:9", "output", {
+        ...w,
+        stage: "setup",
+        command: 0,
+        stream: "stdout",
+        text: "installed",
+        truncated: false,
+      });
+      await ev("exit-setup:sbx_w:0", "output", {
+        ...w,
+        stage: "setup",
+        command: 0,
+        exitCode: 0,
+        signal: null,
+      });
+      await ev("exit-setup:sbx_t:0", "output", {
+        ...t1,
+        stage: "setup",
+        command: 0,
+        exitCode: 0,
+        signal: null,
+      });
+      await ev("exit-setup:sbx_t:1", "output", {
+        ...t1,
+        stage: "setup",
+        command: 1,
+        exitCode: 100,
+        signal: null,
+      });
+      await ev("seal:sbx_w", "note", {
+        ...w,
+        stage: "seal",
+        killed: 1,
+        text: "The setup stage of work ended.",
+      });
+      await ev("collect:sbx_t", "note", {
+        ...t1,
+        stage: "collect",
+        ok: true,
+        files: 2,
+        bytes: 30,
+        cut: 1,
+        text: "Collected.",
+      });
+      await recordTransition(db, failed.id, {
+        to: "stopped",
+        reason: "setup_failed",
+        detail: "t1 (sbx_t): setup command 2 exited 100: apt-get install -y <nothing>",
+      });
+    });
+    const b = await loggedIn(t, `/runs/${failed.id}`);
+    const res = await b.get(`/runs/${failed.id}`);
+    const text = expectPage(res);
+    has(text, "A setup command failed, so the run stopped before any command ran after it");
+    has(text, "t1 (sbx_t): setup command 2 exited 100: apt-get install -y <nothing>");
+    has(res.html, "<summary>Stages of <strong>t1</strong></summary>");
+    // The task's setup: the run's, then its own; the failing one marked, the commands not run.
+    has(text, "setup setup 1: pip install requests exited 0");
+    has(text, "setup setup 2: apt-get install -y <nothing> exited 100");
+    has(
+      res.html,
+      /<tr class="error"><td>setup<\/td><td class="mono">setup 2: apt-get install -y &lt;nothing&gt;/,
+    );
+    has(text, "execute command 1: echo t1 not run");
+    has(text, "$BW_OUT collected 2 file(s), 30 bytes, 1 cut");
+    has(text, "sealed: its leftover processes killed, the wiring re-installed 1 process(es) killed");
+    // The setup output is shown under its own header, apart from the commands'.
+    has(text, "$ setup 1: pip install requests installed");
+    lacks(res.html, "<nothing>");
+
+    const killed = await newRun(t, { status: "running", spec: { commands: ["python hog.py"] } });
+    await withDb(async (db) => {
+      await addEvent(db, killed.id, "exit:sbx_k:0", "output", {
+        sandbox: "sbx_k",
+        name: "work",
+        stage: "execute",
+        command: 0,
+        exitCode: null,
+        signal: "SIGKILL",
+        limit: "memory",
+      });
+      await recordTransition(db, killed.id, {
+        to: "stopped",
+        reason: "resource_exhausted",
+        detail: "work (sbx_k) hit its memory limit (2048 MiB) in command 1",
+      });
+    });
+    const page = expectPage(await b.get(`/runs/${killed.id}`));
+    has(page, "A sandbox was killed at a resource limit (work: memory), so the run stopped");
+    has(page, "work (sbx_k) hit its memory limit (2048 MiB) in command 1");
+    has(page, "execute command 1: python hog.py killed at its memory limit");
   });
 
   it("unknown run → a 404 page with a link back", async () => {

@@ -14,6 +14,7 @@ import { randomId } from "../../src/crypto/api-keys";
 import { blockedHostLog, egressRouteLog, type RunState, runs } from "../../src/db/schema";
 import { issueProxyCredentials } from "../../src/runs/proxy-credentials";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
+import { RunSpec } from "../../src/runs/spec";
 import { type ApiResponse, call, type Tenant, withDb } from "./harness";
 
 // Runs for route tests, made by writing rows directly (the public runs API is not needed to
@@ -45,7 +46,8 @@ export async function newRun(
       userId: tenant.userId,
       environmentId: tenant.environmentId,
       status: options.status ?? "starting_proxy",
-      spec: options.spec ?? { commands: ["true"] },
+      // Parsed as a launch is: the fixture's spec is one a launch could have stored.
+      spec: RunSpec.parse(options.spec ?? { commands: ["true"] }),
       backend: "local",
     });
     return issueProxyCredentials(db, ring, {

@@ -1,4 +1,5 @@
 import { ALL_TRAFFIC, type SandboxNetworkInfo, type SandboxNetworkOpts } from "e2b";
+import type { RoutingMode } from "../../contract/policy";
 
 // The network settings of each kind of sandbox, in one place, so that a create and an update can
 // never disagree (E2B's network update replaces the whole egress configuration: a field left out
@@ -14,9 +15,7 @@ import { ALL_TRAFFIC, type SandboxNetworkInfo, type SandboxNetworkOpts } from "e
 /** The proxy sandbox's tunnel port (bw-tunnel serve), reached through E2B's edge. */
 export const TUNNEL_PORT = 8090;
 
-export type Routing = "default" | "catch-all";
-
-export function workNetwork(routing: Routing, proxyHost: string): SandboxNetworkOpts {
+export function workNetwork(routing: RoutingMode, proxyHost: string): SandboxNetworkOpts {
   if (routing === "default") return { allowPublicTraffic: false };
   return { allowOut: [proxyHost], denyOut: [ALL_TRAFFIC], allowPublicTraffic: false };
 }

@@ -1,4 +1,5 @@
 import { PROXY_PORTS } from "../../contract/local-agent";
+import type { RoutingMode } from "../../contract/policy";
 import { PLATFORM_HOSTS } from "../../contract/proxy-wire";
 
 // The Kubernetes objects of the sandbox0 backend, as plain JSON (core/v1 and networking.k8s.io/v1).
@@ -303,7 +304,7 @@ export function workNetworkPolicy(o: {
   runId: string;
   sandboxId: string;
   kind: SandboxKindLabel;
-  routing: "default" | "catch-all";
+  routing: RoutingMode;
 }) {
   const toProxy = {
     to: [{ podSelector: { matchLabels: { [LABELS.run]: o.runId, [LABELS.kind]: "proxy" } } }],
@@ -331,7 +332,7 @@ export function workPod(o: {
   runId: string;
   sandboxId: string;
   kind: SandboxKindLabel;
-  routing: "default" | "catch-all";
+  routing: RoutingMode;
   proxyImage: string;
   workImage: string;
   /** The hosts-file target: the proxy Service (default) or the proxy pod (catch-all). */

@@ -1,0 +1,89 @@
+import { DEFAULT_OUT_DIR } from "../../contract/bundle";
+import type { ExecInfo } from "../../contract/local-agent";
+import { MODEL_LANE_BASE_URL, MODEL_LANE_PLACEHOLDER_KEY } from "../../contract/proxy-wire";
+import type { MachineState, Worker } from "../machine";
+import type { Machine } from "./common";
+
+// What the benchmark's own code (setup and commands alike) sees of the run, and what of its
+// output the trace keeps.
+
+/** Output kept in the trace per run; the rest is counted, not stored. */
+export const MAX_TRACE_OUTPUT = 256 * 1024;
+/** Output rows kept in the trace per run (a chatty command polled often makes many small ones). */
+export const MAX_OUTPUT_EVENTS = 2000;
+
+/** Where the commands leave the files the run collects (made by the backend with the sandbox). */
+export const OUT_ENV = { BW_OUT: DEFAULT_OUT_DIR };
+
+/**
+ * The declared model's lane as the benchmark's code sees it: the proxy's fake base URL and a
+ * placeholder key (never a credential), in the variables OpenAI-compatible SDKs read.
+ */
+export function modelEnv(s: MachineState): Record<string, string> {
+  const model = s.policy?.model;
+  if (!model || !s.policy?.enforce || s.proxy?.unfiltered) return {};
+  return {
+    OPENAI_BASE_URL: MODEL_LANE_BASE_URL,
+    OPENAI_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
+    BENCHWRIGHT_MODEL: model.name,
+  };
+}
+
+/**
+ * Keeps a polled exec's new output in the trace (within the run's budget) and moves the worker's
+ * read offsets past it. Setup commands' rows are keyed `setup:…`, commands' `out:…`.
+ */
+export async function recordOutput(
+  m: Machine,
+  s: MachineState,
+  w: Worker,
+  exec: ExecInfo,
+  stage: "setup" | "execute",
+  index: number,
+): Promise<void> {
+  for (const [stream, text, end] of [
+    ["stdout", exec.stdout, exec.stdoutEnd],
+    ["stderr", exec.stderr, exec.stderrEnd],
+  ] as const) {
+    if (text.length === 0) continue;
+    const room = MAX_TRACE_OUTPUT - s.traceBytes;
+    if (room > 0 && (s.outputEvents ?? 0) < MAX_OUTPUT_EVENTS) {
+      const kept = text.slice(0, room);
+      s.traceBytes += kept.length;
+      s.outputEvents = (s.outputEvents ?? 0) + 1;
+      const prefix = stage === "setup" ? "setup" : "out";
+      await m.ports.event(s.runId, `${prefix}:${w.sandboxId}:${index}:${stream}:${end}`, "output", {
+        sandbox: w.sandboxId,
+        name: w.name,
+        stage,
+        command: index,
+        stream,
+        text: kept,
+        truncated: kept.length < text.length,
+      });
+    }
+    if (stream === "stdout") w.stdoutFrom = end;
+    else w.stderrFrom = end;
+  }
+}
+
+/** The exit of a setup command or a command, in the trace (`exit-setup:…` / `exit:…`). */
+export async function recordExit(
+  m: Machine,
+  s: MachineState,
+  w: Worker,
+  exec: ExecInfo,
+  stage: "setup" | "execute",
+  index: number,
+): Promise<void> {
+  const key = stage === "setup" ? `exit-setup:${w.sandboxId}:${index}` : `exit:${w.sandboxId}:${index}`;
+  await m.ports.event(s.runId, key, "output", {
+    sandbox: w.sandboxId,
+    name: w.name,
+    stage,
+    command: index,
+    exitCode: exec.exitCode,
+    signal: exec.signal,
+    ...(exec.limit ? { limit: exec.limit } : {}),
+  });
+}

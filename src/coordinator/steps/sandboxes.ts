@@ -1,0 +1,131 @@
+import { DEFAULT_RESOURCES, type Resources } from "../../contract/local-agent";
+import { commandsOf, type RunSpec } from "../../runs/spec";
+import type { MachineState, Worker } from "../machine";
+import {
+  cannotIsolate,
+  checkpoint,
+  type Machine,
+  move,
+  must,
+  NO_SANDBOX_CODES,
+  proxyRuns,
+  stop,
+  worker,
+} from "./common";
+import { wireSandbox } from "./wiring";
+
+// starting_sandboxes: the work (or orchestrator) sandbox and the first max_parallel_tasks task
+// sandboxes are made; the other tasks' sandboxes are made while running, each in its turn.
+
+export async function startSandboxes(m: Machine, s: MachineState): Promise<number> {
+  const spec = must(s.spec);
+  if (s.workers.length === 0) {
+    // The run's setup runs in every sandbox of the run's code; a task's own after it.
+    const setup = spec.setup ?? [];
+    s.workers = [
+      spec.orchestrator === "harbor"
+        ? worker(
+            m.ports.newId("sbx_"),
+            "orchestrator",
+            null,
+            "orchestrator",
+            [...commandsOf(spec)],
+            [...setup],
+          )
+        : worker(m.ports.newId("sbx_"), "work", null, "work", [...commandsOf(spec)], [...setup]),
+      ...(spec.tasks ?? []).map((t, i) =>
+        worker(m.ports.newId("sbx_"), "task", i, t.name, t.commands, [...setup, ...(t.setup ?? [])]),
+      ),
+    ];
+    await checkpoint(m, s);
+  }
+  // The work sandbox and the first max_parallel_tasks tasks now; the rest when a slot frees.
+  for (const w of s.workers.slice(0, 1 + parallelTasks(s))) {
+    const stopped = await createSandbox(m, s, w);
+    if (stopped !== null) return stopped;
+  }
+  await move(m, s, "wiring", "sandboxes_ready");
+  return m.ports.now();
+}
+
+/**
+ * The limits a work, task or orchestrator sandbox is made with: the run's `resources`, each one
+ * it leaves unset the kind's default. Undefined when the run asks for none (the broker's default).
+ */
+export function resourcesFor(spec: RunSpec | null, kind: Worker["kind"]): Resources | undefined {
+  const asked = spec?.resources;
+  if (!asked) return undefined;
+  return {
+    memoryMb: asked.memory_mb ?? DEFAULT_RESOURCES[kind].memoryMb,
+    pids: asked.pids ?? DEFAULT_RESOURCES[kind].pids,
+    cpus: asked.cpus ?? DEFAULT_RESOURCES[kind].cpus,
+  };
+}
+
+export function parallelTasks(s: MachineState): number {
+  const tasks = s.workers.length - 1;
+  return Math.min(tasks, s.spec?.max_parallel_tasks ?? tasks);
+}
+
+/** Makes a worker's sandbox (idempotent by its id). Null when made; else the stop's next step. */
+async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<number | null> {
+  if (w.proxyAddress !== null) return null;
+  const policy = must(s.policy);
+  const resources = resourcesFor(s.spec, w.kind);
+  const made = await m.ports.broker.create(s.runId, {
+    id: w.sandboxId,
+    kind: w.kind,
+    taskIndex: w.taskIndex,
+    proxySandboxId: must(s.network).sandboxId,
+    routing: w.routing ?? policy.routing.mode,
+    hostsFile: (w.routing ?? policy.routing.mode) === "default" ? (w.hostsFile ?? policy.hostsFile) : [],
+    ...(resources ? { resources } : {}),
+  });
+  if (made.ok) {
+    w.proxyAddress = made.info.proxyAddress ?? "";
+    w.probeTarget = made.info.probeTarget ?? null;
+    if (made.info.wiring) w.wiring = made.info.wiring;
+    return null;
+  }
+  if (made.retryable) throw new Error(made.message);
+  const why = made.message;
+  if (NO_SANDBOX_CODES.has(made.code)) return cannotIsolate(m, s, made.code, why);
+  if ((w.routing ?? policy.routing.mode) === "catch-all") {
+    await m.ports.note(s.runId, {
+      level: "warning",
+      code: "redirect_not_installed",
+      text: `The catch-all redirect could not be installed in ${w.name} (${why}), so the run stopped before its benchmark code ran there.`,
+    });
+    return stop(m, s, "redirect_not_installed", why);
+  }
+  return stop(m, s, "sandbox_failed", why);
+}
+
+/**
+ * A task whose turn came while the run is running: its sandbox is made with the routing the
+ * vault asks for now (an edit made since the run started applies to it), then wired; its other
+ * stages (bundle, setup, seal, re-proof) follow in steps/stages.ts.
+ */
+export async function prepareLateTask(
+  m: Machine,
+  s: MachineState,
+  w: Worker,
+): Promise<"done" | "pending" | number> {
+  if (w.proxyAddress === null) {
+    if (proxyRuns(s) && w.routing === undefined) {
+      const now = await m.ports.currentRouting(s.runId);
+      w.routing = now.routing.mode;
+      w.hostsFile = now.hostsFile;
+      await checkpoint(m, s);
+    }
+    const stopped = await createSandbox(m, s, w);
+    if (stopped !== null) return stopped;
+    if (!proxyRuns(s)) {
+      // Like its siblings: no proxy, nothing to wire; its own stages (bundle, setup) follow.
+      w.env = {};
+      w.stage = "bundle";
+    }
+    return "pending";
+  }
+  return wireSandbox(m, s, w);
+}
