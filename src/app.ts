@@ -11,6 +11,7 @@ import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
 import { blockedHostsRoutes } from "./routes/blocked-hosts";
 import { bugReportsRoutes } from "./routes/bug-reports";
+import { bundlesRoutes } from "./routes/bundles";
 import { computeRoutes } from "./routes/compute";
 import { computeImagesRoutes } from "./routes/compute-images";
 import { egressAgentRoutes, egressTokenRoutes } from "./routes/egress-agent";
@@ -58,12 +59,13 @@ export function createApp(options: AppOptions = {}) {
     if (c.res.status !== 101) c.res.headers.set("x-request-id", requestId);
   });
 
-  app.use(
-    "/v1/*",
-    bodyLimit({
-      maxSize: MAX_BODY_BYTES,
-      onError: (c) => problem(c, "payload_too_large", `At most ${MAX_BODY_BYTES} bytes.`),
-    }),
+  const jsonBodyLimit = bodyLimit({
+    maxSize: MAX_BODY_BYTES,
+    onError: (c) => problem(c, "payload_too_large", `At most ${MAX_BODY_BYTES} bytes.`),
+  });
+  // A bundle upload has its own, larger bound (BUNDLE_MAX_BYTES), checked by its route.
+  app.use("/v1/*", (c, next) =>
+    c.req.method === "POST" && c.req.path === "/v1/bundles" ? next() : jsonBodyLimit(c, next),
   );
 
   // Everything under /v1 but the document needs the database and an API key.
@@ -100,6 +102,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1", blockedHostsRoutes);
   app.route("/v1", webhooksRoutes);
   app.route("/v1", bugReportsRoutes);
+  app.route("/v1", bundlesRoutes);
   // Outside /v1 and its document: only a run's proxy calls it.
   app.route("/internal", internalRoutes({ onProxyReady: options.onProxyReady }));
   // Outside /v1 and its document: senders call it without an API key.

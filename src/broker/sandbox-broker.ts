@@ -1,6 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, eq, inArray, ne } from "drizzle-orm";
-import { bundleKey, findBundle } from "../bundles/service";
+import { bundleKey, findBundle } from "../bundles/rows";
 import { loadConfig } from "../config";
 import type { UnpackResult } from "../contract/bundle";
 import {

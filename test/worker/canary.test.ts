@@ -3,6 +3,7 @@ import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
+import { file, tarGz, upload } from "./archives";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 import { newRun } from "./run-fixtures";
@@ -324,6 +325,23 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("DELETE", `/v1/webhooks/${hook.json.id}`, undefined, [204]);
     await api("GET", `/v1/webhooks/${hook.json.id}`, undefined, [404, "not_found"]);
 
+    // Bundles: an upload, a re-upload, refused ones, reads (case H3's 404 included). The bundle
+    // holds no value; none may appear in what is stored of it either (the R2 walk below).
+    const tarball = await tarGz([file("bench/run.sh", `echo canary-bundle ${tag}\n`)]);
+    const uploaded = async (bytes: Uint8Array, expected: [number, string?], type?: string) => {
+      const res = await upload(t.key, bytes, type ? { type } : {});
+      responses.push(["POST /v1/bundles", res]);
+      if (expected[1]) expectProblem(res, expected[0], expected[1]);
+      else expect(res.status, res.text).toBe(expected[0]);
+      return res;
+    };
+    const bundle = await uploaded(tarball, [201]);
+    await uploaded(tarball, [200]);
+    await uploaded(await tarGz([file("../escape", "x")]), [422, "bundle_path_traversal"]);
+    await uploaded(tarball, [415, "unsupported_media_type"], "text/plain");
+    await api("GET", `/v1/bundles/${bundle.json.sha256}`, undefined, [200]);
+    await api("GET", `/v1/bundles/${"0".repeat(64)}`, undefined, [404, "bundle_not_found"]);
+
     // Internal errors whose messages quote the value (as a careless library's might): the
     // response and the log line carry only the error's class and the request id. The spies
     // fail only for the canary's bytes: the database driver signs with the same WebCrypto
@@ -365,6 +383,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
             "/$1/{id}",
           )
           .replace(/\/runs\/run_[^/]+/, "/runs/{id}")
+          .replace(/\/bundles\/[0-9a-f]{64}$/, "/bundles/{sha256}")
           .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}"),
       ),
     );

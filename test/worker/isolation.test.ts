@@ -6,6 +6,7 @@ import { loadConfig } from "../../src/config";
 import { generateApiKey } from "../../src/crypto/api-keys";
 import {
   apiKeys,
+  bundles,
   users,
   vaultHosts,
   vaultModels,
@@ -19,6 +20,7 @@ import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
 import * as vault from "../../src/vault/service";
 import * as hooks from "../../src/webhooks/service";
+import { file, tarGz, upload } from "./archives";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
 import { auditBatch, auditRows, runWithAudit } from "./run-fixtures";
@@ -43,6 +45,8 @@ interface Vault {
   runId: string;
   /** A webhook of this tenant, named after the tag (its signing secret is in `values`). */
   webhookId: string;
+  /** A bundle of this tenant (its one file names the tag), by its sha256. */
+  bundle: string;
 }
 
 interface Ctx {
@@ -131,7 +135,18 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     hooks.createWebhook(db, ring, p, { name: `hook-${tag}`, run: RunSpec.parse({ commands: ["true"] }) }),
   );
   values.push(hook.secret);
-  return { t, role, tag, values, ids: await idsOf(t), runId: run.id, webhookId: hook.webhook.id };
+  const bundle = await upload(t.key, await tarGz([file(`${tag}.txt`, `bundle of ${tag}`)]));
+  expectStatus(bundle, 201, "bundle upload");
+  return {
+    t,
+    role,
+    tag,
+    values,
+    ids: await idsOf(t),
+    runId: run.id,
+    webhookId: hook.webhook.id,
+    bundle: bundle.json.sha256,
+  };
 }
 
 async function twoVaults(): Promise<Ctx> {
@@ -254,6 +269,8 @@ type Case =
       body?: Body;
       check: (ctx: Ctx, method: string, path: string) => Promise<void>;
     }
+  /** Routes of bundles: `id` says whether the route takes a bundle's hash. */
+  | { kind: "bundle"; id: boolean; check: (ctx: Ctx, method: string, path: string) => Promise<void> }
   /** Not tenant-scoped on purpose; `inDocument` false for routes the document does not list. */
   | { kind: "unscoped"; reason: string; inDocument: boolean };
 
@@ -529,6 +546,38 @@ const CASES: Record<string, Case> = {
     },
   },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
+  "POST /v1/bundles": {
+    kind: "bundle",
+    id: false,
+    check: async ({ a, b }) => {
+      // A's upload is A's: B cannot read it or launch with it; B's bundles are unchanged.
+      const bBefore = await bundleRows(b);
+      const made = await upload(a.t.key, await tarGz([file("new.txt", `new in ${a.tag}`)]));
+      expectStatus(made, 201, "upload");
+      expectStatus(await a.t.api("GET", `/v1/bundles/${made.json.sha256}`), 200, "A reads its own");
+      expectProblem(await b.t.api("GET", `/v1/bundles/${made.json.sha256}`), 404, "bundle_not_found");
+      expectProblem(
+        await b.t.api("POST", "/v1/runs", { commands: ["ls"], bundle: made.json.sha256 }),
+        404,
+        "bundle_not_found",
+      );
+      expect(await bundleRows(b)).toEqual(bBefore);
+    },
+  },
+  "GET /v1/bundles/{sha256}": {
+    kind: "bundle",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const res = expectProblem(
+        await a.t.api(method, path.replace("{sha256}", b.bundle)),
+        404,
+        "bundle_not_found",
+      );
+      expect(res.text).not.toContain(b.t.environmentId);
+      const own = expectStatus(await a.t.api(method, path.replace("{sha256}", a.bundle)), 200, "read");
+      expect(own.json.sha256).toBe(a.bundle);
+    },
+  },
   "GET /v1/runs/{id}/model-calls": {
     kind: "run",
     id: true,
@@ -681,6 +730,26 @@ async function documentOperations(): Promise<string[]> {
   return ops;
 }
 
+/** "METHOD /path" of every operation whose request body may be JSON. */
+async function jsonBodyOperations(): Promise<Set<string>> {
+  const doc = expectStatus(await call(null, "GET", "/v1/openapi.json"), 200, "openapi.json").json;
+  const ops = new Set<string>();
+  for (const [path, item] of Object.entries(doc.paths as Record<string, Record<string, unknown>>)) {
+    for (const [method, op] of Object.entries(item)) {
+      const content = (op as { requestBody?: { content?: Record<string, unknown> } }).requestBody?.content;
+      if (!content || "application/json" in content) ops.add(`${method.toUpperCase()} ${path}`);
+    }
+  }
+  return ops;
+}
+
+/** A tenant's bundle rows. */
+async function bundleRows(v: Vault) {
+  return withDb((db) =>
+    db.select().from(bundles).where(eq(bundles.environmentId, v.t.environmentId)).orderBy(bundles.sha256),
+  );
+}
+
 const split = (op: string) => {
   const [method, path] = op.split(" ") as [string, string];
   return { method, path };
@@ -702,7 +771,7 @@ function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string;
     c && (c.kind === "by-id" || c.kind === "write" || c.kind === "run" || c.kind === "webhook")
       ? c.body?.(ctx)
       : undefined;
-  return { method, path: path.replace("{id}", id), body };
+  return { method, path: path.replace("{id}", id).replace("{sha256}", v.bundle), body };
 }
 
 // case C1 (the meta-test: a new route without a case fails here)
@@ -726,7 +795,8 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
         c?.kind === "by-id" ||
         c?.kind === "by-run" ||
         (c?.kind === "run" && c.id) ||
-        (c?.kind === "webhook" && c.id)
+        (c?.kind === "webhook" && c.id) ||
+        (c?.kind === "bundle" && c.id)
       );
     };
     const untested = ops.filter((op) => op.includes("{") !== byId(op));
@@ -846,6 +916,13 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
       });
     }
 
+    if (c.kind === "bundle") {
+      it(`${op}: A's key reaches A's bundles only (case H3)`, async () => {
+        const ctx = await twoVaults();
+        await c.check(ctx, method, path);
+      });
+    }
+
     if (c.kind === "unscoped") {
       it(`${op} is not tenant-scoped (${c.reason}); it tells A nothing about B`, async () => {
         const [a, b] = [await newTenant(), await newTenant()];
@@ -904,7 +981,9 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
     };
     const aBefore = await snapshot(a.t);
     const bBefore = await snapshot(b.t);
-    const ops = (await documentOperations()).filter((op) => /^(POST|PUT|PATCH) /.test(op));
+    // Operations with a JSON body (a bundle upload's body is its .tar.gz: no fields to add).
+    const json = await jsonBodyOperations();
+    const ops = (await documentOperations()).filter((op) => /^(POST|PUT|PATCH) /.test(op) && json.has(op));
     expect(ops.length).toBeGreaterThanOrEqual(9);
     const failures: string[] = [];
     for (const op of ops) {
@@ -1004,7 +1083,9 @@ describe("C4 secret values are never returned by any read", { timeout: 120_000 }
             ? [path.replace("{id}", a.runId)]
             : c?.kind === "webhook" && c.id
               ? [path.replace("{id}", a.webhookId)]
-              : [path];
+              : c?.kind === "bundle" && c.id
+                ? [path.replace("{sha256}", a.bundle)]
+                : [path];
       if (path === "/v1/vault/policy-preview") paths.push(`${path}?egress=local`);
       expect(paths.length, `${op} has nothing to read`).toBeGreaterThan(0);
       for (const p of paths) responses.push([`GET ${p}`, await t.api("GET", p)]);
