@@ -17,6 +17,7 @@ import { computeImagesRoutes } from "./routes/compute-images";
 import { egressAgentRoutes, egressTokenRoutes } from "./routes/egress-agent";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
+import { runArtifactsRoutes } from "./routes/run-artifacts";
 import { runAuditRoutes } from "./routes/run-audit";
 import { runsRoutes } from "./routes/runs";
 import { dryRunRoutes } from "./routes/vault-dry-run";
@@ -98,6 +99,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", dryRunRoutes);
   app.route("/v1", runsRoutes);
   app.route("/v1", runAuditRoutes);
+  app.route("/v1", runArtifactsRoutes);
   app.route("/v1", egressTokenRoutes);
   app.route("/v1", blockedHostsRoutes);
   app.route("/v1", webhooksRoutes);

@@ -511,6 +511,119 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/artifacts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The files the run's commands left in $BW_OUT, per sandbox, and what was cut */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description OK */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["RunArtifacts"];
+                    };
+                };
+                /** @description Problem details */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/artifacts/{artifactId}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One artifact's bytes (a download: application/octet-stream, as an attachment) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    artifactId: string;
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The file as the run left it; its sha256 is in the listing */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/octet-stream": string;
+                    };
+                };
+                /** @description Problem details */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/blocked-hosts": {
         parameters: {
             query?: never;
@@ -3117,6 +3230,16 @@ export interface components {
              */
             source: "proxy" | "local_agent" | "both";
         };
+        Artifact: {
+            id: string;
+            /** @description Relative to $BW_OUT, `/`-separated */
+            path: string;
+            sandboxId: string;
+            /** @description "work", or the task's name */
+            sandboxName: string;
+            sha256: string;
+            size: number;
+        };
         BlockedHost: {
             /** Format: date-time */
             firstSeen: string;
@@ -3163,6 +3286,18 @@ export interface components {
             /** @example nightly eval */
             name: string;
             run: components["schemas"]["RunSpec"];
+        };
+        CutArtifact: {
+            path: string;
+            /**
+             * @description too_large / too_many: past the size or count bound; symlink: never followed; special: not a regular file; unreadable
+             * @enum {string}
+             */
+            reason: "too_large" | "too_many" | "symlink" | "special" | "unreadable";
+            sandboxId: string;
+            sandboxName: string;
+            /** @description When it was known */
+            size: number | null;
         };
         DryRun: {
             counts: {
@@ -3440,6 +3575,10 @@ export interface components {
             sandboxes: components["schemas"]["Sandbox"][];
             spec?: unknown;
             trace: components["schemas"]["RunEvent"][];
+        };
+        RunArtifacts: {
+            artifacts: components["schemas"]["Artifact"][];
+            cut: components["schemas"]["CutArtifact"][];
         };
         RunEvent: {
             /** Format: date-time */

@@ -71,3 +71,46 @@ export async function upload(
   } catch {}
   return { status: res.status, headers: res.headers, text, json };
 }
+
+export interface CollectedFile {
+  path: string;
+  body: string | Uint8Array;
+}
+
+/**
+ * An archive as bw-collect writes it (proxy-image/src/collect.ts): a `files/<path>` entry per
+ * file, then `manifest.json` listing them (with their sha256) and what was cut. `manifest`
+ * overrides fields of the manifest; `extra` entries go after the files (a tampered archive).
+ */
+export async function collectArchive(
+  files: CollectedFile[],
+  options: {
+    cut?: Array<{ path: string; reason: string; size: number | null }>;
+    manifest?: Record<string, unknown>;
+    extra?: TarEntry[];
+    after?: TarEntry[];
+    limits?: { maxBytes: number; maxFiles: number };
+  } = {},
+): Promise<Uint8Array> {
+  const encoded = files.map((f) => ({
+    path: f.path,
+    bytes: typeof f.body === "string" ? new TextEncoder().encode(f.body) : f.body,
+  }));
+  const manifest = {
+    files: await Promise.all(
+      encoded.map(async (f) => ({ path: f.path, size: f.bytes.length, sha256: await sha256Hex(f.bytes) })),
+    ),
+    cut: options.cut ?? [],
+    limits: options.limits ?? { maxBytes: 64 * 1024 * 1024, maxFiles: 1000 },
+    missing: false,
+    ...options.manifest,
+  };
+  return tarGz([
+    ...encoded.map((f) => file(`files/${f.path}`, f.bytes)),
+    ...(options.extra ?? []),
+    file("manifest.json", `${JSON.stringify(manifest)}\n`),
+    ...(options.after ?? []),
+  ]);
+}
+
+export const streamOf = (bytes: Uint8Array): ReadableStream<Uint8Array> => new Blob([bytes]).stream();

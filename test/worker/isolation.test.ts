@@ -1,5 +1,5 @@
 import { env } from "cloudflare:workers";
-import { eq } from "drizzle-orm";
+import { and, eq, isNull } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { provisionApiKey } from "../../src/auth/provision";
 import { loadConfig } from "../../src/config";
@@ -7,6 +7,7 @@ import { generateApiKey } from "../../src/crypto/api-keys";
 import {
   apiKeys,
   bundles,
+  runArtifacts,
   users,
   vaultHosts,
   vaultModels,
@@ -16,11 +17,12 @@ import {
   webhooks,
 } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
+import { storeArtifacts } from "../../src/runs/artifacts";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
 import * as vault from "../../src/vault/service";
 import * as hooks from "../../src/webhooks/service";
-import { file, tarGz, upload } from "./archives";
+import { collectArchive, file, tarGz, upload } from "./archives";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
 import { auditBatch, auditRows, runWithAudit } from "./run-fixtures";
@@ -47,6 +49,8 @@ interface Vault {
   webhookId: string;
   /** A bundle of this tenant (its one file names the tag), by its sha256. */
   bundle: string;
+  /** An artifact of the run (its path and bytes name the tag), and a cut entry beside it. */
+  artifactId: string;
 }
 
 interface Ctx {
@@ -137,6 +141,24 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
   values.push(hook.secret);
   const bundle = await upload(t.key, await tarGz([file(`${tag}.txt`, `bundle of ${tag}`)]));
   expectStatus(bundle, 201, "bundle upload");
+  const archive = await collectArchive([{ path: `${tag}.json`, body: `{"result":"${tag}"}` }], {
+    cut: [{ path: `${tag}-link`, reason: "symlink", size: null }],
+  });
+  await withDb((db) =>
+    storeArtifacts(env, db, {
+      runId: run.id,
+      environmentId: t.environmentId,
+      sandboxId: `sbx_${tag}`,
+      sandboxName: "work",
+      archive: new Blob([archive]).stream(),
+    }),
+  );
+  const [artifact] = await withDb((db) =>
+    db
+      .select({ id: runArtifacts.id })
+      .from(runArtifacts)
+      .where(and(eq(runArtifacts.runId, run.id), isNull(runArtifacts.cutReason))),
+  );
   return {
     t,
     role,
@@ -146,6 +168,7 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     runId: run.id,
     webhookId: hook.webhook.id,
     bundle: bundle.json.sha256,
+    artifactId: artifact?.id ?? "missing",
   };
 }
 
@@ -546,6 +569,40 @@ const CASES: Record<string, Case> = {
     },
   },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
+  "GET /v1/runs/{id}/artifacts": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const res = expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.runId)), 200, "list");
+      expect(own.json.artifacts.map((x: { path: string }) => x.path)).toEqual([`${a.tag}.json`]);
+      expect(own.json.cut.map((x: { path: string }) => x.path)).toEqual([`${a.tag}-link`]);
+      expect(own.text).not.toContain(b.tag);
+      // A query parameter cannot widen the read either.
+      const q = `?environmentId=${b.t.environmentId}&runId=${b.runId}`;
+      expectProblem(await a.t.api(method, `${path.replace("{id}", a.runId)}${q}`), 400, "unknown_field");
+    },
+  },
+  "GET /v1/runs/{id}/artifacts/{artifactId}": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const at = (runId: string, artifactId: string) =>
+        path.replace("{id}", runId).replace("{artifactId}", artifactId);
+      // B's artifact under B's run, under A's own run; A's artifact under B's run: all 404.
+      for (const [runId, artifactId] of [
+        [b.runId, b.artifactId],
+        [a.runId, b.artifactId],
+        [b.runId, a.artifactId],
+      ] as const) {
+        const res = expectProblem(await a.t.api(method, at(runId, artifactId)), 404, "not_found");
+        expect(res.text).not.toContain(b.tag);
+      }
+      const own = expectStatus(await a.t.api(method, at(a.runId, a.artifactId)), 200, "download");
+      expect(own.text).toBe(`{"result":"${a.tag}"}`);
+    },
+  },
   "POST /v1/bundles": {
     kind: "bundle",
     id: false,
@@ -771,7 +828,11 @@ function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string;
     c && (c.kind === "by-id" || c.kind === "write" || c.kind === "run" || c.kind === "webhook")
       ? c.body?.(ctx)
       : undefined;
-  return { method, path: path.replace("{id}", id).replace("{sha256}", v.bundle), body };
+  return {
+    method,
+    path: path.replace("{id}", id).replace("{sha256}", v.bundle).replace("{artifactId}", v.artifactId),
+    body,
+  };
 }
 
 // case C1 (the meta-test: a new route without a case fails here)
@@ -1080,7 +1141,7 @@ describe("C4 secret values are never returned by any read", { timeout: 120_000 }
         c?.kind === "by-id"
           ? a.ids[c.resource].map((id) => path.replace("{id}", id))
           : c?.kind === "by-run" || (c?.kind === "run" && c.id)
-            ? [path.replace("{id}", a.runId)]
+            ? [path.replace("{id}", a.runId).replace("{artifactId}", a.artifactId)]
             : c?.kind === "webhook" && c.id
               ? [path.replace("{id}", a.webhookId)]
               : c?.kind === "bundle" && c.id
