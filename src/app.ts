@@ -11,11 +11,13 @@ import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
 import { blockedHostsRoutes } from "./routes/blocked-hosts";
 import { bugReportsRoutes } from "./routes/bug-reports";
+import { bundlesRoutes } from "./routes/bundles";
 import { computeRoutes } from "./routes/compute";
 import { computeImagesRoutes } from "./routes/compute-images";
 import { egressAgentRoutes, egressTokenRoutes } from "./routes/egress-agent";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
+import { runArtifactsRoutes } from "./routes/run-artifacts";
 import { runAuditRoutes } from "./routes/run-audit";
 import { runsRoutes } from "./routes/runs";
 import { dryRunRoutes } from "./routes/vault-dry-run";
@@ -58,12 +60,13 @@ export function createApp(options: AppOptions = {}) {
     if (c.res.status !== 101) c.res.headers.set("x-request-id", requestId);
   });
 
-  app.use(
-    "/v1/*",
-    bodyLimit({
-      maxSize: MAX_BODY_BYTES,
-      onError: (c) => problem(c, "payload_too_large", `At most ${MAX_BODY_BYTES} bytes.`),
-    }),
+  const jsonBodyLimit = bodyLimit({
+    maxSize: MAX_BODY_BYTES,
+    onError: (c) => problem(c, "payload_too_large", `At most ${MAX_BODY_BYTES} bytes.`),
+  });
+  // A bundle upload has its own, larger bound (BUNDLE_MAX_BYTES), checked by its route.
+  app.use("/v1/*", (c, next) =>
+    c.req.method === "POST" && c.req.path === "/v1/bundles" ? next() : jsonBodyLimit(c, next),
   );
 
   // Everything under /v1 but the document needs the database and an API key.
@@ -96,10 +99,12 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", dryRunRoutes);
   app.route("/v1", runsRoutes);
   app.route("/v1", runAuditRoutes);
+  app.route("/v1", runArtifactsRoutes);
   app.route("/v1", egressTokenRoutes);
   app.route("/v1", blockedHostsRoutes);
   app.route("/v1", webhooksRoutes);
   app.route("/v1", bugReportsRoutes);
+  app.route("/v1", bundlesRoutes);
   // Outside /v1 and its document: only a run's proxy calls it.
   app.route("/internal", internalRoutes({ onProxyReady: options.onProxyReady }));
   // Outside /v1 and its document: senders call it without an API key.

@@ -1,4 +1,5 @@
 import { z } from "zod";
+import type { BundleLimits } from "./bundles/service";
 import { BUNDLE_DEFAULTS } from "./contract/bundle";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
 import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "./runs/spec";
@@ -48,12 +49,6 @@ const EnvSchema = z.object({
     .regex(/^$|^\d{1,3}(\.\d{1,2})?$/, "RESOURCES_MAX_CPUS must be a number of CPUs (e.g. 4 or 0.5)")
     .optional(),
 });
-
-export interface BundleLimits {
-  readonly maxUploadBytes: number;
-  readonly maxUnpackedBytes: number;
-  readonly maxFiles: number;
-}
 
 export interface Config {
   readonly databaseUrl: string;

@@ -148,6 +148,160 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/bundles": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Upload a bundle (the benchmark's folder as a .tar.gz); checked entry by entry, stored by its sha256
+         * @description At most BUNDLE_MAX_BYTES (64 MiB by default) → 413 bundle_upload_too_large. A refused bundle is 422 with the reason as `code` (bundle_path_traversal, bundle_absolute_path, bundle_link_escape, bundle_special_file, bundle_too_large, bundle_too_many_files, bundle_invalid).
+         */
+        post: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path?: never;
+                cookie?: never;
+            };
+            requestBody: {
+                content: {
+                    "application/gzip": string;
+                    "application/octet-stream": string;
+                };
+            };
+            responses: {
+                /** @description Already stored in this environment (the same bytes) */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Bundle"];
+                    };
+                };
+                /** @description Stored */
+                201: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Bundle"];
+                    };
+                };
+                /** @description Problem details */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                413: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                415: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+            };
+        };
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/bundles/{sha256}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Read a bundle's metadata (another environment's hash is 404) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    sha256: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description OK */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["Bundle"];
+                    };
+                };
+                /** @description Problem details */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/me": {
         parameters: {
             query?: never;
@@ -327,6 +481,119 @@ export interface paths {
                     };
                     content: {
                         "application/json": components["schemas"]["Run"];
+                    };
+                };
+                /** @description Problem details */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/artifacts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The files the run's commands left in $BW_OUT, per sandbox, and what was cut */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description OK */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/json": components["schemas"]["RunArtifacts"];
+                    };
+                };
+                /** @description Problem details */
+                401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+            };
+        };
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/artifacts/{artifactId}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One artifact's bytes (a download: application/octet-stream, as an attachment) */
+        get: {
+            parameters: {
+                query?: never;
+                header?: never;
+                path: {
+                    artifactId: string;
+                    id: string;
+                };
+                cookie?: never;
+            };
+            requestBody?: never;
+            responses: {
+                /** @description The file as the run left it; its sha256 is in the listing */
+                200: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/octet-stream": string;
                     };
                 };
                 /** @description Problem details */
@@ -2963,6 +3230,16 @@ export interface components {
              */
             source: "proxy" | "local_agent" | "both";
         };
+        Artifact: {
+            id: string;
+            /** @description Relative to $BW_OUT, `/`-separated */
+            path: string;
+            sandboxId: string;
+            /** @description "work", or the task's name */
+            sandboxName: string;
+            sha256: string;
+            size: number;
+        };
         BlockedHost: {
             /** Format: date-time */
             firstSeen: string;
@@ -2993,10 +3270,34 @@ export interface components {
             runId: string;
             title: string;
         };
+        Bundle: {
+            /** Format: date-time */
+            createdAt: string;
+            /** @description Files, directories and links it unpacks to */
+            files: number;
+            /** @description The bundle's name: the sha256 of the .tar.gz, 64 hex digits */
+            sha256: string;
+            /** @description Bytes of the .tar.gz */
+            size: number;
+            /** @description The sum of its files' sizes, unpacked */
+            unpackedBytes: number;
+        };
         CreateWebhook: {
             /** @example nightly eval */
             name: string;
             run: components["schemas"]["RunSpec"];
+        };
+        CutArtifact: {
+            path: string;
+            /**
+             * @description too_large / too_many: past the size or count bound; symlink: never followed; special: not a regular file; unreadable
+             * @enum {string}
+             */
+            reason: "too_large" | "too_many" | "symlink" | "special" | "unreadable";
+            sandboxId: string;
+            sandboxName: string;
+            /** @description When it was known */
+            size: number | null;
         };
         DryRun: {
             counts: {
@@ -3187,7 +3488,7 @@ export interface components {
         };
         Problem: {
             /** @enum {string} */
-            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "config_invalid" | "database_unavailable" | "internal_error";
+            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "config_invalid" | "database_unavailable" | "internal_error";
             detail: string;
             requestId: string;
             status: number;
@@ -3275,6 +3576,10 @@ export interface components {
             spec?: unknown;
             trace: components["schemas"]["RunEvent"][];
         };
+        RunArtifacts: {
+            artifacts: components["schemas"]["Artifact"][];
+            cut: components["schemas"]["CutArtifact"][];
+        };
         RunEvent: {
             /** Format: date-time */
             at: string;
@@ -3298,11 +3603,31 @@ export interface components {
             level: "note" | "warning";
             text: string;
         };
+        /** @description Limits of each work, task and orchestrator sandbox (within this deployment's bounds; each field defaults per kind) */
+        RunResources: {
+            /**
+             * @description CPU time as a share of cores (throttled)
+             * @example 2
+             */
+            cpus?: number;
+            /**
+             * @description Memory in MiB; past it the kernel kills
+             * @example 4096
+             */
+            memory_mb?: number;
+            /**
+             * @description Processes and threads at once
+             * @example 2048
+             */
+            pids?: number;
+        };
         RunSpec: {
             /** @enum {string} */
             backend?: "sandbox0" | "e2b" | "local";
             /** @example demo */
             benchmark?: string;
+            /** @description A bundle of this environment (POST /v1/bundles) by its sha256: unpacked into /home/sandbox of each work and task sandbox before setup */
+            bundle?: string;
             commands?: string[];
             /**
              * @default direct
@@ -3324,6 +3649,9 @@ export interface components {
             on_proxy_failure: "stop" | "continue";
             /** @enum {string} */
             orchestrator?: "harbor";
+            resources?: components["schemas"]["RunResources"];
+            /** @description Run by `sh -c` as root of the sandbox before the commands (package installs); through the proxy like everything else */
+            setup?: string[];
             tasks?: components["schemas"]["TaskSpec"][];
         };
         RunSummary: {
@@ -3375,6 +3703,8 @@ export interface components {
             commands: string[];
             /** @example task-1 */
             name: string;
+            /** @description Run by `sh -c` as root of the sandbox before the commands (package installs); through the proxy like everything else */
+            setup?: string[];
         };
         VaultSettings: {
             /** @enum {string} */

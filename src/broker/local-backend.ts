@@ -129,15 +129,13 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
         [422],
       );
       const text = await res.text();
+      // 200 carries { ok: true, ... } and 422 { ok: false, code }; another 422 is the agent
+      // refusing the request itself.
       const result = UnpackResult.safeParse(safeJson(text));
       if (result.success && result.data.ok === (res.status === 200)) return result.data;
-      if (res.status === 422) {
-        // A 422 that is not a refused bundle is the agent refusing the request itself.
-        const problem = AgentProblem.safeParse(safeJson(text));
-        throw new BackendError(
-          problem.success ? problem.data.code : "backend_error",
-          problem.data?.detail ?? "HTTP 422",
-        );
+      const problem = AgentProblem.safeParse(safeJson(text));
+      if (res.status === 422 && problem.success) {
+        throw new BackendError(problem.data.code, problem.data.detail ?? "HTTP 422");
       }
       throw new BackendError("backend_error", "The local host agent answered outside its contract.");
     },

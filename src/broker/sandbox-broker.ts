@@ -1,6 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, eq, inArray, ne } from "drizzle-orm";
-import { bundleKey, findBundle } from "../bundles/service";
+import { bundleKey, findBundle } from "../bundles/rows";
 import { loadConfig } from "../config";
 import type { UnpackResult } from "../contract/bundle";
 import {
@@ -14,6 +14,7 @@ import type { CreateResult, SandboxRequest } from "../coordinator/machine";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import type { Db } from "../db/types";
+import { ArtifactArchiveError, type ArtifactSummary, storeArtifacts } from "../runs/artifacts";
 import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
 import { backendFor, configuredBackends } from "./backends";
 
@@ -188,6 +189,37 @@ export class SandboxBroker extends DurableObject<Env> {
   async setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<void> {
     const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
     await this.backendOf(row.backend).setHosts(sandboxId, hostsFile);
+  }
+
+  /**
+   * Collects a work or task sandbox's artifacts: the backend packs `dir` (bw-collect, within the
+   * bounds), and the archive is parsed and stored here (R2 objects and run_artifacts rows, the
+   * cut entries included) without passing through the coordinator. Idempotent per sandbox.
+   */
+  async collect(
+    runId: string,
+    sandboxId: string,
+    options: { environmentId: string; sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
+  ): Promise<ArtifactSummary> {
+    return this.withDb(async (db) => {
+      const row = await this.ownWork(db, runId, sandboxId, options.environmentId);
+      const limits = { maxBytes: options.maxBytes, maxFiles: options.maxFiles };
+      const archive = await this.backendOf(row.backend).collect(sandboxId, { dir: options.dir, ...limits });
+      try {
+        return await storeArtifacts(this.env, db, {
+          runId,
+          environmentId: options.environmentId,
+          sandboxId,
+          sandboxName: options.sandboxName,
+          archive,
+          limits,
+        });
+      } catch (error) {
+        // An error's class does not cross the RPC boundary: say which kind of failure it was.
+        if (error instanceof ArtifactArchiveError) throw new BackendError(error.code, error.message);
+        throw error;
+      }
+    });
   }
 
   /** Halts (or resumes) the processes of the run's sandbox. */

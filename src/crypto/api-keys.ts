@@ -57,6 +57,15 @@ export function randomId(prefix: string): string {
   return normalizeIdPrefix(prefix) + encodeBase32(randomBytes(ID_RANDOM_BYTES));
 }
 
+/**
+ * An id of randomId's shape derived from `parts` (the first 16 bytes of their SHA-256): the same
+ * parts always give the same id, so a write retried after a crash names the same thing.
+ */
+export async function derivedId(prefix: string, ...parts: string[]): Promise<string> {
+  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(parts.join("\0")));
+  return normalizeIdPrefix(prefix) + encodeBase32(new Uint8Array(digest).subarray(0, ID_RANDOM_BYTES));
+}
+
 /** Whether text has the exact shape of an id made by `randomId(prefix)`. */
 export function looksLikeRandomId(prefix: string, text: unknown): text is string {
   const tag = normalizeIdPrefix(prefix);

@@ -2,6 +2,7 @@ import type { Child } from "hono/jsx";
 import { WiringProof } from "../contract/wiring";
 import type { blockedHostLog, egressRouteLog } from "../db/schema";
 import type { Result } from "../errors";
+import type { ArtifactRow } from "../runs/artifacts";
 import type { BugReport } from "../runs/bug-reports";
 import type { ModelUse } from "../runs/model-calls";
 import {
@@ -43,6 +44,8 @@ export interface RunView {
   reports: Result<Page<BugReport>>;
   /** The declared model and the totals of its calls (GET /v1/runs/{id}/model-calls). */
   model?: Result<ModelUse> | undefined;
+  /** What the run's commands left in $BW_OUT, and what was cut (GET /v1/runs/{id}/artifacts). */
+  artifacts?: Result<{ artifacts: ArtifactRow[]; cut: ArtifactRow[] }> | undefined;
   /** The query the page was asked with (card cursors), to build the cards' next links. */
   query: { blocked?: string | undefined; routes?: string | undefined; reports?: string | undefined };
   flash: { ok?: string | undefined; error?: string | undefined };
@@ -775,6 +778,79 @@ function ModelCard(props: { model: Result<ModelUse> | undefined }) {
   );
 }
 
+// ---- artifacts ----
+
+function Artifacts(props: { view: RunView }) {
+  const { run, artifacts } = props.view;
+  if (!artifacts?.ok) return null;
+  const { artifacts: files, cut } = artifacts.value;
+  const size = (n: number | null) => (n === null ? "—" : `${n} B`);
+  return (
+    <Card id="artifacts" title="Artifacts">
+      <p class="muted">
+        The files the run's commands left in <code>$BW_OUT</code> of each sandbox, collected when they ended.
+      </p>
+      {files.length === 0 ? (
+        <p class="empty">No artifacts{isTerminal(run.status) ? "." : " yet."}</p>
+      ) : (
+        <table>
+          <thead>
+            <tr>
+              <th style="width:8rem">Sandbox</th>
+              <th>Path</th>
+              <th style="width:7rem">Size</th>
+              <th>SHA-256</th>
+            </tr>
+          </thead>
+          <tbody>
+            {files.map((a) => (
+              <tr>
+                <td>{a.sandboxName}</td>
+                <td class="mono">
+                  <a href={`/runs/${run.id}/artifacts/${a.id}`} download>
+                    {a.path}
+                  </a>
+                </td>
+                <td>{size(a.size)}</td>
+                <td class="mono muted">{a.sha256}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {cut.length === 0 ? null : (
+        <>
+          <h3>Cut</h3>
+          <p class="muted">
+            Not collected: past the size or count bound, a symlink (never followed), or not a regular readable
+            file.
+          </p>
+          <table>
+            <thead>
+              <tr>
+                <th style="width:8rem">Sandbox</th>
+                <th>Path</th>
+                <th style="width:8rem">Why</th>
+                <th style="width:7rem">Size</th>
+              </tr>
+            </thead>
+            <tbody>
+              {cut.map((a) => (
+                <tr>
+                  <td>{a.sandboxName}</td>
+                  <td class="mono">{a.path}</td>
+                  <td>{a.cutReason}</td>
+                  <td>{size(a.size)}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </>
+      )}
+    </Card>
+  );
+}
+
 // ---- bug reports ----
 
 function BugReports(props: { view: RunView }) {
@@ -851,6 +927,7 @@ export function RunPage(props: { view: RunView }) {
       <Sandboxes run={run} sandboxes={sandboxes} />
       <Stages run={run} trace={trace} />
       <Trace run={run} trace={trace} />
+      <Artifacts view={props.view} />
       <BugReports view={props.view} />
     </Layout>
   );

@@ -4,6 +4,7 @@ import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordi
 import { ApiError } from "../errors";
 import { agentCommand, publicUrl } from "../routes/egress-agent";
 import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
+import { artifactDownload, listArtifacts } from "../runs/artifacts";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
 import { runModelUse } from "../runs/model-calls";
@@ -166,13 +167,14 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
   const { db } = c.var;
   const p = c.var.session.principal;
   const q = { blocked: query(c, "blocked"), routes: query(c, "routes"), reports: query(c, "reports") };
-  const [trace, sandboxes, blocked, routes, reports, model] = await Promise.all([
+  const [trace, sandboxes, blocked, routes, reports, model, artifacts] = await Promise.all([
     runTrace(db, run.id),
     runSandboxes(db, run.id),
     listBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
     listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
     listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
     runModelUse(db, p, run.id),
+    listArtifacts(db, p, run.id),
   ]);
   return c.html(
     <RunPage
@@ -186,6 +188,7 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
         routes,
         reports,
         model,
+        artifacts,
         query: q,
         flash: await readFlash(c.var.session.csrf, (k) => query(c, k)),
         keptTitle: query(c, "title"),
@@ -329,6 +332,20 @@ export const runPageRoutes = new Hono<PageEnv>()
     const command = agentCommand(publicUrl(c.req.url, c.env.PUBLIC_URL), token);
     c.header("cache-control", "no-store");
     return renderRun(c, run, command);
+  })
+  .get("/runs/:id/artifacts/:artifactId", async (c) => {
+    const run = await ownRunRow(c);
+    if (!run) return notFound(c);
+    // As GET /v1/runs/{id}/artifacts/{artifactId}: the bytes as an attachment, never rendered.
+    const found = await artifactDownload(
+      c.env.FILES,
+      c.var.db,
+      c.var.session.principal,
+      run.id,
+      c.req.param("artifactId"),
+    );
+    if (!found.ok) return c.text(found.error.detail, 404);
+    return found.value;
   })
   .get("/runs/:id/proxy", async (c) => {
     const run = await ownRunRow(c);

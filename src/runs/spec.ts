@@ -1,5 +1,5 @@
 import { z } from "@hono/zod-openapi";
-import { findBundle } from "../bundles/service";
+import { findBundle } from "../bundles/rows";
 import { BundleHash } from "../contract/bundle";
 import { DEFAULT_RESOURCES, Resources, type SandboxKind } from "../contract/local-agent";
 import type { Q } from "../db/types";
@@ -86,10 +86,16 @@ export const RunSpec = z
      * A bundle (POST /v1/bundles) of this environment, by its sha256: unpacked into each work and
      * task sandbox's working directory (/home/sandbox) before setup.
      */
-    bundle: BundleHash.optional(),
+    bundle: BundleHash.optional().openapi({
+      description:
+        "A bundle of this environment (POST /v1/bundles) by its sha256: unpacked into /home/sandbox of each work and task sandbox before setup",
+    }),
     /** Setup commands of every work, task and orchestrator sandbox (a task's own follow). */
     setup: SetupCommands.optional(),
-    resources: RunResources.optional(),
+    resources: RunResources.optional().openapi({
+      description:
+        "Limits of each work, task and orchestrator sandbox (within this deployment's bounds; each field defaults per kind)",
+    }),
     /**
      * The model the benchmark evaluates: a vault model's name (GET /v1/vault/models), else the
      * launch is refused (unknown_model). The run's proxy serves it to the commands as an

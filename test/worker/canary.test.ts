@@ -3,8 +3,18 @@ import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
+import { storeArtifacts } from "../../src/runs/artifacts";
+import { collectArchive, file, tarGz, upload } from "./archives";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
-import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
+import {
+  captureLogs,
+  findNeedles,
+  leakNeedles,
+  newCanary,
+  responseText,
+  scanBucket,
+  scanDatabase,
+} from "./leaks";
 import { newRun } from "./run-fixtures";
 
 // Case B5: a canary secret appears 0 times in logs, response bodies and headers (error bodies
@@ -324,6 +334,47 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("DELETE", `/v1/webhooks/${hook.json.id}`, undefined, [204]);
     await api("GET", `/v1/webhooks/${hook.json.id}`, undefined, [404, "not_found"]);
 
+    // Bundles: an upload, a re-upload, refused ones, reads (case H3's 404 included). The bundle
+    // holds no value; none may appear in what is stored of it either (the R2 walk below).
+    const tarball = await tarGz([file("bench/run.sh", `echo canary-bundle ${tag}\n`)]);
+    const uploaded = async (bytes: Uint8Array, expected: [number, string?], type?: string) => {
+      const res = await upload(t.key, bytes, type ? { type } : {});
+      responses.push(["POST /v1/bundles", res]);
+      if (expected[1]) expectProblem(res, expected[0], expected[1]);
+      else expect(res.status, res.text).toBe(expected[0]);
+      return res;
+    };
+    const bundle = await uploaded(tarball, [201]);
+    await uploaded(tarball, [200]);
+    await uploaded(await tarGz([file("../escape", "x")]), [422, "bundle_path_traversal"]);
+    await uploaded(tarball, [415, "unsupported_media_type"], "text/plain");
+    await api("GET", `/v1/bundles/${bundle.json.sha256}`, undefined, [200]);
+    await api("GET", `/v1/bundles/${"0".repeat(64)}`, undefined, [404, "bundle_not_found"]);
+
+    // Artifacts of the launched run (what its commands would leave in $BW_OUT, packed as
+    // bw-collect packs them), listed and downloaded. Case H5: the walk below reads them too.
+    const collected = await collectArchive(
+      [
+        { path: "results.json", body: `{"run":"${runId}","marker":"artifact-${tag}"}` },
+        { path: "logs/out.txt", body: "canary-run\n" },
+      ],
+      { cut: [{ path: "link", reason: "symlink", size: null }] },
+    );
+    await withDb((db) =>
+      storeArtifacts(env, db, {
+        runId,
+        environmentId: t.environmentId,
+        sandboxId: `sbx_canary${tag}`,
+        sandboxName: "work",
+        archive: new Blob([collected]).stream(),
+      }),
+    );
+    const listedArtifacts = await api("GET", `/v1/runs/${runId}/artifacts`, undefined, [200]);
+    for (const a of listedArtifacts.json.artifacts as { id: string }[]) {
+      await api("GET", `/v1/runs/${runId}/artifacts/${a.id}`, undefined, [200]);
+    }
+    await api("GET", `/v1/runs/${runId}/artifacts/art_nope`, undefined, [404, "not_found"]);
+
     // Internal errors whose messages quote the value (as a careless library's might): the
     // response and the log line carry only the error's class and the request id. The spies
     // fail only for the canary's bytes: the database driver signs with the same WebCrypto
@@ -365,6 +416,8 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
             "/$1/{id}",
           )
           .replace(/\/runs\/run_[^/]+/, "/runs/{id}")
+          .replace(/\/artifacts\/[^/]+$/, "/artifacts/{artifactId}")
+          .replace(/\/bundles\/[0-9a-f]{64}$/, "/bundles/{sha256}")
           .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}"),
       ),
     );
@@ -387,6 +440,15 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     // The same scan does find what is stored in plaintext (the secret's name), so it works.
     const control = await scanDatabase([name]);
     expect(control.hits).toContainEqual({ where: "public.vault_secrets.name", needle: name });
+
+    // case H5: every object runs and uploads left in R2 (artifacts as stored, bundles inflated)
+    // holds no canary; the same walk does find what they do hold.
+    const r2 = await scanBucket(env.FILES, needles);
+    expect(r2.keys.some((k) => k.startsWith(`artifacts/${runId}/`))).toBe(true);
+    expect(r2.keys).toContain(`bundles/${t.environmentId}/${bundle.json.sha256}`);
+    expect(r2.hits).toEqual([]);
+    const found = await scanBucket(env.FILES, [`artifact-${tag}`, `canary-bundle ${tag}`]);
+    expect(found.hits.map((h) => h.needle).sort()).toEqual([`artifact-${tag}`, `canary-bundle ${tag}`]);
   });
 });
 

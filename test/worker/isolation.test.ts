@@ -1,11 +1,13 @@
 import { env } from "cloudflare:workers";
-import { eq } from "drizzle-orm";
+import { and, eq, isNull } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { provisionApiKey } from "../../src/auth/provision";
 import { loadConfig } from "../../src/config";
 import { generateApiKey } from "../../src/crypto/api-keys";
 import {
   apiKeys,
+  bundles,
+  runArtifacts,
   users,
   vaultHosts,
   vaultModels,
@@ -15,10 +17,12 @@ import {
   webhooks,
 } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
+import { storeArtifacts } from "../../src/runs/artifacts";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
 import * as vault from "../../src/vault/service";
 import * as hooks from "../../src/webhooks/service";
+import { collectArchive, file, tarGz, upload } from "./archives";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
 import { auditBatch, auditRows, runWithAudit } from "./run-fixtures";
@@ -43,6 +47,10 @@ interface Vault {
   runId: string;
   /** A webhook of this tenant, named after the tag (its signing secret is in `values`). */
   webhookId: string;
+  /** A bundle of this tenant (its one file names the tag), by its sha256. */
+  bundle: string;
+  /** An artifact of the run (its path and bytes name the tag), and a cut entry beside it. */
+  artifactId: string;
 }
 
 interface Ctx {
@@ -131,7 +139,37 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     hooks.createWebhook(db, ring, p, { name: `hook-${tag}`, run: RunSpec.parse({ commands: ["true"] }) }),
   );
   values.push(hook.secret);
-  return { t, role, tag, values, ids: await idsOf(t), runId: run.id, webhookId: hook.webhook.id };
+  const bundle = await upload(t.key, await tarGz([file(`${tag}.txt`, `bundle of ${tag}`)]));
+  expectStatus(bundle, 201, "bundle upload");
+  const archive = await collectArchive([{ path: `${tag}.json`, body: `{"result":"${tag}"}` }], {
+    cut: [{ path: `${tag}-link`, reason: "symlink", size: null }],
+  });
+  await withDb((db) =>
+    storeArtifacts(env, db, {
+      runId: run.id,
+      environmentId: t.environmentId,
+      sandboxId: `sbx_${tag}`,
+      sandboxName: "work",
+      archive: new Blob([archive]).stream(),
+    }),
+  );
+  const [artifact] = await withDb((db) =>
+    db
+      .select({ id: runArtifacts.id })
+      .from(runArtifacts)
+      .where(and(eq(runArtifacts.runId, run.id), isNull(runArtifacts.cutReason))),
+  );
+  return {
+    t,
+    role,
+    tag,
+    values,
+    ids: await idsOf(t),
+    runId: run.id,
+    webhookId: hook.webhook.id,
+    bundle: bundle.json.sha256,
+    artifactId: artifact?.id ?? "missing",
+  };
 }
 
 async function twoVaults(): Promise<Ctx> {
@@ -254,6 +292,8 @@ type Case =
       body?: Body;
       check: (ctx: Ctx, method: string, path: string) => Promise<void>;
     }
+  /** Routes of bundles: `id` says whether the route takes a bundle's hash. */
+  | { kind: "bundle"; id: boolean; check: (ctx: Ctx, method: string, path: string) => Promise<void> }
   /** Not tenant-scoped on purpose; `inDocument` false for routes the document does not list. */
   | { kind: "unscoped"; reason: string; inDocument: boolean };
 
@@ -529,6 +569,72 @@ const CASES: Record<string, Case> = {
     },
   },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
+  "GET /v1/runs/{id}/artifacts": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const res = expectProblem(await a.t.api(method, path.replace("{id}", b.runId)), 404, "not_found");
+      expect(res.text).not.toContain(b.tag);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.runId)), 200, "list");
+      expect(own.json.artifacts.map((x: { path: string }) => x.path)).toEqual([`${a.tag}.json`]);
+      expect(own.json.cut.map((x: { path: string }) => x.path)).toEqual([`${a.tag}-link`]);
+      expect(own.text).not.toContain(b.tag);
+      // A query parameter cannot widen the read either.
+      const q = `?environmentId=${b.t.environmentId}&runId=${b.runId}`;
+      expectProblem(await a.t.api(method, `${path.replace("{id}", a.runId)}${q}`), 400, "unknown_field");
+    },
+  },
+  "GET /v1/runs/{id}/artifacts/{artifactId}": {
+    kind: "run",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const at = (runId: string, artifactId: string) =>
+        path.replace("{id}", runId).replace("{artifactId}", artifactId);
+      // B's artifact under B's run, under A's own run; A's artifact under B's run: all 404.
+      for (const [runId, artifactId] of [
+        [b.runId, b.artifactId],
+        [a.runId, b.artifactId],
+        [b.runId, a.artifactId],
+      ] as const) {
+        const res = expectProblem(await a.t.api(method, at(runId, artifactId)), 404, "not_found");
+        expect(res.text).not.toContain(b.tag);
+      }
+      const own = expectStatus(await a.t.api(method, at(a.runId, a.artifactId)), 200, "download");
+      expect(own.text).toBe(`{"result":"${a.tag}"}`);
+    },
+  },
+  "POST /v1/bundles": {
+    kind: "bundle",
+    id: false,
+    check: async ({ a, b }) => {
+      // A's upload is A's: B cannot read it or launch with it; B's bundles are unchanged.
+      const bBefore = await bundleRows(b);
+      const made = await upload(a.t.key, await tarGz([file("new.txt", `new in ${a.tag}`)]));
+      expectStatus(made, 201, "upload");
+      expectStatus(await a.t.api("GET", `/v1/bundles/${made.json.sha256}`), 200, "A reads its own");
+      expectProblem(await b.t.api("GET", `/v1/bundles/${made.json.sha256}`), 404, "bundle_not_found");
+      expectProblem(
+        await b.t.api("POST", "/v1/runs", { commands: ["ls"], bundle: made.json.sha256 }),
+        404,
+        "bundle_not_found",
+      );
+      expect(await bundleRows(b)).toEqual(bBefore);
+    },
+  },
+  "GET /v1/bundles/{sha256}": {
+    kind: "bundle",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const res = expectProblem(
+        await a.t.api(method, path.replace("{sha256}", b.bundle)),
+        404,
+        "bundle_not_found",
+      );
+      expect(res.text).not.toContain(b.t.environmentId);
+      const own = expectStatus(await a.t.api(method, path.replace("{sha256}", a.bundle)), 200, "read");
+      expect(own.json.sha256).toBe(a.bundle);
+    },
+  },
   "GET /v1/runs/{id}/model-calls": {
     kind: "run",
     id: true,
@@ -681,6 +787,26 @@ async function documentOperations(): Promise<string[]> {
   return ops;
 }
 
+/** "METHOD /path" of every operation whose request body may be JSON. */
+async function jsonBodyOperations(): Promise<Set<string>> {
+  const doc = expectStatus(await call(null, "GET", "/v1/openapi.json"), 200, "openapi.json").json;
+  const ops = new Set<string>();
+  for (const [path, item] of Object.entries(doc.paths as Record<string, Record<string, unknown>>)) {
+    for (const [method, op] of Object.entries(item)) {
+      const content = (op as { requestBody?: { content?: Record<string, unknown> } }).requestBody?.content;
+      if (!content || "application/json" in content) ops.add(`${method.toUpperCase()} ${path}`);
+    }
+  }
+  return ops;
+}
+
+/** A tenant's bundle rows. */
+async function bundleRows(v: Vault) {
+  return withDb((db) =>
+    db.select().from(bundles).where(eq(bundles.environmentId, v.t.environmentId)).orderBy(bundles.sha256),
+  );
+}
+
 const split = (op: string) => {
   const [method, path] = op.split(" ") as [string, string];
   return { method, path };
@@ -702,7 +828,11 @@ function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string;
     c && (c.kind === "by-id" || c.kind === "write" || c.kind === "run" || c.kind === "webhook")
       ? c.body?.(ctx)
       : undefined;
-  return { method, path: path.replace("{id}", id), body };
+  return {
+    method,
+    path: path.replace("{id}", id).replace("{sha256}", v.bundle).replace("{artifactId}", v.artifactId),
+    body,
+  };
 }
 
 // case C1 (the meta-test: a new route without a case fails here)
@@ -726,7 +856,8 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
         c?.kind === "by-id" ||
         c?.kind === "by-run" ||
         (c?.kind === "run" && c.id) ||
-        (c?.kind === "webhook" && c.id)
+        (c?.kind === "webhook" && c.id) ||
+        (c?.kind === "bundle" && c.id)
       );
     };
     const untested = ops.filter((op) => op.includes("{") !== byId(op));
@@ -846,6 +977,13 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
       });
     }
 
+    if (c.kind === "bundle") {
+      it(`${op}: A's key reaches A's bundles only (case H3)`, async () => {
+        const ctx = await twoVaults();
+        await c.check(ctx, method, path);
+      });
+    }
+
     if (c.kind === "unscoped") {
       it(`${op} is not tenant-scoped (${c.reason}); it tells A nothing about B`, async () => {
         const [a, b] = [await newTenant(), await newTenant()];
@@ -904,7 +1042,9 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
     };
     const aBefore = await snapshot(a.t);
     const bBefore = await snapshot(b.t);
-    const ops = (await documentOperations()).filter((op) => /^(POST|PUT|PATCH) /.test(op));
+    // Operations with a JSON body (a bundle upload's body is its .tar.gz: no fields to add).
+    const json = await jsonBodyOperations();
+    const ops = (await documentOperations()).filter((op) => /^(POST|PUT|PATCH) /.test(op) && json.has(op));
     expect(ops.length).toBeGreaterThanOrEqual(9);
     const failures: string[] = [];
     for (const op of ops) {
@@ -1001,10 +1141,12 @@ describe("C4 secret values are never returned by any read", { timeout: 120_000 }
         c?.kind === "by-id"
           ? a.ids[c.resource].map((id) => path.replace("{id}", id))
           : c?.kind === "by-run" || (c?.kind === "run" && c.id)
-            ? [path.replace("{id}", a.runId)]
+            ? [path.replace("{id}", a.runId).replace("{artifactId}", a.artifactId)]
             : c?.kind === "webhook" && c.id
               ? [path.replace("{id}", a.webhookId)]
-              : [path];
+              : c?.kind === "bundle" && c.id
+                ? [path.replace("{sha256}", a.bundle)]
+                : [path];
       if (path === "/v1/vault/policy-preview") paths.push(`${path}?egress=local`);
       expect(paths.length, `${op} has nothing to read`).toBeGreaterThan(0);
       for (const p of paths) responses.push([`GET ${p}`, await t.api("GET", p)]);

@@ -134,3 +134,41 @@ export function captureLogs(): string[] {
   }
   return lines;
 }
+
+/** Bytes of one R2 object the walk reads at most (bundles inflated); past it the walk fails. */
+const MAX_SCANNED_OBJECT = 64 * 1024 * 1024;
+
+/**
+ * Walks every object of the R2 bucket under `prefixes` (artifacts/ and bundles/ by default) and
+ * looks for needles in its bytes: artifacts as stored, bundles inflated (a .tar.gz hides what it
+ * holds from a scan of its compressed bytes). Case H5: the canary walk covers what runs store.
+ */
+export async function scanBucket(
+  bucket: R2Bucket,
+  needles: readonly string[],
+  prefixes: readonly string[] = ["artifacts/", "bundles/"],
+): Promise<{ keys: string[]; hits: ColumnHit[] }> {
+  const keys: string[] = [];
+  const hits: ColumnHit[] = [];
+  for (const prefix of prefixes) {
+    let cursor: string | undefined;
+    do {
+      const page = await bucket.list({ prefix, ...(cursor ? { cursor } : {}) });
+      for (const o of page.objects) {
+        keys.push(o.key);
+        const object = await bucket.get(o.key);
+        if (!object) continue;
+        const body = o.key.startsWith("bundles/")
+          ? object.body.pipeThrough(new DecompressionStream("gzip"))
+          : object.body;
+        const bytes = new Uint8Array(await new Response(body).arrayBuffer());
+        if (bytes.length > MAX_SCANNED_OBJECT) throw new Error(`${o.key}: too large to scan`);
+        // latin1: one character per byte, so an ASCII needle is found wherever its bytes are.
+        const text = new TextDecoder("latin1").decode(bytes);
+        for (const n of needles) if (text.includes(n)) hits.push({ where: `r2:${o.key}`, needle: n });
+      }
+      cursor = page.truncated ? page.cursor : undefined;
+    } while (cursor);
+  }
+  return { keys, hits };
+}
