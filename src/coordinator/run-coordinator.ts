@@ -22,7 +22,6 @@ import { checkLaunchable, type RunSpec, storedSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/service";
 import {
-  type CollectResult,
   type EnvironmentAnswer,
   type MachinePorts,
   type MachineState,
@@ -261,18 +260,6 @@ function databaseFault(error: unknown, timeoutMs: number): string {
 }
 
 /**
- * How the artifacts' collect reaches the broker (issue 20), typed here until the SandboxBroker
- * has it; the run's environment names where its artifacts are stored.
- */
-interface BrokerCollect {
-  collect(
-    runId: string,
-    sandboxId: string,
-    options: { environmentId: string; sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
-  ): Promise<CollectResult>;
-}
-
-/**
  * A broker call's failure as the machine tells it apart. An error's class and code do not cross
  * the RPC boundary, only its message: a backend's not_supported (backend.ts notSupported) is
  * known by its words.
@@ -296,7 +283,6 @@ async function viaBroker<T>(call: () => T): Promise<Awaited<T>> {
 function workerPorts(env: Env, db: Db): MachinePorts {
   const config = loadConfig(env);
   const broker = brokerStub(env);
-  const artifacts = broker as unknown as BrokerCollect;
   const environments = new Map<string, string>();
   const environmentOf = async (runId: string): Promise<string> => {
     const known = environments.get(runId);
@@ -367,7 +353,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
         viaBroker(() => broker.setHosts(runId, sandboxId, hostsFile)),
       collect: async (runId, sandboxId, options) => {
         const environmentId = await environmentOf(runId);
-        return viaBroker(() => artifacts.collect(runId, sandboxId, { environmentId, ...options }));
+        return viaBroker(() => broker.collect(runId, sandboxId, { environmentId, ...options }));
       },
     },
     issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),
