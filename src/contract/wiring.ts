@@ -6,7 +6,8 @@ import { ProxyReady } from "./proxy-wire";
 // The contract of the wiring program (proxy-image/src/wiring.ts, shipped as wiring.cjs), which
 // runs in a work or task sandbox's setup stage: it reads one WiringInput as JSON on stdin, trusts
 // the run CA, writes the hosts-file redirect, proves both work, and prints one WiringProof as
-// JSON on stdout. Imported by the program and by whoever starts it, so the two cannot drift.
+// JSON on stdout. With `installed` it writes nothing and proves what was installed from outside
+// (after a setup stage, in the execute stage). Imported by the program and by whoever starts it, so the two cannot drift.
 // Pure zod (no node: imports): workerd loads it too.
 
 /** The program's exit codes. */
@@ -62,6 +63,12 @@ export const WiringInput = z
      * there has no root). The wiring then checks each entry is there instead of writing it.
      */
     hostsInstalled: z.boolean().default(false),
+    /**
+     * Check only: the wiring's files (the CA file, the bundle, the hosts file) were re-installed
+     * from outside the sandbox (the local agent's seal, after the setup stage). Nothing is
+     * written; the program checks each of them, then probes as usual. Run in the execute stage.
+     */
+    installed: z.boolean().default(false),
     /** The port the HTTPS probe connects to (tests point it at an ephemeral listener). */
     probePort: z.number().int().min(1).max(65_535).default(443),
     /**
