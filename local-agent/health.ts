@@ -6,7 +6,7 @@ import { run, SAFE_PATH } from "./command";
 // What this machine can and cannot do, in plain words. Anything here makes every create call
 // answer `cannot_isolate`: a sandbox is made fully isolated or not at all.
 
-const BINARIES = ["ip", "unshare", "nsenter", "setpriv", "mount", "sh"];
+const BINARIES = ["ip", "unshare", "nsenter", "setpriv", "mount", "umount", "pivot_root", "sh"];
 /** An unprivileged uid for the user-namespace probe (nobody). */
 const PROBE_UID = "65534";
 

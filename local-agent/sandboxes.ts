@@ -1,17 +1,26 @@
-import { randomUUID } from "node:crypto";
+import { spawn } from "node:child_process";
+import { randomUUID, X509Certificate } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Readable } from "node:stream";
 import type { z } from "zod";
-import type {
-  AgentHealth,
-  CreateSandbox,
-  ExecInfo,
-  ExecRequest,
-  ListedSandbox,
-  SandboxInfo,
-  SandboxKind,
+import type { UnpackResult } from "../src/contract/bundle";
+import {
+  type AgentHealth,
+  type CreateSandbox,
+  DEFAULT_RESOURCES,
+  type ExecInfo,
+  type ExecRequest,
+  type ListedSandbox,
+  type Resources,
+  type SandboxInfo,
+  type SandboxKind,
+  type Seal,
+  type SealResult,
 } from "../src/contract/local-agent";
+import { type CgroupHost, removeParents, SandboxCgroup } from "./cgroups";
 import { AgentError } from "./errors";
-import { Exec } from "./exec";
+import { Exec, type ExecCgroup } from "./exec";
 import {
   applyNft,
   createRunNetwork,
@@ -37,8 +46,18 @@ import {
   workNet,
 } from "./network";
 import { type HostListener, startProbe, startRelay } from "./relay";
-import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, NODE_MOUNT, SANDBOX_HOME, SandboxProcess } from "./sandbox";
+import {
+  CA_BUNDLE,
+  EXEC_BASE_ENV,
+  envScript,
+  IMAGE_MOUNT,
+  NODE_MOUNT,
+  SANDBOX_HOME,
+  SandboxProcess,
+} from "./sandbox";
 import type { StateDir } from "./state-dir";
+import { collectArtifacts, type SandboxProgram, unpackBundle } from "./transfer";
+import { BASE_HOSTS, installHosts, installSealed, type WiredFiles } from "./wiring-files";
 
 // The sandboxes this agent made and the runs they belong to. Creation and destruction are
 // serialized (one at a time: they share the run's network and its ruleset); execs are not.
@@ -55,10 +74,12 @@ export interface RegistryOptions {
   uidBase: number;
   health: AgentHealth;
   log: AgentLog;
-  /** Host directory with proxy.cjs and wiring.cjs (mounted read-only in every sandbox). */
+  /** Host directory with the image's programs (mounted read-only in every sandbox). */
   imageDir: string;
-  /** Host directories no sandbox may see (the checkout, the state directory). */
-  hide: readonly string[];
+  /** The work image's exported files (rootfs.ts): every sandbox's overlay's lower layer. */
+  rootfs: string | null;
+  /** Where sandboxes' cgroups are made (cgroups.ts). */
+  cgroups: CgroupHost | null;
   /** Private CIDRs default-routing sandboxes may reach directly (development and tests only). */
   directAllowCidrs: readonly string[];
   /**
@@ -100,11 +121,16 @@ interface Sandbox {
   controlPlaneUrl: string | null;
   process: SandboxProcess;
   execs: Map<string, Exec>;
+  resources: Resources;
+  /** The setup stage has ended (seal): no more setup-stage execs. */
+  sealed: boolean;
+  /** Processes seal killed (all seals of this sandbox). */
+  sealKilled: number;
+  resolvConf: string;
 }
 
 /** How long a proxy gets, after SIGTERM, to flush its audit batch before its sandbox is killed. */
 const PROXY_GRACE_MS = 5_000;
-const HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
 const UID_SPAN = 200_000;
 /** Exited execs kept per sandbox (each keeps up to 2 MiB of output). */
 const MAX_EXITED_EXECS = 256;
@@ -162,6 +188,7 @@ export class Registry {
           routing: sandbox.routing,
           netns: sandbox.netns,
           uid: sandbox.process.uid,
+          resources: sandbox.resources,
           ms: Date.now() - started,
         });
         return { info: this.info(sandbox), created: true };
@@ -199,16 +226,21 @@ export class Registry {
     const texts = [...request.argv, ...Object.values(request.env), request.cwd ?? ""];
     if (texts.some((t) => t.includes("\0")))
       throw new AgentError("invalid_request", "NUL bytes are not allowed in argv, env or cwd");
+    if (request.stage === "setup" && sandbox.sealed) {
+      throw new AgentError("sealed", `sandbox ${sandboxId} is sealed: its setup stage has ended`);
+    }
     const execId = request.id ?? randomUUID();
     const { argv, env } = this.program(sandbox, request.argv, request.env);
     let exec: Exec;
     try {
-      exec = new Exec(execId, sandboxId, {
-        argv: sandbox.process.execArgv(request.stage, request.cwd ?? SANDBOX_HOME, argv),
+      const { rel, cgroup } = this.execCgroup(sandbox, request.stage, `e-${execId}`);
+      exec = new Exec(execId, sandboxId, request.stage, {
+        argv: sandbox.process.execArgv(request.stage, rel, request.cwd ?? SANDBOX_HOME, argv),
         env: EXEC_BASE_ENV,
         fd3: envScript(env),
         stdin: request.stdin,
         timeoutMs: request.timeoutMs,
+        cgroup,
       });
     } catch (error) {
       // spawn refuses synchronously only what the request itself makes impossible (E2BIG).
@@ -284,6 +316,165 @@ export class Registry {
     return exec;
   }
 
+  /** A cgroup leaf of its own for one exec (cgroups.ts), as the exec uses it. */
+  private execCgroup(
+    sandbox: Sandbox,
+    stage: "setup" | "execute",
+    name: string,
+  ): { rel: string; cgroup: ExecCgroup } {
+    const cg = sandbox.process.cgroup;
+    const rel = cg.leaf(stage, name);
+    return {
+      rel,
+      cgroup: {
+        hit: () => cg.limitHit(rel),
+        killAll: async () => {
+          await cg.kill(rel);
+        },
+        release: () => cg.removeLeaf(rel),
+      },
+    };
+  }
+
+  /** A work or task sandbox that is ready, for the calls only those have. */
+  private workSandbox(sandboxId: string, what: string): Sandbox & { work: WorkNet } {
+    const sandbox = this.sandbox(sandboxId);
+    if (sandbox.kind === "proxy" || sandbox.work === null)
+      throw new AgentError("invalid_request", `${what} is for work, task and orchestrator sandboxes`);
+    if (sandbox.state !== "ready" || !sandbox.process.isolated())
+      throw new AgentError("sandbox_failed", `sandbox ${sandboxId} is destroyed`);
+    return sandbox as Sandbox & { work: WorkNet };
+  }
+
+  private wiredFiles(sandbox: Sandbox): WiredFiles {
+    return { dir: sandbox.process.dir, setupUid: sandbox.process.setupUid, sealed: sandbox.sealed };
+  }
+
+  /**
+   * Ends a work or task sandbox's setup stage: setup-stage execs are refused from now on, every
+   * process the stage started is killed (its cgroup, however it left its exec's process tree),
+   * then the wiring's files are installed again from the caller's copy, from the host side.
+   * Idempotent: a repeated seal installs the files again and kills nothing new.
+   */
+  async seal(sandboxId: string, body: Seal): Promise<SealResult> {
+    const sandbox = this.workSandbox(sandboxId, "seal");
+    if (body.routing !== sandbox.routing) {
+      throw new AgentError(
+        "invalid_request",
+        `routing: the sandbox was made with ${sandbox.routing} routing, not ${body.routing}`,
+      );
+    }
+    if (body.caCertPem !== null) {
+      try {
+        if (!new X509Certificate(body.caCertPem).ca) throw new Error("not a CA");
+      } catch {
+        throw new AgentError("invalid_request", "caCertPem: not a CA certificate");
+      }
+    }
+    sandbox.sealed = true;
+    const before = new Set(sandbox.process.processes("setup"));
+    // Each setup exec first (one just started may not have joined its cgroup yet), then what is
+    // left in the setup cgroup: the daemons.
+    await Promise.all(
+      [...sandbox.execs.values()]
+        .filter((e) => e.stage === "setup" && e.state === "running")
+        .map((e) => e.kill()),
+    );
+    const killed = await sandbox.process.cgroup.kill("setup", (pid) => sandbox.process.inSandbox(pid));
+    sandbox.sealKilled += Math.max(killed, before.size);
+    sandbox.process.cgroup.removeLeaf("setup");
+    try {
+      installSealed(this.wiredFiles(sandbox), {
+        routing: body.routing,
+        proxyAddress: sandbox.work.proxyAddress,
+        hostsFile: body.hostsFile,
+        caCertPem: body.caCertPem,
+        resolvConf: sandbox.resolvConf,
+        imageBundle: readFileSync(join(this.o.rootfs as string, CA_BUNDLE), "utf8"),
+      });
+    } catch (error) {
+      throw new AgentError("sandbox_failed", `could not install the wiring's files: ${message(error)}`);
+    }
+    this.o.log({ event: "sandbox_sealed", id: sandboxId, runId: sandbox.runId, killed: sandbox.sealKilled });
+    return { killed: sandbox.sealKilled };
+  }
+
+  /** Default routing: the hosts file's redirect rewritten from outside (a vault edit). */
+  setHosts(sandboxId: string, hostsFile: readonly string[]): void {
+    const sandbox = this.workSandbox(sandboxId, "a hosts rewrite");
+    if (sandbox.routing !== "default") {
+      throw new AgentError("invalid_request", "a catch-all sandbox has no per-host redirect to rewrite");
+    }
+    try {
+      installHosts(this.wiredFiles(sandbox), sandbox.work.proxyAddress, hostsFile);
+    } catch (error) {
+      throw new AgentError("sandbox_failed", `could not rewrite the hosts file: ${message(error)}`);
+    }
+    this.o.log({ event: "sandbox_hosts", id: sandboxId, runId: sandbox.runId, hosts: hostsFile.length });
+  }
+
+  /** bw-unpack (the execute stage's uid) into `dir`, the body streamed to it. */
+  bundle(
+    sandboxId: string,
+    dir: string,
+    body: Readable,
+    bounds: { maxBytes: number; maxFiles: number; maxUploadBytes: number },
+  ): Promise<UnpackResult> {
+    const sandbox = this.workSandbox(sandboxId, "a bundle");
+    const argv = [
+      NODE_MOUNT,
+      `${IMAGE_MOUNT}/unpack.cjs`,
+      dir,
+      "--max-bytes",
+      String(bounds.maxBytes),
+      "--max-files",
+      String(bounds.maxFiles),
+    ];
+    return unpackBundle(this.programIn(sandbox, "unpack"), argv, body, bounds.maxUploadBytes);
+  }
+
+  /** bw-collect (the execute stage's uid) of `dir`: the archive, streamed. */
+  artifacts(
+    sandboxId: string,
+    dir: string,
+    bounds: { maxBytes: number; maxFiles: number },
+  ): Promise<{ stream: Readable; abort: () => void }> {
+    const sandbox = this.workSandbox(sandboxId, "collecting artifacts");
+    const argv = [
+      NODE_MOUNT,
+      `${IMAGE_MOUNT}/collect.cjs`,
+      dir,
+      "--max-bytes",
+      String(bounds.maxBytes),
+      "--max-files",
+      String(bounds.maxFiles),
+    ];
+    return collectArtifacts(this.programIn(sandbox, "collect"), argv);
+  }
+
+  /** Runs a program of the image in the execute stage with its stdio piped to the agent. */
+  private programIn(sandbox: Sandbox, name: string): SandboxProgram {
+    return {
+      spawn: (argv) => {
+        const { rel, cgroup } = this.execCgroup(sandbox, "execute", `${name}-${randomUUID()}`);
+        const [file, ...args] = sandbox.process.execArgv("execute", rel, SANDBOX_HOME, argv) as [
+          string,
+          ...string[],
+        ];
+        const child = spawn(file, args, { env: EXEC_BASE_ENV, stdio: ["pipe", "pipe", "pipe", "pipe"] });
+        const fd3 = child.stdio[3] as NodeJS.WritableStream & { on(e: "error", f: () => void): void };
+        fd3.on("error", () => {});
+        fd3.end("");
+        return {
+          child,
+          done: () => {
+            void cgroup.killAll().then(() => cgroup.release());
+          },
+        };
+      },
+    };
+  }
+
   /** Destroys every sandbox, then the host table (unless another agent's runs still need it). */
   close(): Promise<void> {
     this.closing = true;
@@ -292,6 +483,7 @@ export class Registry {
         (a, b) => Number(a.kind === "proxy") - Number(b.kind === "proxy"),
       );
       for (const s of order) await this.destroyNow(s.id);
+      if (this.o.cgroups) removeParents(this.o.cgroups);
       if (this.ipForwardBefore !== null && proxyNamespaces().length === 0) {
         await removeHost(this.o.nft, this.ipForwardBefore);
         this.o.state.forgetHost();
@@ -391,12 +583,52 @@ export class Registry {
     this.ipForwardBefore = before;
   }
 
-  private files(resolver: string[]): { hosts: string; resolvConf: string } {
+  private resolvConf(resolver: string[]): string {
     const lines = resolver.map((a) => `nameserver ${a}`);
-    return {
-      hosts: HOSTS,
-      resolvConf: `${lines.length > 0 ? lines.join("\n") : "# the host has no nameserver a sandbox can reach"}\n`,
-    };
+    return `${lines.length > 0 ? lines.join("\n") : "# the host has no nameserver a sandbox can reach"}\n`;
+  }
+
+  /**
+   * The sandbox's cgroup (written down in the state directory first) and its processes; on a
+   * failure neither is left.
+   */
+  private async startProcess(
+    request: CreateSandbox,
+    netns: string,
+    uid: number,
+    resolvConf: string,
+  ): Promise<{ process: SandboxProcess; resources: Resources }> {
+    const resources = request.resources ?? DEFAULT_RESOURCES[request.kind];
+    const host = this.o.cgroups as CgroupHost;
+    const name = `${this.o.state.tag}-${request.id}`;
+    this.o.state.recordCgroup(
+      request.id,
+      Object.values(host.parents).map((p) => join(p, name)),
+    );
+    let cgroup: SandboxCgroup | null = null;
+    try {
+      cgroup = SandboxCgroup.create(host, name, resources);
+      const process = await SandboxProcess.start({
+        kind: request.kind,
+        netns,
+        uid,
+        dir: this.o.state.sandboxDir(request.id),
+        files: { hosts: BASE_HOSTS, resolvConf },
+        imageDir: this.o.imageDir,
+        rootfs: this.o.rootfs as string,
+        layerBytes: resources.memoryMb * 1024 * 1024,
+        binDir: this.o.state.binDir(),
+        cgroup,
+      });
+      return { process, resources };
+    } catch (error) {
+      if (cgroup) {
+        await cgroup.kill("");
+        cgroup.remove();
+      }
+      this.o.state.forgetCgroup(request.id);
+      throw error;
+    }
   }
 
   private async createProxy(request: Extract<CreateSandbox, { kind: "proxy" }>): Promise<Sandbox> {
@@ -426,14 +658,8 @@ export class Registry {
       run.relay = { listener: relay, address: run.net.hostAddress };
       run.probe = { listener: await startProbe(run.net.probeAddress), address: run.net.probeAddress };
       await hostService(this.o.nft, run.net.hostLink, this.hostServices(run), true);
-      const process = await SandboxProcess.start({
-        netns: run.net.proxyNetns,
-        uid,
-        dir: this.o.state.sandboxDir(request.id),
-        files: this.files(hostNameservers()),
-        imageDir: this.o.imageDir,
-        hide: this.o.hide,
-      });
+      const resolvConf = this.resolvConf(hostNameservers());
+      const { process, resources } = await this.startProcess(request, run.net.proxyNetns, uid, resolvConf);
       const path = cp.pathname === "/" ? "" : cp.pathname.replace(/\/$/, "");
       const sandbox: Sandbox = {
         id: request.id,
@@ -449,6 +675,10 @@ export class Registry {
         controlPlaneUrl: `${cp.protocol}//${run.net.hostAddress}:${relay.port}${path}`,
         process,
         execs: new Map(),
+        resources,
+        sealed: false,
+        sealKilled: 0,
+        resolvConf,
       };
       this.sandboxes.set(sandbox.id, sandbox);
       run.members.add(sandbox.id);
@@ -500,14 +730,10 @@ export class Registry {
       } catch (error) {
         throw new Error(`could not install the redirect: ${message(error)}`);
       }
-      const process = await SandboxProcess.start({
-        netns: net.netns,
-        uid,
-        dir: this.o.state.sandboxDir(request.id),
-        files: this.files(request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers()),
-        imageDir: this.o.imageDir,
-        hide: this.o.hide,
-      });
+      const resolvConf = this.resolvConf(
+        request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers(),
+      );
+      const { process, resources } = await this.startProcess(request, net.netns, uid, resolvConf);
       const sandbox: Sandbox = {
         id: request.id,
         runId: request.runId,
@@ -522,6 +748,10 @@ export class Registry {
         controlPlaneUrl: null,
         process,
         execs: new Map(),
+        resources,
+        sealed: false,
+        sealKilled: 0,
+        resolvConf,
       };
       this.sandboxes.set(sandbox.id, sandbox);
       run.members.add(sandbox.id);
@@ -594,6 +824,9 @@ export class Registry {
     }
     await sandbox.process.kill();
     await Promise.all([...sandbox.execs.values()].map((e) => e.kill()));
+    await sandbox.process.cgroup.kill("");
+    sandbox.process.cgroup.remove();
+    this.o.state.forgetCgroup(id);
     const run = this.runs.get(sandbox.runId) as Run;
     if (sandbox.kind === "proxy") {
       await this.dismantleRunNetwork(run);
