@@ -54,6 +54,15 @@ export const UnpackResult = z.discriminatedUnion("ok", [
 ]);
 export type UnpackResult = z.infer<typeof UnpackResult>;
 
+/**
+ * bw-unpack's exit codes. `failed`: not the bundle's doing (bad arguments, <dir> not a directory,
+ * the disk, a file already in the way); a message on stderr and nothing on stdout.
+ */
+export const UNPACK_EXIT = { ok: 0, failed: 1, refused: 2 } as const;
+
+/** bw-collect's exit codes. `failed`: what stdout holds is no archive to use; stderr says why. */
+export const COLLECT_EXIT = { ok: 0, failed: 1 } as const;
+
 /** Where the commands leave results, per sandbox ($BW_OUT). */
 export const DEFAULT_OUT_DIR = "/home/sandbox/out";
 
@@ -72,17 +81,30 @@ export const CutReason = z.enum([
   "symlink",
   /** Not a regular file or directory (device, FIFO, socket). */
   "special",
-  /** Could not be read as the execute stage's uid. */
+  /**
+   * Could not be read as the execute stage's uid, or changed while it was read (its archive entry,
+   * if any, is then no artifact: only what `files` lists is), or a name that is not UTF-8.
+   */
   "unreadable",
 ]);
 export type CutReason = z.infer<typeof CutReason>;
 
-/** The last entry of bw-collect's archive. Paths are relative to $BW_OUT, `/`-separated. */
+/**
+ * The last entry of bw-collect's archive. Paths are relative to $BW_OUT, `/`-separated. It is the
+ * truth about the archive: a `files/<path>` entry is an artifact only when `files` lists its path
+ * (with the sha256 its bytes must have).
+ */
 export const CollectManifest = z.strictObject({
   files: z.array(z.strictObject({ path: z.string(), size: z.number().int(), sha256: BundleHash })),
   cut: z.array(z.strictObject({ path: z.string(), reason: CutReason, size: z.number().int().nullable() })),
   limits: z.strictObject({ maxBytes: z.number().int(), maxFiles: z.number().int() }),
   /** $BW_OUT did not exist (the commands wrote nothing): not an error. */
   missing: z.boolean(),
+  /**
+   * Present (true) only when the walk stopped early: more entries under $BW_OUT than it visits
+   * (10 × maxFiles, at least 10 000), or `cut` full (maxFiles entries). What came after is in
+   * neither list. Optional so that a manifest without it still parses.
+   */
+  incomplete: z.literal(true).optional(),
 });
 export type CollectManifest = z.infer<typeof CollectManifest>;
