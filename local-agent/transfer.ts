@@ -1,6 +1,6 @@
 import type { ChildProcess } from "node:child_process";
 import type { Readable } from "node:stream";
-import { UnpackResult } from "../src/contract/bundle";
+import { UNPACK_EXIT, UnpackResult } from "../src/contract/bundle";
 import { AgentError } from "./errors";
 
 // Bundles in and artifacts out: the image's bw-unpack and bw-collect run in a sandbox as the
@@ -74,7 +74,7 @@ export async function unpackBundle(
   try {
     parsed = UnpackResult.parse(JSON.parse(stdout.trim().split("\n").at(-1) ?? ""));
   } catch {}
-  if (parsed && ((end.code === 0 && parsed.ok) || (end.code === 2 && !parsed.ok))) return parsed;
+  if (parsed && end.code === (parsed.ok ? UNPACK_EXIT.ok : UNPACK_EXIT.refused)) return parsed;
   throw new AgentError(
     "sandbox_failed",
     `bw-unpack ended with ${end.signal ?? `exit ${end.code}`} and no answer${stderr() ? `: ${stderr()}` : ""}`,

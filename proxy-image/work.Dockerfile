@@ -18,6 +18,7 @@ COPY proxy-image/package.json proxy-image/
 RUN npm ci --workspace=proxy-image --ignore-scripts --no-audit --no-fund
 COPY src/policy src/policy
 COPY src/contract src/contract
+COPY src/archive src/archive
 COPY proxy-image/src proxy-image/src
 RUN npm run build:proxy
 
