@@ -247,12 +247,10 @@ export class SandboxCgroup {
     return { oomKills, pidsMax };
   }
 
-  /** Which limit the kernel enforced on `rel`'s processes, if any. */
-  limitHit(rel: string): ResourceLimit | null {
+  /** Which limits the kernel enforced on `rel`'s processes. */
+  limitsHit(rel: string): Record<ResourceLimit, boolean> {
     const c = this.counters(rel);
-    if (c.oomKills > 0) return "memory";
-    if (c.pidsMax > 0) return "pids";
-    return null;
+    return { memory: c.oomKills > 0, pids: c.pidsMax > 0 };
   }
 
   /**

@@ -17,8 +17,8 @@ const LIMIT_POLL_MS = 250;
 
 /** An exec's cgroup leaf (cgroups.ts), as the exec sees it. */
 export interface ExecCgroup {
-  /** Which limit the kernel enforced on the exec's processes, if any. */
-  hit(): ResourceLimit | null;
+  /** Which limits the kernel enforced on the exec's processes (a memory kill, a refused fork). */
+  hit(): Record<ResourceLimit, boolean>;
   /** SIGKILL to every process in the leaf, however far it left the exec's process tree. */
   killAll(): Promise<void>;
   /** The exec has ended: its leaf goes once nothing is left in it. */
@@ -109,7 +109,7 @@ export class Exec {
     const cgroup = this.cgroup;
     if (cgroup) {
       this.watch = setInterval(() => {
-        if (this.limit === null && cgroup.hit() === "pids") {
+        if (this.limit === null && cgroup.hit().pids) {
           this.limit = "pids";
           void this.kill();
         }
@@ -124,7 +124,9 @@ export class Exec {
         if (cgroup) {
           // A memory kill of a process the exec survived (it exited 0) is not the exec's end.
           const hit = cgroup.hit();
-          if (this.limit === null && hit !== null && this.exitCode !== 0) this.limit = hit;
+          if (this.limit === null && this.exitCode !== 0) {
+            this.limit = hit.memory ? "memory" : hit.pids ? "pids" : null;
+          }
           cgroup.release();
         }
         this.state = "exited";

@@ -327,7 +327,7 @@ export class Registry {
     return {
       rel,
       cgroup: {
-        hit: () => cg.limitHit(rel),
+        hit: () => cg.limitsHit(rel),
         killAll: async () => {
           await cg.kill(rel);
         },

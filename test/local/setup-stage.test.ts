@@ -3,8 +3,10 @@ import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { detectCgroups } from "../../local-agent/cgroups";
 import { ROOTFS_DIR } from "../../local-agent/rootfs";
 import { REPO_ROOT, type RunningAgent, startAgent } from "../../local-agent/server";
+import { StateDir } from "../../local-agent/state-dir";
 import { BASE_HOSTS } from "../../local-agent/wiring-files";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
 import { CollectManifest, UnpackResult } from "../../src/contract/bundle";
@@ -377,6 +379,16 @@ while True:
   it("case G7: a fork bomb and a memory hog are held by the sandbox's cgroup; the rest keeps answering", async () => {
     await work("g7", { resources: { memoryMb: 128, pids: 64, cpus: 0.5 } });
     await work("g7b");
+    // Its cgroup has those limits (the kernel enforces them; the agent reads what it counted).
+    const cgroups = detectCgroups();
+    if (!cgroups.ok) throw new Error(cgroups.problem);
+    const dir = (c: "memory" | "pids" | "cpu") =>
+      join(cgroups.host.parents[c] as string, `${new StateDir(stateDir).tag}-g7`);
+    const read = (c: "memory" | "pids" | "cpu", file: string) =>
+      readFileSync(join(dir(c), file), "utf8").trim();
+    expect(read("memory", "memory.limit_in_bytes")).toBe(String(128 * 1024 * 1024));
+    expect(read("pids", "pids.max")).toBe("64");
+    expect([read("cpu", "cpu.cfs_quota_us"), read("cpu", "cpu.cfs_period_us")]).toEqual(["50000", "100000"]);
     const bomb = await api.start("g7", {
       argv: ["sh", "-c", "f() { f | f & }; f; sleep 60"],
       stage: "execute",
