@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { createHash, X509Certificate } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { type AddressInfo, createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -9,6 +9,7 @@ import { createRunCa } from "../../proxy-image/src/ca";
 import { wire } from "../../proxy-image/src/wiring";
 import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import { type WiringInput, WiringProof } from "../../src/contract/wiring";
+import { renderHostsFile, withCertificate } from "../../src/policy/hosts-file";
 import {
   createTestCa,
   type RunningProxy,
@@ -175,6 +176,73 @@ describe("default routing", () => {
     const hosts = readFileSync(paths.hostsPath, "utf8");
     expect(hosts).not.toContain("127.0.0.1 api.test");
     expect(count(hosts, `127.0.0.1 ${PROBE}\n`)).toBe(1);
+  });
+});
+
+describe("installed from outside (installed: true, after a setup stage)", () => {
+  /** What the local agent's seal writes, with the same module the wiring writes with. */
+  function installFromOutside(hostsFile = ["api.test", "evil.test"]) {
+    mkdirSync(paths.caDir, { recursive: true });
+    writeFileSync(join(paths.caDir, "run-ca.pem"), asFile(proxy.caPem));
+    writeFileSync(paths.caBundlePath, withCertificate(roots, proxy.caPem));
+    writeFileSync(paths.hostsPath, renderHostsFile(HOSTS_BEFORE, "default", "127.0.0.1", hostsFile));
+  }
+  const files = () =>
+    [join(paths.caDir, "run-ca.pem"), paths.caBundlePath, paths.hostsPath].map((p) => {
+      try {
+        return [readFileSync(p, "utf8"), statSync(p).mtimeMs];
+      } catch {
+        return null;
+      }
+    });
+
+  it("the agent's rendering is byte for byte what the wiring writes", async () => {
+    expect((await wire(input())).code).toBe(0);
+    const written = [paths.caBundlePath, paths.hostsPath].map((p) => readFileSync(p, "utf8"));
+    installFromOutside();
+    expect([paths.caBundlePath, paths.hostsPath].map((p) => readFileSync(p, "utf8"))).toEqual(written);
+  });
+
+  it("writes nothing, checks the files and proves them", async () => {
+    installFromOutside();
+    const before = files();
+    const result = await wire(input({ installed: true }));
+    expect(result.code).toBe(0);
+    expect(result.proof?.probes.map((p) => [p.name, p.ok])).toEqual([["tls_probe", true]]);
+    expect(files()).toEqual(before);
+  });
+
+  it("fails on each file that is not what it must be, naming it, and probes nothing", async () => {
+    const cases: Array<[string, () => void, RegExp]> = [
+      ["no run CA file", () => rmSync(join(paths.caDir, "run-ca.pem")), /cannot read .*run-ca\.pem: ENOENT/],
+      [
+        "another CA in the run CA's file",
+        () => writeFileSync(join(paths.caDir, "run-ca.pem"), otherCa.certPem),
+        /run-ca\.pem is not the run CA/,
+      ],
+      [
+        "a bundle without the run CA",
+        () => writeFileSync(paths.caBundlePath, roots),
+        /does not hold the run CA/,
+      ],
+      [
+        "a hosts file missing a vault host",
+        () =>
+          writeFileSync(paths.hostsPath, renderHostsFile(HOSTS_BEFORE, "default", "127.0.0.1", ["api.test"])),
+        /does not send evil\.test to 127\.0\.0\.1/,
+      ],
+    ];
+    for (const [name, breakIt, observed] of cases) {
+      installFromOutside();
+      breakIt();
+      const before = files();
+      const result = await wire(input({ installed: true }));
+      expect(result.code, name).toBe(1);
+      expect(result.proof?.probes, name).toEqual([
+        expect.objectContaining({ name: "install", ok: false, observed: expect.stringMatching(observed) }),
+      ]);
+      expect(files(), name).toEqual(before);
+    }
   });
 });
 
