@@ -1,5 +1,4 @@
-import { spawn } from "node:child_process";
-import { randomUUID, X509Certificate } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Readable } from "node:stream";
@@ -14,13 +13,12 @@ import {
   type ListedSandbox,
   type Resources,
   type SandboxInfo,
-  type SandboxKind,
   type Seal,
   type SealResult,
 } from "../src/contract/local-agent";
 import { type CgroupHost, removeParents, SandboxCgroup } from "./cgroups";
 import { AgentError } from "./errors";
-import { Exec, type ExecCgroup } from "./exec";
+import { Exec } from "./exec";
 import {
   applyNft,
   createRunNetwork,
@@ -55,9 +53,11 @@ import {
   SANDBOX_HOME,
   SandboxProcess,
 } from "./sandbox";
+import { execCgroup, type Sandbox, type WorkSandbox } from "./sandbox-record";
+import { rewriteHostsOf, sealSandbox } from "./sealing";
 import type { StateDir } from "./state-dir";
-import { collectArtifacts, type SandboxProgram, unpackBundle } from "./transfer";
-import { BASE_HOSTS, installHosts, installSealed, type WiredFiles } from "./wiring-files";
+import { collectArtifacts, unpackBundle } from "./transfer";
+import { BASE_HOSTS } from "./wiring-files";
 
 // The sandboxes this agent made and the runs they belong to. Creation and destruction are
 // serialized (one at a time: they share the run's network and its ruleset); execs are not.
@@ -104,29 +104,6 @@ interface Run {
   members: Set<string>;
   /** Work index i -> the work/task sandbox on that link. */
   slots: Map<number, { id: string; routing: Routing }>;
-}
-
-interface Sandbox {
-  id: string;
-  runId: string;
-  kind: SandboxKind;
-  routing: Routing | null;
-  proxySandboxId: string | null;
-  state: "ready" | "destroyed";
-  /** Its processes are stopped (a halted run's work sandbox, a paused lingering proxy). */
-  frozen: boolean;
-  netns: string;
-  work: WorkNet | null;
-  address: string;
-  controlPlaneUrl: string | null;
-  process: SandboxProcess;
-  execs: Map<string, Exec>;
-  resources: Resources;
-  /** The setup stage has ended (seal): no more setup-stage execs. */
-  sealed: boolean;
-  /** Processes seal killed (all seals of this sandbox). */
-  sealKilled: number;
-  resolvConf: string;
 }
 
 /** How long a proxy gets, after SIGTERM, to flush its audit batch before its sandbox is killed. */
@@ -233,7 +210,7 @@ export class Registry {
     const { argv, env } = this.program(sandbox, request.argv, request.env);
     let exec: Exec;
     try {
-      const { rel, cgroup } = this.execCgroup(sandbox, request.stage, `e-${execId}`);
+      const { rel, cgroup } = execCgroup(sandbox, request.stage, `e-${execId}`);
       exec = new Exec(execId, sandboxId, request.stage, {
         argv: sandbox.process.execArgv(request.stage, rel, request.cwd ?? SANDBOX_HOME, argv),
         env: EXEC_BASE_ENV,
@@ -316,163 +293,48 @@ export class Registry {
     return exec;
   }
 
-  /** A cgroup leaf of its own for one exec (cgroups.ts), as the exec uses it. */
-  private execCgroup(
-    sandbox: Sandbox,
-    stage: "setup" | "execute",
-    name: string,
-  ): { rel: string; cgroup: ExecCgroup } {
-    const cg = sandbox.process.cgroup;
-    const rel = cg.leaf(stage, name);
-    return {
-      rel,
-      cgroup: {
-        hit: () => cg.limitsHit(rel),
-        killAll: async () => {
-          await cg.kill(rel);
-        },
-        release: () => cg.removeLeaf(rel),
-      },
-    };
-  }
-
   /** A work or task sandbox that is ready, for the calls only those have. */
-  private workSandbox(sandboxId: string, what: string): Sandbox & { work: WorkNet } {
+  private workSandbox(sandboxId: string, what: string): WorkSandbox {
     const sandbox = this.sandbox(sandboxId);
     if (sandbox.kind === "proxy" || sandbox.work === null)
       throw new AgentError("invalid_request", `${what} is for work, task and orchestrator sandboxes`);
     if (sandbox.state !== "ready" || !sandbox.process.isolated())
       throw new AgentError("sandbox_failed", `sandbox ${sandboxId} is destroyed`);
-    return sandbox as Sandbox & { work: WorkNet };
+    return sandbox as WorkSandbox;
   }
 
-  private wiredFiles(sandbox: Sandbox): WiredFiles {
-    return { dir: sandbox.process.dir, setupUid: sandbox.process.setupUid, sealed: sandbox.sealed };
-  }
-
-  /**
-   * Ends a work or task sandbox's setup stage: setup-stage execs are refused from now on, every
-   * process the stage started is killed (its cgroup, however it left its exec's process tree),
-   * then the wiring's files are installed again from the caller's copy, from the host side.
-   * Idempotent: a repeated seal installs the files again and kills nothing new.
-   */
+  /** Ends a work or task sandbox's setup stage (sealing.ts). */
   async seal(sandboxId: string, body: Seal): Promise<SealResult> {
     const sandbox = this.workSandbox(sandboxId, "seal");
-    if (body.routing !== sandbox.routing) {
-      throw new AgentError(
-        "invalid_request",
-        `routing: the sandbox was made with ${sandbox.routing} routing, not ${body.routing}`,
-      );
-    }
-    if (body.caCertPem !== null) {
-      try {
-        if (!new X509Certificate(body.caCertPem).ca) throw new Error("not a CA");
-      } catch {
-        throw new AgentError("invalid_request", "caCertPem: not a CA certificate");
-      }
-    }
-    sandbox.sealed = true;
-    const before = new Set(sandbox.process.processes("setup"));
-    // Each setup exec first (one just started may not have joined its cgroup yet), then what is
-    // left in the setup cgroup: the daemons.
-    await Promise.all(
-      [...sandbox.execs.values()]
-        .filter((e) => e.stage === "setup" && e.state === "running")
-        .map((e) => e.kill()),
-    );
-    const killed = await sandbox.process.cgroup.kill("setup", (pid) => sandbox.process.inSandbox(pid));
-    sandbox.sealKilled += Math.max(killed, before.size);
-    sandbox.process.cgroup.removeLeaf("setup");
-    try {
-      installSealed(this.wiredFiles(sandbox), {
-        routing: body.routing,
-        proxyAddress: sandbox.work.proxyAddress,
-        hostsFile: body.hostsFile,
-        caCertPem: body.caCertPem,
-        resolvConf: sandbox.resolvConf,
-        imageBundle: readFileSync(join(this.o.rootfs as string, CA_BUNDLE), "utf8"),
-      });
-    } catch (error) {
-      throw new AgentError("sandbox_failed", `could not install the wiring's files: ${message(error)}`);
-    }
-    this.o.log({ event: "sandbox_sealed", id: sandboxId, runId: sandbox.runId, killed: sandbox.sealKilled });
-    return { killed: sandbox.sealKilled };
+    const result = await sealSandbox(sandbox, body, join(this.o.rootfs as string, CA_BUNDLE));
+    this.o.log({ event: "sandbox_sealed", id: sandboxId, runId: sandbox.runId, killed: result.killed });
+    return result;
   }
 
   /** Default routing: the hosts file's redirect rewritten from outside (a vault edit). */
   setHosts(sandboxId: string, hostsFile: readonly string[]): void {
     const sandbox = this.workSandbox(sandboxId, "a hosts rewrite");
-    if (sandbox.routing !== "default") {
-      throw new AgentError("invalid_request", "a catch-all sandbox has no per-host redirect to rewrite");
-    }
-    try {
-      installHosts(this.wiredFiles(sandbox), sandbox.work.proxyAddress, hostsFile);
-    } catch (error) {
-      throw new AgentError("sandbox_failed", `could not rewrite the hosts file: ${message(error)}`);
-    }
+    rewriteHostsOf(sandbox, hostsFile);
     this.o.log({ event: "sandbox_hosts", id: sandboxId, runId: sandbox.runId, hosts: hostsFile.length });
   }
 
-  /** bw-unpack (the execute stage's uid) into `dir`, the body streamed to it. */
+  /** bw-unpack (the execute stage's uid) into `dir`, the body streamed to it (transfer.ts). */
   bundle(
     sandboxId: string,
     dir: string,
     body: Readable,
     bounds: { maxBytes: number; maxFiles: number; maxUploadBytes: number },
   ): Promise<UnpackResult> {
-    const sandbox = this.workSandbox(sandboxId, "a bundle");
-    const argv = [
-      NODE_MOUNT,
-      `${IMAGE_MOUNT}/unpack.cjs`,
-      dir,
-      "--max-bytes",
-      String(bounds.maxBytes),
-      "--max-files",
-      String(bounds.maxFiles),
-    ];
-    return unpackBundle(this.programIn(sandbox, "unpack"), argv, body, bounds.maxUploadBytes);
+    return unpackBundle(this.workSandbox(sandboxId, "a bundle"), dir, body, bounds);
   }
 
-  /** bw-collect (the execute stage's uid) of `dir`: the archive, streamed. */
+  /** bw-collect (the execute stage's uid) of `dir`: the archive, streamed (transfer.ts). */
   artifacts(
     sandboxId: string,
     dir: string,
     bounds: { maxBytes: number; maxFiles: number },
   ): Promise<{ stream: Readable; abort: () => void }> {
-    const sandbox = this.workSandbox(sandboxId, "collecting artifacts");
-    const argv = [
-      NODE_MOUNT,
-      `${IMAGE_MOUNT}/collect.cjs`,
-      dir,
-      "--max-bytes",
-      String(bounds.maxBytes),
-      "--max-files",
-      String(bounds.maxFiles),
-    ];
-    return collectArtifacts(this.programIn(sandbox, "collect"), argv);
-  }
-
-  /** Runs a program of the image in the execute stage with its stdio piped to the agent. */
-  private programIn(sandbox: Sandbox, name: string): SandboxProgram {
-    return {
-      spawn: (argv) => {
-        const { rel, cgroup } = this.execCgroup(sandbox, "execute", `${name}-${randomUUID()}`);
-        const [file, ...args] = sandbox.process.execArgv("execute", rel, SANDBOX_HOME, argv) as [
-          string,
-          ...string[],
-        ];
-        const child = spawn(file, args, { env: EXEC_BASE_ENV, stdio: ["pipe", "pipe", "pipe", "pipe"] });
-        const fd3 = child.stdio[3] as NodeJS.WritableStream & { on(e: "error", f: () => void): void };
-        fd3.on("error", () => {});
-        fd3.end("");
-        return {
-          child,
-          done: () => {
-            void cgroup.killAll().then(() => cgroup.release());
-          },
-        };
-      },
-    };
+    return collectArtifacts(this.workSandbox(sandboxId, "collecting artifacts"), dir, bounds);
   }
 
   /** Destroys every sandbox, then the host table (unless another agent's runs still need it). */

@@ -2,6 +2,8 @@ import type { ChildProcess } from "node:child_process";
 import type { Readable } from "node:stream";
 import { UNPACK_EXIT, UnpackResult } from "../src/contract/bundle";
 import { AgentError } from "./errors";
+import { IMAGE_MOUNT, NODE_MOUNT } from "./sandbox";
+import { programIn, type WorkSandbox } from "./sandbox-record";
 
 // Bundles in and artifacts out: the image's bw-unpack and bw-collect run in a sandbox as the
 // execute stage's uid, their stdin or stdout streamed to the agent's caller. The programs check
@@ -39,7 +41,7 @@ function exited(child: ChildProcess): Promise<{ code: number | null; signal: str
  * Streams `body` (a .tar.gz, at most `maxUploadBytes`) into bw-unpack. The program's answer:
  * `{ok: true, ...}` (exit 0) or `{ok: false, code, message}` (exit 2, refused).
  */
-export async function unpackBundle(
+async function runUnpack(
   program: SandboxProgram,
   argv: readonly string[],
   body: Readable,
@@ -86,7 +88,7 @@ export async function unpackBundle(
  * returned stream) or failed before any (a sandbox_failed with its stderr). A failure after the
  * first byte aborts the stream, so a caller never takes a cut archive for a whole one.
  */
-export async function collectArtifacts(
+async function runCollect(
   program: SandboxProgram,
   argv: readonly string[],
 ): Promise<{ stream: Readable; abort: () => void }> {
@@ -115,4 +117,38 @@ export async function collectArtifacts(
     if (r.code !== 0) stdout.destroy(new Error(`bw-collect ended with ${r.signal ?? `exit ${r.code}`}`));
   });
   return { stream: stdout, abort: () => child.kill("SIGKILL") };
+}
+
+const programArgv = (program: string, dir: string, bounds: { maxBytes: number; maxFiles: number }) => [
+  NODE_MOUNT,
+  `${IMAGE_MOUNT}/${program}`,
+  dir,
+  "--max-bytes",
+  String(bounds.maxBytes),
+  "--max-files",
+  String(bounds.maxFiles),
+];
+
+/** bw-unpack (the execute stage's uid) into `dir`, the body streamed to it. */
+export function unpackBundle(
+  sandbox: WorkSandbox,
+  dir: string,
+  body: Readable,
+  bounds: { maxBytes: number; maxFiles: number; maxUploadBytes: number },
+): Promise<UnpackResult> {
+  return runUnpack(
+    programIn(sandbox, "unpack"),
+    programArgv("unpack.cjs", dir, bounds),
+    body,
+    bounds.maxUploadBytes,
+  );
+}
+
+/** bw-collect (the execute stage's uid) of `dir`: the archive, streamed. */
+export function collectArtifacts(
+  sandbox: WorkSandbox,
+  dir: string,
+  bounds: { maxBytes: number; maxFiles: number },
+): Promise<{ stream: Readable; abort: () => void }> {
+  return runCollect(programIn(sandbox, "collect"), programArgv("collect.cjs", dir, bounds));
 }

@@ -345,8 +345,10 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
       timeoutMs: 60_000,
     });
     const cmdlines = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done";
-    const inProxy = await api.sh("px1", cmdlines, "setup");
-    expect(inProxy.stdout).toContain(marker); // the check can see a marker where there is one
+    // The check can see a marker where there is one (once the started process runs).
+    await until("the marker to run in the proxy sandbox", async () =>
+      (await api.sh("px1", cmdlines, "setup")).stdout.includes(marker),
+    );
     for (const stage of ["setup", "execute"] as const) {
       const seen = await api.sh("wk1", `${cmdlines}; ps -eo args`, stage);
       expect(seen.stdout).not.toContain(marker);
