@@ -6,10 +6,9 @@ import {
   lstatSync,
   mkdirSync,
   readdirSync,
-  readFileSync,
-  readlinkSync,
   renameSync,
   rmSync,
+  writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
 import { storageFlags } from "../scripts/lib/buildah";
@@ -72,6 +71,7 @@ export async function ensureRootfs(
     exported = true;
     options.log?.({ event: "rootfs_exported", imageId, ms: Date.now() - started });
   }
+  writeFileSync(join(root, `.use-${imageId}-${process.pid}`), "");
   removeOthers(root, imageId);
   return { ok: true, dir, imageId, exported };
 }
@@ -120,33 +120,26 @@ function shiftOwners(source: string, copy: string): void {
   walk(".");
 }
 
-/** Exports of other image ids (and a crashed export's temporary directory) no sandbox uses. */
+/**
+ * Exports of other image ids no live agent uses, and a crashed export's temporary directory. An
+ * agent marks the export it uses (`.use-<id>-<pid>`): a sandbox's mounts do not name it (the
+ * overlay's options are relative), and an overlay's lower layer must not change under it.
+ */
 function removeOthers(root: string, keep: string): void {
-  const inUse = lowerDirsInUse();
-  for (const entry of readdirSync(root)) {
-    if (entry === keep) continue;
-    const path = join(root, entry);
+  const alive = (pid: string) => existsSync(`/proc/${pid}`);
+  const entries = readdirSync(root);
+  const users = new Map<string, string[]>();
+  for (const entry of entries) {
+    const use = /^\.use-([0-9a-f]{64})-(\d+)$/.exec(entry);
+    if (!use) continue;
+    if (!alive(use[2] as string)) rmSync(join(root, entry), { force: true });
+    else users.set(use[1] as string, [...(users.get(use[1] as string) ?? []), use[2] as string]);
+  }
+  for (const entry of entries) {
+    if (entry === keep || entry.startsWith(".use-")) continue;
     const tmpOf = /^\.tmp-(\d+)-/.exec(entry)?.[1];
-    if (tmpOf !== undefined && existsSync(`/proc/${tmpOf}`)) continue; // still being made
-    if ([...inUse].some((d) => d === path || d.startsWith(`${path}/`))) continue;
-    rmSync(path, { recursive: true, force: true });
+    if (tmpOf !== undefined && alive(tmpOf)) continue; // still being made
+    if (users.has(entry)) continue;
+    rmSync(join(root, entry), { recursive: true, force: true });
   }
-}
-
-/** The overlay lower directories of every mount namespace on this machine. */
-function lowerDirsInUse(): Set<string> {
-  const dirs = new Set<string>();
-  const seen = new Set<string>();
-  for (const pid of readdirSync("/proc").filter((p) => /^\d+$/.test(p))) {
-    try {
-      const ns = readlinkSync(`/proc/${pid}/ns/mnt`);
-      if (seen.has(ns)) continue;
-      seen.add(ns);
-      for (const line of readFileSync(`/proc/${pid}/mountinfo`, "utf8").split("\n")) {
-        const lower = /[ ,]lowerdir=([^,\s]+)/.exec(line)?.[1];
-        if (lower) for (const d of lower.split(":")) dirs.add(d);
-      }
-    } catch {}
-  }
-  return dirs;
 }

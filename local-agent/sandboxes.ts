@@ -121,9 +121,12 @@ export class Registry {
   private ipForwardBefore: string | null = null;
   private queue: Promise<unknown> = Promise.resolve();
   private closing = false;
+  /** The work image's CA bundle, as it was when this agent started (seal restores it). */
+  private readonly imageBundle: string | null;
 
   constructor(private readonly o: RegistryOptions) {
     this.nextUid = o.uidBase;
+    this.imageBundle = o.rootfs ? readFileSync(join(o.rootfs, CA_BUNDLE), "utf8") : null;
   }
 
   private serial<T>(fn: () => Promise<T>): Promise<T> {
@@ -306,7 +309,7 @@ export class Registry {
   /** Ends a work or task sandbox's setup stage (sealing.ts). */
   async seal(sandboxId: string, body: Seal): Promise<SealResult> {
     const sandbox = this.workSandbox(sandboxId, "seal");
-    const result = await sealSandbox(sandbox, body, join(this.o.rootfs as string, CA_BUNDLE));
+    const result = await sealSandbox(sandbox, body, this.imageBundle as string);
     this.o.log({ event: "sandbox_sealed", id: sandboxId, runId: sandbox.runId, killed: result.killed });
     return result;
   }

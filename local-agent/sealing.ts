@@ -1,5 +1,4 @@
 import { X509Certificate } from "node:crypto";
-import { readFileSync } from "node:fs";
 import type { Seal, SealResult } from "../src/contract/local-agent";
 import { AgentError } from "./errors";
 import type { Sandbox, WorkSandbox } from "./sandbox-record";
@@ -18,7 +17,7 @@ function wiredFiles(sandbox: Sandbox): WiredFiles {
  * Ends a work or task sandbox's setup stage: setup-stage execs are refused from now on, every
  * process the stage started is killed (its cgroup, however it left its exec's process tree),
  * then the wiring's files are installed again from the caller's copy, from the host side
- * (`imageBundle`: the path of the image's own CA bundle in its export). Idempotent: a repeated
+ * (`imageBundle`: the image's own CA bundle). Idempotent: a repeated
  * seal installs the files again and kills nothing new; `killed` counts every seal's.
  */
 export async function sealSandbox(
@@ -58,7 +57,7 @@ export async function sealSandbox(
       hostsFile: body.hostsFile,
       caCertPem: body.caCertPem,
       resolvConf: sandbox.resolvConf,
-      imageBundle: readFileSync(imageBundle, "utf8"),
+      imageBundle,
     });
   } catch (error) {
     throw new AgentError("sandbox_failed", `could not install the wiring's files: ${message(error)}`);

@@ -1,4 +1,14 @@
-import { existsSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -802,6 +812,40 @@ describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
       expect(res.body.detail).toContain("run npm run images");
     });
   });
+
+  it("exports the work image once per image id, and removes only exports no live agent uses", async () => {
+    const root = tempDir();
+    const [inUse, unused] = ["a", "b"].map((c) => c.repeat(64)) as [string, string];
+    for (const id of [inUse, unused]) mkdirSync(join(root, id, "etc"), { recursive: true });
+    writeFileSync(join(root, `.use-${inUse}-${process.pid}`), ""); // this process: alive
+    writeFileSync(join(root, `.use-${unused}-999999999`), ""); // no such process
+    const logged: Array<Record<string, unknown>> = [];
+    const started = async () => {
+      const s = secret();
+      const a = await startAgent({
+        secret: s,
+        port: 0,
+        controlPlane: "http://127.0.0.1:9",
+        stateDir: tempDir(),
+        rootfsDir: root,
+        uidBase: FAULT_UIDS[0],
+        log: (e) => logged.push(e),
+      });
+      await a.close();
+    };
+    await started();
+    const exported = logged.filter((e) => e.event === "rootfs_exported");
+    expect(exported).toHaveLength(1);
+    const id = exported[0]?.imageId as string;
+    expect(readdirSync(root).sort()).toEqual(
+      [inUse, id, `.use-${inUse}-${process.pid}`, `.use-${id}-${process.pid}`].sort(),
+    );
+    // Files of the image's uid k belong to base+k; the export is root's only.
+    expect(statSync(join(root, id, "etc", "hosts")).uid).toBe(ROOTFS_UID_BASE);
+    expect(statSync(root).mode & 0o777).toBe(0o700);
+    await started();
+    expect(logged.filter((e) => e.event === "rootfs_exported")).toHaveLength(1); // cached
+  }, 120_000);
 
   it("fails a catch-all sandbox whose redirect cannot be installed, leaving nothing of it (E2)", async () => {
     // Passes the health check and the proxy namespace's own rules; fails the catch-all rules.
