@@ -46,7 +46,7 @@ export async function startLocalStack(options: {
   // The sandboxes' root filesystem: the agent exports the work image on start (once per image
   // id). Without it the agent says why in its health, and every run stops with that reason.
   const work = await ensureWorkImage();
-  if (work) options.log?.(`[images] no work image: ${work}`);
+  if (work) (options.log ?? console.warn)(`[images] no work image, so no sandbox: ${work}`);
   const port = options.port ?? (await freePort());
   // The broker's credential for the agent: made here, given to the two of them only.
   const agentSecret = randomBytes(32).toString("base64url");
