@@ -63,7 +63,7 @@ export default defineConfig({
         },
       },
       {
-        // The three images built daemonless (npm run images; cached) and their programs run from
+        // The four images built daemonless (npm run images; cached) and their programs run from
         // them. Needs root and buildah; skipped with a message elsewhere, never under CI. It makes
         // no network namespace (buildah's chroot isolation), so it may share the first group.
         test: {
@@ -71,7 +71,7 @@ export default defineConfig({
           include: ["test/images/**/*.test.ts"],
           environment: "node",
           testTimeout: 60_000,
-          // A clean machine builds the base and the three images first (about 70 s here; minutes
+          // A clean machine builds the base and the four images first (about 70 s here; minutes
           // where only vfs storage works).
           hookTimeout: 900_000,
         },

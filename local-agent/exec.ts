@@ -1,12 +1,29 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
-import { EXEC_OUTPUT_LIMIT, type ExecInfo, outputPage } from "../src/contract/local-agent";
+import {
+  EXEC_OUTPUT_LIMIT,
+  type ExecInfo,
+  outputPage,
+  type ResourceLimit,
+} from "../src/contract/local-agent";
 
 // One command in a sandbox: its process, its output (the last 1 MiB of each stream, with
 // absolute byte offsets so a caller can page through it), its timeout.
 
 export const OUTPUT_LIMIT = EXEC_OUTPUT_LIMIT;
 export const MAX_WAIT_MS = 30_000;
+/** How often a running exec's cgroup is read for the pids limit (a fork bomb never ends by itself). */
+const LIMIT_POLL_MS = 250;
+
+/** An exec's cgroup leaf (cgroups.ts), as the exec sees it. */
+export interface ExecCgroup {
+  /** Which limits the kernel enforced on the exec's processes (a memory kill, a refused fork). */
+  hit(): Record<ResourceLimit, boolean>;
+  /** SIGKILL to every process in the leaf, however far it left the exec's process tree. */
+  killAll(): Promise<void>;
+  /** The exec has ended: its leaf goes once nothing is left in it. */
+  release(): void;
+}
 
 export class OutputBuffer {
   private chunks: Buffer[] = [];
@@ -49,13 +66,18 @@ export class Exec {
   exitCode: number | null = null;
   signal: string | null = null;
   state: "running" | "exited" = "running";
+  /** The limit the exec's cgroup hit (it was killed for it, by the kernel or by the agent). */
+  limit: ResourceLimit | null = null;
   readonly done: Promise<void>;
   private readonly child: ChildProcess;
   private timer: NodeJS.Timeout | undefined;
+  private watch: NodeJS.Timeout | undefined;
+  private readonly cgroup: ExecCgroup | null;
 
   constructor(
     readonly execId: string,
     readonly sandboxId: string,
+    readonly stage: "setup" | "execute",
     options: {
       argv: readonly string[];
       env: Record<string, string>;
@@ -63,8 +85,10 @@ export class Exec {
       fd3: string;
       stdin: string | undefined;
       timeoutMs: number | null;
+      cgroup?: ExecCgroup;
     },
   ) {
+    this.cgroup = options.cgroup ?? null;
     const [file, ...args] = options.argv as [string, ...string[]];
     this.child = spawn(file, args, {
       env: options.env,
@@ -82,11 +106,29 @@ export class Exec {
     if (options.timeoutMs !== null) {
       this.timer = setTimeout(() => void this.kill(), options.timeoutMs);
     }
+    const cgroup = this.cgroup;
+    if (cgroup) {
+      this.watch = setInterval(() => {
+        if (this.limit === null && cgroup.hit().pids) {
+          this.limit = "pids";
+          void this.kill();
+        }
+      }, LIMIT_POLL_MS);
+    }
     this.done = new Promise<void>((resolve) => {
       let exited = false;
       const finish = () => {
         if (this.state === "exited") return;
         clearTimeout(this.timer);
+        clearInterval(this.watch);
+        if (cgroup) {
+          // A memory kill of a process the exec survived (it exited 0) is not the exec's end.
+          const hit = cgroup.hit();
+          if (this.limit === null && this.exitCode !== 0) {
+            this.limit = hit.memory ? "memory" : hit.pids ? "pids" : null;
+          }
+          cgroup.release();
+        }
         this.state = "exited";
         resolve();
       };
@@ -122,6 +164,7 @@ export class Exec {
       stderr: err.text,
       stdoutEnd: out.end,
       stderrEnd: err.end,
+      ...(this.limit === null ? {} : { limit: this.limit }),
     };
   }
 
@@ -148,13 +191,13 @@ export class Exec {
   }
 
   /**
-   * SIGKILL to the process tree in the sandbox (everything under nsenter); nsenter then reaps
-   * them and exits. A process that left the tree (double fork) lives on until its sandbox is
-   * destroyed.
+   * SIGKILL to everything the exec started: its cgroup leaf (also what left its process tree,
+   * by a double fork), then the process tree under nsenter; nsenter then reaps them and exits.
    */
   async kill(): Promise<void> {
     const pid = this.child.pid;
     if (pid !== undefined && this.state === "running") {
+      await this.cgroup?.killAll();
       for (let round = 0; round < 3; round++) {
         const tree = descendants(pid);
         if (tree.length === 0) break;

@@ -6,7 +6,7 @@ import { run, SAFE_PATH } from "./command";
 // What this machine can and cannot do, in plain words. Anything here makes every create call
 // answer `cannot_isolate`: a sandbox is made fully isolated or not at all.
 
-const BINARIES = ["ip", "unshare", "nsenter", "setpriv", "mount", "sh"];
+const BINARIES = ["ip", "unshare", "nsenter", "setpriv", "mount", "umount", "pivot_root", "sh"];
 /** An unprivileged uid for the user-namespace probe (nobody). */
 const PROBE_UID = "65534";
 
@@ -95,7 +95,7 @@ export async function checkHealth(options: { nft: string; imageDir: string }): P
     problems.push(`node (${process.execPath}) cannot be run by other users, so not by a sandbox uid`);
   }
   // The image directory is mounted into every sandbox; its programs must be there and readable.
-  for (const program of ["proxy.cjs", "wiring.cjs"]) {
+  for (const program of ["proxy.cjs", "wiring.cjs", "unpack.cjs", "collect.cjs"]) {
     const path = join(options.imageDir, program);
     if (!existsSync(path)) {
       problems.push(`${path} is missing (build it with \`npm run build:proxy\`)`);

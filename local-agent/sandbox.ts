@@ -3,97 +3,126 @@ import {
   chmodSync,
   chownSync,
   copyFileSync,
-  existsSync,
   mkdirSync,
   readFileSync,
   readlinkSync,
+  statSync,
   writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
+import type { SandboxKind } from "../src/contract/local-agent";
+import type { SandboxCgroup } from "./cgroups";
 import { BASE_ENV } from "./command";
+import { ROOTFS_UID_BASE } from "./rootfs";
+import { idMap, makeUserNamespace, releaseUserNamespace } from "./userns";
 
 // A sandbox's processes (docs/local-backend.md, "What a sandbox is").
 //
-// The init is started as
-//   ip netns exec NS unshare --mount --pid --ipc --fork --mount-proc --propagation private sh -c INIT
-// INIT runs as host root in the new mount, PID and IPC namespaces (owned by the host's user
-// namespace): it makes every mount, then enters a user namespace of its own in which inner uid 0
-// is host uid U (the setup stage) and inner uid 1 is U+1 (the execute stage), and forbids
-// further user namespaces in it. Mounts made before a user namespace is entered
-// are locked for it, so the setup stage, though root in its user namespace, can neither unmount
-// the tmpfs over /tmp (to reach the host's) nor /proc (to see the host's processes), nor mount
-// anything: it owns neither the mount nor the PID namespace. Its PID-1 process is the init's
-// child (the unshare parent stays in the host's PID namespace); commands enter it with nsenter.
+// Its user namespace is made first, from the host side, and kept by a bind mount of its nsfs
+// file in the sandbox's root-only directory (`userns`): no process of the sandbox has to hold
+// it. Its maps: work, task and orchestrator sandboxes map inner 0 (the setup stage) to
+// ROOTFS_UID_BASE, the owner of the work image's exported files, inner 1 (the execute stage) to
+// the sandbox's own U+1, and inner 2..65535 to base+2..; proxy sandboxes map inner 0 to U and 1
+// to U+1 (the image's files are "nobody"'s to them). No one in it may make another user
+// namespace (max_user_namespaces 0), so no process of the sandbox can get a mount namespace of
+// its own in which to shadow /etc/hosts or the CA bundle.
+//
+// Then the init, started as
+//   ip netns exec NS unshare --mount --pid --ipc --fork --propagation private sh -c INIT
+// runs as host root in the new mount, PID and IPC namespaces (owned by the host's user namespace,
+// so nothing in the sandbox can unmount or mount anything there): it makes the sandbox's root
+// filesystem (an overlay over the export, on a tmpfs of its own), every mount in it, pivots into
+// it and detaches the host's tree, then stays as PID 1 with no capabilities (a reaper that runs
+// nothing more). Commands enter with nsenter.
 
 export const SANDBOX_HOME = "/home/sandbox";
-/** Where the proxy image's programs (proxy.cjs, wiring.cjs) appear, read-only, in every sandbox. */
+/** Where a work sandbox's commands leave results ($BW_OUT), made for the execute stage. */
+export const SANDBOX_OUT = "/home/sandbox/out";
+/** Where the proxy image's programs (proxy.cjs, wiring.cjs, ...) appear, read-only, in every sandbox. */
 export const IMAGE_MOUNT = "/run/bw-image";
 /**
  * Where the agent's own node binary appears, read-only, in every sandbox: the image's programs run
  * on it. It is the Node the project pins (npm's `node` package, under the checkout), which the
- * sandbox cannot otherwise see: the checkout is hidden and /tmp is a tmpfs of the sandbox's own.
+ * sandbox cannot otherwise see.
  */
 export const NODE_MOUNT = "/run/bw-node";
 export const CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt";
+/** The run CA's directory in the sandbox (the wiring's caDir), bind-mounted from `ca/`. */
+export const CA_DIR = "/run/benchwright";
 
 const INIT = `set -e
-dir=$1 uid=$2 image=$3 node=$4
-shift 4
+dir=$1 lower=$2 image=$3 node=$4 size=$5 rootuid=$6 execuid=$7 kind=$8
 mount --make-rprivate /
-# Open the sandbox's files and the image directory first: the tmpfs mounts may cover them.
-exec 4<"$dir/hosts" 5<"$dir/resolv.conf" 7<"$image" 8<"$node"
-ca=0
-if [ -f "$dir/ca-certificates.crt" ]; then exec 6<"$dir/ca-certificates.crt"; ca=1; fi
-for d in /tmp /var/tmp /dev/shm; do
-  if [ -d "$d" ]; then mount -t tmpfs -o mode=1777,nosuid,nodev bw-tmp "$d"; fi
+m="$dir/mnt"
+# The sandbox's writable layer: a tmpfs of its mount namespace, gone with it.
+mount -t tmpfs -o "size=$size,mode=700,nosuid,nodev" bw-layer "$m"
+mkdir "$m/lower" "$m/upper" "$m/work" "$m/root"
+chown --reference="$lower" "$m/upper"
+chmod --reference="$lower" "$m/upper"
+# Given relative to $m, so that the overlay's options name no host directory.
+mount --bind "$lower" "$m/lower"
+(cd "$m" && mount -t overlay -o lowerdir=lower,upperdir=upper,workdir=work,nosuid,nodev bw-root root)
+r="$m/root"
+mount -t proc -o nosuid,nodev,noexec bw-proc "$r/proc"
+# A minimal /dev: the harmless devices, a pty instance of its own, shm. No /sys.
+mount -t tmpfs -o nosuid,noexec,mode=755,size=64k bw-dev "$r/dev"
+for n in null zero full random urandom tty; do
+  : > "$r/dev/$n"
+  mount --bind "/dev/$n" "$r/dev/$n"
+  mount -o remount,bind,nosuid,noexec "$r/dev/$n"
 done
-mount -t tmpfs -o "mode=755,uid=$uid,gid=$uid,nosuid,nodev" bw-run /run
-mkdir -m 755 ${IMAGE_MOUNT}
-mount --no-canonicalize --bind /proc/self/fd/7 ${IMAGE_MOUNT}
-mount -o remount,bind,ro,nosuid,nodev ${IMAGE_MOUNT}
-: > ${NODE_MOUNT}
-mount --no-canonicalize --bind /proc/self/fd/8 ${NODE_MOUNT}
-mount -o remount,bind,ro,nosuid,nodev ${NODE_MOUNT}
-mount -t tmpfs -o mode=755,nosuid,nodev bw-home /home
-mkdir -m 1777 ${SANDBOX_HOME}
-# Host directories a sandbox must not read (the checkout with its .data and any .dev.vars, the
-# agent's state): each covered by an empty read-only tmpfs.
-for hide in "$@"; do
-  if [ -d "$hide" ]; then mount -t tmpfs -o ro,mode=555,nosuid,nodev,noexec bw-hidden "$hide"; fi
-done
-bind() {
-  target=$2
-  if [ -L "$target" ]; then target=$(readlink -m "$target"); fi
-  case "$target" in
-    /run/*|/tmp/*) mkdir -p "$(dirname "$target")"; [ -e "$target" ] || : > "$target" ;;
-  esac
-  if [ -f "$target" ]; then mount --no-canonicalize --bind "/proc/self/fd/$1" "$target"; fi
+mkdir -m 755 "$r/dev/pts" "$r/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,nosuid,noexec bw-pts "$r/dev/pts"
+ln -s pts/ptmx "$r/dev/ptmx"
+ln -s /proc/self/fd "$r/dev/fd"
+ln -s /proc/self/fd/0 "$r/dev/stdin"
+ln -s /proc/self/fd/1 "$r/dev/stdout"
+ln -s /proc/self/fd/2 "$r/dev/stderr"
+mount -t tmpfs -o mode=1777,nosuid,nodev bw-shm "$r/dev/shm"
+mount -t tmpfs -o ro,nosuid,nodev,noexec,mode=555,size=4k bw-sys "$r/sys"
+mount -t tmpfs -o mode=1777,nosuid,nodev bw-tmp "$r/tmp"
+mount -t tmpfs -o mode=1777,nosuid,nodev bw-tmp "$r/var/tmp"
+mount -t tmpfs -o "mode=755,uid=$rootuid,gid=$rootuid,nosuid,nodev" bw-run "$r/run"
+mount -t tmpfs -o "mode=755,uid=$rootuid,gid=$rootuid,nosuid,nodev" bw-home "$r/home"
+mkdir -m 755 "$r${SANDBOX_HOME}"
+chown "$execuid:$execuid" "$r${SANDBOX_HOME}"
+if [ "$kind" != proxy ]; then
+  mkdir -m 755 "$r${SANDBOX_OUT}"
+  chown "$execuid:$execuid" "$r${SANDBOX_OUT}"
+fi
+ro() {
+  mount --bind "$1" "$2"
+  mount -o remount,bind,ro,nosuid,nodev "$2"
 }
-bind 4 /etc/hosts
-bind 5 /etc/resolv.conf
-if [ "$ca" = 1 ]; then bind 6 ${CA_BUNDLE}; fi
-exec 4<&- 5<&- 6<&- 7<&- 8<&-
+mkdir -m 755 "$r${IMAGE_MOUNT}"
+ro "$image" "$r${IMAGE_MOUNT}"
+: > "$r${NODE_MOUNT}"
+ro "$node" "$r${NODE_MOUNT}"
+# The sandbox's wiring files, from its root-only directory (seal rewrites them there).
+mkdir -m 755 "$r${CA_DIR}"
+mount --bind "$dir/ca" "$r${CA_DIR}"
+mount -o remount,bind,nosuid,nodev,noexec "$r${CA_DIR}"
+place() {
+  t="$r$2"
+  if [ -L "$t" ] || [ ! -f "$t" ]; then rm -rf "$t"; mkdir -p "$(dirname "$t")"; : > "$t"; fi
+  mount --bind "$dir/$1" "$t"
+  mount -o remount,bind,nosuid,nodev,noexec "$t"
+}
+place hosts /etc/hosts
+place resolv.conf /etc/resolv.conf
+place ca-certificates.crt ${CA_BUNDLE}
+# Into the new root; the host's tree is detached from this mount namespace.
+cd "$r"
+pivot_root . .
+umount -l .
 cd /
-# unshare's --map-users asks newuidmap/newgidmap (setuid helpers that check /etc/subuid) to
-# write the maps. We are root and may map any host uids, so a root-only helper writes them.
-mkdir -m 700 /run/bw-bin
-cat > /run/bw-bin/newuidmap <<'SHIM'
-#!/bin/sh
-case "$0" in *newuidmap) file=uid_map ;; *) file=gid_map ;; esac
-pid=$1; shift; map=
-while [ $# -ge 3 ]; do map="$map$1 $2 $3
-"; shift 3; done
-printf '%s' "$map" > "/proc/$pid/$file"
-SHIM
-cp /run/bw-bin/newuidmap /run/bw-bin/newgidmap
-chmod 700 /run/bw-bin/newuidmap /run/bw-bin/newgidmap
-# The user namespace maps inner 0 (setup stage) to U and inner 1 (execute stage) to U+1, and no
-# one in it may make another (max_user_namespaces 0): so no process of the sandbox can get a
-# mount namespace of its own in which to shadow /etc/hosts or the CA bundle.
-exec setpriv --clear-groups env PATH="/run/bw-bin:$PATH" \\
-  unshare --user --map-users="$uid,0,2" --map-groups="$uid,0,2" --setuid 0 --setgid 0 \\
-  sh -c 'echo 0 > /proc/sys/user/max_user_namespaces && echo ready && while :; do sleep 86400 & wait; done'
+# PID 1 from here on: no capabilities, no new privileges, reaping orphans; it runs nothing more
+# (the image's files are still exactly the export's when it starts).
+exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- sh -c 'sleep infinity & echo ready; wait'
 `;
+
+/** Joins every cgroup.procs file given before `--`, then execs the rest (on the host side). */
+const CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"';
 
 export interface SandboxFiles {
   hosts: string;
@@ -101,27 +130,34 @@ export interface SandboxFiles {
 }
 
 /**
- * The per-sandbox files, bind-mounted over /etc/hosts, /etc/resolv.conf and the CA bundle: in
- * a root-only directory, owned by U (the setup stage writes them), 0644 (the execute stage, U+1,
- * cannot).
+ * The per-sandbox files, in its root-only directory: bind-mounted over /etc/hosts,
+ * /etc/resolv.conf and the CA bundle (a copy of the image's own), and `ca/` at CA_DIR. Owned by
+ * the setup stage's uid until seal (the wiring writes them), 0644 (the execute stage cannot).
  */
-function writeSandboxFiles(dir: string, uid: number, files: SandboxFiles): void {
+function writeSandboxFiles(dir: string, rootUid: number, files: SandboxFiles, rootfs: string): void {
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   chmodSync(dir, 0o700);
+  const own = (path: string, mode: number) => {
+    chownSync(path, rootUid, rootUid);
+    chmodSync(path, mode);
+  };
   const put = (name: string, write: (path: string) => void) => {
     const path = join(dir, name);
     write(path);
-    chownSync(path, uid, uid);
-    chmodSync(path, 0o644);
+    own(path, 0o644);
   };
   put("hosts", (p) => writeFileSync(p, files.hosts));
   put("resolv.conf", (p) => writeFileSync(p, files.resolvConf));
-  if (existsSync(CA_BUNDLE)) put("ca-certificates.crt", (p) => copyFileSync(CA_BUNDLE, p));
+  put("ca-certificates.crt", (p) => copyFileSync(join(rootfs, CA_BUNDLE), p));
+  mkdirSync(join(dir, "ca"), { mode: 0o755 });
+  own(join(dir, "ca"), 0o755);
+  mkdirSync(join(dir, "mnt"), { mode: 0o700 });
+  writeFileSync(join(dir, "userns"), "");
 }
 
 // IPC too: System V IPC and POSIX message queues are per IPC namespace, and the host's (or another
-// sandbox's) must not be reachable from a sandbox.
-const NAMESPACES = ["user", "mnt", "pid", "net", "ipc"] as const;
+// sandbox's) must not be reachable from a sandbox. The user namespace is checked through its file.
+const NAMESPACES = ["mnt", "pid", "net", "ipc"] as const;
 type NsIds = Record<(typeof NAMESPACES)[number], string>;
 
 function nsIds(pid: number | "self"): NsIds | null {
@@ -132,6 +168,8 @@ function nsIds(pid: number | "self"): NsIds | null {
   }
 }
 
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
 export class SandboxProcess {
   private exitedFlag = false;
   readonly exited: Promise<void>;
@@ -140,9 +178,15 @@ export class SandboxProcess {
     private readonly child: ChildProcess,
     /** Host PID of the sandbox's PID 1. */
     readonly initPid: number,
-    /** Setup-stage host uid U; the execute stage runs as U+1. */
+    /** The sandbox's host uid U; the execute stage runs as U+1. */
     readonly uid: number,
+    /** Host uid of the setup stage (inner 0): ROOTFS_UID_BASE, or U in a proxy sandbox. */
+    readonly setupUid: number,
+    /** The sandbox's root-only directory (its files, its user namespace's file). */
+    readonly dir: string,
     private readonly ns: NsIds,
+    private readonly userNs: string,
+    readonly cgroup: SandboxCgroup,
   ) {
     this.exited = new Promise<void>((resolve) => {
       if (child.exitCode !== null || child.signalCode !== null) resolve();
@@ -152,20 +196,39 @@ export class SandboxProcess {
     });
   }
 
+  /** Host path of the user namespace's file (nsenter --user=). */
+  private get userNsFile(): string {
+    return join(this.dir, "userns");
+  }
+
   static async start(options: {
+    kind: SandboxKind;
     netns: string;
     uid: number;
     dir: string;
     files: SandboxFiles;
     /** Host directory with the proxy image's programs, mounted read-only at IMAGE_MOUNT. */
     imageDir: string;
-    /** Host directories hidden from the sandbox (empty read-only tmpfs over each). */
-    hide: readonly string[];
+    /** The work image's exported files: the overlay's lower layer. */
+    rootfs: string;
+    /** Bytes the sandbox's writable layer may hold (its memory limit). */
+    layerBytes: number;
+    /** Root-only directory for the uid-map helpers. */
+    binDir: string;
+    cgroup: SandboxCgroup;
   }): Promise<SandboxProcess> {
-    writeSandboxFiles(options.dir, options.uid, options.files);
+    const rootUid = options.kind === "proxy" ? options.uid : ROOTFS_UID_BASE;
+    writeSandboxFiles(options.dir, rootUid, options.files, options.rootfs);
+    const userNs = await makeUserNamespace(options.dir, idMap(options.kind, options.uid), options.binDir);
     const child = spawn(
-      "ip",
+      "sh",
       [
+        "-c",
+        CGROUP_JOIN,
+        "bw-cgroup",
+        ...options.cgroup.procsFiles("init"),
+        "--",
+        "ip",
         "netns",
         "exec",
         options.netns,
@@ -174,7 +237,6 @@ export class SandboxProcess {
         "--pid",
         "--ipc",
         "--fork",
-        "--mount-proc",
         "--propagation",
         "private",
         "sh",
@@ -182,10 +244,13 @@ export class SandboxProcess {
         INIT,
         "bw-init",
         options.dir,
-        String(options.uid),
+        options.rootfs,
         options.imageDir,
         process.execPath,
-        ...options.hide,
+        String(options.layerBytes),
+        String(rootUid),
+        String(options.uid + 1),
+        options.kind,
       ],
       { env: BASE_ENV, stdio: ["ignore", "pipe", "pipe"], detached: true },
     );
@@ -197,14 +262,36 @@ export class SandboxProcess {
       const ns = nsIds(initPid);
       const mine = nsIds("self");
       const status = readFileSync(`/proc/${initPid}/status`, "utf8");
-      const uid = /^Uid:\s+(\d+)/m.exec(status)?.[1];
-      // Never run anything unisolated: every namespace differs from the agent's, and PID 1 is U.
-      if (!ns || !mine || NAMESPACES.some((n) => ns[n] === mine[n]) || uid !== String(options.uid)) {
+      const capEff = /^CapEff:\s+([0-9a-f]+)/m.exec(status)?.[1];
+      // Never run anything unisolated: every namespace differs from the agent's, PID 1 holds no
+      // capability, and the files the sandbox sees are the ones in its directory.
+      if (!ns || !mine || NAMESPACES.some((n) => ns[n] === mine[n]) || !/^0+$/.test(capEff ?? "")) {
         throw new Error("the sandbox's init is not in namespaces of its own");
+      }
+      if (userNs === readlinkSync("/proc/self/ns/user")) {
+        throw new Error("the sandbox's user namespace is the agent's");
+      }
+      for (const [name, target] of [
+        ["hosts", "/etc/hosts"],
+        ["resolv.conf", "/etc/resolv.conf"],
+        ["ca-certificates.crt", CA_BUNDLE],
+      ] as const) {
+        if (statSync(join(options.dir, name)).ino !== statSync(`/proc/${initPid}/root${target}`).ino) {
+          throw new Error(`the sandbox's ${target} is not its own copy`);
+        }
       }
       child.stdout?.resume();
       child.stderr?.resume();
-      return new SandboxProcess(child, initPid, options.uid, ns);
+      return new SandboxProcess(
+        child,
+        initPid,
+        options.uid,
+        rootUid,
+        options.dir,
+        ns,
+        userNs,
+        options.cgroup,
+      );
     } catch (error) {
       // The sandbox side first (its host-side parent then reaps it), then the parent.
       try {
@@ -214,6 +301,7 @@ export class SandboxProcess {
         }
       } catch {}
       setTimeout(() => child.kill("SIGKILL"), 1_000).unref();
+      await releaseUserNamespace(options.dir);
       throw error;
     }
   }
@@ -222,20 +310,41 @@ export class SandboxProcess {
   isolated(): boolean {
     if (this.exitedFlag) return false;
     const now = nsIds(this.initPid);
-    return now !== null && NAMESPACES.every((n) => now[n] === this.ns[n]);
+    if (now === null || !NAMESPACES.every((n) => now[n] === this.ns[n])) return false;
+    try {
+      return `user:[${statSync(this.userNsFile).ino}]` === this.userNs;
+    } catch {
+      return false;
+    }
+  }
+
+  /** The sandbox's processes (host PIDs) in its setup and execute leaves, PID 1 not among them. */
+  processes(leaf: "setup" | "run" | "" = ""): number[] {
+    const rels = leaf === "" ? ["setup", "run"] : [leaf];
+    const pidNs = this.ns.pid;
+    return rels.flatMap((rel) => this.cgroup.pids(rel)).filter((pid) => this.inSandbox(pid, pidNs));
+  }
+
+  /** Whether host PID `pid` runs inside the sandbox (not a host-side nsenter of it). */
+  inSandbox(pid: number, pidNs = this.ns.pid): boolean {
+    try {
+      return readlinkSync(`/proc/${pid}/ns/pid`) === pidNs;
+    } catch {
+      return false;
+    }
   }
 
   /**
-   * SIGTERM to every process of the sandbox but its PID 1 (from inside its PID namespace), so
-   * that a proxy gets to flush its last audit batch before kill() takes the namespace down.
+   * SIGTERM to every process of the sandbox but its PID 1, so that a proxy gets to flush its last
+   * audit batch before kill() takes the namespace down.
    */
   async terminate(): Promise<void> {
-    await this.signalAll("TERM");
+    await this.signalAll("SIGTERM");
   }
 
   /** SIGSTOP or SIGCONT to every process of the sandbox but its PID 1 (halting a run). */
   async freeze(frozen: boolean): Promise<void> {
-    await this.signalAll(frozen ? "STOP" : "CONT");
+    await this.signalAll(frozen ? "SIGSTOP" : "SIGCONT");
   }
 
   /**
@@ -243,71 +352,98 @@ export class SandboxProcess {
    * continued, and none of them runs again once this returns.
    */
   async killAll(): Promise<void> {
-    await this.signalAll("KILL");
+    await this.signalAll("SIGKILL");
   }
 
-  private async signalAll(signal: "TERM" | "STOP" | "CONT" | "KILL"): Promise<void> {
+  /**
+   * From the host (no program of the sandbox runs for it): every process in the sandbox's exec
+   * cgroups, a few rounds, so that one forked meanwhile is reached too.
+   */
+  private async signalAll(signal: NodeJS.Signals): Promise<void> {
     if (this.exitedFlag) return;
-    await new Promise<void>((resolve) => {
-      const c = spawn(
-        "nsenter",
-        ["-t", String(this.initPid), "--pid", "--mount", "--", "kill", `-${signal}`, "-1"],
-        {
-          env: BASE_ENV,
-          stdio: "ignore",
-        },
-      );
-      c.once("exit", () => resolve());
-      c.once("error", () => resolve());
-    });
+    const done = new Set<number>();
+    for (let round = 0; round < 3; round++) {
+      for (const pid of this.processes()) {
+        if (done.has(pid)) continue;
+        done.add(pid);
+        try {
+          process.kill(pid, signal);
+        } catch {}
+      }
+      await sleep(10);
+    }
   }
 
   /**
    * SIGKILL to PID 1 takes the whole PID namespace with it. The host-side parents (unshare,
    * nsenter) are left to reap their children and exit on their own: killed first, they would
-   * leave zombies to the host's init.
+   * leave zombies to the host's init. Then the user namespace's file is released.
    */
   async kill(): Promise<void> {
-    if (this.exitedFlag) return;
-    try {
-      process.kill(this.initPid, "SIGKILL");
-    } catch {}
-    const timer = setTimeout(() => this.child.kill("SIGKILL"), 5_000);
-    await this.exited;
-    clearTimeout(timer);
+    if (!this.exitedFlag) {
+      try {
+        process.kill(this.initPid, "SIGKILL");
+      } catch {}
+      const timer = setTimeout(() => this.child.kill("SIGKILL"), 5_000);
+      await this.exited;
+      clearTimeout(timer);
+    }
+    await releaseUserNamespace(this.dir);
   }
 
   /**
-   * The command line that runs argv in this sandbox. The requested environment is not in it: it
+   * The command line that runs argv in this sandbox, in the cgroup `leaf` (joined on the host
+   * side, before anything of the sandbox runs). The requested environment is not in it: it
    * arrives as a shell script on fd 3 (see envScript) and applies only to the final program, so
-   * neither nsenter nor setpriv (host root) ever runs with caller-chosen variables such as
+   * neither setpriv nor nsenter (host root) ever runs with caller-chosen variables such as
    * LD_PRELOAD, and no value shows in the host's process list.
+   *
+   * setup: nsenter enters the namespaces and becomes inner root (0).
+   * execute: privilege is dropped on the host side before anything is entered: no new privileges
+   * and no inheritable capabilities (setpriv), then nsenter, which enters the namespaces and
+   * becomes inner uid 1 (host U+1) itself, groups cleared, before it runs the first program of
+   * the sandbox. No binary of the sandbox's filesystem ever runs as root in this stage.
    */
-  execArgv(stage: "setup" | "execute", cwd: string, argv: readonly string[]): string[] {
-    const enter =
+  execArgv(stage: "setup" | "execute", leaf: string, cwd: string, argv: readonly string[]): string[] {
+    const enter = [
+      "nsenter",
+      `--user=${this.userNsFile}`,
+      "-t",
+      String(this.initPid),
+      "--mount",
+      "--pid",
+      "--net",
+      "--ipc",
+    ];
+    const command =
       stage === "setup"
-        ? ["nsenter", "-t", String(this.initPid), "--user", "--mount", "--pid", "--net", "--ipc", "--"]
+        ? [...enter, "--"]
         : [
-            "nsenter",
-            "-t",
-            String(this.initPid),
-            "--user",
-            "--mount",
-            "--pid",
-            "--net",
-            "--ipc",
-            "--",
             "setpriv",
-            // Inner uid 1 of the sandbox's user namespace: host uid U+1.
-            "--reuid=1",
-            "--regid=1",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
             "--no-new-privs",
+            "--inh-caps=-all",
+            "--",
+            ...enter,
+            // Inner uid 1 of the sandbox's user namespace: host uid U+1.
+            "--setuid=1",
+            "--setgid=1",
             "--",
           ];
-    return [...enter, "sh", "-c", EXEC_WRAPPER, "bw-exec", cwd, ...argv];
+    return [
+      "sh",
+      "-c",
+      CGROUP_JOIN,
+      "bw-cgroup",
+      ...this.cgroup.procsFiles(leaf),
+      "--",
+      ...command,
+      "sh",
+      "-c",
+      EXEC_WRAPPER,
+      "bw-exec",
+      cwd,
+      ...argv,
+    ];
   }
 }
 

@@ -1,15 +1,22 @@
 import { randomUUID } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import type { Readable } from "node:stream";
 import type { z } from "zod";
-import type {
-  AgentHealth,
-  CreateSandbox,
-  ExecInfo,
-  ExecRequest,
-  ListedSandbox,
-  SandboxInfo,
-  SandboxKind,
+import type { UnpackResult } from "../src/contract/bundle";
+import {
+  type AgentHealth,
+  type CreateSandbox,
+  DEFAULT_RESOURCES,
+  type ExecInfo,
+  type ExecRequest,
+  type ListedSandbox,
+  type Resources,
+  type SandboxInfo,
+  type Seal,
+  type SealResult,
 } from "../src/contract/local-agent";
+import { type CgroupHost, removeParents, SandboxCgroup } from "./cgroups";
 import type { RoutingMode } from "../src/contract/policy";
 import { AgentError } from "./errors";
 import { Exec } from "./exec";
@@ -37,8 +44,20 @@ import {
   workNet,
 } from "./network";
 import { type HostListener, startProbe, startRelay } from "./relay";
-import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, NODE_MOUNT, SANDBOX_HOME, SandboxProcess } from "./sandbox";
+import {
+  CA_BUNDLE,
+  EXEC_BASE_ENV,
+  envScript,
+  IMAGE_MOUNT,
+  NODE_MOUNT,
+  SANDBOX_HOME,
+  SandboxProcess,
+} from "./sandbox";
+import { execCgroup, type Sandbox, type WorkSandbox } from "./sandbox-record";
+import { rewriteHostsOf, sealSandbox } from "./sealing";
 import type { StateDir } from "./state-dir";
+import { collectArtifacts, unpackBundle } from "./transfer";
+import { BASE_HOSTS } from "./wiring-files";
 
 // The sandboxes this agent made and the runs they belong to. Creation and destruction are
 // serialized (one at a time: they share the run's network and its ruleset); execs are not.
@@ -55,10 +74,12 @@ export interface RegistryOptions {
   uidBase: number;
   health: AgentHealth;
   log: AgentLog;
-  /** Host directory with proxy.cjs and wiring.cjs (mounted read-only in every sandbox). */
+  /** Host directory with the image's programs (mounted read-only in every sandbox). */
   imageDir: string;
-  /** Host directories no sandbox may see (the checkout, the state directory). */
-  hide: readonly string[];
+  /** The work image's exported files (rootfs.ts): every sandbox's overlay's lower layer. */
+  rootfs: string | null;
+  /** Where sandboxes' cgroups are made (cgroups.ts). */
+  cgroups: CgroupHost | null;
   /** Private CIDRs default-routing sandboxes may reach directly (development and tests only). */
   directAllowCidrs: readonly string[];
   /**
@@ -85,26 +106,8 @@ interface Run {
   slots: Map<number, { id: string; routing: RoutingMode }>;
 }
 
-interface Sandbox {
-  id: string;
-  runId: string;
-  kind: SandboxKind;
-  routing: RoutingMode | null;
-  proxySandboxId: string | null;
-  state: "ready" | "destroyed";
-  /** Its processes are stopped (a halted run's work sandbox, a paused lingering proxy). */
-  frozen: boolean;
-  netns: string;
-  work: WorkNet | null;
-  address: string;
-  controlPlaneUrl: string | null;
-  process: SandboxProcess;
-  execs: Map<string, Exec>;
-}
-
 /** How long a proxy gets, after SIGTERM, to flush its audit batch before its sandbox is killed. */
 const PROXY_GRACE_MS = 5_000;
-const HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
 const UID_SPAN = 200_000;
 /** Exited execs kept per sandbox (each keeps up to 2 MiB of output). */
 const MAX_EXITED_EXECS = 256;
@@ -118,9 +121,12 @@ export class Registry {
   private ipForwardBefore: string | null = null;
   private queue: Promise<unknown> = Promise.resolve();
   private closing = false;
+  /** The work image's CA bundle, as it was when this agent started (seal restores it). */
+  private readonly imageBundle: string | null;
 
   constructor(private readonly o: RegistryOptions) {
     this.nextUid = o.uidBase;
+    this.imageBundle = o.rootfs ? readFileSync(join(o.rootfs, CA_BUNDLE), "utf8") : null;
   }
 
   private serial<T>(fn: () => Promise<T>): Promise<T> {
@@ -162,6 +168,7 @@ export class Registry {
           routing: sandbox.routing,
           netns: sandbox.netns,
           uid: sandbox.process.uid,
+          resources: sandbox.resources,
           ms: Date.now() - started,
         });
         return { info: this.info(sandbox), created: true };
@@ -199,16 +206,21 @@ export class Registry {
     const texts = [...request.argv, ...Object.values(request.env), request.cwd ?? ""];
     if (texts.some((t) => t.includes("\0")))
       throw new AgentError("invalid_request", "NUL bytes are not allowed in argv, env or cwd");
+    if (request.stage === "setup" && sandbox.sealed) {
+      throw new AgentError("sealed", `sandbox ${sandboxId} is sealed: its setup stage has ended`);
+    }
     const execId = request.id ?? randomUUID();
     const { argv, env } = this.program(sandbox, request.argv, request.env);
     let exec: Exec;
     try {
-      exec = new Exec(execId, sandboxId, {
-        argv: sandbox.process.execArgv(request.stage, request.cwd ?? SANDBOX_HOME, argv),
+      const { rel, cgroup } = execCgroup(sandbox, request.stage, `e-${execId}`);
+      exec = new Exec(execId, sandboxId, request.stage, {
+        argv: sandbox.process.execArgv(request.stage, rel, request.cwd ?? SANDBOX_HOME, argv),
         env: EXEC_BASE_ENV,
         fd3: envScript(env),
         stdin: request.stdin,
         timeoutMs: request.timeoutMs,
+        cgroup,
       });
     } catch (error) {
       // spawn refuses synchronously only what the request itself makes impossible (E2BIG).
@@ -284,6 +296,50 @@ export class Registry {
     return exec;
   }
 
+  /** A work or task sandbox that is ready, for the calls only those have. */
+  private workSandbox(sandboxId: string, what: string): WorkSandbox {
+    const sandbox = this.sandbox(sandboxId);
+    if (sandbox.kind === "proxy" || sandbox.work === null)
+      throw new AgentError("invalid_request", `${what} is for work, task and orchestrator sandboxes`);
+    if (sandbox.state !== "ready" || !sandbox.process.isolated())
+      throw new AgentError("sandbox_failed", `sandbox ${sandboxId} is destroyed`);
+    return sandbox as WorkSandbox;
+  }
+
+  /** Ends a work or task sandbox's setup stage (sealing.ts). */
+  async seal(sandboxId: string, body: Seal): Promise<SealResult> {
+    const sandbox = this.workSandbox(sandboxId, "seal");
+    const result = await sealSandbox(sandbox, body, this.imageBundle as string);
+    this.o.log({ event: "sandbox_sealed", id: sandboxId, runId: sandbox.runId, killed: result.killed });
+    return result;
+  }
+
+  /** Default routing: the hosts file's redirect rewritten from outside (a vault edit). */
+  setHosts(sandboxId: string, hostsFile: readonly string[]): void {
+    const sandbox = this.workSandbox(sandboxId, "a hosts rewrite");
+    rewriteHostsOf(sandbox, hostsFile);
+    this.o.log({ event: "sandbox_hosts", id: sandboxId, runId: sandbox.runId, hosts: hostsFile.length });
+  }
+
+  /** bw-unpack (the execute stage's uid) into `dir`, the body streamed to it (transfer.ts). */
+  bundle(
+    sandboxId: string,
+    dir: string,
+    body: Readable,
+    bounds: { maxBytes: number; maxFiles: number; maxUploadBytes: number },
+  ): Promise<UnpackResult> {
+    return unpackBundle(this.workSandbox(sandboxId, "a bundle"), dir, body, bounds);
+  }
+
+  /** bw-collect (the execute stage's uid) of `dir`: the archive, streamed (transfer.ts). */
+  artifacts(
+    sandboxId: string,
+    dir: string,
+    bounds: { maxBytes: number; maxFiles: number },
+  ): Promise<{ stream: Readable; abort: () => void }> {
+    return collectArtifacts(this.workSandbox(sandboxId, "collecting artifacts"), dir, bounds);
+  }
+
   /** Destroys every sandbox, then the host table (unless another agent's runs still need it). */
   close(): Promise<void> {
     this.closing = true;
@@ -292,6 +348,7 @@ export class Registry {
         (a, b) => Number(a.kind === "proxy") - Number(b.kind === "proxy"),
       );
       for (const s of order) await this.destroyNow(s.id);
+      if (this.o.cgroups) removeParents(this.o.cgroups);
       if (this.ipForwardBefore !== null && proxyNamespaces().length === 0) {
         await removeHost(this.o.nft, this.ipForwardBefore);
         this.o.state.forgetHost();
@@ -391,12 +448,52 @@ export class Registry {
     this.ipForwardBefore = before;
   }
 
-  private files(resolver: string[]): { hosts: string; resolvConf: string } {
+  private resolvConf(resolver: string[]): string {
     const lines = resolver.map((a) => `nameserver ${a}`);
-    return {
-      hosts: HOSTS,
-      resolvConf: `${lines.length > 0 ? lines.join("\n") : "# the host has no nameserver a sandbox can reach"}\n`,
-    };
+    return `${lines.length > 0 ? lines.join("\n") : "# the host has no nameserver a sandbox can reach"}\n`;
+  }
+
+  /**
+   * The sandbox's cgroup (written down in the state directory first) and its processes; on a
+   * failure neither is left.
+   */
+  private async startProcess(
+    request: CreateSandbox,
+    netns: string,
+    uid: number,
+    resolvConf: string,
+  ): Promise<{ process: SandboxProcess; resources: Resources }> {
+    const resources = request.resources ?? DEFAULT_RESOURCES[request.kind];
+    const host = this.o.cgroups as CgroupHost;
+    const name = `${this.o.state.tag}-${request.id}`;
+    this.o.state.recordCgroup(
+      request.id,
+      Object.values(host.parents).map((p) => join(p, name)),
+    );
+    let cgroup: SandboxCgroup | null = null;
+    try {
+      cgroup = SandboxCgroup.create(host, name, resources);
+      const process = await SandboxProcess.start({
+        kind: request.kind,
+        netns,
+        uid,
+        dir: this.o.state.sandboxDir(request.id),
+        files: { hosts: BASE_HOSTS, resolvConf },
+        imageDir: this.o.imageDir,
+        rootfs: this.o.rootfs as string,
+        layerBytes: resources.memoryMb * 1024 * 1024,
+        binDir: this.o.state.binDir(),
+        cgroup,
+      });
+      return { process, resources };
+    } catch (error) {
+      if (cgroup) {
+        await cgroup.kill("");
+        cgroup.remove();
+      }
+      this.o.state.forgetCgroup(request.id);
+      throw error;
+    }
   }
 
   private async createProxy(request: Extract<CreateSandbox, { kind: "proxy" }>): Promise<Sandbox> {
@@ -426,14 +523,8 @@ export class Registry {
       run.relay = { listener: relay, address: run.net.hostAddress };
       run.probe = { listener: await startProbe(run.net.probeAddress), address: run.net.probeAddress };
       await hostService(this.o.nft, run.net.hostLink, this.hostServices(run), true);
-      const process = await SandboxProcess.start({
-        netns: run.net.proxyNetns,
-        uid,
-        dir: this.o.state.sandboxDir(request.id),
-        files: this.files(hostNameservers()),
-        imageDir: this.o.imageDir,
-        hide: this.o.hide,
-      });
+      const resolvConf = this.resolvConf(hostNameservers());
+      const { process, resources } = await this.startProcess(request, run.net.proxyNetns, uid, resolvConf);
       const path = cp.pathname === "/" ? "" : cp.pathname.replace(/\/$/, "");
       const sandbox: Sandbox = {
         id: request.id,
@@ -449,6 +540,10 @@ export class Registry {
         controlPlaneUrl: `${cp.protocol}//${run.net.hostAddress}:${relay.port}${path}`,
         process,
         execs: new Map(),
+        resources,
+        sealed: false,
+        sealKilled: 0,
+        resolvConf,
       };
       this.sandboxes.set(sandbox.id, sandbox);
       run.members.add(sandbox.id);
@@ -500,14 +595,10 @@ export class Registry {
       } catch (error) {
         throw new Error(`could not install the redirect: ${message(error)}`);
       }
-      const process = await SandboxProcess.start({
-        netns: net.netns,
-        uid,
-        dir: this.o.state.sandboxDir(request.id),
-        files: this.files(request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers()),
-        imageDir: this.o.imageDir,
-        hide: this.o.hide,
-      });
+      const resolvConf = this.resolvConf(
+        request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers(),
+      );
+      const { process, resources } = await this.startProcess(request, net.netns, uid, resolvConf);
       const sandbox: Sandbox = {
         id: request.id,
         runId: request.runId,
@@ -522,6 +613,10 @@ export class Registry {
         controlPlaneUrl: null,
         process,
         execs: new Map(),
+        resources,
+        sealed: false,
+        sealKilled: 0,
+        resolvConf,
       };
       this.sandboxes.set(sandbox.id, sandbox);
       run.members.add(sandbox.id);
@@ -594,6 +689,9 @@ export class Registry {
     }
     await sandbox.process.kill();
     await Promise.all([...sandbox.execs.values()].map((e) => e.kill()));
+    await sandbox.process.cgroup.kill("");
+    sandbox.process.cgroup.remove();
+    this.o.state.forgetCgroup(id);
     const run = this.runs.get(sandbox.runId) as Run;
     if (sandbox.kind === "proxy") {
       await this.dismantleRunNetwork(run);

@@ -2,8 +2,10 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
+import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
+import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS } from "../src/contract/bundle";
 import {
   AgentHealth,
   CreateSandbox,
@@ -11,10 +13,15 @@ import {
   Freeze,
   SandboxInfo,
   SandboxList,
+  Seal,
+  SealResult,
+  SetHosts,
 } from "../src/contract/local-agent";
+import { type CgroupHost, detectCgroups } from "./cgroups";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";
 import { checkHealth } from "./health";
+import { ensureRootfs, ROOTFS_DIR, WORK_IMAGE } from "./rootfs";
 import { type AgentLog, Registry } from "./sandboxes";
 import { StateDir } from "./state-dir";
 
@@ -34,8 +41,12 @@ export interface AgentOptions {
   uidBase?: number;
   /** One call per sandbox lifecycle event; default: a JSON line on stdout. */
   log?: AgentLog;
-  /** proxy.cjs and wiring.cjs (default: this repository's proxy-image/dist). */
+  /** The image's programs (default: this repository's proxy-image/dist). */
   imageDir?: string;
+  /** The sandboxes' root filesystem's image (default localhost/benchwright-work). */
+  workImage?: string;
+  /** Where its exports are kept (default /var/lib/benchwright/rootfs). */
+  rootfsDir?: string;
   /** Test-only BW_TEST_* settings for the proxy (the suite's own upstream CA and routes). */
   proxyTestEnv?: Record<string, string>;
 }
@@ -64,6 +75,23 @@ const PollQuery = z.strictObject({
 
 const digest = (s: string) => createHash("sha256").update(s).digest();
 
+const SandboxPath = z
+  .string()
+  .max(4096)
+  .regex(/^\/[^\0]*$/, "must be an absolute path")
+  .refine((p) => !p.split("/").includes(".."), "must not contain .. segments");
+const Count = (max: number) => z.coerce.number().int().min(1).max(max);
+const BundleQuery = z.strictObject({
+  dir: SandboxPath,
+  maxBytes: Count(BUNDLE_DEFAULTS.maxUnpackedBytes * 64).default(BUNDLE_DEFAULTS.maxUnpackedBytes),
+  maxFiles: Count(BUNDLE_DEFAULTS.maxFiles * 64).default(BUNDLE_DEFAULTS.maxFiles),
+});
+const ArtifactsQuery = z.strictObject({
+  dir: SandboxPath,
+  maxBytes: Count(ARTIFACT_DEFAULTS.maxBytes * 64).default(ARTIFACT_DEFAULTS.maxBytes),
+  maxFiles: Count(ARTIFACT_DEFAULTS.maxFiles * 64).default(ARTIFACT_DEFAULTS.maxFiles),
+});
+
 export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
   if (options.secret.length < 16) throw new Error("the agent secret must be at least 16 characters");
   const controlPlane = new URL(options.controlPlane);
@@ -72,6 +100,22 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
   const imageDir = options.imageDir ?? join(REPO_ROOT, "proxy-image", "dist");
   const health = await checkHealth({ nft, imageDir });
   const state = new StateDir(options.stateDir ?? "/run/benchwright");
+  // The sandboxes' cgroups and root filesystem: without either, no sandbox is made at all.
+  let cgroups: CgroupHost | null = null;
+  let rootfs: string | null = null;
+  if (health.ok) {
+    const detected = detectCgroups();
+    if (detected.ok) cgroups = detected.host;
+    else health.problems.push(detected.problem);
+    const exported = await ensureRootfs({
+      image: options.workImage ?? WORK_IMAGE,
+      root: options.rootfsDir ?? ROOTFS_DIR,
+      log,
+    });
+    if (exported.ok) rootfs = exported.dir;
+    else health.problems.push(exported.problem);
+    health.ok = health.problems.length === 0;
+  }
   if (health.ok) {
     const removed = await state.prepare(nft);
     if (removed.length > 0) log({ event: "leftovers_removed", removed });
@@ -84,8 +128,8 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
     health,
     log,
     imageDir,
-    // The checkout (with .data/, a hand-made .dev.vars, node_modules) and the agent's own state.
-    hide: [REPO_ROOT, state.root],
+    rootfs,
+    cgroups,
     // The test-only upstreams the proxy may reach are the ones direct traffic may reach too.
     directAllowCidrs: (options.proxyTestEnv?.BW_TEST_ALLOW_CIDRS ?? "")
       .split(",")
@@ -95,7 +139,12 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
   });
   const secretDigest = digest(options.secret);
 
-  type Reply = { status: number; body?: unknown };
+  /** A JSON body, or a stream (`raw`: the artifacts' archive). */
+  type Reply = {
+    status: number;
+    body?: unknown;
+    raw?: { type: string; stream: Readable; abort: () => void };
+  };
   type Route = [
     method: string,
     path: RegExp,
@@ -155,6 +204,44 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
     ],
     [
       "POST",
+      /^\/v1\/sandboxes\/([^/]+)\/seal$/,
+      async (req, [id]) => {
+        const result = await registry.seal(parse(Id, id), parse(Seal, await readJson(req)));
+        return { status: 200, body: SealResult.parse(result) };
+      },
+    ],
+    [
+      "PUT",
+      /^\/v1\/sandboxes\/([^/]+)\/hosts$/,
+      async (req, [id]) => {
+        registry.setHosts(parse(Id, id), parse(SetHosts, await readJson(req)).hostsFile);
+        return { status: 204 };
+      },
+    ],
+    [
+      "PUT",
+      /^\/v1\/sandboxes\/([^/]+)\/bundle$/,
+      async (req, [id], query) => {
+        const q = parse(BundleQuery, query);
+        const result = await registry.bundle(parse(Id, id), q.dir, req, {
+          maxBytes: q.maxBytes,
+          maxFiles: q.maxFiles,
+          maxUploadBytes: BUNDLE_DEFAULTS.maxUploadBytes,
+        });
+        return { status: result.ok ? 200 : 422, body: result };
+      },
+    ],
+    [
+      "GET",
+      /^\/v1\/sandboxes\/([^/]+)\/artifacts$/,
+      async (_req, [id], query) => {
+        const q = parse(ArtifactsQuery, query);
+        const archive = await registry.artifacts(parse(Id, id), q.dir, q);
+        return { status: 200, raw: { type: "application/gzip", ...archive } };
+      },
+    ],
+    [
+      "POST",
       /^\/v1\/sandboxes\/([^/]+)\/exec\/([^/]+)\/kill$/,
       async (_req, [id, execId]) => {
         const exec = registry.exec(parse(Id, id), parse(Id, execId));
@@ -188,7 +275,18 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
 
   const server = createServer((req, res) => {
     handle(req)
-      .then(({ status, body }) => send(res, status, body))
+      .then(({ status, body, raw }) => {
+        if (!raw) {
+          send(res, status, body);
+          return;
+        }
+        res.writeHead(status, { "content-type": raw.type });
+        raw.stream.on("error", () => res.destroy());
+        res.on("close", () => {
+          if (!res.writableFinished) raw.abort();
+        });
+        raw.stream.pipe(res);
+      })
       .catch((error: unknown) => {
         req.resume();
         const e =

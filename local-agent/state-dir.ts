@@ -1,15 +1,38 @@
+import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { removeLeftoverCgroup } from "./cgroups";
+import { run } from "./command";
 import { deleteNetns, killNetnsProcesses, proxyNamespaces, removeHost } from "./network";
 
 // What the agent made, written down before it is made, so that an agent that crashed leaves
 // nothing the next one (same state dir) does not remove:
 //   <state>/netns/<name>      one empty file per namespace (bw<k>p, bw<k>w<i>)
 //   <state>/host.json         the host table is installed; ip_forward's value before
-//   <state>/sandboxes/<id>/   a sandbox's bind-mounted files
+//   <state>/sandboxes/<id>/   a sandbox's bind-mounted files and its user namespace's file
+//   <state>/cgroups/<id>      a sandbox's cgroup directories (JSON), one per hierarchy
+//   <state>/bin/              the uid-map helpers (sandbox.ts)
 
 export class StateDir {
-  constructor(readonly root: string) {}
+  /** Names this state directory's sandboxes' cgroups apart from another agent's. */
+  readonly tag: string;
+
+  constructor(readonly root: string) {
+    this.tag = createHash("sha256").update(root).digest("hex").slice(0, 10);
+  }
+
+  binDir(): string {
+    return join(this.root, "bin");
+  }
+
+  recordCgroup(id: string, dirs: string[]): void {
+    mkdirSync(join(this.root, "cgroups"), { recursive: true, mode: 0o700 });
+    writeFileSync(join(this.root, "cgroups", id), JSON.stringify(dirs));
+  }
+
+  forgetCgroup(id: string): void {
+    rmSync(join(this.root, "cgroups", id), { force: true });
+  }
 
   sandboxDir(id: string): string {
     return join(this.root, "sandboxes", id);
@@ -60,6 +83,22 @@ export class StateDir {
       await removeHost(nft, before);
       this.forgetHost();
       removed.push("host table");
+    }
+    const cgroupDir = join(this.root, "cgroups");
+    for (const id of existsSync(cgroupDir) ? readdirSync(cgroupDir) : []) {
+      let dirs: string[] = [];
+      try {
+        dirs = JSON.parse(readFileSync(join(cgroupDir, id), "utf8")) as string[];
+      } catch {}
+      await removeLeftoverCgroup(dirs);
+      this.forgetCgroup(id);
+      removed.push(`cgroup ${id}`);
+    }
+    // A sandbox's user namespace is kept by a bind mount in its directory.
+    const sandboxes = `${join(this.root, "sandboxes")}/`;
+    for (const line of readFileSync("/proc/self/mountinfo", "utf8").split("\n")) {
+      const point = line.split(" ")[4];
+      if (point?.startsWith(sandboxes)) await run(["umount", "-l", point]);
     }
     rmSync(join(this.root, "sandboxes"), { recursive: true, force: true });
     return removed;

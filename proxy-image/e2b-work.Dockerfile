@@ -5,11 +5,12 @@
 # scripts/lib/e2b-templates.ts runs the build stage here and gives E2B the final stage as steps.
 # What the e2b backend needs in it (docs/e2b.md): node (its programs), the wiring program, the exec
 # runner, the tunnel's local end, iptables (catch-all's redirect), and the three scripts below.
-# The agent's own toolchain is python3, git and curl; add what your benchmarks need.
+# The agent's own toolchain is python3 (with pip and venv), git and curl; add what your benchmarks
+# need.
 # The base: node 24 on Debian bookworm, with npm. `npm run images` passes a local build of the same
 # (scripts/lib/node-base.ts); anywhere else the public image is the default.
 ARG BASE_IMAGE=node:24-bookworm-slim
-# The same build stage in all three Dockerfiles, so a layer-caching build makes it once.
+# The same build stage in all four Dockerfiles, so a layer-caching build makes it once.
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./
@@ -29,7 +30,7 @@ FROM ${BASE_IMAGE}
 # the backend runs bw-drop-root (below) in every sandbox at create, then bw-check-user as `user`,
 # and refuses the sandbox if `user` can still become root.
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      ca-certificates iptables python3 python3-venv git curl \
+      ca-certificates iptables python3 python3-pip python3-venv git curl \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \

@@ -8,7 +8,7 @@
 # The base: node 24 on Debian bookworm, with npm. `npm run images` passes a local build of the same
 # (scripts/lib/node-base.ts); anywhere else the public image is the default.
 ARG BASE_IMAGE=node:24-bookworm-slim
-# The same build stage in all three Dockerfiles, so a layer-caching build makes it once.
+# The same build stage in all four Dockerfiles, so a layer-caching build makes it once.
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./

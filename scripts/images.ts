@@ -1,4 +1,4 @@
-// `npm run images [-- --verbose] [proxy|e2b-proxy|e2b-work ...]`: builds the images of proxy-image/
+// `npm run images [-- --verbose] [proxy|e2b-proxy|e2b-work|work ...]`: builds the images of proxy-image/
 // here, daemonless (scripts/lib/images.ts): the local Node base first if missing, then each image,
 // one line per image with its time. Exit 1 when any image failed to build, naming it, with the
 // end of its build's output; 2 when this machine cannot build (not root, no buildah).

@@ -13,12 +13,7 @@ import { request } from "node:https";
 import { connect } from "node:net";
 import { join } from "node:path";
 import type { TLSSocket } from "node:tls";
-import {
-  describeIssues,
-  PLATFORM_HOSTS,
-  PROBE_HEADER,
-  WIRING_PROBE_HOST,
-} from "../../src/contract/proxy-wire";
+import { describeIssues, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import {
   WIRING_EXIT,
   type WiringEnv,
@@ -27,18 +22,25 @@ import {
   type WiringProbe,
   WiringProof,
 } from "../../src/contract/wiring";
+import {
+  bundleHas,
+  hostsEntries as entriesFor,
+  lookupInHostsText,
+  rewriteHosts,
+  wiredHosts,
+} from "../../src/policy/hosts-file";
 
 // The sandbox wiring step. Runs in a work/task sandbox's setup stage (root of the sandbox's own
 // user namespace; it cannot change the network, which the host owns): trust the run CA, write
 // the hosts-file redirect, then prove both from inside, the way the agent's own clients will
-// meet them. A run whose proof fails does not start (fail closed), so every probe asks for an
-// observable result, never for the absence of an error.
+// meet them. With `installed` (after a setup stage, whose root could have changed the files: the
+// local agent re-installs them from outside) it runs in the execute stage, writes nothing and
+// checks them instead. A run whose proof fails does not start (fail closed), so every probe asks
+// for an observable result, never for the absence of an error.
 
 const CA_FILE = "run-ca.pem";
 const HTTPS_PROBE_TIMEOUT_MS = 5_000;
 const DIRECT_PROBE_TIMEOUT_MS = 2_000;
-const BLOCK_BEGIN = "# BEGIN benchwright wiring (rewritten by each wiring run; do not edit)";
-const BLOCK_END = "# END benchwright wiring";
 
 export interface WiringResult {
   code: (typeof WIRING_EXIT)[keyof typeof WIRING_EXIT];
@@ -79,9 +81,8 @@ export async function wire(raw: unknown): Promise<WiringResult> {
     SSL_CERT_FILE: input.caBundlePath,
     CURL_CA_BUNDLE: input.caBundlePath,
   };
-  const hosts =
-    input.mode === "default" ? [...new Set([...input.hostsFile, ...PLATFORM_HOSTS])] : [...PLATFORM_HOSTS];
-  const hostsEntries = hosts.map((h) => `${input.proxyAddress} ${h}`);
+  const hosts = wiredHosts(input.mode, input.hostsFile);
+  const hostsEntries = entriesFor(input.proxyAddress, hosts);
 
   const done = (probes: WiringProbe[]): WiringResult => {
     const ok = probes.every((p) => p.ok);
@@ -89,10 +90,10 @@ export async function wire(raw: unknown): Promise<WiringResult> {
     return { code: ok ? WIRING_EXIT.ok : WIRING_EXIT.probeFailed, proof, error: null };
   };
 
-  const failed = input.installed
-    ? checkInstalled(input, caFile, hosts)
+  const installed = input.installed
+    ? check(input, caFile, hosts)
     : install(input, caFile, hostsEntries, hosts);
-  if (failed) return done([failed]);
+  if (installed) return done([installed]);
 
   const probes = [await tlsProbe(input, caFingerprint256)];
   if (input.mode === "catch-all" && input.probe.directTarget !== null) {
@@ -159,89 +160,41 @@ function install(
 }
 
 /**
- * `installed`: the run CA's file, the bundle and the hosts file were written from outside (seal);
- * each is read and checked, nothing is written. A failed probe entry naming what is off, if any.
+ * `installed`: the files were written from outside (the local agent's seal re-installs them after
+ * the setup stage): write nothing, check that the CA file is the run CA, that the bundle holds it
+ * and that the hosts file sends every wired name to the proxy. A failed probe entry if not.
  */
-function checkInstalled(input: WiringInputParsed, caFile: string, hosts: string[]): WiringProbe | null {
-  const pem = input.caCertPem.endsWith("\n") ? input.caCertPem : `${input.caCertPem}\n`;
-  const off: string[] = [];
-  let step = caFile;
-  try {
-    if (!existsSync(caFile) || !bundleHas(readFileSync(caFile, "utf8"), pem)) {
-      off.push(`${caFile} does not hold the run CA`);
-    }
-    step = input.caBundlePath;
-    if (!existsSync(input.caBundlePath) || !bundleHas(readFileSync(input.caBundlePath, "utf8"), pem)) {
-      off.push(`${input.caBundlePath} does not trust the run CA`);
-    }
-    step = input.hostsPath;
-    const missing = hosts.filter((h) => lookupInHostsFile(input.hostsPath, h) !== input.proxyAddress);
-    if (missing.length > 0) {
-      off.push(`${input.hostsPath} does not send ${missing.join(", ")} to ${input.proxyAddress}`);
-    }
-  } catch (e) {
-    off.push(`could not read ${step}: ${(e as { code?: string }).code ?? (e as Error).name}`);
-  }
-  if (off.length === 0) return null;
-  return {
+function check(input: WiringInputParsed, caFile: string, hosts: string[]): WiringProbe | null {
+  const fail = (observed: string): WiringProbe => ({
     name: "install",
-    expected: "the wiring's files as installed from outside",
-    observed: off.join("; "),
+    expected: "the run CA and the hosts entries installed from outside the sandbox",
+    observed,
     ok: false,
+  });
+  const read = (path: string) => {
+    try {
+      return readFileSync(path, "utf8");
+    } catch (e) {
+      return { error: (e as { code?: string }).code ?? (e as Error).name };
+    }
   };
+  const ca = read(caFile);
+  if (typeof ca !== "string") return fail(`cannot read ${caFile}: ${ca.error}`);
+  if (!bundleHas(ca, input.caCertPem)) return fail(`${caFile} is not the run CA`);
+  const bundle = read(input.caBundlePath);
+  if (typeof bundle !== "string") return fail(`cannot read ${input.caBundlePath}: ${bundle.error}`);
+  if (!bundleHas(bundle, input.caCertPem)) return fail(`${input.caBundlePath} does not hold the run CA`);
+  const text = read(input.hostsPath);
+  if (typeof text !== "string") return fail(`cannot read ${input.hostsPath}: ${text.error}`);
+  const missing = hosts.filter((h) => lookupInHostsText(text, h) !== input.proxyAddress);
+  if (missing.length > 0)
+    return fail(`${input.hostsPath} does not send ${missing.join(", ")} to ${input.proxyAddress}`);
+  return null;
 }
-
-/** Whether `bundle` already holds the certificate in `pem` (compared on the base64 body). */
-export function bundleHas(bundle: string, pem: string): boolean {
-  const body = /-----BEGIN CERTIFICATE-----([\s\S]*?)-----END CERTIFICATE-----/.exec(pem)?.[1];
-  if (!body) return false;
-  const squeeze = (s: string) => s.replace(/\s+/g, "");
-  // A PEM body starts on a base64 quantum boundary, so its squeezed form is found as-is.
-  return squeeze(bundle).includes(squeeze(`-----BEGIN CERTIFICATE-----${body}-----END CERTIFICATE-----`));
-}
-
-/**
- * The hosts file with the wiring's block (re)written at its end: every other line kept as it is
- * (localhost and friends), except that names the block owns are taken out of other lines, since
- * a resolver reading the file takes the first line that names a host.
- */
-export function rewriteHosts(existing: string, entries: string[], owned: string[]): string {
-  const names = new Set(owned);
-  const out: string[] = [];
-  let inBlock = false;
-  const lines = existing.split("\n");
-  if (lines.at(-1) === "") lines.pop();
-  for (const line of lines) {
-    if (line.trim() === BLOCK_BEGIN) {
-      inBlock = true;
-      continue;
-    }
-    if (line.trim() === BLOCK_END) {
-      inBlock = false;
-      continue;
-    }
-    if (inBlock) continue;
-    const content = line.replace(/#.*$/, "").trim();
-    const [address, ...aliases] = content === "" ? [] : content.split(/\s+/);
-    if (address === undefined || !aliases.some((a) => names.has(canonical(a)))) {
-      out.push(line);
-      continue;
-    }
-    const kept = aliases.filter((a) => !names.has(canonical(a)));
-    if (kept.length > 0) out.push(`${address}\t${kept.join(" ")}`);
-  }
-  return `${[...out, BLOCK_BEGIN, ...entries, BLOCK_END].join("\n")}\n`;
-}
-
-const canonical = (name: string) => name.toLowerCase().replace(/\.$/, "");
 
 /** The first address the hosts file gives `host`, as the files resolver would. */
 function lookupInHostsFile(path: string, host: string): string | null {
-  for (const line of readFileSync(path, "utf8").split("\n")) {
-    const [address, ...aliases] = line.replace(/#.*$/, "").trim().split(/\s+/);
-    if (address && aliases.some((a) => canonical(a) === host)) return address;
-  }
-  return null;
+  return lookupInHostsText(readFileSync(path, "utf8"), host);
 }
 
 async function resolveProbeHost(input: WiringInputParsed): Promise<string> {

@@ -10,6 +10,7 @@ import { existsSync } from "node:fs";
 // forces vfs. To look inside: buildah --root /var/lib/benchwright/containers/overlay
 // --storage-driver overlay images
 export const STORE_ROOT = process.env.BW_IMAGES_ROOT || "/var/lib/benchwright/containers";
+const SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 const storageOf = (driver: string) => [
   "--root",
@@ -25,7 +26,8 @@ let storage: Promise<string[]> | null = null;
 export function storageFlags(): Promise<string[]> {
   storage ??= (async () => {
     if (process.env.BW_IMAGES_DRIVER === "vfs") return storageOf("vfs");
-    const probe = await run("buildah", [...storageOf("overlay"), "info"]);
+    // Nothing of the caller's environment (the host agent calls this too; its own holds a secret).
+    const probe = await run("buildah", [...storageOf("overlay"), "info"], { env: { PATH: SAFE_PATH } });
     return storageOf(probe.code === 0 ? "overlay" : "vfs");
   })();
   return storage;

@@ -2,11 +2,11 @@ import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { buildah, tail } from "./buildah";
+import { buildah, buildahMissing, tail } from "./buildah";
 import { expandCopyHeredocs } from "./heredoc";
 import { ensureNodeBase } from "./node-base";
 
-// The three images of proxy-image/, built daemonless from their committed Dockerfiles: buildah
+// The four images of proxy-image/, built daemonless from their committed Dockerfiles: buildah
 // (chroot isolation, overlay storage or else vfs, see buildah.ts) with the layer cache, so the build stage they
 // share is made once and an unchanged image rebuilds from cache in seconds; the base is the local
 // build of node:24-bookworm-slim (node-base.ts), passed as BASE_IMAGE. The context is the
@@ -20,6 +20,8 @@ export const IMAGES = [
   { name: "proxy", dockerfile: "proxy-image/Dockerfile", tag: "localhost/benchwright-proxy" },
   { name: "e2b-proxy", dockerfile: "proxy-image/e2b.Dockerfile", tag: "localhost/benchwright-e2b-proxy" },
   { name: "e2b-work", dockerfile: "proxy-image/e2b-work.Dockerfile", tag: "localhost/benchwright-e2b-work" },
+  // The local backend's sandbox root filesystem (local-agent/rootfs.ts exports it).
+  { name: "work", dockerfile: "proxy-image/work.Dockerfile", tag: "localhost/benchwright-work" },
 ] as const;
 export type ImageName = (typeof IMAGES)[number]["name"];
 
@@ -67,7 +69,7 @@ function writeIfChanged(path: string, content: string): void {
 }
 
 /**
- * Builds the base if the store lacks it, then each image (all three, or `only`), one at a time:
+ * Builds the base if the store lacks it, then each image (all four, or `only`), one at a time:
  * one result per image, a failed build's with the end of its output. `log` gets progress lines.
  */
 export async function buildImages(
@@ -107,4 +109,18 @@ export async function buildImages(
     );
   }
   return { base: { ...base, seconds: baseSeconds }, images };
+}
+
+/**
+ * The work image (the local backend's sandboxes' root filesystem: the host agent exports it),
+ * built when the store lacks it or its Dockerfile changed: seconds from the layer cache. Null
+ * when it is there, else why it is not (this machine cannot build, or the build failed).
+ */
+export async function ensureWorkImage(log?: (line: string) => void): Promise<string | null> {
+  const missing = buildahMissing();
+  if (missing) return missing;
+  const { images } = await buildImages({ only: ["work"], log });
+  const work = images[0];
+  if (!work) return "the work image was not built";
+  return work.ok ? null : `the work image did not build:\n${work.error}`;
 }

@@ -2,12 +2,14 @@ import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { type RunningAgent, startAgent } from "../../local-agent/server";
+import { ensureWorkImage } from "./images";
 import { freePort } from "./postgres";
 import { startWorkerDev, type WorkerDev } from "./worker-dev";
 
 // The whole control plane on one machine, as `npm start` and the end-to-end tests run it: the
-// proxy image's programs built, the local host agent (namespaces), and `wrangler dev` serving
-// the Worker with the agent as its compute backend. The database is the caller's.
+// proxy image's programs and the work image built (both cached), the local host agent
+// (namespaces), and `wrangler dev` serving the Worker with the agent as its compute backend. The
+// database is the caller's.
 
 export interface LocalStack {
   apiUrl: string;
@@ -41,6 +43,10 @@ export async function startLocalStack(options: {
   log?: (line: string) => void;
 }): Promise<LocalStack> {
   buildProxyImage();
+  // The sandboxes' root filesystem: the agent exports the work image on start (once per image
+  // id). Without it the agent says why in its health, and every run stops with that reason.
+  const work = await ensureWorkImage();
+  if (work) (options.log ?? console.warn)(`[images] no work image, so no sandbox: ${work}`);
   const port = options.port ?? (await freePort());
   // The broker's credential for the agent: made here, given to the two of them only.
   const agentSecret = randomBytes(32).toString("base64url");

@@ -6,7 +6,8 @@ import { ProxyReady } from "./proxy-wire";
 // The contract of the wiring program (proxy-image/src/wiring.ts, shipped as wiring.cjs), which
 // runs in a work or task sandbox's setup stage: it reads one WiringInput as JSON on stdin, trusts
 // the run CA, writes the hosts-file redirect, proves both work, and prints one WiringProof as
-// JSON on stdout. Imported by the program and by whoever starts it, so the two cannot drift.
+// JSON on stdout. With `installed` it writes nothing and proves what was installed from outside
+// (after a setup stage, in the execute stage). Imported by the program and by whoever starts it, so the two cannot drift.
 // Pure zod (no node: imports): workerd loads it too.
 
 /** The program's exit codes. */
@@ -63,9 +64,9 @@ export const WiringInput = z
      */
     hostsInstalled: z.boolean().default(false),
     /**
-     * The files were installed from outside (a sandbox's seal re-writes them after its setup
-     * stage): check each is as this input says and write nothing, then probe. The re-proof runs
-     * in the execute stage, which could not write them anyway.
+     * Check only: the wiring's files (the CA file, the bundle, the hosts file) were re-installed
+     * from outside the sandbox (the local agent's seal, after the setup stage). Nothing is
+     * written; the program checks each of them, then probes as usual. Run in the execute stage.
      */
     installed: z.boolean().default(false),
     /** The port the HTTPS probe connects to (tests point it at an ephemeral listener). */
@@ -97,10 +98,7 @@ export type WiringInput = z.input<typeof WiringInput>;
 export type WiringInputParsed = z.output<typeof WiringInput>;
 
 export const WiringProbeName = z.enum([
-  /**
-   * The run CA and hosts file could not be written (installed: were not as given): nothing else
-   * was tried.
-   */
+  /** The run CA and hosts file could not be written: nothing else was tried. */
   "install",
   /** HTTPS to the probe host, verified against the bundle just written: 403 + probe header. */
   "tls_probe",

@@ -1,15 +1,27 @@
-import { existsSync, mkdtempSync, readFileSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OUTPUT_LIMIT, OutputBuffer } from "../../local-agent/exec";
 import { proxyRuleset } from "../../local-agent/network";
+import { ROOTFS_UID_BASE } from "../../local-agent/rootfs";
 import { REPO_ROOT, type RunningAgent, startAgent } from "../../local-agent/server";
 import { localBackend } from "../../src/broker/local-backend";
 import { AgentHealth, type ExecRequest, type SandboxInfo, SandboxList } from "../../src/contract/local-agent";
 import { DEFAULT_VIEW_PORT, ProxyView } from "../../src/contract/proxy-view";
 import {
   AgentClient,
+  ensureWorkImageBuilt,
   host,
   leftovers,
   nftFailingCatchAll,
@@ -139,6 +151,7 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
   const marker = `bw-marker-${secret().slice(0, 12)}`;
 
   beforeAll(async () => {
+    await ensureWorkImageBuilt();
     ipForwardBefore = readFileSync("/proc/sys/net/ipv4/ip_forward", "utf8").trim();
     writeFileSync(join("/tmp", HOST_TMP_MARKER), "host");
     stateDir = mkdtempSync(join(tmpdir(), "bw-agent-test-"));
@@ -179,7 +192,7 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
        d.on("message", (m, from) => d.send("dns:" + m, from.port, from.address));
        d.bind(5353, () => console.log("ready"));`,
     );
-  }, 60_000);
+  }, 300_000);
 
   afterAll(async () => {
     await agent?.close();
@@ -258,20 +271,30 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
   });
 
   it("runs the execute stage as an unprivileged uid with no capabilities", async () => {
-    // The sandbox's user namespace maps inner 0 (setup) and 1 (execute) to host uids U and U+1.
+    // The sandbox's user namespace maps inner 0 (setup) to the owner of the work image's files,
+    // inner 1 (execute) to the sandbox's own host uid U+1, and the image's other uids above base.
     const setup = await api.sh("wk1", "cat /proc/self/uid_map; id -u", "setup");
-    const [inner, hostUid, count, inside] = (setup.stdout.trim().split(/\s+/) as string[]).map(Number);
-    expect([inner, count, inside]).toEqual([0, 2, 0]);
-    expect(hostUid).toBeGreaterThanOrEqual(200_000);
+    const lines = setup.stdout.trim().split("\n");
+    const map = lines.slice(0, 3).map((l) => l.trim().split(/\s+/).map(Number));
+    expect(map[0]).toEqual([0, ROOTFS_UID_BASE, 1]);
+    expect(map[1]?.[0]).toBe(1);
+    expect(map[1]?.[1]).toBeGreaterThanOrEqual(UIDS[0]);
+    expect(map[1]?.[2]).toBe(1);
+    expect(map[2]).toEqual([2, ROOTFS_UID_BASE + 2, 65_534]);
+    expect(lines[3]).toBe("0");
     const exec = await api.sh(
       "wk1",
-      "id -u; grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status; readlink /proc/self",
+      "id -u; grep -E '^(CapInh|CapEff|CapPrm|CapAmb|NoNewPrivs|Groups)' /proc/self/status; readlink /proc/self",
     );
     const [uid, ...rest] = exec.stdout.trim().split("\n");
     expect(Number(uid)).toBe(1); // host uid U+1: neither root nor the setup stage's uid
-    expect(rest.slice(0, 4).every((l) => /:\s+0{16}$/.test(l))).toBe(true);
-    expect(rest[4]).toMatch(/^NoNewPrivs:\s+1$/);
-    expect(rest[5]).toMatch(/^\d+$/); // /proc/self works: it is the sandbox's own PID namespace
+    const status = Object.fromEntries(rest.slice(0, 6).map((l) => l.split(/:\s*/) as [string, string]));
+    for (const cap of ["CapInh", "CapPrm", "CapEff", "CapAmb"]) expect(status[cap], cap).toMatch(/^0{16}$/);
+    expect(status.NoNewPrivs).toBe("1");
+    expect(status.Groups).toBe(""); // no supplementary group
+    // CapBnd is not asserted: entering a user namespace resets the bounding set, and nothing of the
+    // sandbox may run privileged to drop it. No capability can be gained with no_new_privs.
+    expect(rest[6]).toMatch(/^\d+$/); // /proc/self works: it is the sandbox's own PID namespace
   });
 
   it("hides the checkout (with its .data and any .dev.vars) from both stages", async () => {
@@ -314,8 +337,10 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
   });
 
   it("denies both stages any change to the sandbox's network", async () => {
+    // SIOCSIFFLAGS on lo (what `ip link set lo down` does; the image has no iproute2).
+    const down = `python3 -c "import fcntl, socket, struct; fcntl.ioctl(socket.socket(), 0x8914, struct.pack('16sH', b'lo', 0))"`;
     for (const stage of ["setup", "execute"] as const) {
-      const r = await api.sh("wk1", "ip link set lo down", stage);
+      const r = await api.sh("wk1", down, stage);
       expect(r.exitCode, stage).not.toBe(0);
       expect(r.stderr).toMatch(/Operation not permitted/);
     }
@@ -330,8 +355,10 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
       timeoutMs: 60_000,
     });
     const cmdlines = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done";
-    const inProxy = await api.sh("px1", cmdlines, "setup");
-    expect(inProxy.stdout).toContain(marker); // the check can see a marker where there is one
+    // The check can see a marker where there is one (once the started process runs).
+    await until("the marker to run in the proxy sandbox", async () =>
+      (await api.sh("px1", cmdlines, "setup")).stdout.includes(marker),
+    );
     for (const stage of ["setup", "execute"] as const) {
       const seen = await api.sh("wk1", `${cmdlines}; ps -eo args`, stage);
       expect(seen.stdout).not.toContain(marker);
@@ -718,10 +745,17 @@ describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
     dirs.push(d);
     return d;
   };
+  beforeAll(() => ensureWorkImageBuilt(), 300_000);
+
   /** Runs `body` with agents it starts, then closes them (in the order started). */
   async function withAgents(
     body: (
-      start: (o: { nft?: string; stateDir?: string; uidBase: number }) => Promise<AgentClient>,
+      start: (o: {
+        nft?: string;
+        stateDir?: string;
+        uidBase: number;
+        workImage?: string;
+      }) => Promise<AgentClient>,
     ) => Promise<void>,
   ) {
     const agents: RunningAgent[] = [];
@@ -733,6 +767,7 @@ describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
           port: 0,
           controlPlane: "http://127.0.0.1:9",
           nft: o.nft,
+          workImage: o.workImage,
           stateDir: o.stateDir ?? tempDir(),
           uidBase: o.uidBase,
           log: () => {},
@@ -763,6 +798,54 @@ describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
       expect(await leftovers(FAULT_UIDS)).toEqual([]);
     });
   });
+
+  it("refuses every sandbox with cannot_isolate when the work image is not built", async () => {
+    await withAgents(async (start) => {
+      const api = await start({ workImage: "localhost/benchwright-no-such-image", uidBase: FAULT_UIDS[0] });
+      const health = (await api.call("GET", "/v1/health")).body;
+      expect(health).toEqual({
+        ok: false,
+        problems: ["the work image (localhost/benchwright-no-such-image) is not built: run npm run images"],
+      });
+      const res = await api.call("POST", "/v1/sandboxes", { kind: "proxy", id: "p", runId: "r" });
+      expect([res.status, res.body.code]).toEqual([503, "cannot_isolate"]);
+      expect(res.body.detail).toContain("run npm run images");
+    });
+  });
+
+  it("exports the work image once per image id, and removes only exports no live agent uses", async () => {
+    const root = tempDir();
+    const [inUse, unused] = ["a", "b"].map((c) => c.repeat(64)) as [string, string];
+    for (const id of [inUse, unused]) mkdirSync(join(root, id, "etc"), { recursive: true });
+    writeFileSync(join(root, `.use-${inUse}-${process.pid}`), ""); // this process: alive
+    writeFileSync(join(root, `.use-${unused}-999999999`), ""); // no such process
+    const logged: Array<Record<string, unknown>> = [];
+    const started = async () => {
+      const s = secret();
+      const a = await startAgent({
+        secret: s,
+        port: 0,
+        controlPlane: "http://127.0.0.1:9",
+        stateDir: tempDir(),
+        rootfsDir: root,
+        uidBase: FAULT_UIDS[0],
+        log: (e) => logged.push(e),
+      });
+      await a.close();
+    };
+    await started();
+    const exported = logged.filter((e) => e.event === "rootfs_exported");
+    expect(exported).toHaveLength(1);
+    const id = exported[0]?.imageId as string;
+    expect(readdirSync(root).sort()).toEqual(
+      [inUse, id, `.use-${inUse}-${process.pid}`, `.use-${id}-${process.pid}`].sort(),
+    );
+    // Files of the image's uid k belong to base+k; the export is root's only.
+    expect(statSync(join(root, id, "etc", "hosts")).uid).toBe(ROOTFS_UID_BASE);
+    expect(statSync(root).mode & 0o777).toBe(0o700);
+    await started();
+    expect(logged.filter((e) => e.event === "rootfs_exported")).toHaveLength(1); // cached
+  }, 120_000);
 
   it("fails a catch-all sandbox whose redirect cannot be installed, leaving nothing of it (E2)", async () => {
     // Passes the health check and the proxy namespace's own rules; fails the catch-all rules.

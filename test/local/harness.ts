@@ -1,10 +1,12 @@
 import { type ChildProcess, execFile, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { chmodSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
+import { detectCgroups } from "../../local-agent/cgroups";
+import { ensureWorkImage } from "../../scripts/lib/images";
 import { ExecInfo, type ExecRequest, type ListedSandbox, SandboxInfo } from "../../src/contract/local-agent";
 
 // One harness for the local agent's tests: a client for the agent's API, helpers that run code
@@ -15,6 +17,18 @@ const execFileP = promisify(execFile);
 const PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 export { onPath, whyNotRunnable } from "../../scripts/lib/can-isolate";
+
+let workImage: Promise<void> | null = null;
+/**
+ * The work image built (from the layer cache in seconds when unchanged), once per test file:
+ * the agent exports it as every sandbox's root filesystem when it starts.
+ */
+export function ensureWorkImageBuilt(): Promise<void> {
+  workImage ??= ensureWorkImage().then((why) => {
+    if (why) throw new Error(`no work image for the sandboxes: ${why}`);
+  });
+  return workImage;
+}
 
 /** Runs a host command; resolves with its output whether it fails or not. */
 export async function host(argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
@@ -300,6 +314,19 @@ export async function leftovers(uidRange: [number, number]): Promise<string[]> {
       const uid = Number(/^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]);
       if (uid >= uidRange[0] && uid < uidRange[1]) found.push(`process ${pid} (uid ${uid})`);
     } catch {}
+  }
+  // Sandboxes' cgroups (the agent's parent directories may stay, empty) and user namespace files.
+  const cgroups = detectCgroups();
+  for (const parent of cgroups.ok ? Object.values(cgroups.host.parents) : []) {
+    if (existsSync(parent)) {
+      for (const e of readdirSync(parent, { withFileTypes: true })) {
+        if (e.isDirectory()) found.push(`cgroup ${join(parent, e.name)}`);
+      }
+    }
+  }
+  for (const line of readFileSync("/proc/self/mountinfo", "utf8").split("\n")) {
+    const point = line.split(" ")[4] ?? "";
+    if (/\/sandboxes\/[^/]+\/userns$/.test(point)) found.push(`mount ${point}`);
   }
   return found;
 }

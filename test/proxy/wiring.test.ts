@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { createHash, X509Certificate } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { type AddressInfo, createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -9,6 +9,7 @@ import { createRunCa } from "../../proxy-image/src/ca";
 import { wire } from "../../proxy-image/src/wiring";
 import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import { type WiringInput, WiringProof } from "../../src/contract/wiring";
+import { renderHostsFile, withCertificate } from "../../src/policy/hosts-file";
 import {
   createTestCa,
   type RunningProxy,
@@ -178,51 +179,70 @@ describe("default routing", () => {
   });
 });
 
-// After a sandbox's setup stage (root) its seal re-writes the wiring's files from outside; the
-// wiring is then proved again from the execute stage, checking them and writing nothing.
-describe("installed: the re-proof after seal (case G2)", () => {
-  const files = () => [join(paths.caDir, "run-ca.pem"), paths.caBundlePath, paths.hostsPath];
-  const contents = () => files().map((p) => readFileSync(p, "utf8"));
+describe("installed from outside (installed: true, after a setup stage)", () => {
+  /** What the local agent's seal writes, with the same module the wiring writes with. */
+  function installFromOutside(hostsFile = ["api.test", "evil.test"]) {
+    mkdirSync(paths.caDir, { recursive: true });
+    writeFileSync(join(paths.caDir, "run-ca.pem"), asFile(proxy.caPem));
+    writeFileSync(paths.caBundlePath, withCertificate(roots, proxy.caPem));
+    writeFileSync(paths.hostsPath, renderHostsFile(HOSTS_BEFORE, "default", "127.0.0.1", hostsFile));
+  }
+  const files = () =>
+    [join(paths.caDir, "run-ca.pem"), paths.caBundlePath, paths.hostsPath].map((p) => {
+      try {
+        return [readFileSync(p, "utf8"), statSync(p).mtimeMs];
+      } catch {
+        return null;
+      }
+    });
 
-  it("checks the files as installed, writes nothing, and proves the redirect again", async () => {
+  it("the agent's rendering is byte for byte what the wiring writes", async () => {
     expect((await wire(input())).code).toBe(0);
-    const before = contents();
+    const written = [paths.caBundlePath, paths.hostsPath].map((p) => readFileSync(p, "utf8"));
+    installFromOutside();
+    expect([paths.caBundlePath, paths.hostsPath].map((p) => readFileSync(p, "utf8"))).toEqual(written);
+  });
+
+  it("writes nothing, checks the files and proves them", async () => {
+    installFromOutside();
+    const before = files();
     const result = await wire(input({ installed: true }));
     expect(result.code).toBe(0);
     expect(result.proof?.probes.map((p) => [p.name, p.ok])).toEqual([["tls_probe", true]]);
-    expect(contents()).toEqual(before);
+    expect(files()).toEqual(before);
   });
 
-  it("fails on a hosts file setup rewrote, naming the hosts, and leaves it as it is", async () => {
-    expect((await wire(input())).code).toBe(0);
-    const tampered = readFileSync(paths.hostsPath, "utf8").replace(
-      "127.0.0.1 evil.test",
-      "6.6.6.6 evil.test",
-    );
-    writeFileSync(paths.hostsPath, tampered);
-    const result = await wire(input({ installed: true }));
-    expect(result.code).toBe(1);
-    expect(result.proof?.probes).toEqual([
-      {
-        name: "install",
-        expected: "the wiring's files as installed from outside",
-        observed: `${paths.hostsPath} does not send evil.test to 127.0.0.1`,
-        ok: false,
-      },
-    ]);
-    expect(readFileSync(paths.hostsPath, "utf8")).toBe(tampered);
-  });
-
-  it("fails when the run CA is gone from its file and the bundle (never writing them back)", async () => {
-    expect((await wire(input())).code).toBe(0);
-    writeFileSync(paths.caBundlePath, roots);
-    writeFileSync(join(paths.caDir, "run-ca.pem"), roots);
-    const result = await wire(input({ installed: true }));
-    expect(result.code).toBe(1);
-    expect(result.proof?.probes[0]?.observed).toBe(
-      `${join(paths.caDir, "run-ca.pem")} does not hold the run CA; ${paths.caBundlePath} does not trust the run CA`,
-    );
-    expect(readFileSync(paths.caBundlePath, "utf8")).toBe(roots);
+  it("fails on each file that is not what it must be, naming it, and probes nothing", async () => {
+    const cases: Array<[string, () => void, RegExp]> = [
+      ["no run CA file", () => rmSync(join(paths.caDir, "run-ca.pem")), /cannot read .*run-ca\.pem: ENOENT/],
+      [
+        "another CA in the run CA's file",
+        () => writeFileSync(join(paths.caDir, "run-ca.pem"), otherCa.certPem),
+        /run-ca\.pem is not the run CA/,
+      ],
+      [
+        "a bundle without the run CA",
+        () => writeFileSync(paths.caBundlePath, roots),
+        /does not hold the run CA/,
+      ],
+      [
+        "a hosts file missing a vault host",
+        () =>
+          writeFileSync(paths.hostsPath, renderHostsFile(HOSTS_BEFORE, "default", "127.0.0.1", ["api.test"])),
+        /does not send evil\.test to 127\.0\.0\.1/,
+      ],
+    ];
+    for (const [name, breakIt, observed] of cases) {
+      installFromOutside();
+      breakIt();
+      const before = files();
+      const result = await wire(input({ installed: true }));
+      expect(result.code, name).toBe(1);
+      expect(result.proof?.probes, name).toEqual([
+        expect.objectContaining({ name: "install", ok: false, observed: expect.stringMatching(observed) }),
+      ]);
+      expect(files(), name).toEqual(before);
+    }
   });
 });
 

@@ -1,0 +1,81 @@
+import { spawn } from "node:child_process";
+import { randomUUID } from "node:crypto";
+import type { Resources, SandboxKind } from "../src/contract/local-agent";
+import type { Exec, ExecCgroup } from "./exec";
+import type { RoutingMode } from "../src/contract/policy";
+import type { WorkNet } from "./network";
+import { EXEC_BASE_ENV, SANDBOX_HOME, type SandboxProcess } from "./sandbox";
+import type { SandboxProgram } from "./transfer";
+
+// What the agent holds of one sandbox (sandboxes.ts makes and lists them), and the two ways a
+// process is started in it: an exec (its own cgroup leaf) and a program of the image whose
+// stdio the agent streams (bundles, artifacts).
+
+export interface Sandbox {
+  id: string;
+  runId: string;
+  kind: SandboxKind;
+  routing: RoutingMode | null;
+  proxySandboxId: string | null;
+  state: "ready" | "destroyed";
+  /** Its processes are stopped (a halted run's work sandbox, a paused lingering proxy). */
+  frozen: boolean;
+  netns: string;
+  work: WorkNet | null;
+  address: string;
+  controlPlaneUrl: string | null;
+  process: SandboxProcess;
+  execs: Map<string, Exec>;
+  resources: Resources;
+  /** The setup stage has ended (seal): no more setup-stage execs. */
+  sealed: boolean;
+  /** Processes seal killed (all seals of this sandbox). */
+  sealKilled: number;
+  resolvConf: string;
+}
+
+/** A work, task or orchestrator sandbox: on a work link of its run. */
+export type WorkSandbox = Sandbox & { work: WorkNet; routing: RoutingMode };
+
+/** A cgroup leaf of its own for one exec (cgroups.ts), as the exec uses it. */
+export function execCgroup(
+  sandbox: Sandbox,
+  stage: "setup" | "execute",
+  name: string,
+): { rel: string; cgroup: ExecCgroup } {
+  const cg = sandbox.process.cgroup;
+  const rel = cg.leaf(stage, name);
+  return {
+    rel,
+    cgroup: {
+      hit: () => cg.limitsHit(rel),
+      killAll: async () => {
+        await cg.kill(rel);
+      },
+      release: () => cg.removeLeaf(rel),
+    },
+  };
+}
+
+/** Runs a program of the image in the execute stage with its stdio piped to the agent. */
+export function programIn(sandbox: Sandbox, name: string): SandboxProgram {
+  return {
+    spawn: (argv) => {
+      const { rel, cgroup } = execCgroup(sandbox, "execute", `${name}-${randomUUID()}`);
+      const [file, ...args] = sandbox.process.execArgv("execute", rel, SANDBOX_HOME, argv) as [
+        string,
+        ...string[],
+      ];
+      const child = spawn(file, args, { env: EXEC_BASE_ENV, stdio: ["pipe", "pipe", "pipe", "pipe"] });
+      const fd3 = child.stdio[3] as NodeJS.WritableStream & { on(e: "error", f: () => void): void };
+      fd3.on("error", () => {});
+      fd3.end("");
+      return {
+        child,
+        done: () => {
+          void cgroup.killAll().then(() => cgroup.release());
+        },
+      };
+    },
+  };
+}

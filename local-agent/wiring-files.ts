@@ -1,0 +1,141 @@
+import {
+  closeSync,
+  constants,
+  fchmodSync,
+  fchownSync,
+  fstatSync,
+  ftruncateSync,
+  lstatSync,
+  openSync,
+  readdirSync,
+  readSync,
+  rmSync,
+  writeSync,
+} from "node:fs";
+import { join } from "node:path";
+import type { RoutingMode } from "../src/contract/policy";
+import { renderHostsFile, withCertificate } from "../src/policy/hosts-file";
+
+// A sandbox's wiring files, written from the host side: the bind sources in its root-only
+// directory (sandbox.ts), never a path resolved inside the sandbox. The setup stage is root of the
+// sandbox and may have changed any of them (their content, their mode, their ACL), so each is
+// opened without following a link, checked to be the regular file it was, and rewritten in
+// place (the bind mount holds its inode); once sealed they belong to the host's root, 0644:
+// readable in the sandbox, writable by no one there (the host's root is not mapped in it).
+
+/** The hosts file a sandbox starts with; the wiring's block is added below it. */
+export const BASE_HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+const RUN_CA_FILE = "run-ca.pem";
+const MAX_HOSTS_BYTES = 1024 * 1024;
+
+export interface WiredFiles {
+  /** The sandbox's root-only directory. */
+  dir: string;
+  /** Host uid of the sandbox's setup stage (the files' owner until sealed). */
+  setupUid: number;
+  sealed: boolean;
+}
+
+function openRegular(path: string, flags: number) {
+  const fd = openSync(path, flags | constants.O_NOFOLLOW | constants.O_NOCTTY);
+  if (!fstatSync(fd).isFile()) {
+    closeSync(fd);
+    throw new Error(`${path} is not a regular file`);
+  }
+  return fd;
+}
+
+/** Rewrites `name` in the sandbox's directory in place, owned by `owner`, 0644. */
+function rewrite(files: WiredFiles, name: string, content: string): void {
+  const fd = openRegular(join(files.dir, name), constants.O_WRONLY);
+  try {
+    const owner = files.sealed ? 0 : files.setupUid;
+    // Owner and mode first: nothing of the sandbox may write while the content changes. A mode
+    // of 0644 also masks any ACL entry the setup stage added to read-only.
+    fchownSync(fd, owner, owner);
+    fchmodSync(fd, 0o644);
+    ftruncateSync(fd, 0);
+    const data = Buffer.from(content);
+    for (let at = 0; at < data.length; ) at += writeSync(fd, data, at, data.length - at, at);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function readUpTo(path: string, max: number): string {
+  const fd = openRegular(path, constants.O_RDONLY);
+  try {
+    const buffer = Buffer.alloc(max);
+    let size = 0;
+    for (let n = 1; n > 0 && size < max; size += n) n = readSync(fd, buffer, size, max - size, size);
+    return buffer.subarray(0, size).toString("utf8");
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * Everything seal installs: the hosts file (the redirect of `routing` to `proxyAddress`), the
+ * resolver, the CA bundle (the image's, with the run CA) and the run CA's own file in `ca/`; with
+ * `caCertPem` null, the image's hosts and bundle and no run CA.
+ */
+export function installSealed(
+  files: WiredFiles,
+  wiring: {
+    routing: RoutingMode;
+    proxyAddress: string;
+    hostsFile: readonly string[];
+    caCertPem: string | null;
+    resolvConf: string;
+    imageBundle: string;
+  },
+): void {
+  const sealed = { ...files, sealed: true };
+  const pem = wiring.caCertPem;
+  rewrite(
+    sealed,
+    "hosts",
+    pem === null
+      ? BASE_HOSTS
+      : renderHostsFile(BASE_HOSTS, wiring.routing, wiring.proxyAddress, wiring.hostsFile),
+  );
+  rewrite(sealed, "resolv.conf", wiring.resolvConf);
+  rewrite(
+    sealed,
+    "ca-certificates.crt",
+    pem === null ? wiring.imageBundle : withCertificate(wiring.imageBundle, pem),
+  );
+  // The CA directory: the host's root's from now on, emptied of whatever the setup stage left
+  // (a link there must never be followed by the agent), then the run CA written anew.
+  const ca = join(files.dir, "ca");
+  if (!lstatSync(ca).isDirectory()) throw new Error(`${ca} is not a directory`);
+  const dirFd = openSync(ca, constants.O_RDONLY | constants.O_DIRECTORY | constants.O_NOFOLLOW);
+  try {
+    fchownSync(dirFd, 0, 0);
+    fchmodSync(dirFd, 0o755);
+  } finally {
+    closeSync(dirFd);
+  }
+  for (const entry of readdirSync(ca)) rmSync(join(ca, entry), { recursive: true, force: true });
+  if (pem !== null) {
+    const fd = openSync(
+      join(ca, RUN_CA_FILE),
+      constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL | constants.O_NOFOLLOW,
+      0o644,
+    );
+    try {
+      fchownSync(fd, 0, 0);
+      fchmodSync(fd, 0o644);
+      writeSync(fd, pem.endsWith("\n") ? pem : `${pem}\n`);
+    } finally {
+      closeSync(fd);
+    }
+  }
+}
+
+/** A vault edit under default routing: the hosts file's redirect block rewritten from outside. */
+export function installHosts(files: WiredFiles, proxyAddress: string, hostsFile: readonly string[]): void {
+  // Sealed, the file is the agent's own; before, the setup stage's lines above the block are kept.
+  const current = files.sealed ? BASE_HOSTS : readUpTo(join(files.dir, "hosts"), MAX_HOSTS_BYTES);
+  rewrite(files, "hosts", renderHostsFile(current, "default", proxyAddress, hostsFile));
+}
