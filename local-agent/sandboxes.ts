@@ -16,8 +16,8 @@ import {
   type Seal,
   type SealResult,
 } from "../src/contract/local-agent";
-import { type CgroupHost, removeParents, SandboxCgroup } from "./cgroups";
 import type { RoutingMode } from "../src/contract/policy";
+import { type CgroupHost, removeParents, SandboxCgroup } from "./cgroups";
 import { AgentError } from "./errors";
 import { Exec } from "./exec";
 import {
