@@ -106,13 +106,13 @@ describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tas
     expect(list.cut).toEqual([]);
     expect(
       list.artifacts.map((a: { sandboxName: string; path: string }) => `${a.sandboxName}/${a.path}`).sort(),
-    ).toEqual(TASKS.map((t) => `${t}/${t}.json`));
+    ).toEqual(TASKS.map((t) => `${t}/${t}.json`).sort());
     const out = mkdtempSync(join(tmpdir(), "bw-example-out-"));
     const saved = await cli(["runs", "artifacts", id, "--out", out]);
     expect(saved.code, saved.stderr).toBe(0);
     expect(saved.stdout).toContain(`saved 3 of 3 artifacts under ${out}`);
     const files = walk(out);
-    expect(files).toEqual(TASKS.map((t) => `${t}/${t}.json`));
+    expect([...files].sort()).toEqual(TASKS.map((t) => `${t}/${t}.json`).sort());
     for (const task of TASKS) {
       const result = JSON.parse(readFileSync(join(out, task, `${task}.json`), "utf8"));
       expect(result).toMatchObject({
