@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { BENCH_PACKAGE, benchIndexRoutes, buildWheel, INDEX_HOST } from "../../scripts/lib/pip-index";
 import { cli as runCli } from "../cli/harness";
 import { until } from "../until";
-import { demoVault, type E2e, newUser, SKIP_REASON, startE2e } from "./harness";
+import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
 
 // Issue 20's example benchmark end to end, on real parts: examples/qa-bench launched with the
 // real CLI (`runs launch --from ... --follow`: packed, uploaded as a bundle, launched), on the
@@ -136,6 +136,29 @@ describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tas
     for (const file of files) expect(readFileSync(join(out, file), "utf8")).not.toContain(e.canary);
     for (const text of outputs) expect(text).not.toContain(e.canary);
   }, 300_000);
+
+  it("case G6: a failing setup command stops the run before any command runs, in any sandbox", async () => {
+    const user = await newUser(e.stack.apiUrl);
+    await demoVault(user, e.canary);
+    const launched = await user.call("POST", "/v1/runs", {
+      setup: ["echo setting-up", "exit 7"],
+      commands: ["echo WORK-RAN"],
+      tasks: [{ name: "t1", commands: ["echo TASK-RAN"] }],
+    });
+    expect(launched.status, launched.text).toBe(201);
+    const run = await waitForEnd(user, launched.json.id, 120_000);
+    expect(run).toMatchObject({ status: "stopped", reason: "setup_failed" });
+    expect(run.detail).toMatch(/setup command 2 exited 7: "exit 7"/);
+    const full = (await user.call("GET", `/v1/runs/${launched.json.id}`)).json;
+    const outputs = full.trace.filter((t: { kind: string }) => t.kind === "output");
+    const text = JSON.stringify(outputs);
+    // The first setup command ran (its output is in the trace); no execute command ran anywhere.
+    expect(text).toContain("setting-up");
+    expect(text).not.toContain("WORK-RAN");
+    expect(text).not.toContain("TASK-RAN");
+    const notes = JSON.stringify(full.notes ?? full);
+    expect(notes).toMatch(/Setup command 2 in \S+ \("exit 7"\) exited 7/);
+  }, 180_000);
 });
 
 /** Every file under dir, relative, sorted. */
