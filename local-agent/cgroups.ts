@@ -142,9 +142,14 @@ export interface Counters {
 export class SandboxCgroup {
   private constructor(
     private readonly host: CgroupHost,
-    /** The sandbox's directory per hierarchy. */
+    /** The sandbox's directory per controller (two co-mounted controllers share one). */
     readonly dirs: Partial<Record<Controller | "unified", string>>,
   ) {}
+
+  /** One directory per hierarchy. */
+  private get all(): string[] {
+    return [...new Set(Object.values(this.dirs))];
+  }
 
   static create(host: CgroupHost, name: string, resources: Resources): SandboxCgroup {
     const dirs: SandboxCgroup["dirs"] = {};
@@ -163,7 +168,7 @@ export class SandboxCgroup {
   }
 
   private createV1(r: Resources): void {
-    for (const dir of Object.values(this.dirs)) mkdirSync(dir, { recursive: true });
+    for (const dir of this.all) mkdirSync(dir, { recursive: true });
     const memory = this.dirs.memory as string;
     const bytes = String(r.memoryMb * 1024 * 1024);
     write(join(memory, "memory.limit_in_bytes"), bytes);
@@ -175,7 +180,7 @@ export class SandboxCgroup {
     write(join(cpu, "cpu.cfs_period_us"), String(CPU_PERIOD_US));
     write(join(cpu, "cpu.cfs_quota_us"), String(Math.max(1000, Math.round(r.cpus * CPU_PERIOD_US))));
     for (const leaf of ["init", "setup", "run"]) {
-      for (const dir of Object.values(this.dirs)) mkdirSync(join(dir, leaf));
+      for (const dir of this.all) mkdirSync(join(dir, leaf));
     }
   }
 
@@ -201,13 +206,13 @@ export class SandboxCgroup {
   /** The relative path of a leaf: `init`, or `setup/<execId>` / `run/<execId>` (made here). */
   leaf(stage: "setup" | "execute", execId: string): string {
     const rel = join(stage === "setup" ? "setup" : "run", execId);
-    for (const dir of Object.values(this.dirs)) mkdirSync(join(dir, rel), { recursive: true });
+    for (const dir of this.all) mkdirSync(join(dir, rel), { recursive: true });
     return rel;
   }
 
   /** The cgroup.procs files a process writes its pid into to join `rel` (in every hierarchy). */
   procsFiles(rel: string): string[] {
-    return Object.values(this.dirs).map((d) => join(d, rel, "cgroup.procs"));
+    return this.all.map((d) => join(d, rel, "cgroup.procs"));
   }
 
   /** Every process in `rel` and below. */
@@ -284,7 +289,7 @@ export class SandboxCgroup {
 
   /** Removes `rel` and below where empty (an exec's leaf once its processes are gone). */
   removeLeaf(rel: string): void {
-    for (const dir of Object.values(this.dirs)) {
+    for (const dir of this.all) {
       for (const d of subtree(join(dir, rel))) {
         try {
           rmdirSync(d);
@@ -295,7 +300,7 @@ export class SandboxCgroup {
 
   /** Removes the whole cgroup (its processes must be gone: kill("") first). */
   remove(): void {
-    for (const dir of Object.values(this.dirs)) removeTree(dir);
+    for (const dir of this.all) removeTree(dir);
   }
 }
 
@@ -327,7 +332,7 @@ export async function removeLeftoverCgroup(dirs: readonly string[]): Promise<voi
 
 /** Removes the agent's parent directories when no sandbox cgroup is left in them. */
 export function removeParents(host: CgroupHost): void {
-  for (const dir of Object.values(host.parents)) {
+  for (const dir of new Set(Object.values(host.parents))) {
     try {
       rmdirSync(dir);
     } catch {}

@@ -468,7 +468,7 @@ export class Registry {
     const name = `${this.o.state.tag}-${request.id}`;
     this.o.state.recordCgroup(
       request.id,
-      Object.values(host.parents).map((p) => join(p, name)),
+      [...new Set(Object.values(host.parents))].map((p) => join(p, name)),
     );
     let cgroup: SandboxCgroup | null = null;
     try {
