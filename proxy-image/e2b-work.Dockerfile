@@ -4,7 +4,9 @@
 #   npm run e2b:templates    (E2B_API_KEY in the environment; docs/e2b.md)
 # scripts/lib/e2b-templates.ts runs the build stage here and gives E2B the final stage as steps.
 # What the e2b backend needs in it (docs/e2b.md): node (its programs), the wiring program, the exec
-# runner, the tunnel's local end, iptables (catch-all's redirect), and the three scripts below.
+# runner, the tunnel's local end, bw-unpack and bw-collect (bundles in, artifacts out), iptables
+# (catch-all's redirect), prlimit (util-linux: the execute stage's pids limit), and the four
+# scripts below.
 # The agent's own toolchain is python3 (with pip and venv), git and curl; add what your benchmarks
 # need.
 # The base: node 24 on Debian bookworm, with npm. `npm run images` passes a local build of the same
@@ -32,11 +34,13 @@ FROM ${BASE_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends \
       ca-certificates iptables python3 python3-pip python3-venv git curl \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/tunnel.cjs /opt/benchwright/
+COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/tunnel.cjs /src/proxy-image/dist/unpack.cjs /src/proxy-image/dist/collect.cjs /opt/benchwright/
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
  && printf '#!/bin/sh\nexec node /opt/benchwright/exec-runner.cjs "$@"\n' > /usr/local/bin/bw-exec \
  && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
- && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-tunnel \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/unpack.cjs "$@"\n' > /usr/local/bin/bw-unpack \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/collect.cjs "$@"\n' > /usr/local/bin/bw-collect \
+ && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-tunnel /usr/local/bin/bw-unpack /usr/local/bin/bw-collect \
  && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
 
 # Run as root at create: takes every way to root away from `user`.
@@ -49,6 +53,15 @@ for g in sudo admin wheel adm disk; do gpasswd -d user "$g" >/dev/null 2>&1 || t
 for b in /usr/bin/sudo /usr/bin/su /bin/su /usr/bin/pkexec /usr/bin/newgrp /usr/bin/chsh /usr/bin/chfn; do
   if [ -e "$b" ]; then chmod u-s,g-s "$b"; fi
 done
+echo ok
+EOF
+
+# Run as root at create: the working directory of every backend (/home/sandbox; $BW_OUT is under
+# it), the execute user's. E2B makes `user` after this file ran, so not in a RUN here.
+COPY --chmod=755 <<'EOF' /usr/local/bin/bw-workdir
+#!/bin/sh
+set -eu
+install -d -o user -g user -m 0755 /home/sandbox
 echo ok
 EOF
 

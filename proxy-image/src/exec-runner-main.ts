@@ -7,7 +7,8 @@ import {
   type RunnerError,
   RunnerStart,
 } from "../../src/contract/exec-runner";
-import { freeze, kill, poll, Refusal, type RunnerHost, start, supervise } from "./exec-runner";
+import { freeze, kill, poll, Refusal, type RunnerHost, seal, start, supervise } from "./exec-runner";
+import { setupCgroupPath } from "./exec-seal";
 
 const MAX_SPEC_BYTES = 4 * 1024 * 1024;
 
@@ -52,7 +53,8 @@ async function main(args: string[]): Promise<unknown> {
   const env = { ...process.env };
   delete env.BW_EXEC_DIR;
   delete env.BW_NODE;
-  const host: RunnerHost = { base, self: process.argv[1] as string, node };
+  delete env.BW_EXEC_SETUP_CGROUP;
+  const host: RunnerHost = { base, self: process.argv[1] as string, node, setupCgroup: setupCgroupPath() };
   const [op, ...rest] = args;
   switch (op) {
     case "start": {
@@ -64,15 +66,34 @@ async function main(args: string[]): Promise<unknown> {
         } catch {
           throw new Refusal("bad_request", "stdin is not one RunnerStart line");
         }
-        const { argv, cwd, timeoutMs } = spec;
+        const { argv, cwd, timeoutMs, setup, pids } = spec;
         const stdin = spec.stdin === undefined ? null : Buffer.from(spec.stdin);
-        return start(host, execId, { argv, cwd, timeoutMs }, { ...env, ...spec.env }, stdin);
+        return start(host, execId, { argv, cwd, timeoutMs, setup, pids }, { ...env, ...spec.env }, stdin);
       }
       const timeoutMs = rest[1] === "-" ? null : count(rest[1], "timeoutMs");
       const stdinBytes = count(rest[2], "stdinBytes");
-      if (rest[3] !== "--" || rest.length < 5) throw usage("the command follows --");
+      let at = 3;
+      let setup = false;
+      let pids: number | undefined;
+      for (; rest[at] !== "--" && at < rest.length; at++) {
+        if (rest[at] === "--setup") setup = true;
+        else if (rest[at] === "--pids") pids = Math.max(1, count(rest[++at], "--pids"));
+        else throw usage(`unknown option ${rest[at]}`);
+      }
+      if (rest[at] !== "--" || rest.length < at + 2) throw usage("the command follows --");
       const stdin = stdinBytes > 0 ? await readBytes(stdinBytes) : null;
-      return start(host, execId, { argv: rest.slice(4), timeoutMs }, env, stdin);
+      const spec = {
+        argv: rest.slice(at + 1),
+        timeoutMs,
+        ...(setup ? { setup } : {}),
+        ...(pids ? { pids } : {}),
+      };
+      return start(host, execId, spec, env, stdin);
+    }
+    case "seal": {
+      const flags = new Set(rest);
+      for (const f of flags) if (f !== "--sweep" && f !== "--dry-run") throw usage(`unknown option ${f}`);
+      return seal(host, { sweep: flags.has("--sweep"), dryRun: flags.has("--dry-run") });
     }
     case "poll":
       return poll(

@@ -15,9 +15,10 @@ import {
   writeFileSync,
 } from "node:fs";
 import { dirname, join } from "node:path";
-import type { RunnerError, RunnerFreeze, RunnerStatus } from "../../src/contract/exec-runner";
+import type { RunnerError, RunnerFreeze, RunnerSeal, RunnerStatus } from "../../src/contract/exec-runner";
 import { RunnerExecId } from "../../src/contract/exec-runner";
 import { EXEC_OUTPUT_LIMIT, outputPage } from "../../src/contract/local-agent";
+import { isSealing, joinCgroup, recordBaseline, seal as sealSetup } from "./exec-seal";
 
 // `bw-exec`, the exec runner of the sandbox0 work pods and the E2B templates (contract:
 // src/contract/exec-runner.ts; command: exec-runner-main.ts). Each command runs detached from the
@@ -30,6 +31,8 @@ import { EXEC_OUTPUT_LIMIT, outputPage } from "../../src/contract/local-agent";
 //   <base>/<uid>/<execId>/supervisor, pid  the supervisor's pid; the command's (= its session id)
 //   <base>/<uid>/<execId>/exit           {"exitCode","signal"}, written once by rename
 //   <base>/<uid>/.frozen                 this uid's sandbox is frozen: new commands stop at once
+//   <base>/<uid>/<execId>/setup          a setup-stage command (exec-seal.ts: the setup cgroup,
+//                                        the baseline, seal)
 //
 // `start` is idempotent by exec id (mkdir is the lock). One private directory per uid: root
 // (E2B's poll and kill) finds an exec of any uid, so each uid's directory must be a directory
@@ -58,12 +61,20 @@ export interface RunnerHost {
   /** This program's path and the node that runs it (a pod's node is a wrapper: BW_NODE). */
   self: string;
   node: string;
+  /** The setup cgroup (exec-seal.ts), null where the host has no cgroup v2. */
+  setupCgroup: string | null;
 }
 
 export interface StartSpec {
   argv: string[];
   cwd?: string;
   timeoutMs: number | null;
+  /** A setup-stage command: in the setup cgroup, killed at seal; refused once sealed. */
+  setup?: boolean;
+  /** RLIMIT_NPROC of the command and all it starts (prlimit). */
+  pids?: number;
+  /** Set by start: the cgroup a setup command's supervisor joins. */
+  cgroup?: string | null;
 }
 
 const uid = () => process.getuid?.() ?? 0;
@@ -312,7 +323,13 @@ export async function start(
   stdin: Uint8Array | null,
 ): Promise<RunnerStatus> {
   checkId(execId);
-  const dir = join(ownDir(host.base), execId);
+  const uidDir = ownDir(host.base);
+  const dir = join(uidDir, execId);
+  if (spec.setup && !existsSync(dir)) {
+    if (isSealing(uidDir)) throw new Refusal("sealed", "the setup stage has ended (sealed)");
+    recordBaseline(uidDir);
+    spec = { ...spec, cgroup: host.setupCgroup };
+  }
   let created = true;
   try {
     mkdirSync(dir, { mode: 0o700 });
@@ -324,6 +341,7 @@ export async function start(
     writeFileSync(join(dir, "stdout"), "", { mode: 0o600 });
     writeFileSync(join(dir, "stderr"), "", { mode: 0o600 });
     if (stdin !== null) writeFileSync(join(dir, "stdin"), stdin, { mode: 0o600 });
+    if (spec.setup) writeFileSync(join(dir, "setup"), "", { mode: 0o600 });
     writeAtomic(join(dir, "spec.json"), JSON.stringify(spec));
     const supervisor = spawn(host.node, [host.self, "supervise", dir, host.node], {
       detached: true,
@@ -356,9 +374,16 @@ export function supervise(dir: string, node: string): void {
   const stdin = existsSync(stdinPath) ? openSync(stdinPath, "r") : "ignore";
   const out = openSync(join(dir, "stdout"), "a");
   const err = openSync(join(dir, "stderr"), "a");
+  // A setup command's supervisor joins the setup cgroup before it starts anything: the command
+  // and all it forks are born there (if it cannot, seal still has the session and the sweep).
+  if (spec.setup && spec.cgroup) joinCgroup(spec.cgroup, process.pid);
   const [name, ...args] = spec.argv as [string, ...string[]];
   const beside = PROGRAMS[name] && join(dirname(process.argv[1] as string), PROGRAMS[name]);
   let [file, argv] = beside && existsSync(beside) ? [node, [beside, ...args]] : [name, args];
+  if (spec.pids !== undefined) {
+    // An unprivileged uid may lower its own limits, never raise the hard one back.
+    [file, argv] = ["prlimit", [`--nproc=${spec.pids}:${spec.pids}`, "--", file, ...argv]];
+  }
   const frozenFile = join(dirname(dir), ".frozen");
   if (existsSync(frozenFile)) {
     // The sandbox is frozen: the command stops itself before it runs, and thaw continues it.
@@ -445,4 +470,24 @@ export function freeze(base: string, frozen: boolean): RunnerFreeze {
     }
   }
   return { frozen, signalled };
+}
+
+/**
+ * Ends the setup stage of this uid's sandbox (exec-seal.ts): kills what it left, refuses setup
+ * starts from then on. `sweep`: also every other process started since the first setup command.
+ */
+export function seal(
+  host: Pick<RunnerHost, "base" | "setupCgroup">,
+  options: { sweep: boolean; dryRun: boolean },
+): Promise<RunnerSeal> {
+  const uidDir = ownDir(host.base);
+  const setupSessions: number[] = [];
+  for (const entry of readdirSync(uidDir)) {
+    if (!RunnerExecId.safeParse(entry).success) continue;
+    const exec = join(uidDir, entry);
+    if (!existsSync(join(exec, "setup")) || existsSync(join(exec, "exit"))) continue;
+    const pid = readNumber(join(exec, "pid"));
+    if (pid !== null) setupSessions.push(pid);
+  }
+  return sealSetup(uidDir, { ...options, cgroup: host.setupCgroup, setupSessions, signalSession });
 }

@@ -15,12 +15,14 @@ import { join } from "node:path";
 import type { TLSSocket } from "node:tls";
 import { describeIssues, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import {
+  type ReinstallResult,
   WIRING_EXIT,
   type WiringEnv,
   WiringInput,
   type WiringInputParsed,
   type WiringProbe,
   WiringProof,
+  WiringReinstall,
 } from "../../src/contract/wiring";
 import {
   bundleHas,
@@ -157,6 +159,74 @@ function install(
       ok: false,
     };
   }
+}
+
+/**
+ * `bw-wiring reinstall`: the hosts block, the resolver order and (unless caCertPem is null) the
+ * run CA's file and its place in the bundle, written again as install() writes them; no probe
+ * (the coordinator proves the wiring afterwards from the execute stage).
+ */
+export function reinstall(raw: unknown): {
+  code: number;
+  result: ReinstallResult | null;
+  error: string | null;
+} {
+  const parsed = WiringReinstall.safeParse(raw);
+  if (!parsed.success) {
+    return {
+      code: WIRING_EXIT.badInput,
+      result: null,
+      error: `bad reinstall input: ${describeIssues(parsed.error.issues, 5)}`,
+    };
+  }
+  const input = parsed.data;
+  const hosts = wiredHosts(input.mode, input.hostsFile);
+  const hostsEntries = entriesFor(input.proxyAddress, hosts);
+  let step = "the hosts file";
+  try {
+    const before = existsSync(input.hostsPath) ? readFileSync(input.hostsPath, "utf8") : "";
+    const after = rewriteHosts(before, hostsEntries, hosts);
+    if (after !== before) writeFileSync(input.hostsPath, after, { mode: 0o644 });
+    chmodSync(input.hostsPath, 0o644);
+    step = "the resolver order";
+    const nss = existsSync(input.nsswitchPath) ? readFileSync(input.nsswitchPath, "utf8") : "";
+    const fixed = filesFirst(nss);
+    if (fixed !== nss) writeFileSync(input.nsswitchPath, fixed, { mode: 0o644 });
+    if (input.caCertPem !== null) {
+      step = "the CA file";
+      const pem = input.caCertPem.endsWith("\n") ? input.caCertPem : `${input.caCertPem}\n`;
+      const caFile = join(input.caDir, CA_FILE);
+      mkdirSync(input.caDir, { recursive: true, mode: 0o755 });
+      const tmp = `${caFile}.tmp-${process.pid}`;
+      writeFileSync(tmp, pem, { mode: 0o644 });
+      chmodSync(tmp, 0o644);
+      renameSync(tmp, caFile);
+      step = "the CA bundle";
+      const bundle = existsSync(input.caBundlePath) ? readFileSync(input.caBundlePath, "utf8") : "";
+      if (!bundleHas(bundle, pem)) {
+        appendFileSync(input.caBundlePath, `${bundle === "" || bundle.endsWith("\n") ? "" : "\n"}${pem}`, {
+          mode: 0o644,
+        });
+      }
+      chmodSync(input.caBundlePath, 0o644);
+    }
+    return { code: WIRING_EXIT.ok, result: { ok: true, hostsEntries }, error: null };
+  } catch (e) {
+    const code = (e as { code?: string }).code ?? (e as Error).name;
+    const error = `could not write ${step}: ${code}`;
+    return { code: WIRING_EXIT.probeFailed, result: { ok: false, hostsEntries, error }, error };
+  }
+}
+
+/** nsswitch.conf with its hosts line `files dns`: the hosts file first, as the wiring needs. */
+export function filesFirst(nsswitch: string): string {
+  const lines = nsswitch.split("\n");
+  if (lines.at(-1) === "") lines.pop();
+  const at = lines.findIndex((l) => /^\s*hosts\s*:/.test(l));
+  const line = "hosts:          files dns";
+  if (at === -1) lines.push(line);
+  else if (!/^\s*hosts\s*:\s*files\s+dns\s*$/.test(lines[at] as string)) lines[at] = line;
+  return `${lines.join("\n")}\n`;
 }
 
 /**

@@ -13,19 +13,39 @@ import {
   TimeoutError,
 } from "e2b";
 import { z } from "zod";
+import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS, UNPACK_EXIT, UnpackResult } from "../contract/bundle";
 import {
   killArgs,
+  lastJson,
   pollArgs,
+  RunnerSeal,
   RunnerStatus,
   runnerAnswer,
+  sealArgs,
   startInlineArgs,
   toExecInfo,
 } from "../contract/exec-runner";
-import { type ExecInfo, ExecRequest, type SandboxInfo, SandboxKind } from "../contract/local-agent";
+import {
+  type ExecInfo,
+  ExecRequest,
+  type SandboxInfo,
+  SandboxKind,
+  Seal,
+  type SealResult,
+} from "../contract/local-agent";
 import type { RoutingMode } from "../contract/policy";
-import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "./backend";
+import { ReinstallResult } from "../contract/wiring";
+import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 import { egressOf, networkDrift, proxyNetwork, TUNNEL_PORT, workNetwork } from "./e2b/network";
 import { runnerCommand } from "./e2b/shell";
+import {
+  collectArgv,
+  EXECUTE_USER,
+  reinstallInput,
+  resourcesMisfit,
+  TRANSFER_DIR,
+  unpackArgv,
+} from "./e2b/stages";
 
 // The `e2b` backend: one E2B microVM per sandbox, through E2B's `e2b` SDK, from the SandboxBroker
 // Durable Object (the SDK runs in workerd with nodejs_compat). docs/e2b.md says what it makes,
@@ -39,6 +59,10 @@ import { runnerCommand } from "./e2b/shell";
 //   backend starts `bw-tunnel connect` (root) so that 127.0.0.1:443/80 lead to the proxy, and
 //   under catch-all installs the redirect of every 80/443 connection to it. Setup-stage execs
 //   run as root, execute-stage ones as `user`, who must not be able to become root (checked).
+// - the two stages (e2b/stages.ts): setup-stage commands run in the runner's setup cgroup, and
+//   seal kills all they left, takes root away again and writes the wiring again from the
+//   control plane's copy; bundles go in and artifacts come out through envd's files API, as
+//   `user`. A run's resources must fit the template's size; its pids bound every execute command.
 // - every exec goes through the templates' runner `bw-exec`, which keeps output and exit status
 //   in the sandbox (E2B keeps none) and makes a start idempotent by its exec id.
 // - freeze is E2B's pause (memory kept) and connect (resume); destroy is kill; list is by
@@ -91,6 +115,8 @@ export const META = {
   /** work/task/orchestrator: the run's proxy sandbox and the routing they were made with. */
   proxy: "bw-proxy",
   routing: "bw-routing",
+  /** work/task/orchestrator made with resources: RLIMIT_NPROC of its execute commands. */
+  pids: "bw-pids",
 } as const;
 
 /** A sandbox's life at a time; it is extended while the run uses it, and it pauses when it ends. */
@@ -100,6 +126,10 @@ const MAX_POLL_WAIT_MS = 5_000;
 /** Longest a runner call may take beyond its own wait (envd's stream deadline). */
 const RUNNER_DEADLINE_MS = 30_000;
 const READY_DEADLINE_MS = 15_000;
+/** Longest an unpack or a collect may take in the sandbox. */
+const TRANSFER_DEADLINE_MS = 10 * 60_000;
+/** Longest the wiring's rewrite may take. */
+const REINSTALL_DEADLINE_MS = 60_000;
 const STDIN_CHUNK = 256 * 1024;
 /** The tunnel's local end in a work sandbox: what the hosts file and the redirect point at. */
 export const WORK_PROXY_ADDRESS = "127.0.0.1";
@@ -262,13 +292,14 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     }
   }
 
-  /** One bw-exec call; its status, or the backend's reason it has none. */
-  async function runner(
+  /** One bw-exec call; its answer (a RunnerStatus unless told), or the backend's reason it has none. */
+  async function runner<T = RunnerStatus>(
     id: string,
     command: string,
     what: string,
     o: { user: string; envs?: Record<string, string>; cwd?: string; stdin?: Uint8Array; waitMs?: number },
-  ): Promise<RunnerStatus> {
+    schema: z.ZodType<T> = RunnerStatus as unknown as z.ZodType<T>,
+  ): Promise<T> {
     const result = await call(what, () =>
       withSandbox(id, async (sandbox, h) => {
         const r = await run(sandbox, command, { ...o, timeoutMs: RUNNER_DEADLINE_MS + (o.waitMs ?? 0) });
@@ -276,9 +307,11 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         return r;
       }),
     );
-    const answer = runnerAnswer(result.stdout, result.exitCode, RunnerStatus);
+    const answer = runnerAnswer(result.stdout, result.exitCode, schema);
     if (!answer.ok && answer.refusal?.error === "not_found")
       throw new BackendError("not_found", `sandbox ${id}: ${what}: no such exec`);
+    if (!answer.ok && answer.refusal?.error === "sealed")
+      throw new BackendError("sealed", `sandbox ${id}: ${what}: the setup stage has ended (sealed)`);
     if (!answer.ok) {
       const why = result.stderr.trim().split("\n").at(-1) ?? "";
       throw new BackendError(
@@ -317,6 +350,115 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     }
   }
 
+  /**
+   * A command of the backend's own under the runner, to its end: its whole output (the runner
+   * keeps the last MiB of each stream; these print a line or two) and how it ended.
+   */
+  async function runToEnd(
+    id: string,
+    argv: string[],
+    what: string,
+    o: { user: string; stdin?: Uint8Array; deadlineMs: number },
+  ): Promise<RunnerStatus> {
+    const execId = `bw_${crypto.randomUUID().replaceAll("-", "")}`;
+    const stdin = o.stdin ?? new Uint8Array();
+    let status = await runner(
+      id,
+      runnerCommand(startInlineArgs(execId, argv, o.deadlineMs, stdin.length)),
+      what,
+      {
+        user: o.user,
+        stdin,
+      },
+    );
+    let { stdout, stderr } = status;
+    const deadline = Date.now() + o.deadlineMs + RUNNER_DEADLINE_MS;
+    while (status.state !== "exited") {
+      if (Date.now() >= deadline)
+        throw new BackendError("sandbox_failed", `sandbox ${id}: ${what}: it did not end`);
+      status = await runner(
+        id,
+        runnerCommand(pollArgs(execId, status.stdoutEnd, status.stderrEnd, MAX_POLL_WAIT_MS)),
+        what,
+        { user: o.user, waitMs: MAX_POLL_WAIT_MS },
+      );
+      stdout += status.stdout;
+      stderr += status.stderr;
+    }
+    return { ...status, stdout, stderr };
+  }
+
+  const lastLine = (text: string) => text.trim().split("\n").at(-1) ?? "";
+
+  /** A work sandbox of ours, with its metadata (not a proxy: it has no stages). */
+  async function workSandbox(id: string, what: string): Promise<Held> {
+    const h = await resolve(id);
+    if (h.meta[META.kind] === "proxy") {
+      throw new BackendError(
+        "invalid_request",
+        `sandbox ${id} is a proxy sandbox: ${what} is for work sandboxes`,
+      );
+    }
+    return h;
+  }
+
+  /** Takes every way to root away from the execute user, then checks it as that user. */
+  async function takeRootAway(id: string): Promise<void> {
+    const drop = await call("take root away from the execute user", () =>
+      withSandbox(id, (s) => run(s, "bw-drop-root", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
+    );
+    const check =
+      drop.exitCode !== 0
+        ? drop
+        : await call("check the execute user", () =>
+            withSandbox(id, (s) =>
+              run(s, "bw-check-user", { user: EXECUTE_USER, timeoutMs: RUNNER_DEADLINE_MS }),
+            ),
+          );
+    if (check.exitCode !== 0) {
+      throw new BackendError(
+        "cannot_isolate",
+        `the work template lets its execute user become root (${scrub(check.stdout.trim() || check.stderr.trim())}); rebuild it from proxy-image/e2b-work.Dockerfile`,
+      );
+    }
+  }
+
+  /** catch-all: every 80/443 connection of anyone but root to the tunnel's local end. */
+  async function installRedirect(id: string): Promise<void> {
+    const redirect = await call("install the redirect", () =>
+      withSandbox(id, (s) => run(s, "bw-redirect", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
+    );
+    if (redirect.exitCode !== 0) {
+      throw new BackendError(
+        "redirect_not_installed",
+        `the catch-all redirect could not be installed: ${scrub(lastLine(redirect.stderr))}`,
+      );
+    }
+  }
+
+  /** `bw-wiring reinstall` as root: the wiring's files written from the control plane's copy. */
+  async function reinstall(
+    id: string,
+    seal: Parameters<typeof reinstallInput>[0],
+    what: string,
+  ): Promise<void> {
+    const input = new TextEncoder().encode(JSON.stringify(reinstallInput(seal, WORK_PROXY_ADDRESS)));
+    const done = await runToEnd(id, ["bw-wiring", "reinstall"], what, {
+      user: "root",
+      stdin: input,
+      deadlineMs: REINSTALL_DEADLINE_MS,
+    });
+    const result = ReinstallResult.safeParse(lastJson(done.stdout));
+    if (done.exitCode !== 0 || !result.success || !result.data.ok) {
+      const why =
+        (result.success ? result.data.error : null) ?? lastLine(done.stderr) ?? `exit ${done.exitCode}`;
+      throw new BackendError(
+        "sandbox_failed",
+        `sandbox ${id}: ${what}: ${scrub(why || `exit ${done.exitCode}`)}`,
+      );
+    }
+  }
+
   /** The tunnel token of a run's proxy: HMAC of its id under the API key, so no state keeps it. */
   async function tunnelToken(proxyId: string): Promise<string> {
     const key = await crypto.subtle.importKey(
@@ -335,9 +477,13 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
   }
 
   /** The settings E2B holds are the ones asked for, made so (one whole update) if they are not. */
-  async function ensureNetwork(id: string, e2bId: string, wanted: SandboxNetworkOpts): Promise<void> {
+  async function ensureNetwork(
+    id: string,
+    e2bId: string,
+    wanted: SandboxNetworkOpts,
+  ): Promise<E2bSandboxInfo> {
     const heldNow = await call("read the sandbox's network", () => Sandbox.getInfo(e2bId, opts));
-    if (networkDrift(wanted, heldNow.network).length === 0) return;
+    if (networkDrift(wanted, heldNow.network).length === 0) return heldNow;
     // The update replaces the whole egress configuration: it is always sent whole.
     await call("set the sandbox's network", () => Sandbox.updateNetwork(e2bId, egressOf(wanted), opts));
     const after = await call("read the sandbox's network", () => Sandbox.getInfo(e2bId, opts));
@@ -348,6 +494,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         `E2B does not hold the network settings sandbox ${id} needs (${drift.join("; ")})`,
       );
     }
+    return after;
   }
 
   /** null instead of not_found; every other failure stays what it is (a retry may help). */
@@ -382,6 +529,21 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     const h: Held & { sandbox: Sandbox } = { e2bId: sandbox.sandboxId, meta, sandbox, touchedAt: Date.now() };
     held.set(cacheKey(id), h);
     return h;
+  }
+
+  /**
+   * A runner call about an exec, as the execute user first (every execute command is theirs, and
+   * after seal nothing the backend runs for them needs root), then as root (a setup command).
+   */
+  async function asOwner<T>(id: string, fn: (user: string) => Promise<T>): Promise<T> {
+    const kind = (await resolve(id)).meta[META.kind];
+    if (kind === "proxy") return fn(EXECUTE_USER);
+    try {
+      return await fn(EXECUTE_USER);
+    } catch (e) {
+      if (!(e instanceof BackendError && e.code === "not_found")) throw e;
+      return fn("root");
+    }
   }
 
   function userFor(kind: string, stage: "setup" | "execute"): string {
@@ -439,28 +601,30 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       const h = await ensureSandbox(
         spec.id,
         config.E2B_WORK_TEMPLATE,
-        { ...meta, [META.proxy]: spec.proxySandboxId, [META.routing]: spec.routing },
+        {
+          ...meta,
+          [META.proxy]: spec.proxySandboxId,
+          [META.routing]: spec.routing,
+          ...(spec.resources ? { [META.pids]: String(spec.resources.pids) } : {}),
+        },
         network,
       );
-      await ensureNetwork(spec.id, h.e2bId, network);
+      const made = await ensureNetwork(spec.id, h.e2bId, network);
+      // E2B sizes a sandbox by its template: a run that needs more is refused, not shrunk.
+      const misfit = spec.resources ? resourcesMisfit(spec.resources, made, config.E2B_WORK_TEMPLATE) : null;
+      if (misfit) throw new BackendError("resources_unavailable", misfit);
       // The execute stage's user must not become root: root could undo the hosts file. E2B's
       // template build gives `user` sudo after the Dockerfile ran, so it is taken away here, in
       // each sandbox, then checked as that user.
-      const drop = await call("take root away from the execute user", () =>
-        withSandbox(spec.id, (s) => run(s, "bw-drop-root", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
+      await takeRootAway(spec.id);
+      // The working directory of every backend ($BW_OUT is under it), the execute user's.
+      const workdir = await call("make the working directory", () =>
+        withSandbox(spec.id, (s) => run(s, "bw-workdir", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
       );
-      const check =
-        drop.exitCode !== 0
-          ? drop
-          : await call("check the execute user", () =>
-              withSandbox(spec.id, (s) =>
-                run(s, "bw-check-user", { user: "user", timeoutMs: RUNNER_DEADLINE_MS }),
-              ),
-            );
-      if (check.exitCode !== 0) {
+      if (workdir.exitCode !== 0) {
         throw new BackendError(
-          "cannot_isolate",
-          `the work template lets its execute user become root (${scrub(check.stdout.trim() || check.stderr.trim())}); rebuild it from proxy-image/e2b-work.Dockerfile`,
+          "sandbox_failed",
+          `the working directory could not be made: ${scrub(lastLine(workdir.stderr))}`,
         );
       }
       const token = await tunnelToken(spec.proxySandboxId);
@@ -478,17 +642,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         "root",
         "start the tunnel to the proxy",
       );
-      if (spec.routing === "catch-all") {
-        const redirect = await call("install the redirect", () =>
-          withSandbox(spec.id, (s) => run(s, "bw-redirect", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
-        );
-        if (redirect.exitCode !== 0) {
-          throw new BackendError(
-            "redirect_not_installed",
-            `the catch-all redirect could not be installed: ${scrub(redirect.stderr.trim().split("\n").at(-1) ?? "")}`,
-          );
-        }
-      }
+      if (spec.routing === "catch-all") await installRedirect(spec.id);
       return {
         id: spec.id,
         runId: spec.runId,
@@ -520,9 +674,20 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       }
       hidden = [config.E2B_API_KEY, ...Object.values(request.env)];
       const stdin = new TextEncoder().encode(request.stdin ?? "");
+      // A work sandbox's setup commands go into the setup cgroup (seal kills what they leave);
+      // its execute commands run under the run's pids limit.
+      const pids = Number(h.meta[META.pids] ?? Number.NaN);
+      const stageOptions =
+        kind === "proxy"
+          ? {}
+          : request.stage === "setup"
+            ? { setup: true }
+            : Number.isInteger(pids)
+              ? { pids }
+              : {};
       const status = await runner(
         sandboxId,
-        runnerCommand(startInlineArgs(execId, request.argv, request.timeoutMs, stdin.length)),
+        runnerCommand(startInlineArgs(execId, request.argv, request.timeoutMs, stdin.length, stageOptions)),
         `start ${request.argv[0]}`,
         {
           user: userFor(kind, request.stage),
@@ -536,19 +701,18 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
 
     async poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
       const waitMs = Math.min(Math.max(poll.waitMs ?? 0, 0), MAX_POLL_WAIT_MS);
-      const status = await runner(
-        sandboxId,
-        runnerCommand(pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs)),
-        "poll the command",
-        { user: "root", waitMs },
+      const command = runnerCommand(pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs));
+      const status = await asOwner(sandboxId, (user) =>
+        runner(sandboxId, command, "poll the command", { user, waitMs }),
       );
       return toExecInfo(sandboxId, status);
     },
 
     async kill(sandboxId: string, execId: string): Promise<ExecInfo> {
-      const status = await runner(sandboxId, runnerCommand(killArgs(execId)), "kill the command", {
-        user: "root",
-      });
+      const command = runnerCommand(killArgs(execId));
+      const status = await asOwner(sandboxId, (user) =>
+        runner(sandboxId, command, "kill the command", { user }),
+      );
       return toExecInfo(sandboxId, status);
     },
 
@@ -607,19 +771,107 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       return [...seen.values()];
     },
 
-    // The setup stage's sealing, bundles in and artifacts out are not built for e2b yet (issue 20):
-    // each is refused with not_supported, so a run that needs one stops with the reason.
-    async putBundle(): Promise<never> {
-      throw notSupported("e2b", "putBundle (unpacking a bundle into a sandbox)");
+    async putBundle(sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string) {
+      await workSandbox(sandboxId, "a bundle");
+      // Written by envd's files API as the execute user, into its home; unpacked by bw-unpack as
+      // that user (it re-checks every entry); removed either way.
+      const file = `${TRANSFER_DIR}/bundle-${crypto.randomUUID()}.tar.gz`;
+      await call("write the bundle into the sandbox", () =>
+        withSandbox(sandboxId, (s) =>
+          s.files.write(file, bundle, { user: EXECUTE_USER, requestTimeoutMs: TRANSFER_DEADLINE_MS }),
+        ),
+      );
+      const bounds = { maxBytes: BUNDLE_DEFAULTS.maxUnpackedBytes, maxFiles: BUNDLE_DEFAULTS.maxFiles };
+      const done = await runToEnd(sandboxId, unpackArgv(dir, file, bounds), "unpack the bundle", {
+        user: EXECUTE_USER,
+        deadlineMs: TRANSFER_DEADLINE_MS,
+      });
+      const result = UnpackResult.safeParse(lastJson(done.stdout));
+      const expected =
+        done.exitCode === UNPACK_EXIT.ok ? true : done.exitCode === UNPACK_EXIT.refused ? false : null;
+      if (!result.success || expected === null || result.data.ok !== expected) {
+        const why = lastLine(done.stderr) || `exit ${done.exitCode ?? done.signal}`;
+        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-unpack: ${scrub(why)}`);
+      }
+      return result.data;
     },
-    async seal(): Promise<never> {
-      throw notSupported("e2b", "seal (ending the setup stage)");
+
+    async seal(sandboxId: string, input: Seal): Promise<SealResult> {
+      const parsed = Seal.safeParse(input);
+      if (!parsed.success) throw new BackendError("invalid_request", "the seal is outside its contract");
+      const seal = parsed.data;
+      const h = await workSandbox(sandboxId, "seal");
+      if (seal.caCertPem === null) {
+        throw new BackendError(
+          "invalid_request",
+          "an E2B work sandbox always has its run's proxy: seal needs its CA",
+        );
+      }
+      if (seal.routing !== h.meta[META.routing]) {
+        throw new BackendError(
+          "invalid_request",
+          `sandbox ${sandboxId} was made for ${h.meta[META.routing]} routing`,
+        );
+      }
+      // 1. What the setup stage left running dies: the setup cgroup, the setup execs' sessions,
+      // and every process started since the first setup command (the sweep). Setup starts are
+      // refused from now on.
+      const sealed = await runner(
+        sandboxId,
+        runnerCommand(sealArgs({ sweep: true })),
+        "end the setup stage",
+        { user: "root" },
+        RunnerSeal,
+      );
+      // 2. Root may have given the execute user a way back: take it away again, and check.
+      await takeRootAway(sandboxId);
+      // 3. The routing and the wiring's files again, from the control plane's copy.
+      if (seal.routing === "catch-all") await installRedirect(sandboxId);
+      await reinstall(sandboxId, seal, "write the wiring again");
+      return { killed: sealed.killed };
     },
-    async setHosts(): Promise<never> {
-      throw notSupported("e2b", "setHosts (rewriting a running sandbox's hosts file)");
+
+    async setHosts(sandboxId: string, hostsFile: string[]): Promise<void> {
+      const h = await workSandbox(sandboxId, "setHosts");
+      // Under catch-all the redirect takes every host: the hosts block names only the platform's.
+      if (h.meta[META.routing] !== "default") return;
+      await reinstall(
+        sandboxId,
+        { routing: "default", hostsFile, caCertPem: null },
+        "rewrite the hosts file",
+      );
     },
-    async collect(): Promise<never> {
-      throw notSupported("e2b", "collect (reading a sandbox's artifacts)");
+
+    async collect(sandboxId: string, options: { dir: string; maxBytes: number; maxFiles: number }) {
+      await workSandbox(sandboxId, "collect");
+      const name = `collect-${crypto.randomUUID()}.tar.gz`;
+      const bounds = {
+        maxBytes: Math.min(options.maxBytes, ARTIFACT_DEFAULTS.maxBytes),
+        maxFiles: Math.min(options.maxFiles, ARTIFACT_DEFAULTS.maxFiles),
+      };
+      const done = await runToEnd(
+        sandboxId,
+        collectArgv(options.dir, name, bounds),
+        "collect the artifacts",
+        {
+          user: EXECUTE_USER,
+          deadlineMs: TRANSFER_DEADLINE_MS,
+        },
+      );
+      if (done.exitCode !== 0) {
+        const why = lastLine(done.stderr) || `exit ${done.exitCode ?? done.signal}`;
+        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-collect: ${scrub(why)}`);
+      }
+      // Read back as the execute user: the archive is that user's, and nothing more is readable.
+      return call("read the artifacts", () =>
+        withSandbox(sandboxId, (s) =>
+          s.files.read(`${TRANSFER_DIR}/${name}`, {
+            format: "stream",
+            user: EXECUTE_USER,
+            requestTimeoutMs: TRANSFER_DEADLINE_MS,
+          }),
+        ),
+      );
     },
   };
 }

@@ -416,6 +416,7 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
         workImage: config.SANDBOX0_WORK_IMAGE,
         proxyAddress,
         hostsFile: spec.hostsFile,
+        ...(spec.resources ? { resources: spec.resources } : {}),
       });
       // 409: made by an earlier call for this id; it is waited for like a new one.
       await kube.create("pods", pod, { what: "create the sandbox's pod", forbidden: "cannot_isolate" });

@@ -13,15 +13,23 @@ import { ExecInfo } from "./local-agent";
 // each later look is one short call:
 //
 //   bw-exec start  <execId>                         ← RunnerStart line        → RunnerStatus
-//   bw-exec start  <execId> <timeoutMs|-> <stdinBytes> -- <argv...> ← stdin bytes → RunnerStatus
+//   bw-exec start  <execId> <timeoutMs|-> <stdinBytes> [--setup] [--pids N] -- <argv...>
+//                                                   ← stdin bytes         → RunnerStatus
 //   bw-exec poll   <execId> <stdoutFrom> <stderrFrom> [waitMs]                 → RunnerStatus
 //   bw-exec kill   <execId>                                                   → RunnerStatus
 //   bw-exec freeze | thaw                                                     → RunnerFreeze
+//   bw-exec seal   [--sweep] [--dry-run]                                      → RunnerSeal
 //   bw-exec hold   (a pod's main process: waits for SIGTERM)
 //
 // Two forms of start because the transports differ: a Kubernetes exec can set neither env nor cwd
 // and cannot close its stdin, so the whole spec travels as one JSON line; envd sets env, cwd and
 // user itself, so there the command is in the arguments and stdin is exactly <stdinBytes> bytes.
+//
+// `--setup` marks a setup-stage command (the E2B backend's root stage): it runs in the setup
+// cgroup (cgroup v2, `/sys/fs/cgroup/bw-setup` unless BW_EXEC_SETUP_CGROUP names another), so
+// `seal` can kill everything it left behind, double-forked daemons included; after `seal` a
+// setup start is refused (`sealed`). `--pids N`: the command and everything it starts run under
+// RLIMIT_NPROC N (prlimit), which bounds the processes of its uid (a fork bomb stops there).
 //
 // Each answer is one JSON line on stdout, exit 0; a refusal is a RunnerError line (and its detail
 // on stderr) with RUNNER_EXIT's code for it.
@@ -30,7 +38,7 @@ import { ExecInfo } from "./local-agent";
 export const EXEC_DIR_DEFAULT = "/var/lib/bw-exec";
 
 /** unsafe: a uid's state directory is not its own private directory (someone planted it). */
-export const RUNNER_EXIT = { ok: 0, internal: 1, badRequest: 2, notFound: 3, unsafe: 4 } as const;
+export const RUNNER_EXIT = { ok: 0, internal: 1, badRequest: 2, notFound: 3, unsafe: 4, sealed: 5 } as const;
 
 export const RunnerExecId = ExecInfo.shape.execId;
 
@@ -42,6 +50,10 @@ export const RunnerStart = z.strictObject({
   stdin: z.string().optional(),
   /** SIGKILL to the command's session after this long; null: no limit. */
   timeoutMs: z.number().int().min(1).nullable(),
+  /** A setup-stage command (see `--setup` above). */
+  setup: z.boolean().optional(),
+  /** RLIMIT_NPROC of the command (see `--pids` above). */
+  pids: z.number().int().min(1).optional(),
 });
 export type RunnerStart = z.infer<typeof RunnerStart>;
 
@@ -60,8 +72,26 @@ export const RunnerFreeze = z.strictObject({
 });
 export type RunnerFreeze = z.infer<typeof RunnerFreeze>;
 
+/**
+ * What `seal` did: the setup stage's processes it killed, and how it found them. `cgroup`: the
+ * setup cgroup's members (false: there was none, the host has no writable cgroup v2);
+ * `sessions`: the sessions of the setup execs still running; `swept`: with --sweep, every other
+ * process started since the first setup command that is not the seal call's own ancestry.
+ * `already`: sealed before, nothing was killed this time. `candidates`: --dry-run only, the pids
+ * the sweep would kill (nothing is killed).
+ */
+export const RunnerSeal = z.strictObject({
+  killed: z.number().int().min(0),
+  cgroup: z.boolean(),
+  sessions: z.number().int().min(0),
+  swept: z.number().int().min(0),
+  already: z.boolean(),
+  candidates: z.array(z.number().int()).optional(),
+});
+export type RunnerSeal = z.infer<typeof RunnerSeal>;
+
 export const RunnerError = z.strictObject({
-  error: z.enum(["not_found", "bad_request", "unsafe", "internal"]),
+  error: z.enum(["not_found", "bad_request", "unsafe", "internal", "sealed"]),
   detail: z.string(),
 });
 export type RunnerError = z.infer<typeof RunnerError>;
@@ -71,6 +101,7 @@ export const RUNNER_EXIT_OF: Record<RunnerError["error"], number> = {
   bad_request: RUNNER_EXIT.badRequest,
   unsafe: RUNNER_EXIT.unsafe,
   internal: RUNNER_EXIT.internal,
+  sealed: RUNNER_EXIT.sealed,
 };
 
 // ---- the calls, as argument lists after the program's name ----
@@ -84,7 +115,17 @@ export const startInlineArgs = (
   argv: readonly string[],
   timeoutMs: number | null,
   stdinBytes: number,
-) => ["start", execId, timeoutMs === null ? "-" : String(timeoutMs), String(stdinBytes), "--", ...argv];
+  options: { setup?: boolean; pids?: number } = {},
+) => [
+  "start",
+  execId,
+  timeoutMs === null ? "-" : String(timeoutMs),
+  String(stdinBytes),
+  ...(options.setup ? ["--setup"] : []),
+  ...(options.pids === undefined ? [] : ["--pids", String(options.pids)]),
+  "--",
+  ...argv,
+];
 
 export const pollArgs = (execId: string, stdoutFrom: number, stderrFrom: number, waitMs: number) => [
   "poll",
@@ -97,6 +138,12 @@ export const pollArgs = (execId: string, stdoutFrom: number, stderrFrom: number,
 export const killArgs = (execId: string) => ["kill", execId];
 
 export const freezeArgs = (frozen: boolean) => [frozen ? "freeze" : "thaw"];
+
+export const sealArgs = (options: { sweep?: boolean; dryRun?: boolean } = {}) => [
+  "seal",
+  ...(options.sweep ? ["--sweep"] : []),
+  ...(options.dryRun ? ["--dry-run"] : []),
+];
 
 // ---- the answers ----
 

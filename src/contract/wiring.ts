@@ -142,3 +142,45 @@ export const WiringProof = z
     path: ["ok"],
   });
 export type WiringProof = z.infer<typeof WiringProof>;
+
+/**
+ * `bw-wiring reinstall` (stdin: one WiringReinstall; stdout: one ReinstallResult): the wiring's
+ * files written again from the control plane's copy, with no probe, by a backend whose setup
+ * stage had root in the sandbox (E2B): at seal (everything), and for a vault edit mid-run (the
+ * hosts block only: `caCertPem` null leaves the CA files alone). The hosts file's resolver order
+ * is restored too (`hosts: files dns` in nsswitchPath): root could have made the resolver skip
+ * the hosts file. Exit 0 written, 1 a file could not be written, 2 bad input.
+ */
+export const WiringReinstall = z
+  .strictObject({
+    mode: RoutingMode,
+    proxyAddress: z.ipv4({ error: "must be an IPv4 address" }),
+    hostsFile: z
+      .array(z.string().refine(isCanonicalHostName, "not a canonical exact host name"))
+      .max(10_000)
+      .default([]),
+    caCertPem: ProxyReady.shape.caCertPem.nullable(),
+    caDir: AbsolutePath.default("/run/benchwright"),
+    caBundlePath: AbsolutePath.default("/etc/ssl/certs/ca-certificates.crt"),
+    hostsPath: AbsolutePath.default("/etc/hosts"),
+    nsswitchPath: AbsolutePath.default("/etc/nsswitch.conf"),
+  })
+  .superRefine((input, ctx) => {
+    if (input.mode === "catch-all" && input.hostsFile.length > 0) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["hostsFile"],
+        message: "must be empty under catch-all routing (the redirect takes every host)",
+      });
+    }
+  });
+export type WiringReinstall = z.input<typeof WiringReinstall>;
+
+export const ReinstallResult = z.strictObject({
+  ok: z.boolean(),
+  /** The hosts-file lines the wiring owns, as written. */
+  hostsEntries: z.array(z.string()),
+  /** ok false: which file could not be written, and why (an errno code). */
+  error: z.string().optional(),
+});
+export type ReinstallResult = z.infer<typeof ReinstallResult>;

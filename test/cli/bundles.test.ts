@@ -30,14 +30,16 @@ describe.skipIf(MISSING.length > 0)("bundles and artifacts through the real API"
     expect(first.stderr).toContain(`packed ${folder}: 3 files`);
     const sha = /uploaded bundle ([0-9a-f]{64})/.exec(first.stderr)?.[1] as string;
     expect(sha).toBeTruthy();
-    expect(JSON.parse(first.stdout).spec.bundle).toBe(sha);
+    const specOf = async (launch: { stdout: string }) =>
+      JSON.parse((await api(user.key, `/v1/runs/${JSON.parse(launch.stdout).id}`)).text).spec;
+    expect((await specOf(first)).bundle).toBe(sha);
     const stored = await api(user.key, `/v1/bundles/${sha}`);
     expect(stored.status, stored.text).toBe(200);
     expect(JSON.parse(stored.text)).toMatchObject({ sha256: sha });
     // The same folder packs to the same bytes: the same bundle, answered as already stored.
     const again = await cli(["runs", "launch", "--from", folder, "--json"], { home: user.home });
     expect(again.code, again.stderr).toBe(0);
-    expect(JSON.parse(again.stdout).spec.bundle).toBe(sha);
+    expect((await specOf(again)).bundle).toBe(sha);
     // Another environment does not see it.
     const other = await loggedIn();
     expect((await api(other.key, `/v1/bundles/${sha}`)).status).toBe(404);

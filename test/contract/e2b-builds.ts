@@ -182,7 +182,11 @@ function parseName(input: string): { name: string; tag: string | null } {
   return { name, tag: tag === undefined || tag === "default" ? null : tag };
 }
 
-export function templateBuilds(options: { seeded: string[]; origin: () => string }) {
+export function templateBuilds(options: {
+  /** Templates that exist, built, from the start: a name (E2B's default size) or a name and size. */
+  seeded: Array<string | { name: string; cpuCount: number; memoryMB: number }>;
+  origin: () => string;
+}) {
   /** By name: the template's id and its builds, newest last. */
   const templates = new Map<string, { templateID: string; builds: Build[] }>();
   const layers = new Map<string, Layer>();
@@ -206,12 +210,11 @@ export function templateBuilds(options: { seeded: string[]; origin: () => string
     logs: [],
     done: 0,
   });
-  for (const name of options.seeded) {
+  for (const seed of options.seeded) {
+    const { name, ...size } =
+      typeof seed === "string" ? { name: seed, cpuCount: CPU.default, memoryMB: MEMORY.default } : seed;
     const templateID = id20();
-    const build = newBuild(templateID, name, ["default"], {
-      cpuCount: CPU.default,
-      memoryMB: MEMORY.default,
-    });
+    const build = newBuild(templateID, name, ["default"], size);
     build.status = "ready";
     templates.set(name, { templateID, builds: [build] });
   }
@@ -366,11 +369,18 @@ export function templateBuilds(options: { seeded: string[]; origin: () => string
 
   return {
     /** A template a sandbox may be created from (ready), by name[:tag] or id. */
-    resolve(ref: string): { templateID: string; alias: string } | null {
+    /** A template by name or id, with the size of its newest ready build (what a sandbox gets). */
+    resolve(ref: string): { templateID: string; alias: string; cpuCount: number; memoryMB: number } | null {
       const name = ref.split(":")[0] ?? "";
       const found = templates.has(name) ? ([name, templates.get(name)] as const) : byId(ref);
-      if (!found?.[1]?.builds.some((b) => b.status === "ready")) return null;
-      return { templateID: found[1].templateID, alias: found[0] };
+      const ready = found?.[1]?.builds.filter((b) => b.status === "ready").at(-1);
+      if (!found?.[1] || !ready) return null;
+      return {
+        templateID: found[1].templateID,
+        alias: found[0],
+        cpuCount: ready.cpuCount,
+        memoryMB: ready.memoryMB,
+      };
     },
 
     /** The template routes of the platform API (X-API-KEY already checked); null: not one. */

@@ -11,6 +11,11 @@ export interface E2bContractInfo {
   domain: string;
   /** Template names it starts with (built, ready); others exist once built through its API. */
   templates: { proxy: string; work: string };
+  /**
+   * Whether each sandbox's setup cgroup is a real cgroup v2 on this machine (bw-exec seal then
+   * kills through it, for real); false where this machine has none to give.
+   */
+  cgroups: boolean;
 }
 
 /**
@@ -21,7 +26,7 @@ export interface E2bContractInfo {
 export interface RecordedE2bRequest {
   seq: number;
   /**
-   * platform: the REST API; envd: the sandbox's process API (Connect over HTTP); storage: a
+   * platform: the REST API; envd: the sandbox's process and files API (Connect and HTTP); storage: a
    * template build's file upload (the pre-signed URL E2B hands out; its body is not kept).
    */
   api: "platform" | "envd" | "storage" | "contract";
@@ -35,9 +40,18 @@ export interface RecordedE2bRequest {
   apiKey: "ok" | "wrong" | "absent";
   accessToken: "ok" | "wrong" | "absent";
   headers: Record<string, string>;
-  /** The JSON body (a streaming envd request: its one enveloped message). */
+  /**
+   * The JSON body (a streaming envd request: its one enveloped message); an envd file upload or
+   * a storage upload: `{ bytes }`, its size only.
+   */
   body: unknown;
   status: number;
+  /**
+   * The deployment (metadata `bw-deployment`) of the sandbox the request made or was about, or
+   * that a list asked for; null when none (a template build). Test files that run at once tell
+   * their requests apart by it.
+   */
+  deployment: string | null;
 }
 
 /** A sandbox as the contract server holds it. */
@@ -54,6 +68,11 @@ export interface ContractSandbox {
   timeoutSeconds: number;
   pauses: number;
   resumes: number;
+  /**
+   * GET /_contract/sandboxes only: this machine's directory that is the sandbox's home, for every
+   * user (the server's filesystem model).
+   */
+  home?: string;
 }
 
 /**

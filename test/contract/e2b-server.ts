@@ -1,14 +1,26 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { dirname, join, relative, resolve } from "node:path";
 import type { components } from "e2b";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
 import { recordedExecs } from "../../proxy-image/src/exec-runner";
+import { cgroup2Mount } from "../../proxy-image/src/exec-seal";
+import { E2B_TEMPLATES } from "../../scripts/lib/e2b-templates";
 import { HttpError, id20, templateBuilds } from "./e2b-builds";
 import type {
   ContractSandbox,
@@ -43,6 +55,17 @@ import type {
 //   process.Process/Start, /Connect  (server streaming, application/connect+json envelopes)
 //   process.Process/List, /SendInput, /SendSignal, /CloseStdin  (unary, application/json)
 //   GET /health                                                  204
+//   GET  /files?path=&username=     the file's bytes (application/octet-stream) | 404 | 400 a dir
+//   POST /files?path=&username=     multipart/form-data (`file` parts) or application/octet-stream
+//                                   → 200 [EntryInfo]; parent directories made
+//   (envd's files API from envd.yaml, `info.version` 0.1.1 in e2b-dev/infra, as SDK 2.51.0's
+//   generated types carry it; answers as in its examples: errors {code, message}, 401 for an
+//   unknown user)
+//
+// Filesystem model (documented, not E2B's): each sandbox's home, for every user, is its
+// directory on this machine; a relative path resolves there (as envd resolves it against the
+// user's home) and an absolute path must lie inside it (400 otherwise). The file's owner is this
+// machine's test user whatever the `username`, which is recorded, and must be root or user.
 //
 // Process model (documented, not E2B's): a command arrives as `/bin/bash -l -c <string>`; the
 // string is split as the shell would split the backend's quoted words (no other shell syntax is
@@ -51,11 +74,19 @@ import type {
 //                    process, with its state under this sandbox's directory. The commands it runs
 //                    are real processes too: `sh -c ...` from the tests runs on this machine, and
 //                    the images' programs are stand-ins on PATH: bw-proxy and bw-tunnel print a
-//                    line and sleep, bw-wiring reads its stdin and prints {"ok":true,"standIn":true},
+//                    line and sleep, bw-wiring reads its stdin and prints {"ok":true,"standIn":true}
+//                    (`bw-wiring reinstall`: {"ok":true,"hostsEntries":[]}),
 //                    bw-proxy-view prints {}.
+//                    bw-unpack and bw-collect are the REAL programs (unpack-main.ts, collect-main.ts,
+//                    built here). `bw-exec seal` runs for real too, on a cgroup of the sandbox's
+//                    own under this machine's cgroup v2 (BW_EXEC_SETUP_CGROUP, when there is one),
+//                    but without --sweep, which is recorded and dropped: the sweep takes every
+//                    process started since the first setup command, on this machine that is not
+//                    the sandbox's alone (the sweep is tested in test/unit/exec-seal.test.ts).
 //   bw-drop-root,    the work template's setup scripts, scripted: exit 0 and print "ok", unless
-//   bw-check-user,   a fault for the sandbox's run says otherwise (bw-drop-root never fails).
-//   bw-redirect
+//   bw-check-user,   a fault for the sandbox's run says otherwise (bw-drop-root and bw-workdir
+//   bw-redirect,     never fail).
+//   bw-workdir
 //   anything else    exit 127.
 // Every process runs as this machine's test user: the envd `user` is recorded, not enforced. A
 // paused sandbox's processes are stopped (SIGSTOP) and continued on resume; envd calls to it are
@@ -69,12 +100,21 @@ type Schemas = components["schemas"];
 const ENVD_VERSION = "0.5.8";
 const PAGE_MAX = 100;
 
-export async function buildE2bPrograms(outDir: string): Promise<{ exec: string; tunnel: string }> {
+export async function buildE2bPrograms(
+  outDir: string,
+): Promise<{ exec: string; tunnel: string; unpack: string; collect: string }> {
   const root = resolve(import.meta.dirname, "../..");
-  const out = { exec: join(outDir, "exec.cjs"), tunnel: join(outDir, "tunnel.cjs") };
+  const out = {
+    exec: join(outDir, "exec.cjs"),
+    tunnel: join(outDir, "tunnel.cjs"),
+    unpack: join(outDir, "unpack.cjs"),
+    collect: join(outDir, "collect.cjs"),
+  };
   for (const [entry, file] of [
     ["proxy-image/src/exec-runner-main.ts", out.exec],
     ["proxy-image/src/e2b-tunnel-main.ts", out.tunnel],
+    ["proxy-image/src/unpack-main.ts", out.unpack],
+    ["proxy-image/src/collect-main.ts", out.collect],
   ] as const) {
     await build({
       entryPoints: [join(root, entry)],
@@ -100,6 +140,10 @@ interface Proc {
 }
 
 interface Box extends ContractSandbox {
+  /** The template's size, as E2B reports it for the sandbox. */
+  size: { cpuCount: number; memoryMB: number };
+  /** The sandbox's setup cgroup on this machine (bw-exec's BW_EXEC_SETUP_CGROUP), if any. */
+  cgroup: string | null;
   envdAccessToken: string;
   trafficAccessToken: string | null;
   startedAt: Date;
@@ -186,7 +230,8 @@ export function splitWords(text: string): string[] {
 const STAND_INS: Record<string, string> = {
   "bw-proxy": `#!/bin/sh\necho "bw-proxy stand-in"\nexec sleep 3600\n`,
   "bw-tunnel": `#!/bin/sh\nprintf '{"event":"listening","standIn":true}\\n'\nexec sleep 3600\n`,
-  "bw-wiring": `#!/bin/sh\ncat >/dev/null\nprintf '{"ok":true,"standIn":true}\\n'\n`,
+  // `bw-wiring reinstall` answers a ReinstallResult (its stdin is what the tests assert).
+  "bw-wiring": `#!/bin/sh\ncat >/dev/null\nif [ "$1" = reinstall ]; then printf '{"ok":true,"hostsEntries":[]}\\n'; exit 0; fi\nprintf '{"ok":true,"standIn":true}\\n'\n`,
   "bw-proxy-view": `#!/bin/sh\nprintf '{}\\n'\n`,
 };
 
@@ -201,17 +246,38 @@ export async function startE2bServer(options: E2bServerOptions) {
   const programs = await buildE2bPrograms(join(work, "programs"));
   const standIns = join(work, "bin");
   mkdirSync(standIns);
-  for (const [name, script] of Object.entries(STAND_INS)) {
+  const real = {
+    "bw-unpack": `#!/bin/sh\nexec "${process.execPath}" "${programs.unpack}" "$@"\n`,
+    "bw-collect": `#!/bin/sh\nexec "${process.execPath}" "${programs.collect}" "$@"\n`,
+  };
+  for (const [name, script] of Object.entries({ ...STAND_INS, ...real })) {
     writeFileSync(join(standIns, name), script);
     chmodSync(join(standIns, name), 0o755);
   }
+  // Where each sandbox's setup cgroup goes: this machine's cgroup v2, if it lets us make one.
+  const cgroupRoot = (() => {
+    const mount = cgroup2Mount();
+    if (mount === null) return null;
+    const probe = join(mount, `bw-e2b-contract-${process.pid}`);
+    try {
+      mkdirSync(probe);
+      rmdirSync(probe);
+      return mount;
+    } catch {
+      return null;
+    }
+  })();
+  const SIZES = new Map(E2B_TEMPLATES.map((t) => [t.key, { cpuCount: t.cpuCount, memoryMB: t.memoryMB }]));
   const boxes = new Map<string, Box>();
   const faults = new Map<string, E2bFaults>();
   const recorded: RecordedE2bRequest[] = [];
   let nextScriptedPid = 900_000;
   let origin = "";
   const templates = templateBuilds({
-    seeded: [options.templates.proxy, options.templates.work],
+    seeded: [
+      { name: options.templates.proxy, ...(SIZES.get("proxy") as { cpuCount: number; memoryMB: number }) },
+      { name: options.templates.work, ...(SIZES.get("work") as { cpuCount: number; memoryMB: number }) },
+    ],
     origin: () => origin,
   });
   const faultsOf = (box: Box) => faults.get(box.metadata["bw-run"] ?? "") ?? { runId: "" };
@@ -277,6 +343,9 @@ export async function startE2bServer(options: E2bServerOptions) {
     if (program === "bw-check-user") {
       return register(box, scripted(f.checkUserFails ? 1 : 0, f.checkUserFails ? "user can sudo\n" : "ok\n"));
     }
+    if (program === "bw-workdir") {
+      return register(box, scripted(0, "ok\n"));
+    }
     if (program === "bw-redirect") {
       return register(
         box,
@@ -286,13 +355,16 @@ export async function startE2bServer(options: E2bServerOptions) {
     if (program !== "bw-exec") {
       return register(box, scripted(127, `${program}: command not found (not in the contract model)\n`));
     }
-    const child = spawn(process.execPath, [programs.exec, ...args], {
+    // The sweep is not this machine's to run (see the header): recorded, dropped.
+    const runnerArgs = args[0] === "seal" ? args.filter((a) => a !== "--sweep") : args;
+    const child = spawn(process.execPath, [programs.exec, ...runnerArgs], {
       cwd: box.dir,
       env: {
         PATH: `${standIns}:${process.env.PATH ?? "/usr/bin:/bin"}`,
         HOME: box.dir,
         ...config.envs,
         BW_EXEC_DIR: join(box.dir, "exec"),
+        ...(box.cgroup ? { BW_EXEC_SETUP_CGROUP: box.cgroup } : {}),
         ...(user ? { USER: user } : {}),
       },
       stdio: ["pipe", "pipe", "pipe"],
@@ -333,11 +405,11 @@ export async function startE2bServer(options: E2bServerOptions) {
   function listedJson(box: Box): Schemas["ListedSandbox"] {
     return {
       clientID: "contract",
-      cpuCount: 2,
+      cpuCount: box.size.cpuCount,
       diskSizeMB: 1024,
       endAt: box.endAt.toISOString(),
       envdVersion: ENVD_VERSION,
-      memoryMB: 512,
+      memoryMB: box.size.memoryMB,
       metadata: box.metadata,
       sandboxID: box.sandboxID,
       startedAt: box.startedAt.toISOString(),
@@ -412,9 +484,12 @@ export async function startE2bServer(options: E2bServerOptions) {
     const id = id20();
     const dir = join(work, "sandboxes", id);
     mkdirSync(join(dir, "exec"), { recursive: true });
+    const { cpuCount, memoryMB, ...named } = template;
     const box: Box = {
       sandboxID: id,
-      ...template,
+      ...named,
+      size: { cpuCount, memoryMB },
+      cgroup: cgroupRoot === null ? null : join(cgroupRoot, `bw-e2b-contract-${id}`),
       state: "running",
       metadata,
       envVars: (body.envVars ?? {}) as Record<string, string>,
@@ -450,6 +525,12 @@ export async function startE2bServer(options: E2bServerOptions) {
     signalSandbox(box, "SIGKILL");
     for (const p of box.procs.values()) end(p, -1, "signal: killed");
     boxes.delete(box.sandboxID);
+    if (box.cgroup && existsSync(box.cgroup)) {
+      try {
+        writeFileSync(join(box.cgroup, "cgroup.kill"), "1");
+        rmdirSync(box.cgroup);
+      } catch {}
+    }
     rmSync(box.dir, { recursive: true, force: true });
   }
 
@@ -553,6 +634,52 @@ export async function startE2bServer(options: E2bServerOptions) {
 
   // ---- envd ----
 
+  /** A path of the files API on this machine: relative to the sandbox's home, never outside it. */
+  function homePath(box: Box, path: string | null): string {
+    if (!path) throw new HttpError(400, "path is required");
+    const target = path.startsWith("/") ? resolve(path) : resolve(box.dir, path);
+    const inside = relative(box.dir, target);
+    if (inside === "" || inside.startsWith("..") || resolve(box.dir, inside) !== target) {
+      throw new HttpError(
+        400,
+        `path '${path}' is outside the sandbox's home (the contract's filesystem model)`,
+      );
+    }
+    return target;
+  }
+
+  /** The files of an upload: a raw body (octet-stream, the path in the query) or multipart parts. */
+  function uploadedFiles(
+    type: string,
+    raw: Buffer,
+    queryPath: string | null,
+  ): Array<{ path: string; data: Buffer }> {
+    if (type.startsWith("application/octet-stream")) {
+      if (!queryPath)
+        throw new HttpError(400, "the path query parameter is required for an octet-stream upload");
+      return [{ path: queryPath, data: raw }];
+    }
+    const boundary = /^multipart\/form-data;.*boundary=("?)([^";]+)\1/i.exec(type)?.[2];
+    if (!boundary)
+      throw new HttpError(400, "the body is neither multipart/form-data nor application/octet-stream");
+    const out: Array<{ path: string; data: Buffer }> = [];
+    const delimiter = Buffer.from(`--${boundary}`);
+    let at = raw.indexOf(delimiter);
+    while (at !== -1) {
+      const next = raw.indexOf(delimiter, at + delimiter.length);
+      if (next === -1) break;
+      const part = raw.subarray(at + delimiter.length + 2, next - 2); // CRLF after the delimiter and before the next
+      const split = part.indexOf("\r\n\r\n");
+      const head = part.subarray(0, split).toString();
+      const name = /name="([^"]*)"/.exec(head)?.[1];
+      const filename = /filename="([^"]*)"/.exec(head)?.[1];
+      if (name === "file") out.push({ path: queryPath ?? filename ?? "", data: part.subarray(split + 4) });
+      at = next;
+    }
+    if (out.length === 0) throw new HttpError(400, "no file part in the upload");
+    return out;
+  }
+
   function procOf(box: Box, selector: unknown): Proc {
     const pid = (selector as { pid?: number } | undefined)?.pid;
     const proc = pid === undefined ? undefined : box.procs.get(pid);
@@ -628,7 +755,7 @@ export async function startE2bServer(options: E2bServerOptions) {
           : "platform";
     const streaming = (req.headers["content-type"] ?? "").startsWith("application/connect+json");
     let body: unknown = null;
-    if (api === "storage") body = { bytes: raw.length };
+    if (api === "storage" || (api === "envd" && url.pathname === "/files")) body = { bytes: raw.length };
     else
       try {
         const text =
@@ -660,6 +787,7 @@ export async function startE2bServer(options: E2bServerOptions) {
       headers,
       body,
       status: 0,
+      deployment: null,
     };
     const json = (status: number, value: unknown, extra: Record<string, string> = {}) => {
       record.status = status;
@@ -668,6 +796,22 @@ export async function startE2bServer(options: E2bServerOptions) {
         res.writeHead(status, status === 204 ? extra : { "content-length": "0", ...extra }).end();
       else res.writeHead(status, { "content-type": "application/json", ...extra }).end(JSON.stringify(value));
     };
+    // Whose request it was (the deployment's metadata), so that test files running at once can
+    // each look at their own: a created sandbox's, the sandbox's it is about, a list's filter.
+    const meta =
+      record.sandboxId !== null
+        ? boxes.get(record.sandboxId)?.metadata
+        : record.path === "/v2/sandboxes" && record.method === "POST"
+          ? ((body as { metadata?: Record<string, string> } | null)?.metadata ?? undefined)
+          : record.path === "/v2/sandboxes"
+            ? Object.fromEntries(
+                [...new URLSearchParams(url.searchParams.get("metadata") ?? "")].map(([k, v]) => [
+                  decodeURIComponent(k),
+                  decodeURIComponent(v),
+                ]),
+              )
+            : undefined;
+    record.deployment = meta?.["bw-deployment"] ?? null;
     if (api !== "contract") recorded.push(record);
     try {
       if (api === "contract") return contract(req.method ?? "", url, body, json);
@@ -686,6 +830,42 @@ export async function startE2bServer(options: E2bServerOptions) {
       if (box.state === "paused")
         return json(502, { code: 502, message: `The sandbox ${box.sandboxID} is paused` });
       if (req.method === "GET" && url.pathname === "/health") return json(204, null);
+      if (url.pathname === "/files") {
+        if (record.accessToken !== "ok") return json(401, { code: 401, message: "invalid access token" });
+        const fileUser = url.searchParams.get("username") ?? user ?? "user";
+        if (fileUser !== "root" && fileUser !== "user") {
+          return json(401, {
+            code: 401,
+            message: `error looking up user '${fileUser}': user: unknown user ${fileUser}`,
+          });
+        }
+        if (req.method === "GET") {
+          const path = homePath(box, url.searchParams.get("path"));
+          if (!existsSync(path)) {
+            return json(404, { code: 404, message: `path '${url.searchParams.get("path")}' does not exist` });
+          }
+          if (statSync(path).isDirectory()) {
+            return json(400, { code: 400, message: `path '${url.searchParams.get("path")}' is a directory` });
+          }
+          const bytes = readFileSync(path);
+          record.status = 200;
+          res.writeHead(200, { "content-type": "application/octet-stream", "content-length": bytes.length });
+          return res.end(bytes);
+        }
+        if (req.method === "POST") {
+          const files = uploadedFiles(req.headers["content-type"] ?? "", raw, url.searchParams.get("path"));
+          const written = files.map(({ path, data }) => {
+            const target = homePath(box, path);
+            mkdirSync(dirname(target), { recursive: true });
+            writeFileSync(target, data);
+            const home = fileUser === "root" ? "/root" : "/home/user";
+            const shown = path.startsWith("/") ? path : `${home}/${path}`;
+            return { name: shown.split("/").at(-1) ?? "", path: shown, type: "file" as const };
+          });
+          return json(200, written);
+        }
+        return json(405, { code: 405, message: `${req.method} /files is not in envd's API` });
+      }
       const rpc = /^\/process\.Process\/([A-Za-z]+)$/.exec(url.pathname)?.[1];
       try {
         if (record.accessToken !== "ok") throw new ConnectFailure("unauthenticated", "invalid access token");
@@ -736,12 +916,14 @@ export async function startE2bServer(options: E2bServerOptions) {
           ({
             envdAccessToken: _e,
             trafficAccessToken: _t,
-            dir: _d,
+            dir,
             procs: _p,
+            size: _z,
+            cgroup: _c,
             startedAt: _s,
             endAt: _n,
             ...s
-          }) => s,
+          }) => ({ ...s, home: dir }),
         ),
       );
       return;
@@ -771,6 +953,7 @@ export async function startE2bServer(options: E2bServerOptions) {
     apiKey: options.apiKey,
     domain: options.domain,
     templates: options.templates,
+    cgroups: cgroupRoot !== null,
   };
   /** Kills every sandbox's processes and removes the state; synchronous, so it can run at exit. */
   const killAll = () => {

@@ -145,7 +145,7 @@ describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tas
       commands: ["echo WORK-RAN"],
       tasks: [{ name: "t1", commands: ["echo TASK-RAN"] }],
     });
-    expect(launched.status, launched.text).toBe(201);
+    expect(launched.status, launched.text).toBe(202);
     const run = await waitForEnd(user, launched.json.id, 120_000);
     expect(run).toMatchObject({ status: "stopped", reason: "setup_failed" });
     expect(run.detail).toMatch(/setup command 2 exited 7: "exit 7"/);

@@ -24,6 +24,7 @@ import { newRun } from "./run-fixtures";
 
 const e2b = inject("e2b");
 const PUBLIC_URL = "https://boundary.contract.test";
+const OTHER_DEPLOYMENT = "https://other-deployment.contract.test";
 const ENV = {
   E2B_API_KEY: e2b.apiKey,
   PUBLIC_URL,
@@ -42,8 +43,13 @@ function backend(over: Record<string, string> = {}): ComputeBackend {
   return made;
 }
 
+/** The requests of this file's deployments (test/worker/e2b-stages.test.ts may run meanwhile). */
 async function requests(since = 0): Promise<RecordedE2bRequest[]> {
-  return (await (await fetch(`${e2b.url}/_contract/requests?since=${since}`)).json()) as RecordedE2bRequest[];
+  const all = (await (
+    await fetch(`${e2b.url}/_contract/requests?since=${since}`)
+  ).json()) as RecordedE2bRequest[];
+  const ours = new Set([PUBLIC_URL, OTHER_DEPLOYMENT]);
+  return all.filter((r) => r.deployment === null || ours.has(r.deployment));
 }
 const mark = async () => (await requests()).at(-1)?.seq ?? 0;
 
@@ -236,12 +242,15 @@ describe("e2b backend: what E2B is asked", SLOW, () => {
       wiring: null,
       controlPlaneUrl: null,
     });
-    const [drop, check, tunnel] = starts(rs, info.address);
+    const [drop, check, workdir, tunnel] = starts(rs, info.address);
     // Root taken away from the execute user (as root), then checked as that user, before anything.
     expect(commandOf(drop as RecordedE2bRequest)).toBe("bw-drop-root");
     expect(drop?.user).toBe("root");
     expect(commandOf(check as RecordedE2bRequest)).toBe("bw-check-user");
     expect(check?.user).toBe("user");
+    // The working directory (/home/sandbox), the execute user's.
+    expect(commandOf(workdir as RecordedE2bRequest)).toBe("bw-workdir");
+    expect(workdir?.user).toBe("root");
     expect(commandOf(tunnel as RecordedE2bRequest)).toBe("bw-exec start bw-tunnel - 0 -- bw-tunnel connect");
     expect(tunnel?.user).toBe("root");
     const proxyStarts = starts(await requests(0), proxy.address);
@@ -369,7 +378,7 @@ describe("e2b backend: execs", SLOW, () => {
     const rs = await requests(since);
     const [start] = starts(rs, info.address);
     expect(commandOf(start as RecordedE2bRequest)).toBe(
-      `bw-exec start wiring 60000 ${stdin.length} -- sh -c 'cat; printf '"'"'\\nerr'"'"' >&2; exit 7'`,
+      `bw-exec start wiring 60000 ${stdin.length} --setup -- sh -c 'cat; printf '"'"'\\nerr'"'"' >&2; exit 7'`,
     );
     expect(start?.user).toBe("root");
     expect(body(start).stdin).toBe(true);
@@ -397,7 +406,9 @@ describe("e2b backend: execs", SLOW, () => {
     const polls = starts(await requests(mark2), info.address).filter((r) =>
       commandOf(r).startsWith("bw-exec poll"),
     );
-    expect(polls.every((r) => r.user === "root")).toBe(true);
+    // An execute command is the execute user's: it is polled as that user, not as root.
+    expect(polls.length).toBeGreaterThan(0);
+    expect(polls.every((r) => r.user === "user")).toBe(true);
     await b.destroy(id);
     await b.destroy(proxyId);
   });
@@ -515,7 +526,7 @@ describe("e2b backend: freeze, destroy, list", SLOW, () => {
     const runId = randomId("run_");
     const { proxyId } = await proxyOf(b, runId);
     const { id } = await workOf(b, runId, proxyId, "default");
-    const other = backend({ PUBLIC_URL: "https://other-deployment.contract.test" });
+    const other = backend({ PUBLIC_URL: OTHER_DEPLOYMENT });
     const theirs = randomId("sbx_");
     await other.create({ kind: "proxy", id: theirs, runId });
     const listed = await b.list();

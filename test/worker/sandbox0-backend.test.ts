@@ -647,6 +647,49 @@ describe("sandbox0 work, task and orchestrator pods", () => {
     ]);
   });
 
+  it("a run's resources are the work container's limits in the pod spec", async () => {
+    const ns = newNs();
+    const b = backendIn(ns);
+    const runId = randomId("run_");
+    const { proxyId } = await proxyOf(b, runId);
+    const id = randomId("sbx_");
+    await b.create({
+      kind: "work",
+      id,
+      runId,
+      proxySandboxId: proxyId,
+      routing: "default",
+      hostsFile: [],
+      resources: { memoryMb: 3072, pids: 512, cpus: 2 },
+    });
+    const pod = (await objects(ns)).pods.find((p) => p.metadata.labels[LABEL.sandbox] === id);
+    const work = pod.spec.containers.find((c: { name: string }) => c.name === "work");
+    expect(work.resources).toEqual({
+      requests: { cpu: "500m", memory: "1024Mi" },
+      limits: { cpu: "2000m", memory: "3072Mi" },
+    });
+    // Pids: Kubernetes has no per-pod limit (the kubelet's podPidsLimit is per node): none is set.
+    expect(JSON.stringify(pod.spec)).not.toMatch(/pids/i);
+    const small = randomId("sbx_");
+    await b.create({
+      kind: "task",
+      id: small,
+      runId,
+      proxySandboxId: proxyId,
+      routing: "default",
+      hostsFile: [],
+      resources: { memoryMb: 512, pids: 64, cpus: 0.25 },
+    });
+    const smallPod = (await objects(ns)).pods.find((p) => p.metadata.labels[LABEL.sandbox] === small);
+    expect(smallPod.spec.containers[0].resources).toEqual({
+      requests: { cpu: "250m", memory: "512Mi" },
+      limits: { cpu: "250m", memory: "512Mi" },
+    });
+    await b.destroy(id);
+    await b.destroy(small);
+    await b.destroy(proxyId);
+  });
+
   it("exec round trip under the runner: output, offsets, exit codes, stdin, env, idempotent ids, v4 fallback", {
     timeout: 60_000,
   }, async () => {
@@ -775,7 +818,8 @@ describe("sandbox0 work, task and orchestrator pods", () => {
       }
       return state;
     };
-    expect(await settle("loop", false)).toMatch(/^[RS]$/);
+    // Running: R or S, or D for a moment (a loaded machine's disk wait while it forks `sleep`).
+    expect(await settle("loop", false)).toMatch(/^[RSD]$/);
     await b.freeze(id, true);
     await b.freeze(id, true);
     expect(await settle("loop", true)).toBe("T");
@@ -785,7 +829,7 @@ describe("sandbox0 work, task and orchestrator pods", () => {
     expect(await settle("late", true)).toBe("T");
     await b.freeze(id, false);
     await b.freeze(id, false);
-    expect(await settle("loop", false)).toMatch(/^[RS]$/);
+    expect(await settle("loop", false)).toMatch(/^[RSD]$/);
     expect(await waitExit(b, id, "late")).toMatchObject({ exitCode: 0, stdout: "late\n" });
     expect(await b.kill(id, "loop")).toMatchObject({ state: "exited", signal: "SIGKILL" });
   });

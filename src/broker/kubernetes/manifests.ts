@@ -1,4 +1,4 @@
-import { PROXY_PORTS } from "../../contract/local-agent";
+import { PROXY_PORTS, type Resources } from "../../contract/local-agent";
 import type { RoutingMode } from "../../contract/policy";
 import { PLATFORM_HOSTS } from "../../contract/proxy-wire";
 
@@ -327,6 +327,21 @@ export function workNetworkPolicy(o: {
   };
 }
 
+/**
+ * The work container's resources: the run's limits as the container's (memory: the kernel kills
+ * past it, the pod's cgroup; CPU: throttled), requests at most what the defaults ask. Without
+ * resources, the defaults (no CPU limit, 4 Gi memory). Pids have no per-pod field in Kubernetes:
+ * the kubelet's podPidsLimit bounds every pod of a node alike (docs/sandbox0.md).
+ */
+export function workResources(r: Resources | undefined) {
+  if (!r) return { requests: { cpu: "500m", memory: "1Gi" }, limits: { memory: "4Gi" } };
+  const millis = (cpus: number) => `${Math.max(1, Math.round(cpus * 1000))}m`;
+  return {
+    requests: { cpu: millis(Math.min(r.cpus, 0.5)), memory: `${Math.min(r.memoryMb, 1024)}Mi` },
+    limits: { cpu: millis(r.cpus), memory: `${r.memoryMb}Mi` },
+  };
+}
+
 export function workPod(o: {
   ns: string;
   runId: string;
@@ -338,6 +353,7 @@ export function workPod(o: {
   /** The hosts-file target: the proxy Service (default) or the proxy pod (catch-all). */
   proxyAddress: string;
   hostsFile: string[];
+  resources?: Resources;
 }) {
   const hostnames =
     o.routing === "default" ? [...new Set([...o.hostsFile, ...PLATFORM_HOSTS])] : [...PLATFORM_HOSTS];
@@ -392,7 +408,7 @@ export function workPod(o: {
           command: [POD_PATHS.runner, "hold"],
           env: [{ name: "HOME", value: POD_PATHS.home }],
           securityContext: nonRootContainer(false),
-          resources: { requests: { cpu: "500m", memory: "1Gi" }, limits: { memory: "4Gi" } },
+          resources: workResources(o.resources),
           volumeMounts: [{ ...tools, readOnly: true }, state, home],
         },
       ],
