@@ -148,7 +148,7 @@ describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tas
     expect(launched.status, launched.text).toBe(202);
     const run = await waitForEnd(user, launched.json.id, 120_000);
     expect(run).toMatchObject({ status: "stopped", reason: "setup_failed" });
-    expect(run.detail).toMatch(/setup command 2 exited 7: "exit 7"/);
+    expect(run.reasonDetail).toMatch(/^work \(sbx_\w+\): setup command 2 exited 7: exit 7$/);
     const full = (await user.call("GET", `/v1/runs/${launched.json.id}`)).json;
     const outputs = full.trace.filter((t: { kind: string }) => t.kind === "output");
     const text = JSON.stringify(outputs);
@@ -157,7 +157,7 @@ describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tas
     expect(text).not.toContain("WORK-RAN");
     expect(text).not.toContain("TASK-RAN");
     const notes = JSON.stringify(full.notes ?? full);
-    expect(notes).toMatch(/Setup command 2 in \S+ \("exit 7"\) exited 7/);
+    expect(notes).toMatch(/Setup command 2 in work \(exit 7\) exited 7, so the run stopped/);
   }, 180_000);
 });
 
