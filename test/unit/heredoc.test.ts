@@ -46,12 +46,13 @@ describe("expandCopyHeredocs", () => {
     expect(expandCopyHeredocs(text, "d")).toEqual({ dockerfile: text, files: new Map() });
   });
 
-  it("rewrites the work template's three scripts", () => {
+  it("rewrites the work template's four scripts", () => {
     const text = readFileSync(new URL("../../proxy-image/e2b-work.Dockerfile", import.meta.url), "utf8");
     const { dockerfile, files } = expandCopyHeredocs(text, "d");
     expect(dockerfile).not.toContain("<<");
     expect(dockerfile).toContain("COPY --chmod=755 d/1 /usr/local/bin/bw-drop-root");
     expect([...files.values()].map((body) => body.split("\n")[0])).toEqual([
+      "#!/bin/sh",
       "#!/bin/sh",
       "#!/bin/sh",
       "#!/bin/sh",
