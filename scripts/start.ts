@@ -9,6 +9,7 @@ import { randomBytes } from "node:crypto";
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { eq } from "drizzle-orm";
+import { packFolder } from "../cli/src/pack";
 import { provisionApiKey } from "../src/auth/provision";
 import { hashApiKey } from "../src/crypto/api-keys";
 import { apiKeys } from "../src/db/schema";
@@ -18,7 +19,7 @@ import { startLocalStack } from "./lib/local-stack";
 import { applyMigrations } from "./lib/migrate";
 import { configureNeonForNode, nodeDb } from "./lib/neon-node";
 import { startEmbeddedPostgres } from "./lib/pglite-bridge";
-import { benchIndexRoutes } from "./lib/pip-index";
+import { benchIndexRoutes, INDEX_HOST } from "./lib/pip-index";
 import { startWorkerDev } from "./lib/worker-dev";
 
 const DATA = join(process.cwd(), ".data");
@@ -127,14 +128,23 @@ nftables and util-linux installed to see one go through the boundary.
     return;
   }
   await demo(base, devKey, demoKey, upstream);
+  const exampleKey = await devApiKey(databaseUrl, EXAMPLE_ENVIRONMENT);
+  await example(base, exampleKey, demoKey, upstream);
   console.log("The API keeps running; Ctrl-C stops it and removes every sandbox and namespace.");
 }
 
-async function devApiKey(databaseUrl: string): Promise<string> {
+/**
+ * The example benchmark runs in an environment of its own (the dev user's second): its vault
+ * blocks by default (catch-all routing, so the setup stage's package install must go through the
+ * proxy to an allowed index), while the first demo shows default routing.
+ */
+const EXAMPLE_ENVIRONMENT = "examples";
+
+async function devApiKey(databaseUrl: string, environment = "default"): Promise<string> {
   // Kept (0600) in .data so a restart prints the same key; the database keeps only its hash.
   const { db, pool } = nodeDb(databaseUrl);
   try {
-    const file = join(DATA, "dev-api-key");
+    const file = join(DATA, environment === "default" ? "dev-api-key" : `dev-api-key-${environment}`);
     const kept = existsSync(file) ? readFileSync(file, "utf8").trim() : "";
     const known = kept
       ? await db
@@ -143,7 +153,7 @@ async function devApiKey(databaseUrl: string): Promise<string> {
           .where(eq(apiKeys.hash, await hashApiKey(kept)))
       : [];
     if (known.length > 0) return kept;
-    const key = (await provisionApiKey(db, { email: DEV_EMAIL, keyName: "npm start" })).key;
+    const key = (await provisionApiKey(db, { email: DEV_EMAIL, environment, keyName: "npm start" })).key;
     writeFileSync(file, `${key}\n`, { mode: 0o600 });
     return key;
   } finally {
@@ -151,14 +161,11 @@ async function devApiKey(databaseUrl: string): Promise<string> {
   }
 }
 
-/** Sets up the dev user's vault for the demo (idempotent), runs the demo, prints what happened. */
-async function demo(base: string, key: string, demoKey: string, upstream: DemoUpstream) {
-  const api = async (
-    method: string,
-    path: string,
-    body?: unknown,
-    // biome-ignore lint/suspicious/noExplicitAny: JSON from our own API
-  ): Promise<{ status: number; json: any }> => {
+// biome-ignore lint/suspicious/noExplicitAny: JSON from our own API
+type Api = (method: string, path: string, body?: unknown) => Promise<{ status: number; json: any }>;
+
+function apiOf(base: string, key: string): Api {
+  return async (method, path, body) => {
     const res = await fetch(`${base}/v1${path}`, {
       method,
       headers: { authorization: `Bearer ${key}`, ...(body ? { "content-type": "application/json" } : {}) },
@@ -167,7 +174,10 @@ async function demo(base: string, key: string, demoKey: string, upstream: DemoUp
     const text = await res.text();
     return { status: res.status, json: text ? JSON.parse(text) : null };
   };
-  // The demo key changes every start, like a rotated credential: replace the value if it exists.
+}
+
+/** The vault's demo secret, replaced each start, and its rule for api.demo.test (idempotent). */
+async function demoSecretAndRule(api: Api, demoKey: string): Promise<void> {
   const secrets = (await api("GET", "/vault/secrets")).json.secrets as { id: string; name: string }[];
   const existing = secrets.find((s) => s.name === "DEMO_API_KEY");
   if (existing) await api("PUT", `/vault/secrets/${existing.id}`, { value: demoKey });
@@ -180,6 +190,86 @@ async function demo(base: string, key: string, demoKey: string, upstream: DemoUp
       inject: { scheme: "bearer" },
     });
   }
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: JSON
+async function waitForEnd(api: Api, id: string, timeoutMs: number): Promise<any> {
+  const started = Date.now();
+  for (;;) {
+    const run = (await api("GET", `/runs/${id}`)).json;
+    if (["finished", "stopped", "failed"].includes(run.status)) return run;
+    if (Date.now() - started > timeoutMs) throw new Error(`run ${id} did not end: ${run.status}`);
+    await new Promise((r) => setTimeout(r, 300));
+  }
+}
+
+/**
+ * examples/qa-bench, as `benchwright runs launch --from` sends it: the folder packed and uploaded
+ * as a bundle, its setup.sh pip-installing from the demo upstream's package index (allowed in the
+ * vault; catch-all routing), three tasks calling api.demo.test without a key, their results
+ * collected as artifacts. Prints what happened.
+ */
+async function example(base: string, key: string, demoKey: string, upstream: DemoUpstream) {
+  const api = apiOf(base, key);
+  await demoSecretAndRule(api, demoKey);
+  await api("PUT", "/vault/settings", { default: "block" });
+  await api("POST", "/vault/hosts", { pattern: INDEX_HOST, action: "allow" });
+  const folder = join(import.meta.dirname, "..", "examples", "qa-bench");
+  const spec = JSON.parse(readFileSync(join(folder, "benchwright.json"), "utf8"));
+  const { files, ...runSpec } = spec;
+  const packed = await packFolder(folder, { files, always: ["benchwright.json"] });
+  console.log(`Example: examples/qa-bench (${packed.paths.length} files) as a bundle; setup installs a`);
+  console.log("         package from the demo index through the proxy, then three tasks run ...");
+  const started = Date.now();
+  const uploaded = await fetch(`${base}/v1/bundles`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/gzip" },
+    body: packed.archive,
+  });
+  if (uploaded.status >= 300) throw new Error(`bundle upload failed: ${await uploaded.text()}`);
+  const launched = await api("POST", "/runs", { ...runSpec, bundle: packed.sha256 });
+  if (launched.status !== 202) throw new Error(`launch failed: ${JSON.stringify(launched.json)}`);
+  const id = launched.json.id as string;
+  const run = await waitForEnd(api, id, 300_000);
+  const listed = (await api("GET", `/runs/${id}/artifacts`)).json as {
+    artifacts: { id: string; sandboxName: string; path: string }[];
+    cut: unknown[];
+  };
+  const results = await Promise.all(
+    listed.artifacts.map(async (a) => {
+      const res = await fetch(`${base}/v1/runs/${id}/artifacts/${a.id}`, {
+        headers: { authorization: `Bearer ${key}` },
+      });
+      const text = await res.text();
+      try {
+        return { name: a.sandboxName, text, json: JSON.parse(text) };
+      } catch {
+        return { name: a.sandboxName, text, json: null };
+      }
+    }),
+  );
+  const wheels = upstream.seen.filter(
+    (s) => s.host === INDEX_HOST && String(s.path).startsWith("/files/"),
+  ).length;
+  const keyed = upstream.seen.filter((s) => s.host === "api.demo.test" && s.keyMatches === true).length;
+  const check = (ok: boolean) => (ok ? "yes" : "NO");
+  const each = (f: (r: (typeof results)[number]) => boolean) => results.length === 3 && results.every(f);
+  console.log(`
+Example run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 1000).toFixed(1)} s, routing ${run.routing}
+  setup installed the package through the proxy, in every sandbox ... ${check(wheels >= 4)} (${wheels} wheel downloads)
+  three tasks wrote their results; collected as artifacts .......... ${check(each((r) => r.json?.package?.name === "benchscore"))} (${results.map((r) => r.name).join(", ") || "none"})
+  each task's API call got the vault's key, the task never held it .. ${check(keyed >= 3 && each((r) => r.json?.api?.status === 200 && !r.text.includes(demoKey)))}
+
+Look at it:
+  curl -s -H "authorization: Bearer $(cat .data/dev-api-key-${EXAMPLE_ENVIRONMENT})" ${base}/v1/runs/${id}/artifacts
+or with the CLI: npx benchwright runs artifacts ${id} --out results/
+`);
+}
+
+/** Sets up the dev user's vault for the demo (idempotent), runs the demo, prints what happened. */
+async function demo(base: string, key: string, demoKey: string, upstream: DemoUpstream) {
+  const api = apiOf(base, key);
+  await demoSecretAndRule(api, demoKey);
   await api("POST", "/vault/hosts", { pattern: "blocked.demo.test", action: "block" });
 
   console.log("Demo: launching a run of the `demo` benchmark (it calls api.demo.test without a key,");
@@ -188,14 +278,7 @@ async function demo(base: string, key: string, demoKey: string, upstream: DemoUp
   const launched = await api("POST", "/runs", { benchmark: "demo" });
   if (launched.status !== 202) throw new Error(`launch failed: ${JSON.stringify(launched.json)}`);
   const id = launched.json.id as string;
-  // biome-ignore lint/suspicious/noExplicitAny: JSON
-  let run: any;
-  for (;;) {
-    run = (await api("GET", `/runs/${id}`)).json;
-    if (["finished", "stopped", "failed"].includes(run.status)) break;
-    if (Date.now() - started > 120_000) throw new Error(`the demo run did not end: ${run.status}`);
-    await new Promise((r) => setTimeout(r, 300));
-  }
+  const run = await waitForEnd(api, id, 120_000);
   const output = (run.trace as { kind: string; detail: { stream?: string; text?: string } | null }[])
     .filter((e) => e.kind === "output" && e.detail?.stream === "stdout")
     .map((e) => e.detail?.text ?? "")
