@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS, UNPACK_EXIT, UnpackResult } from "../contract/bundle";
 import {
   freezeArgs,
   killArgs,
@@ -97,6 +98,31 @@ const RUNNER_TIMEOUT_MS = 30_000;
 const SYNC_EXEC_MAX_MS = 60_000;
 const MAX_POLL_WAIT_MS = 5_000;
 const LOG_LIMIT = 1024 * 1024;
+/** Longest an unpack or a collect may take in the pod. */
+const TRANSFER_MS = 10 * 60_000;
+
+/**
+ * The most stdout a collect may write: its byte bound plus what the archive adds around the files
+ * (two 512-byte blocks of header and padding a file, the manifest's line a file or cut, gzip's
+ * worst case on incompressible data), so a sound archive always fits and nothing else is buffered.
+ */
+export function collectStdoutBound(bounds: { maxBytes: number; maxFiles: number }): number {
+  return bounds.maxBytes + Math.ceil(bounds.maxBytes / 64) + bounds.maxFiles * 2 * 1024 + 1024 * 1024;
+}
+
+const lastLine = (text: string) =>
+  text
+    .split("\n")
+    .map((l) => l.trim())
+    .filter(Boolean)
+    .at(-1) ?? "";
+function lastJson(text: string): unknown {
+  try {
+    return JSON.parse(lastLine(text));
+  } catch {
+    return null;
+  }
+}
 /** Waiting reasons of a container that will not start by waiting longer. */
 const FATAL_WAITING = new Set([
   "ErrImagePull",
@@ -352,6 +378,13 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
 
   const podMeaning: CallMeaning = { what: "delete the pod" };
 
+  /** A sandbox without a work pod: a proxy sandbox has no stages (bundles, artifacts); or none. */
+  async function noStages(sandboxId: string, input?: ReadableStream<Uint8Array>): Promise<never> {
+    if (input && !input.locked) await input.cancel().catch(() => {});
+    await proxyServiceOf(sandboxId); // not_found when there is no such sandbox at all
+    throw new BackendError("invalid_request", `sandbox ${sandboxId} is a proxy sandbox: it has no stages`);
+  }
+
   return {
     name: "sandbox0",
 
@@ -576,10 +609,39 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       return [...seen.values()];
     },
 
-    // The setup stage's sealing, bundles in and artifacts out are not built for sandbox0 yet (issue 20):
-    // each is refused with not_supported, so a run that needs one stops with the reason.
-    async putBundle(): Promise<never> {
-      throw notSupported("sandbox0", "putBundle (unpacking a bundle into a sandbox)");
+    // Bundles in and artifacts out need no root: bw-unpack and bw-collect run in the work
+    // container as its uid, the archive going in on the exec's stdin (v5 closes it) and coming
+    // out on its stdout.
+    async putBundle(sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string) {
+      checkId(sandboxId);
+      const bounds = { maxBytes: BUNDLE_DEFAULTS.maxUnpackedBytes, maxFiles: BUNDLE_DEFAULTS.maxFiles };
+      const res = await workOrProxy(
+        () =>
+          kube.execBytes(
+            objectName(sandboxId),
+            "work",
+            [
+              POD_PATHS.unpack,
+              dir,
+              "--max-bytes",
+              String(bounds.maxBytes),
+              "--max-files",
+              String(bounds.maxFiles),
+            ],
+            { stdin: bundle, timeoutMs: TRANSFER_MS, maxStdoutBytes: LOG_LIMIT },
+            { what: "unpack the bundle", notFound: NO_POD },
+          ),
+        () => noStages(sandboxId, bundle),
+      );
+      const stdout = new TextDecoder().decode(res.stdout);
+      const result = UnpackResult.safeParse(lastJson(stdout));
+      const expected =
+        res.exitCode === UNPACK_EXIT.ok ? true : res.exitCode === UNPACK_EXIT.refused ? false : null;
+      if (!result.success || expected === null || result.data.ok !== expected) {
+        const why = lastLine(res.stderr) || `exit ${res.exitCode}`;
+        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-unpack: ${why.slice(0, 400)}`);
+      }
+      return result.data;
     },
     async seal(): Promise<never> {
       throw notSupported("sandbox0", "seal (ending the setup stage)");
@@ -587,8 +649,43 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
     async setHosts(): Promise<never> {
       throw notSupported("sandbox0", "setHosts (rewriting a running sandbox's hosts file)");
     },
-    async collect(): Promise<never> {
-      throw notSupported("sandbox0", "collect (reading a sandbox's artifacts)");
+    async collect(sandboxId: string, options: { dir: string; maxBytes: number; maxFiles: number }) {
+      checkId(sandboxId);
+      const bounds = {
+        maxBytes: Math.min(options.maxBytes, ARTIFACT_DEFAULTS.maxBytes),
+        maxFiles: Math.min(options.maxFiles, ARTIFACT_DEFAULTS.maxFiles),
+      };
+      // Buffered, bounded: the archive is whole (and bw-collect said so by its exit) before any
+      // of it is handed on, so a failed collect is never a half-read stream.
+      const res = await workOrProxy(
+        () =>
+          kube.execBytes(
+            objectName(sandboxId),
+            "work",
+            [
+              POD_PATHS.collect,
+              options.dir,
+              "--max-bytes",
+              String(bounds.maxBytes),
+              "--max-files",
+              String(bounds.maxFiles),
+            ],
+            { timeoutMs: TRANSFER_MS, maxStdoutBytes: collectStdoutBound(bounds) },
+            { what: "collect the artifacts", notFound: NO_POD },
+          ),
+        () => noStages(sandboxId),
+      );
+      if (res.exitCode !== 0) {
+        const why = lastLine(res.stderr) || `exit ${res.exitCode}`;
+        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-collect: ${why.slice(0, 400)}`);
+      }
+      const archive = res.stdout;
+      return new ReadableStream<Uint8Array>({
+        start(controller) {
+          controller.enqueue(archive);
+          controller.close();
+        },
+      });
     },
   };
 }

@@ -25,7 +25,9 @@ export interface RecordedRequest {
     protocol: string | null;
     command: string[];
     container: string | null;
+    /** What came on stdin as UTF-8, its first 64 KiB. */
     stdin: string;
+    stdinBytes: number;
     closedStdin: boolean;
     exitCode: number | null;
   };

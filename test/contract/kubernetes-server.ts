@@ -28,7 +28,9 @@ import type { ContractOptions, KubernetesContractInfo, RecordedRequest } from ".
 // - Containers: a work pod's `/bw/tools/bin/bw-exec ...` exec RUNS THE REAL EXEC RUNNER
 //   (proxy-image/src/exec-runner-main.ts, bundled at start) with node on this machine against a
 //   per-pod temporary directory as its BW_EXEC_DIR, so commands really run (on this machine, as
-//   the test user: tests run only commands they chose). Deleting the pod SIGKILLs the process
+//   the test user: tests run only commands they chose); so do `/bw/tools/bin/bw-unpack` and
+//   `bw-collect` (the real programs, binary stdin closed by v5's CLOSE, binary stdout), with
+//   paths of this machine. Deleting the pod SIGKILLs the process
 //   groups it started. A proxy pod runs nothing: its log is a scripted line, it "exits" when a
 //   test says so (POST /_contract/terminate), and `bw-proxy-view` prints a scripted JSON line.
 // - Namespaces exist when named. PodSecurity admission (baseline) is checked on capabilities only.
@@ -139,16 +141,26 @@ export async function startKubernetesServer(
   const token = options.token ?? `k8s-contract-${randomBytes(16).toString("hex")}`;
   const root = mkdtempSync(join(tmpdir(), "bw-k8s-contract-"));
   // The real exec runner, bundled from its source (the worker tests do not build the proxy image).
-  const runner = join(root, "exec-runner.cjs");
-  await build({
-    entryPoints: [resolve(import.meta.dirname, "../../proxy-image/src/exec-runner-main.ts")],
-    bundle: true,
-    platform: "node",
-    target: "node24",
-    format: "cjs",
-    outfile: runner,
-    logLevel: "warning",
-  });
+  // So are bw-unpack and bw-collect, which a pod runs from its tools (/bw/tools/bin) as its uid.
+  const programs: Record<string, string> = {
+    [RUNNER_COMMAND]: "exec-runner-main.ts",
+    "/bw/tools/bin/bw-unpack": "unpack-main.ts",
+    "/bw/tools/bin/bw-collect": "collect-main.ts",
+  };
+  const bundled: Record<string, string> = {};
+  for (const [command, source] of Object.entries(programs)) {
+    const outfile = join(root, source.replace(/\.ts$/, ".cjs"));
+    await build({
+      entryPoints: [resolve(import.meta.dirname, "../../proxy-image/src", source)],
+      bundle: true,
+      platform: "node",
+      target: "node24",
+      format: "cjs",
+      outfile,
+      logLevel: "warning",
+    });
+    bundled[command] = outfile;
+  }
 
   const namespaces = new Map<string, Namespace>();
   const requests: RecordedRequest[] = [];
@@ -682,11 +694,12 @@ export async function startKubernetesServer(
       }
       return;
     }
-    if (command[0] !== RUNNER_COMMAND) {
+    const program = bundled[command[0] as string];
+    if (!program) {
       finish(null, notFoundFailure());
       return;
     }
-    const child = spawn(process.execPath, [runner, ...command.slice(1)], {
+    const child = spawn(process.execPath, [program, ...command.slice(1)], {
       cwd: rec.dir,
       env: {
         PATH: process.env.PATH ?? "/usr/bin:/bin",
@@ -700,7 +713,9 @@ export async function startKubernetesServer(
     ws.on("message", (data: Buffer) => {
       if (data.length === 0) return;
       if (data[0] === 0) {
-        exec.stdin += data.subarray(1).toString("utf8");
+        // Text as text (the runner's JSON line); a binary stdin (a bundle) is counted, not kept.
+        exec.stdinBytes += data.length - 1;
+        if (exec.stdinBytes <= 64 * 1024) exec.stdin += data.subarray(1).toString("utf8");
         child.stdin.write(data.subarray(1));
       } else if (data[0] === 255 && protocol === "v5.channel.k8s.io" && data[1] === 0) {
         exec.closedStdin = true;
@@ -766,7 +781,15 @@ export async function startKubernetesServer(
       body: null,
       auth: authOf(req),
       status: 0,
-      exec: { protocol: null, command, container, stdin: "", closedStdin: false, exitCode: null },
+      exec: {
+        protocol: null,
+        command,
+        container,
+        stdin: "",
+        stdinBytes: 0,
+        closedStdin: false,
+        exitCode: null,
+      },
     };
     requests.push(record);
     const refuse = (code: number, body: Json) => {

@@ -69,6 +69,27 @@ export interface ExecResult {
   protocol: (typeof EXEC_PROTOCOLS)[number];
 }
 
+/** An exec's answer with stdout as bytes (a binary program's output: bw-collect's archive). */
+export interface ExecBytesResult {
+  exitCode: number;
+  stdout: Uint8Array;
+  stderr: string;
+  protocol: (typeof EXEC_PROTOCOLS)[number];
+}
+
+export interface ExecOptions {
+  /**
+   * Text (a JSON line for the runner; on v4 it cannot be closed, so the reader must not read to
+   * the end), or bytes to be read to their end (a bundle). A stream is sent only over
+   * v5.channel.k8s.io, which can close stdin: offered only v4, the exec is refused (not_supported)
+   * before a byte is sent, since the program would wait for an end that never comes.
+   */
+  stdin?: string | ReadableStream<Uint8Array>;
+  timeoutMs: number;
+  /** More stdout than this ends the exec as sandbox_failed (a bound on what is buffered). */
+  maxStdoutBytes?: number;
+}
+
 /** What workerd's fetch gives for an upgraded response (typed here, so Node's tsc reads it too). */
 interface UpgradedSocket {
   accept(): void;
@@ -223,6 +244,36 @@ export class KubeClient {
     options: { stdin?: string; timeoutMs: number },
     meaning: CallMeaning,
   ): Promise<ExecResult> {
+    const res = await this.execBytes(pod, container, command, options, meaning);
+    return { ...res, stdout: new TextDecoder().decode(res.stdout) };
+  }
+
+  /**
+   * exec with stdout as bytes and stdin as text or a byte stream (ExecOptions). A stream given is
+   * always consumed or cancelled, whatever happens.
+   */
+  async execBytes(
+    pod: string,
+    container: string,
+    command: string[],
+    options: ExecOptions,
+    meaning: CallMeaning,
+  ): Promise<ExecBytesResult> {
+    const input = options.stdin;
+    try {
+      return await this.execOnce(pod, container, command, options, meaning);
+    } finally {
+      if (typeof input === "object" && !input.locked) await input.cancel().catch(() => {});
+    }
+  }
+
+  private async execOnce(
+    pod: string,
+    container: string,
+    command: string[],
+    options: ExecOptions,
+    meaning: CallMeaning,
+  ): Promise<ExecBytesResult> {
     const query = new URLSearchParams();
     for (const c of command) query.append("command", c);
     query.set("container", container);
@@ -265,16 +316,30 @@ export class KubeClient {
         `The Kubernetes API offered no exec protocol this client speaks (${meaning.what}).`,
       );
     }
+    if (typeof options.stdin === "object" && protocol !== "v5.channel.k8s.io") {
+      ws.close(1000);
+      throw new BackendError(
+        "not_supported",
+        `The Kubernetes API offered only ${protocol}, which cannot close stdin: ${meaning.what} needs v5.channel.k8s.io (Kubernetes 1.30 or later)`,
+      );
+    }
     // Binary frames as ArrayBuffer, in order (a Blob would be read asynchronously).
     ws.binaryType = "arraybuffer";
     const out: Uint8Array[] = [];
+    let outBytes = 0;
+    let overflow = false;
     const err: Uint8Array[] = [];
     const statusBytes: Uint8Array[] = [];
-    const closed = new Promise<"closed" | "timeout">((resolve) => {
-      const timer = setTimeout(() => resolve("timeout"), options.timeoutMs);
+    let ended = false;
+    const closed = new Promise<"closed" | "timeout" | "overflow">((resolve) => {
+      const timer = setTimeout(() => {
+        ended = true;
+        resolve("timeout");
+      }, options.timeoutMs);
       const end = () => {
         clearTimeout(timer);
-        resolve("closed");
+        ended = true;
+        resolve(overflow ? "overflow" : "closed");
       };
       ws.addEventListener("close", end);
       ws.addEventListener("error", end);
@@ -287,27 +352,72 @@ export class KubeClient {
               : null;
         if (!data || data.length === 0) return;
         const payload = data.subarray(1);
-        if (data[0] === 1) out.push(payload);
-        else if (data[0] === 2) err.push(payload);
+        if (data[0] === 1) {
+          if (overflow) return;
+          outBytes += payload.length;
+          if (options.maxStdoutBytes !== undefined && outBytes > options.maxStdoutBytes) {
+            overflow = true;
+            out.length = 0;
+            end();
+            return;
+          }
+          out.push(payload);
+        } else if (data[0] === 2) err.push(payload);
         else if (data[0] === 3) statusBytes.push(payload);
       });
     });
-    if (options.stdin !== undefined) {
-      const bytes = new TextEncoder().encode(options.stdin);
-      for (let at = 0; at < bytes.length; at += STDIN_FRAME) {
+    const sendBytes = (bytes: Uint8Array) => {
+      for (let at = 0; at < bytes.length && !ended; at += STDIN_FRAME) {
         const chunk = bytes.subarray(at, at + STDIN_FRAME);
         const frame = new Uint8Array(chunk.length + 1);
         frame[0] = 0;
         frame.set(chunk, 1);
         ws.send(frame);
       }
+    };
+    if (typeof options.stdin === "string") {
+      sendBytes(new TextEncoder().encode(options.stdin));
       // v5 can say "no more stdin"; v4 cannot, so the runner reads one line, not to the end.
       if (protocol === "v5.channel.k8s.io") ws.send(new Uint8Array([255, 0]));
+    } else if (options.stdin !== undefined) {
+      // A program may stop reading early (bw-unpack refusing the first entry) and end the exec:
+      // then the rest of the stream is cancelled, not sent.
+      const reader = options.stdin.getReader();
+      try {
+        for (;;) {
+          const next = await Promise.race([reader.read(), closed.then(() => null)]);
+          if (next === null || ended) break;
+          if (next.done) {
+            ws.send(new Uint8Array([255, 0]));
+            break;
+          }
+          sendBytes(next.value);
+        }
+      } catch {
+        // The stream failed (or the socket): the exec is ended below, its Status says no success.
+        ended = true;
+        try {
+          ws.close(1000);
+        } catch {}
+        await reader.cancel().catch(() => {});
+        throw new BackendError(
+          "backend_unreachable",
+          `The input of the Kubernetes exec could not be sent (${meaning.what}).`,
+          true,
+        );
+      }
+      await reader.cancel().catch(() => {});
     }
     const how = await closed;
     try {
       ws.close(1000);
     } catch {}
+    if (how === "overflow") {
+      throw new BackendError(
+        "sandbox_failed",
+        `The Kubernetes exec wrote more than ${options.maxStdoutBytes} bytes to stdout (${meaning.what}).`,
+      );
+    }
     if (how === "timeout") {
       throw new BackendError(
         "backend_unreachable",
@@ -339,7 +449,7 @@ export class KubeClient {
       }
       exitCode = Number(cause.message);
     }
-    return { exitCode, stdout: decode(out), stderr: decode(err), protocol };
+    return { exitCode, stdout: concat(out), stderr: decode(err), protocol };
   }
 
   private refusal(status: number, body: KubeStatus | null, meaning: CallMeaning): BackendError {
@@ -370,6 +480,10 @@ export class KubeClient {
 }
 
 function decode(chunks: Uint8Array[]): string {
+  return new TextDecoder().decode(concat(chunks));
+}
+
+function concat(chunks: Uint8Array[]): Uint8Array {
   const total = chunks.reduce((n, c) => n + c.length, 0);
   const all = new Uint8Array(total);
   let at = 0;
@@ -377,7 +491,7 @@ function decode(chunks: Uint8Array[]): string {
     all.set(c, at);
     at += c.length;
   }
-  return new TextDecoder().decode(all);
+  return all;
 }
 
 function safeJson(text: string): unknown {

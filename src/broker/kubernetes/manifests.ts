@@ -15,6 +15,9 @@ export const POD_PATHS = {
   /** Writable, the sandbox's uid: the run CA (wiring), exec state (runner). */
   state: "/bw/run",
   runner: "/bw/tools/bin/bw-exec",
+  /** Bundles in and artifacts out, run as the pod's uid (contract/bundle.ts). */
+  unpack: "/bw/tools/bin/bw-unpack",
+  collect: "/bw/tools/bin/bw-collect",
   execDir: "/bw/run/exec",
   caDir: "/bw/run/ca",
   caBundle: "/bw/run/ca/bundle.crt",
