@@ -2,6 +2,7 @@ import { spawn } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { build } from "esbuild";
 import { inject } from "vitest";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import { provisionApiKey } from "../../src/auth/provision";
@@ -22,6 +23,24 @@ export function apiUrl(): string {
   return inject("apiUrl");
 }
 
+/**
+ * The CLI bundled from the current sources into a directory of its own, for a file that must not
+ * read the cli project's cli/dist while that builds it. Returns the bundle's path.
+ */
+export async function buildCli(prefix = "bw-cli-bin-"): Promise<string> {
+  const bin = join(mkdtempSync(join(tmpdir(), prefix)), "benchwright.cjs");
+  await build({
+    entryPoints: ["cli/src/main.ts"],
+    bundle: true,
+    platform: "node",
+    target: "node24",
+    format: "cjs",
+    outfile: bin,
+    logLevel: "warning",
+  });
+  return bin;
+}
+
 /** A private XDG_CONFIG_HOME per test, so no test sees another's login. */
 export function configHome(): string {
   return mkdtempSync(join(tmpdir(), "bw-cli-home-"));
@@ -29,10 +48,11 @@ export function configHome(): string {
 
 export function cli(
   args: string[],
-  options: { home: string; input?: string; env?: Record<string, string>; bin?: string },
+  options: { home: string; input?: string; env?: Record<string, string>; bin?: string; cwd?: string },
 ): Promise<Result> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [options.bin ?? BIN, ...args], {
+      cwd: options.cwd,
       // HOME too: a fallback to ~/.config must not find the developer's own login.
       env: { PATH: process.env.PATH, XDG_CONFIG_HOME: options.home, HOME: options.home, ...options.env },
       stdio: ["pipe", "pipe", "pipe"],

@@ -1,9 +1,8 @@
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { build } from "esbuild";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { cli as runCli } from "../cli/harness";
+import { buildCli, cli as runCli } from "../cli/harness";
 import { until } from "../until";
 import { type E2e, newUser, SKIP_REASON, startE2e } from "./harness";
 
@@ -30,16 +29,7 @@ describe.skipIf(SKIP_REASON !== null)("the CLI walk: clone to a blocked host pro
   beforeAll(async () => {
     // The CLI's own bundle, built from the current sources for this file alone (the cli project
     // builds cli/dist at the same time; neither reads the other's half-written file).
-    bin = join(mkdtempSync(join(tmpdir(), "bw-cli-walk-")), "benchwright.cjs");
-    await build({
-      entryPoints: ["cli/src/main.ts"],
-      bundle: true,
-      platform: "node",
-      target: "node24",
-      format: "cjs",
-      outfile: bin,
-      logLevel: "warning",
-    });
+    bin = await buildCli("bw-cli-walk-");
     e = await startE2e({ name: "bwt-e2w", index: 99 });
   });
   afterAll(async () => {

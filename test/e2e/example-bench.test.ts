@@ -1,10 +1,9 @@
 import { mkdtempSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
-import { build } from "esbuild";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { BENCH_PACKAGE, benchIndexRoutes, buildWheel, INDEX_HOST } from "../../scripts/lib/pip-index";
-import { cli as runCli } from "../cli/harness";
+import { buildCli, cli as runCli } from "../cli/harness";
 import { until } from "../until";
 import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
 
@@ -26,16 +25,7 @@ describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tas
   const outputs: string[] = [];
   beforeAll(async () => {
     // The CLI's bundle, built from the current sources for this file alone (as cli-walk does).
-    bin = join(mkdtempSync(join(tmpdir(), "bw-example-cli-")), "benchwright.cjs");
-    await build({
-      entryPoints: ["cli/src/main.ts"],
-      bundle: true,
-      platform: "node",
-      target: "node24",
-      format: "cjs",
-      outfile: bin,
-      logLevel: "warning",
-    });
+    bin = await buildCli("bw-example-cli-");
     e = await startE2e({ name: "bwt-e2x", index: 84, static: benchIndexRoutes() });
   });
   afterAll(async () => {

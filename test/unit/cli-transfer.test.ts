@@ -1,4 +1,3 @@
-import { spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import {
   existsSync,
@@ -14,10 +13,10 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { build } from "esbuild";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { artifactTarget, saveArtifact, UnsafeArtifactPath } from "../../cli/src/commands/artifacts";
 import { Failed } from "../../cli/src/commands/shared";
+import { buildCli, cli as runCli } from "../cli/harness";
 
 // The CLI's side of bundles and artifacts over real HTTP: `runs launch --from` (what it uploads
 // and launches, and what it does when the API answers otherwise) and `runs artifacts --out`
@@ -50,16 +49,7 @@ let handler: Handler;
 const seen: Seen[] = [];
 
 beforeAll(async () => {
-  bin = join(temp("bw-cli-bin-"), "benchwright.cjs");
-  await build({
-    entryPoints: ["cli/src/main.ts"],
-    bundle: true,
-    platform: "node",
-    target: "node24",
-    format: "cjs",
-    outfile: bin,
-    logLevel: "warning",
-  });
+  bin = await buildCli();
   server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on("data", (c: Buffer) => chunks.push(c));
@@ -89,30 +79,13 @@ function json(res: ServerResponse, status: number, body: unknown) {
 
 const KEY = "bw_test_transfer_key";
 
-function cli(args: string[], cwd?: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const home = temp("bw-cli-home-");
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [bin, ...args], {
-      cwd,
-      env: {
-        PATH: process.env.PATH,
-        HOME: home,
-        XDG_CONFIG_HOME: home,
-        BENCHWRIGHT_API_KEY: KEY,
-        BENCHWRIGHT_URL: url,
-      },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (d) => {
-      stdout += d;
-    });
-    child.stderr.on("data", (d) => {
-      stderr += d;
-    });
-    child.on("error", reject);
-    child.on("close", (code) => resolve({ code, stdout, stderr }));
+/** The built CLI against the loopback server, with a fresh config home each call. */
+function cli(args: string[], cwd?: string) {
+  return runCli(args, {
+    home: temp("bw-cli-home-"),
+    bin,
+    cwd,
+    env: { BENCHWRIGHT_API_KEY: KEY, BENCHWRIGHT_URL: url },
   });
 }
 
