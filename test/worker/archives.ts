@@ -1,8 +1,6 @@
-import { createExecutionContext, waitOnExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { packTar, type TarEntry } from "modern-tar";
-import worker from "../../src/index";
-import { type ApiResponse, BASE } from "./harness";
+import { type ApiResponse, callWith } from "./harness";
 
 // Real .tar.gz archives made inside workerd (modern-tar's packer, the runtime's gzip), and the
 // upload of one to the Worker: a bundle for POST /v1/bundles, an archive as bw-collect writes it.
@@ -41,12 +39,9 @@ export async function upload(
   bytes: Uint8Array,
   options: { type?: string; chunked?: boolean; bindings?: Env; length?: string } = {},
 ): Promise<ApiResponse> {
-  const headers: Record<string, string> = {
-    authorization: `Bearer ${key}`,
-    "content-type": options.type ?? "application/gzip",
-  };
+  const headers: Record<string, string> = { "content-type": options.type ?? "application/gzip" };
   if (options.length !== undefined) headers["content-length"] = options.length;
-  let body: BodyInit = bytes;
+  let body: Uint8Array | ReadableStream<Uint8Array> = bytes;
   if (options.chunked) {
     let at = 0;
     body = new ReadableStream<Uint8Array>({
@@ -57,19 +52,7 @@ export async function upload(
       },
     });
   }
-  const ctx = createExecutionContext();
-  const res = await worker.fetch(
-    new Request(`${BASE}/v1/bundles`, { method: "POST", headers, body }),
-    options.bindings ?? env,
-    ctx,
-  );
-  const text = await res.text();
-  await waitOnExecutionContext(ctx);
-  let json: unknown = null;
-  try {
-    json = text ? JSON.parse(text) : null;
-  } catch {}
-  return { status: res.status, headers: res.headers, text, json };
+  return callWith(options.bindings ?? env, key, "POST", "/v1/bundles", body, headers);
 }
 
 export interface CollectedFile {

@@ -42,7 +42,10 @@ export async function callWith(
 ): Promise<ApiResponse> {
   const init: RequestInit = { method, headers: { ...headers } };
   if (key) (init.headers as Record<string, string>).authorization = `Bearer ${key}`;
-  if (body !== undefined) {
+  if (body instanceof Uint8Array || body instanceof ReadableStream) {
+    // Bytes go as they are (an upload); the caller names their content-type.
+    init.body = body;
+  } else if (body !== undefined) {
     init.body = typeof body === "string" ? body : JSON.stringify(body);
     (init.headers as Record<string, string>)["content-type"] ??= "application/json";
   }
