@@ -6,8 +6,10 @@
 # started is killed and the commands run unprivileged.
 set -eu
 
-# A virtual environment: Debian's python3 refuses `pip install` into the system (PEP 668).
-VENV=/opt/qa-bench
+# A virtual environment: Debian's python3 refuses `pip install` into the system (PEP 668). In the
+# working directory, because that is what every backend carries from setup to the commands: on
+# sandbox0, setup runs in a container of its own and only the working directory is shared.
+VENV="$PWD/.venv"
 python3 -m venv "$VENV"
 
 # pip.conf names the index; requirements.txt pins the package by version and hash, so pip refuses

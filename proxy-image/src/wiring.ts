@@ -188,10 +188,12 @@ export function reinstall(raw: unknown): {
     const after = rewriteHosts(before, hostsEntries, hosts);
     if (after !== before) writeFileSync(input.hostsPath, after, { mode: 0o644 });
     chmodSync(input.hostsPath, 0o644);
-    step = "the resolver order";
-    const nss = existsSync(input.nsswitchPath) ? readFileSync(input.nsswitchPath, "utf8") : "";
-    const fixed = filesFirst(nss);
-    if (fixed !== nss) writeFileSync(input.nsswitchPath, fixed, { mode: 0o644 });
+    if (input.nsswitchPath !== null) {
+      step = "the resolver order";
+      const nss = existsSync(input.nsswitchPath) ? readFileSync(input.nsswitchPath, "utf8") : "";
+      const fixed = filesFirst(nss);
+      if (fixed !== nss) writeFileSync(input.nsswitchPath, fixed, { mode: 0o644 });
+    }
     if (input.caCertPem !== null) {
       step = "the CA file";
       const pem = input.caCertPem.endsWith("\n") ? input.caCertPem : `${input.caCertPem}\n`;

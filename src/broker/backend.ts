@@ -38,6 +38,11 @@ export type SandboxSpec =
        * and says so in SandboxInfo.wiring.
        */
       hostsFile: string[];
+      /**
+       * The sandbox has a setup stage (setup commands, ended by seal). A backend whose setup
+       * stage needs a place of its own (sandbox0's root container) makes it only then.
+       */
+      setup?: boolean;
     };
 
 export interface ExecPoll {

@@ -117,6 +117,7 @@ export class SandboxBroker extends DurableObject<Env> {
                 proxySandboxId: request.proxySandboxId,
                 routing: request.routing,
                 hostsFile: request.hostsFile,
+                ...(request.setup ? { setup: true } : {}),
               },
         );
         if (row.status !== "ready") {

@@ -10,10 +10,19 @@ import {
   startArgs,
   toExecInfo,
 } from "../contract/exec-runner";
-import { ExecInfo, ExecRequest, type SandboxInfo, type SandboxKind } from "../contract/local-agent";
+import {
+  ExecInfo,
+  ExecRequest,
+  type SandboxInfo,
+  type SandboxKind,
+  Seal,
+  type SealResult,
+} from "../contract/local-agent";
+import { ReinstallResult, type WiringReinstall } from "../contract/wiring";
 import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "./backend";
 import { type CallMeaning, KubeClient, type KubeObject } from "./kubernetes/client";
 import {
+  CONTAINERS,
   isLabelValue,
   LABELS,
   MANAGED_BY,
@@ -25,6 +34,7 @@ import {
   proxyResize,
   proxySecret,
   proxyService,
+  ROUTING_ANNOTATION,
   secretName,
   workNetworkPolicy,
   workPod,
@@ -93,6 +103,7 @@ const isSecretEnv = (key: string) => SECRET_ENV.has(key) || /(TOKEN|SECRET|PASSW
 const PROXY_PROGRAMS = new Set(["bw-proxy", "bw-proxy-view"]);
 
 const WORK_START_DEADLINE_MS = 45_000;
+const SETUP_END_DEADLINE_MS = 30_000;
 const POD_GONE_DEADLINE_MS = 30_000;
 const RUNNER_TIMEOUT_MS = 30_000;
 const SYNC_EXEC_MAX_MS = 60_000;
@@ -136,7 +147,13 @@ const FATAL_WAITING = new Set([
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const byteLength = (text: string) => new TextEncoder().encode(text).length;
 
-export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
+/** Waits the backend bounds; tests shorten them (never through the Worker's env). */
+export interface Sandbox0Timing {
+  /** How long seal waits for the kubelet to report the setup container ended. */
+  setupEndMs?: number;
+}
+
+export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}): ComputeBackend {
   // Values of the current proxy launch's Secret: kept out of every error message too.
   let hidden: string[] = [];
   const kube = new KubeClient(
@@ -208,6 +225,11 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
     return null;
   }
 
+  const containerOf = (pod: KubeObject, name: string) =>
+    pod.status?.containerStatuses?.find((c) => c.name === name);
+  const containerNames = (pod: KubeObject) =>
+    ((pod.spec?.containers ?? []) as Array<{ name?: string }>).map((c) => c.name ?? "");
+
   async function waitRunning(name: string): Promise<KubeObject> {
     const deadline = Date.now() + WORK_START_DEADLINE_MS;
     for (;;) {
@@ -215,8 +237,9 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       if (!pod) throw new BackendError("sandbox_failed", `the pod ${name} is gone`);
       const failed = failureOf(pod);
       if (failed) throw new BackendError("sandbox_failed", failed);
-      const main = pod.status?.containerStatuses?.find((c) => c.name === "work");
-      if (pod.status?.phase === "Running" && main?.state?.running) return pod;
+      // Every container: the sealer must hold its copy before any setup command runs.
+      const running = containerNames(pod).every((n) => containerOf(pod, n)?.state?.running);
+      if (pod.status?.phase === "Running" && running) return pod;
       if (Date.now() >= deadline) {
         // Worth another try later (an image pull, a node being added): create is idempotent.
         throw new BackendError("sandbox_starting", `the pod ${name} is still starting`, true);
@@ -234,10 +257,11 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
     what: string,
     stdin?: string,
     extraMs = 0,
+    container: string = CONTAINERS.work,
   ): Promise<T> {
     const res = await kube.exec(
       objectName(sandboxId),
-      "work",
+      container,
       [POD_PATHS.runner, ...args],
       { stdin, timeoutMs: RUNNER_TIMEOUT_MS + extraMs },
       { what, notFound: NO_POD },
@@ -266,6 +290,104 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
     } catch (e) {
       if (e instanceof BackendError && e.code === NO_POD) return proxy();
       throw e;
+    }
+  }
+
+  /**
+   * A runner operation on an exec: in `work`, else (the runner knows no such exec) in the setup
+   * container while it runs. Each container's runner has its own state, so poll and kill find a
+   * setup-stage exec only where it started.
+   */
+  async function inWorkOrSetup<T>(sandboxId: string, op: (container: string) => Promise<T>): Promise<T> {
+    try {
+      return await op(CONTAINERS.work);
+    } catch (e) {
+      if (!(e instanceof BackendError && e.code === "not_found")) throw e;
+      const pod = await kube.get("pods", objectName(sandboxId), { what: "read the sandbox's pod" });
+      if (!pod || !containerOf(pod, CONTAINERS.setup)?.state?.running) throw e;
+      return op(CONTAINERS.setup);
+    }
+  }
+
+  // ---- the two stages ----
+
+  /** The work pod of a sandbox; a proxy sandbox has no stages, and no sandbox is not_found. */
+  async function workPodOf(sandboxId: string): Promise<KubeObject> {
+    const pod = await kube.get("pods", objectName(sandboxId), { what: "read the sandbox's pod" });
+    return pod ?? noStages(sandboxId);
+  }
+
+  function routingOf(pod: KubeObject): string {
+    return (
+      pod.metadata?.annotations?.[ROUTING_ANNOTATION] ??
+      // A pod from before the annotation: catch-all pods alone have the redirect.
+      (((pod.spec?.initContainers ?? []) as Array<{ name?: string }>).some((c) => c.name === "bw-redirect")
+        ? "catch-all"
+        : "default")
+    );
+  }
+
+  /** Where a setup-stage command runs: the root `setup` container while there is one. */
+  async function setupStageContainer(sandboxId: string): Promise<string> {
+    const pod = await kube.get("pods", objectName(sandboxId), { what: "read the sandbox's pod" });
+    // No pod: the runner's exec answers (a proxy sandbox, or none). No setup container: a
+    // sandbox made without a setup stage runs everything as its one uid.
+    if (!pod || !containerNames(pod).includes(CONTAINERS.setup)) return CONTAINERS.work;
+    if (!containerOf(pod, CONTAINERS.setup)?.state?.running) {
+      throw new BackendError("sealed", `sandbox ${sandboxId}: the setup stage has ended (sealed)`);
+    }
+    return CONTAINERS.setup;
+  }
+
+  async function waitSetupEnded(sandboxId: string, name: string): Promise<void> {
+    const deadline = Date.now() + (timing.setupEndMs ?? SETUP_END_DEADLINE_MS);
+    for (;;) {
+      const pod = await kube.get("pods", name, { what: "read the sandbox's pod" });
+      if (!pod) throw new BackendError("sandbox_failed", `the pod ${name} is gone`);
+      if (containerOf(pod, CONTAINERS.setup)?.state?.terminated) return;
+      if (Date.now() >= deadline) {
+        // What the setup stage left may still run: the execute stage must not start beside it.
+        throw new BackendError(
+          "sandbox_failed",
+          `sandbox ${sandboxId}: the setup container did not end after seal, so its processes may still run`,
+        );
+      }
+      await sleep(500);
+    }
+  }
+
+  /** The pod's /etc/hosts block written again by the sealer (bw-init hosts → bw-wiring reinstall). */
+  async function rewriteHosts(
+    sandboxId: string,
+    pod: KubeObject,
+    routing: "default" | "catch-all",
+    hostsFile: string[],
+    what: string,
+  ): Promise<void> {
+    if (!containerNames(pod).includes(CONTAINERS.seal)) {
+      throw notSupported("sandbox0", `${what} in a pod made before the sealer (bw-seal)`);
+    }
+    const aliases = (pod.spec?.hostAliases ?? []) as Array<{ ip?: string }>;
+    const input: WiringReinstall = {
+      mode: routing,
+      proxyAddress: aliases[0]?.ip ?? "",
+      hostsFile: routing === "default" ? hostsFile : [],
+      caCertPem: null, // the run CA lives in /bw/run/ca, which setup mounts read-only
+      hostsPath: "/etc/hosts",
+      nsswitchPath: null, // each container's own image's: setup cannot change the work container's
+    };
+    const res = await kube.exec(
+      pod.metadata?.name as string,
+      CONTAINERS.seal,
+      ["bw-init", "hosts"],
+      { stdin: `${JSON.stringify(input)}\n`, timeoutMs: RUNNER_TIMEOUT_MS },
+      { what },
+    );
+    const result = ReinstallResult.safeParse(lastJson(res.stdout));
+    if (res.exitCode !== 0 || !result.success || !result.data.ok) {
+      const why =
+        (result.success ? result.data.error : null) ?? (lastLine(res.stderr) || `exit ${res.exitCode}`);
+      throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: ${what}: ${why.slice(0, 400)}`);
     }
   }
 
@@ -450,6 +572,7 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
         proxyAddress,
         hostsFile: spec.hostsFile,
         ...(spec.resources ? { resources: spec.resources } : {}),
+        ...(spec.setup ? { setup: true } : {}),
       });
       // 409: made by an earlier call for this id; it is waited for like a new one.
       await kube.create("pods", pod, { what: "create the sandbox's pod", forbidden: "cannot_isolate" });
@@ -480,7 +603,12 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       const program = request.argv[0] as string;
       if (program === "bw-proxy") return launchProxy(sandboxId, execId, request);
       if (PROXY_PROGRAMS.has(program)) return proxyCommand(sandboxId, execId, request);
-      // The stage has no meaning here: a work pod has one uid, never root (docs/sandbox0.md).
+      // Setup-stage commands run as root in the pod's setup container; the wiring (ours, needing
+      // no root) and the execute stage in `work` as the sandbox's uid (docs/sandbox0.md).
+      const container =
+        request.stage === "setup" && program !== "bw-wiring"
+          ? await setupStageContainer(sandboxId)
+          : CONTAINERS.work;
       const start = {
         argv: request.argv,
         env: request.env,
@@ -494,6 +622,8 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
         RunnerStatus,
         "start the command",
         `${JSON.stringify(start)}\n`,
+        0,
+        container,
       );
       return toExecInfo(sandboxId, status);
     },
@@ -502,16 +632,19 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       checkId(sandboxId);
       const waitMs = Math.min(Math.max(poll.waitMs ?? 0, 0), MAX_POLL_WAIT_MS);
       return workOrProxy(
-        async () =>
-          toExecInfo(
-            sandboxId,
-            await runner(
+        () =>
+          inWorkOrSetup(sandboxId, async (container) =>
+            toExecInfo(
               sandboxId,
-              pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs),
-              RunnerStatus,
-              "poll the command",
-              undefined,
-              waitMs,
+              await runner(
+                sandboxId,
+                pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs),
+                RunnerStatus,
+                "poll the command",
+                undefined,
+                waitMs,
+                container,
+              ),
             ),
           ),
         async () => {
@@ -525,8 +658,21 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
     async kill(sandboxId: string, execId: string): Promise<ExecInfo> {
       checkId(sandboxId);
       return workOrProxy(
-        async () =>
-          toExecInfo(sandboxId, await runner(sandboxId, killArgs(execId), RunnerStatus, "kill the command")),
+        () =>
+          inWorkOrSetup(sandboxId, async (container) =>
+            toExecInfo(
+              sandboxId,
+              await runner(
+                sandboxId,
+                killArgs(execId),
+                RunnerStatus,
+                "kill the command",
+                undefined,
+                0,
+                container,
+              ),
+            ),
+          ),
         async () => {
           // The launch's pod and the credentials it held: a relaunch makes both anew.
           const had = await kube.remove("pods", proxyPodName(sandboxId, execId), podMeaning, 0);
@@ -552,6 +698,19 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       await workOrProxy(
         async () => {
           await runner(sandboxId, freezeArgs(frozen), RunnerFreeze, "freeze the sandbox");
+          // A halt during the setup stage stops (and continues) its commands too.
+          const pod = await kube.get("pods", objectName(sandboxId), { what: "read the sandbox's pod" });
+          if (pod && containerOf(pod, CONTAINERS.setup)?.state?.running) {
+            await runner(
+              sandboxId,
+              freezeArgs(frozen),
+              RunnerFreeze,
+              "freeze the setup stage",
+              undefined,
+              0,
+              CONTAINERS.setup,
+            );
+          }
         },
         async () => {
           // A proxy is paused by shrinking its CPU in place: it keeps its memory (its CA key and
@@ -643,11 +802,62 @@ export function sandbox0Backend(config: Sandbox0Env): ComputeBackend {
       }
       return result.data;
     },
-    async seal(): Promise<never> {
-      throw notSupported("sandbox0", "seal (ending the setup stage)");
+    // The setup stage ends in the pod: the sealer kills what it left, the kubelet reports its
+    // container ended (its runtime kills the rest of its cgroup), then the sealer writes the hosts
+    // block again. The run CA needs nothing: setup mounts it read-only.
+    async seal(sandboxId: string, input: Seal): Promise<SealResult> {
+      checkId(sandboxId);
+      const parsed = Seal.safeParse(input);
+      if (!parsed.success) throw new BackendError("invalid_request", "the seal is outside its contract");
+      const seal = parsed.data;
+      const pod = await workPodOf(sandboxId);
+      const name = pod.metadata?.name as string;
+      if (seal.routing !== routingOf(pod)) {
+        throw new BackendError(
+          "invalid_request",
+          `sandbox ${sandboxId} was made for ${routingOf(pod)} routing`,
+        );
+      }
+      let killed = 0;
+      if (containerNames(pod).includes(CONTAINERS.setup)) {
+        const setup = containerOf(pod, CONTAINERS.setup);
+        if (setup?.state?.running) {
+          const id = /^[a-z0-9-]+:\/\/([0-9a-f]{12,128})$/.exec(setup.containerID ?? "")?.[1];
+          if (!id) {
+            throw new BackendError(
+              "sandbox_failed",
+              `sandbox ${sandboxId}: the setup container has no runtime id`,
+            );
+          }
+          const res = await kube.exec(
+            name,
+            CONTAINERS.seal,
+            ["bw-init", "seal", id],
+            { timeoutMs: RUNNER_TIMEOUT_MS },
+            { what: "end the setup stage" },
+          );
+          const answer = z.strictObject({ killed: z.number().int().min(0) }).safeParse(lastJson(res.stdout));
+          if (res.exitCode !== 0 || !answer.success) {
+            const why = lastLine(res.stderr) || `exit ${res.exitCode}`;
+            throw new BackendError(
+              "sandbox_failed",
+              `sandbox ${sandboxId}: bw-init seal: ${why.slice(0, 400)}`,
+            );
+          }
+          killed = answer.data.killed;
+        }
+        await waitSetupEnded(sandboxId, name);
+      }
+      await rewriteHosts(sandboxId, pod, seal.routing, seal.hostsFile, "write the hosts file again");
+      return { killed };
     },
-    async setHosts(): Promise<never> {
-      throw notSupported("sandbox0", "setHosts (rewriting a running sandbox's hosts file)");
+
+    async setHosts(sandboxId: string, hostsFile: string[]): Promise<void> {
+      checkId(sandboxId);
+      const pod = await workPodOf(sandboxId);
+      // Under catch-all the redirect takes every host: the hosts block names only the platform's.
+      if (routingOf(pod) !== "default") return;
+      await rewriteHosts(sandboxId, pod, "default", hostsFile, "rewrite the hosts file");
     },
     async collect(sandboxId: string, options: { dir: string; maxBytes: number; maxFiles: number }) {
       checkId(sandboxId);

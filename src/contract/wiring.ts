@@ -163,7 +163,11 @@ export const WiringReinstall = z
     caDir: AbsolutePath.default("/run/benchwright"),
     caBundlePath: AbsolutePath.default("/etc/ssl/certs/ca-certificates.crt"),
     hostsPath: AbsolutePath.default("/etc/hosts"),
-    nsswitchPath: AbsolutePath.default("/etc/nsswitch.conf"),
+    /**
+     * null: the resolver order is not the caller's to restore (sandbox0's sealer rewrites the
+     * pod's shared /etc/hosts, while each container's nsswitch.conf is its own image's).
+     */
+    nsswitchPath: AbsolutePath.nullable().default("/etc/nsswitch.conf"),
   })
   .superRefine((input, ctx) => {
     if (input.mode === "catch-all" && input.hostsFile.length > 0) {

@@ -227,6 +227,8 @@ export type SandboxRequest =
       hostsFile: string[];
       /** The run's resources (each unset limit the kind's default); absent: the kind's defaults. */
       resources?: Resources;
+      /** The sandbox has setup commands (a setup stage ended by seal). */
+      setup?: boolean;
     };
 
 /** What a collect stored: files kept, their bytes, and files cut (over a bound, links, ...). */

@@ -46,6 +46,11 @@ export interface ContractOptions {
   podSecurity?: "privileged" | "baseline";
   /** Whether pods/resize exists (default true; false: 404 as on a cluster before 1.33). */
   resize?: boolean;
+  /**
+   * The setup container keeps running after `bw-init seal` (as if setup's root had stopped the
+   * sealer from ending it): the backend must then refuse to go on.
+   */
+  setupSurvivesSeal?: boolean;
 }
 
 declare module "vitest" {

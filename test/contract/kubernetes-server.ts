@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -30,8 +30,15 @@ import type { ContractOptions, KubernetesContractInfo, RecordedRequest } from ".
 //   per-pod temporary directory as its BW_EXEC_DIR, so commands really run (on this machine, as
 //   the test user: tests run only commands they chose); so do `/bw/tools/bin/bw-unpack` and
 //   `bw-collect` (the real programs, binary stdin closed by v5's CLOSE, binary stdout), with
-//   paths of this machine. Deleting the pod SIGKILLs the process
-//   groups it started. A proxy pod runs nothing: its log is a scripted line, it "exits" when a
+//   paths of this machine. Each container has its own runner state (a setup container's commands
+//   run, like the work container's, as the test user: the model has no root). Deleting the pod
+//   SIGKILLs the process groups it started. A work pod's `/etc/hosts` is a file of its own,
+//   written as the kubelet writes it (hostAliases at the end; GET/PUT /_contract/hosts reads and
+//   replaces it, as a setup stage's root could). The sealer (`bw-seal`) is modelled: `bw-init
+//   seal <id>` SIGKILLs the setup container's process groups (the runtime kills its whole cgroup;
+//   the real script's cgroup scan is tested on a real kernel in test/local/bw-init-seal.test.ts)
+//   and ends that container; `bw-init hosts` runs the real `bw-wiring reinstall` on the pod's
+//   hosts file. A proxy pod runs nothing: its log is a scripted line, it "exits" when a
 //   test says so (POST /_contract/terminate), and `bw-proxy-view` prints a scripted JSON line.
 // - Namespaces exist when named. PodSecurity admission (baseline) is checked on capabilities only.
 
@@ -77,6 +84,23 @@ interface PodRecord {
   terminatingReads: number | null;
   dir: string;
   log: string;
+}
+
+/** Each container's runner state: `work`'s as before, any other container's beside it. */
+const execDirOf = (rec: PodRecord, container: string) =>
+  join(rec.dir, container === "work" ? "exec" : `exec-${container}`);
+const hostsFileOf = (rec: PodRecord) => join(rec.dir, "etc-hosts");
+
+/** The kubelet's /etc/hosts of a pod (pkg/kubelet/kubelet_pods.go, managedHostsFileContent). */
+function kubeletHosts(podIP: string, podName: string, aliases: Json[]): string {
+  let text =
+    "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
+    `fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n${podIP}\t${podName}\n`;
+  if (aliases.length > 0) {
+    text += "\n# Entries added by HostAliases.\n";
+    for (const a of aliases) text += `${String(a.ip)}\t${((a.hostnames ?? []) as string[]).join("\t")}\n`;
+  }
+  return text;
 }
 
 interface Namespace {
@@ -146,6 +170,7 @@ export async function startKubernetesServer(
     [RUNNER_COMMAND]: "exec-runner-main.ts",
     "/bw/tools/bin/bw-unpack": "unpack-main.ts",
     "/bw/tools/bin/bw-collect": "collect-main.ts",
+    "bw-wiring": "wiring-main.ts",
   };
   const bundled: Record<string, string> = {};
   for (const [command, source] of Object.entries(programs)) {
@@ -350,13 +375,15 @@ export async function startKubernetesServer(
       };
       return;
     }
+    const podIP = `10.244.${Math.floor(nextIp / 250)}.${(nextIp++ % 250) + 2}`;
     rec.obj.status = {
       phase: "Running",
-      podIP: `10.244.${Math.floor(nextIp / 250)}.${(nextIp++ % 250) + 2}`,
+      podIP,
       initContainerStatuses: initStatuses,
       containerStatuses: containers.map((c) => ({
         name: c.name,
         image: c.image,
+        containerID: `containerd://${randomBytes(32).toString("hex")}`,
         ready: true,
         restartCount: 0,
         started: true,
@@ -364,18 +391,49 @@ export async function startKubernetesServer(
         resources: c.resources,
       })),
     };
-    mkdirSync(join(rec.dir, "exec"), { recursive: true });
+    for (const c of containers) mkdirSync(execDirOf(rec, String(c.name)), { recursive: true });
+    writeFileSync(
+      hostsFileOf(rec),
+      kubeletHosts(podIP, String((rec.obj.metadata as Json).name), (spec.hostAliases ?? []) as Json[]),
+    );
   }
 
-  /** The processes a pod's runner started, SIGKILLed (their process groups) as its containers die. */
-  function killPodProcesses(rec: PodRecord) {
-    for (const exec of recordedExecs(join(rec.dir, "exec"))) {
-      if (exec.pid === null || exec.exited) continue;
+  /**
+   * The processes of a container's commands SIGKILLed as it dies; how many there were. The runner
+   * starts each command in a session of its own (session id = its pid), so a command's children
+   * are found by that session, also once the command itself exited (a daemon it left behind). A
+   * process that left the session (setsid) escapes this model; the real runtime kills the whole
+   * cgroup, and the real sealer's cgroup scan is tested in test/local/bw-init-seal.test.ts.
+   */
+  function killContainerProcesses(rec: PodRecord, container: string): number {
+    const sessions = new Set(
+      recordedExecs(execDirOf(rec, container))
+        .map((e) => e.pid)
+        .filter((p): p is number => p !== null),
+    );
+    let killed = 0;
+    for (const entry of readdirSync("/proc")) {
+      if (!/^\d+$/.test(entry)) continue;
+      let stat: string;
       try {
-        process.kill(-exec.pid, "SIGCONT");
-        process.kill(-exec.pid, "SIGKILL");
+        stat = readFileSync(`/proc/${entry}/stat`, "utf8");
+      } catch {
+        continue; // gone meanwhile
+      }
+      // Fields after the command's ")": state, ppid, pgrp, session.
+      const session = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[3]);
+      if (!sessions.has(session)) continue;
+      try {
+        process.kill(Number(entry), "SIGCONT");
+        process.kill(Number(entry), "SIGKILL");
+        killed++;
       } catch {}
     }
+    return killed;
+  }
+  function killPodProcesses(rec: PodRecord) {
+    for (const c of ((rec.obj.spec as Json).containers ?? []) as Json[])
+      killContainerProcesses(rec, String(c.name));
   }
 
   // ---- HTTP ----
@@ -643,7 +701,7 @@ export async function startKubernetesServer(
   function upgradeRefused(socket: import("node:stream").Duplex, code: number, body: Json) {
     const text = JSON.stringify(body);
     socket.end(
-      `HTTP/1.1 ${code} ${code === 401 ? "Unauthorized" : code === 404 ? "Not Found" : "Bad Request"}\r\n` +
+      `HTTP/1.1 ${code} ${{ 401: "Unauthorized", 404: "Not Found", 500: "Internal Server Error" }[code] ?? "Bad Request"}\r\n` +
         `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(text)}\r\nconnection: close\r\n\r\n${text}`,
     );
   }
@@ -694,24 +752,73 @@ export async function startKubernetesServer(
       }
       return;
     }
-    const program = bundled[command[0] as string];
-    if (!program) {
+    let argv = command;
+    let stdinFilter: ((line: string) => string) | null = null;
+    if (container === "bw-seal") {
+      const out = (text: string) => ws.send(Buffer.concat([Buffer.from([1]), Buffer.from(text)]));
+      if (command[0] === "bw-init" && command[1] === "seal" && command.length === 3) {
+        ws.on("message", () => {});
+        const statuses = ((rec.obj.status as Json).containerStatuses ?? []) as Json[];
+        const setup = statuses.find((c) => c.name === "setup");
+        const ours = setup && String(setup.containerID) === `containerd://${command[2]}`;
+        const killed = ours ? killContainerProcesses(rec, "setup") : 0;
+        if (ours && !ns.options.setupSurvivesSeal) {
+          // Its main process (the runner's hold) killed: the container ends, as the kubelet reports it.
+          setup.state = { terminated: { exitCode: 137, reason: "Error" } };
+          setup.ready = false;
+        }
+        out(`${JSON.stringify({ killed })}\n`);
+        finish(0);
+        return;
+      }
+      if (command[0] === "bw-init" && command[1] === "hosts" && command.length === 2) {
+        // `head -n 1 | bw-wiring reinstall` on the pod's hosts file (this machine's paths).
+        argv = ["bw-wiring", "reinstall"];
+        stdinFilter = (line) => {
+          const input = JSON.parse(line) as Json;
+          if (input.hostsPath !== "/etc/hosts") throw new Error("the sealer rewrites /etc/hosts only");
+          return `${JSON.stringify({ ...input, hostsPath: hostsFileOf(rec) })}\n`;
+        };
+      } else {
+        finish(null, notFoundFailure());
+        return;
+      }
+    }
+    const program = bundled[argv[0] as string];
+    // bw-wiring is on the sealer's PATH (the proxy image); the work image has only /bw/tools.
+    if (!program || (argv[0] === "bw-wiring") !== (container === "bw-seal")) {
       finish(null, notFoundFailure());
       return;
     }
-    const child = spawn(process.execPath, [program, ...command.slice(1)], {
+    const child = spawn(process.execPath, [program, ...argv.slice(1)], {
       cwd: rec.dir,
       env: {
         PATH: process.env.PATH ?? "/usr/bin:/bin",
         HOME: join(rec.dir, "home"),
-        BW_EXEC_DIR: join(rec.dir, "exec"),
+        BW_EXEC_DIR: execDirOf(rec, container),
       },
       stdio: ["pipe", "pipe", "pipe"],
     });
     children.add(child);
     child.stdin.on("error", () => {});
+    let line = "";
     ws.on("message", (data: Buffer) => {
       if (data.length === 0) return;
+      if (data[0] === 0 && stdinFilter) {
+        // One line, then stdin ends (as `head -n 1` ends it).
+        exec.stdinBytes += data.length - 1;
+        line += data.subarray(1).toString("utf8");
+        const nl = line.indexOf("\n");
+        if (nl !== -1 && !child.stdin.writableEnded) {
+          exec.stdin = line.slice(0, nl + 1).slice(0, 64 * 1024);
+          try {
+            child.stdin.end(stdinFilter(line.slice(0, nl)));
+          } catch {
+            child.stdin.end("not json\n");
+          }
+        }
+        return;
+      }
       if (data[0] === 0) {
         // Text as text (the runner's JSON line); a binary stdin (a bundle) is counted, not kept.
         exec.stdinBytes += data.length - 1;
@@ -811,6 +918,13 @@ export async function startKubernetesServer(
     if (!container || !containers.includes(container)) {
       return refuse(400, status(400, "BadRequest", `container ${container} is not valid for pod ${r.name}`));
     }
+    const state = (((rec.obj.status as Json).containerStatuses ?? []) as Json[]).find(
+      (c) => c.name === container,
+    )?.state as Json | undefined;
+    if (!state?.running) {
+      // The kubelet's answer for an exec into a container that ended (or never started).
+      return refuse(500, status(500, "InternalError", `container not found ("${container}")`));
+    }
     if (command.length === 0)
       return refuse(400, status(400, "BadRequest", "you must specify at least 1 command"));
     const offered = String(req.headers["sec-websocket-protocol"] ?? "")
@@ -853,6 +967,16 @@ export async function startKubernetesServer(
         }
       }
       return send(res, 200, states);
+    }
+    if (url.pathname === "/_contract/hosts" && ns) {
+      // The pod's /etc/hosts: read, or replaced (what a setup stage's root could do to it).
+      const rec = nsOf(ns).pods.get(url.searchParams.get("pod") ?? "");
+      if (!rec) return send(res, 404, { error: "no such pod" });
+      if (req.method === "PUT") {
+        writeFileSync(hostsFileOf(rec), await readBody(req));
+        return send(res, 204, "");
+      }
+      return send(res, 200, readFileSync(hostsFileOf(rec), "utf8"), "text/plain");
     }
     if (url.pathname === "/_contract/objects" && req.method === "GET" && ns) {
       const n = nsOf(ns);

@@ -121,6 +121,19 @@ describe("bw-wiring reinstall", () => {
     expect(hosts).toContain("127.0.0.1 a.example\n127.0.0.1 b.example\n");
     expect(() => statSync(paths.caDir)).toThrow();
     expect(() => statSync(paths.caBundlePath)).toThrow();
+    // sandbox0's sealer: the resolver order is not its to restore; nothing is written there.
+    writeFileSync(paths.nsswitchPath, "hosts: dns\n");
+    const sealer = reinstall({
+      mode: "default",
+      proxyAddress: "127.0.0.1",
+      hostsFile: ["c.example"],
+      caCertPem: null,
+      ...paths,
+      nsswitchPath: null,
+    });
+    expect(sealer.code).toBe(0);
+    expect(readFileSync(paths.hostsPath, "utf8")).toContain("127.0.0.1 c.example\n");
+    expect(readFileSync(paths.nsswitchPath, "utf8")).toBe("hosts: dns\n");
   });
 
   it("refuses bad input (exit 2) and says which file it could not write (exit 1)", () => {

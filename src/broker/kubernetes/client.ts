@@ -36,7 +36,8 @@ export interface PodStatus {
   message?: string;
   reason?: string;
   initContainerStatuses?: Array<{ name: string; state?: ContainerState }>;
-  containerStatuses?: Array<{ name: string; state?: ContainerState }>;
+  /** containerID: `<runtime>://<id>` (e.g. containerd://…), once the container was made. */
+  containerStatuses?: Array<{ name: string; state?: ContainerState; containerID?: string }>;
 }
 
 /** A metav1.Status as the API server sends it with an error (and on the exec status channel). */

@@ -21,8 +21,31 @@ export const POD_PATHS = {
   execDir: "/bw/run/exec",
   caDir: "/bw/run/ca",
   caBundle: "/bw/run/ca/bundle.crt",
-  home: "/home/bw",
+  /**
+   * The home volume, shared by setup and execute: the coordinator's working directory
+   * (steps/stages.ts WORK_DIR), where the bundle is unpacked, commands run and $BW_OUT lies.
+   */
+  home: "/home/sandbox",
 } as const;
+
+/**
+ * The containers of a work pod: `work` runs the execute stage (and everything of ours that needs
+ * no root), `setup` the setup stage as root (only when the sandbox has one), `bw-seal` ends it
+ * and rewrites the hosts file (docs/sandbox0.md, *The two stages*).
+ */
+export const CONTAINERS = { work: "work", setup: "setup", seal: "bw-seal" } as const;
+
+/** The routing a work pod was made for: its seal and hosts rewrites must agree with it. */
+export const ROUTING_ANNOTATION = "benchwright.dev/routing";
+
+/**
+ * The setup container's capabilities: what package managers and `chown` need as root (apt's
+ * sandbox user, dpkg's chown and chmod, writing where root does not own). No NET_ADMIN or NET_RAW
+ * (the network), SYS_ADMIN (mounts), SYS_PTRACE, MKNOD, and no KILL: the sealer holds a capability
+ * setup lacks, so setup's root cannot ptrace it (the kernel's rule: a tracer needs a superset of
+ * the target's capabilities, or CAP_SYS_PTRACE).
+ */
+export const SETUP_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"];
 
 export const LABELS = {
   managedBy: "app.kubernetes.io/managed-by",
@@ -357,6 +380,8 @@ export function workPod(o: {
   proxyAddress: string;
   hostsFile: string[];
   resources?: Resources;
+  /** The sandbox has a setup stage: the pod gets its root `setup` container. */
+  setup?: boolean;
 }) {
   const hostnames =
     o.routing === "default" ? [...new Set([...o.hostsFile, ...PLATFORM_HOSTS])] : [...PLATFORM_HOSTS];
@@ -367,8 +392,8 @@ export function workPod(o: {
     name: "bw-redirect",
     image: o.proxyImage,
     command: ["bw-init", "redirect", o.proxyAddress],
-    // The only container of the pod with a capability, and the only root one: it installs the
-    // catch-all rules in the pod's network namespace and exits before anything else runs.
+    // The only container of the pod with NET_ADMIN: it installs the catch-all rules in the pod's
+    // network namespace and exits before anything else runs.
     securityContext: {
       runAsNonRoot: false,
       runAsUser: 0,
@@ -387,6 +412,60 @@ export function workPod(o: {
     resources: { requests: { cpu: "10m", memory: "32Mi" }, limits: { memory: "128Mi" } },
     volumeMounts: [tools, state, home],
   };
+  const work = {
+    name: CONTAINERS.work,
+    image: o.workImage,
+    command: [POD_PATHS.runner, "hold"],
+    // Execs start here (the runner passes its cwd on): the commands' working directory.
+    workingDir: POD_PATHS.home,
+    env: [{ name: "HOME", value: POD_PATHS.home }],
+    securityContext: nonRootContainer(false),
+    resources: workResources(o.resources),
+    volumeMounts: [{ ...tools, readOnly: true }, state, home],
+  };
+  // The setup stage: the work image as root, with its own runner state (its /bw/run) and the run
+  // CA read-only; what it gives the execute stage is only what it writes to the home volume.
+  const setup = {
+    name: CONTAINERS.setup,
+    image: o.workImage,
+    command: [POD_PATHS.runner, "hold"],
+    // Execs start here (the runner passes its cwd on): the commands' working directory.
+    workingDir: POD_PATHS.home,
+    env: [{ name: "HOME", value: POD_PATHS.home }],
+    securityContext: {
+      runAsNonRoot: false,
+      runAsUser: 0,
+      runAsGroup: 0,
+      allowPrivilegeEscalation: false,
+      readOnlyRootFilesystem: false,
+      capabilities: { drop: ["ALL"], add: SETUP_CAPABILITIES },
+    },
+    // Setup and execute never run at once: setup asks little and may use the run's limits.
+    resources: { requests: { cpu: "100m", memory: "128Mi" }, limits: workResources(o.resources).limits },
+    volumeMounts: [
+      { ...tools, readOnly: true },
+      { name: "bw-setup-run", mountPath: POD_PATHS.state },
+      { name: "bw-run", mountPath: POD_PATHS.caDir, subPath: "ca", readOnly: true },
+      home,
+    ],
+  };
+  // Ends the setup stage and rewrites the pod's /etc/hosts (bw-init seal, hosts). Root with only
+  // KILL; its root filesystem is writable because the runtime mounts /etc/resolv.conf read-only
+  // in a container whose root is, and the sealer restores that file.
+  const sealer = {
+    name: CONTAINERS.seal,
+    image: o.proxyImage,
+    command: ["bw-init", "sealer"],
+    securityContext: {
+      runAsNonRoot: false,
+      runAsUser: 0,
+      runAsGroup: 0,
+      allowPrivilegeEscalation: false,
+      readOnlyRootFilesystem: false,
+      capabilities: { drop: ["ALL"], add: ["KILL"] },
+    },
+    resources: { requests: { cpu: "10m", memory: "16Mi" }, limits: { memory: "128Mi" } },
+  };
   return {
     apiVersion: "v1",
     kind: "Pod",
@@ -394,31 +473,24 @@ export function workPod(o: {
       name: objectName(o.sandboxId),
       namespace: o.ns,
       labels: labels(o.runId, o.sandboxId, o.kind),
+      annotations: { [ROUTING_ANNOTATION]: o.routing },
     },
     spec: {
       ...podBasics,
-      // The pause process is PID 1 and reaps the runner's detached supervisors.
+      // The pause process is PID 1 and reaps the runner's detached supervisors; the sealer sees
+      // the setup stage's processes.
       shareProcessNamespace: true,
       terminationGracePeriodSeconds: 5,
       dnsPolicy: "ClusterFirst",
       hostAliases: [{ ip: o.proxyAddress, hostnames }],
       securityContext: podSecurity,
       initContainers: o.routing === "catch-all" ? [redirect, toolsInit] : [toolsInit],
-      containers: [
-        {
-          name: "work",
-          image: o.workImage,
-          command: [POD_PATHS.runner, "hold"],
-          env: [{ name: "HOME", value: POD_PATHS.home }],
-          securityContext: nonRootContainer(false),
-          resources: workResources(o.resources),
-          volumeMounts: [{ ...tools, readOnly: true }, state, home],
-        },
-      ],
+      containers: o.setup ? [work, setup, sealer] : [work, sealer],
       volumes: [
         { name: "bw-tools", emptyDir: {} },
         { name: "bw-run", emptyDir: {} },
         { name: "home", emptyDir: {} },
+        ...(o.setup ? [{ name: "bw-setup-run", emptyDir: {} }] : []),
       ],
     },
   };

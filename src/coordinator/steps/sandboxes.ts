@@ -80,6 +80,7 @@ async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<nu
     routing: w.routing ?? policy.routing.mode,
     hostsFile: (w.routing ?? policy.routing.mode) === "default" ? (w.hostsFile ?? policy.hostsFile) : [],
     ...(resources ? { resources } : {}),
+    ...((w.setup ?? []).length > 0 ? { setup: true } : {}),
   });
   if (made.ok) {
     w.proxyAddress = made.info.proxyAddress ?? "";
