@@ -14,17 +14,17 @@ import {
   type ModelCallRow,
   PROBE_HEADER,
   WIRING_PROBE_HOST,
-} from "../../src/contract/proxy-wire";
-import { canonicalHost, splitHostPort } from "../../src/policy/host";
-import type { RunCa } from "./ca";
-import { COMPUTE_PATH_PREFIX, type ComputeLane } from "./compute-lane";
-import { checkFraming, decodersFor, filterRequestHeaders, filterResponseHeaders } from "./http-rules";
-import { inject } from "./inject";
-import type { ModelLane } from "./model-lane";
-import type { PolicyState } from "./policy-client";
-import { maskString, needlesFor, RedactStream } from "./redact";
-import { TunnelError } from "./tunnel-client";
-import type { Upstream } from "./upstream";
+} from "../../../src/contract/proxy-wire";
+import { canonicalHost, splitHostPort } from "../../../src/policy/host";
+import type { RunCa } from "../ca";
+import { COMPUTE_PATH_PREFIX, type ComputeLane } from "../compute-lane";
+import { checkFraming, decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
+import { inject } from "../inject";
+import type { ModelLane } from "../model-lane";
+import type { PolicyState } from "../policy-client";
+import { maskString, needlesFor, RedactStream } from "../redact";
+import { TunnelError } from "../tunnel-client";
+import type { Upstream } from "../upstream";
 
 // The proxy's one decision path. Three ways in (transparent TLS routed by SNI, plain HTTP routed
 // by Host, an explicit proxy port for CONNECT and absolute-form requests), one handler: canonical
