@@ -5,67 +5,33 @@ import {
   type ServerResponse,
 } from "node:http";
 import { createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
-import { Transform } from "node:stream";
-import { pipeline } from "node:stream/promises";
 import { createSecureContext, TLSSocket } from "node:tls";
-import {
-  type AuditSource,
-  MODEL_LANE_HOST,
-  type ModelCallRow,
-  PROBE_HEADER,
-  WIRING_PROBE_HOST,
-} from "../../../src/contract/proxy-wire";
-import { canonicalHost, splitHostPort } from "../../../src/policy/host";
+import { WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
+import { canonicalHost } from "../../../src/policy/host";
 import type { RunCa } from "../ca";
-import { COMPUTE_PATH_PREFIX, type ComputeLane } from "../compute-lane";
-import { checkFraming, decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
-import { inject } from "../inject";
+import type { ComputeLane } from "../compute-lane";
+import { checkFraming } from "../http-rules";
 import type { ModelLane } from "../model-lane";
 import type { PolicyState } from "../policy-client";
-import { maskString, needlesFor, RedactStream } from "../redact";
-import { TunnelError } from "../tunnel-client";
 import type { Upstream } from "../upstream";
+import { decide } from "./decide";
+import { type Exchange, forwardHttp1 } from "./forward";
+import { type AuditSink, auditRows, type DecisionRecord, type Listener, record } from "./record";
+import { bad, blockedRefusal, Refusal, type RefusalAudit } from "./refusal";
+import { connectTarget, type Target, type TargetConn, targetOf } from "./target";
 
-// The proxy's one decision path. Three ways in (transparent TLS routed by SNI, plain HTTP routed
-// by Host, an explicit proxy port for CONNECT and absolute-form requests), one handler: canonical
-// host → host policy → rule → resolve and check the address → forward with the credential →
-// scrub the credential from what comes back. Every request is decided on its own, so keep-alive
-// and pipelined follow-ups are checked again (B6).
+// The proxy's ways in and its one handler. Three ways in (transparent TLS routed by SNI, plain
+// HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), one path
+// for every request: what was asked (target.ts) -> the decision as a value (decide.ts: lanes,
+// host policy, rule, route) -> forward with the credential and scrub it from what comes back
+// (forward.ts) -> one record, from which the audit rows are derived (record.ts). Every request is
+// decided on its own, so keep-alive and pipelined follow-ups are checked again (B6).
 
-export type { PolicyState };
+export type { AuditSink, DecisionRecord, Listener, PolicyState };
 
 export interface PolicySource {
   current(): PolicyState;
 }
-
-export interface AuditSink {
-  /** A refused host: by this proxy, or by the user's egress agent at the tunnel's far end. */
-  recordBlocked(host: string, source?: AuditSource): void;
-  recordRoute(host: string, route: "direct" | "tunnel" | "refused"): void;
-  /** One call through the model lane (token counts; no prompt, no output). */
-  recordModelCall(row: ModelCallRow): void;
-  /** False when the spool is full: refuse new egress rather than lose audit rows (E3). */
-  readonly accepting: boolean;
-}
-
-export interface DecisionRecord {
-  event: "decision";
-  conn: number;
-  listener: Listener;
-  host: string | null;
-  port: number | null;
-  method: string;
-  decision: "allow" | "block" | "refuse" | "error";
-  reason: string;
-  status: number;
-  rule: number | null;
-  policyVersion: number | null;
-  bytesIn: number;
-  bytesOut: number;
-  ms: number;
-}
-
-export type Listener = "tls" | "http" | "explicit";
 
 export interface ProxyOptions {
   ca: RunCa;
@@ -99,25 +65,9 @@ const DEFAULT_LIMITS: Limits = {
   maxHeaderBytes: 16 * 1024,
 };
 
-interface ConnInfo {
+interface ConnInfo extends TargetConn {
   id: number;
-  listener: Listener;
-  /** CONNECT target (explicit proxy), canonical. */
-  connectHost?: string;
-  connectPort?: number;
   policyVersion: number | null;
-}
-
-class Refusal extends Error {
-  constructor(
-    readonly status: number,
-    readonly decision: DecisionRecord["decision"],
-    readonly reason: string,
-    readonly body: string,
-    readonly headers: Record<string, string> = {},
-  ) {
-    super(reason);
-  }
 }
 
 export function createProxy(options: ProxyOptions) {
@@ -249,134 +199,47 @@ export function createProxy(options: ProxyOptions) {
     socket.setTimeout(0); // the tunnel's TLS connection gets deadlines of its own
     const started = Date.now();
     const conn = info.get(socket);
-    const target = splitHostPort(req.url ?? "");
-    const reply = (
-      status: number,
-      reason: string,
-      decision: DecisionRecord["decision"],
-      host: string | null,
-    ) => {
-      log(record(conn, "CONNECT", host, target?.port ?? null, decision, reason, status, null, 0, 0, started));
+    const target = connectTarget(req.url);
+    const reply = (refusal: Refusal, host: string | null) => {
+      emit(
+        record({
+          conn,
+          method: "CONNECT",
+          host,
+          port: target?.port ?? null,
+          decision: refusal.decision,
+          reason: refusal.reason,
+          status: refusal.status,
+          started,
+          policyVersion: versionNow(),
+          ...refusal.audit,
+        }),
+      );
       socket.end(
-        `HTTP/1.1 ${status} ${status === 403 ? "Forbidden" : "Bad Request"}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`,
+        `HTTP/1.1 ${refusal.status} ${refusal.status === 403 ? "Forbidden" : "Bad Request"}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`,
       );
     };
-    if (!target || target.port === null) return reply(400, "CONNECT target is not host:port", "refuse", null);
+    if (!target || target.port === null)
+      return reply(connectRefusal(400, "CONNECT target is not host:port"), null);
     if (target.port !== 443)
-      return reply(403, `CONNECT to port ${target.port}: only 443 leaves`, "refuse", target.host);
+      return reply(connectRefusal(403, `CONNECT to port ${target.port}: only 443 leaves`), target.host);
     // The wiring probe is let into the tunnel whatever the policy says, and answered inside it.
     if (target.host !== WIRING_PROBE_HOST) {
       const state = options.policy.current();
       if (state.kind !== "ready")
-        return reply(403, "no valid policy: all egress denied", "refuse", target.host);
-      if (state.index.decideHost(target.host).action === "block") {
-        options.audit.recordBlocked(target.host);
-        options.audit.recordRoute(target.host, "refused");
-        return reply(403, "host blocked by policy", "block", target.host);
-      }
+        return reply(connectRefusal(403, "no valid policy: all egress denied"), target.host);
+      if (state.index.decideHost(target.host).action === "block")
+        return reply(blockedRefusal(target.host), target.host);
     }
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     if (head.length > 0) socket.unshift(head);
     terminateTls(socket, { listener: "explicit", connectHost: target.host, connectPort: target.port });
   });
 
-  function record(
-    conn: ConnInfo | undefined,
-    method: string,
-    host: string | null,
-    port: number | null,
-    decision: DecisionRecord["decision"],
-    reason: string,
-    status: number,
-    rule: number | null,
-    bytesIn: number,
-    bytesOut: number,
-    started: number,
-  ): DecisionRecord {
-    return {
-      event: "decision",
-      conn: conn?.id ?? 0,
-      listener: conn?.listener ?? "http",
-      host,
-      port,
-      method,
-      decision,
-      reason,
-      status,
-      rule,
-      policyVersion: versionNow(),
-      bytesIn,
-      bytesOut,
-      ms: Date.now() - started,
-    };
-  }
-
-  interface Target {
-    host: string;
-    port: number;
-    scheme: "https" | "http";
-    path: string;
-  }
-
-  /** Works out which host this request is for, refusing any disagreement between the signals. */
-  function targetOf(req: IncomingMessage, conn: ConnInfo): Target {
-    const hostValues = hostHeaderValues(req);
-    if (hostValues.length !== 1) throw bad(400, `expected one Host header, got ${hostValues.length}`);
-    const hostHeader = splitHostPort(hostValues[0] as string);
-    if (!hostHeader) throw bad(400, "Host header is not a valid host");
-    const url = req.url ?? "";
-
-    if (conn.listener === "explicit" && !(req.socket instanceof TLSSocket)) {
-      // Absolute-form through the explicit proxy port: plain http only (https goes via CONNECT).
-      let abs: URL;
-      try {
-        abs = new URL(url);
-      } catch {
-        throw bad(400, "a proxy request needs an absolute http:// URL");
-      }
-      if (abs.protocol !== "http:") throw bad(400, "only http:// absolute-form; use CONNECT for https");
-      const host = canonicalHost(abs.host);
-      if (!host) throw bad(400, "request URL host is not valid");
-      if (host !== hostHeader.host) throw bad(400, "request URL host and Host header disagree"); // case A9
-      const port = abs.port ? Number(abs.port) : 80;
-      // A Host without a port means port 80: `http://h:8080/` with `Host: h` disagrees too.
-      if ((hostHeader.port ?? 80) !== port) throw bad(400, "Host port disagrees with URL");
-      return { host, port, scheme: "http", path: `${abs.pathname}${abs.search}` };
-    }
-
-    let authority: string;
-    let port: number;
-    let scheme: Target["scheme"];
-    if (req.socket instanceof TLSSocket) {
-      const sni = canonicalHost(String((req.socket as TLSSocket & { servername?: string }).servername ?? ""));
-      if (!sni) throw misdirected("no usable SNI");
-      if (conn.connectHost && sni !== conn.connectHost)
-        throw misdirected("SNI differs from the CONNECT target");
-      authority = conn.connectHost ?? sni;
-      port = conn.connectPort ?? 443;
-      scheme = "https";
-    } else {
-      authority = hostHeader.host;
-      port = 80;
-      scheme = "http";
-    }
-    // Domain fronting (A8), CONNECT-then-other-Host (A7), redirected-to-one-Host-for-another (A10).
-    if (hostHeader.host !== authority) throw misdirected("Host header differs from the connection's host");
-    if (hostHeader.port !== null && hostHeader.port !== port) throw misdirected("Host port differs");
-    let path = url;
-    if (!url.startsWith("/")) {
-      // Absolute-form on a transparent connection: allowed only when it names the same host.
-      let abs: URL;
-      try {
-        abs = new URL(url);
-      } catch {
-        throw bad(400, "request target is neither origin-form nor absolute-form");
-      }
-      if (canonicalHost(abs.host) !== authority)
-        throw bad(400, "request URL host differs from the connection's host");
-      path = `${abs.pathname}${abs.search}`;
-    }
-    return { host: authority, port, scheme, path };
+  /** A record's one way out: the log line, and the audit rows derived from the same record. */
+  function emit(r: DecisionRecord): void {
+    log(r);
+    auditRows(options.audit, r);
   }
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -392,232 +255,65 @@ export function createProxy(options: ProxyOptions) {
     const conn = info.get(req.socket) ?? track(req.socket, "http");
     let target: Target | null = null;
     let rule: number | null = null;
-    let bytesIn = 0;
-    let bytesOut = 0;
+    const exchange: Exchange = { bytesIn: 0, bytesOut: 0, route: null };
+    const finish = (
+      decision: DecisionRecord["decision"],
+      reason: string,
+      status: number,
+      audit: RefusalAudit = {},
+    ) =>
+      emit(
+        record({
+          conn,
+          method: req.method ?? "?",
+          host: target?.host ?? null,
+          port: target?.port ?? null,
+          decision,
+          reason,
+          status,
+          rule,
+          bytesIn: exchange.bytesIn,
+          bytesOut: exchange.bytesOut,
+          started,
+          policyVersion: versionNow(),
+          route: audit.route ?? exchange.route,
+          ...(audit.blockedBy ? { blockedBy: audit.blockedBy } : {}),
+        }),
+      );
     try {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
-      // The platform's own probe (wiring step): answered here, before policy, never audited and
-      // never forwarded. It proves the redirect and the CA trust, not anything about the policy.
-      if (target.host === WIRING_PROBE_HOST) {
-        // The compute lane shares the platform's host: only over TLS to this proxy, only its path.
-        if (options.computeLane && target.scheme === "https" && target.path.startsWith(COMPUTE_PATH_PREFIX)) {
-          const status = await options.computeLane(req, res, target.path);
-          log(
-            record(
-              conn,
-              req.method ?? "?",
-              target.host,
-              target.port,
-              "allow",
-              "compute lane",
-              status,
-              null,
-              0,
-              0,
-              started,
-            ),
-          );
-          return;
+      const decided = decide(target, {
+        policy: options.policy.current(),
+        accepting: options.audit.accepting,
+        tunnelUp: options.upstream.tunnelUp(),
+        lanes: { compute: options.computeLane !== undefined, model: options.modelLane !== undefined },
+      });
+      switch (decided.kind) {
+        case "refuse":
+          rule = decided.rule;
+          throw decided.refusal;
+        case "compute": {
+          const status = await (options.computeLane as ComputeLane)(req, res, target.path);
+          return finish("allow", "compute lane", status);
         }
-        throw probeRefusal();
-      }
-      // The declared model's lane: outside host policy by design (the model is what the user
-      // asked to evaluate), but never without an audit trail: a full spool refuses it too.
-      if (target.host === MODEL_LANE_HOST && options.modelLane) {
-        if (!options.audit.accepting) throw spoolFull();
-        const state = options.policy.current();
-        const spec = state.kind === "ready" ? state.policy.model : null;
-        const secret = spec && state.kind === "ready" ? state.secrets[spec.secret] : undefined;
-        if (spec && secret === undefined)
-          throw new Refusal(503, "refuse", "model secret missing", "Policy incomplete.\n");
-        const outcome = await options.modelLane(
-          req,
-          res,
-          target.path,
-          spec && secret !== undefined ? { spec, secret } : null,
-        );
-        if (outcome.call) options.audit.recordModelCall(outcome.call);
-        log(
-          record(
-            conn,
-            req.method ?? "?",
-            target.host,
-            target.port,
+        case "model": {
+          const outcome = await (options.modelLane as ModelLane)(req, res, target.path, decided.lane);
+          if (outcome.call) options.audit.recordModelCall(outcome.call);
+          return finish(
             outcome.call ? "allow" : "refuse",
             outcome.call ? "model lane" : `model lane: ${outcome.code ?? "refused"}`,
             outcome.status,
-            null,
-            0,
-            0,
-            started,
-          ),
-        );
-        return;
-      }
-
-      const state = options.policy.current();
-      if (state.kind !== "ready") {
-        // E4: no valid policy, never any egress.
-        throw new Refusal(
-          403,
-          "refuse",
-          `no valid policy (${state.kind})`,
-          blockedBody(target.host, "no valid policy is loaded"),
-        );
-      }
-      const decision = state.index.decideHost(target.host);
-      if (decision.action === "block") {
-        options.audit.recordBlocked(target.host);
-        options.audit.recordRoute(target.host, "refused");
-        throw new Refusal(403, "block", "host blocked by policy", blockedBody(target.host));
-      }
-      if (!options.audit.accepting) throw spoolFull();
-
-      const match = state.index.matchRule(target.host);
-      let injection: ReturnType<typeof inject> | null = null;
-      let needles: Buffer[] = [];
-      if (match) {
-        const secret = state.secrets[match.rule.secret];
-        if (secret === undefined)
-          throw new Refusal(503, "refuse", "rule secret missing", "Policy incomplete.\n");
-        rule = match.index;
-        // B3: a credential only travels over verified TLS; a plain-http request is upgraded.
-        if (target.scheme === "http") target = { ...target, scheme: "https", port: 443 };
-        injection = inject(match.rule.inject, secret, target.path);
-        needles = needlesFor(secret, injection.injected);
-      }
-
-      // Through the user's machine, or straight out. A tunnelled host is never sent direct: with
-      // the agent away it is refused, and the agent resolves and checks the address itself.
-      const viaTunnel = decision.via === "tunnel";
-      if (viaTunnel && !options.upstream.tunnelUp()) {
-        options.audit.recordRoute(target.host, "refused");
-        throw new Refusal(503, "refuse", "egress tunnel down", tunnelDownBody(target.host));
-      }
-      const resolved: Awaited<ReturnType<Upstream["resolve"]>> = viaTunnel
-        ? { ok: true, address: target.host, port: target.port }
-        : await options.upstream.resolve(target.host, target.port);
-      // The rest of the message may have failed to parse meanwhile (bad chunk framing, A4): a
-      // request the client side already lost is not started upstream.
-      if (req.destroyed || socket.destroyed) throw bad(400, "the request failed before it was forwarded");
-      if (!resolved.ok) {
-        options.audit.recordRoute(target.host, "refused");
-        if (resolved.kind === "address") options.audit.recordBlocked(target.host);
-        throw new Refusal(
-          resolved.kind === "dns" ? 502 : 403,
-          "refuse",
-          resolved.reason,
-          resolved.kind === "dns"
-            ? `Could not resolve ${target.host}.\n`
-            : blockedBody(target.host, "it resolves to a private or reserved address"),
-        );
-      }
-
-      const headers = filterRequestHeaders(req.rawHeaders);
-      headers.push([
-        "host",
-        target.port === (target.scheme === "https" ? 443 : 80)
-          ? target.host
-          : `${target.host}:${target.port}`,
-      ]);
-      if (injection) {
-        const name = injection.header?.[0];
-        const kept = name ? headers.filter(([k]) => k !== name) : headers;
-        kept.splice(0, kept.length, ...kept.filter(([k]) => k !== "accept-encoding"));
-        if (injection.header) kept.push(injection.header);
-        // Identity encoding so the scrubber sees plain bytes (B7).
-        kept.push(["accept-encoding", "identity"]);
-        headers.splice(0, headers.length, ...kept);
-      }
-      const hasBody =
-        req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0;
-      // Count the body on its way to the upstream. (A 'data' listener on `req` itself would switch
-      // it to flowing mode while the address is still being resolved, and the body would be gone
-      // before the upstream request reads it.) pipeline() carries an aborted request on to undici.
-      const body = hasBody
-        ? new Transform({
-            transform(chunk: Buffer, _enc, done) {
-              bytesIn += chunk.length;
-              done(null, chunk);
-            },
-          })
-        : null;
-      if (body) pipeline(req, body).catch(() => {});
-      const pool = viaTunnel
-        ? options.upstream.tunnelPoolFor(`${target.scheme}:`, target.host, target.port)
-        : options.upstream.poolFor(`${target.scheme}:`, target.host, resolved.address, resolved.port);
-      if (pool === null) {
-        options.audit.recordRoute(target.host, "refused");
-        throw new Refusal(503, "refuse", "no egress tunnel", tunnelDownBody(target.host));
-      }
-      let upstreamRes: Awaited<ReturnType<typeof pool.request>>;
-      try {
-        upstreamRes = await pool.request({
-          method: req.method ?? "GET",
-          path: injection?.path ?? target.path,
-          headers: headers.flat(),
-          body,
-        });
-      } catch (error) {
-        if (error instanceof TunnelError) throw tunnelRefusal(target.host, error, options.audit);
-        throw error;
-      }
-      options.audit.recordRoute(target.host, viaTunnel ? "tunnel" : "direct");
-
-      const outHeaders = filterResponseHeaders(upstreamRes.headers);
-      const stages: Transform[] = [];
-      if (injection) {
-        // The upstream may compress anyway, even in layers: decode every layer so the scrubber
-        // sees plain bytes. An encoding it cannot read could carry the secret past it: refuse.
-        const decoders = decodersFor(upstreamRes.headers["content-encoding"]);
-        if (decoders === null) {
-          upstreamRes.body.on("error", () => {}).destroy();
-          throw new Refusal(
-            502,
-            "error",
-            "response encoding cannot be scrubbed",
-            "Upstream request failed.\n",
           );
         }
-        if (decoders.length > 0) {
-          stages.push(...decoders);
-          for (let i = outHeaders.length - 1; i >= 0; i--) {
-            const k = outHeaders[i]?.[0];
-            if (k === "content-encoding" || k === "content-length") outHeaders.splice(i, 1);
-          }
+        case "forward": {
+          rule = decided.rule?.index ?? null;
+          target = decided.target;
+          const status = await forwardHttp1(req, res, decided, options.upstream, exchange);
+          return finish("allow", rule === null ? "allowed" : "allowed, credential injected", status);
         }
-        for (const h of outHeaders) h[1] = maskString(h[1], needles);
-        stages.push(new RedactStream(needles));
       }
-      stages.push(
-        new Transform({
-          transform(chunk: Buffer, _enc, done) {
-            bytesOut += chunk.length;
-            done(null, chunk);
-          },
-        }),
-      );
-      res.writeHead(upstreamRes.statusCode, outHeaders.flat());
-      // One pipeline, so an error in any stage (a corrupt gzip body, say) ends the response
-      // instead of surfacing as an unhandled stream error.
-      await pipeline([upstreamRes.body, ...stages, res]);
-      log(
-        record(
-          conn,
-          req.method ?? "?",
-          target.host,
-          target.port,
-          "allow",
-          rule === null ? "allowed" : "allowed, credential injected",
-          upstreamRes.statusCode,
-          rule,
-          bytesIn,
-          bytesOut,
-          started,
-        ),
-      );
     } catch (e) {
       const refusal =
         e instanceof Refusal
@@ -628,21 +324,7 @@ export function createProxy(options: ProxyOptions) {
               `upstream failed: ${(e as Error & { code?: string }).code ?? (e as Error).name}`,
               "Upstream request failed.\n",
             );
-      log(
-        record(
-          conn,
-          req.method ?? "?",
-          target?.host ?? null,
-          target?.port ?? null,
-          refusal.decision,
-          refusal.reason,
-          refusal.status,
-          rule,
-          bytesIn,
-          bytesOut,
-          started,
-        ),
-      );
+      finish(refusal.decision, refusal.reason, refusal.status, refusal.audit);
       closing.add(req.socket);
       if (!res.headersSent) {
         res.writeHead(refusal.status, {
@@ -683,92 +365,7 @@ export function createProxy(options: ProxyOptions) {
   };
 }
 
-function hostHeaderValues(req: IncomingMessage): string[] {
-  const out: string[] = [];
-  for (let i = 0; i < req.rawHeaders.length; i += 2) {
-    if (req.rawHeaders[i]?.toLowerCase() === "host") out.push(req.rawHeaders[i + 1] ?? "");
-  }
-  return out;
-}
-
-function bad(status: number, reason: string): Refusal {
-  return new Refusal(status, "refuse", reason, `Bad request: ${reason}.\n`);
-}
-
-function probeRefusal(): Refusal {
-  return new Refusal(
-    403,
-    "refuse",
-    "wiring probe",
-    "Benchwright wiring probe: this request reached the run's proxy.\n",
-    { [PROBE_HEADER]: "refused" },
-  );
-}
-
-function tunnelDownBody(host: string): string {
-  return [
-    `Refused by Benchwright: ${host} goes out through the run owner's own machine, and their egress agent is not connected.`,
-    "It is never sent direct instead. Start the egress agent (the run's page says how) and try again.",
-    "",
-  ].join("\n");
-}
-
-/** The user's egress agent refused the connection (or it is gone): recorded, never retried direct. */
-function tunnelRefusal(host: string, error: TunnelError, audit: AuditSink): Refusal {
-  audit.recordRoute(host, "refused");
-  switch (error.kind) {
-    case "blocked":
-    case "address":
-      // The agent is the second enforcement point: its refusals are audited as its own.
-      audit.recordBlocked(host, "local_agent");
-      return new Refusal(
-        403,
-        "block",
-        `refused by the egress agent (${error.kind})`,
-        blockedBody(
-          host,
-          error.kind === "blocked"
-            ? "the egress agent on the run owner's machine blocks it"
-            : "on the run owner's network it resolves to an address the egress agent does not dial",
-        ),
-      );
-    case "down":
-      return new Refusal(503, "refuse", "egress tunnel down", tunnelDownBody(host));
-    case "dns":
-      return new Refusal(
-        502,
-        "refuse",
-        "the egress agent could not resolve it",
-        `Could not resolve ${host}.\n`,
-      );
-    default:
-      return new Refusal(
-        502,
-        "error",
-        `the egress agent could not connect (${error.kind})`,
-        "Upstream request failed.\n",
-      );
-  }
-}
-
-function spoolFull(): Refusal {
-  return new Refusal(
-    503,
-    "refuse",
-    "audit spool full",
-    "Egress paused: the run's audit log cannot be delivered yet.\n",
-  );
-}
-
-function misdirected(reason: string): Refusal {
-  return new Refusal(421, "refuse", reason, `Misdirected request: ${reason}.\n`);
-}
-
-/** What the agent reads when a host is refused: which host, why, and what the owner can do. */
-function blockedBody(host: string, why = "this run's policy blocks it"): string {
-  return [
-    `Blocked by Benchwright: ${host} is not reachable from this run because ${why}.`,
-    "The run's owner can allow it in the vault (Host policy → allow) and the change reaches this run within seconds.",
-    "",
-  ].join("\n");
+/** A CONNECT the proxy does not open: the status line alone (the client reads no body). */
+function connectRefusal(status: number, reason: string): Refusal {
+  return new Refusal(status, "refuse", reason, "");
 }
