@@ -14,11 +14,20 @@ import { checkFraming } from "../http-rules";
 import type { ModelLane } from "../model-lane";
 import type { PolicyState } from "../policy-client";
 import type { Upstream } from "../upstream";
-import { decide } from "./decide";
+import { readClientHello } from "./client-hello";
+import { type DecideContext, type Decision, decide, destination, spliceable } from "./decide";
 import { type Exchange, forwardHttp1 } from "./forward";
-import { type AuditSink, auditRows, type DecisionRecord, type Listener, record } from "./record";
+import {
+  type AuditSink,
+  auditRows,
+  type DecisionRecord,
+  type Listener,
+  type RecordInput,
+  record,
+} from "./record";
 import { bad, blockedRefusal, Refusal, type RefusalAudit } from "./refusal";
-import { connectTarget, type Target, type TargetConn, targetOf } from "./target";
+import { relay } from "./splice";
+import { connectTarget, helloTarget, type Target, type TargetConn, targetOf } from "./target";
 
 // The proxy's ways in and its one handler. Three ways in (transparent TLS routed by SNI, plain
 // HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), one path
@@ -45,6 +54,8 @@ export interface ProxyOptions {
   computeLane?: ComputeLane;
   /** Serves the run's declared model at MODEL_LANE_HOST (see model-lane.ts). */
   modelLane?: ModelLane;
+  /** Relay allowed hosts without a rule untouched under catch-all routing (default true). */
+  splice?: boolean;
 }
 
 interface Limits {
@@ -54,6 +65,8 @@ interface Limits {
   keepAliveTimeoutMs: number;
   handshakeTimeoutMs: number;
   maxHeaderBytes: number;
+  /** A spliced connection silent both ways this long is closed. */
+  spliceIdleTimeoutMs: number;
 }
 
 const DEFAULT_LIMITS: Limits = {
@@ -63,6 +76,7 @@ const DEFAULT_LIMITS: Limits = {
   keepAliveTimeoutMs: 5_000,
   handshakeTimeoutMs: 10_000,
   maxHeaderBytes: 16 * 1024,
+  spliceIdleTimeoutMs: 300_000,
 };
 
 interface ConnInfo extends TargetConn {
@@ -186,9 +200,115 @@ export function createProxy(options: ProxyOptions) {
     });
   }
 
+  /**
+   * A TLS connection on either way in: spliced when its ClientHello names a host that decide.ts
+   * lets through untouched (I3), else terminated. Only under catch-all routing is the
+   * ClientHello read first; otherwise the connection goes straight to termination, as always.
+   */
+  function acceptTls(raw: Socket, conn: Omit<ConnInfo, "id" | "policyVersion">): void {
+    const state = options.policy.current();
+    if (options.splice === false || state.kind !== "ready" || state.policy.routing.mode !== "catch-all") {
+      terminateTls(raw, conn);
+      return;
+    }
+    readClientHello(raw, limits.handshakeTimeoutMs).then(
+      (read) => {
+        const ctx = decideContext();
+        const host =
+          read.parse.status === "done" && !read.parse.ech ? helloTarget(read.parse.sni, conn) : null;
+        const decided = host === null ? null : spliceable(host, ctx);
+        if (host === null || decided === null) {
+          // Not spliced: the very bytes read go to the TLS terminator, which decides per request.
+          raw.unshift(read.bytes);
+          return terminateTls(raw, conn);
+        }
+        void spliceTo(raw, conn, decided, read.bytes, ctx.policy);
+      },
+      (e: Error & { code?: string }) => {
+        log({
+          event: "tls_error",
+          conn: info.get(raw)?.id ?? 0,
+          listener: conn.listener,
+          code: e.code ?? e.message,
+        });
+        raw.destroy();
+      },
+    );
+  }
+
+  /** Resolves and checks the SNI's host as forwarding does, dials exactly that address, relays. */
+  async function spliceTo(
+    raw: Socket,
+    connInfo: Omit<ConnInfo, "id" | "policyVersion">,
+    decided: Extract<Decision, { kind: "forward" }>,
+    hello: Buffer,
+    policy: PolicyState,
+  ): Promise<void> {
+    const started = Date.now();
+    const version = policy.kind === "ready" ? policy.policy.version : null;
+    // Counted like any connection: policyChanged() and close() end it; the listener caps it.
+    const conn = info.get(raw) ?? track(raw, connInfo.listener, connInfo);
+    conn.policyVersion = version;
+    const { target } = decided;
+    const finish = (decision: DecisionRecord["decision"], reason: string, extra: Partial<RecordInput> = {}) =>
+      emit(
+        record({
+          conn,
+          method: "TLS",
+          host: target.host,
+          port: target.port,
+          decision,
+          reason,
+          status: 0,
+          started,
+          policyVersion: version,
+          mode: "splice",
+          ...extra,
+        }),
+      );
+    const resolved = await destination(options.upstream, target, decided.via);
+    if (raw.destroyed) return;
+    if (!resolved.ok) {
+      // DNS failure, a private or reserved address: nothing dialled. Terminated instead, where
+      // the same check refuses it readably (403 / 502) and the audit records it.
+      raw.unshift(hello);
+      return terminateTls(raw, connInfo);
+    }
+    let upstream: Socket;
+    try {
+      upstream = await options.upstream.dialRaw(resolved.address, resolved.port);
+    } catch (e) {
+      raw.destroy();
+      return finish(
+        "error",
+        `upstream failed: ${(e as Error & { code?: string }).code ?? (e as Error).name}`,
+        {
+          bytesIn: hello.length,
+        },
+      );
+    }
+    if (raw.destroyed) {
+      upstream.destroy();
+      return;
+    }
+    const result = await relay(raw, upstream, hello, limits.spliceIdleTimeoutMs);
+    finish("allow", result.error === null ? "spliced" : `spliced, ended: ${result.error}`, {
+      bytesIn: result.bytesIn,
+      bytesOut: result.bytesOut,
+      route: "direct",
+    });
+  }
+
+  const decideContext = (): DecideContext => ({
+    policy: options.policy.current(),
+    accepting: options.audit.accepting,
+    tunnelUp: options.upstream.tunnelUp(),
+    lanes: { compute: options.computeLane !== undefined, model: options.modelLane !== undefined },
+  });
+
   const tlsListener: NetServer = createNetServer((raw) => {
     raw.on("error", () => raw.destroy());
-    terminateTls(raw, { listener: "tls" });
+    acceptTls(raw, { listener: "tls" });
   });
   tlsListener.maxConnections = limits.maxConnections;
   plain.maxConnections = limits.maxConnections;
@@ -233,7 +353,7 @@ export function createProxy(options: ProxyOptions) {
     }
     socket.write("HTTP/1.1 200 Connection Established\r\n\r\n");
     if (head.length > 0) socket.unshift(head);
-    terminateTls(socket, { listener: "explicit", connectHost: target.host, connectPort: target.port });
+    acceptTls(socket, { listener: "explicit", connectHost: target.host, connectPort: target.port });
   });
 
   /** A record's one way out: the log line, and the audit rows derived from the same record. */
@@ -284,12 +404,7 @@ export function createProxy(options: ProxyOptions) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
-      const decided = decide(target, {
-        policy: options.policy.current(),
-        accepting: options.audit.accepting,
-        tunnelUp: options.upstream.tunnelUp(),
-        lanes: { compute: options.computeLane !== undefined, model: options.modelLane !== undefined },
-      });
+      const decided = decide(target, decideContext());
       switch (decided.kind) {
         case "refuse":
           rule = decided.rule;

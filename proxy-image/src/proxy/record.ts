@@ -27,6 +27,11 @@ export interface DecisionRecord {
   route: EgressRoute | null;
   /** Who refused the host as blocked (a blocked-host row); null: nobody. */
   blockedBy: AuditSource | null;
+  /**
+   * "terminate": the proxy read the HTTP request (over its own TLS, or plain) and decided it;
+   * "splice": a TLS connection relayed untouched, decided on its ClientHello's SNI (status 0).
+   */
+  mode: "terminate" | "splice";
 }
 
 export interface AuditSink {
@@ -60,6 +65,7 @@ export interface RecordInput {
   policyVersion: number | null;
   route?: EgressRoute | null;
   blockedBy?: AuditSource | null;
+  mode?: DecisionRecord["mode"];
 }
 
 export function record(input: RecordInput): DecisionRecord {
@@ -80,6 +86,7 @@ export function record(input: RecordInput): DecisionRecord {
     ms: Date.now() - input.started,
     route: input.route ?? null,
     blockedBy: input.blockedBy ?? null,
+    mode: input.mode ?? "terminate",
   };
 }
 

@@ -1,4 +1,5 @@
 import type { IncomingMessage } from "node:http";
+import { isIP } from "node:net";
 import { TLSSocket } from "node:tls";
 import { canonicalHost, splitHostPort } from "../../../src/policy/host";
 import type { Listener } from "./record";
@@ -27,6 +28,22 @@ export interface TargetConn {
 /** The CONNECT request's target (`host:port`), or null when it is not one. */
 export function connectTarget(url: string | undefined): ReturnType<typeof splitHostPort> {
   return splitHostPort(url ?? "");
+}
+
+/**
+ * The host a TLS connection is for, from its ClientHello's SNI, before any handshake: what the
+ * splice decision is about. Null when no usable name was sent (none, an IP literal, not a valid
+ * host) or it differs from the CONNECT target; such a connection is terminated, where the same
+ * checks refuse it readably (421) or the handshake fails.
+ */
+export function helloTarget(sni: string | null, conn: TargetConn): string | null {
+  if (sni === null) return null;
+  const host = canonicalHost(sni);
+  // An IP in any spelling (`2130706433` is 127.0.0.1): RFC 6066 allows names only.
+  if (!host || isIP(host.replace(/^\[|\]$/g, ""))) return null;
+  if (conn.connectHost !== undefined && host !== conn.connectHost) return null;
+  if ((conn.connectPort ?? 443) !== 443) return null;
+  return host;
 }
 
 /** Works out which host this request is for, refusing any disagreement between the signals. */
