@@ -20,6 +20,7 @@ COPY src/policy src/policy
 COPY src/contract src/contract
 COPY src/archive src/archive
 COPY proxy-image/src proxy-image/src
+COPY proxy-image/copy-koffi.mjs proxy-image/
 RUN npm run build:proxy
 
 FROM ${BASE_IMAGE}
