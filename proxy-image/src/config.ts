@@ -26,6 +26,9 @@ const Schema = z
     BW_TLS_PORT: Port.default(443),
     BW_HTTP_PORT: Port.default(80),
     BW_EXPLICIT_PORT: Port.default(3128),
+    /** Direct listeners (TLS, HTTP): connections dialled by address, DNAT'd here (I4); unset: none. */
+    BW_DIRECT_TLS_PORT: Port.optional(),
+    BW_DIRECT_HTTP_PORT: Port.optional(),
     /** The view's port, on 127.0.0.1 only (GET /view; `proxy.cjs view` reads it). */
     BW_VIEW_PORT: Port.default(DEFAULT_VIEW_PORT),
     BW_POLICY_INTERVAL_MS: z.coerce.number().int().min(200).max(2000).default(1000),

@@ -13,6 +13,7 @@ import { computeLane } from "./compute-lane";
 import { loadProxyConfig } from "./config";
 import { type CatchAllResolver, startCatchAllResolver } from "./dns";
 import { modelLane } from "./model-lane";
+import { loadOriginalDst } from "./original-dst";
 import { PolicyClient } from "./policy-client";
 import { type AuditSink, createProxy } from "./proxy";
 import { TunnelClient } from "./tunnel-client";
@@ -98,6 +99,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     upstream,
     computeLane: computeLane(config.BW_CONTROL_PLANE_URL),
     splice: config.BW_SPLICE === "on",
+    originalDst: await loadOriginalDst(),
     modelLane: modelLane({ upstream, log: (record) => process.stdout.write(`${JSON.stringify(record)}\n`) }),
     // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
     log: (record) => {
@@ -114,6 +116,17 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     tls: await listen(proxy.tls, config.BW_TLS_PORT, host),
     http: await listen(proxy.http, config.BW_HTTP_PORT, host),
     explicit: await listen(proxy.explicit, config.BW_EXPLICIT_PORT, host),
+  };
+  // Not in the ready call's listeners (the control plane needs none of them): in the ready line.
+  const direct = {
+    tls:
+      config.BW_DIRECT_TLS_PORT === undefined
+        ? null
+        : await listen(proxy.directTls, config.BW_DIRECT_TLS_PORT, host),
+    http:
+      config.BW_DIRECT_HTTP_PORT === undefined
+        ? null
+        : await listen(proxy.directHttp, config.BW_DIRECT_HTTP_PORT, host),
   };
   const dns: CatchAllResolver | null =
     config.BW_DNS_PORT === undefined
@@ -139,6 +152,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
       event: "ready",
       runId: config.BW_RUN_ID,
       listeners,
+      direct,
       dns: dns?.port ?? null,
       view: viewAddress.port,
       ca: ca.fingerprint256,
@@ -157,6 +171,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   return {
     ca,
     listeners,
+    direct,
     dns,
     policy,
     audit,

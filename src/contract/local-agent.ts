@@ -35,8 +35,18 @@ const Id = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ -");
 export const SandboxKind = z.enum(["proxy", "work", "task", "orchestrator"]);
 export type SandboxKind = z.infer<typeof SandboxKind>;
 
-/** Listener ports of the proxy process inside the proxy sandbox (unprivileged ports). */
-export const PROXY_PORTS = { tls: 8443, http: 8080, explicit: 3128, dns: 5353 } as const;
+/**
+ * Listener ports of the proxy process inside the proxy sandbox (unprivileged ports); directTls and
+ * directHttp take the connections a default-routing sandbox dials by address (DNAT'd, I4).
+ */
+export const PROXY_PORTS = {
+  tls: 8443,
+  http: 8080,
+  explicit: 3128,
+  dns: 5353,
+  directTls: 8444,
+  directHttp: 8081,
+} as const;
 
 /**
  * A sandbox's resource limits (its cgroup locally; the pod's limits on sandbox0; E2B's template

@@ -12,10 +12,17 @@ export const VIEW_RECENT_LIMIT = 100;
 
 const Count = z.number().int().min(0);
 
+/**
+ * The proxy's ways in: transparent TLS and plain HTTP (hosts file, catch-all DNAT), the explicit
+ * proxy port, and the direct listeners for connections dialled by address (default routing, I4).
+ */
+export const PROXY_LISTENERS = ["tls", "http", "explicit", "direct-tls", "direct-http"] as const;
+export type ProxyListener = (typeof PROXY_LISTENERS)[number];
+
 export const ViewDecision = z.strictObject({
   /** When the decision was logged (the request's end), ISO 8601. */
   at: z.iso.datetime(),
-  listener: z.enum(["tls", "http", "explicit"]),
+  listener: z.enum(PROXY_LISTENERS),
   host: z.string().nullable(),
   port: z.number().int().min(0).max(65_535).nullable(),
   method: z.string(),

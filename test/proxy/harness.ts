@@ -196,6 +196,9 @@ export interface RunningProxy {
   tlsPort: number;
   httpPort: number;
   explicitPort: number;
+  /** The direct listeners (I4): connections "dialled by address", given `originalDst`. */
+  directTlsPort: number;
+  directHttpPort: number;
   caPem: string;
   caFile: string;
   audit: AuditRecorder;
@@ -227,6 +230,9 @@ export async function startProxy(options: {
   ownAddresses?: string[];
   upstream?: Partial<UpstreamOptions>;
   limits?: ProxyOptions["limits"];
+  /** Where a direct listener's connection was dialled (a stand-in for SO_ORIGINAL_DST). */
+  originalDst?: ProxyOptions["originalDst"];
+  splice?: boolean;
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -284,20 +290,26 @@ export async function startProxy(options: {
     upstream: guarded,
     log: logged,
     ...(options.limits ? { limits: options.limits } : {}),
+    ...(options.originalDst ? { originalDst: options.originalDst } : {}),
+    ...(options.splice === false ? { splice: false } : {}),
   });
   const listen = (srv: NetServer) =>
     new Promise<number>((resolve) =>
       srv.listen(0, "127.0.0.1", () => resolve((srv.address() as AddressInfo).port)),
     );
-  const [tlsPort, httpPort, explicitPort] = await Promise.all([
+  const [tlsPort, httpPort, explicitPort, directTlsPort, directHttpPort] = await Promise.all([
     listen(proxy.tls),
     listen(proxy.http),
     listen(proxy.explicit),
+    listen(proxy.directTls),
+    listen(proxy.directHttp),
   ]);
   return {
     tlsPort,
     httpPort,
     explicitPort,
+    directTlsPort,
+    directHttpPort,
     caPem: ca.certPem,
     caFile,
     audit,

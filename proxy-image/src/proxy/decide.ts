@@ -2,6 +2,7 @@ import type { EgressVia, ModelLaneSpec } from "../../../src/contract/policy";
 import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
 import { COMPUTE_PATH_PREFIX } from "../compute-lane";
 import { type Injection, inject } from "../inject";
+import type { Dialed } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import type { Upstream } from "../upstream";
 import { blockedBody, blockedRefusal, probeRefusal, Refusal, spoolFull, tunnelDownBody } from "./refusal";
@@ -36,8 +37,12 @@ export type Decision =
   | { kind: "compute" }
   /** The declared model's lane (model-lane.ts); null when the run declares no model. */
   | { kind: "model"; lane: { spec: ModelLaneSpec; secret: string } | null }
-  /** Forward upstream: `target` is what goes upstream (a rule's host is always https). */
-  | { kind: "forward"; target: Target; via: EgressVia; rule: RuleDecision | null };
+  /**
+   * Forward upstream: `target` is what goes upstream (a rule's host is always https). `dialed`:
+   * the address the sandbox itself dialled (a DNAT'd direct connection, I4), where it goes
+   * instead of the name's resolved address; only ever set with no rule and a direct route.
+   */
+  | { kind: "forward"; target: Target; via: EgressVia; rule: RuleDecision | null; dialed?: Dialed };
 
 const refuse = (refusal: Refusal, rule: number | null = null): Decision => ({
   kind: "refuse",
@@ -117,16 +122,56 @@ export function spliceable(host: string, ctx: DecideContext): Extract<Decision, 
   return decided.kind === "forward" && decided.rule === null && decided.via === "direct" ? decided : null;
 }
 
+/**
+ * A connection the sandbox dialled itself, by address, and DNAT'd to a direct listener (default
+ * routing, I4): decided on the name it carries (SNI or Host) as any request is, and on the dialled
+ * address too, so an IP-literal block holds whatever name is sent. A host decide() forwards with
+ * no rule and straight out goes to the dialled address (checked like any address, destination());
+ * anything else (a refusal, a rule host, a lane, a tunnelled host) is exactly decide()'s answer,
+ * as if the connection had come through the hosts file. With no usable name (a ClientHello
+ * without SNI) pass the dialled address as `target.host`: it is decided on the address alone.
+ * `host` is what the decision is about (the record's and the audit's host).
+ */
+export function decideDialed(
+  target: Target,
+  dialed: Dialed,
+  ctx: DecideContext,
+): { host: string; decided: Decision } {
+  if (target.host !== dialed.address && ctx.policy.kind === "ready") {
+    // The address's own entry counts whatever name is sent; the default is for the name.
+    const entry = ctx.policy.index.decideHost(dialed.address);
+    if (entry.action === "block" && entry.pattern !== null)
+      return { host: dialed.address, decided: refuse(blockedRefusal(dialed.address)) };
+  }
+  const decided = decide(target, ctx);
+  return {
+    host: target.host,
+    decided:
+      decided.kind === "forward" && decided.rule === null && decided.via === "direct"
+        ? { ...decided, dialed }
+        : decided,
+  };
+}
+
 export type Destination = { ok: true; address: string; port: number } | { ok: false; refusal: Refusal };
 
 /**
  * Where a forwarded target's connection goes: a direct host's name resolved once and every
  * answer checked (private, loopback, metadata, the proxy's own...), the first answer dialled; a
- * tunnelled host by name, which the user's agent resolves and checks on its side.
+ * tunnelled host by name, which the user's agent resolves and checks on its side; a connection
+ * the sandbox dialled by address (`dialed`) to that address, checked the same way, never a
+ * fresh resolve of the name.
  */
-export async function destination(upstream: Upstream, target: Target, via: EgressVia): Promise<Destination> {
+export async function destination(
+  upstream: Upstream,
+  target: Target,
+  via: EgressVia,
+  dialed?: Dialed,
+): Promise<Destination> {
   if (via === "tunnel") return { ok: true, address: target.host, port: target.port };
-  const resolved = await upstream.resolve(target.host, target.port);
+  const resolved = dialed
+    ? await upstream.resolve(dialed.address, dialed.port)
+    : await upstream.resolve(target.host, target.port);
   if (resolved.ok) return resolved;
   return {
     ok: false,

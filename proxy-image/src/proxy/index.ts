@@ -12,10 +12,11 @@ import type { RunCa } from "../ca";
 import type { ComputeLane } from "../compute-lane";
 import { checkFraming } from "../http-rules";
 import type { ModelLane } from "../model-lane";
+import type { Dialed, OriginalDst } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import type { Upstream } from "../upstream";
 import { readClientHello } from "./client-hello";
-import { type DecideContext, type Decision, decide, destination, spliceable } from "./decide";
+import { type DecideContext, type Decision, decide, decideDialed, destination, spliceable } from "./decide";
 import { type Exchange, forwardHttp1 } from "./forward";
 import {
   type AuditSink,
@@ -30,7 +31,9 @@ import { relay } from "./splice";
 import { connectTarget, helloTarget, type Target, type TargetConn, targetOf } from "./target";
 
 // The proxy's ways in and its one handler. Three ways in (transparent TLS routed by SNI, plain
-// HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), one path
+// HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), and the
+// same two transparent ones again for connections the sandbox dialled by address and the local
+// backend DNATs here under default routing ("direct-tls", "direct-http", I4), one path
 // for every request: what was asked (target.ts) -> the decision as a value (decide.ts: lanes,
 // host policy, rule, route) -> forward with the credential and scrub it from what comes back
 // (forward.ts) -> one record, from which the audit rows are derived (record.ts). Every request is
@@ -54,8 +57,13 @@ export interface ProxyOptions {
   computeLane?: ComputeLane;
   /** Serves the run's declared model at MODEL_LANE_HOST (see model-lane.ts). */
   modelLane?: ModelLane;
-  /** Relay allowed hosts without a rule untouched under catch-all routing (default true). */
+  /** Relay allowed hosts without a rule untouched (catch-all, and direct listeners; default true). */
   splice?: boolean;
+  /**
+   * Where a connection on a direct listener was dialled (original-dst.ts). Absent or null: the
+   * direct listeners refuse every connection, since the proxy cannot know where to relay it.
+   */
+  originalDst?: OriginalDst | null;
 }
 
 interface Limits {
@@ -82,6 +90,8 @@ const DEFAULT_LIMITS: Limits = {
 interface ConnInfo extends TargetConn {
   id: number;
   policyVersion: number | null;
+  /** A direct listener's connection: the address the sandbox dialled (decided and relayed to). */
+  dialed?: Dialed;
 }
 
 export function createProxy(options: ProxyOptions) {
@@ -131,10 +141,11 @@ export function createProxy(options: ProxyOptions) {
   const inner: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
   const plain: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
   const explicit: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
+  const directHttp: Server = createHttpServer(serverOptions, (req, res) => void handle(req, res));
   // Node starts a server's deadline checker on 'listening', which `inner` never emits by itself:
   // without this, header and request deadlines never apply to TLS traffic (slowloris, F2).
   inner.emit("listening");
-  for (const server of [inner, plain, explicit]) {
+  for (const server of [inner, plain, explicit, directHttp]) {
     // Node's header deadline starts at a message's first byte, so a connection that never sends
     // one would stay open for good: give it as long to start, then close it (F2). Cleared when a
     // request arrives; Node sets its own keep-alive deadline after each response.
@@ -162,10 +173,26 @@ export function createProxy(options: ProxyOptions) {
   }
   plain.on("connection", (socket: Socket) => track(socket, "http"));
   explicit.on("connection", (socket: Socket) => track(socket, "explicit"));
+  directHttp.on("connection", (socket: Socket) => {
+    const dialed = options.originalDst?.(socket) ?? null;
+    if (dialed === null) notDialed(socket, "direct-http");
+    else track(socket, "direct-http", { dialed });
+  });
+
+  /** A connection on a direct listener with no original destination: nowhere to take it. */
+  function notDialed(socket: Socket, listener: Listener): void {
+    log({ event: "no_original_destination", conn: 0, listener });
+    socket.destroy();
+  }
 
   const noCertContext = createSecureContext({});
 
-  function terminateTls(raw: Socket, conn: Omit<ConnInfo, "id" | "policyVersion">): void {
+  /** `onFail`: what to record when the handshake fails (a refusal decided on the ClientHello). */
+  function terminateTls(
+    raw: Socket,
+    conn: Omit<ConnInfo, "id" | "policyVersion">,
+    onFail?: (code: string) => void,
+  ): void {
     const tls = new TLSSocket(raw, {
       isServer: true,
       // Shared placeholder until SNI picks the leaf: without it Node builds a context per connection.
@@ -181,10 +208,22 @@ export function createProxy(options: ProxyOptions) {
       },
     });
     track(tls, conn.listener, conn);
-    const handshake = setTimeout(() => tls.destroy(), limits.handshakeTimeoutMs);
+    let secured = false;
+    const handshake = setTimeout(() => {
+      onFail?.("handshake timeout");
+      onFail = undefined;
+      tls.destroy();
+    }, limits.handshakeTimeoutMs);
     tls.once("secure", () => {
       clearTimeout(handshake);
+      secured = true;
       inner.emit("connection", tls);
+    });
+    // A client that rejects the run CA often just hangs up, with no alert and no error here.
+    tls.once("close", () => {
+      clearTimeout(handshake);
+      if (!secured) onFail?.("closed during the handshake");
+      onFail = undefined;
     });
     tls.on("error", (e: Error & { code?: string }) => {
       clearTimeout(handshake);
@@ -195,6 +234,9 @@ export function createProxy(options: ProxyOptions) {
         listener: conn.listener,
         code: e.code ?? e.message,
       });
+      // Once the handshake is done, each request records itself.
+      if (!secured) onFail?.(e.code ?? e.message);
+      onFail = undefined;
       tls.destroy();
       raw.destroy();
     });
@@ -236,13 +278,19 @@ export function createProxy(options: ProxyOptions) {
     );
   }
 
-  /** Resolves and checks the SNI's host as forwarding does, dials exactly that address, relays. */
+  /**
+   * Resolves and checks the SNI's host as forwarding does (or checks the address the sandbox
+   * dialled, `decided.dialed`), dials exactly that address, relays. `refused`: what to do when
+   * that address is refused; by default the connection is terminated, where the same check
+   * refuses it readably.
+   */
   async function spliceTo(
     raw: Socket,
     connInfo: Omit<ConnInfo, "id" | "policyVersion">,
     decided: Extract<Decision, { kind: "forward" }>,
     hello: Buffer,
     policy: PolicyState,
+    refused?: (refusal: Refusal) => void,
   ): Promise<void> {
     const started = Date.now();
     const version = policy.kind === "ready" ? policy.policy.version : null;
@@ -266,11 +314,12 @@ export function createProxy(options: ProxyOptions) {
           ...extra,
         }),
       );
-    const resolved = await destination(options.upstream, target, decided.via);
+    const resolved = await destination(options.upstream, target, decided.via, decided.dialed);
     if (raw.destroyed) return;
     if (!resolved.ok) {
       // DNS failure, a private or reserved address: nothing dialled. Terminated instead, where
       // the same check refuses it readably (403 / 502) and the audit records it.
+      if (refused) return refused(resolved.refusal);
       raw.unshift(hello);
       return terminateTls(raw, connInfo);
     }
@@ -299,6 +348,84 @@ export function createProxy(options: ProxyOptions) {
     });
   }
 
+  /**
+   * A TLS connection the sandbox dialled by address, DNAT'd here (default routing, I4), decided on
+   * its ClientHello's SNI and on the dialled address (decideDialed). Relayed untouched to that
+   * address when the host is allowed without a rule; otherwise terminated as if it had come
+   * through the hosts file: a blocked host gets its readable 403 (and is recorded even when the
+   * client's handshake fails), a rule host its credential. Without a usable name it is decided on
+   * the address alone and, unless relayed, closed: there is no name to present a certificate for.
+   * Not a ClientHello, or an encrypted one (ECH): terminated, as under catch-all.
+   */
+  function acceptDirectTls(raw: Socket): void {
+    const dialed = options.originalDst?.(raw) ?? null;
+    if (dialed === null) {
+      notDialed(raw, "direct-tls");
+      return;
+    }
+    const conn = { listener: "direct-tls" as const, dialed };
+    const started = Date.now();
+    readClientHello(raw, limits.handshakeTimeoutMs).then(
+      (read) => {
+        if (read.parse.status !== "done" || read.parse.ech) {
+          raw.unshift(read.bytes);
+          return terminateTls(raw, conn);
+        }
+        const ctx = decideContext();
+        const named = helloTarget(read.parse.sni, conn);
+        const target = { host: named ?? dialed.address, port: 443, scheme: "https", path: "/" } as const;
+        const { host, decided } = decideDialed(target, dialed, ctx);
+        const closed = (refusal: Refusal, detail = "") => {
+          emit(
+            record({
+              conn: info.get(raw) ?? track(raw, conn.listener, conn),
+              method: "TLS",
+              host,
+              port: 443,
+              decision: refusal.decision,
+              reason: `${refusal.reason}${detail}`,
+              status: 0,
+              started,
+              policyVersion: versionNow(),
+              mode: "close",
+              ...refusal.audit,
+            }),
+          );
+          raw.destroy();
+        };
+        if (decided.kind === "forward" && decided.dialed && options.splice !== false) {
+          return void spliceTo(
+            raw,
+            conn,
+            decided,
+            read.bytes,
+            ctx.policy,
+            named === null ? closed : undefined,
+          );
+        }
+        if (named === null) {
+          return closed(
+            decided.kind === "refuse"
+              ? decided.refusal
+              : new Refusal(403, "refuse", "no SNI: only an allowed address can be relayed", ""),
+          );
+        }
+        raw.unshift(read.bytes);
+        terminateTls(
+          raw,
+          conn,
+          decided.kind === "refuse"
+            ? (code) => closed(decided.refusal, `; handshake failed: ${code}`)
+            : undefined,
+        );
+      },
+      (e: Error & { code?: string }) => {
+        log({ event: "tls_error", conn: 0, listener: conn.listener, code: e.code ?? e.message });
+        raw.destroy();
+      },
+    );
+  }
+
   const decideContext = (): DecideContext => ({
     policy: options.policy.current(),
     accepting: options.audit.accepting,
@@ -311,6 +438,12 @@ export function createProxy(options: ProxyOptions) {
     acceptTls(raw, { listener: "tls" });
   });
   tlsListener.maxConnections = limits.maxConnections;
+  const directTls: NetServer = createNetServer((raw) => {
+    raw.on("error", () => raw.destroy());
+    acceptDirectTls(raw);
+  });
+  directTls.maxConnections = limits.maxConnections;
+  directHttp.maxConnections = limits.maxConnections;
   plain.maxConnections = limits.maxConnections;
   explicit.maxConnections = limits.maxConnections;
 
@@ -404,7 +537,14 @@ export function createProxy(options: ProxyOptions) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
-      const decided = decide(target, decideContext());
+      let decided: Decision;
+      if (conn.dialed) {
+        const dialed = decideDialed(target, conn.dialed, decideContext());
+        target = { ...target, host: dialed.host };
+        decided = dialed.decided;
+      } else {
+        decided = decide(target, decideContext());
+      }
       switch (decided.kind) {
         case "refuse":
           rule = decided.rule;
@@ -459,6 +599,9 @@ export function createProxy(options: ProxyOptions) {
     tls: tlsListener,
     http: plain,
     explicit,
+    /** Connections the sandbox dialled by address, DNAT'd here with their original destination. */
+    directTls,
+    directHttp,
     /** Policy changed: close every connection opened under another version, and upstream pools. */
     async policyChanged(): Promise<void> {
       const now = versionNow();
@@ -471,7 +614,7 @@ export function createProxy(options: ProxyOptions) {
       for (const s of sockets) s.destroy();
       inner.close(); // stops its deadline checker; it has no listening socket of its own
       await Promise.all(
-        [tlsListener, plain, explicit].map(
+        [tlsListener, plain, explicit, directTls, directHttp].map(
           (srv) => new Promise<void>((resolve) => (srv.listening ? srv.close(() => resolve()) : resolve())),
         ),
       );

@@ -1,3 +1,4 @@
+import type { ProxyListener } from "../../../src/contract/proxy-view";
 import type { AuditSource, EgressRoute, ModelCallRow } from "../../../src/contract/proxy-wire";
 
 // One canonical record per decided request (and per CONNECT refusal, and per spliced
@@ -6,7 +7,7 @@ import type { AuditSource, EgressRoute, ModelCallRow } from "../../../src/contra
 // so the route log and the audit cannot drift apart. Nothing in it names a secret, a path, a
 // query or a body.
 
-export type Listener = "tls" | "http" | "explicit";
+export type Listener = ProxyListener;
 
 export interface DecisionRecord {
   event: "decision";
@@ -29,9 +30,11 @@ export interface DecisionRecord {
   blockedBy: AuditSource | null;
   /**
    * "terminate": the proxy read the HTTP request (over its own TLS, or plain) and decided it;
-   * "splice": a TLS connection relayed untouched, decided on its ClientHello's SNI (status 0).
+   * "splice": a TLS connection relayed untouched, decided on its ClientHello's SNI (status 0);
+   * "close": refused on its ClientHello and closed, no HTTP exchange (status 0): a direct
+   * connection without a name to present a certificate for, or whose handshake then failed.
    */
-  mode: "terminate" | "splice";
+  mode: "terminate" | "splice" | "close";
 }
 
 export interface AuditSink {

@@ -27,6 +27,9 @@ export const PROXY_ENV = {
   BW_HTTP_PORT: "8080",
   BW_EXPLICIT_PORT: "3128",
   BW_DNS_PORT: "5353",
+  // Connections a default-routing sandbox dials by address (the local backend DNATs them, I4).
+  BW_DIRECT_TLS_PORT: "8444",
+  BW_DIRECT_HTTP_PORT: "8081",
   BW_SPOOL_DIR: "/tmp/benchwright-spool",
 };
 
