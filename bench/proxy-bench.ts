@@ -111,6 +111,8 @@ async function main(): Promise<void> {
       target: "node24",
       format: "cjs",
       outfile: bundle,
+      // As build:proxy: koffi's binary is loaded by path (none here: no direct listener is benched).
+      external: ["koffi"],
       logLevel: "warning",
     });
 

@@ -1,0 +1,118 @@
+// The splice bench: `npx tsx bench/splice-bench.ts`. Loopback only, about a minute. What a
+// spliced connection (I3 under catch-all, I4 on the direct listeners: the same relay) costs
+// against the same client talking to the upstream itself: keep-alive HTTPS, 32 connections flat
+// out, and one TLS handshake per request, the two targets taking turns in each round. The proxy is
+// the shipped bundle in its own process; the client verifies the upstream's own certificate
+// through it, so nothing is terminated. Prints one JSON line per kind; never fails on a number.
+// Stand-alone for now (proxy-bench.ts is being reworked); its rows belong there.
+import { fork, spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { build } from "esbuild";
+import { FakeControlPlane } from "../test/proxy/control-plane";
+import { createTestCa, vault } from "../test/proxy/harness";
+import { keepAliveLoad, newConnectionLoad, type RawLoad, summarise, type Target } from "./lib/load";
+import { ROOT } from "./lib/results";
+
+const HOST = "splice.bench.test";
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const SECONDS = Number(process.env.BENCH_DURATION_S ?? 5);
+const hooks = { start() {}, end() {} };
+
+const dir = mkdtempSync(join(tmpdir(), "bw-splice-bench-"));
+const bundle = join(dir, "proxy.cjs");
+await build({
+  entryPoints: [join(ROOT, "proxy-image/src/main.ts")],
+  bundle: true,
+  platform: "node",
+  target: "node24",
+  format: "cjs",
+  outfile: bundle,
+  external: ["koffi"],
+  logLevel: "warning",
+});
+const ca = await createTestCa("Benchwright splice bench CA");
+const leaf = await ca.issue([HOST]);
+const upstream = fork(fileURLToPath(new URL("./lib/upstream-server.ts", import.meta.url)), [], {
+  execArgv: ["--import", "tsx"],
+  stdio: ["ignore", "inherit", "inherit", "ipc"],
+});
+upstream.send({
+  kind: "start",
+  certPem: leaf.certPem,
+  keyPem: leaf.keyPem,
+  address: "127.0.0.2",
+  bodyBytes: 1024,
+  secret: "unused-in-this-bench-0000",
+  header: "x-unused",
+});
+const upstreamPort = await new Promise<number>((resolve) =>
+  upstream.on("message", (m: { kind: string; port?: number }) => {
+    if (m.kind === "listening") resolve(m.port as number);
+  }),
+);
+// A block default makes the run catch-all; the bench host is allowed without a rule: spliced.
+const cp = new FakeControlPlane(
+  "run_splice_bench",
+  vault({ version: 1, default: "block", hosts: [{ pattern: HOST, action: "allow" }] }),
+);
+await cp.start();
+const ready = cp.nextReady();
+const proxy = spawn(process.execPath, [bundle], {
+  cwd: dir,
+  stdio: ["ignore", "ignore", "inherit"],
+  env: {
+    PATH: process.env.PATH ?? "/usr/bin:/bin",
+    ...cp.proxyEnv(join(dir, "spool")),
+    BW_TEST_ROUTES: `${HOST}=127.0.0.2:${upstreamPort}`,
+    BW_TEST_ALLOW_CIDRS: "127.0.0.2/32",
+  },
+});
+try {
+  const { listeners } = await ready;
+  const direct: Target = {
+    name: "direct",
+    address: "127.0.0.2",
+    port: upstreamPort,
+    servername: HOST,
+    caPem: ca.certPem,
+  };
+  const spliced: Target = {
+    name: "splice",
+    address: "127.0.0.1",
+    port: listeners.tls,
+    servername: HOST,
+    caPem: ca.certPem,
+  };
+  for (const kind of ["keep-alive", "new-connection"] as const) {
+    const rounds: Record<string, RawLoad[]> = { direct: [], splice: [] };
+    for (let i = 0; i < ROUNDS; i++) {
+      for (const target of [direct, spliced]) {
+        const o = { warmupS: 1, durationS: SECONDS, hooks };
+        (rounds[target.name] as RawLoad[]).push(
+          kind === "keep-alive"
+            ? await keepAliveLoad(target, { ...o, connections: 32 })
+            : await newConnectionLoad(target, { ...o, concurrency: 32 }),
+        );
+      }
+    }
+    const d = summarise(rounds.direct as RawLoad[]);
+    const s = summarise(rounds.splice as RawLoad[]);
+    const row = (r: typeof d) => ({
+      rps: Math.round(r.rps),
+      p50Ms: r.p50Ms,
+      p99Ms: r.p99Ms,
+      errors: r.errors,
+    });
+    console.log(
+      JSON.stringify({ kind, direct: row(d), splice: row(s), ratio: Number((s.rps / d.rps).toFixed(2)) }),
+    );
+  }
+} finally {
+  proxy.kill();
+  upstream.kill();
+  await cp.close();
+  rmSync(dir, { recursive: true, force: true });
+}
