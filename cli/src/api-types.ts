@@ -3528,7 +3528,7 @@ export interface components {
                     decision: "allow" | "block" | "refuse" | "error";
                     host: string | null;
                     /** @enum {string} */
-                    listener: "tls" | "http" | "explicit";
+                    listener: "tls" | "http" | "explicit" | "direct-tls" | "direct-http";
                     method: string;
                     ms: number;
                     policyVersion: number | null;
