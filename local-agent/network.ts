@@ -92,7 +92,7 @@ export function proxyRuleset(
   links: ReadonlyArray<{ i: number; routing: RoutingMode }>,
   except: DirectExceptions = { allowCidrs: [], nameservers: [] },
 ): string {
-  const { tls, http, explicit, dns } = PROXY_PORTS;
+  const { tls, http, explicit, dns, directTls, directHttp } = PROXY_PORTS;
   const nat: string[] = [];
   const direct: string[] = [];
   for (const { i, routing } of [...links].sort((a, b) => a.i - b.i)) {
@@ -101,6 +101,11 @@ export function proxyRuleset(
     if (routing === "default") {
       nat.push(`${iif} ip daddr ${w.proxyAddress} tcp dport 443 dnat ip to ${w.proxyAddress}:${tls}`);
       nat.push(`${iif} ip daddr ${w.proxyAddress} tcp dport 80 dnat ip to ${w.proxyAddress}:${http}`);
+      // Every other 80/443, dialled by address (its own DNS, `curl --resolve`): to the proxy's
+      // direct listeners, which read the SNI / Host, decide, and relay to the address dialled
+      // (I4). The first matching dnat wins, so the proxy's own address keeps the rules above.
+      nat.push(`${iif} meta nfproto ipv4 tcp dport 443 dnat ip to ${w.proxyAddress}:${directTls}`);
+      nat.push(`${iif} meta nfproto ipv4 tcp dport 80 dnat ip to ${w.proxyAddress}:${directHttp}`);
       direct.push(`"${w.proxyLink}"`);
     } else {
       nat.push(`${iif} meta nfproto ipv4 tcp dport 443 dnat ip to ${w.proxyAddress}:${tls}`);
@@ -124,6 +129,9 @@ export function proxyRuleset(
     '    iifname != "bwp*" accept',
     "    ct state established,related accept",
     `    tcp dport { ${tls}, ${http}, ${explicit}, ${dns} } accept`,
+    // The direct listeners take only what the rules above DNAT'd there (a connection made to
+    // them directly has no original destination to relay to).
+    `    ct status dnat tcp dport { ${directTls}, ${directHttp} } accept`,
     `    udp dport ${dns} accept`,
     `    ${REJECT}`,
     "  }",
@@ -136,6 +144,9 @@ export function proxyRuleset(
     `    ip daddr { 10.231.0.0/16, 10.232.0.0/16, 169.254.0.0/16 } ${REJECT}`,
     ...(direct.length > 0
       ? [
+          // QUIC (UDP 443) would carry a blocked host past the direct listeners: refused, so
+          // clients fall back to TCP, which reaches them (I4).
+          `    iifname { ${direct.join(", ")} } udp dport 443 ${REJECT}`,
           ...(except.nameservers.length > 0
             ? [
                 `    iifname { ${direct.join(", ")} } oifname "up0" ip daddr { ${except.nameservers.join(", ")} } meta l4proto { tcp, udp } th dport 53 accept`,

@@ -70,6 +70,20 @@ describe("output buffer (pure)", () => {
     ]);
     expect(rules).toContain('iifname "bwp3w0" ip daddr 10.232.3.1 tcp dport 443 dnat ip to 10.232.3.1:8443');
     expect(rules).toContain('iifname "bwp3w1" meta nfproto ipv4 tcp dport 443 dnat ip to 10.232.3.5:8443');
+    // Default routing: every other 80/443 to the direct listeners (I4), after the hosts file's.
+    const lines = rules.split("\n").map((l) => l.trim());
+    const hostsTls = lines.indexOf(
+      'iifname "bwp3w0" ip daddr 10.232.3.1 tcp dport 443 dnat ip to 10.232.3.1:8443',
+    );
+    expect(
+      lines.indexOf('iifname "bwp3w0" meta nfproto ipv4 tcp dport 443 dnat ip to 10.232.3.1:8444'),
+    ).toBeGreaterThan(hostsTls);
+    expect(rules).toContain('iifname "bwp3w0" meta nfproto ipv4 tcp dport 80 dnat ip to 10.232.3.1:8081');
+    expect(rules).not.toContain(
+      'iifname "bwp3w1" meta nfproto ipv4 tcp dport 443 dnat ip to 10.232.3.5:8444',
+    );
+    expect(rules).toContain("ct status dnat tcp dport { 8444, 8081 } accept");
+    expect(rules).toContain('iifname { "bwp3w0" } udp dport 443 reject');
     expect(rules).toContain('meta nfproto ipv4 iifname { "bwp3w0" } oifname "up0" accept');
     expect(rules).not.toMatch(/"bwp3w1" }? oifname "up0"/);
     expect(rules).toMatch(/ip daddr \{ 10\.231\.0\.0\/16, 10\.232\.0\.0\/16, 169\.254\.0\.0\/16 \} reject/);
@@ -183,11 +197,12 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
       proxySandboxId: "px1",
       routing: "catch-all",
     });
-    // Stand-ins for the proxy's listeners (TLS 8443, HTTP 8080, DNS 5353), run as the proxy is.
+    // Stand-ins for the proxy's listeners (TLS 8443, HTTP 8080, direct 8444 / 8081, DNS 5353),
+    // run as the proxy is.
     await api.serve(
       "px1",
       `const net = require("net"), dgram = require("dgram");
-       for (const port of [8443, 8080]) net.createServer((s) => s.end("proxy:" + port)).listen(port);
+       for (const port of [8443, 8080, 8444, 8081]) net.createServer((s) => s.end("proxy:" + port)).listen(port);
        const d = dgram.createSocket("udp4");
        d.on("message", (m, from) => d.send("dns:" + m, from.port, from.address));
        d.bind(5353, () => console.log("ready"));`,
@@ -428,15 +443,30 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
     expect([tls, http]).toEqual(["proxy:8443", "proxy:8080"]);
   });
 
-  it("lets default routing reach the upstream directly, TCP and UDP", async () => {
+  it("lets default routing reach the upstream directly, TCP and UDP, but 80/443 through the proxy (I4)", async () => {
     const results = await api.probe("wk1", [
       { host: TestUpstream.address, port: 443 },
+      { host: TestUpstream.address, port: 80 },
       { host: TestUpstream.address, port: 9000 },
       { host: TestUpstream.address, port: 9001, udp: "from-default" },
       hostPort(work.probeTarget),
+      // The direct listeners take only DNAT'd connections.
+      { host: work.proxyAddress as string, port: 8444 },
+      { host: work.proxyAddress as string, port: 8081 },
+      { host: TestUpstream.address, port: 443, udp: "quic-default" },
     ]);
-    expect(results).toEqual(["upstream:443", "upstream:9000", "reply:upstream-udp", "EOF"]);
+    expect(results.slice(0, 5)).toEqual([
+      "proxy:8444",
+      "proxy:8081",
+      "upstream:9000",
+      "reply:upstream-udp",
+      "EOF",
+    ]);
+    expect(results[5]).toMatch(/^ERR E(HOSTUNREACH|CONNREFUSED)/);
+    expect(results[6]).toMatch(/^ERR E(HOSTUNREACH|CONNREFUSED)/);
+    expect(results[7]).toBe("noreply");
     expect(upstream.received(9001, "from-default")).toBe(true);
+    expect(upstream.received(443, "quic-default")).toBe(false);
   });
 
   it("sends every 80/443 and DNS to the proxy under catch-all, and nothing else out (A17)", async () => {

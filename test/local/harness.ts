@@ -218,7 +218,7 @@ export async function startControlPlane(): Promise<{ url: string; paths: string[
 
 /**
  * A test upstream in a namespace of the suite's own (`bwt-up1`, 10.240.0.2, default route via
- * the host at 10.240.0.1): TCP 443 and 9000 answer "upstream:<port>"; UDP 53 and 9001 answer
+ * the host at 10.240.0.1): TCP 443 and 9000 answer "upstream:<port>"; UDP 53, 443 and 9001 answer
  * "upstream-udp" and log each datagram as a line `udp:<port>:<text>`.
  */
 export class TestUpstream {
@@ -287,7 +287,7 @@ export class TestUpstream {
 const UPSTREAM = `
 const net = require("net"), dgram = require("dgram");
 for (const port of [443, 9000]) net.createServer((s) => s.end("upstream:" + port)).listen(port, "10.240.0.2");
-for (const port of [53, 9001]) {
+for (const port of [53, 443, 9001]) {
   const u = dgram.createSocket("udp4");
   u.on("message", (m, from) => { console.log("udp:" + port + ":" + m); u.send("upstream-udp", from.port, from.address); });
   u.bind(port, "10.240.0.2");
