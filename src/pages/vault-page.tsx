@@ -303,7 +303,7 @@ function RoutingSection(props: { doc: PolicyDocument; csrf: string }) {
         <span class="muted">{` (vault version ${doc.version})`}</span>.{" "}
         {catchAll
           ? "Every outbound connection on ports 80 and 443 goes to the run's proxy, which is its only way out."
-          : "Only the hosts the vault names exactly (rules and block entries) are sent to the proxy, through the sandbox's hosts file; everything else goes direct."}
+          : "Only the hosts the vault names exactly (rules and block entries) are sent to the proxy, through the sandbox's hosts file; everything else goes direct. On the local backend the proxy also sees every other connection on ports 80 and 443 and refuses a blocked name there, but a block does not stop code that sends another name to a blocked host's address, nor other ports; on sandbox0 and E2B it holds only for code that uses the hosts file."}
       </p>
       {doc.routing.reasons.length > 0 ? (
         <>
