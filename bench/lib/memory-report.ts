@@ -63,6 +63,12 @@ export function memorySection(r: MemoryResults): MemoryResults {
       ratio: times(ratio(shipped?.fresh.median, before?.fresh.median)),
     },
     {
+      measure: "proxy V8 heap after a full GC, fresh, shipped build vs before",
+      result: `${f(shipped?.freshHeap)} MiB`,
+      baseline: `${f(before?.freshHeap)} MiB (before)`,
+      ratio: times(ratio(shipped?.freshHeap, before?.freshHeap)),
+    },
+    {
       measure: `proxy RSS holding ${int(r.config.idleConnections)} idle connections, shipped vs before`,
       result: `${f(shipped?.idle.median)} MiB`,
       baseline: `${f(before?.idle.median)} MiB (before)`,
