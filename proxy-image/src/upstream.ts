@@ -1,9 +1,9 @@
 import { lookup as dnsLookup } from "node:dns/promises";
 import { isIP, connect as netConnect, type Socket } from "node:net";
 import { createSecureContext, rootCertificates } from "node:tls";
-import { buildConnector, Pool } from "undici";
 import type { createAddressPolicy } from "./address";
 import { type TunnelClient, tunnelConnect } from "./tunnel-client";
+import { buildConnector, Pool } from "./undici";
 
 // Upstream connections: resolve once, check every answer (A12, A13), dial exactly the checked
 // address with the original name for SNI and certificate verification (B3). Pools belong to this
