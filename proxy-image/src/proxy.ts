@@ -498,20 +498,25 @@ export function createProxy(options: ProxyOptions) {
       }
       const resolved: Awaited<ReturnType<Upstream["resolve"]>> = viaTunnel
         ? { ok: true, address: target.host, port: target.port }
-        : await options.upstream.resolve(target.host, target.port);
+        : await options.upstream.resolve(target.host, target.port, state.index.blockedAddress);
       // The rest of the message may have failed to parse meanwhile (bad chunk framing, A4): a
       // request the client side already lost is not started upstream.
       if (req.destroyed || socket.destroyed) throw bad(400, "the request failed before it was forwarded");
       if (!resolved.ok) {
         options.audit.recordRoute(target.host, "refused");
-        if (resolved.kind === "address") options.audit.recordBlocked(target.host);
+        if (resolved.kind !== "dns") options.audit.recordBlocked(target.host);
         throw new Refusal(
           resolved.kind === "dns" ? 502 : 403,
-          "refuse",
+          resolved.kind === "blocked" ? "block" : "refuse",
           resolved.reason,
           resolved.kind === "dns"
             ? `Could not resolve ${target.host}.\n`
-            : blockedBody(target.host, "it resolves to a private or reserved address"),
+            : blockedBody(
+                target.host,
+                resolved.kind === "blocked"
+                  ? "it resolves to an address this run's policy blocks"
+                  : "it resolves to a private or reserved address",
+              ),
         );
       }
 
