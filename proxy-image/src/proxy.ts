@@ -398,6 +398,16 @@ export function createProxy(options: ProxyOptions) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
+      // Case I6: plain http through the explicit proxy port goes to port 80 only.
+      if (conn.listener === "explicit" && target.scheme === "http" && target.port !== 80) {
+        options.audit.recordRoute(target.host, "refused");
+        throw new Refusal(
+          403,
+          "refuse",
+          `plain http to port ${target.port}`,
+          portBody(target.host, target.port),
+        );
+      }
       // The platform's own probe (wiring step): answered here, before policy, never audited and
       // never forwarded. It proves the redirect and the CA trust, not anything about the policy.
       if (target.host === WIRING_PROBE_HOST) {
@@ -767,6 +777,14 @@ function spoolFull(): Refusal {
 
 function misdirected(reason: string): Refusal {
   return new Refusal(421, "refuse", reason, `Misdirected request: ${reason}.\n`);
+}
+
+function portBody(host: string, port: number): string {
+  return [
+    `Refused by Benchwright: http://${host}:${port}/ is not reachable from this run; plain http through the proxy goes to port 80 only.`,
+    "Use port 80, or https (CONNECT to port 443).",
+    "",
+  ].join("\n");
 }
 
 /** What the agent reads when a host is refused: which host, why, and what the owner can do. */

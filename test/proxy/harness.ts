@@ -216,6 +216,12 @@ export async function startProxy(options: {
   ownAddresses?: string[];
   upstream?: Partial<UpstreamOptions>;
   limits?: ProxyOptions["limits"];
+  /**
+   * Port the proxy dials → port actually dialled, for names resolved by `upstream.lookup` (routes
+   * replace the port already): the suite's upstreams listen on free ports, while plain http
+   * leaves for port 80 only (case I6). The checked address is dialled unchanged.
+   */
+  dialPorts?: Record<number, number>;
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -248,7 +254,7 @@ export async function startProxy(options: {
     poolFor(protocol, host, address, port) {
       if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
       dials.push({ protocol, host, address, port });
-      return upstream.poolFor(protocol, host, address, port);
+      return upstream.poolFor(protocol, host, address, options.dialPorts?.[port] ?? port);
     },
   };
   const proxy = createProxy({
