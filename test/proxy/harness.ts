@@ -222,6 +222,7 @@ export async function startProxy(options: {
    * leaves for port 80 only (case I6). The checked address is dialled unchanged.
    */
   dialPorts?: Record<number, number>;
+  computeLane?: ProxyOptions["computeLane"];
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -264,6 +265,7 @@ export async function startProxy(options: {
     upstream: guarded,
     log: (r) => void logs.push(r),
     ...(options.limits ? { limits: options.limits } : {}),
+    ...(options.computeLane ? { computeLane: options.computeLane } : {}),
   });
   const listen = (srv: NetServer) =>
     new Promise<number>((resolve) =>
