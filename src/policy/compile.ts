@@ -9,7 +9,7 @@ import {
   type RunEgress,
 } from "../contract/policy";
 import { addressKey } from "./addresses";
-import { canonicalHost, isCanonicalIp, wildcardRemainders } from "./host";
+import { canonicalHost, isCanonicalIp, parseHostPattern, wildcardRemainders } from "./host";
 
 // Vault → policy document, and the per-request lookups the proxy runs over a document. Pure.
 
@@ -59,6 +59,22 @@ export function compilePolicy(vault: VaultSnapshot, run: RunOptions = { egress: 
     model,
     hostsFile: derived.hostsFile,
   });
+}
+
+/**
+ * The first stored rule that today's pattern checks refuse, as `rule N (host): why`, or null. The
+ * document schema checks the grammar only (a newer suffix list must not make stored documents
+ * unreadable), so the control plane asks this before it compiles a vault for a run: a wildcard
+ * rule over a domain the suffix list has learnt entries under since it was saved (case I8) then
+ * yields no document, and no proxy ever holds it. Only wildcards: the suffix checks are theirs.
+ */
+export function refusedRule(rules: VaultSnapshot["rules"]): string | null {
+  for (const [i, rule] of rules.entries()) {
+    if (!rule.host.startsWith("*.")) continue;
+    const checked = parseHostPattern(rule.host, "rule");
+    if (!checked.ok) return `rule ${i + 1} (${rule.host}): ${checked.message}`;
+  }
+  return null;
 }
 
 export interface HostDecision {
