@@ -1,4 +1,12 @@
-import { edgeChild, edgeLength, edgeStart, labelText, nodeFlags, rulesRoot } from "tldts/src/data/trie";
+/// <reference path="./tldts-trie.d.ts" />
+import {
+  edgeChild,
+  edgeLength,
+  edgeStart,
+  labelText,
+  nodeFlags,
+  rulesRoot,
+} from "tldts/dist/cjs/src/data/trie.js";
 
 // "Is there a public-suffix-list entry below R?" (case I8): `*.R` must not cover a suffix where
 // anyone can host (`*.amazonaws.com` covers `execute-api.<region>.amazonaws.com`). tldts answers
@@ -8,6 +16,9 @@ import { edgeChild, edgeLength, edgeStart, labelText, nodeFlags, rulesRoot } fro
 // one: a flat trie keyed right to left, a node's edges contiguous in edgeStart, edge labels
 // concatenated in labelText in edge order; test/unit/policy-host.test.ts pins known answers, so
 // a tldts upgrade that changes the layout fails there rather than silently answering "none".
+// The CommonJS file, because it is the one path Node (scripts that bundle the app with
+// node_modules external), esbuild and Vite all load; an ESM bundle of the Worker may so carry
+// the list twice (about 100 KB).
 
 let edgeOffsets: Uint32Array | null = null;
 
