@@ -35,6 +35,8 @@ const Schema = z
     BW_DNS_ANSWER: z.ipv4({ error: "must be an IPv4 address" }).default("198.18.0.1"),
     /** The proxy's own addresses, never a destination (comma-separated). */
     BW_OWN_ADDRESSES: z.string().default(""),
+    // "off": every TLS connection is terminated, allowed hosts without a rule too (no splice).
+    BW_SPLICE: z.enum(["on", "off"], { error: "must be on or off" }).default("on"),
     /** Test-only: extra upstream trust root (PEM file), e.g. the test suite's own CA. */
     BW_TEST_EXTRA_CA_FILE: z.string().optional(),
     /** Test-only: the same as inline PEM, for sandboxes that cannot see the suite's files. */

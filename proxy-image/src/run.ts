@@ -97,6 +97,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     audit: sink,
     upstream,
     computeLane: computeLane(config.BW_CONTROL_PLANE_URL),
+    splice: config.BW_SPLICE === "on",
     modelLane: modelLane({ upstream, log: (record) => process.stdout.write(`${JSON.stringify(record)}\n`) }),
     // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
     log: (record) => {

@@ -1,5 +1,5 @@
 import { lookup as dnsLookup } from "node:dns/promises";
-import { isIP } from "node:net";
+import { isIP, connect as netConnect, type Socket } from "node:net";
 import { createSecureContext, rootCertificates } from "node:tls";
 import { buildConnector, Pool } from "undici";
 import type { createAddressPolicy } from "./address";
@@ -131,6 +131,30 @@ export function createUpstream(options: UpstreamOptions) {
     return pool;
   }
 
+  /**
+   * A raw TCP connection to exactly `address` (already checked by resolve), for a spliced TLS
+   * connection: the client's own handshake goes through it untouched. Resolves once connected.
+   */
+  function dialRaw(address: string, port: number): Promise<Socket> {
+    return new Promise((resolve, reject) => {
+      const socket = netConnect({ host: address, port, family: isIP(address) });
+      const timer = setTimeout(() => {
+        socket.destroy();
+        reject(Object.assign(new Error("dial timed out"), { code: "ETIMEDOUT" }));
+      }, options.dialTimeoutMs ?? 10_000);
+      const onError = (e: Error) => {
+        clearTimeout(timer);
+        reject(e);
+      };
+      socket.once("error", onError);
+      socket.once("connect", () => {
+        clearTimeout(timer);
+        socket.off("error", onError);
+        resolve(socket);
+      });
+    });
+  }
+
   async function closeAll(): Promise<void> {
     const all = [...pools.values()];
     pools.clear();
@@ -141,6 +165,7 @@ export function createUpstream(options: UpstreamOptions) {
     resolve,
     poolFor,
     tunnelPoolFor,
+    dialRaw,
     /** Whether the tunnel is paired with the user's agent now. */
     tunnelUp: () => options.tunnel?.up === true,
     closeAll,

@@ -113,7 +113,7 @@ describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tas
       });
       // Imported from the virtual environment setup.sh made, not from anywhere else.
       expect(result.package.file).toMatch(
-        /^\/opt\/qa-bench\/lib\/python3[.\d]*\/site-packages\/benchscore\/__init__\.py$/,
+        /^\/home\/sandbox\/\.venv\/lib\/python3[.\d]*\/site-packages\/benchscore\/__init__\.py$/,
       );
     }
     expect(JSON.parse(readFileSync(join(out, "hello", "hello.json"), "utf8")).score).toEqual({

@@ -101,6 +101,9 @@ export function proxyTestEnv(upstream: DemoUpstream): Record<string, string> {
     BW_TEST_EXTRA_CA_PEM: upstream.caPem,
     BW_TEST_ROUTES: upstream.hosts.map((h) => `${h}=${upstream.address}:${upstream.httpsPort}`).join(","),
     BW_TEST_ALLOW_CIDRS: upstream.cidr,
+    // A spliced connection shows the upstream's own certificate, and the work sandboxes trust the
+    // run CA and the system roots, not this test CA: terminate every host until they do.
+    BW_SPLICE: "off",
   };
 }
 

@@ -186,7 +186,8 @@ export function staticPolicy(vault: VaultSnapshot, secrets: Record<string, strin
 /** A dial the proxy asked its upstream for: the checked address, never a name (A13). */
 export interface Dial {
   protocol: string;
-  host: string;
+  /** The name TLS is verified against (null for a spliced connection's raw dial: the client verifies). */
+  host: string | null;
   address: string;
   port: number;
 }
@@ -203,8 +204,18 @@ export interface RunningProxy {
   dials: Dial[];
   policy: ReturnType<typeof staticPolicy>;
   proxy: ReturnType<typeof createProxy>;
+  /**
+   * The first log record from index `from` on that matches, as soon as the proxy writes it (a
+   * spliced connection's record comes when the connection closes, after the client is done).
+   */
+  waitForLog(
+    match: (r: DecisionRecord | Record<string, unknown>) => boolean,
+    from?: number,
+  ): Promise<LogRecord>;
   close(): Promise<void>;
 }
+
+type LogRecord = DecisionRecord | Record<string, unknown>;
 
 export async function startProxy(options: {
   vault: VaultSnapshot;
@@ -230,6 +241,15 @@ export async function startProxy(options: {
   writeFileSync(caFile, ca.certPem);
   const audit = auditRecorder();
   const logs: RunningProxy["logs"] = [];
+  const waiters = new Set<{ match: (r: LogRecord) => boolean; resolve: (r: LogRecord) => void }>();
+  const logged = (r: LogRecord) => {
+    logs.push(r);
+    for (const w of waiters) {
+      if (!w.match(r)) continue;
+      waiters.delete(w);
+      w.resolve(r);
+    }
+  };
   const policy = staticPolicy(options.vault, options.secrets ?? {});
   const routes = new Map(
     Object.entries(options.routes ?? {}).map(([h, u]) => [h, { address: u.address, port: u.port }] as const),
@@ -257,13 +277,19 @@ export async function startProxy(options: {
       dials.push({ protocol, host, address, port });
       return upstream.poolFor(protocol, host, address, options.dialPorts?.[port] ?? port);
     },
+    // A spliced connection's raw dial (I3): the checked address, recorded the same way.
+    dialRaw(address, port) {
+      if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
+      dials.push({ protocol: "splice:", host: null, address, port });
+      return upstream.dialRaw(address, port);
+    },
   };
   const proxy = createProxy({
     ca,
     policy,
     audit,
     upstream: guarded,
-    log: (r) => void logs.push(r),
+    log: logged,
     ...(options.limits ? { limits: options.limits } : {}),
     ...(options.computeLane ? { computeLane: options.computeLane } : {}),
   });
@@ -287,6 +313,11 @@ export async function startProxy(options: {
     dials,
     policy,
     proxy,
+    waitForLog(match, from = 0) {
+      const hit = logs.slice(from).find(match);
+      if (hit) return Promise.resolve(hit);
+      return new Promise((resolve) => waiters.add({ match, resolve }));
+    },
     close: async () => {
       await proxy.close();
       rmSync(dir, { recursive: true, force: true });

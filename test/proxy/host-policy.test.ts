@@ -1,3 +1,6 @@
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Client } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
@@ -35,9 +38,12 @@ let api: Upstream;
 let other: Upstream;
 let wild: Upstream;
 let proxy: RunningProxy;
+let upstreamCaFile: string;
 
 beforeAll(async () => {
   ca = await createTestCa();
+  upstreamCaFile = join(mkdtempSync(join(tmpdir(), "bw-host-policy-")), "upstream-ca.pem");
+  writeFileSync(upstreamCaFile, ca.certPem);
   api = await startTlsUpstream({ ca, hosts: ["api.test"], address: "127.0.0.2" });
   other = await startTlsUpstream({ ca, hosts: ["other.test"], address: "127.0.0.3" });
   wild = await startTlsUpstream({ ca, hosts: WILD_NAMES, address: "127.0.0.2" });
@@ -182,10 +188,20 @@ describe("case A8: TLS SNI differs from Host (domain fronting) → 421, in the d
   });
 
   it("SNI other.test (no rule), Host api.test (the rule host): no credential anywhere", async () => {
-    const nothing = quiet();
-    const r = await exchange(tlsTarget("other.test"), [get("api.test")]);
-    expect(r.responses[0]?.status).toBe(421);
-    nothing();
+    // Catch-all routing (the wildcard rule) splices other.test (case I3): the proxy never reads
+    // the Host header, other.test's own server answers it, and no credential is added.
+    const before = other.seen.length;
+    const from = proxy.logs.length;
+    const r = await exchange({ port: proxy.tlsPort, tls: { servername: "other.test", ca: ca.certPem } }, [
+      get("api.test"),
+    ]);
+    expect(r.responses[0]?.status).toBe(200);
+    expect(other.seen.length).toBe(before + 1);
+    expect(other.seen.at(-1)?.headers.host).toBe("api.test");
+    expect(other.seen.at(-1)?.headers.authorization).toBeUndefined();
+    expect(r.bytes.toString()).not.toContain(CANARY);
+    const spliced = await proxy.waitForLog((l) => l.mode === "splice", from);
+    expect(spliced).toMatchObject({ host: "other.test", mode: "splice", rule: null, route: "direct" });
   });
 
   it("with curl as the client", async () => {
@@ -223,7 +239,8 @@ describe("case A10: a connection redirected for one host carrying a Host for ano
   it("undici with a Host for another name opens a new connection with that SNI (never reuses this one)", async () => {
     // So the refusal above is what a raw client meets; a library client is routed honestly.
     const client = new Client(`https://127.0.0.1:${proxy.tlsPort}`, {
-      connect: { servername: "api.test", ca: proxy.caPem },
+      // The second connection, for other.test (no rule), is spliced (case I3): other.test's own CA.
+      connect: { servername: "api.test", ca: [proxy.caPem, ca.certPem] },
     });
     try {
       const first = await client.request({ path: "/first", method: "GET", headers: { host: "api.test" } });
@@ -518,12 +535,23 @@ describe("case A15: *.example.test injects for its subdomains only", () => {
   };
   for (const [host, injected] of Object.entries(expected)) {
     it(`${host}: ${injected ? "injected" : "no credential"}`, async () => {
-      const res = await curl([...tlsArgs(proxy, host), `https://${host}/wild`]);
+      // A name the rule does not cover is spliced under this catch-all vault (case I3): the
+      // client meets the upstream's own certificate, so it trusts the upstream's CA there.
+      const trust = injected
+        ? tlsArgs(proxy, host)
+        : ["--cacert", upstreamCaFile, "--connect-to", `${host}:443:127.0.0.1:${proxy.tlsPort}`];
+      const from = proxy.logs.length;
+      const res = await curl([...trust, `https://${host}/wild`]);
       expect(res.status).toBe(200);
       const seen = wild.seen.at(-1);
       expect(seen?.headers.host).toBe(host);
       expect(seen?.headers["x-api-key"]).toBe(injected ? WILD_SECRET : undefined);
       expect(res.body).not.toContain(WILD_SECRET);
+      // Its one record, written when the connection closes: terminated and injected, or spliced.
+      const decided = await proxy.waitForLog((l) => l.event === "decision" && l.host === host, from);
+      expect(decided).toMatchObject(
+        injected ? { mode: "terminate", rule: 1 } : { mode: "splice", rule: null },
+      );
     });
   }
 });

@@ -1,3 +1,6 @@
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   createTestCa,
@@ -14,7 +17,8 @@ import {
 // Case I5 on the proxy: a block entry that is an IP literal also refuses every name that resolves
 // to that address, and the address's IPv6 spellings (NAT64, 6to4, IPv4-compatible, mapped) are
 // the same address. Real TLS upstreams listen on the blocked loopback addresses, so a request
-// let through would reach them: each test asserts nothing did.
+// let through would reach them: each test asserts nothing did. Under catch-all routing a blocked
+// name is never spliced (I3): its refusal falls back to termination and a readable 403.
 
 const NAMES = {
   "ok.test": "127.0.0.2",
@@ -67,7 +71,17 @@ const total = () => Object.values(upstreams).reduce((n, u) => n + u.counts.conne
 
 describe("case I5: an IP-literal block entry refuses the names that resolve to it", () => {
   it("lets a name through whose address is not blocked (the control)", async () => {
-    const res = await curl([...tlsArgs(proxy, "ok.test"), "https://ok.test/"]);
+    // IP-literal blocks make the routing catch-all, where an allowed host without a rule is
+    // spliced (I3): the client then verifies the upstream's own certificate.
+    const caFile = join(mkdtempSync(join(tmpdir(), "bw-i5-")), "ca.pem");
+    writeFileSync(caFile, ca.certPem);
+    const res = await curl([
+      "--cacert",
+      caFile,
+      "--connect-to",
+      `ok.test:443:127.0.0.1:${proxy.tlsPort}`,
+      "https://ok.test/",
+    ]);
     expect(res.status).toBe(200);
     expect(upstreams["ok.test"]?.counts.requests).toBe(1);
   });

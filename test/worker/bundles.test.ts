@@ -193,7 +193,9 @@ describe("H2 a decompression bomb is refused at the bound", () => {
     expect(ok.json.unpackedBytes).toBe(bound);
   });
 
-  it("the default bound (512 MiB): a 513 MiB entry in a half-MiB archive is refused", async () => {
+  it("the default bound (512 MiB): a 513 MiB entry in a half-MiB archive is refused", {
+    timeout: 30_000,
+  }, async () => {
     const t = await newTenant();
     // 513 MiB of zeros, gzipped as it is packed: the archive is about half a MiB.
     const size = 513 * 1024 * 1024;
@@ -221,7 +223,9 @@ describe("H2 a decompression bomb is refused at the bound", () => {
     expect(res.json.detail).toContain(String(size));
   });
 
-  it("count: at BUNDLE_MAX_FILES accepted, one more refused (implied directories count)", async () => {
+  it("count: at BUNDLE_MAX_FILES accepted, one more refused (implied directories count)", {
+    timeout: 30_000,
+  }, async () => {
     const t = await newTenant();
     const tight = { ...env, BUNDLE_MAX_FILES: "50" };
     const files = (n: number) => Array.from({ length: n }, (_, i) => file(`f${i}.txt`, ""));

@@ -106,6 +106,7 @@ describe("runs API", () => {
       expect(made).toEqual([]);
       expect(run.text).not.toContain("canary-e1-value");
     },
+    30_000, // each vault retry is a real decrypt and a real alarm: seconds on a loaded 2-core machine
   );
 
   it("stops with the reason when no compute backend can make a sandbox", async () => {

@@ -1,0 +1,159 @@
+import type { EgressVia, ModelLaneSpec } from "../../../src/contract/policy";
+import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
+import { COMPUTE_PATH_PREFIX } from "../compute-lane";
+import { type Injection, inject } from "../inject";
+import type { PolicyState } from "../policy-client";
+import type { AddressBlocker, Upstream } from "../upstream";
+import { blockedBody, blockedRefusal, probeRefusal, Refusal, spoolFull, tunnelDownBody } from "./refusal";
+import type { Target } from "./target";
+
+// The decision for one target, as a plain value: which lane answers it, or the host policy's
+// verdict, the first matching rule and its injection, and the route out. decide() does no I/O;
+// only destination() below resolves the name and checks the address it will dial (A12, A13).
+// Smokescreen and tokenizer read this way: what was asked (target.ts), what is decided (here),
+// then how the bytes move (forward.ts).
+
+export interface DecideContext {
+  policy: PolicyState;
+  /** The audit can take rows (E3): false refuses new egress. */
+  accepting: boolean;
+  /** The egress tunnel is paired with the user's agent now. */
+  tunnelUp: boolean;
+  /** Which of the proxy's own lanes are served. */
+  lanes: { compute: boolean; model: boolean };
+}
+
+export interface RuleDecision {
+  index: number;
+  /** The header and path to send; holds the secret, so it is never logged. */
+  injection: Injection;
+  secret: string;
+}
+
+export type Decision =
+  | { kind: "refuse"; refusal: Refusal; rule: number | null }
+  /** The platform's compute lane (compute-lane.ts). */
+  | { kind: "compute" }
+  /** The declared model's lane (model-lane.ts); null when the run declares no model. */
+  | { kind: "model"; lane: { spec: ModelLaneSpec; secret: string } | null }
+  /** Forward upstream: `target` is what goes upstream (a rule's host is always https). */
+  | {
+      kind: "forward";
+      target: Target;
+      via: EgressVia;
+      rule: RuleDecision | null;
+      /** The policy's IP-literal block entries, asked of every resolved answer (case I5). */
+      blockedAddress: AddressBlocker;
+    };
+
+const refuse = (refusal: Refusal, rule: number | null = null): Decision => ({
+  kind: "refuse",
+  refusal,
+  rule,
+});
+
+export function decide(target: Target, ctx: DecideContext): Decision {
+  // The platform's own probe (wiring step): answered here, before policy, never audited and
+  // never forwarded. It proves the redirect and the CA trust, not anything about the policy.
+  if (target.host === WIRING_PROBE_HOST) {
+    // The compute lane shares the platform's host: only over TLS to this proxy, only its path.
+    if (ctx.lanes.compute && target.scheme === "https" && target.path.startsWith(COMPUTE_PATH_PREFIX))
+      return { kind: "compute" };
+    return refuse(probeRefusal());
+  }
+  // The declared model's lane: outside host policy by design (the model is what the user
+  // asked to evaluate), but never without an audit trail: a full spool refuses it too.
+  if (target.host === MODEL_LANE_HOST && ctx.lanes.model) {
+    if (!ctx.accepting) return refuse(spoolFull());
+    const state = ctx.policy;
+    const spec = state.kind === "ready" ? state.policy.model : null;
+    const secret = spec && state.kind === "ready" ? state.secrets[spec.secret] : undefined;
+    if (spec && secret === undefined)
+      return refuse(new Refusal(503, "refuse", "model secret missing", "Policy incomplete.\n"));
+    return { kind: "model", lane: spec && secret !== undefined ? { spec, secret } : null };
+  }
+
+  const state = ctx.policy;
+  if (state.kind !== "ready") {
+    // E4: no valid policy, never any egress.
+    return refuse(
+      new Refusal(
+        403,
+        "refuse",
+        `no valid policy (${state.kind})`,
+        blockedBody(target.host, "no valid policy is loaded"),
+      ),
+    );
+  }
+  const decision = state.index.decideHost(target.host);
+  if (decision.action === "block") return refuse(blockedRefusal(target.host));
+  if (!ctx.accepting) return refuse(spoolFull());
+
+  const match = state.index.matchRule(target.host);
+  let rule: RuleDecision | null = null;
+  if (match) {
+    const secret = state.secrets[match.rule.secret];
+    if (secret === undefined)
+      return refuse(new Refusal(503, "refuse", "rule secret missing", "Policy incomplete.\n"));
+    // B3: a credential only travels over verified TLS; a plain-http request is upgraded.
+    if (target.scheme === "http") target = { ...target, scheme: "https", port: 443 };
+    rule = { index: match.index, injection: inject(match.rule.inject, secret, target.path), secret };
+  }
+
+  // Through the user's machine, or straight out. A tunnelled host is never sent direct: with
+  // the agent away it is refused, and the agent resolves and checks the address itself.
+  if (decision.via === "tunnel" && !ctx.tunnelUp) {
+    return refuse(
+      new Refusal(503, "refuse", "egress tunnel down", tunnelDownBody(target.host), {}, { route: "refused" }),
+      rule?.index ?? null,
+    );
+  }
+  return { kind: "forward", target, via: decision.via, rule, blockedAddress: state.index.blockedAddress };
+}
+
+/**
+ * Whether a TLS connection for `host` is spliced (relayed without termination, I3): under
+ * catch-all routing, for a host the policy allows, that no rule matches, that leaves straight out
+ * (a tunnelled host goes through terminated forwarding), and only when decide() itself would
+ * forward it. So a blocked host, a rule host, the platform's own hosts, no policy or a full audit
+ * spool are all terminated, where they are answered readably or injected.
+ */
+export function spliceable(host: string, ctx: DecideContext): Extract<Decision, { kind: "forward" }> | null {
+  if (ctx.policy.kind !== "ready" || ctx.policy.policy.routing.mode !== "catch-all") return null;
+  const decided = decide({ host, port: 443, scheme: "https", path: "/" }, ctx);
+  return decided.kind === "forward" && decided.rule === null && decided.via === "direct" ? decided : null;
+}
+
+export type Destination = { ok: true; address: string; port: number } | { ok: false; refusal: Refusal };
+
+/**
+ * Where a forwarded target's connection goes: a direct host's name resolved once and every
+ * answer checked (private, loopback, metadata, the proxy's own...), the first answer dialled; a
+ * tunnelled host by name, which the user's agent resolves and checks on its side.
+ */
+export async function destination(
+  upstream: Upstream,
+  target: Target,
+  via: EgressVia,
+  blocked?: AddressBlocker,
+): Promise<Destination> {
+  if (via === "tunnel") return { ok: true, address: target.host, port: target.port };
+  const resolved = await upstream.resolve(target.host, target.port, blocked);
+  if (resolved.ok) return resolved;
+  // A name that resolves to an address a block entry names (I5) is blocked like the entry.
+  const why =
+    resolved.kind === "blocked"
+      ? "it resolves to an address this run's policy blocks"
+      : "it resolves to a private or reserved address";
+  return {
+    ok: false,
+    refusal: new Refusal(
+      resolved.kind === "dns" ? 502 : 403,
+      resolved.kind === "blocked" ? "block" : "refuse",
+      resolved.reason,
+      resolved.kind === "dns" ? `Could not resolve ${target.host}.\n` : blockedBody(target.host, why),
+      {},
+      resolved.kind === "dns" ? { route: "refused" } : { route: "refused", blockedBy: "proxy" },
+    ),
+  };
+}
