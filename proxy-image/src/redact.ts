@@ -1,9 +1,10 @@
 import { Transform, type TransformCallback } from "node:stream";
 
 // Case B7: an upstream that echoes the request back must not hand the injected credential to the
-// sandbox. Every occurrence of a needle (the secret and the exact bytes injected) is masked with
-// the same number of `*`, so lengths, and with them Content-Length, stay right. Matches that
-// straddle chunk boundaries are caught by holding back the last (longest needle - 1) bytes.
+// sandbox. Every occurrence of a needle (each form of the secret and of the exact bytes injected,
+// needlesFor) is masked with the same number of `*`, so lengths, and with them Content-Length,
+// stay right. Matches that straddle chunk boundaries are caught by holding back the last
+// (longest needle - 1) bytes. The proxy's main path and its model lane both mask with these.
 
 export function maskAll(input: Buffer, needles: readonly Buffer[]): Buffer {
   let out: Buffer | null = null;
@@ -48,8 +49,22 @@ export class RedactStream extends Transform {
   }
 }
 
-/** Every byte form in which a secret could come back: the value and what was injected. */
+/**
+ * Every byte form in which a credential could come back (case I9), the one list for the main path
+ * and the model lane alike: the secret and the exact text injected, each as it is, URL-encoded
+ * (percent and form encoding), JSON-escaped, and JSON-escaped with `\/` for `/` (an echo inside a
+ * JSON body, as some serialisers write it). Forms shorter than 4 bytes are left alone.
+ */
 export function needlesFor(secret: string, injected: string): Buffer[] {
-  const forms = new Set([secret, injected, encodeURIComponent(secret)]);
+  const forms = new Set<string>();
+  for (const value of [secret, injected]) {
+    const json = JSON.stringify(value).slice(1, -1);
+    forms.add(value);
+    forms.add(encodeURIComponent(value));
+    forms.add(new URLSearchParams([["x", value]]).toString().slice(2));
+    forms.add(json);
+    forms.add(json.replaceAll("/", "\\/"));
+  }
+  // The secret's forms first: masked inside the injected text, they leave `Bearer ***` readable.
   return [...forms].filter((f) => f.length >= 4).map((f) => Buffer.from(f, "latin1"));
 }

@@ -11,7 +11,10 @@ import { buildConnector, Pool } from "./undici";
 
 export type ResolveResult =
   | { ok: true; address: string; port: number }
-  | { ok: false; reason: string; kind: "dns" | "address" };
+  | { ok: false; reason: string; kind: "dns" | "address" | "blocked" };
+
+/** The block entry naming a resolved address, or null (PolicyIndex.blockedAddress, case I5). */
+export type AddressBlocker = (address: string) => string | null;
 
 export interface UpstreamOptions {
   addressPolicy: ReturnType<typeof createAddressPolicy>;
@@ -55,7 +58,7 @@ export function createUpstream(options: UpstreamOptions) {
   const lookup = options.lookup ?? systemLookup;
   const pools = new Map<string, Pool>();
 
-  async function resolve(host: string, port: number): Promise<ResolveResult> {
+  async function resolve(host: string, port: number, blocked?: AddressBlocker): Promise<ResolveResult> {
     const bare = host.replace(/^\[|\]$/g, "");
     const route = options.testRoutes?.get(host);
     let answers: string[];
@@ -76,6 +79,8 @@ export function createUpstream(options: UpstreamOptions) {
     // Every answer must pass: an answer set that mixes public and private addresses is a
     // rebinding attempt, not a choice to make for the sandbox.
     for (const address of answers) {
+      const entry = blocked?.(address) ?? null;
+      if (entry !== null) return { ok: false, kind: "blocked", reason: `${address} is blocked by ${entry}` };
       const verdict = options.addressPolicy.check(address);
       if (!verdict.allowed) return { ok: false, kind: "address", reason: `${address} is ${verdict.reason}` };
     }

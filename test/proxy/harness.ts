@@ -227,6 +227,13 @@ export async function startProxy(options: {
   ownAddresses?: string[];
   upstream?: Partial<UpstreamOptions>;
   limits?: ProxyOptions["limits"];
+  /**
+   * Port the proxy dials → port actually dialled, for names resolved by `upstream.lookup` (routes
+   * replace the port already): the suite's upstreams listen on free ports, while plain http
+   * leaves for port 80 only (case I6). The checked address is dialled unchanged.
+   */
+  dialPorts?: Record<number, number>;
+  computeLane?: ProxyOptions["computeLane"];
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -268,7 +275,7 @@ export async function startProxy(options: {
     poolFor(protocol, host, address, port) {
       if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
       dials.push({ protocol, host, address, port });
-      return upstream.poolFor(protocol, host, address, port);
+      return upstream.poolFor(protocol, host, address, options.dialPorts?.[port] ?? port);
     },
     // A spliced connection's raw dial (I3): the checked address, recorded the same way.
     dialRaw(address, port) {
@@ -284,6 +291,7 @@ export async function startProxy(options: {
     upstream: guarded,
     log: logged,
     ...(options.limits ? { limits: options.limits } : {}),
+    ...(options.computeLane ? { computeLane: options.computeLane } : {}),
   });
   const listen = (srv: NetServer) =>
     new Promise<number>((resolve) =>

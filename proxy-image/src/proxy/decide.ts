@@ -3,7 +3,7 @@ import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../src/contract/proxy-
 import { COMPUTE_PATH_PREFIX } from "../compute-lane";
 import { type Injection, inject } from "../inject";
 import type { PolicyState } from "../policy-client";
-import type { Upstream } from "../upstream";
+import type { AddressBlocker, Upstream } from "../upstream";
 import { blockedBody, blockedRefusal, probeRefusal, Refusal, spoolFull, tunnelDownBody } from "./refusal";
 import type { Target } from "./target";
 
@@ -37,7 +37,14 @@ export type Decision =
   /** The declared model's lane (model-lane.ts); null when the run declares no model. */
   | { kind: "model"; lane: { spec: ModelLaneSpec; secret: string } | null }
   /** Forward upstream: `target` is what goes upstream (a rule's host is always https). */
-  | { kind: "forward"; target: Target; via: EgressVia; rule: RuleDecision | null };
+  | {
+      kind: "forward";
+      target: Target;
+      via: EgressVia;
+      rule: RuleDecision | null;
+      /** The policy's IP-literal block entries, asked of every resolved answer (case I5). */
+      blockedAddress: AddressBlocker;
+    };
 
 const refuse = (refusal: Refusal, rule: number | null = null): Decision => ({
   kind: "refuse",
@@ -101,7 +108,7 @@ export function decide(target: Target, ctx: DecideContext): Decision {
       rule?.index ?? null,
     );
   }
-  return { kind: "forward", target, via: decision.via, rule };
+  return { kind: "forward", target, via: decision.via, rule, blockedAddress: state.index.blockedAddress };
 }
 
 /**
@@ -124,21 +131,29 @@ export type Destination = { ok: true; address: string; port: number } | { ok: fa
  * answer checked (private, loopback, metadata, the proxy's own...), the first answer dialled; a
  * tunnelled host by name, which the user's agent resolves and checks on its side.
  */
-export async function destination(upstream: Upstream, target: Target, via: EgressVia): Promise<Destination> {
+export async function destination(
+  upstream: Upstream,
+  target: Target,
+  via: EgressVia,
+  blocked?: AddressBlocker,
+): Promise<Destination> {
   if (via === "tunnel") return { ok: true, address: target.host, port: target.port };
-  const resolved = await upstream.resolve(target.host, target.port);
+  const resolved = await upstream.resolve(target.host, target.port, blocked);
   if (resolved.ok) return resolved;
+  // A name that resolves to an address a block entry names (I5) is blocked like the entry.
+  const why =
+    resolved.kind === "blocked"
+      ? "it resolves to an address this run's policy blocks"
+      : "it resolves to a private or reserved address";
   return {
     ok: false,
     refusal: new Refusal(
       resolved.kind === "dns" ? 502 : 403,
-      "refuse",
+      resolved.kind === "blocked" ? "block" : "refuse",
       resolved.reason,
-      resolved.kind === "dns"
-        ? `Could not resolve ${target.host}.\n`
-        : blockedBody(target.host, "it resolves to a private or reserved address"),
+      resolved.kind === "dns" ? `Could not resolve ${target.host}.\n` : blockedBody(target.host, why),
       {},
-      resolved.kind === "address" ? { route: "refused", blockedBy: "proxy" } : { route: "refused" },
+      resolved.kind === "dns" ? { route: "refused" } : { route: "refused", blockedBy: "proxy" },
     ),
   };
 }

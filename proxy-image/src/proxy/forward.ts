@@ -36,7 +36,7 @@ export async function forwardHttp1(
     ? needlesFor(decided.rule.secret, decided.rule.injection.injected)
     : [];
   const viaTunnel = via === "tunnel";
-  const resolved = await destination(upstream, target, via);
+  const resolved = await destination(upstream, target, via, decided.blockedAddress);
   // The rest of the message may have failed to parse meanwhile (bad chunk framing, A4): a
   // request the client side already lost is not started upstream.
   if (req.destroyed || req.socket.destroyed) throw bad(400, "the request failed before it was forwarded");

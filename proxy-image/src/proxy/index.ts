@@ -27,7 +27,14 @@ import {
 } from "./record";
 import { bad, blockedRefusal, Refusal, type RefusalAudit } from "./refusal";
 import { relay } from "./splice";
-import { connectTarget, helloTarget, type Target, type TargetConn, targetOf } from "./target";
+import {
+  connectTarget,
+  explicitPortRefusal,
+  helloTarget,
+  type Target,
+  type TargetConn,
+  targetOf,
+} from "./target";
 
 // The proxy's ways in and its one handler. Three ways in (transparent TLS routed by SNI, plain
 // HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), one path
@@ -266,7 +273,7 @@ export function createProxy(options: ProxyOptions) {
           ...extra,
         }),
       );
-    const resolved = await destination(options.upstream, target, decided.via);
+    const resolved = await destination(options.upstream, target, decided.via, decided.blockedAddress);
     if (raw.destroyed) return;
     if (!resolved.ok) {
       // DNS failure, a private or reserved address: nothing dialled. Terminated instead, where
@@ -404,6 +411,8 @@ export function createProxy(options: ProxyOptions) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
+      const portRefusal = explicitPortRefusal(conn, target);
+      if (portRefusal) throw portRefusal;
       const decided = decide(target, decideContext());
       switch (decided.kind) {
         case "refuse":

@@ -3,7 +3,7 @@ import { isIP } from "node:net";
 import { TLSSocket } from "node:tls";
 import { canonicalHost, splitHostPort } from "../../../src/policy/host";
 import type { Listener } from "./record";
-import { bad, misdirected } from "./refusal";
+import { bad, misdirected, Refusal } from "./refusal";
 
 // What the client asked for: one canonical host, a port, a scheme and a path, from the signals
 // its connection and request carry (TLS SNI, the CONNECT target, the Host header, an
@@ -113,4 +113,24 @@ function hostHeaderValues(req: IncomingMessage): string[] {
     if (req.rawHeaders[i]?.toLowerCase() === "host") out.push(req.rawHeaders[i + 1] ?? "");
   }
   return out;
+}
+
+/**
+ * Case I6: plain http through the explicit proxy port goes to port 80 only, as the redirects do
+ * (CONNECT goes to 443 only). Any other port is a readable 403, recorded as a refused route.
+ */
+export function explicitPortRefusal(conn: TargetConn, target: Target): Refusal | null {
+  if (conn.listener !== "explicit" || target.scheme !== "http" || target.port === 80) return null;
+  return new Refusal(
+    403,
+    "refuse",
+    `plain http to port ${target.port}`,
+    [
+      `Refused by Benchwright: http://${target.host}:${target.port}/ is not reachable from this run; plain http through the proxy goes to port 80 only.`,
+      "Use port 80, or https (CONNECT to port 443).",
+      "",
+    ].join("\n"),
+    {},
+    { route: "refused" },
+  );
 }
