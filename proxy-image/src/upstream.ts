@@ -1,9 +1,9 @@
 import { lookup as dnsLookup } from "node:dns/promises";
 import { isIP, connect as netConnect, type Socket } from "node:net";
-import { createSecureContext, rootCertificates } from "node:tls";
+import { createSecureContext, rootCertificates, type TLSSocket, connect as tlsConnect } from "node:tls";
 import { buildConnector, Pool } from "undici";
 import type { createAddressPolicy } from "./address";
-import { type TunnelClient, tunnelConnect } from "./tunnel-client";
+import { type TunnelClient, TunnelError, tunnelConnect } from "./tunnel-client";
 
 // Upstream connections: resolve once, check every answer (A12, A13), dial exactly the checked
 // address with the original name for SNI and certificate verification (B3). Pools belong to this
@@ -98,10 +98,12 @@ export function createUpstream(options: UpstreamOptions) {
         timeout: options.dialTimeoutMs ?? 10_000,
         lookup: fixedLookup as never,
         rejectUnauthorized: true,
+        // HTTP/2 when the origin offers it in ALPN, else HTTP/1.1 (I1: gRPC needs h2 end to end).
+        allowH2: true,
         ...(isIP(host.replace(/^\[|\]$/g, "")) ? {} : { servername: host }),
       });
       const origin = `${protocol}//${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${port}`;
-      pool = new Pool(origin, { ...POOL_LIMITS, connect });
+      pool = new Pool(origin, { ...POOL_LIMITS, allowH2: true, connect });
       pools.set(key, pool);
     }
     return pool;
@@ -150,6 +152,50 @@ export function createUpstream(options: UpstreamOptions) {
     });
   }
 
+  /**
+   * A fresh HTTP/1.1 TLS connection for one `Upgrade` request (I2), verified against `host` like a
+   * pool's: to exactly `address` (already checked by resolve), or through the egress tunnel when
+   * `address` is null. Never pooled: after the upgrade it belongs to one client connection.
+   */
+  function dialTls(host: string, address: string | null, port: number): Promise<TLSSocket> {
+    const timeoutMs = options.dialTimeoutMs ?? 10_000;
+    const servername = isIP(host.replace(/^\[|\]$/g, "")) ? {} : { servername: host };
+    if (address === null) {
+      const tunnel = options.tunnel;
+      if (!tunnel) return Promise.reject(new TunnelError("down", "no egress tunnel"));
+      const connect = tunnelConnect(tunnel, { secureContext, timeoutMs: options.dialTimeoutMs ?? 15_000 });
+      return new Promise((resolve, reject) =>
+        connect({ protocol: "https:", hostname: host, port, ...servername }, (e, s) =>
+          e || !s ? reject(e ?? new Error("no connection")) : resolve(s as TLSSocket),
+        ),
+      );
+    }
+    return new Promise((resolve, reject) => {
+      const socket = tlsConnect({
+        host: address,
+        port,
+        ...servername,
+        secureContext,
+        rejectUnauthorized: true,
+        ALPNProtocols: ["http/1.1"],
+      });
+      const timer = setTimeout(() => {
+        socket.destroy();
+        reject(Object.assign(new Error("dial timed out"), { code: "ETIMEDOUT" }));
+      }, timeoutMs);
+      const onError = (e: Error) => {
+        clearTimeout(timer);
+        reject(e);
+      };
+      socket.once("error", onError);
+      socket.once("secureConnect", () => {
+        clearTimeout(timer);
+        socket.off("error", onError);
+        resolve(socket);
+      });
+    });
+  }
+
   async function closeAll(): Promise<void> {
     const all = [...pools.values()];
     pools.clear();
@@ -161,6 +207,7 @@ export function createUpstream(options: UpstreamOptions) {
     poolFor,
     tunnelPoolFor,
     dialRaw,
+    dialTls,
     /** Whether the tunnel is paired with the user's agent now. */
     tunnelUp: () => options.tunnel?.up === true,
     closeAll,
