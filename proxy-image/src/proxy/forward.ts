@@ -67,20 +67,7 @@ export async function forward(
   if (out.lost()) throw bad(400, "the request failed before it was forwarded");
   if (!resolved.ok) throw resolved.refusal;
 
-  const headers = [...out.headers];
-  headers.push([
-    "host",
-    target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
-  ]);
-  if (injection) {
-    const name = injection.header?.[0];
-    const kept = name ? headers.filter(([k]) => k !== name) : headers;
-    kept.splice(0, kept.length, ...kept.filter(([k]) => k !== "accept-encoding"));
-    if (injection.header) kept.push(injection.header);
-    // Identity encoding so the scrubber sees plain bytes (B7).
-    kept.push(["accept-encoding", "identity"]);
-    headers.splice(0, headers.length, ...kept);
-  }
+  const headers = upstreamHeaders(decided, out.headers);
   // Count the body on its way to the upstream. (A 'data' listener on the request itself would
   // switch it to flowing mode while the address is still being resolved, and the body would be
   // gone before the upstream request reads it.) pipeline() carries an aborted request on to undici.
@@ -160,6 +147,31 @@ export async function forward(
       return kept;
     },
   };
+}
+
+/**
+ * The headers a decided request goes upstream with: the client's (filtered), the target's
+ * `Host`, and the rule's credential in place of whatever the client sent under that name.
+ */
+export function upstreamHeaders(
+  decided: Extract<Decision, { kind: "forward" }>,
+  filtered: ReadonlyArray<[string, string]>,
+): Array<[string, string]> {
+  const { target } = decided;
+  const injection = decided.rule?.injection ?? null;
+  let headers = [...filtered];
+  headers.push([
+    "host",
+    target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
+  ]);
+  if (injection) {
+    const name = injection.header?.[0];
+    headers = headers.filter(([k]) => k !== name && k !== "accept-encoding");
+    if (injection.header) headers.push(injection.header);
+    // Identity encoding so the scrubber sees plain bytes (B7).
+    headers.push(["accept-encoding", "identity"]);
+  }
+  return headers;
 }
 
 /** Forwards an HTTP/1.1 request; resolves with the upstream's status once the response is sent. */
