@@ -1,6 +1,7 @@
 import { lookup as dnsLookup } from "node:dns/promises";
 import { isIP, connect as netConnect, type Socket } from "node:net";
-import { createSecureContext, rootCertificates, type TLSSocket, connect as tlsConnect } from "node:tls";
+import type { Duplex } from "node:stream";
+import { createSecureContext, rootCertificates, connect as tlsConnect } from "node:tls";
 import { buildConnector, Pool } from "undici";
 import type { createAddressPolicy } from "./address";
 import { type TunnelClient, TunnelError, tunnelConnect } from "./tunnel-client";
@@ -153,23 +154,29 @@ export function createUpstream(options: UpstreamOptions) {
   }
 
   /**
-   * A fresh HTTP/1.1 TLS connection for one `Upgrade` request (I2), verified against `host` like a
-   * pool's: to exactly `address` (already checked by resolve), or through the egress tunnel when
-   * `address` is null. Never pooled: after the upgrade it belongs to one client connection.
+   * One fresh connection for one `Upgrade` request (I2): https verified against `host` like a
+   * pool's (ALPN http/1.1 only), http in clear; to exactly `address` (already checked by
+   * resolve), or through the egress tunnel when `address` is null. Never pooled: after the
+   * upgrade it belongs to one client connection. Resolves once connected (and TLS is verified).
    */
-  function dialTls(host: string, address: string | null, port: number): Promise<TLSSocket> {
-    const timeoutMs = options.dialTimeoutMs ?? 10_000;
+  function dialOnce(
+    protocol: "https:" | "http:",
+    host: string,
+    address: string | null,
+    port: number,
+  ): Promise<Duplex> {
     const servername = isIP(host.replace(/^\[|\]$/g, "")) ? {} : { servername: host };
     if (address === null) {
       const tunnel = options.tunnel;
       if (!tunnel) return Promise.reject(new TunnelError("down", "no egress tunnel"));
       const connect = tunnelConnect(tunnel, { secureContext, timeoutMs: options.dialTimeoutMs ?? 15_000 });
       return new Promise((resolve, reject) =>
-        connect({ protocol: "https:", hostname: host, port, ...servername }, (e, s) =>
-          e || !s ? reject(e ?? new Error("no connection")) : resolve(s as TLSSocket),
+        connect({ protocol, hostname: host, port, ...servername }, (e, s) =>
+          e || !s ? reject(e ?? new Error("no connection")) : resolve(s),
         ),
       );
     }
+    if (protocol === "http:") return dialRaw(address, port);
     return new Promise((resolve, reject) => {
       const socket = tlsConnect({
         host: address,
@@ -182,7 +189,7 @@ export function createUpstream(options: UpstreamOptions) {
       const timer = setTimeout(() => {
         socket.destroy();
         reject(Object.assign(new Error("dial timed out"), { code: "ETIMEDOUT" }));
-      }, timeoutMs);
+      }, options.dialTimeoutMs ?? 10_000);
       const onError = (e: Error) => {
         clearTimeout(timer);
         reject(e);
@@ -207,7 +214,7 @@ export function createUpstream(options: UpstreamOptions) {
     poolFor,
     tunnelPoolFor,
     dialRaw,
-    dialTls,
+    dialOnce,
     /** Whether the tunnel is paired with the user's agent now. */
     tunnelUp: () => options.tunnel?.up === true,
     closeAll,

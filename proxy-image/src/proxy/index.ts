@@ -29,6 +29,7 @@ import {
 import { bad, blockedRefusal, Refusal, type RefusalAudit, toRefusal } from "./refusal";
 import { relay } from "./splice";
 import { connectTarget, helloTarget, type Target, type TargetConn, targetOf } from "./target";
+import { handleUpgrade, type UpgradeContext, upgradeWanted } from "./upgrade";
 
 // The proxy's ways in and its one handler. Three ways in (transparent TLS routed by SNI, plain
 // HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), one path
@@ -36,7 +37,7 @@ import { connectTarget, helloTarget, type Target, type TargetConn, targetOf } fr
 // host policy, rule, route) -> forward with the credential and scrub it from what comes back
 // (forward.ts) -> one record, from which the audit rows are derived (record.ts). Every request is
 // decided on its own, so keep-alive and pipelined follow-ups are checked again (B6), and so is
-// every HTTP/2 stream (h2.ts, I1).
+// every HTTP/2 stream (h2.ts, I1) and every Upgrade handshake (upgrade.ts, I2).
 
 export type { AuditSink, DecisionRecord, Listener, PolicyState };
 
@@ -102,6 +103,9 @@ export function createProxy(options: ProxyOptions) {
 
   const serverOptions = {
     insecureHTTPParser: false, // case A6: never lenient
+    // Upgrade requests go to handleUpgrade (I2), except h2c, forwarded as a plain request with
+    // its Upgrade stripped, as before.
+    shouldUpgradeCallback: upgradeWanted,
     // A missing Host is refused by targetOf, through the refusal path that closes the connection
     // and drops what is pipelined behind it. Node's own check (requireHostHeader) answers 400 but,
     // on Node 24, still hands the next pipelined request to the handler.
@@ -165,6 +169,19 @@ export function createProxy(options: ProxyOptions) {
   plain.on("connection", (socket: Socket) => track(socket, "http"));
   explicit.on("connection", (socket: Socket) => track(socket, "explicit"));
 
+  const upgradeContext: UpgradeContext = {
+    upstream: options.upstream,
+    decideContext: () => decideContext(),
+    versionNow,
+    emit: (r) => emit(r),
+    connOf: (socket) => info.get(socket) ?? track(socket, "http"),
+    idleMs: limits.spliceIdleTimeoutMs,
+  };
+  for (const server of [inner, plain, explicit]) {
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      void handleUpgrade(upgradeContext, req, socket, head);
+    });
+  }
   // HTTP/2 connections (ALPN h2) of both TLS ways in: each stream decided on its own (I1).
   const streams = createStreamServer(
     { upstream: options.upstream, decideContext: () => decideContext(), versionNow, emit: (r) => emit(r) },
