@@ -5,9 +5,10 @@ import {
   connect as h2connect,
   type IncomingHttpHeaders,
 } from "node:http2";
-import type { AddressInfo } from "node:net";
-import { connect as tlsConnect } from "node:tls";
+import type { AddressInfo, Socket } from "node:net";
+import { type TLSSocket, connect as tlsConnect } from "node:tls";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import {
   createTestCa,
   curl,
@@ -19,6 +20,7 @@ import {
   type Upstream,
   vault,
 } from "./harness";
+import { connectTunnel } from "./raw";
 
 // Case I1: HTTP/2 on a terminated host. The proxy offers h2 in ALPN; every stream on a connection
 // is decided on its own, its `:authority` must be the SNI's host (else 421, the other streams go
@@ -93,14 +95,16 @@ afterAll(async () => {
   await Promise.all([api.close(), other.close(), new Promise((r) => h2up.close(r))]);
 });
 
-/** An HTTP/2 session to the proxy's TLS listener, for `sni`, trusting the run CA. */
-function session(sni: string): Promise<ClientHttp2Session> {
+/**
+ * An HTTP/2 session to the proxy's TLS listener for `sni`, trusting the run CA; or inside a
+ * CONNECT tunnel of the explicit port when `tunnel` is given.
+ */
+function session(sni: string, tunnel?: Socket): Promise<ClientHttp2Session> {
   return new Promise((resolve, reject) => {
     const s = h2connect(`https://${sni}`, {
       createConnection: () =>
         tlsConnect({
-          host: "127.0.0.1",
-          port: proxy.tlsPort,
+          ...(tunnel ? { socket: tunnel } : { host: "127.0.0.1", port: proxy.tlsPort }),
           servername: sni,
           ca: proxy.caPem,
           ALPNProtocols: ["h2"],
@@ -262,6 +266,38 @@ describe("case I1: each HTTP/2 stream is decided, injected and masked on its own
     }
   });
 
+  it("inside a CONNECT tunnel too: the stream for the tunnel's host is served, another is 421", async () => {
+    const tunnel = await connectTunnel(proxy.explicitPort, "api.test:443");
+    expect(tunnel.status).toBe(200);
+    const s = await session("api.test", tunnel.socket);
+    const [mine, theirs] = await Promise.all([
+      request(s, { ":method": "GET", ":path": "/v1/tunnel", ":authority": "api.test" }),
+      request(s, { ":method": "GET", ":path": "/v1/tunnel", ":authority": "other.test" }),
+    ]);
+    s.close();
+    expect([mine.status, theirs.status]).toEqual([200, 421]);
+    expect(JSON.parse(mine.body).headers.authorization).toBe(MASKED);
+  });
+
+  it("the platform's own host is offered HTTP/1.1 only, whatever the client offers", async () => {
+    const socket = await new Promise<TLSSocket>((resolve, reject) => {
+      const t = tlsConnect({
+        host: "127.0.0.1",
+        port: proxy.tlsPort,
+        servername: WIRING_PROBE_HOST,
+        ca: proxy.caPem,
+        ALPNProtocols: ["h2", "http/1.1"],
+      });
+      t.once("secureConnect", () => resolve(t));
+      t.once("error", reject);
+    });
+    expect(socket.alpnProtocol).toBe("http/1.1");
+    socket.destroy();
+    const s = await session("api.test");
+    expect(s.alpnProtocol).toBe("h2");
+    s.close();
+  });
+
   it("curl --http2 negotiates h2 with the proxy; an HTTP/1.1 client still gets HTTP/1.1", async () => {
     const h2 = await curl([...tlsArgs(proxy, "api.test"), "--http2", "-D", "-", "https://api.test/v1/curl"]);
     expect(h2.code).toBe(0);
@@ -279,5 +315,46 @@ describe("case I1: each HTTP/2 stream is decided, injected and masked on its own
     // An HTTP/1.1 client to an h2-only origin: translated, injected, masked.
     expect(h1.body).toContain(JSON.stringify({ auth: MASKED, body: "" }));
     expectNoSecret(h1.body);
+  });
+});
+
+describe("case I1: an HTTP/2 session lives by the same deadlines as an HTTP/1.1 connection", () => {
+  it("one that opens no stream, and one idle after its stream, are closed by the proxy", async () => {
+    const short = await startProxy({
+      vault: vault({}),
+      routes: { "other.test": other },
+      upstreamCa: ca,
+      limits: { headersTimeoutMs: 400, keepAliveTimeoutMs: 400 },
+    });
+    try {
+      const open = (sni: string) =>
+        new Promise<ClientHttp2Session>((resolve, reject) => {
+          const s = h2connect(`https://${sni}`, {
+            createConnection: () =>
+              tlsConnect({
+                host: "127.0.0.1",
+                port: short.tlsPort,
+                servername: sni,
+                ca: short.caPem,
+                ALPNProtocols: ["h2"],
+              }),
+          });
+          s.once("connect", () => resolve(s));
+          s.once("error", reject);
+        });
+      const closed = (s: ClientHttp2Session) =>
+        new Promise<void>((resolve) => s.once("close", () => resolve()));
+      // Never a stream: closed by the header deadline.
+      const silent = await open("other.test");
+      await closed(silent);
+      // One stream, then silence: closed by the keep-alive deadline.
+      const used = await open("other.test");
+      const res = await request(used, { ":method": "GET", ":path": "/once", ":authority": "other.test" });
+      expect(res.status).toBe(200);
+      await closed(used);
+      expect(silent.destroyed && used.destroyed).toBe(true);
+    } finally {
+      await short.close();
+    }
   });
 });
