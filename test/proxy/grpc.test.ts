@@ -5,6 +5,7 @@ import {
   makeGenericClientConstructor,
   Server,
   ServerCredentials,
+  type ServerDuplexStream,
   type ServerUnaryCall,
   type ServerWritableStream,
   type ServiceError,
@@ -29,9 +30,9 @@ const json = {
   serialize: (v: Msg) => Buffer.from(JSON.stringify(v)),
   deserialize: (b: Buffer) => JSON.parse(b.toString()) as Msg,
 };
-const method = (name: string, responseStream: boolean) => ({
+const method = (name: string, responseStream: boolean, requestStream = false) => ({
   path: `/bw.test.Echo/${name}`,
-  requestStream: false,
+  requestStream,
   responseStream,
   requestSerialize: json.serialize,
   requestDeserialize: json.deserialize,
@@ -43,6 +44,7 @@ const ECHO = {
   Unary: method("Unary", false),
   Count: method("Count", true),
   Fail: method("Fail", false),
+  Chat: method("Chat", true, true),
 };
 
 let ca: TestCa;
@@ -84,6 +86,12 @@ beforeAll(async () => {
         call.write({ i: i++, auth }, () => setImmediate(next));
       };
       next();
+    },
+    Chat(call: ServerDuplexStream<Msg, Msg>) {
+      const auth = authOf(call.metadata);
+      seen.push({ call: "Chat", authorization: auth });
+      call.on("data", (m: Msg) => call.write({ re: m.say, auth }));
+      call.on("end", () => call.end());
     },
     Fail(call: ServerUnaryCall<Msg, Msg>, callback: sendUnaryData<Msg>) {
       seen.push({ call: "Fail", authorization: authOf(call.metadata) });
@@ -191,6 +199,28 @@ describe("case I1: gRPC through the proxy to a rule host", () => {
     expect(r.messages).toEqual([0, 1, 2, 3, 4].map((i) => ({ i, auth: MASKED })));
     expect(r.trailers["x-count"]).toBe("5");
     expect(seen.at(-1)).toEqual({ call: "Count", authorization: `Bearer ${CANARY}` });
+  });
+
+  it("a bidirectional call, each answer awaited before the next message: nothing is held back", async () => {
+    const chat = client.Chat?.(new Metadata()) as NodeJS.EventEmitter & {
+      write(m: Msg): void;
+      end(): void;
+    };
+    const answers: Msg[] = [];
+    const next = () => new Promise<Msg>((resolve) => chat.once("data", resolve));
+    const done = new Promise<number>((resolve) =>
+      chat.once("status", (s: { code: number }) => resolve(s.code)),
+    );
+    for (const say of ["one", "two", "three"]) {
+      const answer = next();
+      chat.write({ say });
+      // The masked answer must arrive whole while the call stays open, not when the next one comes.
+      answers.push(await answer);
+    }
+    chat.end();
+    expect(await done).toBe(status.OK);
+    expect(answers).toEqual(["one", "two", "three"].map((say) => ({ re: say, auth: MASKED })));
+    expect(seen.at(-1)).toEqual({ call: "Chat", authorization: `Bearer ${CANARY}` });
   });
 
   it("an error status (trailers-only answer) reaches the client with its details masked", async () => {
