@@ -224,6 +224,26 @@ describe("case I2: an Upgrade handshake is decided, injected and audited like a 
     expect(proxy.logs.slice(from).some((r) => r.host === "other.test")).toBe(false);
   });
 
+  it("an upgraded connection is closed when the policy changes under it", async () => {
+    const ws = wsClient("ws.test", "/long");
+    await new Promise<void>((resolve, reject) => {
+      ws.once("open", () => resolve());
+      ws.once("error", reject);
+    });
+    const closed = new Promise<void>((resolve) => ws.once("close", () => resolve()));
+    ws.on("error", () => {});
+    const before = proxy.policy.current();
+    proxy.policy.setVault(vault({ version: 2, hosts: [{ pattern: "ws.test", action: "block" }] }), {});
+    try {
+      await proxy.proxy.policyChanged();
+      await closed;
+      expect(ws.readyState).toBe(WebSocket.CLOSED);
+    } finally {
+      proxy.policy.set(before);
+      await proxy.proxy.policyChanged();
+    }
+  });
+
   it("an Upgrade request with a body is refused 400, nothing dialled", async () => {
     const dialsBefore = proxy.dials.length;
     const socket = await openSocket({

@@ -42,6 +42,9 @@ export function upstreamExchange(
             done(error);
           },
         });
+        // Whoever reads the body sees its error (pipeline() checks an errored stream); this only
+        // keeps an error with no reader yet (a refused encoding, a bodyless answer) from being thrown.
+        body.on("error", () => {});
         resolve({ status, headers: headerRecord(raw), body, trailers });
         return true;
       },

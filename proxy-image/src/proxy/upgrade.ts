@@ -162,7 +162,8 @@ async function upgrade(
       }),
     );
     up.once("response", (res: IncomingMessage) => resolve({ kind: "response", res }));
-    up.once("error", (e) => {
+    // Kept for the request's life: a socket error while a declined answer streams lands here too.
+    up.on("error", (e) => {
       dialled.destroy();
       reject(e);
     });
