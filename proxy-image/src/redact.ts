@@ -3,8 +3,9 @@ import { Transform, type TransformCallback } from "node:stream";
 // Case B7: an upstream that echoes the request back must not hand the injected credential to the
 // sandbox. Every occurrence of a needle (each form of the secret and of the exact bytes injected,
 // needlesFor) is masked with the same number of `*`, so lengths, and with them Content-Length,
-// stay right. Matches that straddle chunk boundaries are caught by holding back the last
-// (longest needle - 1) bytes. The proxy's main path and its model lane both mask with these.
+// stay right. Matches that straddle chunk boundaries are caught by holding back a chunk's end
+// while it could be the start of a needle. The proxy's main path and its model lane both mask
+// with these.
 
 export function maskAll(input: Buffer, needles: readonly Buffer[]): Buffer {
   let out: Buffer | null = null;
@@ -28,16 +29,17 @@ export function maskString(value: string, needles: readonly Buffer[]): string {
 
 export class RedactStream extends Transform {
   private tail: Buffer = Buffer.alloc(0);
-  private readonly keep: number;
 
   constructor(private readonly needles: readonly Buffer[]) {
     super();
-    this.keep = Math.max(0, ...needles.map((n) => n.length - 1));
   }
 
   override _transform(chunk: Buffer, _enc: BufferEncoding, done: TransformCallback): void {
     const joined = maskAll(Buffer.concat([this.tail, chunk]), this.needles);
-    const cut = Math.max(0, joined.length - this.keep);
+    // Held back: only an end that could be the start of a needle the next chunk completes. A
+    // fixed (longest needle - 1) would hold every streamed message's last bytes until the next
+    // one, stalling an interactive stream (a bidirectional gRPC call, server-sent events).
+    const cut = joined.length - partialAtEnd(joined, this.needles);
     this.tail = joined.subarray(cut);
     if (cut > 0) this.push(joined.subarray(0, cut));
     done();
@@ -47,6 +49,20 @@ export class RedactStream extends Transform {
     if (this.tail.length > 0) this.push(maskAll(this.tail, this.needles));
     done();
   }
+}
+
+/** The length of the longest end of `buf` that is a proper prefix of a needle (0: none). */
+function partialAtEnd(buf: Buffer, needles: readonly Buffer[]): number {
+  let longest = 0;
+  for (const needle of needles) {
+    for (let k = Math.min(needle.length - 1, buf.length); k > longest; k--) {
+      if (buf.subarray(buf.length - k).equals(needle.subarray(0, k))) {
+        longest = k;
+        break;
+      }
+    }
+  }
+  return longest;
 }
 
 /**

@@ -283,6 +283,14 @@ export async function startProxy(options: {
       dials.push({ protocol: "splice:", host: null, address, port });
       return upstream.dialRaw(address, port);
     },
+    // An Upgrade request's own connection (I2); null: through the egress tunnel, not recorded.
+    dialOnce(protocol, host, address, port) {
+      if (address !== null) {
+        if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
+        dials.push({ protocol: `upgrade ${protocol}`, host, address, port });
+      }
+      return upstream.dialOnce(protocol, host, address, port);
+    },
   };
   const proxy = createProxy({
     ca,

@@ -6,7 +6,7 @@ import {
 } from "node:http";
 import { createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
 import { createSecureContext, TLSSocket } from "node:tls";
-import { WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
+import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
 import { canonicalHost } from "../../../src/policy/host";
 import type { RunCa } from "../ca";
 import type { ComputeLane } from "../compute-lane";
@@ -17,6 +17,7 @@ import type { Upstream } from "../upstream";
 import { readClientHello } from "./client-hello";
 import { type DecideContext, type Decision, decide, destination, spliceable } from "./decide";
 import { type Exchange, forwardHttp1 } from "./forward";
+import { createStreamServer } from "./h2";
 import {
   type AuditSink,
   auditRows,
@@ -25,7 +26,7 @@ import {
   type RecordInput,
   record,
 } from "./record";
-import { bad, blockedRefusal, Refusal, type RefusalAudit } from "./refusal";
+import { bad, blockedRefusal, Refusal, type RefusalAudit, toRefusal } from "./refusal";
 import { relay } from "./splice";
 import {
   connectTarget,
@@ -35,13 +36,15 @@ import {
   type TargetConn,
   targetOf,
 } from "./target";
+import { handleUpgrade, type UpgradeContext, upgradeWanted } from "./upgrade";
 
 // The proxy's ways in and its one handler. Three ways in (transparent TLS routed by SNI, plain
 // HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), one path
 // for every request: what was asked (target.ts) -> the decision as a value (decide.ts: lanes,
 // host policy, rule, route) -> forward with the credential and scrub it from what comes back
 // (forward.ts) -> one record, from which the audit rows are derived (record.ts). Every request is
-// decided on its own, so keep-alive and pipelined follow-ups are checked again (B6).
+// decided on its own, so keep-alive and pipelined follow-ups are checked again (B6), and so is
+// every HTTP/2 stream (h2.ts, I1) and every Upgrade handshake (upgrade.ts, I2).
 
 export type { AuditSink, DecisionRecord, Listener, PolicyState };
 
@@ -107,6 +110,9 @@ export function createProxy(options: ProxyOptions) {
 
   const serverOptions = {
     insecureHTTPParser: false, // case A6: never lenient
+    // Upgrade requests go to handleUpgrade (I2), except h2c, forwarded as a plain request with
+    // its Upgrade stripped, as before.
+    shouldUpgradeCallback: upgradeWanted,
     // A missing Host is refused by targetOf, through the refusal path that closes the connection
     // and drops what is pipelined behind it. Node's own check (requireHostHeader) answers 400 but,
     // on Node 24, still hands the next pipelined request to the handler.
@@ -170,6 +176,25 @@ export function createProxy(options: ProxyOptions) {
   plain.on("connection", (socket: Socket) => track(socket, "http"));
   explicit.on("connection", (socket: Socket) => track(socket, "explicit"));
 
+  const upgradeContext: UpgradeContext = {
+    upstream: options.upstream,
+    decideContext: () => decideContext(),
+    versionNow,
+    emit: (r) => emit(r),
+    connOf: (socket) => info.get(socket) ?? track(socket, "http"),
+    idleMs: limits.spliceIdleTimeoutMs,
+  };
+  for (const server of [inner, plain, explicit]) {
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      void handleUpgrade(upgradeContext, req, socket, head);
+    });
+  }
+  // HTTP/2 connections (ALPN h2) of both TLS ways in: each stream decided on its own (I1).
+  const streams = createStreamServer(
+    { upstream: options.upstream, decideContext: () => decideContext(), versionNow, emit: (r) => emit(r) },
+    limits,
+  );
+
   const noCertContext = createSecureContext({});
 
   function terminateTls(raw: Socket, conn: Omit<ConnInfo, "id" | "policyVersion">): void {
@@ -177,7 +202,13 @@ export function createProxy(options: ProxyOptions) {
       isServer: true,
       // Shared placeholder until SNI picks the leaf: without it Node builds a context per connection.
       secureContext: noCertContext,
-      ALPNProtocols: ["http/1.1"],
+      // h2 when the client offers it, for every host but the platform's own (their lanes speak
+      // HTTP/1.1); no ALPN at all from the client means HTTP/1.1, as always.
+      ALPNCallback: ({ servername, protocols }) => {
+        const host = canonicalHost(servername ?? "");
+        if (protocols.includes("h2") && host !== WIRING_PROBE_HOST && host !== MODEL_LANE_HOST) return "h2";
+        return protocols.includes("http/1.1") ? "http/1.1" : undefined;
+      },
       SNICallback: (servername, cb) => {
         const host = canonicalHost(servername);
         if (!host) return cb(new Error("SNI is not a valid host name"), undefined);
@@ -191,7 +222,9 @@ export function createProxy(options: ProxyOptions) {
     const handshake = setTimeout(() => tls.destroy(), limits.handshakeTimeoutMs);
     tls.once("secure", () => {
       clearTimeout(handshake);
-      inner.emit("connection", tls);
+      const conn = info.get(tls);
+      if (tls.alpnProtocol === "h2" && conn) streams.serve(tls, conn);
+      else inner.emit("connection", tls);
     });
     tls.on("error", (e: Error & { code?: string }) => {
       clearTimeout(handshake);
@@ -439,15 +472,7 @@ export function createProxy(options: ProxyOptions) {
         }
       }
     } catch (e) {
-      const refusal =
-        e instanceof Refusal
-          ? e
-          : new Refusal(
-              502,
-              "error",
-              `upstream failed: ${(e as Error & { code?: string }).code ?? (e as Error).name}`,
-              "Upstream request failed.\n",
-            );
+      const refusal = toRefusal(e);
       finish(refusal.decision, refusal.reason, refusal.status, refusal.audit);
       closing.add(req.socket);
       if (!res.headersSent) {
