@@ -44,6 +44,9 @@ export default defineConfig({
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
+          // Each test drives real Postgres, Durable Objects and alarms in workerd: on a loaded
+          // 2-core CI machine a few take 5-8 s. Nothing here asserts time.
+          testTimeout: 20_000,
           globalSetup: ["./test/setup/database.ts", "./test/setup/contracts.ts"],
         },
       },

@@ -1,23 +1,26 @@
 // The proxy bench: `npm run bench:proxy`. One run, loopback only (127.0.0.0/8), two to three
 // minutes with the defaults. It measures, against baselines taken in the same run:
-//   keep-alive      direct HTTPS to the upstream / through the proxy (TLS terminated, credential
-//                   header injected) / through mitmdump doing the same (when it is installed),
-//                   32 connections flat out
-//   fixed rate      direct / through the proxy, keep-alive, open loop at half the proxy's
-//                   flat-out rate: the latency the proxy adds below saturation
-//   new connection  direct / through the proxy, one verified TLS handshake per request
-//   memory          the proxy's peak RSS, and its RSS holding 1,000 idle keep-alive connections
+//   keep-alive      direct HTTPS to the upstream / through the minimal Node MITM (lib/minimal-mitm.ts:
+//                   TLS terminated, an undici Pool, one header added, nothing else: Node's own
+//                   limit) / through the proxy (TLS terminated, credential header injected) /
+//                   through mitmdump doing the same (when it is installed), 32 connections flat out
+//   fixed rate      direct / minimal / proxy, keep-alive, open loop at half the proxy's flat-out
+//                   rate: the latency the proxy adds below saturation
+//   new connection  direct / minimal / proxy, one verified TLS handshake per request
+//   memory          the proxy's (and the minimal MITM's) RSS fresh and holding 1,000 idle
+//                   keep-alive connections, and the proxy's peak
 //   decisions       decideHost + matchRule per lookup at 10 and 100,000 rules
 // and writes its section of bench/results/latest.md and latest.json. It never fails on a number:
 // targets are reported as met or not met. Durations and sizes come from the environment (see CONFIG).
-import { type ChildProcess, fork, spawn } from "node:child_process";
-import { mkdtempSync, openSync, rmSync, writeFileSync } from "node:fs";
+import type { ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
 import { FakeControlPlane } from "../test/proxy/control-plane";
-import { createTestCa, vault as vaultOf } from "../test/proxy/harness";
+import { vault as vaultOf } from "../test/proxy/harness";
+import { buildScriptDrift, PROXY_BUILD } from "./lib/bundle";
 import { benchDecisions } from "./lib/decision";
 import {
   fixedRateLoad,
@@ -32,6 +35,15 @@ import {
 import { type Mitmdump, mitmdumpVersion, startMitmdump, stopChild } from "./lib/mitm";
 import { publish, summaryLines } from "./lib/page";
 import { CpuMeter, memoryOf } from "./lib/proc";
+import {
+  HEADER,
+  HOST,
+  startMinimalMitm,
+  startProxyProcess,
+  startUpstream,
+  UPSTREAM_ADDRESS,
+  type UpstreamCounts,
+} from "./lib/proxy-process";
 import { consoleTable, countDecisions, type Phase, proxySection, type Results } from "./lib/report";
 import { gitDescribe, machine, num, ROOT } from "./lib/results";
 
@@ -64,99 +76,46 @@ const SHORT =
   CONFIG.idleConnections < 1000 ||
   CONFIG.decisionRounds < 7 ||
   CONFIG.decisionPasses < 10;
-const HOST = "api.test";
-const UPSTREAM_ADDRESS = "127.0.0.2";
-const HEADER = "x-api-key";
 const SECRET = `sk-bench-${Math.random().toString(36).slice(2, 14)}`;
 const RUN_ID = "run_bench";
-
-interface UpstreamCounts {
-  requests: number;
-  injected: number;
-  connections: number;
-}
 const ZERO_COUNTS: UpstreamCounts = { requests: 0, injected: 0, connections: 0 };
 
 const log = (s: string) => process.stderr.write(`${s}\n`);
-
-function waitExitOr<T>(child: ChildProcess, what: string, p: Promise<T>, ms: number): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms);
-    child.once("exit", (code) => reject(new Error(`${what}: exited with ${code}`)));
-    p.then(
-      (v) => {
-        clearTimeout(timer);
-        resolve(v);
-      },
-      (e: unknown) => {
-        clearTimeout(timer);
-        reject(e);
-      },
-    );
-  });
-}
 
 async function main(): Promise<void> {
   const started = Date.now();
   const dir = mkdtempSync(join(tmpdir(), "bw-bench-"));
   let mitm: Mitmdump | null = null;
   try {
-    // The proxy as shipped: the image's bundle (same esbuild options as `npm run build:proxy`),
+    // The proxy as shipped: the image's bundle (PROXY_BUILD, the options of `npm run build:proxy`),
     // written to a scratch directory so a parallel build of proxy-image/dist is not disturbed.
+    // The minimal MITM is bundled the same way, with the proxy's own undici (proxy-image/src/undici.ts).
+    const drift = buildScriptDrift(readFileSync(join(ROOT, "package.json"), "utf8"));
+    if (drift.length > 0)
+      log(`warning: build:proxy lacks ${drift.join(" ")}: this bench's bundle is not the image's`);
     const bundle = join(dir, "proxy.cjs");
+    // Its source map (external: no comment in the bundle, nothing loaded by the proxy) names the
+    // frames of a CPU profile by source file (bench/profile-summary.ts).
+    // BENCH_PROXY_NODE_ARGS: extra node flags for the proxy process (e.g. --cpu-prof, with
+    // BENCH_KEEP_TMP=1 to keep the profile, written to the scratch directory).
+    const nodeArgs = (process.env.BENCH_PROXY_NODE_ARGS ?? "").split(" ").filter(Boolean);
     await build({
+      ...PROXY_BUILD,
       entryPoints: [join(ROOT, "proxy-image/src/main.ts")],
-      bundle: true,
-      platform: "node",
-      target: "node24",
-      format: "cjs",
       outfile: bundle,
-      // As build:proxy: koffi's binary is loaded by path (none here: no direct listener is benched).
-      external: ["koffi"],
-      logLevel: "warning",
+      sourcemap: "external",
+    });
+    const minimalBundle = join(dir, "minimal-mitm.cjs");
+    await build({
+      ...PROXY_BUILD,
+      entryPoints: [fileURLToPath(new URL("./lib/minimal-mitm.ts", import.meta.url))],
+      outfile: minimalBundle,
     });
 
     // Upstream: api.test, certificate from a test CA, own process, on 127.0.0.2.
-    const testCa = await createTestCa("Benchwright bench upstream CA");
-    const upstreamCaFile = join(dir, "upstream-ca.pem");
-    writeFileSync(upstreamCaFile, testCa.certPem);
-    const leaf = await testCa.issue([HOST]);
-    const upstream = fork(fileURLToPath(new URL("./lib/upstream-server.ts", import.meta.url)), [], {
-      execArgv: ["--import", "tsx"],
-      stdio: ["ignore", "inherit", "inherit", "ipc"],
-    });
-    children.push(upstream);
-    upstream.send({
-      kind: "start",
-      certPem: leaf.certPem,
-      keyPem: leaf.keyPem,
-      address: UPSTREAM_ADDRESS,
-      bodyBytes: CONFIG.bodyBytes,
-      secret: SECRET,
-      header: HEADER,
-    });
-    const upstreamPort = await waitExitOr(
-      upstream,
-      "upstream",
-      new Promise<number>((resolve) => {
-        upstream.on("message", (m: { kind: string; port?: number }) => {
-          if (m.kind === "listening") resolve(m.port as number);
-        });
-      }),
-      20_000,
-    );
-    let countsId = 0;
-    const upstreamCounts = () =>
-      new Promise<UpstreamCounts>((resolve) => {
-        const id = ++countsId;
-        const on = (m: UpstreamCounts & { kind: string; id: number }) => {
-          if (m.kind !== "counts" || m.id !== id) return;
-          upstream.off("message", on);
-          resolve({ requests: m.requests, injected: m.injected, connections: m.connections });
-        };
-        upstream.on("message", on);
-        upstream.send({ kind: "counts", id });
-      });
+    const up = await startUpstream({ dir, bodyBytes: CONFIG.bodyBytes, secret: SECRET, children });
+    const { ca: testCa, port: upstreamPort, child: upstream } = up;
+    const upstreamCounts = up.counts;
 
     // Control plane and the proxy process, configured as in its sandbox but on loopback.
     const cp = new FakeControlPlane(
@@ -170,28 +129,32 @@ async function main(): Promise<void> {
     );
     await cp.start();
     const proxyLog = join(dir, "proxy.log");
-    const logFd = openSync(proxyLog, "w");
-    const readyCall = cp.nextReady();
-    // BENCH_PROXY_NODE_ARGS: extra node flags for the proxy process (e.g. --cpu-prof, with
-    // BENCH_KEEP_TMP=1 to keep the profile, written to the scratch directory).
-    const nodeArgs = (process.env.BENCH_PROXY_NODE_ARGS ?? "").split(" ").filter(Boolean);
-    const proxy = spawn(process.execPath, [...nodeArgs, bundle], {
-      cwd: dir,
-      stdio: ["ignore", logFd, logFd],
-      env: {
-        PATH: process.env.PATH ?? "/usr/bin:/bin",
-        ...cp.proxyEnv(join(dir, "spool")),
-        BW_TEST_EXTRA_CA_FILE: upstreamCaFile,
-        BW_TEST_ROUTES: `${HOST}=${UPSTREAM_ADDRESS}:${upstreamPort}`,
-        BW_TEST_ALLOW_CIDRS: `${UPSTREAM_ADDRESS}/32`,
-      },
+    const {
+      child: proxy,
+      ready,
+      pid: proxyPid,
+    } = await startProxyProcess({
+      bundle,
+      dir,
+      cp,
+      upstream: up,
+      logFile: proxyLog,
+      nodeArgs,
+      children,
     });
-    children.push(proxy);
-    const ready = await waitExitOr(proxy, "proxy", readyCall, 30_000);
-    const proxyPid = proxy.pid as number;
     // Let the start-up settle (first policy poll, JIT of the start path) before reading memory.
     await new Promise((r) => setTimeout(r, 500));
     const freshRss = memoryOf(proxyPid)?.rssMiB ?? Number.NaN;
+
+    const minimalMitm = await startMinimalMitm({
+      bundle: minimalBundle,
+      upstream: up,
+      secret: SECRET,
+      children,
+    });
+    const minimal = minimalMitm.child;
+    await new Promise((r) => setTimeout(r, 500));
+    const minimalFreshRss = memoryOf(minimal.pid as number)?.rssMiB ?? Number.NaN;
 
     const direct: Target = {
       name: "direct",
@@ -208,6 +171,14 @@ async function main(): Promise<void> {
       caPem: ready.caCertPem,
     };
 
+    const viaMinimal: Target = {
+      name: "minimal",
+      address: "127.0.0.1",
+      port: minimalMitm.port,
+      servername: HOST,
+      caPem: minimalMitm.caPem,
+    };
+
     const mitmVersion = CONFIG.mitm ? mitmdumpVersion() : null;
     let mitmNote = CONFIG.mitm ? "not installed, skipped" : "skipped (BENCH_MITM=0)";
     if (mitmVersion) {
@@ -216,7 +187,7 @@ async function main(): Promise<void> {
           dir,
           servername: HOST,
           upstream: { address: UPSTREAM_ADDRESS, port: upstreamPort },
-          upstreamCaFile,
+          upstreamCaFile: up.caFile,
           header: HEADER,
           secret: SECRET,
         });
@@ -232,6 +203,7 @@ async function main(): Promise<void> {
       loadgen: process.pid,
       upstream: upstream.pid as number,
       proxy: proxyPid,
+      minimal: minimal.pid as number,
       ...(mitm ? { mitmdump: mitm.pid } : {}),
     };
 
@@ -292,7 +264,7 @@ async function main(): Promise<void> {
       upstream: { requests: 0, injected: 0, connections: 0 },
     });
 
-    const keepAlive = [row("keep-alive", direct), row("keep-alive", viaProxy)];
+    const keepAlive = [row("keep-alive", direct), row("keep-alive", viaMinimal), row("keep-alive", viaProxy)];
     if (mitm) {
       keepAlive.push(
         row("keep-alive", {
@@ -315,17 +287,22 @@ async function main(): Promise<void> {
     }
     // The fixed rate: BENCH_FIXED_RATE, else half of what the proxy sustained flat out above
     // (so it runs well below saturation on whatever machine this is), in steps of 50.
-    const proxyFlatOut = summarise(keepAlive[1]?.rounds ?? []).rps;
+    const proxyFlatOut = summarise(keepAlive[2]?.rounds ?? []).rps;
     fixedRate = CONFIG.fixedRate ?? Math.max(50, Math.floor(proxyFlatOut / 2 / 50) * 50);
-    const fixed = [row("fixed-rate", direct), row("fixed-rate", viaProxy)];
+    const fixed = [row("fixed-rate", direct), row("fixed-rate", viaMinimal), row("fixed-rate", viaProxy)];
     await measure(fixed);
-    const newConnection = [row("new-connection", direct), row("new-connection", viaProxy)];
+    const newConnection = [
+      row("new-connection", direct),
+      row("new-connection", viaMinimal),
+      row("new-connection", viaProxy),
+    ];
     await measure(newConnection);
 
     const phases: Phase[] = [...keepAlive, ...fixed, ...newConnection].map((r) => ({
       kind: r.kind,
       target: r.target.name,
       ...summarise(r.rounds),
+      windowsRps: r.rounds.map((w) => w.ok / w.windowS),
       cpuCores: r.meter.cores(),
       upstreamRequests: r.upstream.requests,
       upstreamInjected: r.upstream.injected,
@@ -347,6 +324,20 @@ async function main(): Promise<void> {
     const peak = memoryOf(proxyPid);
     log(`  ${idleOpen} open after ${idle.openMs.toFixed(0)} ms: proxy RSS ${idleMem?.rssMiB.toFixed(1)} MiB`);
 
+    // The same for the minimal MITM: what Node itself holds per idle TLS connection.
+    const minimalAfterLoadRss = memoryOf(minimal.pid as number)?.rssMiB ?? Number.NaN;
+    const minimalIdle = await openIdleConnections(viaMinimal, {
+      count: CONFIG.idleConnections,
+      concurrency: 64,
+      maxS: CONFIG.idleMaxS,
+    });
+    await new Promise((r) => setTimeout(r, 250));
+    const minimalIdleMem = memoryOf(minimal.pid as number);
+    const minimalIdleOpen = minimalIdle.open();
+    minimalIdle.close();
+    log(`  minimal MITM: ${minimalIdleOpen} open: RSS ${minimalIdleMem?.rssMiB.toFixed(1)} MiB`);
+
+    await stopChild(minimal);
     await stopChild(proxy);
     await stopChild(upstream);
     await cp.close();
@@ -375,6 +366,12 @@ async function main(): Promise<void> {
           failed: idle.failed,
           openMs: idle.openMs,
           rssMiB: idleMem?.rssMiB ?? Number.NaN,
+        },
+        minimal: {
+          freshRssMiB: minimalFreshRss,
+          afterLoadRssMiB: minimalAfterLoadRss,
+          idleOpen: minimalIdleOpen,
+          idleRssMiB: minimalIdleMem?.rssMiB ?? Number.NaN,
         },
       },
       decisions: decisionResults,

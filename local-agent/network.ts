@@ -1,6 +1,7 @@
 import { existsSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from "node:fs";
 import { PROXY_PORTS } from "../src/contract/local-agent";
 import type { RoutingMode } from "../src/contract/policy";
+import { NON_PUBLIC_V4 } from "../src/policy/addresses";
 import { must, run } from "./command";
 
 // The network of a run (docs/local-backend.md): per run k a proxy namespace bw<k>p linked to the
@@ -61,24 +62,12 @@ export function workNet(k: number, i: number): WorkNet {
 const REJECT = "reject with icmpx type admin-prohibited";
 
 /**
- * The proxy namespace's table. A work link not listed here is refused everything but the
- * proxy's ports, so a link exists closed before its rules do.
- */
-/**
  * Destinations direct traffic (default routing) never reaches: the host's side of every run,
- * every other run, and the private, shared, loopback, link-local (cloud metadata) and multicast
- * ranges, so a sandbox cannot probe the machine's own network.
+ * every other run, and the platform's table of non-public ranges (private, shared, loopback,
+ * link-local and cloud metadata, multicast, reserved), so a sandbox cannot probe the machine's
+ * own network.
  */
-const PRIVATE_V4 = [
-  "0.0.0.0/8",
-  "10.0.0.0/8",
-  "100.64.0.0/10",
-  "127.0.0.0/8",
-  "169.254.0.0/16",
-  "172.16.0.0/12",
-  "192.168.0.0/16",
-  "224.0.0.0/3",
-];
+const PRIVATE_V4 = NON_PUBLIC_V4.map((r) => r.cidr);
 
 export interface DirectExceptions {
   /** Private CIDRs direct traffic may reach anyway (development and tests: their own upstreams). */
@@ -87,6 +76,10 @@ export interface DirectExceptions {
   nameservers: readonly string[];
 }
 
+/**
+ * The proxy namespace's table. A work link not listed here is refused everything but the
+ * proxy's ports, so a link exists closed before its rules do.
+ */
 export function proxyRuleset(
   k: number,
   links: ReadonlyArray<{ i: number; routing: RoutingMode }>,

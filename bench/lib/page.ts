@@ -2,6 +2,7 @@ import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { renderAudit } from "./audit-report";
 import { renderFuzz } from "./fuzz-report";
+import { renderMemory } from "./memory-report";
 import { type Results as ProxyResults, proxySection, renderProxy } from "./report";
 import { BENCHES, type BenchName, mark, resultsDir, type SectionHead } from "./results";
 import { renderStart } from "./start-report";
@@ -13,6 +14,7 @@ import { renderStart } from "./start-report";
 // biome-ignore lint/suspicious/noExplicitAny: each renderer takes its own bench's section
 const RENDER: Record<BenchName, (section: any) => string> = {
   proxy: renderProxy,
+  memory: renderMemory,
   fuzz: renderFuzz,
   audit: renderAudit,
   start: renderStart,
@@ -20,6 +22,7 @@ const RENDER: Record<BenchName, (section: any) => string> = {
 
 const TITLE: Record<BenchName, string> = {
   proxy: "proxy",
+  memory: "proxy memory",
   fuzz: "fuzz",
   audit: "audit ingest",
   start: "run start",
@@ -60,7 +63,9 @@ export function renderPage(page: Page): string {
     }
     const run = `${s.date.slice(0, 10)}, ${s.commit}, Node ${s.machine.node}${s.short ? ", **short run**" : ""}`;
     for (const r of s.summary) {
-      const target = r.target ? `${r.target}${r.met === undefined ? "" : ` (${mark(r.met ?? null)})`}` : "";
+      const target = r.target
+        ? `${r.target}${r.met === undefined ? "" : ` (${mark(r.met ?? null, r.missedBy)})`}`
+        : "";
       lines.push(
         `| ${TITLE[name]} | ${r.measure} | ${r.result} | ${r.baseline} | ${r.ratio} | ${target} | ${run} |`,
       );
@@ -107,7 +112,7 @@ export function summaryLines(section: SectionHead): string {
   return section.summary
     .map(
       (r) =>
-        `  ${r.measure}: ${r.result}${r.baseline ? ` vs ${r.baseline}` : ""}${r.ratio ? ` = ${r.ratio}` : ""}${r.target ? ` (target ${r.target}: ${mark(r.met ?? null)})` : ""}`,
+        `  ${r.measure}: ${r.result}${r.baseline ? ` vs ${r.baseline}` : ""}${r.ratio ? ` = ${r.ratio}` : ""}${r.target ? ` (target ${r.target}: ${mark(r.met ?? null, r.missedBy)})` : ""}`,
     )
     .join("\n");
 }

@@ -50,7 +50,9 @@ export const ratio = (a: number | null | undefined, b: number | null | undefined
   a === null || a === undefined || b === null || b === undefined || b === 0 ? null : a / b;
 /** A ratio as printed: `0.25×`, or n/a. */
 export const times = (n: number | null) => (n === null ? "n/a" : `${f(n, 2)}×`);
-export const mark = (m: boolean | null) => (m === null ? "n/a" : m ? "met" : "NOT met");
+/** A target's verdict: met, missed (by how much, when known), or n/a. */
+export const mark = (m: boolean | null, missedBy?: string) =>
+  m === null ? "n/a" : m ? "met" : missedBy ? `missed by ${missedBy}` : "NOT met";
 export const int = (n: number) => (Number.isFinite(n) ? Math.round(n).toLocaleString("en-US") : "n/a");
 
 /** Median and p90 (nearest rank) of a few samples. */
@@ -66,7 +68,7 @@ export function quantiles(xs: readonly number[]): { n: number; median: number; p
   return { n: s.length, median, p90: at(0.9) };
 }
 
-export const BENCHES = ["proxy", "fuzz", "audit", "start"] as const;
+export const BENCHES = ["proxy", "memory", "fuzz", "audit", "start"] as const;
 export type BenchName = (typeof BENCHES)[number];
 
 /** One line of the results page's summary (and of README's Performance table). */
@@ -81,6 +83,8 @@ export interface SummaryRow {
   /** A target, when the issue set one; reported, never enforced. */
   target?: string;
   met?: boolean | null;
+  /** How far from the target, when it was missed ("0.27×", "12.4 ms"). */
+  missedBy?: string;
 }
 
 /** A bench's part of latest.json; the rest of the object is the bench's own data. */

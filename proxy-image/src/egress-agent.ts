@@ -25,7 +25,7 @@ import {
   TUNNEL_PORTS,
   type TunnelRefusal,
 } from "../../src/contract/tunnel";
-import { buildHostDecider, type HostDecision } from "../../src/policy/compile";
+import { buildAddressBlocker, buildHostDecider, type HostDecision } from "../../src/policy/compile";
 import {
   type HostPatternResult,
   isCanonicalIp,
@@ -149,6 +149,10 @@ export function startEgressAgent(options: EgressAgentOptions): EgressAgent {
     allowCidrs: options.allowCidrs ?? [],
   });
 
+  // An IP literal blocked (by the run's policy or --block) is blocked under every name that
+  // resolves to it, in every spelling of the address (case I5).
+  const blockedByUser = buildAddressBlocker(block.map((pattern) => ({ pattern, action: "block" })));
+  let blockedByPolicy: (address: string) => string | null = () => null;
   let decide: ((host: string) => HostDecision) | null = null;
   let policyVersion: number | null = null;
   let ws: WebSocket | null = null;
@@ -218,12 +222,14 @@ export function startEgressAgent(options: EgressAgentOptions): EgressAgent {
       if (!parsed.success) {
         // A document that does not validate is an answer: fail closed until a good one comes.
         decide = null;
+        blockedByPolicy = () => null;
         policyVersion = null;
         log({ event: "policy_invalid" });
         return;
       }
       if (parsed.data.version !== policyVersion || decide === null) {
         decide = buildHostDecider(parsed.data);
+        blockedByPolicy = buildAddressBlocker(parsed.data.hosts);
         policyVersion = parsed.data.version;
         log({ event: "policy", version: parsed.data.version, runId: parsed.data.runId });
       }
@@ -304,6 +310,8 @@ export function startEgressAgent(options: EgressAgentOptions): EgressAgent {
     }
     // Every answer: a set mixing public and private addresses is a rebinding attempt.
     for (const address of answers) {
+      if (blockedByPolicy(address) !== null) throw new Refusal("blocked", `the run's policy (${address})`);
+      if (blockedByUser(address) !== null) throw new Refusal("blocked", `--block (${address})`);
       const verdict = addressPolicy.check(address);
       if (!verdict.allowed) throw new Refusal("address", `${address} is ${verdict.reason}`);
     }

@@ -222,7 +222,8 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       return { ...outcome, call: SENT_ERRORS.has(code) ? row(502, NO_USAGE) : null };
     }
 
-    const needles = laneNeedles(secret);
+    // The same forms the main path masks (case I9): the key as sent is `Bearer <key>`.
+    const needles = needlesFor(secret, `Bearer ${secret}`);
     const decoders = decodersFor(upstream.headers["content-encoding"]);
     if (decoders === null) {
       // An encoding the scrubber cannot read could carry the key past it (same rule as proxy.ts).
@@ -431,14 +432,6 @@ class BodyTap extends Transform {
   body(): Buffer | null {
     return this.size <= this.max ? Buffer.concat(this.chunks) : null;
   }
-}
-
-/** The key as injected and as a JSON string would spell it (an echo inside a JSON body). */
-function laneNeedles(secret: string): Buffer[] {
-  const json = JSON.stringify(secret).slice(1, -1);
-  const forms = new Set([...needlesFor(secret, `Bearer ${secret}`).map((b) => b.toString("latin1"))]);
-  for (const form of [json, json.replaceAll("/", "\\/")]) if (form.length >= 4) forms.add(form);
-  return [...forms].map((f) => Buffer.from(f, "latin1"));
 }
 
 /**

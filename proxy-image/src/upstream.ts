@@ -1,9 +1,10 @@
 import { lookup as dnsLookup } from "node:dns/promises";
 import { isIP, connect as netConnect, type Socket } from "node:net";
-import { createSecureContext, rootCertificates } from "node:tls";
-import { buildConnector, Pool } from "undici";
+import type { Duplex } from "node:stream";
+import { createSecureContext, rootCertificates, connect as tlsConnect } from "node:tls";
 import type { createAddressPolicy } from "./address";
-import { type TunnelClient, tunnelConnect } from "./tunnel-client";
+import { type TunnelClient, TunnelError, tunnelConnect } from "./tunnel-client";
+import { buildConnector, Pool } from "./undici";
 
 // Upstream connections: resolve once, check every answer (A12, A13), dial exactly the checked
 // address with the original name for SNI and certificate verification (B3). Pools belong to this
@@ -11,7 +12,10 @@ import { type TunnelClient, tunnelConnect } from "./tunnel-client";
 
 export type ResolveResult =
   | { ok: true; address: string; port: number }
-  | { ok: false; reason: string; kind: "dns" | "address" };
+  | { ok: false; reason: string; kind: "dns" | "address" | "blocked" };
+
+/** The block entry naming a resolved address, or null (PolicyIndex.blockedAddress, case I5). */
+export type AddressBlocker = (address: string) => string | null;
 
 export interface UpstreamOptions {
   addressPolicy: ReturnType<typeof createAddressPolicy>;
@@ -55,7 +59,7 @@ export function createUpstream(options: UpstreamOptions) {
   const lookup = options.lookup ?? systemLookup;
   const pools = new Map<string, Pool>();
 
-  async function resolve(host: string, port: number): Promise<ResolveResult> {
+  async function resolve(host: string, port: number, blocked?: AddressBlocker): Promise<ResolveResult> {
     const bare = host.replace(/^\[|\]$/g, "");
     const route = options.testRoutes?.get(host);
     let answers: string[];
@@ -76,6 +80,8 @@ export function createUpstream(options: UpstreamOptions) {
     // Every answer must pass: an answer set that mixes public and private addresses is a
     // rebinding attempt, not a choice to make for the sandbox.
     for (const address of answers) {
+      const entry = blocked?.(address) ?? null;
+      if (entry !== null) return { ok: false, kind: "blocked", reason: `${address} is blocked by ${entry}` };
       const verdict = options.addressPolicy.check(address);
       if (!verdict.allowed) return { ok: false, kind: "address", reason: `${address} is ${verdict.reason}` };
     }
@@ -98,10 +104,12 @@ export function createUpstream(options: UpstreamOptions) {
         timeout: options.dialTimeoutMs ?? 10_000,
         lookup: fixedLookup as never,
         rejectUnauthorized: true,
+        // HTTP/2 when the origin offers it in ALPN, else HTTP/1.1 (I1: gRPC needs h2 end to end).
+        allowH2: true,
         ...(isIP(host.replace(/^\[|\]$/g, "")) ? {} : { servername: host }),
       });
       const origin = `${protocol}//${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${port}`;
-      pool = new Pool(origin, { ...POOL_LIMITS, connect });
+      pool = new Pool(origin, { ...POOL_LIMITS, allowH2: true, connect });
       pools.set(key, pool);
     }
     return pool;
@@ -150,6 +158,56 @@ export function createUpstream(options: UpstreamOptions) {
     });
   }
 
+  /**
+   * One fresh connection for one `Upgrade` request (I2): https verified against `host` like a
+   * pool's (ALPN http/1.1 only), http in clear; to exactly `address` (already checked by
+   * resolve), or through the egress tunnel when `address` is null. Never pooled: after the
+   * upgrade it belongs to one client connection. Resolves once connected (and TLS is verified).
+   */
+  function dialOnce(
+    protocol: "https:" | "http:",
+    host: string,
+    address: string | null,
+    port: number,
+  ): Promise<Duplex> {
+    const servername = isIP(host.replace(/^\[|\]$/g, "")) ? {} : { servername: host };
+    if (address === null) {
+      const tunnel = options.tunnel;
+      if (!tunnel) return Promise.reject(new TunnelError("down", "no egress tunnel"));
+      const connect = tunnelConnect(tunnel, { secureContext, timeoutMs: options.dialTimeoutMs ?? 15_000 });
+      return new Promise((resolve, reject) =>
+        connect({ protocol, hostname: host, port, ...servername }, (e, s) =>
+          e || !s ? reject(e ?? new Error("no connection")) : resolve(s),
+        ),
+      );
+    }
+    if (protocol === "http:") return dialRaw(address, port);
+    return new Promise((resolve, reject) => {
+      const socket = tlsConnect({
+        host: address,
+        port,
+        ...servername,
+        secureContext,
+        rejectUnauthorized: true,
+        ALPNProtocols: ["http/1.1"],
+      });
+      const timer = setTimeout(() => {
+        socket.destroy();
+        reject(Object.assign(new Error("dial timed out"), { code: "ETIMEDOUT" }));
+      }, options.dialTimeoutMs ?? 10_000);
+      const onError = (e: Error) => {
+        clearTimeout(timer);
+        reject(e);
+      };
+      socket.once("error", onError);
+      socket.once("secureConnect", () => {
+        clearTimeout(timer);
+        socket.off("error", onError);
+        resolve(socket);
+      });
+    });
+  }
+
   async function closeAll(): Promise<void> {
     const all = [...pools.values()];
     pools.clear();
@@ -161,6 +219,7 @@ export function createUpstream(options: UpstreamOptions) {
     poolFor,
     tunnelPoolFor,
     dialRaw,
+    dialOnce,
     /** Whether the tunnel is paired with the user's agent now. */
     tunnelUp: () => options.tunnel?.up === true,
     closeAll,

@@ -8,7 +8,8 @@ import {
   type PolicyRule,
   type RunEgress,
 } from "../contract/policy";
-import { canonicalHost, wildcardRemainders } from "./host";
+import { addressKey } from "./addresses";
+import { canonicalHost, isCanonicalIp, parseHostPattern, wildcardRemainders } from "./host";
 
 // Vault → policy document, and the per-request lookups the proxy runs over a document. Pure.
 
@@ -60,6 +61,22 @@ export function compilePolicy(vault: VaultSnapshot, run: RunOptions = { egress: 
   });
 }
 
+/**
+ * The first stored rule that today's pattern checks refuse, as `rule N (host): why`, or null. The
+ * document schema checks the grammar only (a newer suffix list must not make stored documents
+ * unreadable), so the control plane asks this before it compiles a vault for a run: a wildcard
+ * rule over a domain the suffix list has learnt entries under since it was saved (case I8) then
+ * yields no document, and no proxy ever holds it. Only wildcards: the suffix checks are theirs.
+ */
+export function refusedRule(rules: VaultSnapshot["rules"]): string | null {
+  for (const [i, rule] of rules.entries()) {
+    if (!rule.host.startsWith("*.")) continue;
+    const checked = parseHostPattern(rule.host, "rule");
+    if (!checked.ok) return `rule ${i + 1} (${rule.host}): ${checked.message}`;
+  }
+  return null;
+}
+
 export interface HostDecision {
   action: HostAction;
   /** The entry that decided, or null when the default (or an invalid host) did. */
@@ -82,6 +99,11 @@ export interface PolicyIndex {
   decideHost(host: string): HostDecision;
   /** The first rule, in the user's order, whose pattern matches the host; null if none. */
   matchRule(host: string): RuleMatch | null;
+  /**
+   * The block entry naming this address (a resolved answer, in any spelling), or null: an IP
+   * literal blocked is blocked under every name that resolves to it (case I5).
+   */
+  blockedAddress(address: string): string | null;
 }
 
 export interface HostPolicy {
@@ -102,7 +124,7 @@ export function buildHostDecider(policy: HostPolicy): (host: string) => HostDeci
   for (const { pattern, action, via } of policy.hosts) {
     const wild = pattern.startsWith("*.");
     const map = wild ? wildHosts : exactHosts;
-    const key = wild ? pattern.slice(2) : pattern;
+    const key = wild ? pattern.slice(2) : exactKey(pattern);
     // Two entries for one pattern should not exist; if they do, block wins (fail closed).
     if (map.get(key)?.action === "block") continue;
     map.set(key, Object.freeze({ action, pattern, via: via ?? runVia }));
@@ -112,7 +134,7 @@ export function buildHostDecider(policy: HostPolicy): (host: string) => HostDeci
   return (input) => {
     const host = canonicalHost(input);
     if (host === null) return invalid;
-    const exact = exactHosts.get(host);
+    const exact = exactHosts.get(exactKey(host));
     if (exact) return exact;
     // Longest remainder first: the most specific wildcard wins.
     for (const rest of wildcardRemainders(host)) {
@@ -120,6 +142,32 @@ export function buildHostDecider(policy: HostPolicy): (host: string) => HostDeci
       if (hit) return hit;
     }
     return fallback;
+  };
+}
+
+/** An IP literal's address key (NAT64, 6to4, mapped spellings are its IPv4), a name itself. */
+function exactKey(host: string): string {
+  return isCanonicalIp(host) ? (addressKey(host) ?? host) : host;
+}
+
+/**
+ * The block entries that are IP literals, by address (case I5): the proxy and the egress agent
+ * ask it of every resolved answer, so a name that resolves to a blocked address is blocked too.
+ * Returns the deciding pattern, or null.
+ */
+export function buildAddressBlocker(
+  hosts: readonly { pattern: string; action: HostAction }[],
+): (address: string) => string | null {
+  const blocked = new Map<string, string>();
+  for (const { pattern, action } of hosts) {
+    if (action !== "block" || !isCanonicalIp(pattern)) continue;
+    const key = addressKey(pattern);
+    if (key !== null && !blocked.has(key)) blocked.set(key, pattern);
+  }
+  return (address) => {
+    if (blocked.size === 0) return null;
+    const key = addressKey(address);
+    return key === null ? null : (blocked.get(key) ?? null);
   };
 }
 
@@ -136,6 +184,7 @@ export function buildPolicyIndex(doc: PolicyDocument): PolicyIndex {
   }
   return {
     decideHost,
+    blockedAddress: buildAddressBlocker(doc.hosts),
     matchRule(input) {
       const host = canonicalHost(input);
       if (host === null) return null;

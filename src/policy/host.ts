@@ -1,5 +1,6 @@
 import punycode from "punycode/punycode.js";
 import { parse as parseDomain } from "tldts";
+import { suffixEntryBelow } from "./public-suffix";
 
 // Host canonicalisation and the host-pattern grammar. Pure: only globals common to Workers and
 // Node (URL). Every policy decision compares canonical forms, so a host has exactly one name
@@ -182,7 +183,8 @@ const refuse = (message: string): HostPatternResult => ({ ok: false, message });
  * for one or more labels). Case, one trailing dot and a default port (:80, :443) are normalised
  * away; everything else questionable is refused with a message that says what to write instead.
  * A wildcard over a public suffix is refused; for a rule also over a shared (private-section)
- * suffix such as github.io, because a credential must not go to every tenant of such a domain.
+ * suffix such as github.io, or over a domain with any suffix-list entry below it (amazonaws.com),
+ * because a credential must not go to every tenant of such a domain.
  */
 export function parseHostPattern(input: string, use: HostPatternUse): HostPatternResult {
   const syntax = parseHostPatternSyntax(input);
@@ -205,6 +207,16 @@ export function parseHostPattern(input: string, use: HostPatternUse): HostPatter
       return refuse(
         `${rest} is a shared domain where anyone can get a subdomain (public suffix list), so a ` +
           `credential for ${pattern} would go to every tenant of it; name the exact host, e.g. yours.${rest}`,
+      );
+    }
+    // Case I8: a suffix list entry below R (`execute-api.<region>.amazonaws.com` under
+    // `amazonaws.com`) means someone else's hosts match `*.R` too.
+    const below = suffixEntryBelow(rest);
+    if (below !== null) {
+      return refuse(
+        `the public suffix list has entries under ${rest} (e.g. ${below}) where anyone can get a ` +
+          `subdomain, so a credential for ${pattern} could go to hosts other people control; ` +
+          `name the exact host, or a wildcard under a domain you own`,
       );
     }
   }

@@ -11,10 +11,10 @@ import {
 import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { buildPolicyIndex, compilePolicy, type PolicyIndex, type VaultSnapshot } from "../policy/compile";
+import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "../policy/compile";
 import { parseHostPattern, patternCovers } from "../policy/host";
 import { storedSpec } from "../runs/spec";
-import { getSettings, listHosts, listSecrets, previewPolicy, type RuleInput } from "./service";
+import { compileVault, getSettings, listHosts, listSecrets, previewPolicy, type RuleInput } from "./service";
 
 // Dry run: replays the hosts a run reached or was refused (its egress_route_log and
 // blocked_host_log) against a draft vault and against the vault as it is now, with the code the
@@ -307,7 +307,9 @@ export async function dryRun(db: Db, p: Principal, input: DryRunInput): Promise<
   if (!resolved.ok) return resolved;
   const snapshot = withImplicitEntries(resolved.value, base.doc.version);
   if (!snapshot.ok) return snapshot;
-  const draftDoc = compilePolicy(snapshot.value, { egress });
+  const compiled = compileVault(snapshot.value, { egress });
+  if (!compiled.ok) return compiled;
+  const draftDoc = compiled.value;
   const [draftIndex, currentIndex] = [buildPolicyIndex(draftDoc), buildPolicyIndex(base.doc)];
 
   const replays = (await runHosts(db, p, run.id)).map((host): HostReplay => {

@@ -15,7 +15,7 @@ import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-
 import { vaultHosts, vaultModels, vaultRules, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";
 import { type Failure, fail, ok, type Result, unwrap } from "../errors";
-import { compilePolicy } from "../policy/compile";
+import { compilePolicy, type RunOptions, refusedRule, type VaultSnapshot } from "../policy/compile";
 import { parseHostPattern, patternCovers, splitHostPort } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 
@@ -860,18 +860,31 @@ export async function readPolicy(db: Q, p: Principal, run: PolicyOptions): Promi
         `No model named ${JSON.stringify(run.model)} in this vault; add it with POST /v1/vault/models.`,
       );
     }
-    return ok(
-      compilePolicy(
-        {
-          version: settings?.version ?? 0,
-          default: settings?.default ?? "allow",
-          hosts,
-          rules: rules.map((r) => ({ host: r.host, secret: r.secret, inject: r.inject })),
-        },
-        { egress: run.egress, model },
-      ),
+    return compileVault(
+      {
+        version: settings?.version ?? 0,
+        default: settings?.default ?? "allow",
+        hosts,
+        rules: rules.map((r) => ({ host: r.host, secret: r.secret, inject: r.inject })),
+      },
+      { egress: run.egress, model },
     );
   });
+}
+
+/**
+ * compilePolicy as a Result: a stored rule that today's checks refuse is `invalid_host_pattern`,
+ * saying which rule, so a run is not launched with it and its proxy never gets it (case I8).
+ */
+export function compileVault(vault: VaultSnapshot, run: RunOptions): Result<PolicyDocument> {
+  const refused = refusedRule(vault.rules);
+  if (refused !== null) {
+    return fail(
+      "invalid_host_pattern",
+      `The vault's ${refused}. Remove the rule or narrow its host, then try again.`,
+    );
+  }
+  return ok(compilePolicy(vault, run));
 }
 
 /** readPolicy for a caller that answers a request: an unknown model is its 400 unknown_model. */

@@ -233,6 +233,13 @@ export async function startProxy(options: {
   /** Where a direct listener's connection was dialled (a stand-in for SO_ORIGINAL_DST). */
   originalDst?: ProxyOptions["originalDst"];
   splice?: boolean;
+  /**
+   * Port the proxy dials → port actually dialled, for names resolved by `upstream.lookup` (routes
+   * replace the port already): the suite's upstreams listen on free ports, while plain http
+   * leaves for port 80 only (case I6). The checked address is dialled unchanged.
+   */
+  dialPorts?: Record<number, number>;
+  computeLane?: ProxyOptions["computeLane"];
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -274,13 +281,21 @@ export async function startProxy(options: {
     poolFor(protocol, host, address, port) {
       if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
       dials.push({ protocol, host, address, port });
-      return upstream.poolFor(protocol, host, address, port);
+      return upstream.poolFor(protocol, host, address, options.dialPorts?.[port] ?? port);
     },
     // A spliced connection's raw dial (I3): the checked address, recorded the same way.
     dialRaw(address, port) {
       if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
       dials.push({ protocol: "splice:", host: null, address, port });
       return upstream.dialRaw(address, port);
+    },
+    // An Upgrade request's own connection (I2); null: through the egress tunnel, not recorded.
+    dialOnce(protocol, host, address, port) {
+      if (address !== null) {
+        if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
+        dials.push({ protocol: `upgrade ${protocol}`, host, address, port });
+      }
+      return upstream.dialOnce(protocol, host, address, port);
     },
   };
   const proxy = createProxy({
@@ -292,6 +307,7 @@ export async function startProxy(options: {
     ...(options.limits ? { limits: options.limits } : {}),
     ...(options.originalDst ? { originalDst: options.originalDst } : {}),
     ...(options.splice === false ? { splice: false } : {}),
+    ...(options.computeLane ? { computeLane: options.computeLane } : {}),
   });
   const listen = (srv: NetServer) =>
     new Promise<number>((resolve) =>

@@ -371,6 +371,8 @@ describe("cases A12 and A13: the resolved address is checked, and dialled exactl
       // 127.0.0.4–7 are the suite's test hosts (test-only setting); 127.0.0.6 plays the proxy.
       testAllowCidrs: ["127.0.0.4/30"],
       ownAddresses: ["127.0.0.6"],
+      // Plain http leaves for port 80 only (I6): the dial of 80 goes to the upstreams' port.
+      dialPorts: { 80: good.port },
       upstream: {
         lookup: async (host) => {
           lookups.push(host);
@@ -389,14 +391,11 @@ describe("cases A12 and A13: the resolved address is checked, and dialled exactl
 
   it("control: a name that resolves to an allowed test address is forwarded to that address", async () => {
     const r = await exchange({ port: resolving.explicitPort }, [
-      wire(`GET http://ok.resolve.test:${good.port}/ok HTTP/1.1`, [
-        `Host: ok.resolve.test:${good.port}`,
-        "Connection: close",
-      ]),
+      wire(`GET http://ok.resolve.test/ok HTTP/1.1`, ["Host: ok.resolve.test", "Connection: close"]),
     ]);
     expect(r.responses[0]?.status).toBe(200);
     expect(good.seen.at(-1)?.url).toBe("/ok");
-    expect(resolving.dials.at(-1)).toMatchObject({ host: "ok.resolve.test", address: "127.0.0.4" });
+    expect(resolving.dials.at(-1)).toMatchObject({ host: "ok.resolve.test", address: "127.0.0.4", port: 80 });
   });
 
   for (const [name, addrs, why] of TABLE) {
@@ -416,12 +415,16 @@ describe("cases A12 and A13: the resolved address is checked, and dialled exactl
 
   it("127.0.0.1 stays denied although 127.0.0.4–7 are allowed for the suite", async () => {
     const r = await exchange({ port: resolving.explicitPort }, [
-      wire(`GET http://loopback.resolve.test:${good.port}/ HTTP/1.1`, [
-        `Host: loopback.resolve.test:${good.port}`,
+      wire(`GET http://loopback.resolve.test/ HTTP/1.1`, [
+        "Host: loopback.resolve.test",
         "Connection: close",
       ]),
     ]);
     expect(r.responses[0]?.status).toBe(403);
+    expect(resolving.logs.at(-1)).toMatchObject({
+      host: "loopback.resolve.test",
+      reason: expect.stringMatching(/loopback/),
+    });
     expect(internal.counts.connections).toBe(0);
   });
 
@@ -432,8 +435,8 @@ describe("cases A12 and A13: the resolved address is checked, and dialled exactl
     answers.set("rebind.resolve.test", () => sequence[Math.min(call++, sequence.length - 1)] ?? []);
     const request = (path: string) =>
       exchange({ port: resolving.explicitPort }, [
-        wire(`GET http://rebind.resolve.test:${good.port}${path} HTTP/1.1`, [
-          `Host: rebind.resolve.test:${good.port}`,
+        wire(`GET http://rebind.resolve.test${path} HTTP/1.1`, [
+          "Host: rebind.resolve.test",
           "Connection: close",
         ]),
       ]);

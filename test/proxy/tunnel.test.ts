@@ -41,11 +41,15 @@ const ADDRESSES: Record<string, string[]> = {
   "down.test": ["127.0.0.2"], // nothing listens there
   "rebind.test": ["127.0.0.1", "10.0.0.1"],
   "metadata.test": ["169.254.169.254"],
+  // Case I5: names whose answers are IP literals a block entry names, in some spelling.
+  "ipblocked.test": ["127.0.0.3"],
+  "ipblocked6.test": ["64:ff9b::7f00:3"],
+  "userblocked.test": ["127.0.0.4"],
 };
 const lookup: EgressAgentOptions["lookup"] = async (host) => {
   const answers = ADDRESSES[host];
   if (!answers) throw Object.assign(new Error(`getaddrinfo ENOTFOUND ${host}`), { code: "ENOTFOUND" });
-  return answers.map((address) => ({ address, family: 4 }));
+  return answers.map((address) => ({ address, family: address.includes(":") ? 6 : 4 }));
 };
 
 function policy(version: number, hosts: AgentPolicy["hosts"] = []): AgentPolicy {
@@ -368,6 +372,30 @@ describe("egress tunnel: refusals", () => {
     );
     expect(error.kind).toBe("blocked");
     expect(error.message).not.toContain(PROXY_TOKEN);
+  });
+
+  it("case I5: refuses a name resolving to an IP literal the policy or --block names, in any spelling", async () => {
+    const relay = await newRelay(policy(1, [{ pattern: "[64:ff9b::7f00:3]", action: "block" }]));
+    const agent = newAgent(relay, { block: ["[2002:7f00:4::]"] });
+    await agent.policyRead();
+    const proxy = newClient(relay);
+    await proxy.until(true);
+    const kindOf = async (host: string) => (await refusalOf(proxy.client.open(host, 443))).kind;
+    expect(await kindOf("ipblocked.test")).toBe("blocked");
+    expect(await kindOf("ipblocked6.test")).toBe("blocked");
+    expect(await kindOf("userblocked.test")).toBe("blocked");
+    expect(await kindOf("[::ffff:127.0.0.3]")).toBe("blocked");
+    const refused = agent.log.records.filter((r) => r.event === "refused");
+    expect(refused.map((r) => [r.host, r.why, r.detail])).toEqual([
+      ["ipblocked.test", "blocked", "the run's policy (127.0.0.3)"],
+      ["ipblocked6.test", "blocked", "the run's policy (64:ff9b::7f00:3)"],
+      ["userblocked.test", "blocked", "--block (127.0.0.4)"],
+      ["127.0.0.3", "blocked", "the run's policy"],
+    ]);
+    // The control: a name whose address no entry names goes through.
+    const stream = await proxy.client.open("api.test", 443);
+    stream.destroy();
+    expect(agent.log.records).toContainEqual({ event: "allowed", host: "api.test", port: 443 });
   });
 
   it("gives up on an agent that does not answer (unreachable) and cancels the stream", async () => {

@@ -1,7 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { type HostAction, InjectSpec, PolicyDocument } from "../../src/contract/policy";
-import { buildPolicyIndex, compilePolicy, type VaultSnapshot } from "../../src/policy/compile";
+import { buildPolicyIndex, compilePolicy, refusedRule, type VaultSnapshot } from "../../src/policy/compile";
 import { canonicalHost, hostMatches } from "../../src/policy/host";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;
@@ -488,5 +488,18 @@ describe("buildPolicyIndex", () => {
       }),
       { numRuns: 1000 },
     );
+  });
+});
+
+describe("case I8: a stored rule today's checks refuse is found before compiling", () => {
+  it("case I8: a wildcard rule over amazonaws.com is named, with its position", () => {
+    const rules = [
+      { host: "api.example.com", secret: "A", inject: bearer },
+      { host: "*.api.example.com", secret: "A", inject: bearer },
+      { host: "*.amazonaws.com", secret: "B", inject: bearer },
+    ];
+    expect(refusedRule(rules)).toMatch(/^rule 3 \(\*\.amazonaws\.com\): the public suffix list has entries/);
+    expect(refusedRule(rules.slice(0, 2))).toBeNull();
+    expect(refusedRule([{ host: "*.github.io", secret: "A", inject: bearer }])).toMatch(/shared domain/);
   });
 });

@@ -1,4 +1,5 @@
 import fc from "fast-check";
+import { parse as parseDomain } from "tldts";
 import { describe, expect, it } from "vitest";
 import {
   canonicalHost,
@@ -10,6 +11,7 @@ import {
   patternCovers,
   splitHostPort,
 } from "../../src/policy/host";
+import { suffixEntryBelow } from "../../src/policy/public-suffix";
 import { STARTER_PACK_HOSTS } from "../../src/policy/starter-pack";
 
 describe("canonicalHost", () => {
@@ -418,4 +420,49 @@ describe("starter pack", () => {
     expect(STARTER_PACK_HOSTS).toContain("registry.npmjs.org");
     expect(STARTER_PACK_HOSTS).toContain("files.pythonhosted.org");
   });
+});
+
+describe("case I8: a wildcard rule over a domain with public-suffix entries below it", () => {
+  it.each([
+    ["*.amazonaws.com", "amazonaws.com"],
+    ["*.windows.net", "windows.net"],
+    ["*.core.windows.net", "core.windows.net"],
+  ])("case I8: %s is refused for a rule, accepted for a host entry", (input, rest) => {
+    const rule = parseHostPattern(input, "rule");
+    expect(rule.ok).toBe(false);
+    if (!rule.ok) {
+      expect(rule.message).toContain(`the public suffix list has entries under ${rest} (e.g. `);
+      expect(rule.message).toContain("name the exact host");
+    }
+    expect(parseHostPattern(input, "host-entry")).toEqual({ ok: true, pattern: input });
+  });
+
+  it("case I8: execute-api.<region>.amazonaws.com is a private-section entry that *.amazonaws.com covers", () => {
+    const host = "mine.execute-api.us-east-1.amazonaws.com";
+    const parsed = parseDomain(host, { allowPrivateDomains: true });
+    expect(parsed.publicSuffix).toBe("execute-api.us-east-1.amazonaws.com");
+    expect(parsed.isPrivate).toBe(true);
+    expect(hostMatches("*.amazonaws.com", host)).toBe(true);
+  });
+
+  it("case I8: the entry found lies strictly below the domain and is on the list", () => {
+    for (const domain of ["amazonaws.com", "us-east-1.amazonaws.com", "core.windows.net", "co.uk", "com"]) {
+      const entry = suffixEntryBelow(domain);
+      expect(entry, domain).not.toBeNull();
+      expect(entry?.endsWith(`.${domain}`), `${entry}`).toBe(true);
+      // A name under the entry has the entry (a `*` label stands for any one label) as its suffix.
+      const name = `x.${(entry ?? "").replace(/^\*\./, "y.")}`;
+      expect(parseDomain(name, { allowPrivateDomains: true }).publicSuffix, name).toBe(
+        (entry ?? "").replace(/^\*\./, "y."),
+      );
+    }
+  });
+
+  it.each(["*.example.com", "*.api.example.com", "*.openai.com", "*.internal.example"])(
+    "case I8: %s has no entry below it and stays a valid rule",
+    (input) => {
+      expect(suffixEntryBelow(input.slice(2))).toBeNull();
+      expect(parseHostPattern(input, "rule")).toEqual({ ok: true, pattern: input });
+    },
+  );
 });

@@ -1,5 +1,7 @@
+import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import { expectProblem, newTenant, type Tenant } from "./harness";
+import { vaultRules } from "../../src/db/schema";
+import { expectProblem, newTenant, type Tenant, withDb } from "./harness";
 
 // Rules over the API: schemes, host patterns as saved (A14, A16), the implicit allow entry,
 // conflicts with block entries, and the user's order (first match wins).
@@ -640,5 +642,44 @@ describe("rules: order (first match wins)", () => {
     await t.api("PATCH", `/v1/vault/rules/${broad.id}`, { position: 0 });
     const patched = await t.api("GET", "/v1/vault/policy-preview");
     expect(patched.json.rules.map((r: { secret: string }) => r.secret)).toEqual(["BROAD", "NARROW"]);
+  });
+});
+
+describe("case I8: a wildcard rule over a domain with suffix-list entries below it", () => {
+  it.each([
+    ["*.amazonaws.com", "amazonaws.com"],
+    ["*.windows.net", "windows.net"],
+    ["*.core.windows.net", "core.windows.net"],
+  ])("case I8: refuses %j when saved: 400 invalid_host_pattern, nothing stored", async (host, rest) => {
+    const t = await tenantWithSecret();
+    const res = expectProblem(
+      await t.api("POST", "/v1/vault/rules", { host, secret: "KEY", inject: { scheme: "bearer" } }),
+      400,
+      "invalid_host_pattern",
+    );
+    expect(res.json.detail).toContain(`the public suffix list has entries under ${rest}`);
+    expect(res.json.detail).toContain("name the exact host");
+    expect((await t.api("GET", "/v1/vault/rules")).json.rules).toEqual([]);
+    expect(await hosts(t)).toEqual([]);
+    // Blocking the same wildcard stays possible: it sends no credential anywhere.
+    const block = await t.api("POST", "/v1/vault/hosts", { pattern: host, action: "block" });
+    expect(block.status, block.text).toBe(200);
+    expect(block.json).toMatchObject({ pattern: host, action: "block" });
+  });
+
+  it("case I8: an old row saved before the check never compiles: the preview says which rule", async () => {
+    const t = await tenantWithSecret();
+    const rule = await addRule(t, "*.api.example.com");
+    expect((await t.api("GET", "/v1/vault/policy-preview")).status).toBe(200);
+    // As a row written under the older checks would be.
+    await withDb((db) =>
+      db.update(vaultRules).set({ hostPattern: "*.amazonaws.com" }).where(eq(vaultRules.id, rule.id)),
+    );
+    const preview = expectProblem(
+      await t.api("GET", "/v1/vault/policy-preview"),
+      400,
+      "invalid_host_pattern",
+    );
+    expect(preview.json.detail).toMatch(/rule 1 \(\*\.amazonaws\.com\): the public suffix list has entries/);
   });
 });

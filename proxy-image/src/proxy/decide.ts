@@ -4,7 +4,7 @@ import { COMPUTE_PATH_PREFIX } from "../compute-lane";
 import { type Injection, inject } from "../inject";
 import type { Dialed } from "../original-dst";
 import type { PolicyState } from "../policy-client";
-import type { Upstream } from "../upstream";
+import type { AddressBlocker, Upstream } from "../upstream";
 import { blockedBody, blockedRefusal, probeRefusal, Refusal, spoolFull, tunnelDownBody } from "./refusal";
 import type { Target } from "./target";
 
@@ -42,7 +42,15 @@ export type Decision =
    * the address the sandbox itself dialled (a DNAT'd direct connection, I4), where it goes
    * instead of the name's resolved address; only ever set with no rule and a direct route.
    */
-  | { kind: "forward"; target: Target; via: EgressVia; rule: RuleDecision | null; dialed?: Dialed };
+  | {
+      kind: "forward";
+      target: Target;
+      via: EgressVia;
+      rule: RuleDecision | null;
+      /** The policy's IP-literal block entries, asked of every resolved answer (case I5). */
+      blockedAddress: AddressBlocker;
+      dialed?: Dialed;
+    };
 
 const refuse = (refusal: Refusal, rule: number | null = null): Decision => ({
   kind: "refuse",
@@ -106,7 +114,7 @@ export function decide(target: Target, ctx: DecideContext): Decision {
       rule?.index ?? null,
     );
   }
-  return { kind: "forward", target, via: decision.via, rule };
+  return { kind: "forward", target, via: decision.via, rule, blockedAddress: state.index.blockedAddress };
 }
 
 /**
@@ -153,6 +161,21 @@ export function decideDialed(
   };
 }
 
+/**
+ * The decision for one request on any way in (an HTTP/1.1 request, an HTTP/2 stream, an Upgrade
+ * handshake): decideDialed() when its connection was dialled by address (I4), else decide().
+ * `target` is the request's, with the host the decision is about.
+ */
+export function decideRequest(
+  target: Target,
+  conn: { dialed?: Dialed },
+  ctx: DecideContext,
+): { target: Target; decided: Decision } {
+  if (!conn.dialed) return { target, decided: decide(target, ctx) };
+  const { host, decided } = decideDialed(target, conn.dialed, ctx);
+  return { target: { ...target, host }, decided };
+}
+
 export type Destination = { ok: true; address: string; port: number } | { ok: false; refusal: Refusal };
 
 /**
@@ -166,24 +189,28 @@ export async function destination(
   upstream: Upstream,
   target: Target,
   via: EgressVia,
+  blocked?: AddressBlocker,
   dialed?: Dialed,
 ): Promise<Destination> {
   if (via === "tunnel") return { ok: true, address: target.host, port: target.port };
   const resolved = dialed
-    ? await upstream.resolve(dialed.address, dialed.port)
-    : await upstream.resolve(target.host, target.port);
+    ? await upstream.resolve(dialed.address, dialed.port, blocked)
+    : await upstream.resolve(target.host, target.port, blocked);
   if (resolved.ok) return resolved;
+  // A name that resolves to an address a block entry names (I5) is blocked like the entry.
+  const why =
+    resolved.kind === "blocked"
+      ? "it resolves to an address this run's policy blocks"
+      : "it resolves to a private or reserved address";
   return {
     ok: false,
     refusal: new Refusal(
       resolved.kind === "dns" ? 502 : 403,
-      "refuse",
+      resolved.kind === "blocked" ? "block" : "refuse",
       resolved.reason,
-      resolved.kind === "dns"
-        ? `Could not resolve ${target.host}.\n`
-        : blockedBody(target.host, "it resolves to a private or reserved address"),
+      resolved.kind === "dns" ? `Could not resolve ${target.host}.\n` : blockedBody(target.host, why),
       {},
-      resolved.kind === "address" ? { route: "refused", blockedBy: "proxy" } : { route: "refused" },
+      resolved.kind === "dns" ? { route: "refused" } : { route: "refused", blockedBy: "proxy" },
     ),
   };
 }

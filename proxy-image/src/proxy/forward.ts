@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { Transform } from "node:stream";
+import { type Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
+import type { Dispatcher } from "undici";
 import type { EgressRoute } from "../../../src/contract/proxy-wire";
 import { decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
 import { maskString, needlesFor, RedactStream } from "../redact";
@@ -8,11 +9,13 @@ import { TunnelError } from "../tunnel-client";
 import type { Upstream } from "../upstream";
 import { type Decision, destination } from "./decide";
 import { bad, Refusal, tunnelDownBody, tunnelRefusal } from "./refusal";
+import { upstreamExchange } from "./send";
 
-// Terminated HTTP/1 forwarding of one decided request: dial exactly the checked address, send
-// the request with the rule's credential (if any), and scrub that credential from what comes
-// back (B7). What happened is written into `exchange` as it happens, so a failure half-way still
-// leaves an accurate record (bytes so far, whether the host was reached).
+// Terminated forwarding of one decided request, from an HTTP/1.1 request or an HTTP/2 stream
+// alike: dial exactly the checked address, send the request with the rule's credential (if any),
+// and scrub that credential from what comes back (B7), headers, body and trailers. What happened
+// is written into `exchange` as it happens, so a failure half-way still leaves an accurate
+// record (bytes so far, whether the host was reached).
 
 /** Progress of one forwarded exchange, read by the handler for its record. */
 export interface Exchange {
@@ -22,46 +25,53 @@ export interface Exchange {
   route: EgressRoute | null;
 }
 
-/** Forwards the request; resolves with the upstream's status once the response is sent. */
-export async function forwardHttp1(
-  req: IncomingMessage,
-  res: ServerResponse,
+/** A request as it goes upstream, from either HTTP version. */
+export interface Outgoing {
+  method: string;
+  /** The client's headers, filtered (no Host, no hop-by-hop), lowercase names, in order. */
+  headers: Array<[string, string]>;
+  /** The request body, or null when it has none. */
+  body: Readable | null;
+  /** True when the client side is gone already: then nothing is started upstream. */
+  lost(): boolean;
+}
+
+/** The upstream's answer, made safe for the client; the caller pipes `body` through `stages`. */
+export interface Incoming {
+  status: number;
+  /** Filtered, and masked when a credential was injected. */
+  headers: Array<[string, string]>;
+  body: Readable;
+  /** Decoders (if the upstream compressed anyway), the scrubber, the byte counter. */
+  stages: Transform[];
+  /** The upstream's trailers, filtered and masked; complete once the last stage has ended. */
+  trailers(): Array<[string, string]>;
+}
+
+/** Sends one decided request upstream; resolves once the upstream's response head is in. */
+export async function forward(
   decided: Extract<Decision, { kind: "forward" }>,
   upstream: Upstream,
   exchange: Exchange,
-): Promise<number> {
+  out: Outgoing,
+): Promise<Incoming> {
   const { target, via } = decided;
   const injection = decided.rule?.injection ?? null;
   const needles: Buffer[] = decided.rule
     ? needlesFor(decided.rule.secret, decided.rule.injection.injected)
     : [];
   const viaTunnel = via === "tunnel";
-  const resolved = await destination(upstream, target, via, decided.dialed);
+  const resolved = await destination(upstream, target, via, decided.blockedAddress, decided.dialed);
   // The rest of the message may have failed to parse meanwhile (bad chunk framing, A4): a
   // request the client side already lost is not started upstream.
-  if (req.destroyed || req.socket.destroyed) throw bad(400, "the request failed before it was forwarded");
+  if (out.lost()) throw bad(400, "the request failed before it was forwarded");
   if (!resolved.ok) throw resolved.refusal;
 
-  const headers = filterRequestHeaders(req.rawHeaders);
-  headers.push([
-    "host",
-    target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
-  ]);
-  if (injection) {
-    const name = injection.header?.[0];
-    const kept = name ? headers.filter(([k]) => k !== name) : headers;
-    kept.splice(0, kept.length, ...kept.filter(([k]) => k !== "accept-encoding"));
-    if (injection.header) kept.push(injection.header);
-    // Identity encoding so the scrubber sees plain bytes (B7).
-    kept.push(["accept-encoding", "identity"]);
-    headers.splice(0, headers.length, ...kept);
-  }
-  const hasBody =
-    req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0;
-  // Count the body on its way to the upstream. (A 'data' listener on `req` itself would switch
-  // it to flowing mode while the address is still being resolved, and the body would be gone
-  // before the upstream request reads it.) pipeline() carries an aborted request on to undici.
-  const body = hasBody
+  const headers = upstreamHeaders(decided, out.headers);
+  // Count the body on its way to the upstream. (A 'data' listener on the request itself would
+  // switch it to flowing mode while the address is still being resolved, and the body would be
+  // gone before the upstream request reads it.) pipeline() carries an aborted request on to undici.
+  const body = out.body
     ? new Transform({
         transform(chunk: Buffer, _enc, done) {
           exchange.bytesIn += chunk.length;
@@ -69,7 +79,7 @@ export async function forwardHttp1(
         },
       })
     : null;
-  if (body) pipeline(req, body).catch(() => {});
+  if (out.body && body) pipeline(out.body, body).catch(() => {});
   const pool = viaTunnel
     ? upstream.tunnelPoolFor(`${target.scheme}:`, target.host, target.port)
     : upstream.poolFor(`${target.scheme}:`, target.host, resolved.address, resolved.port);
@@ -82,10 +92,10 @@ export async function forwardHttp1(
       {},
       { route: "refused" },
     );
-  let upstreamRes: Awaited<ReturnType<typeof pool.request>>;
+  let answer: Awaited<ReturnType<typeof upstreamExchange>>;
   try {
-    upstreamRes = await pool.request({
-      method: req.method ?? "GET",
+    answer = await upstreamExchange(pool as Dispatcher, {
+      method: out.method,
       path: injection?.path ?? target.path,
       headers: headers.flat(),
       body,
@@ -96,14 +106,14 @@ export async function forwardHttp1(
   }
   exchange.route = viaTunnel ? "tunnel" : "direct";
 
-  const outHeaders = filterResponseHeaders(upstreamRes.headers);
+  const outHeaders = filterResponseHeaders(answer.headers);
   const stages: Transform[] = [];
   if (injection) {
     // The upstream may compress anyway, even in layers: decode every layer so the scrubber
     // sees plain bytes. An encoding it cannot read could carry the secret past it: refuse.
-    const decoders = decodersFor(upstreamRes.headers["content-encoding"]);
+    const decoders = decodersFor(answer.headers["content-encoding"]);
     if (decoders === null) {
-      upstreamRes.body.on("error", () => {}).destroy();
+      answer.body.on("error", () => {}).destroy();
       throw new Refusal(502, "error", "response encoding cannot be scrubbed", "Upstream request failed.\n");
     }
     if (decoders.length > 0) {
@@ -114,6 +124,8 @@ export async function forwardHttp1(
       }
     }
     for (const h of outHeaders) h[1] = maskString(h[1], needles);
+    // Held back: the last (longest needle - 1) bytes wait for the next chunk or the end, so a
+    // secret split across chunks (or gRPC messages) is still caught.
     stages.push(new RedactStream(needles));
   }
   stages.push(
@@ -124,9 +136,64 @@ export async function forwardHttp1(
       },
     }),
   );
-  res.writeHead(upstreamRes.statusCode, outHeaders.flat());
+  return {
+    status: answer.status,
+    headers: outHeaders,
+    body: answer.body,
+    stages,
+    trailers: () => {
+      const kept = filterResponseHeaders(answer.trailers);
+      for (const t of kept) t[1] = maskString(t[1], needles);
+      return kept;
+    },
+  };
+}
+
+/**
+ * The headers a decided request goes upstream with: the client's (filtered), the target's
+ * `Host`, and the rule's credential in place of whatever the client sent under that name.
+ */
+export function upstreamHeaders(
+  decided: Extract<Decision, { kind: "forward" }>,
+  filtered: ReadonlyArray<[string, string]>,
+): Array<[string, string]> {
+  const { target } = decided;
+  const injection = decided.rule?.injection ?? null;
+  let headers = [...filtered];
+  headers.push([
+    "host",
+    target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
+  ]);
+  if (injection) {
+    const name = injection.header?.[0];
+    headers = headers.filter(([k]) => k !== name && k !== "accept-encoding");
+    if (injection.header) headers.push(injection.header);
+    // Identity encoding so the scrubber sees plain bytes (B7).
+    headers.push(["accept-encoding", "identity"]);
+  }
+  return headers;
+}
+
+/** Forwards an HTTP/1.1 request; resolves with the upstream's status once the response is sent. */
+export async function forwardHttp1(
+  req: IncomingMessage,
+  res: ServerResponse,
+  decided: Extract<Decision, { kind: "forward" }>,
+  upstream: Upstream,
+  exchange: Exchange,
+): Promise<number> {
+  const hasBody =
+    req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0;
+  const answer = await forward(decided, upstream, exchange, {
+    method: req.method ?? "GET",
+    headers: filterRequestHeaders(req.rawHeaders),
+    body: hasBody ? req : null,
+    lost: () => req.destroyed || req.socket.destroyed,
+  });
+  // HTTP/1.1 clients get no trailers (as before): the response may not be chunked at all.
+  res.writeHead(answer.status, answer.headers.flat());
   // One pipeline, so an error in any stage (a corrupt gzip body, say) ends the response
   // instead of surfacing as an unhandled stream error.
-  await pipeline([upstreamRes.body, ...stages, res]);
-  return upstreamRes.statusCode;
+  await pipeline([answer.body, ...answer.stages, res]);
+  return answer.status;
 }

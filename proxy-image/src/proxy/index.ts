@@ -13,12 +13,14 @@ import type { ModelLane } from "../model-lane";
 import type { OriginalDst } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import type { Upstream } from "../upstream";
-import { type DecideContext, type Decision, decide, decideDialed } from "./decide";
+import { type DecideContext, decideRequest } from "./decide";
 import { type Exchange, forwardHttp1 } from "./forward";
+import { createStreamServer } from "./h2";
 import { type AuditSink, auditRows, type DecisionRecord, type Listener, record } from "./record";
-import { bad, blockedRefusal, Refusal, type RefusalAudit } from "./refusal";
-import { connectTarget, type Target, targetOf } from "./target";
+import { bad, blockedRefusal, Refusal, type RefusalAudit, toRefusal } from "./refusal";
+import { connectTarget, explicitPortRefusal, type Target, targetOf } from "./target";
 import { type ConnInfo, tlsWaysIn } from "./tls-in";
+import { handleUpgrade, type UpgradeContext, upgradeWanted } from "./upgrade";
 
 // The proxy's ways in and its one handler. Three ways in (transparent TLS routed by SNI, plain
 // HTTP routed by Host, an explicit proxy port for CONNECT and absolute-form requests), and the
@@ -28,7 +30,8 @@ import { type ConnInfo, tlsWaysIn } from "./tls-in";
 // what was asked (target.ts) -> the decision as a value (decide.ts: lanes,
 // host policy, rule, route) -> forward with the credential and scrub it from what comes back
 // (forward.ts) -> one record, from which the audit rows are derived (record.ts). Every request is
-// decided on its own, so keep-alive and pipelined follow-ups are checked again (B6).
+// decided on its own, so keep-alive and pipelined follow-ups are checked again (B6), and so is
+// every HTTP/2 stream (h2.ts, I1) and every Upgrade handshake (upgrade.ts, I2).
 
 export type { AuditSink, DecisionRecord, Listener, PolicyState };
 
@@ -94,6 +97,9 @@ export function createProxy(options: ProxyOptions) {
 
   const serverOptions = {
     insecureHTTPParser: false, // case A6: never lenient
+    // Upgrade requests go to handleUpgrade (I2), except h2c, forwarded as a plain request with
+    // its Upgrade stripped, as before.
+    shouldUpgradeCallback: upgradeWanted,
     // A missing Host is refused by targetOf, through the refusal path that closes the connection
     // and drops what is pipelined behind it. Node's own check (requireHostHeader) answers 400 but,
     // on Node 24, still hands the next pipelined request to the handler.
@@ -169,6 +175,25 @@ export function createProxy(options: ProxyOptions) {
     socket.destroy();
   }
 
+  const upgradeContext: UpgradeContext = {
+    upstream: options.upstream,
+    decideContext: () => decideContext(),
+    versionNow,
+    emit: (r) => emit(r),
+    connOf: (socket) => info.get(socket) ?? track(socket, "http"),
+    idleMs: limits.spliceIdleTimeoutMs,
+  };
+  for (const server of [inner, plain, explicit, directHttp]) {
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      void handleUpgrade(upgradeContext, req, socket, head);
+    });
+  }
+  // HTTP/2 connections (ALPN h2) of the TLS ways in (tls-in.ts): each stream decided on its own (I1).
+  const streams = createStreamServer(
+    { upstream: options.upstream, decideContext: () => decideContext(), versionNow, emit: (r) => emit(r) },
+    limits,
+  );
+
   const { acceptTls, acceptDirectTls } = tlsWaysIn({
     ca: options.ca,
     upstream: options.upstream,
@@ -180,6 +205,7 @@ export function createProxy(options: ProxyOptions) {
     info,
     track,
     inner,
+    streams,
     decideContext: () => decideContext(),
     versionNow,
     notDialed,
@@ -296,14 +322,11 @@ export function createProxy(options: ProxyOptions) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
-      let decided: Decision;
-      if (conn.dialed) {
-        const dialed = decideDialed(target, conn.dialed, decideContext());
-        target = { ...target, host: dialed.host };
-        decided = dialed.decided;
-      } else {
-        decided = decide(target, decideContext());
-      }
+      const portRefusal = explicitPortRefusal(conn, target);
+      if (portRefusal) throw portRefusal;
+      const request = decideRequest(target, conn, decideContext());
+      target = request.target;
+      const decided = request.decided;
       switch (decided.kind) {
         case "refuse":
           rule = decided.rule;
@@ -329,15 +352,7 @@ export function createProxy(options: ProxyOptions) {
         }
       }
     } catch (e) {
-      const refusal =
-        e instanceof Refusal
-          ? e
-          : new Refusal(
-              502,
-              "error",
-              `upstream failed: ${(e as Error & { code?: string }).code ?? (e as Error).name}`,
-              "Upstream request failed.\n",
-            );
+      const refusal = toRefusal(e);
       finish(refusal.decision, refusal.reason, refusal.status, refusal.audit);
       closing.add(req.socket);
       if (!res.headersSent) {

@@ -25,6 +25,13 @@ export class Refusal extends Error {
   }
 }
 
+/** What the client is told about a failure: a refusal as thrown, anything else a 502. */
+export function toRefusal(e: unknown): Refusal {
+  if (e instanceof Refusal) return e;
+  const code = (e as Error & { code?: string }).code ?? (e as Error).name;
+  return new Refusal(502, "error", `upstream failed: ${code}`, "Upstream request failed.\n");
+}
+
 export function bad(status: number, reason: string): Refusal {
   return new Refusal(status, "refuse", reason, `Bad request: ${reason}.\n`);
 }

@@ -1,4 +1,5 @@
 import type { Socket } from "node:net";
+import type { Duplex } from "node:stream";
 
 // A spliced connection: the client's TLS goes to the upstream untouched, so the client sees the
 // upstream's own certificate and negotiates what it likes with it (h2, gRPC, WebSocket, a pinned
@@ -19,7 +20,7 @@ export interface SpliceResult {
 /** Relays until both sides have closed; `first` (what was read of the client so far) goes first. */
 export function relay(
   client: Socket,
-  upstream: Socket,
+  upstream: Socket | Duplex,
   first: Buffer,
   idleMs: number,
 ): Promise<SpliceResult> {
@@ -32,7 +33,7 @@ export function relay(
       upstream.destroy();
     };
     let open = 2;
-    const closed = (other: Socket) => () => {
+    const closed = (other: Socket | Duplex) => () => {
       // One side is gone: finish writing to the other, and keep reading it (pipe() stopped when
       // its destination closed) so its own close is seen; the idle timeout ends one that stalls.
       if (!other.writableEnded) other.end();
@@ -44,7 +45,8 @@ export function relay(
     client.once("close", closed(upstream));
     upstream.once("close", closed(client));
     client.setTimeout(idleMs, () => fail("idle timeout"));
-    upstream.setTimeout(idleMs, () => fail("idle timeout"));
+    // A plain stream through the egress tunnel has no timer of its own; the client's covers it.
+    if ("setTimeout" in upstream) upstream.setTimeout(idleMs, () => fail("idle timeout"));
     upstream.write(first);
     client.on("data", (chunk: Buffer) => {
       result.bytesIn += chunk.length;

@@ -3,7 +3,7 @@ import { isIP } from "node:net";
 import { TLSSocket } from "node:tls";
 import { canonicalHost, splitHostPort } from "../../../src/policy/host";
 import type { Listener } from "./record";
-import { bad, misdirected } from "./refusal";
+import { bad, misdirected, Refusal } from "./refusal";
 
 // What the client asked for: one canonical host, a port, a scheme and a path, from the signals
 // its connection and request carry (TLS SNI, the CONNECT target, the Host header, an
@@ -48,7 +48,7 @@ export function helloTarget(sni: string | null, conn: TargetConn): string | null
 
 /** Works out which host this request is for, refusing any disagreement between the signals. */
 export function targetOf(req: IncomingMessage, conn: TargetConn): Target {
-  const hostValues = hostHeaderValues(req);
+  const hostValues = hostHeaderValues(req.rawHeaders);
   if (hostValues.length !== 1) throw bad(400, `expected one Host header, got ${hostValues.length}`);
   const hostHeader = splitHostPort(hostValues[0] as string);
   if (!hostHeader) throw bad(400, "Host header is not a valid host");
@@ -76,12 +76,7 @@ export function targetOf(req: IncomingMessage, conn: TargetConn): Target {
   let port: number;
   let scheme: Target["scheme"];
   if (req.socket instanceof TLSSocket) {
-    const sni = canonicalHost(String((req.socket as TLSSocket & { servername?: string }).servername ?? ""));
-    if (!sni) throw misdirected("no usable SNI");
-    if (conn.connectHost && sni !== conn.connectHost)
-      throw misdirected("SNI differs from the CONNECT target");
-    authority = conn.connectHost ?? sni;
-    port = conn.connectPort ?? 443;
+    ({ host: authority, port } = tlsAuthority(req.socket, conn));
     scheme = "https";
   } else {
     authority = hostHeader.host;
@@ -107,10 +102,75 @@ export function targetOf(req: IncomingMessage, conn: TargetConn): Target {
   return { host: authority, port, scheme, path };
 }
 
-function hostHeaderValues(req: IncomingMessage): string[] {
+/** The host and port a terminated TLS connection is for: its SNI, which must be the CONNECT target. */
+function tlsAuthority(socket: TLSSocket, conn: TargetConn): { host: string; port: number } {
+  const sni = canonicalHost(String((socket as TLSSocket & { servername?: string }).servername ?? ""));
+  if (!sni) throw misdirected("no usable SNI");
+  if (conn.connectHost && sni !== conn.connectHost) throw misdirected("SNI differs from the CONNECT target");
+  return { host: conn.connectHost ?? sni, port: conn.connectPort ?? 443 };
+}
+
+/** An HTTP/2 request's header block: pseudo-headers and fields as nghttp2 handed them over. */
+export interface StreamHead {
+  method: string | undefined;
+  scheme: string | undefined;
+  authority: string | undefined;
+  path: string | undefined;
+  /** Every field, `[name, value, ...]`, pseudo-headers included. */
+  rawHeaders: readonly string[];
+}
+
+/**
+ * Which host one HTTP/2 stream is for (I1): its `:authority` (or `Host`, which must agree with it
+ * when both are sent) must name the connection's SNI host, else 421, so every stream on a
+ * connection is decided, injected and audited for the host the connection was opened to.
+ */
+export function targetOfStream(head: StreamHead, socket: TLSSocket, conn: TargetConn): Target {
+  if (head.method === "CONNECT") throw bad(400, "CONNECT inside HTTP/2 is not served");
+  if (head.scheme !== "https") throw bad(400, ":scheme is not https");
+  const hosts = hostHeaderValues(head.rawHeaders);
+  if (hosts.length > 1) throw bad(400, `expected at most one Host header, got ${hosts.length}`);
+  const named = head.authority ?? hosts[0];
+  if (named === undefined) throw bad(400, "neither :authority nor Host");
+  const asked = splitHostPort(named);
+  if (!asked) throw bad(400, ":authority is not a valid host");
+  if (head.authority !== undefined && hosts[0] !== undefined) {
+    const host = splitHostPort(hosts[0]);
+    if (!host || host.host !== asked.host || host.port !== asked.port)
+      throw bad(400, "Host header and :authority disagree");
+  }
+  const path = head.path ?? "";
+  if (!path.startsWith("/")) throw bad(400, ":path is not origin-form");
+  const { host, port } = tlsAuthority(socket, conn);
+  if (asked.host !== host) throw misdirected(":authority differs from the connection's host");
+  if (asked.port !== null && asked.port !== port) throw misdirected(":authority port differs");
+  return { host, port, scheme: "https", path };
+}
+
+function hostHeaderValues(rawHeaders: readonly string[]): string[] {
   const out: string[] = [];
-  for (let i = 0; i < req.rawHeaders.length; i += 2) {
-    if (req.rawHeaders[i]?.toLowerCase() === "host") out.push(req.rawHeaders[i + 1] ?? "");
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    if (rawHeaders[i]?.toLowerCase() === "host") out.push(rawHeaders[i + 1] ?? "");
   }
   return out;
+}
+
+/**
+ * Case I6: plain http through the explicit proxy port goes to port 80 only, as the redirects do
+ * (CONNECT goes to 443 only). Any other port is a readable 403, recorded as a refused route.
+ */
+export function explicitPortRefusal(conn: TargetConn, target: Target): Refusal | null {
+  if (conn.listener !== "explicit" || target.scheme !== "http" || target.port === 80) return null;
+  return new Refusal(
+    403,
+    "refuse",
+    `plain http to port ${target.port}`,
+    [
+      `Refused by Benchwright: http://${target.host}:${target.port}/ is not reachable from this run; plain http through the proxy goes to port 80 only.`,
+      "Use port 80, or https (CONNECT to port 443).",
+      "",
+    ].join("\n"),
+    {},
+    { route: "refused" },
+  );
 }

@@ -1,5 +1,6 @@
 import type { Server, Socket } from "node:net";
 import { createSecureContext, TLSSocket } from "node:tls";
+import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
 import { canonicalHost } from "../../../src/policy/host";
 import type { RunCa } from "../ca";
 import type { Dialed, OriginalDst } from "../original-dst";
@@ -7,6 +8,7 @@ import type { PolicyState } from "../policy-client";
 import type { Upstream } from "../upstream";
 import { readClientHello } from "./client-hello";
 import { type DecideContext, type Decision, decideDialed, destination, spliceable } from "./decide";
+import type { createStreamServer } from "./h2";
 import { type DecisionRecord, type Listener, type RecordInput, record } from "./record";
 import { Refusal } from "./refusal";
 import { relay } from "./splice";
@@ -15,7 +17,7 @@ import { helloTarget, type TargetConn } from "./target";
 // The proxy's TLS ways in, before any HTTP: a connection is read up to its ClientHello when there
 // is a splice decision to make (catch-all, I3; a connection dialled by address, I4), then either
 // relayed untouched (splice.ts) or handed to the TLS terminator, whose decrypted connections go
-// to the one HTTP handler in index.ts. Split from index.ts, which keeps the listeners, the
+// to the one HTTP handler in index.ts, or, when ALPN chose h2, to the stream server (h2.ts, I1). Split from index.ts, which keeps the listeners, the
 // handler and the connection bookkeeping these functions are given.
 
 /** What the proxy knows of one client connection. */
@@ -39,8 +41,10 @@ export interface TlsWaysInDeps {
   info: WeakMap<Socket, ConnInfo>;
   /** Counts a connection (the listener's cap, closed on a policy change). */
   track: (socket: Socket, listener: Listener, extra?: Partial<ConnInfo>) => ConnInfo;
-  /** The HTTP server decrypted connections are handed to (it never listens itself). */
+  /** The HTTP server decrypted HTTP/1.1 connections are handed to (it never listens itself). */
   inner: Server;
+  /** Where decrypted connections whose ALPN chose h2 go (h2.ts, I1). */
+  streams: ReturnType<typeof createStreamServer>;
   decideContext: () => DecideContext;
   versionNow: () => number | null;
   /** A direct connection with no original destination: logged and closed. */
@@ -48,7 +52,7 @@ export interface TlsWaysInDeps {
 }
 
 export function tlsWaysIn(deps: TlsWaysInDeps) {
-  const { limits, log, info, track, inner, versionNow } = deps;
+  const { limits, log, info, track, inner, streams, versionNow } = deps;
   const emit = (r: DecisionRecord) => deps.emit(r);
   const decideContext = () => deps.decideContext();
   const notDialed = (socket: Socket, listener: Listener) => deps.notDialed(socket, listener);
@@ -64,7 +68,13 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
       isServer: true,
       // Shared placeholder until SNI picks the leaf: without it Node builds a context per connection.
       secureContext: noCertContext,
-      ALPNProtocols: ["http/1.1"],
+      // h2 when the client offers it, for every host but the platform's own (their lanes speak
+      // HTTP/1.1); no ALPN at all from the client means HTTP/1.1, as always.
+      ALPNCallback: ({ servername, protocols }) => {
+        const host = canonicalHost(servername ?? "");
+        if (protocols.includes("h2") && host !== WIRING_PROBE_HOST && host !== MODEL_LANE_HOST) return "h2";
+        return protocols.includes("http/1.1") ? "http/1.1" : undefined;
+      },
       SNICallback: (servername, cb) => {
         const host = canonicalHost(servername);
         if (!host) return cb(new Error("SNI is not a valid host name"), undefined);
@@ -84,7 +94,9 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
     tls.once("secure", () => {
       clearTimeout(handshake);
       secured = true;
-      inner.emit("connection", tls);
+      const conn = info.get(tls);
+      if (tls.alpnProtocol === "h2" && conn) streams.serve(tls, conn);
+      else inner.emit("connection", tls);
     });
     // A client that rejects the run CA often just hangs up, with no alert and no error here.
     tls.once("close", () => {
@@ -181,7 +193,13 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
           ...extra,
         }),
       );
-    const resolved = await destination(deps.upstream, target, decided.via, decided.dialed);
+    const resolved = await destination(
+      deps.upstream,
+      target,
+      decided.via,
+      decided.blockedAddress,
+      decided.dialed,
+    );
     if (raw.destroyed) return;
     if (!resolved.ok) {
       // DNS failure, a private or reserved address: nothing dialled. Terminated instead, where

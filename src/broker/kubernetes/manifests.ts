@@ -1,6 +1,7 @@
 import { PROXY_PORTS, type Resources } from "../../contract/local-agent";
 import type { RoutingMode } from "../../contract/policy";
 import { PLATFORM_HOSTS } from "../../contract/proxy-wire";
+import { NON_PUBLIC_V4 as NON_PUBLIC_TABLE } from "../../policy/addresses";
 
 // The Kubernetes objects of the sandbox0 backend, as plain JSON (core/v1 and networking.k8s.io/v1).
 // Pure functions of what the broker asked for: the contract tests compare them field by field.
@@ -103,19 +104,8 @@ export function labels(runId: string, sandboxId: string, kind: SandboxKindLabel)
   };
 }
 
-/** Never a destination of a sandbox: private, CGNAT, loopback, link-local (cloud metadata). */
-export const NON_PUBLIC_V4 = [
-  "0.0.0.0/8",
-  "10.0.0.0/8",
-  "100.64.0.0/10",
-  "127.0.0.0/8",
-  "169.254.0.0/16",
-  "172.16.0.0/12",
-  "192.168.0.0/16",
-  "198.18.0.0/15",
-  "224.0.0.0/4",
-  "240.0.0.0/4",
-];
+/** Never a destination of a sandbox: the platform's one table (src/policy/addresses.ts). */
+export const NON_PUBLIC_V4 = NON_PUBLIC_TABLE.map((r) => r.cidr);
 
 const PROXY_POD_PORTS = [
   { port: PROXY_PORTS.tls, protocol: "TCP" },
