@@ -249,6 +249,44 @@ describe("case I4: plain HTTP dialled by address", () => {
   });
 });
 
+describe("case I4: HTTP/2 streams and Upgrade handshakes dialled by address", () => {
+  it("case I4: an entry blocking the dialled address holds for each h2 stream and each Upgrade", async () => {
+    let at: Dialed = { address: "127.0.0.2", port: dialledTls.port };
+    const ipBlocked = await startProxy({
+      vault: vault({ hosts: [{ pattern: "127.0.0.2", action: "block" }] }),
+      originalDst: () => at,
+    });
+    try {
+      const h2 = await curl([
+        "--cacert",
+        ipBlocked.caFile,
+        "--http2",
+        "-D",
+        "-",
+        ...connectTo("allowed.test", ipBlocked.directTlsPort),
+        "https://allowed.test/",
+      ]);
+      expect(h2.status).toBe(403);
+      expect(h2.body).toMatch(/^HTTP\/2 403/);
+      at = { address: "127.0.0.2", port: dialledHttp.port };
+      const ws = await curl([
+        `http://127.0.0.1:${ipBlocked.directHttpPort}/ws`,
+        "-H",
+        "Host: allowed.test",
+        "-H",
+        "Connection: Upgrade",
+        "-H",
+        "Upgrade: websocket",
+      ]);
+      expect(ws.status).toBe(403);
+      expect(ipBlocked.audit.blocked.filter((h) => h === "127.0.0.2").length).toBeGreaterThanOrEqual(2);
+      expect(ipBlocked.dials).toEqual([]);
+    } finally {
+      await ipBlocked.close();
+    }
+  });
+});
+
 describe("original-dst.ts on a socket nobody DNAT'd", () => {
   it("gives null: there is no other destination than where it arrived", async () => {
     const originalDst = await loadOriginalDst();
