@@ -274,6 +274,19 @@ describe("case I3: what is never spliced", () => {
     expect(proxy.dials.length).toBe(dialsBefore);
   });
 
+  it("case I3: a blocked SNI whose client refuses the run CA is still recorded, from its ClientHello", async () => {
+    const dialsBefore = proxy.dials.length;
+    const from = proxy.logs.length;
+    const blockedBefore = proxy.audit.blocked.length;
+    const tls = await handshake(proxy.tlsPort, { servername: "evil.test", ca: spliceCa.certPem });
+    expect(tls).toBeInstanceOf(Error);
+    const record = await proxy.waitForLog((l) => l.event === "decision" && l.host === "evil.test", from);
+    expect(record).toMatchObject({ mode: "close", decision: "block", route: "refused" });
+    expect(String(record.reason)).toContain("handshake failed");
+    expect(proxy.audit.blocked.slice(blockedBefore)).toEqual(["evil.test"]);
+    expect(proxy.dials.length).toBe(dialsBefore);
+  });
+
   it("case I3: a ClientHello without SNI is not spliced: terminated, and the handshake fails", async () => {
     // No name, nothing to decide on; the terminator has no certificate for no name, so the
     // handshake fails and nothing is dialled (connecting to an IP, node:tls sends no SNI).

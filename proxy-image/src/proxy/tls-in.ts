@@ -7,7 +7,7 @@ import type { Dialed, OriginalDst } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import type { Upstream } from "../upstream";
 import { readClientHello } from "./client-hello";
-import { type DecideContext, type Decision, decideDialed, destination, spliceable } from "./decide";
+import { type DecideContext, type Decision, decide, decideDialed, destination, spliceable } from "./decide";
 import type { createStreamServer } from "./h2";
 import { type DecisionRecord, type Listener, type RecordInput, record } from "./record";
 import { Refusal } from "./refusal";
@@ -140,8 +140,32 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
         const decided = host === null ? null : spliceable(host, ctx);
         if (host === null || decided === null) {
           // Not spliced: the very bytes read go to the TLS terminator, which decides per request.
+          // A blocked SNI whose client then refuses the run CA sends no request to decide on: the
+          // refusal is recorded from the ClientHello instead, as the direct listeners do.
+          const refused = host === null ? null : decide({ host, port: 443, scheme: "https", path: "/" }, ctx);
           raw.unshift(read.bytes);
-          return terminateTls(raw, conn);
+          return terminateTls(
+            raw,
+            conn,
+            refused?.kind === "refuse" && host !== null
+              ? (code) =>
+                  emit(
+                    record({
+                      conn: info.get(raw) ?? track(raw, conn.listener, conn),
+                      method: "TLS",
+                      host,
+                      port: 443,
+                      decision: refused.refusal.decision,
+                      reason: `${refused.refusal.reason}; handshake failed: ${code}`,
+                      status: 0,
+                      started: Date.now(),
+                      policyVersion: versionNow(),
+                      mode: "close",
+                      ...refused.refusal.audit,
+                    }),
+                  )
+              : undefined,
+          );
         }
         void spliceTo(raw, conn, decided, read.bytes, ctx.policy);
       },
