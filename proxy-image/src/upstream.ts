@@ -141,20 +141,7 @@ export function createUpstream(options: UpstreamOptions) {
   function dialRaw(address: string, port: number): Promise<Socket> {
     return new Promise((resolve, reject) => {
       const socket = netConnect({ host: address, port, family: isIP(address) });
-      const timer = setTimeout(() => {
-        socket.destroy();
-        reject(Object.assign(new Error("dial timed out"), { code: "ETIMEDOUT" }));
-      }, options.dialTimeoutMs ?? 10_000);
-      const onError = (e: Error) => {
-        clearTimeout(timer);
-        reject(e);
-      };
-      socket.once("error", onError);
-      socket.once("connect", () => {
-        clearTimeout(timer);
-        socket.off("error", onError);
-        resolve(socket);
-      });
+      settleDial(socket, "connect", options.dialTimeoutMs ?? 10_000, resolve, reject);
     });
   }
 
@@ -191,20 +178,7 @@ export function createUpstream(options: UpstreamOptions) {
         rejectUnauthorized: true,
         ALPNProtocols: ["http/1.1"],
       });
-      const timer = setTimeout(() => {
-        socket.destroy();
-        reject(Object.assign(new Error("dial timed out"), { code: "ETIMEDOUT" }));
-      }, options.dialTimeoutMs ?? 10_000);
-      const onError = (e: Error) => {
-        clearTimeout(timer);
-        reject(e);
-      };
-      socket.once("error", onError);
-      socket.once("secureConnect", () => {
-        clearTimeout(timer);
-        socket.off("error", onError);
-        resolve(socket);
-      });
+      settleDial(socket, "secureConnect", options.dialTimeoutMs ?? 10_000, resolve, reject);
     });
   }
 
@@ -227,3 +201,27 @@ export function createUpstream(options: UpstreamOptions) {
 }
 
 export type Upstream = ReturnType<typeof createUpstream>;
+
+/** A dial settled once: `event` resolves it, an error or the deadline (the socket destroyed) rejects it. */
+function settleDial<S extends Socket>(
+  socket: S,
+  event: "connect" | "secureConnect",
+  timeoutMs: number,
+  resolve: (socket: S) => void,
+  reject: (e: Error) => void,
+): void {
+  const timer = setTimeout(() => {
+    socket.destroy();
+    reject(Object.assign(new Error("dial timed out"), { code: "ETIMEDOUT" }));
+  }, timeoutMs);
+  const onError = (e: Error) => {
+    clearTimeout(timer);
+    reject(e);
+  };
+  socket.once("error", onError);
+  socket.once(event, () => {
+    clearTimeout(timer);
+    socket.off("error", onError);
+    resolve(socket);
+  });
+}
