@@ -149,6 +149,22 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
       expectWiringUsage(await exec(await container("proxy"), ["bw-wiring"]));
     });
 
+    it("loads koffi's binary for the image's own libc, as the proxy does for a DNAT'd socket", async () => {
+      // original-dst.ts loads koffi lazily and fails closed without it (every direct-listener
+      // connection refused): a missing or wrong-architecture binary would pass every other test.
+      const id = await container("proxy");
+      const probe = [
+        'const koffi = require("/opt/benchwright/node_modules/koffi");',
+        'const libc = koffi.load("libc.so.6");',
+        'const getsockopt = libc.func("int getsockopt(int fd, int level, int name, _Out_ uint8_t *val, _Inout_ uint32_t *len)");',
+        // fd 0 is not a socket here: the call itself must run and fail with -1 (ENOTSOCK).
+        "console.log(JSON.stringify({ pid: libc.func('int getpid()')() === process.pid, rc: getsockopt(0, 0, 80, Buffer.alloc(16), [16]) }));",
+      ].join("\n");
+      const r = await exec(id, ["node", "-e", probe]);
+      expect(r.code, r.stderr).toBe(0);
+      expect(JSON.parse(r.stdout)).toEqual({ pid: true, rc: -1 });
+    });
+
     it("bw-init tools lays out node and the exec runner, which print their usage from /bw/tools", async () => {
       const id = await container("proxy");
       const init = await exec(id, ["sh", "-c", "mkdir -p /bw/tools /bw/run && bw-init tools"], { user: "0" });
