@@ -146,6 +146,15 @@ export function createUpstream(options: UpstreamOptions) {
   }
 
   /**
+   * A raw stream to `host`:`port` through the egress tunnel, for a spliced TLS connection of a
+   * tunnelled host: the user's agent resolves and checks the address on its side (a refusal is a
+   * TunnelError), and the client's own handshake goes through the stream untouched.
+   */
+  function dialTunnelRaw(host: string, port: number): Promise<Duplex> {
+    return dialOnce("http:", host, null, port);
+  }
+
+  /**
    * One fresh connection for one `Upgrade` request (I2): https verified against `host` like a
    * pool's (ALPN http/1.1 only), http in clear; to exactly `address` (already checked by
    * resolve), or through the egress tunnel when `address` is null. Never pooled: after the
@@ -193,6 +202,7 @@ export function createUpstream(options: UpstreamOptions) {
     poolFor,
     tunnelPoolFor,
     dialRaw,
+    dialTunnelRaw,
     dialOnce,
     /** Whether the tunnel is paired with the user's agent now. */
     tunnelUp: () => options.tunnel?.up === true,

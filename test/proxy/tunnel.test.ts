@@ -1,11 +1,11 @@
 import { spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
+import { randomBytes, X509Certificate } from "node:crypto";
 import { EventEmitter, once } from "node:events";
 import { createServer as createHttpServer, type Server as HttpServer, type ServerResponse } from "node:http";
 import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
 import { type AddressInfo, connect as netConnect, type Socket } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
-import { createSecureContext, rootCertificates } from "node:tls";
+import { createSecureContext, rootCertificates, connect as tlsConnect } from "node:tls";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 // The undici the proxy bundles (proxy-image/package.json), not the root's.
 import { Pool } from "../../proxy-image/node_modules/undici";
@@ -16,7 +16,7 @@ import {
 } from "../../proxy-image/src/egress-agent";
 import { TunnelClient, TunnelError, tunnelConnect } from "../../proxy-image/src/tunnel-client";
 import type { AgentPolicy } from "../../src/contract/tunnel";
-import { createTestCa, selfSignedCert } from "./harness";
+import { createTestCa, selfSignedCert, startProxy, vault } from "./harness";
 import { startTestRelay, type TestRelay } from "./tunnel-relay";
 
 // The egress tunnel end to end on loopback: the proxy's TunnelClient and an undici Pool over it,
@@ -583,4 +583,72 @@ describe("egress agent: the command", () => {
     expect(child.err()).toContain("the run ended");
     expect(child.out() + child.err()).not.toContain(AGENT_TOKEN);
   }, 20_000);
+});
+
+describe("case I3: a tunnelled host is spliced through the egress tunnel", () => {
+  /** The whole proxy (catch-all: egress through the tunnel forces it) over a paired tunnel. */
+  async function proxyOverTunnel() {
+    const parts = await tunnel();
+    const running = await startProxy({
+      vault: vault({
+        default: "block",
+        hosts: [
+          { pattern: "api.test", action: "allow", via: "tunnel" },
+          // Allowed by the vault, refused by the user's agent (BASE_POLICY blocks it there).
+          { pattern: "blocked.test", action: "allow", via: "tunnel" },
+        ],
+      }),
+      upstream: { tunnel: parts.proxy.client },
+    });
+    cleanups.push(() => running.close());
+    return { ...parts, running };
+  }
+
+  /** One HTTP/1.1 GET over TLS to the proxy's transparent listener, trusting only `ca`. */
+  function getOverTls(port: number, host: string, ca: string) {
+    return new Promise<{ issuer: string; text: string }>((resolve, reject) => {
+      const s = tlsConnect({ host: "127.0.0.1", port, servername: host, ca, ALPNProtocols: ["http/1.1"] });
+      let text = "";
+      let issuer = "";
+      s.once("secureConnect", () => {
+        issuer = new X509Certificate(s.getPeerCertificate(true).raw).issuer;
+        s.write(`GET /hello HTTP/1.1\r\nHost: ${host}\r\nConnection: close\r\n\r\n`);
+      });
+      s.setEncoding("utf8");
+      s.on("data", (d: string) => {
+        text += d;
+      });
+      s.once("end", () => resolve({ issuer, text }));
+      s.once("error", reject);
+    });
+  }
+
+  it("case I3: the client's TLS goes to the upstream inside the tunnel, untouched; routed tunnel", async () => {
+    const { agent, running } = await proxyOverTunnel();
+    // The client trusts only the upstream's CA: a handshake that completes was not terminated.
+    const got = await getOverTls(running.tlsPort, "api.test", caPem);
+    expect(got.text).toMatch(/^HTTP\/1\.1 200 /);
+    expect(got.text).toContain("hello from api.test");
+    expect(got.issuer).not.toBe(new X509Certificate(running.caPem).subject);
+    const record = await running.waitForLog((r) => r.mode === "splice" && r.host === "api.test");
+    expect(record).toMatchObject({ decision: "allow", reason: "spliced", route: "tunnel", method: "TLS" });
+    expect(running.audit.routes).toContainEqual(["api.test", "tunnel"]);
+    // The agent made the connection, on the user's machine; the proxy dialled nothing itself.
+    expect(agent.log.records).toContainEqual({ event: "allowed", host: "api.test", port: 443 });
+    expect(running.dials).toEqual([]);
+  });
+
+  it("case I3: a host the user's agent refuses is terminated instead and refused readably", async () => {
+    const { agent, running } = await proxyOverTunnel();
+    const got = await getOverTls(running.tlsPort, "blocked.test", running.caPem);
+    // Terminated: the run CA signed what the client saw, and the refusal is an HTTP answer.
+    expect(got.issuer).toBe(new X509Certificate(running.caPem).subject);
+    expect(got.text).toMatch(/^HTTP\/1\.1 403 /);
+    const record = await running.waitForLog((r) => r.host === "blocked.test" && r.mode === "terminate");
+    expect(record).toMatchObject({ decision: "block" });
+    expect(running.logs.filter((r) => r.mode === "splice" && r.host === "blocked.test")).toEqual([]);
+    expect(
+      agent.log.records.filter((r) => r.event === "refused" && r.host === "blocked.test").length,
+    ).toBeGreaterThan(0);
+  });
 });

@@ -119,15 +119,16 @@ export function decide(target: Target, ctx: DecideContext): Decision {
 
 /**
  * Whether a TLS connection for `host` is spliced (relayed without termination, I3): under
- * catch-all routing, for a host the policy allows, that no rule matches, that leaves straight out
- * (a tunnelled host goes through terminated forwarding), and only when decide() itself would
- * forward it. So a blocked host, a rule host, the platform's own hosts, no policy or a full audit
- * spool are all terminated, where they are answered readably or injected.
+ * catch-all routing, for a host the policy allows, that no rule matches, and only when decide()
+ * itself would forward it, straight out or through the egress tunnel (a tunnelled host whose
+ * tunnel is down is decide()'s readable 503). So a blocked host, a rule host, the platform's own
+ * hosts, no policy or a full audit spool are all terminated, where they are answered readably or
+ * injected.
  */
 export function spliceable(host: string, ctx: DecideContext): Extract<Decision, { kind: "forward" }> | null {
   if (ctx.policy.kind !== "ready" || ctx.policy.policy.routing.mode !== "catch-all") return null;
   const decided = decide({ host, port: 443, scheme: "https", path: "/" }, ctx);
-  return decided.kind === "forward" && decided.rule === null && decided.via === "direct" ? decided : null;
+  return decided.kind === "forward" && decided.rule === null ? decided : null;
 }
 
 /**

@@ -17,6 +17,8 @@ export interface SpliceResult {
   error: string | null;
 }
 
+const HANG_UPS = new Set(["EPIPE", "ECONNRESET", "ERR_HTTP2_STREAM_ERROR"]);
+
 /** Relays until both sides have closed; `first` (what was read of the client so far) goes first. */
 export function relay(
   client: Socket,
@@ -27,8 +29,9 @@ export function relay(
   return new Promise((resolve) => {
     const result: SpliceResult = { bytesIn: first.length, bytesOut: 0, error: null };
     const fail = (why: string) => {
-      // A peer that hangs up abruptly (a reset, a write after its close) ends a relay normally.
-      if (why !== "EPIPE" && why !== "ECONNRESET") result.error ??= why;
+      // A peer that hangs up abruptly (a reset, a write after its close; through the egress
+      // tunnel, its stream reset) ends a relay normally.
+      if (!HANG_UPS.has(why)) result.error ??= why;
       client.destroy();
       upstream.destroy();
     };

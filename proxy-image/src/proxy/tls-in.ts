@@ -1,10 +1,12 @@
 import type { Server, Socket } from "node:net";
+import type { Duplex } from "node:stream";
 import { createSecureContext, TLSSocket } from "node:tls";
 import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
 import { canonicalHost } from "../../../src/policy/host";
 import type { RunCa } from "../ca";
 import type { Dialed, OriginalDst } from "../original-dst";
 import type { PolicyState } from "../policy-client";
+import { TunnelError } from "../tunnel-client";
 import type { Upstream } from "../upstream";
 import { readClientHello } from "./client-hello";
 import { type DecideContext, type Decision, decide, decideDialed, destination, spliceable } from "./decide";
@@ -232,10 +234,20 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
       raw.unshift(hello);
       return terminateTls(raw, connInfo);
     }
-    let upstream: Socket;
+    const tunnelled = decided.via === "tunnel";
+    let upstream: Socket | Duplex;
     try {
-      upstream = await deps.upstream.dialRaw(resolved.address, resolved.port);
+      upstream = tunnelled
+        ? await deps.upstream.dialTunnelRaw(resolved.address, resolved.port)
+        : await deps.upstream.dialRaw(resolved.address, resolved.port);
     } catch (e) {
+      if (e instanceof TunnelError && !raw.destroyed) {
+        // The user's agent refused the host (its own block, a private address) or the tunnel
+        // went down: nothing was sent to the client yet, so terminate instead, where the same
+        // refusal through the tunnel pool is answered readably and recorded.
+        raw.unshift(hello);
+        return terminateTls(raw, connInfo);
+      }
       raw.destroy();
       return finish(
         "error",
@@ -253,7 +265,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
     finish("allow", result.error === null ? "spliced" : `spliced, ended: ${result.error}`, {
       bytesIn: result.bytesIn,
       bytesOut: result.bytesOut,
-      route: "direct",
+      route: tunnelled ? "tunnel" : "direct",
     });
   }
 
