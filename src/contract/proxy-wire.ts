@@ -159,8 +159,11 @@ export const EgressRouteRow = z
   .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
 export type EgressRouteRow = z.infer<typeof EgressRouteRow>;
 
-/** The model lane's calls, the OpenAI endpoints it serves. */
-export const ModelEndpoint = z.enum(["chat.completions", "responses"]);
+/**
+ * The model lane's calls, by the endpoint the caller spoke (OpenAI's chat completions and
+ * responses, Anthropic's messages), whatever the provider speaks.
+ */
+export const ModelEndpoint = z.enum(["chat.completions", "responses", "messages"]);
 export type ModelEndpoint = z.infer<typeof ModelEndpoint>;
 
 /** Per call: 0 when the provider reported no usage (the call is still recorded). */
@@ -185,6 +188,13 @@ export const ModelCallRow = z.strictObject({
   status: z.number().int().min(100).max(599),
   inputTokens: Tokens,
   outputTokens: Tokens,
+  /** Of inputTokens, how many the provider read from its prompt cache (0 when not reported). */
+  cachedInputTokens: Tokens.default(0),
+  /**
+   * Why the lane answered itself without calling upstream (over_budget, model_not_declared...),
+   * or null when the provider answered. A refused call is recorded too (with 0 tokens).
+   */
+  refused: z.string().regex(/^[a-z_]{1,64}$/).nullable().default(null),
   ms: z.number().int().min(0),
 });
 export type ModelCallRow = z.infer<typeof ModelCallRow>;

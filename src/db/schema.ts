@@ -14,8 +14,14 @@ import {
   uniqueIndex,
 } from "drizzle-orm/pg-core";
 import type { CutReason } from "../contract/bundle";
+import { ModelProvider } from "../contract/policy";
+import { ModelEndpoint } from "../contract/proxy-wire";
 import { ROUTING_MODES } from "../contract/routing";
 import type { RunSpec } from "../runs/spec";
+
+// drizzle's text enum wants a non-empty tuple; zod's options are a plain array of the same values.
+const MODEL_PROVIDERS = ModelProvider.options as [ModelProvider, ...ModelProvider[]];
+const MODEL_ENDPOINTS = ModelEndpoint.options as [ModelEndpoint, ...ModelEndpoint[]];
 
 // Ids are opaque prefixed strings (usr_..., env_..., sec_...) made by randomId().
 const createdAt = () => timestamp("created_at", { withTimezone: true }).notNull().defaultNow();
@@ -169,8 +175,9 @@ export const vaultHosts = pgTable(
   ],
 );
 
-// Models a run may declare (the model lane): the run names one; its proxy calls the provider's
-// OpenAI-compatible API at base_url with the secret's value. The sandbox never sees either.
+// Models a run may declare (the model lane): the run names one; its proxy calls the provider
+// (one of ModelProvider, each with its own format and auth) at base_url with the secret's value.
+// The sandbox never sees either.
 export const vaultModels = pgTable(
   "vault_models",
   {
@@ -179,7 +186,7 @@ export const vaultModels = pgTable(
       .notNull()
       .references(() => environments.id, { onDelete: "cascade" }),
     name: text("name").notNull(),
-    provider: text("provider").notNull(),
+    provider: text("provider", { enum: MODEL_PROVIDERS }).notNull(),
     baseUrl: text("base_url").notNull(),
     upstreamModel: text("upstream_model").notNull(),
     secretId: text("secret_id")
@@ -188,7 +195,10 @@ export const vaultModels = pgTable(
     createdAt: createdAt(),
     updatedAt: updatedAt(),
   },
-  (t) => [uniqueIndex("vault_models_environment_name").on(t.environmentId, t.name)],
+  (t) => [
+    uniqueIndex("vault_models_environment_name").on(t.environmentId, t.name),
+    check("vault_models_provider", sql`${t.provider} in ('openai', 'openai-compatible', 'anthropic')`),
+  ],
 );
 
 // ---- runs ----
@@ -366,11 +376,14 @@ export const modelCallLog = pgTable(
     at: timestamp("at", { withTimezone: true }).notNull(),
     model: text("model").notNull(),
     provider: text("provider").notNull(),
-    endpoint: text("endpoint", { enum: ["chat.completions", "responses"] }).notNull(),
+    endpoint: text("endpoint", { enum: MODEL_ENDPOINTS }).notNull(),
     stream: boolean("stream").notNull(),
     status: integer("status").notNull(),
     inputTokens: bigint("input_tokens", { mode: "number" }).notNull(),
     outputTokens: bigint("output_tokens", { mode: "number" }).notNull(),
+    cachedInputTokens: bigint("cached_input_tokens", { mode: "number" }).notNull().default(0),
+    /** Why the lane answered itself (over_budget...), or null when the provider answered. */
+    refused: text("refused"),
     ms: integer("ms").notNull(),
   },
   (t) => [primaryKey({ columns: [t.runId, t.callId] }), index("model_call_log_run_at").on(t.runId, t.at)],

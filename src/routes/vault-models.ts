@@ -1,4 +1,5 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import { ModelProvider } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/service";
@@ -13,10 +14,11 @@ const ModelName = z
   .string()
   .regex(/^[\x21-\x7e]{1,128}$/, "1-128 printable ASCII characters, no spaces")
   .openapi({ example: "gpt-4o-mini" });
-const Provider = z
-  .string()
-  .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit")
-  .openapi({ description: "A label for people (openai, openrouter, vllm, ...)", example: "openai" });
+const Provider = ModelProvider.openapi({
+  description:
+    "Who the lane calls and how: openai (Bearer key), openai-compatible (any OpenAI-format API with a Bearer key: OpenRouter, vLLM...), anthropic (Messages API, x-api-key)",
+  example: "openai",
+});
 const BaseUrl = z.string().min(1).max(2048).openapi({
   description:
     "The provider's OpenAI-compatible API base: https only, no user info, query or fragment (stored canonical)",
@@ -27,7 +29,7 @@ export const ModelInfo = z
   .object({
     id: z.string(),
     name: ModelName.openapi({ description: "What a run declares and its sandbox sends as `model`" }),
-    provider: z.string(),
+    provider: ModelProvider,
     base_url: z.string(),
     upstream_model: z.string().openapi({ description: "The `model` sent to the provider" }),
     secret: z.string().openapi({ description: "The secret's name; its value is never returned" }),

@@ -6,6 +6,7 @@ import {
   type InjectScheme,
   InjectSpec,
   type ModelLaneSpec,
+  type ModelProvider,
   type PolicyDocument,
   type RunEgress,
 } from "../contract/policy";
@@ -52,7 +53,7 @@ export interface HostEntry {
 export interface ModelInfo {
   id: string;
   name: string;
-  provider: string;
+  provider: ModelProvider;
   baseUrl: string;
   upstreamModel: string;
   /** The secret's name; its value is never part of a model. */
@@ -658,7 +659,7 @@ export async function setDefault(
 
 export interface ModelInput {
   name: string;
-  provider: string;
+  provider: ModelProvider;
   baseUrl: string;
   /** Default: the name. */
   upstreamModel?: string | undefined;
@@ -739,6 +740,7 @@ export async function modelLane(q: Q, environmentId: string, name: string): Prom
         baseUrl: row.baseUrl,
         upstreamModel: row.upstreamModel,
         secret: row.secret,
+        budget: null,
       }
     : null;
 }
