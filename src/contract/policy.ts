@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { isCanonicalHostName, isCanonicalIp, isCanonicalPattern } from "../policy/host";
+import { MODEL_PROVIDERS } from "./model-lane";
 import { ROUTING_MODES } from "./routing";
 
 // The policy wire contract: what the control plane compiles from a vault and the run's proxy
@@ -108,7 +109,7 @@ export type RunEgress = z.infer<typeof RunEgress>;
  * - anthropic: Anthropic's Messages API (x-api-key, anthropic-version), base
  *   https://api.anthropic.com/v1 unless given.
  */
-export const ModelProvider = z.enum(["openai", "openai-compatible", "anthropic"]);
+export const ModelProvider = z.enum(MODEL_PROVIDERS);
 export type ModelProvider = z.infer<typeof ModelProvider>;
 
 const BudgetCount = z

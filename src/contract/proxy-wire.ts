@@ -1,6 +1,7 @@
 import { Webhook, WebhookVerificationError } from "standardwebhooks";
 import { z } from "zod";
 import { canonicalHost } from "../policy/host";
+import { MODEL_ENDPOINTS } from "./model-lane";
 import { PolicyDocument } from "./policy";
 
 // The wire contract between a run's proxy and the control plane (the Worker). Imported by both
@@ -163,7 +164,7 @@ export type EgressRouteRow = z.infer<typeof EgressRouteRow>;
  * The model lane's calls, by the endpoint the caller spoke (OpenAI's chat completions and
  * responses, Anthropic's messages), whatever the provider speaks.
  */
-export const ModelEndpoint = z.enum(["chat.completions", "responses", "messages"]);
+export const ModelEndpoint = z.enum(MODEL_ENDPOINTS);
 export type ModelEndpoint = z.infer<typeof ModelEndpoint>;
 
 /** Per call: 0 when the provider reported no usage (the call is still recorded). */

@@ -14,14 +14,9 @@ import {
   uniqueIndex,
 } from "drizzle-orm/pg-core";
 import type { CutReason } from "../contract/bundle";
-import { ModelProvider } from "../contract/policy";
-import { ModelEndpoint } from "../contract/proxy-wire";
+import { MODEL_ENDPOINTS, MODEL_PROVIDERS } from "../contract/model-lane";
 import { ROUTING_MODES } from "../contract/routing";
 import type { RunSpec } from "../runs/spec";
-
-// drizzle's text enum wants a non-empty tuple; zod's options are a plain array of the same values.
-const MODEL_PROVIDERS = ModelProvider.options as [ModelProvider, ...ModelProvider[]];
-const MODEL_ENDPOINTS = ModelEndpoint.options as [ModelEndpoint, ...ModelEndpoint[]];
 
 // Ids are opaque prefixed strings (usr_..., env_..., sec_...) made by randomId().
 const createdAt = () => timestamp("created_at", { withTimezone: true }).notNull().defaultNow();
