@@ -73,6 +73,11 @@ export const MODEL_LANE_HOST = "model.benchwright.invalid";
 /** What a work sandbox gets as its OpenAI base URL when the run declares a model. */
 export const MODEL_LANE_BASE_URL = `http://${MODEL_LANE_HOST}/v1`;
 /**
+ * ...and as its Anthropic base URL: the host alone, since Anthropic's SDKs add /v1/messages to
+ * ANTHROPIC_BASE_URL themselves (their default is https://api.anthropic.com, no /v1).
+ */
+export const MODEL_LANE_ANTHROPIC_BASE_URL = `http://${MODEL_LANE_HOST}`;
+/**
  * The platform's own names every hosts file maps to the run's proxy, whatever the routing: the
  * wiring probe and the model lane (catch-all routing would bring them anyway; default routing
  * needs the entries).
@@ -195,7 +200,11 @@ export const ModelCallRow = z.strictObject({
    * Why the lane answered itself without calling upstream (over_budget, model_not_declared...),
    * or null when the provider answered. A refused call is recorded too (with 0 tokens).
    */
-  refused: z.string().regex(/^[a-z_]{1,64}$/).nullable().default(null),
+  refused: z
+    .string()
+    .regex(/^[a-z_]{1,64}$/)
+    .nullable()
+    .default(null),
   ms: z.number().int().min(0),
 });
 export type ModelCallRow = z.infer<typeof ModelCallRow>;

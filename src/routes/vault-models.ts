@@ -2,12 +2,14 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { ModelProvider } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { PROVIDERS } from "../vault/model-providers";
 import * as vault from "../vault/service";
 import { SecretName } from "./vault-secrets";
 
 // Models a run may declare (`model` in the run spec): the run's proxy serves them to the work
-// sandbox as an OpenAI-compatible lane and calls the provider with the named secret's value. The
-// secret is named, never shown; no response here has a field that could carry its value.
+// sandbox in OpenAI's and Anthropic's formats and calls the provider, in its own format, with the
+// named secret's value. The secret is named, never shown; no response here has a field that
+// could carry its value.
 
 // Printable ASCII without spaces: the name travels in the run spec and as `model` on the wire.
 const ModelName = z
@@ -19,11 +21,14 @@ const Provider = ModelProvider.openapi({
     "Who the lane calls and how: openai (Bearer key), openai-compatible (any OpenAI-format API with a Bearer key: OpenRouter, vLLM...), anthropic (Messages API, x-api-key)",
   example: "openai",
 });
-const BaseUrl = z.string().min(1).max(2048).openapi({
-  description:
-    "The provider's OpenAI-compatible API base: https only, no user info, query or fragment (stored canonical)",
-  example: "https://api.openai.com/v1",
-});
+const BaseUrl = z
+  .string()
+  .min(1)
+  .max(2048)
+  .openapi({
+    description: `The provider's API base: https only, no user info, query or fragment (stored canonical). Default for openai ${PROVIDERS.openai.defaultBaseUrl}, for anthropic ${PROVIDERS.anthropic.defaultBaseUrl}; required for openai-compatible (base_url_required)`,
+    example: "https://api.openai.com/v1",
+  });
 
 export const ModelInfo = z
   .object({
@@ -54,12 +59,15 @@ const Fields = z
   .object({
     name: ModelName,
     provider: Provider,
-    base_url: BaseUrl,
+    base_url: BaseUrl.optional(),
     upstream_model: ModelName.optional().openapi({
       description: "Default: the name",
       example: "gpt-4o-mini",
     }),
-    secret: SecretName.openapi({ description: "A vault secret's name: sent as `Authorization: Bearer`" }),
+    secret: SecretName.openapi({
+      description:
+        "A vault secret's name: sent the way the provider documents (Authorization: Bearer; x-api-key for anthropic)",
+    }),
   })
   .strict();
 

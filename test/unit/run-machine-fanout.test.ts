@@ -201,11 +201,16 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
       expect(e.env).toMatchObject({
         OPENAI_BASE_URL: "http://model.benchwright.invalid/v1",
         OPENAI_API_KEY: "bw-model-lane-placeholder",
+        // The Anthropic SDK appends /v1/messages itself.
+        ANTHROPIC_BASE_URL: "http://model.benchwright.invalid",
+        ANTHROPIC_API_KEY: "bw-model-lane-placeholder",
         BENCHWRIGHT_MODEL: "eval-model",
       });
     }
     const plain = world();
     await plain.drive();
-    expect(commandsRun(plain).every((e) => e.env.OPENAI_BASE_URL === undefined)).toBe(true);
+    expect(
+      commandsRun(plain).every((e) => e.env.OPENAI_BASE_URL === undefined && e.env.ANTHROPIC_BASE_URL === undefined),
+    ).toBe(true);
   });
 });
