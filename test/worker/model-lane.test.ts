@@ -46,7 +46,7 @@ async function tenantWithModel() {
     unwrap(
       await vault.createModel(db, p, {
         name: "eval-model",
-        provider: "openrouter",
+        provider: "openai-compatible",
         baseUrl: "https://openrouter.ai/api/v1",
         upstreamModel: "meta-llama/llama-3-8b-instruct",
         secret: "MODEL_KEY",
@@ -69,10 +69,11 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
     const envelope = PolicyEnvelope.parse(res.json);
     expect(envelope.policy.model).toEqual({
       name: "eval-model",
-      provider: "openrouter",
+      provider: "openai-compatible",
       baseUrl: "https://openrouter.ai/api/v1",
       upstreamModel: "meta-llama/llama-3-8b-instruct",
       secret: "MODEL_KEY",
+      budget: null,
     });
     expect(envelope.secrets).toEqual({ API_KEY: ruleKey, MODEL_KEY: modelKey });
     expect(res.text).not.toContain(spare);
@@ -97,7 +98,7 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
       unwrap(
         await vault.createModel(db, principal(t), {
           name: "m",
-          provider: "vllm",
+          provider: "openai-compatible",
           baseUrl: "https://llm.internal.example:8443/v1/",
           secret: "K",
         }),
@@ -191,6 +192,8 @@ function modelCall(i: number, fields: Partial<ModelCallRow> = {}): ModelCallRow 
     status: 200,
     inputTokens: 100 + i,
     outputTokens: 10 + i,
+    cachedInputTokens: 0,
+    refused: null,
     ms: 250,
     ...fields,
   };
@@ -241,7 +244,25 @@ describe("model calls in audit batches, and GET /v1/runs/{id}/model-calls", { ti
     const all = await t.api("GET", `/v1/runs/${runId}/model-calls`);
     expect(all.status, all.text).toBe(200);
     expect(all.json.model).toEqual({ name: "eval-model", provider: "openrouter", baseHost: "openrouter.ai" });
-    expect(all.json.totals).toEqual({ calls: 6, inputTokens: 210, outputTokens: 15 });
+    expect(all.json.totals).toEqual({
+      calls: 6,
+      inputTokens: 210,
+      outputTokens: 15,
+      cachedInputTokens: 0,
+      refused: 0,
+      errors: 0,
+      latencyMs: { p50: 250, p95: 250 },
+    });
+    // No model_budget: no spend to show. Every minute from the first call's to the newest's.
+    expect(all.json.budget).toBeNull();
+    expect(all.json.tokensPerMinute).toEqual([
+      { minute: minute(0), inputTokens: 10, outputTokens: 0 },
+      { minute: minute(1), inputTokens: 20, outputTokens: 1 },
+      { minute: minute(2), inputTokens: 30, outputTokens: 2 },
+      { minute: minute(3), inputTokens: 90, outputTokens: 7 },
+      { minute: minute(4), inputTokens: 60, outputTokens: 5 },
+    ]);
+    expect(Date.parse(all.json.lastReportedAt)).toBeGreaterThan(Date.now() - 60_000);
     expect(all.json.nextCursor).toBeNull();
     const byTime = [...calls].sort((a, b) =>
       a.at === b.at ? (a.callId < b.callId ? -1 : 1) : a.at < b.at ? 1 : -1,
@@ -269,7 +290,18 @@ describe("model calls in audit batches, and GET /v1/runs/{id}/model-calls", { ti
     expect((await t.api("GET", `/v1/runs/${quiet.id}/model-calls`)).json).toEqual({
       model: null,
       calls: [],
-      totals: { calls: 0, inputTokens: 0, outputTokens: 0 },
+      totals: {
+        calls: 0,
+        inputTokens: 0,
+        outputTokens: 0,
+        cachedInputTokens: 0,
+        refused: 0,
+        errors: 0,
+        latencyMs: { p50: null, p95: null },
+      },
+      budget: null,
+      tokensPerMinute: [],
+      lastReportedAt: null,
       nextCursor: null,
     });
   });
@@ -306,10 +338,7 @@ describe("B5 the model's key reaches only its run's proxy", { timeout: 120_000 }
     const model = (await t.api("GET", "/v1/vault/models")).json.models[0];
     await get("/v1/vault/models");
     await get(`/v1/vault/models/${model.id}`);
-    responses.push([
-      "PATCH",
-      await t.api("PATCH", `/v1/vault/models/${model.id}`, { provider: "openrouter2" }),
-    ]);
+    responses.push(["PATCH", await t.api("PATCH", `/v1/vault/models/${model.id}`, { provider: "openai" })]);
     await get("/v1/vault/policy-preview?model=eval-model");
     const launched = await t.api("POST", "/v1/runs", { commands: ["true"], model: "eval-model" });
     responses.push(["launch", launched]);
