@@ -8,7 +8,7 @@ import { loadConfig } from "../../src/config";
 import { type ModelCallRow, PolicyEnvelope } from "../../src/contract/proxy-wire";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
-import { modelCallLog, sandboxes, vaultSecrets } from "../../src/db/schema";
+import { modelCallLog, runs, sandboxes, vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import * as vault from "../../src/vault/service";
@@ -176,6 +176,102 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
     const made = await withDb((db) => db.select().from(sandboxes).where(eq(sandboxes.runId, runId)));
     expect(made).toEqual([]);
     expect(findNeedles("run", run.text, await leakNeedles(modelKey))).toEqual([]);
+  });
+});
+
+describe("model_budget on a run", { timeout: 60_000 }, () => {
+  it("reaches the lane as the policy's model.budget (camelCase, unset limits null)", async () => {
+    const { t } = await tenantWithModel();
+    const run = await newRun(t, {
+      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 5, output_tokens: 1000 } },
+    });
+    const envelope = PolicyEnvelope.parse((await run.proxy("GET", paths.policy(run))).json);
+    expect(envelope.policy.model?.budget).toEqual({ calls: 5, inputTokens: null, outputTokens: 1000 });
+    // Stored with the run as asked.
+    const [row] = await withDb((db) => db.select({ spec: runs.spec }).from(runs).where(eq(runs.id, run.id)));
+    expect(row?.spec.model_budget).toEqual({ calls: 5, output_tokens: 1000 });
+    // The preview is no run: no budget.
+    expect((await t.api("GET", "/v1/vault/policy-preview?model=eval-model")).json.model.budget).toBeNull();
+  });
+
+  it("a launch: without a model → 400 model_budget_without_model; bad limits → 400; no run either way", async () => {
+    const { t } = await tenantWithModel();
+    const count = async () =>
+      withDb(
+        async (db) => (await db.select().from(runs).where(eq(runs.environmentId, t.environmentId))).length,
+      );
+    const alone = expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["true"], model_budget: { calls: 5 } }),
+      400,
+      "model_budget_without_model",
+    );
+    expect(alone.json.detail).toContain("model");
+    for (const [budget, code] of [
+      [{ calls: 0 }, "invalid_request"],
+      [{ calls: -1 }, "invalid_request"],
+      [{ input_tokens: 1.5 }, "invalid_request"],
+      [{ output_tokens: "100" }, "invalid_request"],
+      [{ calls: 2 ** 41 }, "invalid_request"],
+      [{ inputTokens: 100 }, "unknown_field"],
+      [5, "invalid_request"],
+    ] as const) {
+      expectProblem(
+        await t.api("POST", "/v1/runs", { commands: ["true"], model: "eval-model", model_budget: budget }),
+        400,
+        code,
+      );
+    }
+    // A webhook's template is a launch too.
+    expectProblem(
+      await t.api("POST", "/v1/webhooks", {
+        name: "ci",
+        run: { commands: ["true"], model_budget: { calls: 1 } },
+      }),
+      400,
+      "model_budget_without_model",
+    );
+    expect(await count()).toBe(0);
+    const ok = await t.api("POST", "/v1/runs", {
+      commands: ["true"],
+      model: "eval-model",
+      model_budget: { calls: 1, input_tokens: 10, output_tokens: 10 },
+    });
+    expect(ok.status, ok.text).toBe(202);
+    expect(await count()).toBe(1);
+  });
+
+  it("GET /v1/runs/{id}/model-calls: spend against the budget; refused calls spend nothing", async () => {
+    const { t } = await tenantWithModel();
+    const run = await newRun(t, {
+      status: "running",
+      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 3, input_tokens: 250 } },
+    });
+    const calls = [
+      modelCall(1, { inputTokens: 100, outputTokens: 5, cachedInputTokens: 60, ms: 100 }),
+      modelCall(2, { inputTokens: 160, outputTokens: 7, ms: 400 }),
+      // Past the input limit (a call in flight overshot it), the lane refuses in the caller's format.
+      modelCall(3, { inputTokens: 0, outputTokens: 0, status: 429, refused: "over_budget", ms: 0 }),
+      modelCall(4, { inputTokens: 0, outputTokens: 0, status: 429, refused: "over_budget", ms: 1 }),
+    ];
+    expect((await postBatch(run, auditBatch(run.id, { modelCalls: calls }))).status).toBe(204);
+    const res = await t.api("GET", `/v1/runs/${run.id}/model-calls`);
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.totals).toEqual({
+      calls: 4,
+      inputTokens: 260,
+      outputTokens: 12,
+      cachedInputTokens: 60,
+      refused: 2,
+      errors: 0,
+      latencyMs: { p50: 100, p95: 400 },
+    });
+    expect(res.json.budget).toEqual({
+      calls: { used: 2, limit: 3 },
+      inputTokens: { used: 260, limit: 250 },
+      outputTokens: { used: 12, limit: null },
+    });
+    expect(res.json.calls[0]).toMatchObject({ refused: "over_budget", status: 429 });
+    expect(res.json.calls[3]).toMatchObject({ refused: null, cachedInputTokens: 60 });
   });
 });
 
