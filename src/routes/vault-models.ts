@@ -12,7 +12,7 @@ import { SecretName } from "./vault-secrets";
 // could carry its value.
 
 // Printable ASCII without spaces: the name travels in the run spec and as `model` on the wire.
-const ModelName = z
+export const ModelName = z
   .string()
   .regex(/^[\x21-\x7e]{1,128}$/, "1-128 printable ASCII characters, no spaces")
   .openapi({ example: "gpt-4o-mini" });
