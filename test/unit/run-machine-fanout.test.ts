@@ -178,7 +178,7 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
     expect(w.notes.map((n) => n.code)).not.toContain("egress_agent_awaited");
   });
 
-  it("gives the commands the model lane's base URL and a placeholder key, never a credential", async () => {
+  it("gives the commands the model lane's base URLs (OpenAI's and Anthropic's) and a placeholder key, never a credential", async () => {
     const withModel: Policy = compilePolicy(
       { version: 5, default: "allow", hosts: [], rules: [] },
       {
@@ -189,6 +189,7 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
           baseUrl: "https://api.openai.example/v1",
           upstreamModel: "gpt-x",
           secret: "MODEL_KEY",
+          budget: null,
         },
       },
     );
@@ -210,7 +211,9 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
     const plain = world();
     await plain.drive();
     expect(
-      commandsRun(plain).every((e) => e.env.OPENAI_BASE_URL === undefined && e.env.ANTHROPIC_BASE_URL === undefined),
+      commandsRun(plain).every(
+        (e) => e.env.OPENAI_BASE_URL === undefined && e.env.ANTHROPIC_BASE_URL === undefined,
+      ),
     ).toBe(true);
   });
 });
