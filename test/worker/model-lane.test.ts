@@ -234,10 +234,17 @@ describe("model_budget on a run", { timeout: 60_000 }, () => {
     const ok = await t.api("POST", "/v1/runs", {
       commands: ["true"],
       model: "eval-model",
-      model_budget: { calls: 1, input_tokens: 10, output_tokens: 10 },
+      model_budget: { calls: 100, input_tokens: 20_000, output_tokens: 5000 },
     });
     expect(ok.status, ok.text).toBe(202);
     expect(await count()).toBe(1);
+    // The launch row says what the run may spend.
+    const launched = (await t.api("GET", `/v1/runs/${ok.json.id}`)).json.trace.find(
+      (e: { reason: string }) => e.reason === "launched",
+    );
+    expect(launched.detail.text).toBe(
+      "Declares the model eval-model (openai-compatible, openrouter.ai), with a budget of at most 100 calls, 20,000 input tokens, 5,000 output tokens.",
+    );
   });
 
   it("GET /v1/runs/{id}/model-calls: spend against the budget; refused calls spend nothing", async () => {
