@@ -5,7 +5,9 @@ import {
   type HostAction,
   type InjectScheme,
   InjectSpec,
+  type ModelBudget,
   type ModelLaneSpec,
+  type ModelProvider,
   type PolicyDocument,
   type RunEgress,
 } from "../contract/policy";
@@ -18,6 +20,7 @@ import { type Failure, fail, ok, type Result, unwrap } from "../errors";
 import { compilePolicy, type RunOptions, refusedRule, type VaultSnapshot } from "../policy/compile";
 import { parseHostPattern, patternCovers, splitHostPort } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
+import { PROVIDERS } from "./model-providers";
 
 // The vault's domain logic over Postgres. Every query is scoped by the principal's environment,
 // so another tenant's ids simply do not exist here (404, never 403). Every change runs in one
@@ -52,7 +55,7 @@ export interface HostEntry {
 export interface ModelInfo {
   id: string;
   name: string;
-  provider: string;
+  provider: ModelProvider;
   baseUrl: string;
   upstreamModel: string;
   /** The secret's name; its value is never part of a model. */
@@ -658,8 +661,9 @@ export async function setDefault(
 
 export interface ModelInput {
   name: string;
-  provider: string;
-  baseUrl: string;
+  provider: ModelProvider;
+  /** Default: the provider's (PROVIDERS); openai-compatible has none, so it must be given. */
+  baseUrl?: string | undefined;
   /** Default: the name. */
   upstreamModel?: string | undefined;
   /** A secret's name in this vault. */
@@ -729,8 +733,16 @@ export async function getModel(db: Db, p: Principal, id: string): Promise<Result
   return row ? ok(row) : notFound("model", id);
 }
 
-/** The model a run declares, by name, as the proxy's model lane is given it; null if none. */
-export async function modelLane(q: Q, environmentId: string, name: string): Promise<ModelLaneSpec | null> {
+/**
+ * The model a run declares, by name, as the proxy's model lane is given it, with the run's budget
+ * (model_budget; null: none); null if the vault has no such model.
+ */
+export async function modelLane(
+  q: Q,
+  environmentId: string,
+  name: string,
+  budget: ModelBudget | null = null,
+): Promise<ModelLaneSpec | null> {
   const [row] = await modelSelect(q, environmentId, eq(vaultModels.name, name));
   return row
     ? {
@@ -739,6 +751,7 @@ export async function modelLane(q: Q, environmentId: string, name: string): Prom
         baseUrl: row.baseUrl,
         upstreamModel: row.upstreamModel,
         secret: row.secret,
+        budget,
       }
     : null;
 }
@@ -753,7 +766,14 @@ export async function hasModel(q: Q, environmentId: string, name: string): Promi
 }
 
 async function resolveModelInput(tx: Tx, p: Principal, input: ModelInput) {
-  const baseUrl = canonicalBaseUrl(input.baseUrl);
+  const given = input.baseUrl ?? PROVIDERS[input.provider].defaultBaseUrl;
+  if (given === null) {
+    return fail(
+      "base_url_required",
+      `base_url: a ${input.provider} model needs its API's base URL (e.g. https://openrouter.ai/api/v1).`,
+    );
+  }
+  const baseUrl = canonicalBaseUrl(given);
   if (!baseUrl.ok) return baseUrl;
   const [secret] = await tx
     .select({ id: vaultSecrets.id })
@@ -796,10 +816,14 @@ export async function updateModel(
   const updated = await change(db, p.environmentId, async (tx) => {
     const [current] = await modelSelect(tx, p.environmentId, eq(vaultModels.id, id));
     if (!current) return notFound("model", id);
+    // A new provider without a base URL: a URL that was the old provider's default follows the
+    // provider (to the new one's default, or base_url_required); a URL the user gave stays.
+    const provider = patch.provider ?? current.provider;
+    const wasDefault = current.baseUrl === PROVIDERS[current.provider].defaultBaseUrl;
     const resolved = await resolveModelInput(tx, p, {
       name: patch.name ?? current.name,
-      provider: patch.provider ?? current.provider,
-      baseUrl: patch.baseUrl ?? current.baseUrl,
+      provider,
+      baseUrl: patch.baseUrl ?? (provider !== current.provider && wasDefault ? undefined : current.baseUrl),
       upstreamModel: patch.upstreamModel ?? current.upstreamModel,
       secret: patch.secret ?? current.secret,
     });
@@ -835,6 +859,8 @@ export interface PolicyOptions {
   egress: RunEgress;
   /** The name of the model the run declares (a vault model), or none. */
   model?: string | null | undefined;
+  /** The run's model budget, given to the lane with the model (none: no limit). */
+  budget?: ModelBudget | null | undefined;
 }
 
 /**
@@ -853,7 +879,7 @@ export async function readPolicy(db: Q, p: Principal, run: PolicyOptions): Promi
       .where(eq(vaultHosts.environmentId, p.environmentId))
       .orderBy(asc(vaultHosts.pattern));
     const rules = (await ruleSelect(tx, p.environmentId)).map(toRule);
-    const model = run.model ? await modelLane(tx, p.environmentId, run.model) : null;
+    const model = run.model ? await modelLane(tx, p.environmentId, run.model, run.budget ?? null) : null;
     if (run.model && !model) {
       return fail(
         "unknown_model",
