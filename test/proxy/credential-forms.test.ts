@@ -3,7 +3,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createAddressPolicy } from "../../proxy-image/src/address";
-import { modelLane } from "../../proxy-image/src/model-lane";
+import { modelLane } from "../../proxy-image/src/model/lane";
 import { needlesFor } from "../../proxy-image/src/redact";
 import { createUpstream } from "../../proxy-image/src/upstream";
 import type { ModelLaneSpec } from "../../src/contract/policy";
@@ -41,10 +41,11 @@ const BODY = `${Object.entries(FORMS)
   .join("")}|end`;
 const SPEC: ModelLaneSpec = {
   name: "bench-model",
-  provider: "fakeai",
+  provider: "openai",
   baseUrl: "https://api.model.test/v1",
   upstreamModel: "fake-model",
   secret: "MODEL_KEY",
+  budget: null,
 };
 
 /** Writes `text` one byte per chunk, each on its own turn of the event loop. */
