@@ -44,6 +44,11 @@ export interface RequestOptions {
   maxTokensDefault: number;
 }
 
+export interface StreamOptions {
+  model: string;
+  includeUsage?: boolean;
+}
+
 export interface Translation {
   from: WireFormat;
   to: WireFormat;
@@ -51,7 +56,11 @@ export interface Translation {
   request(body: Record<string, unknown>, opts: RequestOptions): RequestResult;
   /** Provider's whole JSON answer → caller's format; `model` shown as the declared name. */
   response(body: unknown, opts: { model: string }): { body: Record<string, unknown>; usage: Usage };
-  stream(opts: { model: string }): StreamTranslator;
+  /**
+   * A translator for one streamed answer. `includeUsage` is the caller's
+   * `stream_options.include_usage` (chat completions only: whether to send the final usage chunk).
+   */
+  stream(opts: StreamOptions): StreamTranslator;
   /** Provider's error (status, parsed body or null) → an error body in the caller's format. */
   error(status: number, body: unknown): Record<string, unknown>;
 }
