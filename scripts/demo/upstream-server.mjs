@@ -12,7 +12,7 @@
 // POST /v1/chat/completions and /v1/responses (any host): a model provider speaking the OpenAI
 // wire format, JSON or server-sent events (`stream: true`), with fixed usage numbers; 401 unless
 // `Bearer <expectedKey>`. The seen-line adds endpoint, model and stream. Same answers as
-// test/fixtures/fake-model-server.ts (a short copy: this file needs nothing but node).
+// test/fixtures/openai-contract-server.ts (a short copy: this file needs nothing but node).
 // TCP directPort: writes "direct\n" and closes (something a sandbox could reach if nothing stopped it).
 // stdout: one JSON line per request seen, then "ready" once listening.
 

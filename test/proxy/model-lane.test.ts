@@ -16,6 +16,7 @@ import {
   TEXT_DELTAS as FAKE_DELTAS,
 } from "../fixtures/contract-server";
 import { OPENAI_USAGE as FAKE_USAGE, startOpenAiContractServer } from "../fixtures/openai-contract-server";
+import { until } from "../until";
 
 // The model lane in front of OpenAI's contract server (same format in and out: passthrough)
 // over real TLS on 127.0.0.1, dialled through the real upstream module (address checks, verified TLS). A real
@@ -213,7 +214,10 @@ describe("model lane: calls", () => {
     const res = await call(h, "/v1/chat/completions", chat({ stream: true }));
     expect(res.status).toBe(200);
     expect(res.headers.get("content-type")).toBe("text/event-stream");
-    expect(h.fake.calls[0]).toMatchObject({ stream: true, body: { stream_options: { include_usage: true } } });
+    expect(h.fake.calls[0]).toMatchObject({
+      stream: true,
+      body: { stream_options: { include_usage: true } },
+    });
     const data = sseData(res.text);
     const chunks = data.slice(0, -1).map((d) => JSON.parse(d));
     // Every chunk the provider sent but the usage-only one, as it sent them.
@@ -354,16 +358,25 @@ describe("model lane: refusals", () => {
   // OpenAI's error format, with the lane's code as type and code (refuse.ts).
   const problem = (text: string) => (JSON.parse(text) as { error: { code: string; type: string } }).error;
 
-  it("another model: 400 model_not_declared, nothing sent upstream", async () => {
+  it("J1 another model: 400 model_not_declared, nothing sent upstream, a refused row", async () => {
     const h = await start();
     const res = await call(h, "/v1/chat/completions", chat({ model: "gpt-4o" }));
     expect(res.status).toBe(400);
     expect(res.headers.get("content-type")).toBe("application/json");
-    expect(problem(res.text)).toMatchObject({ code: "model_not_declared", type: "model_not_declared" });
+    expect(problem(res.text)).toMatchObject({ code: "model_not_declared", type: "invalid_request_error" });
     const missing = await call(h, "/v1/responses", { input: "no model" });
     expect(problem(missing.text).code).toBe("model_not_declared");
     expect(h.fake.connections).toBe(0);
     expect(h.fake.calls).toHaveLength(0);
+    // Each refused call is recorded, with no tokens (J1).
+    await until("both outcomes", () => h.outcomes.length === 2);
+    for (const o of h.outcomes)
+      expect(o.call).toMatchObject({
+        refused: "model_not_declared",
+        status: 400,
+        inputTokens: 0,
+        outputTokens: 0,
+      });
   });
 
   it("a run without a declared model: 404 model_not_declared", async () => {
@@ -417,8 +430,7 @@ describe("SseFilter", () => {
     "data: [DONE]",
   ];
   const stream = (eol: string) =>
-    `: keep-alive${eol}${eol}${CHAT_EVENTS.map((e) => `${e.replaceAll("\n", eol)}${eol}${eol}`)
-      .join("")}`;
+    `: keep-alive${eol}${eol}${CHAT_EVENTS.map((e) => `${e.replaceAll("\n", eol)}${eol}${eol}`).join("")}`;
   const run = async (chunks: Buffer[], secret = "sk-never-here") => {
     const usage: number[] = [];
     const filter = new SseFilter([Buffer.from(secret)], ({ data }) => {

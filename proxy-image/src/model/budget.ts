@@ -80,13 +80,19 @@ export function askedOutput(format: WireFormat, body: Record<string, unknown>): 
   let asked: number | null = null;
   for (const field of OUTPUT_FIELDS[format]) {
     const v = body[field];
-    if (typeof v === "number" && Number.isFinite(v) && v >= 0) asked = asked === null ? v : Math.min(asked, v);
+    if (typeof v === "number" && Number.isFinite(v) && v >= 0)
+      asked = asked === null ? v : Math.min(asked, v);
   }
   return asked;
 }
 
 /** Lowers every output bound the body gives to `cap`, or sets `field` when it gives none. */
-export function capOutput(format: WireFormat, body: Record<string, unknown>, cap: number, field: string): void {
+export function capOutput(
+  format: WireFormat,
+  body: Record<string, unknown>,
+  cap: number,
+  field: string,
+): void {
   let given = false;
   for (const f of OUTPUT_FIELDS[format]) {
     const v = body[f];

@@ -86,12 +86,16 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
     const caller: WireFormat =
       endpoint === undefined ? formatOfRequest(pathname, req.headers) : CALLER_FORMAT[endpoint];
     const answer = (status: number, code: ModelLaneErrorCode, message: string) => ({
-      status: refuse(res, caller, laneRefusal(caller, status, code, message)),
+      status: refuse(res, caller, laneRefusal(status, code, message)),
       code,
       call: null,
     });
     if (lane === null)
-      return answer(404, "model_not_declared", "This run declares no model, so the model lane has none to call.");
+      return answer(
+        404,
+        "model_not_declared",
+        "This run declares no model, so the model lane has none to call.",
+      );
     const { spec, secret } = lane;
 
     if (method === "GET" && pathname === "/v1/models") return models(res, caller, spec, true);
@@ -135,7 +139,11 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       };
       const parsed = ModelCallRow.safeParse(candidate);
       if (parsed.success) return parsed.data;
-      log({ event: "model_lane", problem: "call row invalid", fields: parsed.error.issues.map((i) => i.path.join(".")) });
+      log({
+        event: "model_lane",
+        problem: "call row invalid",
+        fields: parsed.error.issues.map((i) => i.path.join(".")),
+      });
       return null;
     };
     // A call the lane refuses itself is recorded too, with no tokens: nothing reached the provider.
@@ -149,7 +157,7 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
     if (body.model !== spec.name && body.model !== spec.upstreamModel)
       return refused(
         "model_not_declared",
-        laneRefusal(caller, 400, "model_not_declared", `This run declares the model ${JSON.stringify(spec.name)}.`),
+        laneRefusal(400, "model_not_declared", `This run declares the model ${JSON.stringify(spec.name)}.`),
       );
 
     let out: Record<string, unknown>;
@@ -194,7 +202,7 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
         : `The run's model budget of ${admission.what} is spent.`;
       return refused(
         admission.code,
-        laneRefusal(caller, 429, admission.code, message),
+        laneRefusal(429, admission.code, message),
         retry ? { "x-should-retry": "true", "retry-after": "1" } : {},
       );
     }
@@ -245,7 +253,8 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       const sent = abort.signal.aborted || SENT_ERRORS.has(code);
       // Usage unknown: no tokens to count, but a call that may have reached the provider stays counted.
       admission.settle(sent ? NO_USAGE : null);
-      if (abort.signal.aborted) return { status: 499, code: "upstream_failed", call: row(499, NO_USAGE, null) };
+      if (abort.signal.aborted)
+        return { status: 499, code: "upstream_failed", call: row(499, NO_USAGE, null) };
       const failed = answer(502, "upstream_failed", "The declared model's provider did not answer.");
       return { ...failed, call: sent ? row(502, NO_USAGE, null) : null };
     }
@@ -272,6 +281,7 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       model: spec.name,
       droppedHeaders: route.provider.droppedResponse,
       hideUsage,
+      includeUsage: isObject(body.stream_options) && body.stream_options.include_usage === true,
     });
     if (relayed.problem !== null) log({ event: "model_lane", problem: relayed.problem });
     // The spend is what the provider reported, whatever became of the answer on the way back.
@@ -282,7 +292,12 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
 }
 
 /** The model list, in the caller's format: the declared model only. */
-function models(res: ServerResponse, caller: WireFormat, spec: ModelLaneSpec, list: boolean): ModelLaneOutcome {
+function models(
+  res: ServerResponse,
+  caller: WireFormat,
+  spec: ModelLaneSpec,
+  list: boolean,
+): ModelLaneOutcome {
   const anthropic = caller === "anthropic-messages";
   const one = anthropic
     ? { type: "model", id: spec.name, display_name: spec.name, created_at: "1970-01-01T00:00:00Z" }

@@ -15,24 +15,12 @@ export type ModelLaneErrorCode =
   | "budget_in_flight"
   | "upstream_failed";
 
-// Anthropic's error types are a closed set by status (docs "Errors"); OpenAI's `type` and
-// `code` are open, so there the lane's own code goes in both (as OpenAI's insufficient_quota).
-const ANTHROPIC_TYPES: Record<number, string> = {
-  400: "invalid_request_error",
-  401: "authentication_error",
-  403: "permission_error",
-  404: "not_found_error",
-  413: "request_too_large",
-  429: "rate_limit_error",
-  500: "api_error",
-  502: "api_error",
-  503: "overloaded_error",
-};
-
-/** The lane's own refusal in `format`: the lane's code as OpenAI's type, Anthropic's type by status. */
-export function laneRefusal(format: WireFormat, status: number, code: ModelLaneErrorCode, message: string): Refusal {
-  const type = format === "anthropic-messages" ? (ANTHROPIC_TYPES[status] ?? "api_error") : code;
-  return { status, type, message };
+/**
+ * The lane's own refusal: its code goes where the caller's format has room for one (OpenAI's
+ * `code`); the error type follows the status in both formats (errorBody).
+ */
+export function laneRefusal(status: number, code: ModelLaneErrorCode, message: string): Refusal {
+  return { status, type: code, message };
 }
 
 /** Writes the error (or ends a response already under way); returns the status. */

@@ -4,7 +4,14 @@ import { pipeline } from "node:stream/promises";
 import { filterResponseHeaders } from "../http-rules";
 import { maskAll, maskString, RedactStream } from "../redact";
 import { MAX_EVENT_BYTES, SseFilter, type Verdict } from "./sse-relay";
-import { readUsage, type SseEvent, type Translation, type Usage, type WireFormat } from "./translate";
+import {
+  readUsage,
+  type SseEvent,
+  type Translation,
+  type Usage,
+  usageMeter,
+  type WireFormat,
+} from "./translate";
 
 // The provider's answer, on its way back to the sandbox: passed through when the caller spoke
 // the provider's format (bytes as they came, streams untouched but for the usage chunk the lane
@@ -16,7 +23,13 @@ export const NO_USAGE: Usage = { input: 0, output: 0, cached: 0 };
 // A translated answer keeps only what both SDKs read whatever the format: retry advice and the
 // provider's request id (for a bug report). The rest describe the provider's API, not the
 // caller's.
-const TRANSLATED_HEADERS = new Set(["retry-after", "retry-after-ms", "x-should-retry", "request-id", "x-request-id"]);
+const TRANSLATED_HEADERS = new Set([
+  "retry-after",
+  "retry-after-ms",
+  "x-should-retry",
+  "request-id",
+  "x-request-id",
+]);
 
 export interface UpstreamAnswer {
   statusCode: number;
@@ -40,6 +53,8 @@ export interface RelayInput {
   droppedHeaders: ReadonlySet<string>;
   /** Chat passthrough: drop the usage-only chunk the lane asked for and the caller did not. */
   hideUsage: boolean;
+  /** Translated chat streams: the caller asked for the usage chunk (stream_options.include_usage). */
+  includeUsage: boolean;
 }
 
 export interface Relayed {
@@ -53,7 +68,7 @@ export async function relay(input: RelayInput): Promise<Relayed> {
   const contentType = String(answer.headers["content-type"] ?? "").toLowerCase();
   const sse = input.stream && answer.statusCode < 300 && contentType.startsWith("text/event-stream");
   const headers = filterResponseHeaders(answer.headers).filter(([k]) => !input.droppedHeaders.has(k));
-  const mask = (h: Array<[string, string]>) => h.map(([k, v]) => [k, maskString(v, needles)]).flat();
+  const mask = (h: Array<[string, string]>) => h.flatMap(([k, v]) => [k, maskString(v, needles)]);
 
   if (input.translation === null) {
     const passed = headers.filter(
@@ -63,9 +78,10 @@ export async function relay(input: RelayInput): Promise<Relayed> {
     );
     const usage: Usage = { ...NO_USAGE };
     const stages: Transform[] = [...input.decoders];
-    let kept: BodyTap | null = null;
-    if (sse) stages.push(new SseFilter(needles, usageReader(input.upstream, usage, input.hideUsage)));
-    else stages.push((kept = new BodyTap(MAX_EVENT_BYTES)), new RedactStream(needles));
+    const kept = sse ? null : new BodyTap(MAX_EVENT_BYTES);
+    if (kept === null)
+      stages.push(new SseFilter(needles, usageReader(input.upstream, usage, input.hideUsage)));
+    else stages.push(kept, new RedactStream(needles));
     res.writeHead(answer.statusCode, mask(passed));
     const problem = await piped([answer.body, ...stages, res]);
     if (kept !== null && answer.statusCode < 300) Object.assign(usage, usageOf(input.upstream, kept.body()));
@@ -75,7 +91,7 @@ export async function relay(input: RelayInput): Promise<Relayed> {
   const translation = input.translation;
   const kept = headers.filter(([k]) => TRANSLATED_HEADERS.has(k));
   if (sse) {
-    const translator = translation.stream({ model: input.model });
+    const translator = translation.stream({ model: input.model, includeUsage: input.includeUsage });
     const onEvent = (e: SseEvent): Verdict => {
       try {
         return translator.push(e);
@@ -85,7 +101,10 @@ export async function relay(input: RelayInput): Promise<Relayed> {
       }
     };
     const filter = new SseFilter(needles, onEvent, () => translator.end());
-    res.writeHead(answer.statusCode, mask([...kept, ["content-type", "text/event-stream"], ["cache-control", "no-cache"]]));
+    res.writeHead(
+      answer.statusCode,
+      mask([...kept, ["content-type", "text/event-stream"], ["cache-control", "no-cache"]]),
+    );
     const problem = await piped([answer.body, ...input.decoders, filter, res]);
     return { usage: translator.usage(), problem };
   }
@@ -119,7 +138,9 @@ export async function relay(input: RelayInput): Promise<Relayed> {
   return { usage, problem };
 }
 
-async function piped(stages: ReadonlyArray<NodeJS.ReadableStream | NodeJS.WritableStream>): Promise<string | null> {
+async function piped(
+  stages: ReadonlyArray<NodeJS.ReadableStream | NodeJS.WritableStream>,
+): Promise<string | null> {
   try {
     await pipeline(stages);
     return null;
@@ -129,21 +150,20 @@ async function piped(stages: ReadonlyArray<NodeJS.ReadableStream | NodeJS.Writab
 }
 
 /**
- * A passthrough stream's usage, from whichever events carry it: each reported count replaces
- * the one before (Anthropic's input in message_start, its output in message_delta; OpenAI's
- * all in one final chunk). Chat: the usage-only chunk dropped when the lane asked for it.
+ * A passthrough stream's usage, followed event by event (usageMeter), and for chat the
+ * usage-only chunk dropped when the lane asked for it and the caller did not.
  */
 function usageReader(format: WireFormat, usage: Usage, hideUsage: boolean): (e: SseEvent) => Verdict {
+  const meter = usageMeter(format);
   return (e) => {
     if (!e.data.includes("usage")) return "keep";
+    meter.push(e);
+    Object.assign(usage, meter.usage());
+    if (!hideUsage) return "keep";
     const event = parseJson(Buffer.from(e.data, "utf8"));
-    if (!isObject(event)) return "keep";
-    const seen = readUsage(format, event);
-    if (seen.input > 0) usage.input = seen.input;
-    if (seen.output > 0) usage.output = seen.output;
-    if (seen.cached > 0) usage.cached = seen.cached;
-    const usageOnly = isObject(event.usage) && Array.isArray(event.choices) && event.choices.length === 0;
-    return hideUsage && usageOnly ? "drop" : "keep";
+    const usageOnly =
+      isObject(event) && isObject(event.usage) && Array.isArray(event.choices) && event.choices.length === 0;
+    return usageOnly ? "drop" : "keep";
   };
 }
 

@@ -127,7 +127,6 @@ export class SseFilter extends Transform {
     this.name = undefined;
     this.lastKept = verdict === "keep";
     if (verdict === "keep") this.push(maskAll(raw, this.needles));
-    else if (verdict !== "drop")
-      for (const e of verdict) this.push(maskAll(serializeEvent(e), this.needles));
+    else if (verdict !== "drop") for (const e of verdict) this.push(maskAll(serializeEvent(e), this.needles));
   }
 }
