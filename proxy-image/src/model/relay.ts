@@ -16,7 +16,10 @@ import {
 // The provider's answer, on its way back to the sandbox: passed through when the caller spoke
 // the provider's format (bytes as they came, streams untouched but for the usage chunk the lane
 // asked for), translated otherwise (a JSON body whole, a stream event by event as it arrives).
-// Either way every byte is scrubbed of the key (B7, J2) and the provider's usage is read.
+// Either way every byte is scrubbed of the key (B7, J2) and the provider's usage is read. A
+// translated answer is scrubbed twice: as the provider wrote it, before anything can cut,
+// split or re-escape a key in it (a bounded error message, a re-chunked delta), and as the
+// caller gets it.
 
 export const NO_USAGE: Usage = { input: 0, output: 0, cached: 0 };
 
@@ -105,12 +108,12 @@ export async function relay(input: RelayInput): Promise<Relayed> {
       answer.statusCode,
       mask([...kept, ["content-type", "text/event-stream"], ["cache-control", "no-cache"]]),
     );
-    const problem = await piped([answer.body, ...input.decoders, filter, res]);
+    const problem = await piped([answer.body, ...input.decoders, new RedactStream(needles), filter, res]);
     return { usage: translator.usage(), problem };
   }
 
   // A whole JSON body: an answer or the provider's error, read (bounded) and translated.
-  const raw = await readAll(answer.body, input.decoders);
+  const raw = await readAll(answer.body, [...input.decoders, new RedactStream(needles)]);
   const parsed = raw === null ? null : parseJson(raw);
   let body: Record<string, unknown>;
   let usage: Usage = { ...NO_USAGE };
