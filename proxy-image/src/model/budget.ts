@@ -34,17 +34,21 @@ export class Spend {
     return { calls: this.calls, inputTokens: this.input, outputTokens: this.output };
   }
 
-  /** `asked`: the output bound the request itself carries, if any. */
-  admit(budget: ModelBudget | null, asked: number | null): Admission {
+  /**
+   * `asked`: the output bound the request itself carries, if any; `least`: the smallest bound
+   * the provider accepts (OpenAI's responses: 16), below which what is left cannot be asked for.
+   */
+  admit(budget: ModelBudget | null, asked: number | null, least = 1): Admission {
     const b = budget ?? { calls: null, inputTokens: null, outputTokens: null };
     if (b.calls !== null && this.calls >= b.calls) return { ok: false, code: "over_budget", what: "calls" };
     if (b.inputTokens !== null && this.input >= b.inputTokens)
       return { ok: false, code: "over_budget", what: "input tokens" };
     let cap: number | null = null;
     if (b.outputTokens !== null) {
-      if (this.output >= b.outputTokens) return { ok: false, code: "over_budget", what: "output tokens" };
+      if (b.outputTokens - this.output < least)
+        return { ok: false, code: "over_budget", what: "output tokens" };
       const left = b.outputTokens - this.output - this.reserved;
-      if (left <= 0) return { ok: false, code: "budget_in_flight", what: "output tokens" };
+      if (left < least) return { ok: false, code: "budget_in_flight", what: "output tokens" };
       cap = asked === null ? left : Math.min(asked, left);
     }
     this.calls++;

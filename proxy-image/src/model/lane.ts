@@ -194,7 +194,11 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
     }
 
     // J3: admitted within the budget, or refused in the caller's format (budget.ts says when).
-    const admission = spend.admit(spec.budget, askedOutput(route.upstream, out));
+    const admission = spend.admit(
+      spec.budget,
+      askedOutput(route.upstream, out),
+      route.provider.leastOutput[route.upstream],
+    );
     if (!admission.ok) {
       const retry = admission.code === "budget_in_flight";
       const message = retry

@@ -42,6 +42,8 @@ export interface ProviderEntry {
    * none is given this one is set.
    */
   outputLimit: Partial<Record<WireFormat, string>>;
+  /** The smallest output bound the provider accepts, per format (1 where not given). */
+  leastOutput: Partial<Record<WireFormat, number>>;
 }
 
 const bearer = (secret: string): Array<[string, string]> => [["authorization", `Bearer ${secret}`]];
@@ -59,6 +61,7 @@ const OPENAI: ProviderEntry = {
   droppedResponse: OPENAI_DROPPED,
   // max_tokens is deprecated (and refused by reasoning models) in favour of this one.
   outputLimit: { "openai-chat": "max_completion_tokens", "openai-responses": "max_output_tokens" },
+  leastOutput: { "openai-responses": 16 },
 };
 
 export const PROVIDERS: Record<ModelProvider, ProviderEntry> = {
@@ -80,6 +83,7 @@ export const PROVIDERS: Record<ModelProvider, ProviderEntry> = {
     forwarded: ["anthropic-beta"],
     droppedResponse: new Set(["set-cookie", "anthropic-organization-id"]),
     outputLimit: { "anthropic-messages": "max_tokens" },
+    leastOutput: {},
   },
 };
 
