@@ -194,7 +194,11 @@ export const ModelCallRow = z.strictObject({
    * Why the lane answered itself without calling upstream (over_budget, model_not_declared...),
    * or null when the provider answered. A refused call is recorded too (with 0 tokens).
    */
-  refused: z.string().regex(/^[a-z_]{1,64}$/).nullable().default(null),
+  refused: z
+    .string()
+    .regex(/^[a-z_]{1,64}$/)
+    .nullable()
+    .default(null),
   ms: z.number().int().min(0),
 });
 export type ModelCallRow = z.infer<typeof ModelCallRow>;
