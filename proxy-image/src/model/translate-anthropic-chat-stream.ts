@@ -7,7 +7,6 @@ import { anthropicUsageBody, cacheWriteOf, messageId } from "./translate-anthrop
 import {
   anthropicErrorType,
   chatUsage,
-  errorCode,
   errorMessage,
   eventJson,
   isObj,
@@ -134,7 +133,9 @@ export function chatToAnthropicStream(opts: { model: string }): StreamTranslator
       const chunk = eventJson(e);
       if (!chunk) return [];
       if (isObj(chunk.error)) {
-        const status = errorCode(chunk) === "rate_limit_exceeded" ? 429 : 500;
+        // Only the kind is read, to pick Anthropic's error type; the message is all that is copied.
+        const limited = chunk.error.code === "rate_limit_exceeded" || chunk.error.type === "rate_limit_error";
+        const status = limited ? 429 : 500;
         return fail(status, errorMessage(chunk, status));
       }
       const out = started ? [] : start(chunk.id);
