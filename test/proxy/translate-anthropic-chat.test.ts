@@ -399,6 +399,63 @@ describe("chat chunks → Anthropic stream", () => {
   });
 });
 
+describe("chat chunks → Anthropic stream, provider quirks", () => {
+  it("takes the counts at or after finish_reason from a server that sends running counts", () => {
+    const withUsage = (e: ReturnType<typeof chatChunk>, prompt: number, completion: number) => {
+      const c = JSON.parse(e.data) as Record<string, unknown>;
+      return {
+        data: JSON.stringify({
+          ...c,
+          usage: { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion },
+        }),
+      };
+    };
+    const s = t.stream({ model: "m" });
+    const out = run(s, [
+      withUsage(chatChunk({ content: "a" }), 9, 1),
+      withUsage(chatChunk({ content: "b" }), 9, 2),
+      chatChunk({}, "stop"),
+      withUsage(chatChunk({}), 9, 3),
+      { data: "[DONE]" },
+    ]);
+    expect(s.usage()).toEqual({ input: 9, output: 3, cached: 0 });
+    expect(datas(out).find((e) => e.type === "message_delta")).toHaveProperty("usage.output_tokens", 3);
+  });
+
+  it("refuses to reorder a tool call that resumes after another began", () => {
+    const out = run(t.stream({ model: "m" }), [
+      chatChunk({
+        tool_calls: [{ index: 0, id: "a", type: "function", function: { name: "f", arguments: "{" } }],
+      }),
+      chatChunk({
+        tool_calls: [{ index: 1, id: "b", type: "function", function: { name: "g", arguments: "{}" } }],
+      }),
+      chatChunk({ tool_calls: [{ index: 0, function: { arguments: "}" } }] }),
+      chatChunk({}, "tool_calls"),
+      { data: "[DONE]" },
+    ]);
+    expect(datas(out).at(-1)).toMatchObject({ type: "error", error: { type: "api_error" } });
+    expect(datas(out).some((e) => e.type === "message_stop")).toBe(false);
+  });
+
+  it("sends each system block as a system message, and none for a none choice without tools", () => {
+    const r = ok({
+      model: "m",
+      max_tokens: 10,
+      system: [
+        { type: "text", text: "A." },
+        { type: "text", text: "B." },
+      ],
+      messages: hi,
+    });
+    expect(r.body.messages).toEqual([
+      { role: "system", content: "A." },
+      { role: "system", content: "B." },
+      { role: "user", content: "hi" },
+    ]);
+  });
+});
+
 describe("errors", () => {
   it("turns OpenAI's error into Anthropic's, by status", () => {
     const body = {

@@ -153,6 +153,7 @@ describe("chat → Anthropic request", () => {
       type: "none",
     });
     expect(ok({ model: "m", messages: hi, tools }).body.tool_choice).toBeUndefined();
+    expect(ok({ model: "m", messages: hi, tool_choice: "none" }).body).not.toHaveProperty("tool_choice");
     expect(ok({ model: "m", messages: hi, tools, parallel_tool_calls: false }).body.tool_choice).toEqual({
       type: "auto",
       disable_parallel_tool_use: true,
@@ -419,6 +420,41 @@ describe("Anthropic stream → chat chunks", () => {
     });
     expect(final.choices[0]?.finish_reason).toBe("tool_calls");
     expect(final.usage?.completion_tokens).toBe(89);
+    expect(t.request(f.bodies[0] as Record<string, unknown>, opts)).toMatchObject({ ok: true, stream: true });
+  });
+
+  it("shows neither thinking nor its deltas, and keeps text a block starts with", () => {
+    const events = anthropicTextStream();
+    const start = at(events, 0);
+    const rest = events.slice(1);
+    const thinking = [
+      ev("content_block_start", {
+        type: "content_block_start",
+        index: 0,
+        content_block: { type: "thinking", thinking: "", signature: "" },
+      }),
+      ev("content_block_delta", {
+        type: "content_block_delta",
+        index: 0,
+        delta: { type: "thinking_delta", thinking: "secret plan" },
+      }),
+      ev("content_block_delta", {
+        type: "content_block_delta",
+        index: 0,
+        delta: { type: "signature_delta", signature: "sig" },
+      }),
+      ev("content_block_stop", { type: "content_block_stop", index: 0 }),
+    ];
+    const shifted = rest.map((e) => ({
+      ...e,
+      data: e.data.replace('"index":0', '"index":1').replace('"text":""', '"text":"Oh. "'),
+    }));
+    const out = run(t.stream({ model: "m" }), [start, ...thinking, ...shifted]);
+    expect(JSON.stringify(out)).not.toContain("secret plan");
+    const text = datas(out)
+      .flatMap((c) => (c.choices as { delta: { content?: string } }[]).map((x) => x.delta.content ?? ""))
+      .join("");
+    expect(text).toBe("Oh. Hello!");
   });
 
   it("turns an Anthropic error event into an error chunk the SDK raises", async () => {

@@ -28,8 +28,10 @@ describe("translation()", () => {
     for (const [from, to] of PAIRS) expect(translation(from, to)).toMatchObject({ from, to });
   });
 
-  it("refuses to pretend for a pair that is not built", () => {
-    expect(() => translation("openai-responses", "openai-chat")).toThrow(/no translation/);
+  it("passes the two OpenAI formats through, and refuses to pretend for a pair not built", () => {
+    expect(translation("openai-responses", "openai-chat")).toBeNull();
+    expect(translation("openai-chat", "openai-responses")).toBeNull();
+    expect(() => translation("anthropic-messages", "openai-responses")).toThrow(/no translation/);
   });
 });
 

@@ -274,6 +274,7 @@ describe("Anthropic stream → responses events", () => {
       location: "San Francisco, CA",
     });
     expect(final.usage?.output_tokens).toBe(89);
+    expect(t.request(f.bodies[0] as Record<string, unknown>, opts)).toMatchObject({ ok: true, stream: true });
   });
 
   it("ends with response.incomplete on max_tokens and counts usage", () => {

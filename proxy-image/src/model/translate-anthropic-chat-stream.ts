@@ -139,11 +139,6 @@ export function chatToAnthropicStream(opts: { model: string }): StreamTranslator
         return fail(status, errorMessage(chunk, status));
       }
       const out = started ? [] : start(chunk.id);
-      if (isObj(chunk.usage)) {
-        usage = chatUsage(chunk.usage);
-        cacheWrite = cacheWriteOf(chunk.usage);
-        sawUsage = true;
-      }
       const choice = Array.isArray(chunk.choices) && isObj(chunk.choices[0]) ? chunk.choices[0] : null;
       if (choice) {
         const delta = isObj(choice.delta) ? choice.delta : {};
@@ -160,6 +155,13 @@ export function chatToAnthropicStream(opts: { model: string }): StreamTranslator
           finishSeen = true;
           stopReason = refused ? "refusal" : stopReasonOf(choice.finish_reason);
         }
+      }
+      if (isObj(chunk.usage)) {
+        usage = chatUsage(chunk.usage);
+        cacheWrite = cacheWriteOf(chunk.usage);
+        // Some OpenAI-compatible servers send running counts on every chunk: only counts at or
+        // after finish_reason are final.
+        if (finishSeen) sawUsage = true;
       }
       if (finishSeen && sawUsage) out.push(...finish());
       return out;
