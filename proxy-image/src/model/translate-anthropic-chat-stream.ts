@@ -7,7 +7,6 @@ import { anthropicUsageBody, cacheWriteOf, messageId } from "./translate-anthrop
 import {
   anthropicErrorType,
   chatUsage,
-  errorCode,
   errorMessage,
   eventJson,
   isObj,
@@ -134,15 +133,12 @@ export function chatToAnthropicStream(opts: { model: string }): StreamTranslator
       const chunk = eventJson(e);
       if (!chunk) return [];
       if (isObj(chunk.error)) {
-        const status = errorCode(chunk) === "rate_limit_exceeded" ? 429 : 500;
+        // Only the kind is read, to pick Anthropic's error type; the message is all that is copied.
+        const limited = chunk.error.code === "rate_limit_exceeded" || chunk.error.type === "rate_limit_error";
+        const status = limited ? 429 : 500;
         return fail(status, errorMessage(chunk, status));
       }
       const out = started ? [] : start(chunk.id);
-      if (isObj(chunk.usage)) {
-        usage = chatUsage(chunk.usage);
-        cacheWrite = cacheWriteOf(chunk.usage);
-        sawUsage = true;
-      }
       const choice = Array.isArray(chunk.choices) && isObj(chunk.choices[0]) ? chunk.choices[0] : null;
       if (choice) {
         const delta = isObj(choice.delta) ? choice.delta : {};
@@ -159,6 +155,13 @@ export function chatToAnthropicStream(opts: { model: string }): StreamTranslator
           finishSeen = true;
           stopReason = refused ? "refusal" : stopReasonOf(choice.finish_reason);
         }
+      }
+      if (isObj(chunk.usage)) {
+        usage = chatUsage(chunk.usage);
+        cacheWrite = cacheWriteOf(chunk.usage);
+        // Some OpenAI-compatible servers send running counts on every chunk: only counts at or
+        // after finish_reason are final.
+        if (finishSeen) sawUsage = true;
       }
       if (finishSeen && sawUsage) out.push(...finish());
       return out;

@@ -56,7 +56,7 @@ export function anthropicToChatRequest(body: Json, opts: RequestOptions): Reques
     if (mt === undefined) invalid("max_tokens", "is required");
     if (typeof mt !== "number" || !Number.isInteger(mt) || mt < 1)
       invalid("max_tokens", "must be a positive integer");
-    out.messages = [...systemMessages(body.system), ...messages(body.messages)];
+    out.messages = [...systemMessages(body.system, "system"), ...messages(body.messages)];
     // max_completion_tokens, not the deprecated max_tokens that OpenAI's reasoning models refuse.
     out.max_completion_tokens = mt;
     for (const k of ["temperature", "top_p"] as const) {
@@ -106,20 +106,15 @@ function textBlock(b: Json, p: string): string {
   return b.text;
 }
 
-function systemText(content: unknown, p: string): string {
-  if (typeof content === "string") return content;
+/** System text (a string or text blocks) → system messages, one per block as chat allows. */
+function systemMessages(content: unknown, p: string): Json[] {
+  if (isDefault(content, "")) return [];
+  if (typeof content === "string") return [{ role: "system", content }];
   if (!Array.isArray(content)) return invalid(p, "must be a string or an array of text blocks");
-  return content
-    .map((b, i) => {
-      if (!isObj(b) || b.type !== "text") return unsupported(`${p}[${i}]`, "system blocks other than text");
-      return textBlock(b, `${p}[${i}]`);
-    })
-    .join("\n");
-}
-
-function systemMessages(system: unknown): Json[] {
-  if (isDefault(system, "")) return [];
-  return [{ role: "system", content: systemText(system, "system") }];
+  return content.map((b, i) => {
+    if (!isObj(b) || b.type !== "text") return unsupported(`${p}[${i}]`, "system blocks other than text");
+    return { role: "system", content: textBlock(b, `${p}[${i}]`) };
+  });
 }
 
 const TURN_KEYS = new Set(["role", "content"]);
@@ -131,7 +126,7 @@ function messages(list: unknown): Json[] {
     const p = `messages[${i}]`;
     if (!isObj(m)) invalid(p, "must be an object");
     onlyKnown(m, TURN_KEYS, `${p}.`);
-    if (m.role === "system") out.push({ role: "system", content: systemText(m.content, `${p}.content`) });
+    if (m.role === "system") out.push(...systemMessages(m.content, `${p}.content`));
     else if (m.role === "user") out.push(...userMessages(m.content, `${p}.content`));
     else if (m.role === "assistant") out.push(assistantMessage(m.content, `${p}.content`));
     else unsupported(`${p}.role`, `role ${String(m.role)}`);

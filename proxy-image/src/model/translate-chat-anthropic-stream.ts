@@ -78,6 +78,9 @@ export function anthropicToChatStream(opts: { model: string; includeUsage?: bool
         }
         case "content_block_start": {
           const block = isObj(ev.content_block) ? ev.content_block : {};
+          // A text block normally starts empty; text it starts with is the answer's too.
+          if (block.type === "text" && typeof block.text === "string" && block.text !== "")
+            return [chunk({ content: block.text })];
           if (block.type !== "tool_use") return [];
           const index = toolIndex.size;
           toolIndex.set(num(ev.index), index);

@@ -222,12 +222,10 @@ export function errorMessage(body: unknown, status: number): string {
   return message.length > MAX_ERROR_MESSAGE ? `${message.slice(0, MAX_ERROR_MESSAGE)}…` : message;
 }
 
-/** The upstream's own error type or code, when it is a plain identifier. */
+/** The upstream's error type, when it is a plain identifier (nothing else of the body is read). */
 export function errorCode(body: unknown): string | null {
   const err = isObj(body) && isObj(body.error) ? body.error : null;
-  if (!err) return null;
-  for (const v of [err.code, err.type]) if (typeof v === "string" && CODE.test(v)) return v;
-  return null;
+  return err && typeof err.type === "string" && CODE.test(err.type) ? err.type : null;
 }
 
 export function openaiError(status: number, message: string, code: string | null, param?: string): Json {

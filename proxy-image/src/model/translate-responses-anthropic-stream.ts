@@ -90,7 +90,20 @@ export function anthropicToResponsesStream(opts: { model: string }): StreamTrans
           const outputIndex = done.length + open.size;
           const itemId = ids.item(index);
           if (block.type === "text") {
-            open.set(index, { kind: "text", outputIndex, itemId, callId: "", name: "", buf: "" });
+            const initial = str(block.text) ?? "";
+            open.set(index, { kind: "text", outputIndex, itemId, callId: "", name: "", buf: initial });
+            const first =
+              initial === ""
+                ? []
+                : [
+                    emit("response.output_text.delta", {
+                      item_id: itemId,
+                      output_index: outputIndex,
+                      content_index: 0,
+                      delta: initial,
+                      logprobs: [],
+                    }),
+                  ];
             return [
               emit("response.output_item.added", {
                 output_index: outputIndex,
@@ -102,6 +115,7 @@ export function anthropicToResponsesStream(opts: { model: string }): StreamTrans
                 content_index: 0,
                 part: { type: "output_text", text: "", annotations: [], logprobs: [] },
               }),
+              ...first,
             ];
           }
           if (block.type === "tool_use") {

@@ -59,7 +59,8 @@ export function anthropicToolChoice(
   if (isDefault(choice)) out = noParallel ? { type: "auto" } : undefined;
   else if (choice === "auto") out = { type: "auto" };
   else if (choice === "required") out = { type: "any" };
-  else if (choice === "none") return { type: "none" };
+  // Without tools, "none" is what happens anyway; Anthropic takes no tool_choice without tools.
+  else if (choice === "none") return hasTools ? { type: "none" } : undefined;
   else if (isObj(choice)) {
     const name = named(choice);
     if (!name) unsupported("tool_choice", `tool_choice of type ${String(choice.type)}`);

@@ -142,13 +142,17 @@ const PAIRS: Translation[] = [
   },
 ];
 
+const OPENAI: ReadonlySet<WireFormat> = new Set(["openai-chat", "openai-responses"]);
+
 /**
- * The translation for a caller speaking `from` to a provider speaking `to`; null when they are
- * the same format (passthrough). Throws for a pair that is not built (e.g. responses → chat):
- * the provider table never asks for one, and a silent passthrough would be wrong.
+ * The translation for a caller speaking `from` to a provider speaking `to`; null for
+ * passthrough: the same format, or the two OpenAI formats, which an OpenAI provider serves side
+ * by side (the call goes to the caller's own endpoint). Throws for anthropic-messages →
+ * openai-responses, which is not built: the provider table sends Anthropic callers to chat
+ * completions, and a silent passthrough would be wrong.
  */
 export function translation(from: WireFormat, to: WireFormat): Translation | null {
-  if (from === to) return null;
+  if (from === to || (OPENAI.has(from) && OPENAI.has(to))) return null;
   const pair = PAIRS.find((p) => p.from === from && p.to === to);
   if (!pair) throw new Error(`no translation from ${from} to ${to}`);
   return pair;
