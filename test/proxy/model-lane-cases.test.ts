@@ -264,3 +264,42 @@ describe("J3: the run's model budget", () => {
     expect(l.proxy.audit.modelCalls.map((r) => r.refused)).toEqual(["budget_in_flight", null, null]);
   });
 });
+
+describe("headers on the way out", () => {
+  for (const provider of ["openai", "anthropic"] as const) {
+    it(`only the provider's auth and feature flags of its own format go along (${provider} provider)`, async () => {
+      const l = await lane(provider);
+      await messages(l, {}).withResponse();
+      await l.anthropic.messages.create(
+        { model: MODEL, max_tokens: 16, messages: hello },
+        { headers: { "anthropic-beta": "some-beta-2025-01-01" } },
+      );
+      await l.openai.chat.completions.create(
+        { model: MODEL, messages: hello },
+        {
+          headers: {
+            "openai-beta": "assistants=v2",
+            "openai-organization": "org-other",
+            "openai-project": "proj-other",
+          },
+        },
+      );
+      const [, beta, openaiCall] = l.server.calls;
+      const names = l.server.calls.flatMap((c) => c.headerNames);
+      for (const name of ["openai-organization", "openai-project", "x-stainless-lang", "cookie"])
+        expect(names).not.toContain(name);
+      expect(l.server.calls.every((c) => c.keyMatches && !c.placeholderSent)).toBe(true);
+      if (provider === "anthropic") {
+        expect(beta?.headerNames).toContain("anthropic-beta");
+        expect(openaiCall?.headerNames).not.toContain("openai-beta");
+        expect(names).not.toContain("authorization");
+        expect(l.server.calls.every((c) => c.version === "2023-06-01")).toBe(true);
+      } else {
+        expect(beta?.headerNames).not.toContain("anthropic-beta");
+        expect(openaiCall?.headerNames).toContain("openai-beta");
+        expect(names).not.toContain("x-api-key");
+        expect(names).not.toContain("anthropic-version");
+      }
+    });
+  }
+});
