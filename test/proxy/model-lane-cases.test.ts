@@ -293,13 +293,33 @@ describe("headers on the way out", () => {
         expect(beta?.headerNames).toContain("anthropic-beta");
         expect(openaiCall?.headerNames).not.toContain("openai-beta");
         expect(names).not.toContain("authorization");
-        expect(l.server.calls.every((c) => c.version === "2023-06-01")).toBe(true);
+        // A body as the caller wrote it keeps the caller's API version; a translated one is 2023-06-01.
+        expect(l.server.calls.map((c) => c.version)).toEqual(["2026-10-21", "2026-10-21", "2023-06-01"]);
       } else {
         expect(beta?.headerNames).not.toContain("anthropic-beta");
         expect(openaiCall?.headerNames).toContain("openai-beta");
         expect(names).not.toContain("x-api-key");
         expect(names).not.toContain("anthropic-version");
       }
+    });
+  }
+});
+
+describe("Anthropic's API versions", () => {
+  for (const provider of ["openai", "anthropic"] as const) {
+    it(`a 2026-10-21 system turn among the messages, and an OpenAI caller's temperature (${provider} provider)`, async () => {
+      const l = await lane(provider);
+      const answer = await messages(l, {
+        messages: [
+          { role: "system", content: "Be brief." },
+          { role: "user", content: "Say hello." },
+        ],
+      });
+      expect(answer.content).toEqual([expect.objectContaining({ type: "text", text: TEXT_DELTAS.join("") })]);
+      // Sampling parameters exist in 2023-06-01 only: a translation to Anthropic writes that version.
+      const chatAnswer = await chat(l, { temperature: 0.5, top_p: 0.9 });
+      expect(chatAnswer.choices[0]?.message.content).toBe(TEXT_DELTAS.join(""));
+      expect(l.server.calls.map((c) => c.status)).toEqual([200, 200]);
     });
   }
 });

@@ -216,6 +216,15 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
     // Serialised again, so the provider reads exactly the one `model` checked here.
     const payload = Buffer.from(JSON.stringify(out), "utf8");
 
+    // Only these go upstream: the sandbox's own headers (its placeholder key in Authorization or
+    // x-api-key among them) never do, but for the feature flags and version its body is written
+    // for, and those only when the body goes as it came (a translated one is the lane's).
+    const given = new Map<string, string>();
+    if (route.passthrough)
+      for (const name of route.provider.forwarded) {
+        const value = req.headers[name];
+        if (typeof value === "string") given.set(name, value);
+      }
     const headers = [
       "content-type",
       "application/json",
@@ -224,15 +233,10 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       "identity",
       "accept",
       stream ? "text/event-stream" : "application/json",
-      ...route.provider.fixed.flat(),
+      ...route.provider.fixed.filter(([name]) => !given.has(name)).flat(),
+      ...[...given].flat(),
       ...route.provider.auth(secret).flat(),
     ];
-    // The sandbox's own placeholder key (Authorization or x-api-key) is never among these.
-    if (route.passthrough)
-      for (const name of route.provider.forwarded) {
-        const value = req.headers[name];
-        if (typeof value === "string") headers.push(name, value);
-      }
 
     // The sandbox going away before the answer ends the upstream call too.
     const abort = new AbortController();

@@ -25,7 +25,11 @@ export interface ProviderEntry {
   auth(secret: string): Array<[string, string]>;
   /** The key as it appears on the wire, for the scrubber (case I9: every form of it is masked). */
   injected(secret: string): string;
-  /** Fixed headers every request carries (an API version pinned by the lane, not the sandbox). */
+  /**
+   * Headers every request carries: the API version a translated body is written for. A
+   * passed-through body is in the caller's own version, so a caller's header of the same name
+   * (listed in `forwarded`) replaces the default then.
+   */
   fixed: ReadonlyArray<readonly [string, string]>;
   /**
    * The sandbox's request headers that go along: feature flags only, never one that could pick
@@ -73,14 +77,18 @@ export const PROVIDERS: Record<ModelProvider, ProviderEntry> = {
     ...OPENAI,
     outputLimit: { ...OPENAI.outputLimit, "openai-chat": "max_tokens" },
   },
-  // Anthropic's Messages API (https://docs.anthropic.com/en/api/messages, version 2023-06-01).
+  // Anthropic's Messages API (https://docs.anthropic.com/en/api/messages). Translated bodies are
+  // written for version 2023-06-01 (it has temperature and top_p, which 2026-10-21 refuses); a
+  // caller speaking Anthropic's format keeps its own version (the SDKs since 1.0 send
+  // 2026-10-21, whose system-role turns 2023-06-01 refuses). x-api-key, which the API prefers
+  // when a Bearer token comes too, works in both.
   anthropic: {
     formats: ["anthropic-messages"],
     paths: { "anthropic-messages": "/messages" },
     auth: (secret) => [["x-api-key", secret]],
     injected: (secret) => secret,
     fixed: [["anthropic-version", "2023-06-01"]],
-    forwarded: ["anthropic-beta"],
+    forwarded: ["anthropic-beta", "anthropic-version"],
     droppedResponse: new Set(["set-cookie", "anthropic-organization-id"]),
     outputLimit: { "anthropic-messages": "max_tokens" },
     leastOutput: {},
