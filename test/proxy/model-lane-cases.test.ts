@@ -323,3 +323,37 @@ describe("Anthropic's API versions", () => {
     });
   }
 });
+
+describe("translated streams are not buffered", () => {
+  const held = () => {
+    let release: () => void = () => {};
+    const gate = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    return { gate, release };
+  };
+
+  it("the Anthropic SDK has its first translated text before OpenAI's provider has finished", async () => {
+    const { gate, release } = held();
+    const l = await lane("openai", { server: { midStream: () => gate } });
+    const stream = l.anthropic.messages.stream({ model: MODEL, max_tokens: 64, messages: hello });
+    // OpenAI's contract server holds after its first text delta.
+    await new Promise<void>((resolve) => stream.on("text", () => resolve()));
+    expect(l.proxy.audit.modelCalls).toHaveLength(0);
+    release();
+    expect((await stream.finalMessage()).content).toEqual([
+      expect.objectContaining({ text: TEXT_DELTAS.join("") }),
+    ]);
+  });
+
+  it("the OpenAI SDK has its first translated chunk before Anthropic's provider has finished", async () => {
+    const { gate, release } = held();
+    const l = await lane("anthropic", { server: { midStream: () => gate } });
+    const stream = l.openai.chat.completions.stream({ model: MODEL, messages: hello });
+    // Anthropic's contract server holds after message_start and ping.
+    await new Promise<void>((resolve) => stream.on("chunk", () => resolve()));
+    expect(l.proxy.audit.modelCalls).toHaveLength(0);
+    release();
+    expect((await stream.finalChatCompletion()).choices[0]?.message.content).toBe(TEXT_DELTAS.join(""));
+  });
+});
