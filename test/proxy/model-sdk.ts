@@ -75,30 +75,7 @@ export async function startLane(
     model: spec,
     modelLane: modelLane({ upstream: laneUpstream, log: () => {} }),
   });
-  // The sandbox's hosts file sends model.benchwright.invalid to the proxy: so does this dialer.
-  const dispatcher = new Agent({
-    connect: (_opts, callback) => {
-      const socket = connect(proxy.httpPort, "127.0.0.1");
-      socket.once("connect", () => callback(null, socket));
-      socket.once("error", (e) => callback(e, null));
-    },
-  });
-  const sdkFetch = ((url: string, init?: RequestInit) =>
-    undiciFetch(url, { ...(init as object), dispatcher })) as unknown as typeof fetch;
-  const retries = { maxRetries: options.maxRetries ?? 2 };
-  // What a run's commands get: OPENAI_BASE_URL / ANTHROPIC_BASE_URL and the placeholder keys.
-  const openai = new OpenAI({
-    baseURL: MODEL_LANE_BASE_URL,
-    apiKey: MODEL_LANE_PLACEHOLDER_KEY,
-    fetch: sdkFetch,
-    ...retries,
-  });
-  const anthropic = new Anthropic({
-    baseURL: `http://${MODEL_LANE_HOST}`,
-    apiKey: MODEL_LANE_PLACEHOLDER_KEY,
-    fetch: sdkFetch,
-    ...retries,
-  });
+  const { openai, anthropic, close } = sdkClients(proxy, options.maxRetries ?? 2);
   return {
     proxy,
     server,
@@ -106,7 +83,7 @@ export async function startLane(
     openai,
     anthropic,
     close: async () => {
-      await dispatcher.close();
+      await close();
       await proxy.close();
       await laneUpstream.closeAll();
       await server.stop();
@@ -128,3 +105,31 @@ export const WEATHER_TOOL = {
   },
 };
 export const TOOL_RESULT = "18 degrees and sunny";
+
+/** The two SDKs as a run's commands would make them, dialling the proxy for the lane's host. */
+export function sdkClients(proxy: RunningProxy, maxRetries = 2) {
+  // The sandbox's hosts file sends model.benchwright.invalid to the proxy: so does this dialer.
+  const dispatcher = new Agent({
+    connect: (_opts, callback) => {
+      const socket = connect(proxy.httpPort, "127.0.0.1");
+      socket.once("connect", () => callback(null, socket));
+      socket.once("error", (e) => callback(e, null));
+    },
+  });
+  const sdkFetch = ((url: string, init?: RequestInit) =>
+    undiciFetch(url, { ...(init as object), dispatcher })) as unknown as typeof fetch;
+  // What a run's commands get: OPENAI_BASE_URL / ANTHROPIC_BASE_URL and the placeholder keys.
+  const openai = new OpenAI({
+    baseURL: MODEL_LANE_BASE_URL,
+    apiKey: MODEL_LANE_PLACEHOLDER_KEY,
+    fetch: sdkFetch,
+    maxRetries,
+  });
+  const anthropic = new Anthropic({
+    baseURL: `http://${MODEL_LANE_HOST}`,
+    apiKey: MODEL_LANE_PLACEHOLDER_KEY,
+    fetch: sdkFetch,
+    maxRetries,
+  });
+  return { openai, anthropic, close: () => dispatcher.close() };
+}
