@@ -357,3 +357,14 @@ describe("translated streams are not buffered", () => {
     expect((await stream.finalChatCompletion()).choices[0]?.message.content).toBe(TEXT_DELTAS.join(""));
   });
 });
+
+describe("what cannot be translated", () => {
+  it("is refused in the caller's format, never dropped: nothing sent, a refused row", async () => {
+    const l = await lane("anthropic");
+    const e = (await thrown(chat(l, { n: 2 }))) as InstanceType<typeof OpenAI.BadRequestError>;
+    expect(e).toBeInstanceOf(OpenAI.BadRequestError);
+    expect(e.param).toBe("n");
+    expect(l.server.calls).toHaveLength(0);
+    expect(l.proxy.audit.modelCalls.map((r) => [r.refused, r.status])).toEqual([["untranslatable", 400]]);
+  });
+});

@@ -164,7 +164,15 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
     const translate = route.passthrough ? null : translation(caller, route.upstream);
     if (translate === null) out = { ...body, model: spec.upstreamModel };
     else {
-      const done = translate.request(body, { upstreamModel: spec.upstreamModel, maxTokensDefault });
+      let done: ReturnType<typeof translate.request>;
+      try {
+        done = translate.request(body, { upstreamModel: spec.upstreamModel, maxTokensDefault });
+      } catch {
+        // A shape the translation did not foresee is not guessed at either.
+        log({ event: "model_lane", problem: "request could not be translated" });
+        const why = "The model lane could not translate this request to the provider's format.";
+        return refused("untranslatable", laneRefusal(400, "untranslatable", why));
+      }
       // What cannot be translated is refused, never dropped (the translation's message says what).
       if (!done.ok) return refused("untranslatable", done.refusal);
       out = done.body;
