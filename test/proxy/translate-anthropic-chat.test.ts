@@ -438,7 +438,7 @@ describe("chat chunks → Anthropic stream, provider quirks", () => {
     expect(datas(out).some((e) => e.type === "message_stop")).toBe(false);
   });
 
-  it("sends each system block as a system message, and none for a none choice without tools", () => {
+  it("sends each system block as a system message of its own", () => {
     const r = ok({
       model: "m",
       max_tokens: 10,

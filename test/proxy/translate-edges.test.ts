@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import { readdirSync, readFileSync } from "node:fs";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { formatSse, SseParser } from "../../proxy-image/src/model/sse";
@@ -32,6 +33,18 @@ describe("translation()", () => {
     expect(translation("openai-responses", "openai-chat")).toBeNull();
     expect(translation("openai-chat", "openai-responses")).toBeNull();
     expect(() => translation("anthropic-messages", "openai-responses")).toThrow(/no translation/);
+  });
+});
+
+describe("the module stays pure and small", () => {
+  const dir = new URL("../../proxy-image/src/model/", import.meta.url);
+  const files = readdirSync(dir).filter((f) => f.startsWith("translate") || f === "sse.ts");
+
+  it.each(files)("%s imports neither Node nor an SDK, and is under 600 lines", (f) => {
+    const text = readFileSync(new URL(f, dir), "utf8");
+    const imports = [...text.matchAll(/from "([^"]+)"/g)].map((m) => m[1]);
+    expect(imports.every((i) => i?.startsWith("./"))).toBe(true);
+    expect(text.split("\n").length).toBeLessThan(600);
   });
 });
 
