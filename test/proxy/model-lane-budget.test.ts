@@ -11,8 +11,8 @@ const budget = (calls: number | null, inputTokens: number | null, outputTokens: 
 });
 const usage = (input: number, output: number) => ({ input, output, cached: 0 });
 
-describe("J3 Spend", () => {
-  it("J3 counts a call when admitted and gives it back when it never reached the provider", () => {
+describe("case J3: Spend", () => {
+  it("case J3: counts a call when admitted and gives it back when it never reached the provider", () => {
     const spend = new Spend();
     const a = spend.admit(budget(1, null, null), null);
     expect(a.ok).toBe(true);
@@ -26,7 +26,7 @@ describe("J3 Spend", () => {
     expect(spend.admit(budget(1, null, null), null).ok).toBe(true);
   });
 
-  it("J3 tokens are counted from the provider's usage, once", () => {
+  it("case J3: tokens are counted from the provider's usage, once", () => {
     const spend = new Spend();
     const a = spend.admit(budget(null, 10, null), null);
     if (!a.ok) throw new Error("refused");
@@ -36,7 +36,7 @@ describe("J3 Spend", () => {
     expect(spend.admit(budget(null, 10, null), null)).toMatchObject({ ok: false, what: "input tokens" });
   });
 
-  it("J3 output: the cap is what is left, reserved while in flight; too little left for the provider's minimum is spent", () => {
+  it("case J3: output: the cap is what is left, reserved while in flight; too little left for the provider's minimum is spent", () => {
     const spend = new Spend();
     const a = spend.admit(budget(null, null, 40), 30);
     expect(a).toMatchObject({ ok: true, outputCap: 30 });

@@ -45,9 +45,9 @@ const errorText = (e: unknown) => {
   return `${err.message}\n${JSON.stringify(err.error)}\n${JSON.stringify([...(err.headers ?? new Headers())])}`;
 };
 
-describe("J1: only the declared model", () => {
+describe("case J1: only the declared model", () => {
   for (const provider of ["openai", "anthropic"] as const) {
-    it(`J1 another model through either SDK (${provider} provider): refused in the caller's format, nothing sent`, async () => {
+    it(`case J1: another model through either SDK (${provider} provider): refused in the caller's format, nothing sent`, async () => {
       const l = await lane(provider);
       const o = await thrown(chat(l, { model: "gpt-4o" }));
       expect(o).toBeInstanceOf(OpenAI.BadRequestError);
@@ -73,12 +73,12 @@ describe("J1: only the declared model", () => {
   }
 });
 
-describe("J2: the key never reaches the sandbox", () => {
+describe("case J2: the key never reaches the sandbox", () => {
   // The contract servers put the key they received into a header, the text, every stream and
   // every error: all of it must come back masked, whichever way it was translated.
   const masked = `[${"*".repeat(CANARY.length)}]`;
   for (const provider of ["openai", "anthropic"] as const) {
-    it(`J2 translated and passed-through answers, streams and errors carry no key (${provider} provider)`, async () => {
+    it(`case J2: translated and passed-through answers, streams and errors carry no key (${provider} provider)`, async () => {
       const l = await lane(provider, { server: { echoKey: true } });
       const seen: string[] = [];
       const plain = await chat(l).withResponse();
@@ -100,7 +100,7 @@ describe("J2: the key never reaches the sandbox", () => {
       expect(l.server.calls.every((c) => c.keyMatches)).toBe(true);
     });
 
-    it(`J2 the provider's errors, translated or not, carry no key (${provider} provider)`, async () => {
+    it(`case J2: the provider's errors, translated or not, carry no key (${provider} provider)`, async () => {
       const l = await lane(provider, {
         server: { echoKey: true, failWith: { status: 400, message: "bad thing" } },
       });
@@ -125,7 +125,7 @@ describe("J2: the key never reaches the sandbox", () => {
     });
   }
 
-  it("J2 a provider error the SDK retries (429) reaches the caller in its format", async () => {
+  it("case J2: a provider error the SDK retries (429) reaches the caller in its format", async () => {
     const l = await lane("anthropic", {
       maxRetries: 0,
       server: { failWith: { status: 429, message: "slow down" } },
@@ -136,8 +136,8 @@ describe("J2: the key never reaches the sandbox", () => {
   });
 });
 
-describe("J3: the run's model budget", () => {
-  it("J3 a calls budget: refused past it in each caller's format, with x-should-retry: false, never retried", async () => {
+describe("case J3: the run's model budget", () => {
+  it("case J3: a calls budget: refused past it in each caller's format, with x-should-retry: false, never retried", async () => {
     const l = await lane("anthropic", { budget: { calls: 2, inputTokens: null, outputTokens: null } });
     await chat(l);
     await messages(l);
@@ -162,7 +162,7 @@ describe("J3: the run's model budget", () => {
     );
   });
 
-  it("J3 an output budget: each call's max_tokens lowered to what is left, never passed, the spend as reported", async () => {
+  it("case J3: an output budget: each call's max_tokens lowered to what is left, never passed, the spend as reported", async () => {
     const l = await lane("anthropic", { budget: { calls: null, inputTokens: null, outputTokens: 8 } });
     const first = await messages(l);
     const stream = l.anthropic.messages.stream({ model: MODEL, max_tokens: 256, messages: hello });
@@ -187,7 +187,7 @@ describe("J3: the run's model budget", () => {
     ]);
   });
 
-  it("J3 an output budget, OpenAI format with no max given: the lane sets max_completion_tokens", async () => {
+  it("case J3: an output budget, OpenAI format with no max given: the lane sets max_completion_tokens", async () => {
     const l = await lane("openai", { budget: { calls: null, inputTokens: null, outputTokens: 8 } });
     const first = await chat(l);
     const second = await chat(l, { max_tokens: 100 });
@@ -201,7 +201,7 @@ describe("J3: the run's model budget", () => {
     expect(l.proxy.audit.modelCalls.map((r) => r.outputTokens)).toEqual([5, 3, 0]);
   });
 
-  it("J3 an input budget: the call that passes it is the last (it can pass by its own input), the spend as reported", async () => {
+  it("case J3: an input budget: the call that passes it is the last (it can pass by its own input), the spend as reported", async () => {
     const l = await lane("openai", { budget: { calls: null, inputTokens: 20, outputTokens: null } });
     const a = await messages(l);
     const b = l.openai.chat.completions.stream({ model: MODEL, messages: hello });
@@ -221,7 +221,7 @@ describe("J3: the run's model budget", () => {
     expect(a.usage.output_tokens).toBe(u.output);
   });
 
-  it("J3 concurrent calls cannot pass a calls budget: counted when they start", async () => {
+  it("case J3: concurrent calls cannot pass a calls budget: counted when they start", async () => {
     let release: () => void = () => {};
     const gate = new Promise<void>((resolve) => {
       release = resolve;
@@ -240,7 +240,7 @@ describe("J3: the run's model budget", () => {
     expect(l.server.calls).toHaveLength(1);
   });
 
-  it("J3 an output budget held by a call in flight: retryable 429 budget_in_flight, then served", async () => {
+  it("case J3: an output budget held by a call in flight: retryable 429 budget_in_flight, then served", async () => {
     let release: () => void = () => {};
     const gate = new Promise<void>((resolve) => {
       release = resolve;

@@ -358,7 +358,7 @@ describe("model lane: refusals", () => {
   // OpenAI's error format, with the lane's code as type and code (refuse.ts).
   const problem = (text: string) => (JSON.parse(text) as { error: { code: string; type: string } }).error;
 
-  it("J1 another model: 400 model_not_declared, nothing sent upstream, a refused row", async () => {
+  it("case J1: another model: 400 model_not_declared, nothing sent upstream, a refused row", async () => {
     const h = await start();
     const res = await call(h, "/v1/chat/completions", chat({ model: "gpt-4o" }));
     expect(res.status).toBe(400);
