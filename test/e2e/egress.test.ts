@@ -284,7 +284,7 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
     );
     const model = await api.call("POST", "/v1/vault/models", {
       name: "eval-model",
-      provider: "demo",
+      provider: "openai-compatible",
       base_url: "https://api.demo.test/v1",
       secret: "MODEL_KEY",
       upstream_model: "demo-1",
