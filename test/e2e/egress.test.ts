@@ -350,7 +350,7 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
     expect(recorded.totals).toEqual({ calls: 3, inputTokens: 12 + 12 + 9, outputTokens: 5 + 5 + 4 });
     expect(
       recorded.calls.every(
-        (c: { provider: string; model: string }) => c.provider === "demo" && c.model === "eval-model",
+        (c: { provider: string; model: string }) => c.provider === "openai-compatible" && c.model === "eval-model",
       ),
     ).toBe(true);
     expect(JSON.stringify(recorded)).not.toContain("prompt-marker-7f3a");
