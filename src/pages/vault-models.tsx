@@ -2,7 +2,7 @@ import { Hono } from "hono";
 import { ModelProvider } from "../contract/policy";
 import { ModelName } from "../routes/vault-models";
 import { PROVIDERS } from "../vault/model-providers";
-import * as vault from "../vault/service";
+import * as models from "../vault/models";
 import type { PageEnv } from "./context";
 import { PostForm } from "./layout";
 import { act, answer, back, type Ctx, form, PAGE, text, who } from "./vault-forms";
@@ -17,7 +17,12 @@ const PROVIDER_HINT: Readonly<Record<ModelProvider, string>> = {
   anthropic: "Anthropic's Messages API",
 };
 
-export function ModelsSection(props: { c: Ctx; csrf: string; models: vault.ModelInfo[]; secrets: string[] }) {
+export function ModelsSection(props: {
+  c: Ctx;
+  csrf: string;
+  models: models.ModelInfo[];
+  secrets: string[];
+}) {
   const { c, csrf, models } = props;
   const kept = (k: string) => c.req.query(k) ?? "";
   return (
@@ -168,7 +173,7 @@ export const vaultModelRoutes = new Hono<PageEnv>()
       }
       if (!secret)
         return back(c, { error: "Pick the secret that holds the provider's key." }, "models", keep);
-      const made = await vault.createModel(c.var.db, who(c), {
+      const made = await models.createModel(c.var.db, who(c), {
         name,
         provider: provider.data,
         baseUrl,
@@ -187,9 +192,9 @@ export const vaultModelRoutes = new Hono<PageEnv>()
   .post(`${PAGE}/models/:id/delete`, (c) =>
     act(c, "models", async () => {
       const id = c.req.param("id");
-      const model = await vault.getModel(c.var.db, who(c), id);
+      const model = await models.getModel(c.var.db, who(c), id);
       if (!model.ok) return answer(c, model, () => "", "models");
-      const done = await vault.deleteModel(c.var.db, who(c), id);
+      const done = await models.deleteModel(c.var.db, who(c), id);
       return answer(c, done, () => `Deleted the model ${model.value.name}.`, "models");
     }),
   );

@@ -17,6 +17,7 @@ import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 import { type AccountBlockedHost, type BlockedSource, listBlockedHosts } from "../runs/blocked-hosts";
 import { listRuns, type Page } from "../runs/service";
 import { dryRun, type HostOutcome } from "../vault/dry-run";
+import { listModels } from "../vault/models";
 import * as vault from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm, readFlash } from "./layout";
@@ -1023,7 +1024,7 @@ async function vaultPage(c: Ctx): Promise<Response> {
     vault.listSecrets(db(c), p),
     vault.listRules(db(c), p),
     vault.listHosts(db(c), p),
-    vault.listModels(db(c), p),
+    listModels(db(c), p),
     vault.previewPolicy(db(c), p, { egress: "direct" }),
     listBlockedHosts(db(c), p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined }),
     listRuns(db(c), p, RECENT_RUNS, undefined),

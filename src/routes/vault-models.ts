@@ -3,7 +3,7 @@ import { ModelProvider } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import { PROVIDERS } from "../vault/model-providers";
-import * as vault from "../vault/service";
+import * as models from "../vault/models";
 import { SecretName } from "./vault-secrets";
 
 // Models a run may declare (`model` in the run spec): the run's proxy serves them to the work
@@ -44,7 +44,7 @@ export const ModelInfo = z
   .strict()
   .openapi("Model");
 
-const toJson = (m: vault.ModelInfo): z.infer<typeof ModelInfo> => ({
+const toJson = (m: models.ModelInfo): z.infer<typeof ModelInfo> => ({
   id: m.id,
   name: m.name,
   provider: m.provider,
@@ -72,7 +72,7 @@ const Fields = z
   .strict();
 
 type FieldsIn = Partial<z.infer<typeof Fields>>;
-const toInput = (b: FieldsIn): Partial<vault.ModelInput> => ({
+const toInput = (b: FieldsIn): Partial<models.ModelInput> => ({
   ...(b.name === undefined ? {} : { name: b.name }),
   ...(b.provider === undefined ? {} : { provider: b.provider }),
   ...(b.base_url === undefined ? {} : { baseUrl: b.base_url }),
@@ -92,7 +92,7 @@ export const modelsRoutes = newRouter()
       summary: "List the models runs may declare (by name)",
       responses: { 200: jsonOk(z.object({ models: z.array(ModelInfo) })), ...problems(401) },
     }),
-    async (c) => c.json({ models: (await vault.listModels(c.var.db, c.var.principal)).map(toJson) }, 200),
+    async (c) => c.json({ models: (await models.listModels(c.var.db, c.var.principal)).map(toJson) }, 200),
   )
   .openapi(
     createRoute({
@@ -106,7 +106,7 @@ export const modelsRoutes = newRouter()
     async (c) => {
       const body = c.req.valid("json");
       const made = unwrap(
-        await vault.createModel(c.var.db, c.var.principal, {
+        await models.createModel(c.var.db, c.var.principal, {
           name: body.name,
           provider: body.provider,
           baseUrl: body.base_url,
@@ -127,7 +127,7 @@ export const modelsRoutes = newRouter()
       responses: { 200: jsonOk(ModelInfo), ...problems(401, 404) },
     }),
     async (c) =>
-      c.json(toJson(unwrap(await vault.getModel(c.var.db, c.var.principal, c.req.valid("param").id))), 200),
+      c.json(toJson(unwrap(await models.getModel(c.var.db, c.var.principal, c.req.valid("param").id))), 200),
   )
   .openapi(
     createRoute({
@@ -141,7 +141,7 @@ export const modelsRoutes = newRouter()
     async (c) => {
       const { id } = c.req.valid("param");
       const model = unwrap(
-        await vault.updateModel(c.var.db, c.var.principal, id, toInput(c.req.valid("json"))),
+        await models.updateModel(c.var.db, c.var.principal, id, toInput(c.req.valid("json"))),
       );
       return c.json(toJson(model), 200);
     },
@@ -157,7 +157,7 @@ export const modelsRoutes = newRouter()
       responses: { 204: { description: "Deleted" }, ...problems(401, 404) },
     }),
     async (c) => {
-      unwrap(await vault.deleteModel(c.var.db, c.var.principal, c.req.valid("param").id));
+      unwrap(await models.deleteModel(c.var.db, c.var.principal, c.req.valid("param").id));
       return c.body(null, 204);
     },
   );

@@ -4,7 +4,7 @@ import { randomId } from "../crypto/api-keys";
 import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
-import { modelLane } from "../vault/service";
+import { modelLane } from "../vault/models";
 import { type RunSpec, storedSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
 

@@ -20,6 +20,7 @@ import { unwrap } from "../../src/errors";
 import { storeArtifacts } from "../../src/runs/artifacts";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
+import * as models from "../../src/vault/models";
 import * as vault from "../../src/vault/service";
 import * as hooks from "../../src/webhooks/service";
 import { collectArchive, file, tarGz, upload } from "./archives";
@@ -82,7 +83,7 @@ async function idsOf(t: Tenant): Promise<Record<Resource, string[]>> {
     secret: (await vault.listSecrets(db, p)).map((s) => s.id),
     rule: (await vault.listRules(db, p)).map((r) => r.id),
     host: (await vault.listHosts(db, p)).map((h) => h.id),
-    model: (await vault.listModels(db, p)).map((m) => m.id),
+    model: (await models.listModels(db, p)).map((m) => m.id),
   }));
 }
 
@@ -124,7 +125,7 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     unwrap(await vault.createSecret(db, ring, p, { name: "MODEL_KEY", value: modelKey }));
     for (const name of ["shared-model", `${role}-only-model`]) {
       unwrap(
-        await vault.createModel(db, p, {
+        await models.createModel(db, p, {
           name,
           provider: "openai-compatible",
           baseUrl: `https://llm.${tag}.example/v1`,
@@ -195,7 +196,7 @@ async function fresh(v: Vault, resource: Resource): Promise<string> {
     if (resource === "model") {
       const baseUrl = `https://fresh${n}.${v.tag}.example/v1`;
       return unwrap(
-        await vault.createModel(db, p, {
+        await models.createModel(db, p, {
           name: `fresh-${n}`,
           provider: "openai-compatible",
           baseUrl,

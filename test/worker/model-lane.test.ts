@@ -11,6 +11,7 @@ import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { modelCallLog, runs, sandboxes, vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
+import * as models from "../../src/vault/models";
 import * as vault from "../../src/vault/service";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
@@ -44,7 +45,7 @@ async function tenantWithModel() {
       }),
     );
     unwrap(
-      await vault.createModel(db, p, {
+      await models.createModel(db, p, {
         name: "eval-model",
         provider: "openai-compatible",
         baseUrl: "https://openrouter.ai/api/v1",
@@ -96,7 +97,7 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
     await withDb(async (db) => {
       unwrap(await vault.createSecret(db, ring(), principal(t), { name: "K", value: key }));
       unwrap(
-        await vault.createModel(db, principal(t), {
+        await models.createModel(db, principal(t), {
           name: "m",
           provider: "openai-compatible",
           baseUrl: "https://llm.internal.example:8443/v1/",
