@@ -4,8 +4,9 @@ import { modelLane } from "../../proxy-image/src/model/lane";
 import { createUpstream } from "../../proxy-image/src/upstream";
 import { startLoopbackUpstream } from "../../scripts/lib/demo-upstream";
 import type { ModelProvider } from "../../src/contract/policy";
+import { bundleModelSdkClient } from "../fixtures/model-sdk-bundle";
 import { type RunningProxy, startProxy, vault } from "./harness";
-import { CANARY, MODEL, sdkClients, WEATHER_TOOL } from "./model-sdk";
+import { CANARY, MODEL, runSdkClient, sdkClients, WEATHER_TOOL } from "./model-sdk";
 
 // The demo's and the end-to-end suite's upstream (scripts/demo/upstream-server.mjs, plain node)
 // answers the SDKs through the lane for both providers, tools included, so a run in a real
@@ -87,5 +88,25 @@ for (const provider of ["openai", "anthropic"] as const satisfies ModelProvider[
       expect(calls.every((c) => c.keyMatches === true && c.model === "demo-1")).toBe(true);
       expect(JSON.stringify([chat, streamed, msg, use, final])).not.toContain(CANARY);
     });
+
+    it("the bundled SDK client a run would ship: every call answered", async () => {
+      const out = await runSdkClient(await bundleModelSdkClient(), proxy);
+      const toolCall = { name: "get_weather", arguments: { location: "Paris", unit: "celsius" } };
+      const answers = {
+        plain: "Hello world",
+        streamed: "Hello world",
+        toolCall,
+        final: "The tool said: sunny",
+      };
+      expect(out.openai).toEqual({
+        ...answers,
+        responses: "Hello world",
+        other: { class: "BadRequestError", status: 400, code: "model_not_declared" },
+      });
+      expect(out.anthropic).toEqual({
+        ...answers,
+        other: { class: "BadRequestError", status: 400, type: "invalid_request_error" },
+      });
+    }, 60_000);
   });
 }

@@ -1,3 +1,4 @@
+import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { connect } from "node:net";
 import Anthropic from "@anthropic-ai/sdk";
@@ -132,4 +133,33 @@ export function sdkClients(proxy: RunningProxy, maxRetries = 2) {
     maxRetries,
   });
   return { openai, anthropic, close: () => dispatcher.close() };
+}
+
+/**
+ * Runs the bundled SDK client (model-sdk-bundle.ts) as plain node and returns the JSON line it
+ * printed, which must not hold the key. A sandbox reaches the lane's host through its hosts
+ * file; this process has node's own proxy support instead (NODE_USE_ENV_PROXY), which tunnels
+ * every request with CONNECT, and the proxy's explicit port tunnels to 443 only: so here the
+ * lane is reached over https (the run CA trusted, as in a sandbox), the base URLs otherwise
+ * those a run's commands get.
+ */
+export function runSdkClient(bundle: string, proxy: RunningProxy): Promise<Record<string, unknown>> {
+  const https = (url: string) => url.replace(/^http:/, "https:");
+  const env = {
+    PATH: process.env.PATH ?? "",
+    OPENAI_BASE_URL: https(MODEL_LANE_BASE_URL),
+    OPENAI_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
+    ANTHROPIC_BASE_URL: https(`http://${MODEL_LANE_HOST}`),
+    ANTHROPIC_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
+    HTTPS_PROXY: `http://127.0.0.1:${proxy.explicitPort}`,
+    NODE_USE_ENV_PROXY: "1",
+    NODE_EXTRA_CA_CERTS: proxy.caFile,
+  };
+  return new Promise((resolve, reject) => {
+    execFile(process.execPath, [bundle, MODEL], { env, timeout: 30_000 }, (error, stdout, stderr) => {
+      if (error) return reject(new Error(`${error.message}\n${stderr}`));
+      if (`${stdout}${stderr}`.includes(CANARY)) return reject(new Error("the SDK client saw the key"));
+      resolve(JSON.parse(stdout.trim().split("\n").at(-1) as string));
+    });
+  });
 }
