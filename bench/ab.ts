@@ -3,8 +3,8 @@
 // tree and, when given, the proxy built from another checkout (a `git worktree` of the commit
 // before a change), the targets taking turns in each round, so a neighbour's load falls on all of
 // them alike. Prints per target the median req/s and CPU ms per request of the middle process, and
-// each proxy's CPU per request as × the minimal MITM's. Writes nothing to bench/results: it is the
-// loop for working on one change; `npm run bench:proxy` is the record.
+// each proxy's as × the minimal MITM's (the median of per-round ratios). Writes nothing to
+// bench/results: it is the loop for working on one change; `npm run bench:proxy` is the record.
 // BENCH_ROUNDS (default 5), BENCH_DURATION_S (seconds per window, default 3).
 import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -101,14 +101,16 @@ try {
       seen.set(target.name, s);
     }
   }
-  const floor = median(seen.get("minimal")?.cpuMs ?? [Number.NaN]);
-  const floorRps = median(seen.get("minimal")?.rps ?? [Number.NaN]);
+  // Ratios per round (each proxy against the minimal MITM of the same round), then their median:
+  // a neighbour's load moves a round's numbers together, so the ratio is steadier than either.
+  const floor = seen.get("minimal") ?? { rps: [], cpuMs: [] };
   for (const [name, s] of seen) {
-    const cpu = median(s.cpuMs);
-    const rps = median(s.rps);
+    const cpuX = median(s.cpuMs.map((c, i) => c / (floor.cpuMs[i] ?? Number.NaN)));
+    const rpsX = median(s.rps.map((r, i) => r / (floor.rps[i] ?? Number.NaN)));
     console.log(
-      `${name.padEnd(8)} ${rps.toFixed(0).padStart(6)} req/s (${(rps / floorRps).toFixed(2)}× minimal)  ` +
-        `${cpu.toFixed(3)} CPU ms/req (${(cpu / floor).toFixed(2)}× minimal)  windows: ${s.cpuMs.map((x) => x.toFixed(3)).join(" ")}`,
+      `${name.padEnd(8)} ${median(s.rps).toFixed(0).padStart(6)} req/s (${rpsX.toFixed(2)}× minimal)  ` +
+        `${median(s.cpuMs).toFixed(3)} CPU ms/req (${cpuX.toFixed(2)}× minimal)  ` +
+        `windows: ${s.cpuMs.map((x) => x.toFixed(3)).join(" ")}`,
     );
   }
   for (const cp of cps) await cp.close();
