@@ -9,7 +9,7 @@
 //   new connection  direct / minimal / proxy, one verified TLS handshake per request
 //   memory          the proxy's (and the minimal MITM's) RSS fresh and holding 1,000 idle
 //                   keep-alive connections, and the proxy's peak
-//   decisions       decideHost + matchRule per lookup at 10 and 100,000 rules
+//   decisions       index.decide (host policy, then the rule) per lookup at 10 and 100,000 rules
 // and writes its section of bench/results/latest.md and latest.json. It never fails on a number:
 // targets are reported as met or not met. Durations and sizes come from the environment (see CONFIG).
 import type { ChildProcess } from "node:child_process";

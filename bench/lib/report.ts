@@ -314,7 +314,7 @@ export function renderProxy(r: Results): string {
     "",
     "### Policy decisions (in-process)",
     "",
-    "`decideHost` + `matchRule` per lookup on `buildPolicyIndex(compilePolicy(vault))`, N rules and N",
+    "`decide` (decideHost, then matchRule unless blocked) per lookup on `buildPolicyIndex(compilePolicy(vault))`, N rules and N",
     "host entries (half exact, half wildcard), lookups mixed: ¼ exact host hits, ¼ wildcard host hits,",
     "¼ rule hits, ¼ misses, spread over the whole vault. Median of rounds interleaved between sizes.",
     "",
