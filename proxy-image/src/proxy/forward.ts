@@ -101,7 +101,7 @@ export async function forward(
     answer = await upstreamExchange(pool as Dispatcher, {
       method: out.method,
       path: injection?.path ?? target.path,
-      headers: headers.flat(),
+      headers: flatHeaders(headers),
       body,
     });
   } catch (error) {
@@ -151,6 +151,16 @@ export async function forward(
       return kept;
     },
   };
+}
+
+function flatHeaders(pairs: ReadonlyArray<[string, string]>): string[] {
+  const flat: string[] = new Array(pairs.length * 2);
+  for (let i = 0; i < pairs.length; i++) {
+    const [k, v] = pairs[i] as [string, string];
+    flat[2 * i] = k;
+    flat[2 * i + 1] = v;
+  }
+  return flat;
 }
 
 const prematureClose = (): Error =>
@@ -258,14 +268,20 @@ export function upstreamHeaders(
 ): Array<[string, string]> {
   const { target } = decided;
   const injection = decided.rule?.injection ?? null;
-  let headers = [...filtered];
-  headers.push([
-    "host",
-    target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
-  ]);
+  const name = injection?.header?.[0];
+  // One pass: with a credential, the client's own header of that name and its accept-encoding go.
+  const headers: Array<[string, string]> = [];
+  for (const h of filtered) {
+    if (injection && (h[0] === name || h[0] === "accept-encoding")) continue;
+    headers.push(h);
+  }
+  // (A credential header named host, should a spec ever allow one, replaces the target's.)
+  if (!injection || name !== "host")
+    headers.push([
+      "host",
+      target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
+    ]);
   if (injection) {
-    const name = injection.header?.[0];
-    headers = headers.filter(([k]) => k !== name && k !== "accept-encoding");
     if (injection.header) headers.push(injection.header);
     // Identity encoding so the scrubber sees plain bytes (B7).
     headers.push(["accept-encoding", "identity"]);
