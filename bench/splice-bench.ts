@@ -3,7 +3,8 @@
 // against the same client talking to the upstream itself: keep-alive HTTPS, 32 connections flat
 // out, and one TLS handshake per request, the two targets taking turns in each round. The proxy is
 // the shipped bundle in its own process; the client verifies the upstream's own certificate
-// through it, so nothing is terminated. Prints one JSON line per kind; never fails on a number.
+// through it, so nothing is terminated. Prints one JSON line per kind, with the proxy's CPU ms per
+// spliced request (comparable across runs when the ratios are not); never fails on a number.
 // Stand-alone for now (proxy-bench.ts is being reworked); its rows belong there.
 import { fork, spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -14,12 +15,16 @@ import { build } from "esbuild";
 import { FakeControlPlane } from "../test/proxy/control-plane";
 import { createTestCa, vault } from "../test/proxy/harness";
 import { keepAliveLoad, newConnectionLoad, type RawLoad, summarise, type Target } from "./lib/load";
+import { cpuSecondsOf } from "./lib/proc";
 import { ROOT } from "./lib/results";
 
 const HOST = "splice.bench.test";
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const SECONDS = Number(process.env.BENCH_DURATION_S ?? 5);
-const hooks = { start() {}, end() {} };
+// The proxy's CPU seconds over the splice windows, and the requests they carried.
+let proxyPid = 0;
+let cpuStart = 0;
+const proxyCpu = { seconds: 0, requests: 0 };
 
 const dir = mkdtempSync(join(tmpdir(), "bw-splice-bench-"));
 const bundle = join(dir, "proxy.cjs");
@@ -70,6 +75,7 @@ const proxy = spawn(process.execPath, [bundle], {
     BW_TEST_ALLOW_CIDRS: "127.0.0.2/32",
   },
 });
+proxyPid = proxy.pid as number;
 try {
   const { listeners } = await ready;
   const direct: Target = {
@@ -88,14 +94,26 @@ try {
   };
   for (const kind of ["keep-alive", "new-connection"] as const) {
     const rounds: Record<string, RawLoad[]> = { direct: [], splice: [] };
+    proxyCpu.seconds = 0;
+    proxyCpu.requests = 0;
     for (let i = 0; i < ROUNDS; i++) {
       for (const target of [direct, spliced]) {
+        const metered = target === spliced;
+        const hooks = {
+          start: () => {
+            if (metered) cpuStart = cpuSecondsOf(proxyPid);
+          },
+          end: () => {
+            if (metered) proxyCpu.seconds += cpuSecondsOf(proxyPid) - cpuStart;
+          },
+        };
         const o = { warmupS: 1, durationS: SECONDS, hooks };
-        (rounds[target.name] as RawLoad[]).push(
+        const raw =
           kind === "keep-alive"
             ? await keepAliveLoad(target, { ...o, connections: 32 })
-            : await newConnectionLoad(target, { ...o, concurrency: 32 }),
-        );
+            : await newConnectionLoad(target, { ...o, concurrency: 32 });
+        if (metered) proxyCpu.requests += raw.ok;
+        (rounds[target.name] as RawLoad[]).push(raw);
       }
     }
     const d = summarise(rounds.direct as RawLoad[]);
@@ -107,7 +125,13 @@ try {
       errors: r.errors,
     });
     console.log(
-      JSON.stringify({ kind, direct: row(d), splice: row(s), ratio: Number((s.rps / d.rps).toFixed(2)) }),
+      JSON.stringify({
+        kind,
+        direct: row(d),
+        splice: row(s),
+        ratio: Number((s.rps / d.rps).toFixed(2)),
+        proxyCpuMsPerRequest: Number(((proxyCpu.seconds * 1000) / proxyCpu.requests).toFixed(4)),
+      }),
     );
   }
 } finally {
