@@ -5,10 +5,11 @@
 // the shipped bundle in its own process; the client verifies the upstream's own certificate
 // through it, so nothing is terminated. Prints one JSON line per kind, with the proxy's CPU ms per
 // spliced request (comparable across runs when the ratios are not); never fails on a number.
-// Stand-alone for now (proxy-bench.ts is being reworked); its rows belong there.
+// It writes bench/results/splice.json (BENCH_RESULTS_DIR elsewhere), whose keep-alive row the
+// proxy bench's next run reports as its splice target.
 import { fork, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
@@ -16,7 +17,8 @@ import { FakeControlPlane } from "../test/proxy/control-plane";
 import { createTestCa, vault } from "../test/proxy/harness";
 import { keepAliveLoad, newConnectionLoad, type RawLoad, summarise, type Target } from "./lib/load";
 import { cpuSecondsOf } from "./lib/proc";
-import { ROOT } from "./lib/results";
+import type { SpliceResults } from "./lib/report";
+import { gitDescribe, ROOT, resultsDir } from "./lib/results";
 
 const HOST = "splice.bench.test";
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
@@ -92,6 +94,13 @@ try {
     servername: HOST,
     caPem: ca.certPem,
   };
+  const out: SpliceResults = {
+    date: new Date().toISOString(),
+    commit: gitDescribe(),
+    loadAverage: 0,
+    rows: [],
+  };
+  const load0 = loadavg()[0] ?? 0;
   for (const kind of ["keep-alive", "new-connection"] as const) {
     const rounds: Record<string, RawLoad[]> = { direct: [], splice: [] };
     proxyCpu.seconds = 0;
@@ -124,16 +133,20 @@ try {
       p99Ms: r.p99Ms,
       errors: r.errors,
     });
-    console.log(
-      JSON.stringify({
-        kind,
-        direct: row(d),
-        splice: row(s),
-        ratio: Number((s.rps / d.rps).toFixed(2)),
-        proxyCpuMsPerRequest: Number(((proxyCpu.seconds * 1000) / proxyCpu.requests).toFixed(4)),
-      }),
-    );
+    const measured = {
+      kind,
+      direct: row(d),
+      splice: row(s),
+      ratio: Number((s.rps / d.rps).toFixed(2)),
+      proxyCpuMsPerRequest: Number(((proxyCpu.seconds * 1000) / proxyCpu.requests).toFixed(4)),
+    };
+    out.rows.push(measured);
+    console.log(JSON.stringify(measured));
   }
+  // For the proxy bench's splice row (its next run reads this file): the machine's load too.
+  out.loadAverage = Number(((load0 + (loadavg()[0] ?? 0)) / 2).toFixed(2));
+  mkdirSync(resultsDir(), { recursive: true });
+  writeFileSync(join(resultsDir(), "splice.json"), `${JSON.stringify(out, null, 2)}\n`);
 } finally {
   proxy.kill();
   upstream.kill();
