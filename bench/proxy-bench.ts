@@ -9,11 +9,11 @@
 //   new connection  direct / minimal / proxy, one verified TLS handshake per request
 //   memory          the proxy's (and the minimal MITM's) RSS fresh and holding 1,000 idle
 //                   keep-alive connections, and the proxy's peak
-//   decisions       decideHost + matchRule per lookup at 10 and 100,000 rules
+//   decisions       index.decide (host policy, then the rule) per lookup at 10 and 100,000 rules
 // and writes its section of bench/results/latest.md and latest.json. It never fails on a number:
 // targets are reported as met or not met. Durations and sizes come from the environment (see CONFIG).
 import type { ChildProcess } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -44,8 +44,15 @@ import {
   UPSTREAM_ADDRESS,
   type UpstreamCounts,
 } from "./lib/proxy-process";
-import { consoleTable, countDecisions, type Phase, proxySection, type Results } from "./lib/report";
-import { gitDescribe, machine, num, ROOT } from "./lib/results";
+import {
+  consoleTable,
+  countDecisions,
+  type Phase,
+  proxySection,
+  type Results,
+  type SpliceResults,
+} from "./lib/report";
+import { gitDescribe, machine, num, ROOT, resultsDir } from "./lib/results";
 
 const CONFIG = {
   /** Seconds measured per row (target and kind of load), over all rounds. */
@@ -379,6 +386,7 @@ async function main(): Promise<void> {
       audit: { batches: cp.batches.size, rows: cp.auditRows },
       wallS: (Date.now() - started) / 1000,
       short: SHORT,
+      splice: lastSplice(),
     };
     const section = proxySection(results, SHORT);
     const written = publish(section);
@@ -392,6 +400,12 @@ async function main(): Promise<void> {
     if (process.env.BENCH_KEEP_TMP === "1") log(`kept ${dir}`);
     else rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** The last splice-bench run (bench/splice-bench.ts writes it), or null. */
+function lastSplice(): SpliceResults | null {
+  const file = join(resultsDir(), "splice.json");
+  return existsSync(file) ? (JSON.parse(readFileSync(file, "utf8")) as SpliceResults) : null;
 }
 
 // Whatever ends the bench (an error, ^C, a closed pipe) ends the processes it started.

@@ -53,17 +53,30 @@ function connectionListed(values: readonly string[]): Set<string> {
   return out;
 }
 
-function dropped(name: string, listed: Set<string>): boolean {
+function dropped(name: string, listed: ReadonlySet<string>): boolean {
   return HOP_BY_HOP.has(name) || listed.has(name) || name.startsWith(INTERNAL_PREFIX);
 }
 
+const NOTHING_LISTED: ReadonlySet<string> = new Set();
+
 /** Request headers to send upstream (lowercase names, order kept). */
 export function filterRequestHeaders(rawHeaders: readonly string[]): Array<[string, string]> {
-  const pairs: Array<[string, string]> = [];
-  for (let i = 0; i < rawHeaders.length; i += 2)
-    pairs.push([(rawHeaders[i] ?? "").toLowerCase(), rawHeaders[i + 1] ?? ""]);
-  const listed = connectionListed(pairs.filter(([k]) => k === "connection").map(([, v]) => v));
-  return pairs.filter(([k]) => !dropped(k, listed));
+  // The names a Connection header lists are dropped too; most requests send none, or a bare
+  // keep-alive, so the set is built only when there is one.
+  let connection: string[] | null = null;
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i] ?? "";
+    if (name.length !== 10 || name.toLowerCase() !== "connection") continue;
+    connection ??= [];
+    connection.push(rawHeaders[i + 1] ?? "");
+  }
+  const listed = connection === null ? NOTHING_LISTED : connectionListed(connection);
+  const out: Array<[string, string]> = [];
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = (rawHeaders[i] ?? "").toLowerCase();
+    if (!dropped(name, listed)) out.push([name, rawHeaders[i + 1] ?? ""]);
+  }
+  return out;
 }
 
 /** Response headers to hand back to the sandbox. */

@@ -12,6 +12,7 @@ import { createRunCa } from "./ca";
 import { computeLane } from "./compute-lane";
 import { loadProxyConfig } from "./config";
 import { type CatchAllResolver, startCatchAllResolver } from "./dns";
+import { logLines } from "./log-lines";
 import { modelLane } from "./model/lane";
 import { loadOriginalDst } from "./original-dst";
 import { PolicyClient } from "./policy-client";
@@ -31,13 +32,16 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const config = loadProxyConfig(env, argv);
   const ca = await createRunCa({ runId: config.BW_RUN_ID });
   let proxy: ReturnType<typeof createProxy> | null = null;
+  // Every JSON line on stdout goes through one batch, so they keep their order (log-lines.ts).
+  const lines = logLines();
+  const logLine = (record: unknown) => lines.write(JSON.stringify(record));
   // The egress tunnel is dialled once the policy routes anything through the user's machine
   // (egress local, or a host via tunnel), and then kept: a later edit may route through it again.
   const tunnel = new TunnelClient({
     controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
     runId: config.BW_RUN_ID,
     proxyToken: config.BW_PROXY_TOKEN,
-    log: (record) => process.stdout.write(`${JSON.stringify({ event: "tunnel", ...record })}\n`),
+    log: (record) => logLine({ event: "tunnel", ...record }),
   });
   const startTunnelIfRouted = () => {
     const state = policy.current();
@@ -100,10 +104,10 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     computeLane: computeLane(config.BW_CONTROL_PLANE_URL),
     splice: config.BW_SPLICE === "on",
     originalDst: await loadOriginalDst(),
-    modelLane: modelLane({ upstream, log: (record) => process.stdout.write(`${JSON.stringify(record)}\n`) }),
+    modelLane: modelLane({ upstream, log: logLine }),
     // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
     log: (record) => {
-      process.stdout.write(`${JSON.stringify(record)}\n`);
+      logLine(record);
       if (isDecision(record)) view.record(record);
     },
   });
@@ -147,6 +151,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     redirect: "error",
   });
   if (!res.ok) throw new Error(`control plane refused the ready call: HTTP ${res.status}`);
+  lines.flush();
   console.log(
     JSON.stringify({
       event: "ready",
@@ -167,6 +172,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     await policy.stop();
     await audit.stop();
     await agentAudit.stop();
+    lines.close();
   };
   return {
     ca,

@@ -58,6 +58,18 @@ export function createUpstream(options: UpstreamOptions) {
   const secureContext = createSecureContext({ ca });
   const lookup = options.lookup ?? systemLookup;
   const pools = new Map<string, Pool>();
+  // The address policy is fixed for the proxy's life, and its BlockList checks allocate per call:
+  // each address's verdict is kept (bounded: cleared when full).
+  const verdicts = new Map<string, ReturnType<UpstreamOptions["addressPolicy"]["check"]>>();
+  const addressVerdict = (address: string) => {
+    let verdict = verdicts.get(address);
+    if (verdict === undefined) {
+      if (verdicts.size >= 1024) verdicts.clear();
+      verdict = options.addressPolicy.check(address);
+      verdicts.set(address, verdict);
+    }
+    return verdict;
+  };
 
   async function resolve(host: string, port: number, blocked?: AddressBlocker): Promise<ResolveResult> {
     const bare = host.replace(/^\[|\]$/g, "");
@@ -82,7 +94,7 @@ export function createUpstream(options: UpstreamOptions) {
     for (const address of answers) {
       const entry = blocked?.(address) ?? null;
       if (entry !== null) return { ok: false, kind: "blocked", reason: `${address} is blocked by ${entry}` };
-      const verdict = options.addressPolicy.check(address);
+      const verdict = addressVerdict(address);
       if (!verdict.allowed) return { ok: false, kind: "address", reason: `${address} is ${verdict.reason}` };
     }
     return { ok: true, address: answers[0] as string, port: dialPort };

@@ -29,7 +29,8 @@ export class View {
   private readonly now: () => number;
   private readonly startedAt: string;
   private readonly counts = { requests: 0, allow: 0, block: 0, refuse: 0, error: 0, injected: 0 };
-  private readonly recent: ViewDecision[] = [];
+  // Stamped with the clock's number; made ISO text only when the view is read, not per request.
+  private readonly recent: Array<Omit<ViewDecision, "at"> & { at: number }> = [];
   private server: Server | null = null;
 
   constructor(private readonly sources: ViewSources) {
@@ -42,7 +43,7 @@ export class View {
     this.counts[r.decision]++;
     if (r.decision === "allow" && r.rule !== null) this.counts.injected++;
     this.recent.push({
-      at: new Date(this.now()).toISOString(),
+      at: this.now(),
       listener: r.listener,
       host: r.host,
       port: r.port,
@@ -67,7 +68,7 @@ export class View {
       policyVersion: state.kind === "ready" ? state.policy.version : null,
       policyState: state.kind,
       counts: { ...this.counts },
-      recent: [...this.recent],
+      recent: this.recent.map((r) => ({ ...r, at: new Date(r.at).toISOString() })),
       audit: { ...audit.stats, pendingBatches: audit.pendingBatches, accepting: audit.accepting },
     };
   }

@@ -100,6 +100,11 @@ export interface PolicyIndex {
   /** The first rule, in the user's order, whose pattern matches the host; null if none. */
   matchRule(host: string): RuleMatch | null;
   /**
+   * decideHost, then (unless blocked) matchRule, with one canonicalisation and one walk of the
+   * host's labels: what the proxy asks per request.
+   */
+  decide(host: string): { host: HostDecision; rule: RuleMatch | null };
+  /**
    * The block entry naming this address (a resolved answer, in any spelling), or null: an IP
    * literal blocked is blocked under every name that resolves to it (case I5).
    */
@@ -118,6 +123,23 @@ export interface HostPolicy {
  * entries: maps keyed by exact host and by wildcard remainder (`*.example.com` → `example.com`).
  */
 export function buildHostDecider(policy: HostPolicy): (host: string) => HostDecision {
+  const { exactHosts, wildHosts, fallback, invalid } = hostEntries(policy);
+  return (input) => {
+    const host = canonicalHost(input);
+    if (host === null) return invalid;
+    const exact = exactHosts.get(exactKey(host));
+    if (exact) return exact;
+    // Longest remainder first: the most specific wildcard wins.
+    for (const rest of wildcardRemainders(host)) {
+      const hit = wildHosts.get(rest);
+      if (hit) return hit;
+    }
+    return fallback;
+  };
+}
+
+/** Host entries by exact host (address key for IP literals) and by wildcard remainder. */
+function hostEntries(policy: HostPolicy) {
   const runVia: EgressVia = policy.egress === "local" ? "tunnel" : "direct";
   const exactHosts = new Map<string, HostDecision>();
   const wildHosts = new Map<string, HostDecision>();
@@ -131,18 +153,7 @@ export function buildHostDecider(policy: HostPolicy): (host: string) => HostDeci
   }
   const fallback: HostDecision = Object.freeze({ action: policy.default, pattern: null, via: runVia });
   const invalid: HostDecision = Object.freeze({ action: "block", pattern: null, via: runVia });
-  return (input) => {
-    const host = canonicalHost(input);
-    if (host === null) return invalid;
-    const exact = exactHosts.get(exactKey(host));
-    if (exact) return exact;
-    // Longest remainder first: the most specific wildcard wins.
-    for (const rest of wildcardRemainders(host)) {
-      const hit = wildHosts.get(rest);
-      if (hit) return hit;
-    }
-    return fallback;
-  };
+  return { exactHosts, wildHosts, fallback, invalid };
 }
 
 /** An IP literal's address key (NAT64, 6to4, mapped spellings are its IPv4), a name itself. */
@@ -182,19 +193,66 @@ export function buildPolicyIndex(doc: PolicyDocument): PolicyIndex {
     const key = wild ? rule.host.slice(2) : rule.host;
     if (!map.has(key)) map.set(key, rule.index);
   }
+  const ruleAt = (best: number): RuleMatch | null => {
+    const rule = Number.isFinite(best) ? doc.rules[best] : undefined;
+    return rule ? { index: best, rule } : null;
+  };
+  const ruleFor = (host: string): RuleMatch | null => {
+    let best = exactRules.get(host) ?? Number.POSITIVE_INFINITY;
+    for (const rest of wildcardRemainders(host)) {
+      const index = wildRules.get(rest);
+      if (index !== undefined && index < best) best = index;
+    }
+    return ruleAt(best);
+  };
+  // decide(): the host entries and the rules in one map per kind of key (an exact name; a
+  // wildcard's remainder), so a name costs one lookup per label, not two. IP literals, whose
+  // host entries are keyed by address, take decideHost and ruleFor.
+  const { exactHosts, wildHosts, fallback, invalid } = hostEntries(doc);
+  type Keyed = { host: HostDecision | null; rule: number };
+  const exactKeyed = new Map<string, Keyed>();
+  const wildKeyed = new Map<string, Keyed>();
+  const keyed = (map: Map<string, Keyed>, key: string): Keyed => {
+    const known = map.get(key);
+    if (known) return known;
+    const fresh: Keyed = { host: null, rule: Number.POSITIVE_INFINITY };
+    map.set(key, fresh);
+    return fresh;
+  };
+  for (const [key, decision] of exactHosts) {
+    // An address key (`127.0.0.1`, `2001:db8::1`) never equals a name.
+    if (!isCanonicalIp(key) && !key.includes(":")) keyed(exactKeyed, key).host = decision;
+  }
+  for (const [key, decision] of wildHosts) keyed(wildKeyed, key).host = decision;
+  for (const [key, index] of exactRules) keyed(exactKeyed, key).rule = index;
+  for (const [key, index] of wildRules) keyed(wildKeyed, key).rule = index;
   return {
     decideHost,
     blockedAddress: buildAddressBlocker(doc.hosts),
     matchRule(input) {
       const host = canonicalHost(input);
-      if (host === null) return null;
-      let best = exactRules.get(host) ?? Number.POSITIVE_INFINITY;
-      for (const rest of wildcardRemainders(host)) {
-        const index = wildRules.get(rest);
-        if (index !== undefined && index < best) best = index;
+      return host === null ? null : ruleFor(host);
+    },
+    decide(input) {
+      const host = canonicalHost(input);
+      if (host === null) return { host: invalid, rule: null };
+      if (isCanonicalIp(host)) {
+        const decision = decideHost(host);
+        return { host: decision, rule: decision.action === "block" ? null : ruleFor(host) };
       }
-      const rule = Number.isFinite(best) ? doc.rules[best] : undefined;
-      return rule ? { index: best, rule } : null;
+      const exact = exactKeyed.get(host);
+      let decision = exact?.host ?? null;
+      let best = exact?.rule ?? Number.POSITIVE_INFINITY;
+      // Longest remainder first: the most specific wildcard entry wins; the rule is the first in
+      // the user's order among every match.
+      for (let dot = host.indexOf("."); dot !== -1; dot = host.indexOf(".", dot + 1)) {
+        const hit = wildKeyed.get(host.slice(dot + 1));
+        if (hit === undefined) continue;
+        decision ??= hit.host;
+        if (hit.rule < best) best = hit.rule;
+      }
+      decision ??= fallback;
+      return { host: decision, rule: decision.action === "block" ? null : ruleAt(best) };
     },
   };
 }

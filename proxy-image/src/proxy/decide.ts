@@ -91,11 +91,10 @@ export function decide(target: Target, ctx: DecideContext): Decision {
       ),
     );
   }
-  const decision = state.index.decideHost(target.host);
+  const { host: decision, rule: match } = state.index.decide(target.host);
   if (decision.action === "block") return refuse(blockedRefusal(target.host));
   if (!ctx.accepting) return refuse(spoolFull());
 
-  const match = state.index.matchRule(target.host);
   let rule: RuleDecision | null = null;
   if (match) {
     const secret = state.secrets[match.rule.secret];

@@ -1,10 +1,10 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { type Readable, Transform } from "node:stream";
+import { pipeline as pipelineCb, type Readable, Transform, type Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { Dispatcher } from "undici";
 import type { EgressRoute } from "../../../src/contract/proxy-wire";
 import { decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
-import { maskString, needlesFor, RedactStream } from "../redact";
+import { maskString, needlesFor, Redactor } from "../redact";
 import { TunnelError } from "../tunnel-client";
 import type { Upstream } from "../upstream";
 import { type Decision, destination } from "./decide";
@@ -36,15 +36,19 @@ export interface Outgoing {
   lost(): boolean;
 }
 
-/** The upstream's answer, made safe for the client; the caller pipes `body` through `stages`. */
+/** The upstream's answer, made safe for the client; the caller sends its body with `sendTo`. */
 export interface Incoming {
   status: number;
   /** Filtered, and masked when a credential was injected. */
   headers: Array<[string, string]>;
+  /** The upstream's body as it came (to discard when the answer has none). */
   body: Readable;
-  /** Decoders (if the upstream compressed anyway), the scrubber, the byte counter. */
-  stages: Transform[];
-  /** The upstream's trailers, filtered and masked; complete once the last stage has ended. */
+  /**
+   * Relays the body to `dest`, decoded (if the upstream compressed anyway), masked and counted,
+   * then ends `dest`; resolves once `dest` has finished, rejects as `pipeline()` would.
+   */
+  sendTo(dest: Writable): Promise<void>;
+  /** The upstream's trailers, filtered and masked; complete once the body has ended. */
   trailers(): Array<[string, string]>;
 }
 
@@ -97,7 +101,7 @@ export async function forward(
     answer = await upstreamExchange(pool as Dispatcher, {
       method: out.method,
       path: injection?.path ?? target.path,
-      headers: headers.flat(),
+      headers: flatHeaders(headers),
       body,
     });
   } catch (error) {
@@ -107,46 +111,151 @@ export async function forward(
   exchange.route = viaTunnel ? "tunnel" : "direct";
 
   const outHeaders = filterResponseHeaders(answer.headers);
-  const stages: Transform[] = [];
+  let decoders: Transform[] = [];
   if (injection) {
     // The upstream may compress anyway, even in layers: decode every layer so the scrubber
     // sees plain bytes. An encoding it cannot read could carry the secret past it: refuse.
-    const decoders = decodersFor(answer.headers["content-encoding"]);
-    if (decoders === null) {
+    const found = decodersFor(answer.headers["content-encoding"]);
+    if (found === null) {
       answer.body.on("error", () => {}).destroy();
       throw new Refusal(502, "error", "response encoding cannot be scrubbed", "Upstream request failed.\n");
     }
+    decoders = found;
     if (decoders.length > 0) {
-      stages.push(...decoders);
       for (let i = outHeaders.length - 1; i >= 0; i--) {
         const k = outHeaders[i]?.[0];
         if (k === "content-encoding" || k === "content-length") outHeaders.splice(i, 1);
       }
     }
     for (const h of outHeaders) h[1] = maskString(h[1], needles);
-    // Held back: the last (longest needle - 1) bytes wait for the next chunk or the end, so a
-    // secret split across chunks (or gRPC messages) is still caught.
-    stages.push(new RedactStream(needles));
   }
-  stages.push(
-    new Transform({
-      transform(chunk: Buffer, _enc, done) {
-        exchange.bytesOut += chunk.length;
-        done(null, chunk);
-      },
-    }),
-  );
   return {
     status: answer.status,
     headers: outHeaders,
     body: answer.body,
-    stages,
+    sendTo: (dest) => {
+      let source: Readable = answer.body;
+      if (decoders.length > 0) {
+        // Rare (an upstream that compresses against `accept-encoding: identity`): a pipeline
+        // of decoders, whose error or abort reaches the relay through its last stage.
+        source = decoders[decoders.length - 1] as Transform;
+        pipelineCb([answer.body, ...decoders], () => {});
+      }
+      // Held back: only an end that could be the start of a needle (B7), so a secret split across
+      // chunks (or gRPC messages) is still caught.
+      return relayBody(source, dest, injection ? new Redactor(needles, true) : null, exchange);
+    },
     trailers: () => {
       const kept = filterResponseHeaders(answer.trailers);
       for (const t of kept) t[1] = maskString(t[1], needles);
       return kept;
     },
   };
+}
+
+function flatHeaders(pairs: ReadonlyArray<[string, string]>): string[] {
+  const flat: string[] = new Array(pairs.length * 2);
+  for (let i = 0; i < pairs.length; i++) {
+    const [k, v] = pairs[i] as [string, string];
+    flat[2 * i] = k;
+    flat[2 * i + 1] = v;
+  }
+  return flat;
+}
+
+const prematureClose = (): Error =>
+  Object.assign(new Error("Premature close"), { code: "ERR_STREAM_PREMATURE_CLOSE" });
+
+/**
+ * One response body from `source` to `dest`: masked in place (the chunks are the proxy's own),
+ * counted into `exchange.bytesOut`, with backpressure (a full `dest` pauses `source`, and with it
+ * the upstream). Settles as `pipeline([source, dest])` did, without its per-call AbortController
+ * and stream plumbing: resolved when `dest` finishes; an error or a premature close of either side
+ * destroys the other and rejects. A chunk is written at the end of the task that read it, so a
+ * body that ends in the same read (most do) goes out with `dest.end(chunk)`: one write, where a
+ * write then an end would cost a second, empty one on a TLS socket still flushing the first.
+ */
+export function relayBody(
+  source: Readable,
+  dest: Writable,
+  redactor: Redactor | null,
+  exchange: Pick<Exchange, "bytesOut">,
+): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let pending: Buffer | null = null;
+    let ended = false;
+    let settled = false;
+    const flush = () => {
+      const chunk = pending;
+      pending = null;
+      if (chunk !== null && !settled && !ended && !dest.write(chunk)) source.pause();
+    };
+    const fail = (error: Error) => {
+      if (settled) return;
+      settled = true;
+      pending = null;
+      cleanup();
+      source.destroy(error);
+      dest.destroy(error);
+      reject(error);
+    };
+    const onData = (chunk: Buffer) => {
+      const out = redactor ? redactor.push(chunk) : chunk;
+      if (out.length === 0) return;
+      exchange.bytesOut += out.length;
+      if (pending !== null) flush();
+      else queueMicrotask(flush);
+      pending = out;
+    };
+    const onEnd = () => {
+      ended = true;
+      const tail = redactor?.end() ?? null;
+      if (tail !== null) exchange.bytesOut += tail.length;
+      let last = pending;
+      pending = null;
+      if (last !== null && tail !== null) {
+        dest.write(last);
+        last = tail;
+      } else last ??= tail;
+      if (last !== null) dest.end(last);
+      else dest.end();
+    };
+    const onSourceError = (error: Error) => fail(error);
+    const onSourceClose = () => {
+      if (!ended) fail(prematureClose());
+    };
+    const onDestError = (error: Error) => fail(error);
+    const onDestClose = () => {
+      if (!settled) fail(prematureClose());
+    };
+    const onDrain = () => source.resume();
+    const onFinish = () => {
+      if (settled) return;
+      settled = true;
+      cleanup();
+      resolve();
+    };
+    const cleanup = () => {
+      source.off("data", onData);
+      source.off("end", onEnd);
+      source.off("error", onSourceError);
+      source.off("close", onSourceClose);
+      dest.off("error", onDestError);
+      dest.off("close", onDestClose);
+      dest.off("drain", onDrain);
+      dest.off("finish", onFinish);
+    };
+    source.on("end", onEnd);
+    source.on("error", onSourceError);
+    source.on("close", onSourceClose);
+    dest.on("error", onDestError);
+    dest.on("close", onDestClose);
+    dest.on("drain", onDrain);
+    dest.on("finish", onFinish);
+    if (source.destroyed && !ended) return fail((source.errored as Error | null) ?? prematureClose());
+    if (dest.destroyed) return fail((dest.errored as Error | null) ?? prematureClose());
+    source.on("data", onData);
+  });
 }
 
 /**
@@ -159,14 +268,20 @@ export function upstreamHeaders(
 ): Array<[string, string]> {
   const { target } = decided;
   const injection = decided.rule?.injection ?? null;
-  let headers = [...filtered];
-  headers.push([
-    "host",
-    target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
-  ]);
+  const name = injection?.header?.[0];
+  // One pass: with a credential, the client's own header of that name and its accept-encoding go.
+  const headers: Array<[string, string]> = [];
+  for (const h of filtered) {
+    if (injection && (h[0] === name || h[0] === "accept-encoding")) continue;
+    headers.push(h);
+  }
+  // (A credential header named host, should a spec ever allow one, replaces the target's.)
+  if (!injection || name !== "host")
+    headers.push([
+      "host",
+      target.port === (target.scheme === "https" ? 443 : 80) ? target.host : `${target.host}:${target.port}`,
+    ]);
   if (injection) {
-    const name = injection.header?.[0];
-    headers = headers.filter(([k]) => k !== name && k !== "accept-encoding");
     if (injection.header) headers.push(injection.header);
     // Identity encoding so the scrubber sees plain bytes (B7).
     headers.push(["accept-encoding", "identity"]);
@@ -192,8 +307,8 @@ export async function forwardHttp1(
   });
   // HTTP/1.1 clients get no trailers (as before): the response may not be chunked at all.
   res.writeHead(answer.status, answer.headers.flat());
-  // One pipeline, so an error in any stage (a corrupt gzip body, say) ends the response
-  // instead of surfacing as an unhandled stream error.
-  await pipeline([answer.body, ...answer.stages, res]);
+  // An error anywhere (a corrupt gzip body, say) ends the response instead of surfacing as an
+  // unhandled stream error.
+  await answer.sendTo(res);
   return answer.status;
 }

@@ -6,7 +6,6 @@ import {
   type OutgoingHttpHeaders,
   type ServerHttp2Stream,
 } from "node:http2";
-import { pipeline } from "node:stream/promises";
 import type { TLSSocket } from "node:tls";
 import { checkFraming, filterRequestHeaders } from "../http-rules";
 import type { Dialed } from "../original-dst";
@@ -222,7 +221,7 @@ async function respond(
     // With none, node ends the stream with an empty DATA frame.
     stream.sendTrailers(trailers);
   });
-  await pipeline([answer.body, ...answer.stages, stream]);
+  await answer.sendTo(stream);
   return answer.status;
 }
 

@@ -50,6 +50,10 @@ export function relay(
     client.setTimeout(idleMs, () => fail("idle timeout"));
     // A plain stream through the egress tunnel has no timer of its own; the client's covers it.
     if ("setTimeout" in upstream) upstream.setTimeout(idleMs, () => fail("idle timeout"));
+    // The client sent its bytes as it chose to; holding a small segment back (Nagle) only adds a
+    // round trip's wait to a relayed request or answer.
+    client.setNoDelay(true);
+    if ("setNoDelay" in upstream) upstream.setNoDelay(true);
     upstream.write(first);
     client.on("data", (chunk: Buffer) => {
       result.bytesIn += chunk.length;
