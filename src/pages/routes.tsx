@@ -78,7 +78,12 @@ export const pageRoutes = new Hono<PageEnv>()
   // The layout reads the signed-in account from the request (every page's header shows it)
   // without each page passing it down.
   .use("*", contextStorage())
-  .use("*", sameOriginForms)
+  // The pages' own paths only: a POST to a path that is no page (an API typo) stays a 404.
+  .use("/login", sameOriginForms)
+  .use("/logout", sameOriginForms)
+  .use("/manage/*", sameOriginForms)
+  .use("/runs", sameOriginForms)
+  .use("/runs/*", sameOriginForms)
   .get("/", (c) => c.redirect("/manage/vault", 303))
   .get("/login", (c) => c.html(<LoginPage next={safeNext(c.req.query("next"))} />))
   .post("/login", async (c) => {
