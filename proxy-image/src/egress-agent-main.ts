@@ -6,6 +6,7 @@
 // history (K5), so --token is refused with a message that says what to do instead.
 import { isIP } from "node:net";
 import { parseArgs } from "node:util";
+import { levelOf, logLine } from "../../src/contract/log";
 import { EgressToken } from "../../src/contract/tunnel";
 import { parseBlockPattern, startEgressAgent } from "./egress-agent";
 
@@ -159,7 +160,7 @@ async function main(): Promise<void> {
     token,
     log: (record) => {
       if (record.event === "stopped" && typeof record.why === "string") why = record.why;
-      process.stdout.write(`${JSON.stringify(record)}\n`);
+      process.stdout.write(`${logLine(levelOf(record), record)}\n`);
     },
   });
   const quit = () => void agent.stop();

@@ -4,6 +4,7 @@
 
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
+import { levelOf, logLine } from "../../src/contract/log";
 import { usesTunnel } from "../../src/contract/policy";
 import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
 import { createAddressPolicy } from "./address";
@@ -27,6 +28,11 @@ function listen(server: Server, port: number, host: string): Promise<number> {
   });
 }
 
+/** One log line on stdout: its level (by event) and a timestamp, then the record as it was. */
+function writeLine<T extends { event?: unknown }>(record: T): void {
+  process.stdout.write(`${logLine(levelOf(record), record)}\n`);
+}
+
 export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const config = loadProxyConfig(env, argv);
   const ca = await createRunCa({ runId: config.BW_RUN_ID });
@@ -37,7 +43,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
     runId: config.BW_RUN_ID,
     proxyToken: config.BW_PROXY_TOKEN,
-    log: (record) => process.stdout.write(`${JSON.stringify({ event: "tunnel", ...record })}\n`),
+    log: (record) => writeLine({ event: "tunnel", ...record }),
   });
   const startTunnelIfRouted = () => {
     const state = policy.current();
@@ -100,10 +106,10 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     computeLane: computeLane(config.BW_CONTROL_PLANE_URL),
     splice: config.BW_SPLICE === "on",
     originalDst: await loadOriginalDst(),
-    modelLane: modelLane({ upstream, log: (record) => process.stdout.write(`${JSON.stringify(record)}\n`) }),
+    modelLane: modelLane({ upstream, log: writeLine }),
     // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
     log: (record) => {
-      process.stdout.write(`${JSON.stringify(record)}\n`);
+      writeLine(record);
       if (isDecision(record)) view.record(record);
     },
   });
@@ -147,17 +153,15 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     redirect: "error",
   });
   if (!res.ok) throw new Error(`control plane refused the ready call: HTTP ${res.status}`);
-  console.log(
-    JSON.stringify({
-      event: "ready",
-      runId: config.BW_RUN_ID,
-      listeners,
-      direct,
-      dns: dns?.port ?? null,
-      view: viewAddress.port,
-      ca: ca.fingerprint256,
-    }),
-  );
+  writeLine({
+    event: "ready",
+    runId: config.BW_RUN_ID,
+    listeners,
+    direct,
+    dns: dns?.port ?? null,
+    view: viewAddress.port,
+    ca: ca.fingerprint256,
+  });
 
   const shutdown = async () => {
     await proxy?.close();

@@ -619,6 +619,12 @@ describe("egress agent: the command", () => {
     expect(lines.map((l) => l.event)).toEqual(
       expect.arrayContaining(["connected", "policy", "paired", "refused", "disconnected", "stopped"]),
     );
+    // Every line has a level and a timestamp (src/contract/log.ts).
+    for (const l of lines as Array<LogRecord & { level?: unknown; ts?: unknown }>) {
+      expect(["debug", "info", "warn", "error"]).toContain(l.level);
+      expect(Number.isNaN(Date.parse(String(l.ts)))).toBe(false);
+    }
+    expect(lines.find((l) => l.event === "disconnected")).toMatchObject({ level: "warn" });
     expect(child.err()).toContain("the run ended");
     expect(child.out() + child.err()).not.toContain(AGENT_TOKEN);
   }, 20_000);
