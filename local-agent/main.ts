@@ -7,6 +7,7 @@
 // SIGTERM / SIGINT destroy every sandbox the agent made, then exit.
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
+import { logLine } from "../src/contract/log";
 import { startAgent } from "./server";
 
 const { values } = parseArgs({
@@ -42,7 +43,7 @@ const agent = await startAgent({
   nft: values.nft,
   stateDir: values["state-dir"],
 });
-process.stdout.write(`${JSON.stringify({ event: "listening", url: agent.url, port: agent.port })}\n`);
+process.stdout.write(`${logLine("info", { event: "listening", url: agent.url, port: agent.port })}\n`);
 
 let stopping = false;
 for (const signal of ["SIGTERM", "SIGINT"] as const) {

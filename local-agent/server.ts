@@ -17,6 +17,7 @@ import {
   SealResult,
   SetHosts,
 } from "../src/contract/local-agent";
+import { levelOf, logLine } from "../src/contract/log";
 import { type CgroupHost, detectCgroups } from "./cgroups";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";
@@ -96,7 +97,8 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
   if (options.secret.length < 16) throw new Error("the agent secret must be at least 16 characters");
   const controlPlane = new URL(options.controlPlane);
   const nft = options.nft ?? "nft";
-  const log: AgentLog = options.log ?? ((event) => process.stdout.write(`${JSON.stringify(event)}\n`));
+  const log: AgentLog =
+    options.log ?? ((event) => process.stdout.write(`${logLine(levelOf(event), event)}\n`));
   const imageDir = options.imageDir ?? join(REPO_ROOT, "proxy-image", "dist");
   const health = await checkHealth({ nft, imageDir });
   const state = new StateDir(options.stateDir ?? "/run/benchwright");

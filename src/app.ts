@@ -4,6 +4,7 @@ import { HTTPException } from "hono/http-exception";
 import { requireApiKey } from "./auth/middleware";
 import { ConfigError, loadConfig } from "./config";
 import type { AppEnv } from "./context";
+import { consoleLog } from "./contract/log";
 import { openDb } from "./db/client";
 import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
@@ -127,7 +128,7 @@ export function createApp(options: AppOptions = {}) {
   app.onError((err, c) => {
     if (err instanceof ApiError) return problem(c, err.code, err.detail);
     if (err instanceof ConfigError) {
-      console.error(JSON.stringify({ event: "config_invalid", detail: err.message }));
+      consoleLog("error", { event: "config_invalid", detail: err.message });
       return problem(c, "config_invalid", err.message);
     }
     // 400: the body did not parse; 415: @hono/zod-openapi's media-type gate (a body sent without
@@ -137,11 +138,11 @@ export function createApp(options: AppOptions = {}) {
     }
     const requestId = c.get("requestId");
     if (isDatabaseUnavailable(err)) {
-      console.error(JSON.stringify({ event: "database_unavailable", requestId, error: err.name }));
+      consoleLog("error", { event: "database_unavailable", requestId, error: err.name });
       return problem(c, "database_unavailable", "The database did not answer in time; retry shortly.");
     }
     // Only the error's class: messages of driver errors can quote parameters.
-    console.error(JSON.stringify({ event: "internal_error", requestId, error: err.name }));
+    consoleLog("error", { event: "internal_error", requestId, error: err.name });
     return problem(c, "internal_error", `Something went wrong; quote ${requestId} when reporting it.`);
   });
   return app;

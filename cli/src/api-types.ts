@@ -3354,7 +3354,7 @@ export interface components {
         };
         /** @description When the run egresses through your machine (egress local, or a host via tunnel): the token and command for its egress agent, shown once */
         EgressAgentToken: {
-            /** @description What to run on your machine (the token in it) */
+            /** @description What to run on your machine: the token in its environment (BENCHWRIGHT_EGRESS_TOKEN), never an argument */
             command: string;
             /** @description bwe_...: shown once; a new one replaces it */
             token: string;

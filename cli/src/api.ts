@@ -58,6 +58,8 @@ export class Api {
       return await fetch(url, {
         ...init,
         headers: { authorization: `Bearer ${this.key}`, ...(init.headers as Record<string, string>) },
+        // The API never redirects; a redirect (to http://, say) is not followed with the key.
+        redirect: "error",
         signal: init.signal ?? AbortSignal.timeout(60_000),
       });
     } catch (error) {

@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { mkdir, open, readdir, readFile, rename, stat, unlink } from "node:fs/promises";
 import { join } from "node:path";
+import { logLine } from "../../src/contract/log";
 import {
   AuditBatch,
   type AuditSource,
@@ -88,7 +89,7 @@ const REJECTED = "rejected";
 const MAX_MEMORY_KEYS = 100_000;
 
 const defaultLog: LogFn = (level, message, fields) => {
-  console.error(JSON.stringify({ level, component: "audit", message, ...fields }));
+  console.error(logLine(level, { component: "audit", message, ...fields }));
 };
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref());

@@ -1,5 +1,6 @@
 import { createSocket, type RemoteInfo, type Socket as UdpSocket } from "node:dgram";
 import { type AddressInfo, createServer, isIPv4, isIPv6, type Server, type Socket } from "node:net";
+import { levelOf, logLine } from "../../src/contract/log";
 
 // The catch-all resolver. Under catch-all routing every TCP 80/443 from a work sandbox is DNAT'ed
 // to the proxy whatever address it was meant for, so a name only has to resolve to *some* IPv4
@@ -124,7 +125,7 @@ function closeUdp(socket: UdpSocket): Promise<void> {
 /** Starts the resolver on UDP and TCP (RFC 7766: a resolver answers over both). */
 export async function startCatchAllResolver(options: CatchAllResolverOptions): Promise<CatchAllResolver> {
   if (!isIPv4(options.answer)) throw new TypeError("the answer must be an IPv4 address");
-  const log = options.log ?? ((r) => process.stdout.write(`${JSON.stringify(r)}\n`));
+  const log = options.log ?? ((r) => process.stdout.write(`${logLine(levelOf(r), r)}\n`));
   const type = isIPv6(options.host) ? "udp6" : "udp4";
   // With port 0 the OS picks the UDP port, and TCP may find it taken: try again a few times.
   for (let attempt = 0; ; attempt++) {

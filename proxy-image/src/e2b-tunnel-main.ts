@@ -9,6 +9,8 @@
 //
 // Prints one JSON line {"event":"listening",...} once it listens (the broker waits for it), then
 // runs until killed. A bad configuration exits 2 with the reason on stderr.
+
+import { levelOf, logLine } from "../../src/contract/log";
 import { forward, portOf, serve } from "./e2b-tunnel";
 
 function setting(name: string, fallback?: string): string {
@@ -33,9 +35,9 @@ async function main(verb: string | undefined): Promise<void> {
       port: port("BW_TUNNEL_PORT", "8090"),
       token,
       targets: { tls: port("BW_TUNNEL_TLS_TARGET", "8443"), http: port("BW_TUNNEL_HTTP_TARGET", "8080") },
-      log: (r) => process.stdout.write(`${JSON.stringify(r)}\n`),
+      log: (r) => process.stdout.write(`${logLine(levelOf(r), r)}\n`),
     });
-    process.stdout.write(`${JSON.stringify({ event: "listening", port: portOf(server) })}\n`);
+    process.stdout.write(`${logLine("info", { event: "listening", port: portOf(server) })}\n`);
     return;
   }
   if (verb === "connect") {
@@ -47,7 +49,9 @@ async function main(verb: string | undefined): Promise<void> {
       host: setting("BW_TUNNEL_LISTEN", "127.0.0.1"),
       ports: { tls: port("BW_TUNNEL_TLS_PORT", "443"), http: port("BW_TUNNEL_HTTP_PORT", "80") },
     });
-    process.stdout.write(`${JSON.stringify({ event: "listening", tls: portOf(tls), http: portOf(http) })}\n`);
+    process.stdout.write(
+      `${logLine("info", { event: "listening", tls: portOf(tls), http: portOf(http) })}\n`,
+    );
     return;
   }
   throw new Error("usage: bw-tunnel serve|connect");

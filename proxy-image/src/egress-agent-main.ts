@@ -1,19 +1,23 @@
 // `benchwright egress-agent`: the local egress agent (egress-agent.ts) as a command the user runs
 // on their own machine. Flags only parse and check here; a bad one exits 2 with a message that
 // names the flag (and never repeats a token). Exits 0 when the run ends, 1 when the token stops
-// working. Prefer BENCHWRIGHT_EGRESS_TOKEN over --token: a flag shows in the process list.
+// working. The token comes from BENCHWRIGHT_EGRESS_TOKEN or standard input (--token-stdin), never
+// from a flag: an argument shows in every process list on the machine and stays in shell
+// history (K5), so --token is refused with a message that says what to do instead.
 import { isIP } from "node:net";
 import { parseArgs } from "node:util";
+import { levelOf, logLine } from "../../src/contract/log";
 import { EgressToken } from "../../src/contract/tunnel";
 import { parseBlockPattern, startEgressAgent } from "./egress-agent";
 
-const USAGE = `usage: egress-agent --url <control plane URL> --token <bwe_...>
+const USAGE = `usage: BENCHWRIGHT_EGRESS_TOKEN=<bwe_...> egress-agent --url <control plane URL>
+  [--token-stdin]            read the token from standard input (its first line) instead
   [--allow-cidr <cidr>]...   private ranges on your network the agent may dial (default: none)
   [--block <host pattern>]... hosts this agent never dials, whatever the run allows (exact or *.x)
   [--policy-interval-ms <n>] how often to read the run's host policy (default 2000)
   [--insecure-http]          allow a plain http:// URL that is not this machine (development
                              only: the token then crosses the network unencrypted)
-The URL and token may come from BENCHWRIGHT_URL and BENCHWRIGHT_EGRESS_TOKEN instead.`;
+The URL may come from BENCHWRIGHT_URL instead. The token is never a flag (process lists).`;
 
 class FlagError extends Error {}
 
@@ -59,6 +63,7 @@ function parse(argv: string[], env: NodeJS.ProcessEnv) {
       options: {
         url: { type: "string" },
         token: { type: "string" },
+        "token-stdin": { type: "boolean" },
         "allow-cidr": { type: "string", multiple: true },
         block: { type: "string", multiple: true },
         "policy-interval-ms": { type: "string" },
@@ -80,11 +85,15 @@ function parse(argv: string[], env: NodeJS.ProcessEnv) {
   }
   if (values.help) return null;
   const url = parseUrl(values.url ?? env.BENCHWRIGHT_URL, values["insecure-http"] === true);
-  const token = values.token ?? env.BENCHWRIGHT_EGRESS_TOKEN;
-  if (!token) throw new FlagError("--token (or BENCHWRIGHT_EGRESS_TOKEN) is required");
-  if (!EgressToken.safeParse(token).success) {
-    throw new FlagError("--token (or BENCHWRIGHT_EGRESS_TOKEN) is not an egress agent token (bwe_...)");
+  if (values.token !== undefined) {
+    throw new FlagError(
+      "--token is refused: an argument shows in the process list and shell history. Set " +
+        "BENCHWRIGHT_EGRESS_TOKEN in the environment, or pipe the token in with --token-stdin",
+    );
   }
+  const fromStdin = values["token-stdin"] === true;
+  const token = fromStdin ? undefined : env.BENCHWRIGHT_EGRESS_TOKEN;
+  if (!fromStdin) checkToken(token, "BENCHWRIGHT_EGRESS_TOKEN");
   const allowCidrs = (values["allow-cidr"] ?? []).map(parseCidr);
   const block = (values.block ?? []).map((value) => {
     const parsed = parseBlockPattern(value);
@@ -99,10 +108,41 @@ function parse(argv: string[], env: NodeJS.ProcessEnv) {
   return { url, token, allowCidrs, block, policyIntervalMs };
 }
 
-function main(): void {
+function checkToken(token: string | undefined, from: string): asserts token is string {
+  if (!token) {
+    throw new FlagError(
+      from === "standard input"
+        ? "standard input held no token (its first line is read)"
+        : "no token: set BENCHWRIGHT_EGRESS_TOKEN, or pass --token-stdin and pipe it in",
+    );
+  }
+  if (!EgressToken.safeParse(token).success) {
+    throw new FlagError(`${from} is not an egress agent token (bwe_...)`);
+  }
+}
+
+/** The first line of standard input (a pipe, or a paste at a terminal), trimmed. */
+async function firstLine(): Promise<string> {
+  if (process.stdin.isTTY) process.stderr.write("egress-agent: paste the run's egress token (bwe_...): ");
+  let text = "";
+  for await (const chunk of process.stdin) {
+    text += String(chunk);
+    if (text.includes("\n")) break;
+  }
+  process.stdin.pause();
+  return (text.split("\n")[0] ?? "").trim();
+}
+
+async function main(): Promise<void> {
   let options: ReturnType<typeof parse>;
+  let token = "";
   try {
     options = parse(process.argv.slice(2), process.env);
+    if (options !== null) {
+      const read = options.token ?? (await firstLine());
+      checkToken(read, "standard input");
+      token = read;
+    }
   } catch (error) {
     const message = error instanceof FlagError ? error.message : "could not read the flags";
     process.stderr.write(`egress-agent: ${message}\n${USAGE}\n`);
@@ -112,12 +152,15 @@ function main(): void {
     process.stdout.write(`${USAGE}\n`);
     return;
   }
+  // Nothing the agent starts needs it; gone from the environment, no child could inherit it.
+  delete process.env.BENCHWRIGHT_EGRESS_TOKEN;
   let why = "stopped";
   const agent = startEgressAgent({
     ...options,
+    token,
     log: (record) => {
       if (record.event === "stopped" && typeof record.why === "string") why = record.why;
-      process.stdout.write(`${JSON.stringify(record)}\n`);
+      process.stdout.write(`${logLine(levelOf(record), record)}\n`);
     },
   });
   const quit = () => void agent.stop();
@@ -129,4 +172,4 @@ function main(): void {
   });
 }
 
-main();
+void main();

@@ -10,6 +10,7 @@ import { connect as netConnect, type Socket } from "node:net";
 import { networkInterfaces } from "node:os";
 import { pipeline } from "node:stream";
 import { createWebSocketStream, WebSocket } from "ws";
+import { levelOf, logLine } from "../../src/contract/log";
 import { bearer } from "../../src/contract/proxy-wire";
 import {
   AgentPolicy,
@@ -138,7 +139,8 @@ export function startEgressAgent(options: EgressAgentOptions): EgressAgent {
   }
   const wsUrl = toWebSocketUrl(options.url, EGRESS_AGENT_PATH);
   const policyUrl = `${options.url.replace(/\/+$/, "")}${EGRESS_AGENT_POLICY_PATH}`;
-  const log: AgentLog = options.log ?? ((record) => process.stdout.write(`${JSON.stringify(record)}\n`));
+  const log: AgentLog =
+    options.log ?? ((record) => process.stdout.write(`${logLine(levelOf(record), record)}\n`));
   const lookup = options.lookup ?? systemLookup;
   const dial = options.dial ?? ((address: string, port: number) => netConnect({ host: address, port }));
   const fetchFn = options.fetch ?? fetch;

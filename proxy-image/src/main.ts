@@ -4,6 +4,7 @@
 // `node proxy.cjs view` (bw-proxy-view) instead prints the running proxy's view (GET /view on
 // 127.0.0.1:BW_VIEW_PORT, src/contract/proxy-view.ts) as one JSON line and exits 0; on any
 // failure it prints one line on stderr and exits 1. It never starts a proxy.
+import { logLine } from "../../src/contract/log";
 import { ProxyView, VIEW_PATH } from "../../src/contract/proxy-view";
 import { ConfigError, viewPort } from "./config";
 import { runProxy } from "./run";
@@ -55,7 +56,9 @@ if (process.argv[2] === "view") {
       }
     },
     (e: unknown) => {
-      console.error(e instanceof ConfigError ? e.message : `proxy failed to start: ${(e as Error).message}`);
+      // One log line like the rest, the message as its detail (a run's reason may quote it).
+      const detail = e instanceof ConfigError ? e.message : `proxy failed to start: ${(e as Error).message}`;
+      console.error(logLine("error", { event: "proxy_start_failed", detail }));
       process.exit(e instanceof ConfigError ? 2 : 1);
     },
   );

@@ -1,3 +1,4 @@
+import { logLine } from "../../src/contract/log";
 import type { PolicyDocument } from "../../src/contract/policy";
 import {
   bearer,
@@ -57,7 +58,7 @@ const NONE: PolicyState = Object.freeze({ kind: "none" });
 export const MAX_POLICY_INTERVAL_MS = 2000;
 
 const defaultLog: LogFn = (level, message, fields) => {
-  console.error(JSON.stringify({ level, component: "policy-client", message, ...fields }));
+  console.error(logLine(level, { component: "policy-client", message, ...fields }));
 };
 
 export class PolicyClient {

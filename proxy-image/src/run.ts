@@ -4,6 +4,7 @@
 
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
+import { logLine as formatLine, levelOf } from "../../src/contract/log";
 import { usesTunnel } from "../../src/contract/policy";
 import { bearer, ProxyReady, readyPath } from "../../src/contract/proxy-wire";
 import { createAddressPolicy } from "./address";
@@ -34,7 +35,8 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   let proxy: ReturnType<typeof createProxy> | null = null;
   // Every JSON line on stdout goes through one batch, so they keep their order (log-lines.ts).
   const lines = logLines();
-  const logLine = (record: unknown) => lines.write(JSON.stringify(record));
+  // Each with its level (by event) and a timestamp first, then the record as it was.
+  const logLine = (record: object) => lines.write(formatLine(levelOf(record), record));
   // The egress tunnel is dialled once the policy routes anything through the user's machine
   // (egress local, or a host via tunnel), and then kept: a later edit may route through it again.
   const tunnel = new TunnelClient({
@@ -151,18 +153,17 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     redirect: "error",
   });
   if (!res.ok) throw new Error(`control plane refused the ready call: HTTP ${res.status}`);
+  logLine({
+    event: "ready",
+    runId: config.BW_RUN_ID,
+    listeners,
+    direct,
+    dns: dns?.port ?? null,
+    view: viewAddress.port,
+    ca: ca.fingerprint256,
+  });
+  // Whoever started the proxy waits for this line: it must not sit in the batch.
   lines.flush();
-  console.log(
-    JSON.stringify({
-      event: "ready",
-      runId: config.BW_RUN_ID,
-      listeners,
-      direct,
-      dns: dns?.port ?? null,
-      view: viewAddress.port,
-      ca: ca.fingerprint256,
-    }),
-  );
 
   const shutdown = async () => {
     await proxy?.close();

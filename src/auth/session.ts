@@ -1,7 +1,7 @@
 import { and, eq, gt, isNull } from "drizzle-orm";
 import type { Principal } from "../context";
 import { hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
-import { apiKeys, sessions } from "../db/schema";
+import { apiKeys, environments, sessions, users } from "../db/schema";
 import type { Db } from "../db/types";
 
 // Browser sessions for the pages. Logging in with an API key opens one; the cookie carries a
@@ -15,6 +15,8 @@ export const SESSION_TTL_MS = 12 * 60 * 60_000;
 
 export interface Session {
   principal: Principal;
+  /** Who is signed in, as every page's header shows it: a page never leaves that in doubt (K1). */
+  account: { email: string; environment: string };
   /** The value forms must send back as `_csrf`. */
   csrf: string;
 }
@@ -41,9 +43,13 @@ export async function readSession(db: Db, token: string, now = Date.now()): Prom
       keyId: apiKeys.id,
       userId: apiKeys.userId,
       environmentId: apiKeys.environmentId,
+      email: users.email,
+      environment: environments.name,
     })
     .from(sessions)
     .innerJoin(apiKeys, eq(apiKeys.id, sessions.apiKeyId))
+    .innerJoin(users, eq(users.id, apiKeys.userId))
+    .innerJoin(environments, eq(environments.id, apiKeys.environmentId))
     .where(
       and(
         eq(sessions.tokenHash, hash),
@@ -55,6 +61,7 @@ export async function readSession(db: Db, token: string, now = Date.now()): Prom
   if (!row || !timingSafeEqualHex(row.hash, hash)) return null;
   return {
     principal: { userId: row.userId, environmentId: row.environmentId, keyId: row.keyId },
+    account: { email: row.email, environment: row.environment },
     csrf: await csrfFor(token),
   };
 }

@@ -1,6 +1,7 @@
 import { and, eq } from "drizzle-orm";
 import { z } from "zod";
 import type { Capability } from "../compute/capability";
+import { consoleLog } from "../contract/log";
 import { randomId } from "../crypto/api-keys";
 import { imageBuilds } from "../db/schema";
 import type { Db } from "../db/types";
@@ -111,15 +112,13 @@ export async function requestImage(
       if (seen.value.found && seen.value.digest === row.digest)
         return ok(builtAnswer(registry, row, row.digest));
       const reason: PushReason = seen.value.found ? "tag_changed" : "tag_missing";
-      console.warn(
-        JSON.stringify({
-          event: "image_tag_changed",
-          environmentId: row.environmentId,
-          repository: row.repository,
-          recordedDigest: row.digest,
-          seenDigest: seen.value.found ? seen.value.digest : null,
-        }),
-      );
+      consoleLog("warn", {
+        event: "image_tag_changed",
+        environmentId: row.environmentId,
+        repository: row.repository,
+        recordedDigest: row.digest,
+        seenDigest: seen.value.found ? seen.value.digest : null,
+      });
       const grant = await mintPush(registry, cap, row.repository, now);
       // Back to pending only if nobody changed the row since we read it.
       const [reset] = await db
@@ -205,18 +204,16 @@ function issued(
   grant: MintedPush,
 ): PushGrant {
   // The token's id, never the token: enough to match the registry's own log of its use.
-  console.log(
-    JSON.stringify({
-      event: "image_push_issued",
-      runId: cap.run.id,
-      environmentId: cap.run.environmentId,
-      repository,
-      tag,
-      reason,
-      jti: grant.jti,
-      expiresAt: grant.expiresAt.toISOString(),
-    }),
-  );
+  consoleLog("info", {
+    event: "image_push_issued",
+    runId: cap.run.id,
+    environmentId: cap.run.environmentId,
+    repository,
+    tag,
+    reason,
+    jti: grant.jti,
+    expiresAt: grant.expiresAt.toISOString(),
+  });
   return {
     status: "push",
     reason,
@@ -286,15 +283,13 @@ export async function confirmPush(
     }
     return fail("not_found", NO_PUSH);
   }
-  console.log(
-    JSON.stringify({
-      event: "image_built",
-      runId: cap.run.id,
-      environmentId: built.environmentId,
-      repository: built.repository,
-      tag: built.tag,
-      digest,
-    }),
-  );
+  consoleLog("info", {
+    event: "image_built",
+    runId: cap.run.id,
+    environmentId: built.environmentId,
+    repository: built.repository,
+    tag: built.tag,
+    digest,
+  });
   return ok(builtAnswer(registry, built, digest));
 }

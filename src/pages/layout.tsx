@@ -1,4 +1,6 @@
+import { tryGetContext } from "hono/context-storage";
 import type { Child } from "hono/jsx";
+import type { Session } from "../auth/session";
 import { timingSafeEqualHex } from "../crypto/api-keys";
 
 // The pages' one layout: server-rendered HTML, one inline style sheet, no script. Long values
@@ -9,6 +11,7 @@ const STYLE = `
 body{font:15px/1.45 system-ui,sans-serif;overflow-wrap:anywhere;margin:0;color:#1b1f24;background:#f6f7f9}
 header{display:flex;gap:1.5rem;align-items:center;padding:.6rem 1.2rem;background:#1b1f24;color:#fff}
 header a{color:#fff;text-decoration:none}header form{margin-left:auto}
+header .who{margin-left:auto;font-size:.85rem;color:#cfd6de}header .who~form{margin-left:0}
 main{max-width:72rem;margin:0 auto;padding:1rem 1.2rem 3rem}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.6rem}
 section{background:#fff;border:1px solid #d8dde3;border-radius:6px;padding:.8rem 1rem;margin:1rem 0}
@@ -33,7 +36,13 @@ col.c-btn{width:6rem}col.c-form{width:17rem}col.c-wide{width:40%}
 td input{max-width:100%}
 `;
 
+/** The signed-in session of the request being rendered, if any (src/pages/routes.tsx). */
+function currentSession(): Session | undefined {
+  return tryGetContext<{ Variables: { session?: Session } }>()?.var.session;
+}
+
 export function Layout(props: { title: string; csrf?: string | undefined; children?: Child }) {
+  const session = currentSession();
   return (
     <html lang="en">
       <head>
@@ -49,6 +58,12 @@ export function Layout(props: { title: string; csrf?: string | undefined; childr
             <>
               <a href="/manage/vault">Vault</a>
               <a href="/runs">Runs</a>
+              {session ? (
+                <span class="who">
+                  Signed in as <strong>{session.account.email}</strong> · environment{" "}
+                  <strong>{session.account.environment}</strong>
+                </span>
+              ) : null}
               <form method="post" action="/logout">
                 <input type="hidden" name="_csrf" value={props.csrf} />
                 <button type="submit">Log out</button>

@@ -1,4 +1,5 @@
 import { Hono } from "hono";
+import { contextStorage } from "hono/context-storage";
 import { deleteCookie, getCookie, setCookie } from "hono/cookie";
 import { createMiddleware } from "hono/factory";
 import { principalForKey } from "../auth/middleware";
@@ -13,11 +14,13 @@ import {
 import type { PageEnv } from "./context";
 import { Layout } from "./layout";
 import { runPageRoutes } from "./run-pages";
+import { sameOriginForms } from "./same-origin";
 import { vaultPageRoutes } from "./vault-page";
 
 // The pages a user reads the boundary through: log in with an API key (a session cookie), the
 // vault page and the run pages. Server-rendered; forms post back and redirect (no script). Every
-// POST carries the session's CSRF token; every page is sent with a strict CSP.
+// POST comes from this site's pages (Origin / Sec-Fetch-Site, login included) and, once signed
+// in, carries the session's CSRF token; every page is sent with a strict CSP.
 
 const CSP =
   "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
@@ -72,6 +75,15 @@ export const pageRoutes = new Hono<PageEnv>()
     c.res.headers.set("referrer-policy", "same-origin");
     c.res.headers.set("cache-control", "no-store");
   })
+  // The layout reads the signed-in account from the request (every page's header shows it)
+  // without each page passing it down.
+  .use("*", contextStorage())
+  // The pages' own paths only: a POST to a path that is no page (an API typo) stays a 404.
+  .use("/login", sameOriginForms)
+  .use("/logout", sameOriginForms)
+  .use("/manage/*", sameOriginForms)
+  .use("/runs", sameOriginForms)
+  .use("/runs/*", sameOriginForms)
   .get("/", (c) => c.redirect("/manage/vault", 303))
   .get("/login", (c) => c.html(<LoginPage next={safeNext(c.req.query("next"))} />))
   .post("/login", async (c) => {

@@ -1,6 +1,7 @@
 import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
 import { brokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
+import { consoleLog } from "../contract/log";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
@@ -117,7 +118,20 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
   } finally {
     await close().catch(() => {});
   }
-  // Ids and outcomes only.
-  console.log(JSON.stringify({ event: "reconcile", ...report }));
+  // Ids and outcomes only. A sweep that had to act is a warning (something's own alarm or teardown
+  // missed it); one that failed at something is an error (docs/operator-guide.md).
+  consoleLog(sweepLevel(report), { event: "reconcile", ...report });
   return report;
+}
+
+function sweepLevel(report: ReconcileReport): "info" | "warn" | "error" {
+  const outcomes = [
+    ...Object.values(report.reaped),
+    ...Object.values(report.nudged),
+    ...Object.values(report.tornDown),
+  ];
+  const unowned = "destroyed" in report.unowned ? report.unowned : null;
+  if (outcomes.includes("error") || (unowned?.errors.length ?? 0) > 0) return "error";
+  const acted = Object.keys(report.reaped).length + Object.keys(report.tornDown).length;
+  return acted > 0 || (unowned?.destroyed.length ?? 0) > 0 ? "warn" : "info";
 }

@@ -22,7 +22,10 @@ import { previewPolicy } from "../vault/service";
 export const EgressAgentToken = z
   .object({
     token: z.string().openapi({ description: "bwe_...: shown once; a new one replaces it" }),
-    command: z.string().openapi({ description: "What to run on your machine (the token in it)" }),
+    command: z.string().openapi({
+      description:
+        "What to run on your machine: the token in its environment (BENCHWRIGHT_EGRESS_TOKEN), never an argument",
+    }),
   })
   .openapi("EgressAgentToken");
 
@@ -51,10 +54,12 @@ export const egressTokenRoutes = newRouter().openapi(
 
 /**
  * The command the user runs (the README's two-terminal example), from a checkout of this
- * repository. `--no`: npx must never fetch a package of that name from the registry instead.
+ * repository or with the CLI package installed. `--no`: npx must never fetch a package of that
+ * name from the registry instead. The token is in the command's environment, not its arguments
+ * (K5): an argument shows in every process list on the machine; the agent refuses `--token`.
  */
 export function agentCommand(url: string, token: string): string {
-  return `npx --no benchwright egress-agent --url ${url} --token ${token}`;
+  return `BENCHWRIGHT_EGRESS_TOKEN=${token} npx --no benchwright egress-agent --url ${url}`;
 }
 
 /** The control plane's public URL: the configured one, else the one this request came in on. */

@@ -3,6 +3,7 @@ import { bodyLimit } from "hono/body-limit";
 import { createMiddleware } from "hono/factory";
 import type { z } from "zod";
 import type { AppEnv } from "../context";
+import { consoleLog } from "../contract/log";
 import {
   type AuditBatch,
   AuditVerificationError,
@@ -166,7 +167,7 @@ async function auditKeyOf(db: Db, keyRing: KeyRing, run: ProxyRun): Promise<stri
     return await readAuditKey(db, keyRing, run);
   } catch (error) {
     const reason = error instanceof VaultDecryptError ? error.reason : "missing";
-    console.error(JSON.stringify({ event: "audit_key_unreadable", runId: run.id, reason }));
+    consoleLog("error", { event: "audit_key_unreadable", runId: run.id, reason });
     throw new ApiError("vault_unreadable", `This run's audit key could not be read (${reason}).`);
   }
 }

@@ -4,6 +4,7 @@ import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { backendForLaunch } from "../broker/backends";
 import type { AppEnv } from "../context";
+import { consoleLog } from "../contract/log";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
@@ -166,7 +167,7 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
       secrets = await hooks.verificationSecrets(c.var.config.keyRing, webhook);
     } catch (error) {
       const reason = error instanceof VaultDecryptError ? error.reason : "error";
-      console.error(JSON.stringify({ event: "webhook_secret_unreadable", webhookId: webhook.id, reason }));
+      consoleLog("error", { event: "webhook_secret_unreadable", webhookId: webhook.id, reason });
       throw new ApiError("vault_unreadable", "This webhook's secret could not be read.");
     }
     const raw = new Uint8Array(await c.req.arrayBuffer());
@@ -187,9 +188,7 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
       await coordinatorStub(c.env, recorded.runId).start(recorded.runId);
     } catch (error) {
       const name = error instanceof Error ? error.name : "unknown";
-      console.error(
-        JSON.stringify({ event: "webhook_run_start_failed", runId: recorded.runId, error: name }),
-      );
+      consoleLog("error", { event: "webhook_run_start_failed", runId: recorded.runId, error: name });
     }
     return c.json({ runId: recorded.runId }, 202);
   },

@@ -1,5 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
 import { loadConfig } from "../config";
+import { consoleLog } from "../contract/log";
 import {
   CLOSE_PEER_GONE,
   CLOSE_REPLACED,
@@ -171,7 +172,7 @@ export class TunnelRelay extends DurableObject<Env> {
       }
     } catch (error) {
       // The trace is a record, not the enforcement: the proxy refuses either way.
-      console.error(JSON.stringify({ event: "tunnel_record_failed", runId, error: (error as Error).name }));
+      consoleLog("error", { event: "tunnel_record_failed", runId, error: (error as Error).name });
     } finally {
       await close().catch(() => {});
     }

@@ -68,6 +68,8 @@ describe.skipIf(SKIP_REASON !== null)("the proxy dying mid-run", () => {
     const login = await fetch(`${e.stack.apiUrl}/login`, {
       method: "POST",
       body: new URLSearchParams({ key: api.key, next: `/runs/${id}` }),
+      // What a browser sends for our own login form (K1: anything else is refused).
+      headers: { origin: new URL(e.stack.apiUrl).origin, "sec-fetch-site": "same-origin" },
       redirect: "manual",
     });
     expect(login.status).toBe(303);

@@ -508,11 +508,12 @@ describe("egress tunnel: lifecycle", () => {
 
 describe("egress agent: the command", () => {
   const BIN = "proxy-image/dist/egress-agent.cjs";
-  function run(args: string[], env: Record<string, string> = {}) {
+  function run(args: string[], env: Record<string, string> = {}, input?: string) {
     const child = spawn(process.execPath, [BIN, ...args], {
       env: { PATH: process.env.PATH ?? "", ...env },
-      stdio: ["ignore", "pipe", "pipe"],
+      stdio: ["pipe", "pipe", "pipe"],
     });
+    child.stdin.end(input ?? "");
     let stdout = "";
     let stderr = "";
     const lines = new EventEmitter();
@@ -540,22 +541,60 @@ describe("egress agent: the command", () => {
   }
 
   it("refuses a bad flag with exit 2, naming the flag and never the token", async () => {
-    const cases: Array<[string[], RegExp]> = [
-      [["--url", "https://cp.example", "--token", "bwe_short"], /--token/],
-      [["--url", "http://cp.example", "--token", AGENT_TOKEN], /--url/],
-      [["--url", "https://cp.example", "--token", AGENT_TOKEN, "--allow-cidr", "10.0.0/8"], /--allow-cidr/],
-      [["--url", "https://cp.example", "--token", AGENT_TOKEN, "--block", "*.com"], /--block/],
-      [["--url", "https://cp.example", "--token", AGENT_TOKEN, "--policy-interval-ms", "5"], /--policy/],
+    const env = { BENCHWRIGHT_EGRESS_TOKEN: AGENT_TOKEN };
+    const cases: Array<[string[], RegExp, Record<string, string>?]> = [
+      [
+        ["--url", "https://cp.example"],
+        /BENCHWRIGHT_EGRESS_TOKEN is not/,
+        { BENCHWRIGHT_EGRESS_TOKEN: "bwe_short" },
+      ],
+      [["--url", "https://cp.example"], /no token: set BENCHWRIGHT_EGRESS_TOKEN/, {}],
+      [["--url", "http://cp.example"], /--url/],
+      [["--url", "https://cp.example", "--allow-cidr", "10.0.0/8"], /--allow-cidr/],
+      [["--url", "https://cp.example", "--block", "*.com"], /--block/],
+      [["--url", "https://cp.example", "--policy-interval-ms", "5"], /--policy/],
       [["--url", "https://cp.example", `--tokn=${AGENT_TOKEN}`], /unknown flag --tokn/],
       [["--url", "https://cp.example", AGENT_TOKEN], /unexpected argument/],
     ];
-    const children = cases.map(([args]) => run(args));
+    const children = cases.map(([args, , own]) => run(args, own ?? env));
     for (const [i, [, message]] of cases.entries()) {
       const child = children[i] as ReturnType<typeof run>;
       expect(await child.exit).toBe(2);
       expect(child.err()).toMatch(message);
       expect(child.err() + child.out()).not.toContain(AGENT_TOKEN);
     }
+  }, 20_000);
+
+  it("case K5: --token is refused (exit 2) with a message pointing at the environment, never echoing it", async () => {
+    for (const args of [
+      ["--url", "https://cp.example", "--token", AGENT_TOKEN],
+      ["--url", "https://cp.example", `--token=${AGENT_TOKEN}`],
+    ]) {
+      const child = run(args);
+      expect(await child.exit).toBe(2);
+      expect(child.err()).toContain("--token is refused");
+      expect(child.err()).toContain("BENCHWRIGHT_EGRESS_TOKEN");
+      expect(child.err() + child.out()).not.toContain(AGENT_TOKEN);
+    }
+  }, 20_000);
+
+  it("case K5: --token-stdin reads the token from standard input and runs", async () => {
+    const relay = await newRelay();
+    const child = run(
+      ["--token-stdin", "--allow-cidr", "127.0.0.0/8", "--policy-interval-ms", "200"],
+      {
+        BENCHWRIGHT_URL: relay.url,
+      },
+      `${AGENT_TOKEN}\n`,
+    );
+    await child.until('"event":"policy"');
+    relay.endRun();
+    expect(await child.exit).toBe(0);
+    expect(child.out() + child.err()).not.toContain(AGENT_TOKEN);
+    // An empty standard input is a usage error, as a missing variable is.
+    const empty = run(["--url", "https://cp.example", "--token-stdin"], {}, "");
+    expect(await empty.exit).toBe(2);
+    expect(empty.err()).toContain("standard input held no token");
   }, 20_000);
 
   it("runs from the environment, logs JSON lines without the token, exits 0 when the run ends", async () => {
@@ -580,6 +619,12 @@ describe("egress agent: the command", () => {
     expect(lines.map((l) => l.event)).toEqual(
       expect.arrayContaining(["connected", "policy", "paired", "refused", "disconnected", "stopped"]),
     );
+    // Every line has a level and a timestamp (src/contract/log.ts).
+    for (const l of lines as Array<LogRecord & { level?: unknown; ts?: unknown }>) {
+      expect(["debug", "info", "warn", "error"]).toContain(l.level);
+      expect(Number.isNaN(Date.parse(String(l.ts)))).toBe(false);
+    }
+    expect(lines.find((l) => l.event === "disconnected")).toMatchObject({ level: "warn" });
     expect(child.err()).toContain("the run ended");
     expect(child.out() + child.err()).not.toContain(AGENT_TOKEN);
   }, 20_000);

@@ -31,9 +31,26 @@ async function send(path: string, init: RequestInit): Promise<PageResponse> {
 export interface Browser {
   cookie: string | null;
   get(path: string): Promise<PageResponse>;
-  /** Posts a form; `_csrf` is taken from the last page read unless given. */
-  post(path: string, fields: Record<string, string | string[]>): Promise<PageResponse>;
+  /**
+   * Posts a form; `_csrf` is taken from the last page read unless given. The request carries what
+   * a browser sends for a form of our own pages (Origin, `Sec-Fetch-Site: same-origin`) unless
+   * `site` says otherwise: a header set to null is left out (K1's cross-site cases).
+   */
+  post(
+    path: string,
+    fields: Record<string, string | string[]>,
+    site?: { origin?: string | null; secFetchSite?: string | null },
+  ): Promise<PageResponse>;
   csrf: string | null;
+}
+
+function siteHeaders(site: { origin?: string | null; secFetchSite?: string | null }) {
+  const origin = site.origin === undefined ? new URL(BASE).origin : site.origin;
+  const fetchSite = site.secFetchSite === undefined ? "same-origin" : site.secFetchSite;
+  return {
+    ...(origin === null ? {} : { origin }),
+    ...(fetchSite === null ? {} : { "sec-fetch-site": fetchSite }),
+  };
 }
 
 export function newBrowser(): Browser {
@@ -46,7 +63,7 @@ export function newBrowser(): Browser {
       if (token) b.csrf = token;
       return res;
     },
-    async post(path, fields) {
+    async post(path, fields, site = {}) {
       const form = new URLSearchParams();
       if (b.csrf && !("_csrf" in fields)) form.append("_csrf", b.csrf);
       for (const [k, v] of Object.entries(fields)) for (const one of [v].flat()) form.append(k, one);
@@ -55,6 +72,7 @@ export function newBrowser(): Browser {
         headers: {
           "content-type": "application/x-www-form-urlencoded",
           ...(b.cookie ? { cookie: b.cookie } : {}),
+          ...siteHeaders(site),
         },
         body: form.toString(),
       });

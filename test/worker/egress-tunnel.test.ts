@@ -92,10 +92,13 @@ async function runWithToken(spec: Record<string, unknown> = { commands: ["true"]
 }
 
 describe("egress agent tokens", () => {
-  it("mints a bwe_ token shown once, stores only its hash, and gives the command to run", async () => {
+  it("case K5: mints a bwe_ token shown once, stores only its hash; the command takes it from the environment", async () => {
     const { run, token, command } = await runWithToken();
     expect(token).toMatch(/^bwe_[A-Za-z0-9_-]{43}$/);
-    expect(command).toBe(`npx --no benchwright egress-agent --url ${BASE} --token ${token}`);
+    // The token is the command's environment, never one of its arguments (process lists).
+    expect(command).toBe(`BENCHWRIGHT_EGRESS_TOKEN=${token} npx --no benchwright egress-agent --url ${BASE}`);
+    expect(command.split(" ").slice(1).join(" ")).not.toContain(token);
+    expect(command).not.toContain("--token");
     const [row] = await withDb((db) =>
       db.select({ hash: runs.egressTokenHash }).from(runs).where(eq(runs.id, run.id)),
     );
@@ -119,7 +122,10 @@ describe("egress agent tokens", () => {
     });
     expect(local.status, local.text).toBe(202);
     expect(local.json.egressAgent.token).toMatch(/^bwe_/);
-    expect(local.json.egressAgent.command).toContain(local.json.egressAgent.token);
+    expect(local.json.egressAgent.command).toContain(
+      `BENCHWRIGHT_EGRESS_TOKEN=${local.json.egressAgent.token} `,
+    );
+    expect(local.json.egressAgent.command).not.toContain("--token");
     const direct = await tenant.api("POST", "/v1/runs", { commands: ["true"] });
     expect(direct.status).toBe(202);
     expect(direct.json.egressAgent).toBeUndefined();

@@ -1,6 +1,8 @@
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import { apiKeys } from "../../src/db/schema";
+import { provisionApiKey } from "../../src/auth/provision";
+import { randomId } from "../../src/crypto/api-keys";
+import { apiKeys, sessions } from "../../src/db/schema";
 import { type Browser, loggedIn, newBrowser } from "./browser";
 import { newTenant, type Tenant, withDb } from "./harness";
 
@@ -174,5 +176,80 @@ describe("pages: headers", { timeout: 60_000 }, () => {
       expect(res.headers.get("cache-control")).toBe("no-store");
       expect(res.html).not.toMatch(/<script/i);
     }
+  });
+});
+
+describe("case K1: the login form and every form refuse a cross-site POST", { timeout: 60_000 }, () => {
+  const CROSS_SITE: Array<[string, { origin?: string | null; secFetchSite?: string | null }]> = [
+    ["no Origin, Sec-Fetch-Site: cross-site", { origin: null, secFetchSite: "cross-site" }],
+    ["a foreign Origin", { origin: "https://evil.example", secFetchSite: null }],
+    [
+      "a foreign Origin, Sec-Fetch-Site: cross-site",
+      { origin: "https://evil.example", secFetchSite: "cross-site" },
+    ],
+    [
+      "a foreign Origin claiming same-origin",
+      { origin: "https://evil.example", secFetchSite: "same-origin" },
+    ],
+    ["Origin: null (a sandboxed frame)", { origin: "null", secFetchSite: null }],
+    ["our Origin but Sec-Fetch-Site: same-site", { secFetchSite: "same-site" }],
+    ["neither header", { origin: null, secFetchSite: null }],
+  ];
+
+  it("case K1: a cross-site login POST with a good key → 403, no cookie, no session opened", async () => {
+    const t = await newTenant();
+    for (const [what, site] of CROSS_SITE) {
+      const b = newBrowser();
+      const res = await b.post("/login", { key: t.key, next: VAULT }, site);
+      expect(res.status, what).toBe(403);
+      expect(res.headers.get("set-cookie"), what).toBeNull();
+      expect(b.cookie, what).toBeNull();
+      expect(res.html, what).not.toContain(t.key);
+    }
+    const opened = await withDb((db) =>
+      db
+        .select()
+        .from(sessions)
+        .innerJoin(apiKeys, eq(apiKeys.id, sessions.apiKeyId))
+        .where(eq(apiKeys.userId, t.userId)),
+    );
+    expect(opened).toEqual([]);
+    // The same POST from our own page (Origin ours; or only Sec-Fetch-Site: same-origin) logs in.
+    expect((await newBrowser().post("/login", { key: t.key, next: VAULT })).status).toBe(303);
+    const bare = await newBrowser().post("/login", { key: t.key, next: VAULT }, { origin: null });
+    expect(bare.status).toBe(303);
+  });
+
+  it("case K1: a cross-site POST of a signed-in form (with the right CSRF token) → 403, nothing written", async () => {
+    const t = await newTenant();
+    const b = await loggedIn(t);
+    for (const [what, site] of CROSS_SITE) {
+      const res = await b.post(`${VAULT}/secrets`, { name: "CROSS", value: "cross-value-1" }, site);
+      expect(res.status, what).toBe(403);
+    }
+    expect(await secretNames(t)).toEqual([]);
+    const out = await b.post("/logout", {}, { origin: "https://evil.example" });
+    expect(out.status).toBe(403);
+    expect((await b.get(VAULT)).status).toBe(200);
+  });
+
+  it("case K1: every page's header shows the signed-in account and environment", async () => {
+    const email = `${randomId("k1_")}@tenants.test`;
+    const made = await withDb((db) => provisionApiKey(db, { email, environment: "staging-k1" }));
+    const t = await newTenant();
+    const b = newBrowser();
+    expect((await b.post("/login", { key: made.key, next: VAULT })).status).toBe(303);
+    for (const path of [VAULT, "/runs", "/runs/run_doesnotexist"]) {
+      const page = await b.get(path);
+      const header = /<header>([\s\S]*?)<\/header>/.exec(page.html)?.[1] ?? "";
+      expect(header, path).toContain(email);
+      expect(header, path).toContain("staging-k1");
+      expect(header, path).not.toContain(made.key);
+    }
+    // Another user's browser shows theirs, never this one's; the login page shows nobody.
+    const other = await loggedIn(t);
+    const theirs = await other.get(VAULT);
+    expect(theirs.html).not.toContain(email);
+    expect((await newBrowser().get("/login")).html).not.toContain("Signed in as");
   });
 });

@@ -1025,14 +1025,16 @@ describe("the egress agent card", () => {
     const made = await b.post(`/runs/${run.id}/egress-agent-token`, {});
     const html = expectPage(made);
     expect(made.headers.get("cache-control")).toBe("no-store");
-    const token = /--token (bwe_[A-Za-z0-9_-]{43})/.exec(html)?.[1];
+    // K5: the token is the command's environment, never an argument.
+    const token = /BENCHWRIGHT_EGRESS_TOKEN=(bwe_[A-Za-z0-9_-]{43}) npx/.exec(html)?.[1];
+    lacks(html, "--token");
     expect(token, html.slice(0, 400)).toBeDefined();
     has(html, "npx --no benchwright egress-agent --url");
     // It works for the agent's policy copy, and the next look at the page no longer shows it.
     expect((await call(token as string, "GET", "/egress-agent/policy")).status).toBe(200);
     lacks(expectPage(await b.get(`/runs/${run.id}`)), token as string);
     // Another command replaces it.
-    const again = /--token (bwe_[A-Za-z0-9_-]{43})/.exec(
+    const again = /BENCHWRIGHT_EGRESS_TOKEN=(bwe_[A-Za-z0-9_-]{43}) npx/.exec(
       expectPage(await b.post(`/runs/${run.id}/egress-agent-token`, {})),
     )?.[1];
     expect(again).not.toBe(token);

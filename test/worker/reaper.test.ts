@@ -7,13 +7,14 @@ import {
 } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import type { Final, MachineState } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs } from "../../src/db/schema";
 import worker from "../../src/index";
 import { LINGER_GRACE_MS, reconcile, STALE_MS, STUCK_MS } from "../../src/reaper/reconcile";
 import { newTenant, tenantWithUnreadableVault, withDb } from "./harness";
+import { captureLogs } from "./leaks";
 import { newRun } from "./run-fixtures";
 
 // The cron backstop, driven explicitly (createScheduledController, no waiting for a schedule):
@@ -76,9 +77,18 @@ describe("reaper: stuck runs", () => {
     const t = await newTenant();
     const stuck = await newRun(t, { status: "wiring", spec: { commands: ["true"], egress: "direct" } });
     await age(stuck.id, 9 * DAY + STUCK_MS + 60_000);
+    const lines = captureLogs();
     const report = await reconcile(env, SWEEP_AT());
+    vi.restoreAllMocks();
     expect(report.reaped[stuck.id]).toBe("stopped");
     expect(report.nudged[stuck.id]).toBeUndefined();
+    // The sweep's one log line: level and timestamp first, the report's fields as they were; a
+    // sweep that reaped something is a warning (an alert in docs/operator-guide.md).
+    const line = lines.find((l) => l.includes('"event":"reconcile"')) ?? "";
+    expect(line).toMatch(/^warn: \{"level":"warn","ts":"\d{4}-\d\d-\d\dT[\d:.]+Z","event":"reconcile",/);
+    const record = JSON.parse(line.slice("warn: ".length));
+    expect(record.reaped[stuck.id]).toBe("stopped");
+    expect(Date.parse(record.ts)).toBeGreaterThan(0);
     const run = await t.api("GET", `/v1/runs/${stuck.id}`);
     expect(run.json).toMatchObject({ status: "stopped", reason: "reaped" });
   });

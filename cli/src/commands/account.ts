@@ -1,7 +1,7 @@
 import { Api } from "../api";
 import { type Config, configPath, writeConfig } from "../config";
 import { readSecret } from "../io";
-import { api, type Ctx, DEFAULT_URL, print, UsageError } from "./shared";
+import { api, apiBase, type Ctx, DEFAULT_URL, print, UsageError } from "./shared";
 
 export async function login(ctx: Ctx, opts: { url?: string; positionals: string[] }): Promise<void> {
   if (opts.positionals.length > 0) {
@@ -10,12 +10,8 @@ export async function login(ctx: Ctx, opts: { url?: string; positionals: string[
         '  printf %s "$BW_KEY" | benchwright login --url URL\nor run benchwright login and paste it at the prompt',
     );
   }
-  const url = (opts.url ?? DEFAULT_URL).replace(/\/+$/, "");
-  try {
-    new URL(url);
-  } catch {
-    throw new UsageError(`--url ${url} is not a URL`);
-  }
+  // Before the key is even read: nothing is sent over plain http to another machine (K5).
+  const url = apiBase(opts.url ?? DEFAULT_URL, "--url");
   const key = (await readSecret(`API key for ${url}: `)).trim();
   if (!key) throw new UsageError("no API key was given (standard input was empty)");
   const me = await new Api(url, key).call("get", "/v1/me");

@@ -27,6 +27,40 @@ export interface Ctx {
 }
 
 /**
+ * The API's base URL, checked before any key goes to it (K5): https, or plain http to this machine
+ * only (127.0.0.0/8, ::1, localhost: `npm start`'s stack). A key sent over plain http to another
+ * host can be read by anyone on the path. `from` names where the URL came from, for the message.
+ */
+export function apiBase(text: string, from: string): string {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new UsageError(`${from} ${text} is not a URL`);
+  }
+  if (url.username || url.password || url.search || url.hash) {
+    throw new UsageError(`${from} must be the API's base URL (no user, password, query or fragment)`);
+  }
+  if (url.protocol === "http:" && !isLoopback(url.hostname)) {
+    throw new UsageError(
+      `${from} ${url.origin} is plain http:// to another machine: your API key would cross the network ` +
+        "unencrypted. Use https:// (plain http:// only to this machine: 127.0.0.1, ::1, localhost)",
+    );
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") {
+    throw new UsageError(`${from} must be an https:// URL`);
+  }
+  return `${url.origin}${url.pathname.replace(/\/+$/, "")}`;
+}
+
+function isLoopback(hostname: string): boolean {
+  const host = hostname.replace(/^\[|\]$/g, "").toLowerCase();
+  if (host === "localhost" || host === "::1") return true;
+  // WHATWG URL parsing has already made any IPv4 form (0x7f.1, 2130706433) dotted decimal.
+  return /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
+/**
  * The API the user is logged in to. BENCHWRIGHT_API_KEY (with BENCHWRIGHT_URL, else the saved
  * URL, else the default) is for scripts and CI; the URL alone never overrides the saved one, so a
  * stray variable cannot send the saved key to another host.
@@ -34,14 +68,17 @@ export interface Ctx {
 export function api(ctx: Ctx): Api {
   const saved = readConfig(configPath(ctx.env));
   const envKey = ctx.env.BENCHWRIGHT_API_KEY?.trim();
-  if (envKey)
-    return new Api((ctx.env.BENCHWRIGHT_URL || saved?.url || DEFAULT_URL).replace(/\/+$/, ""), envKey);
+  // Checked at every use, not only at login: a saved file or a variable may name any URL.
+  if (envKey) {
+    const from = ctx.env.BENCHWRIGHT_URL ? "BENCHWRIGHT_URL" : saved ? "the saved URL" : "the default URL";
+    return new Api(apiBase(ctx.env.BENCHWRIGHT_URL || saved?.url || DEFAULT_URL, from), envKey);
+  }
   if (!saved) {
     throw new NotLoggedIn(
       `not logged in (no ${configPath(ctx.env)}): run benchwright login, or set BENCHWRIGHT_API_KEY`,
     );
   }
-  return new Api(saved.url, saved.key);
+  return new Api(apiBase(saved.url, `the URL saved in ${configPath(ctx.env)}`), saved.key);
 }
 
 /** With --json the API's JSON as it answered; else the lines for people. */

@@ -1,0 +1,116 @@
+import { bugReportsCreate, bugReportsList } from "../commands/bug-reports";
+import * as models from "../commands/models";
+import {
+  webhooksCreate,
+  webhooksDelete,
+  webhooksList,
+  webhooksRotate,
+  webhooksShow,
+} from "../commands/webhooks";
+import { type CommandTable, none, type Options, one, page, pageOf, str, type Values } from "../registry";
+
+// Webhooks, the vault's models and bug reports.
+
+const modelFlags: Options = {
+  provider: { type: "string" },
+  "base-url": { type: "string" },
+  "upstream-model": { type: "string" },
+  secret: { type: "string" },
+};
+const modelFields = (v: Values): models.ModelFields => ({
+  provider: str(v, "provider"),
+  baseUrl: str(v, "base-url"),
+  upstreamModel: str(v, "upstream-model"),
+  secret: str(v, "secret"),
+});
+
+export const MORE_COMMANDS: CommandTable = {
+  "webhooks create": {
+    usage: "benchwright webhooks create NAME --from SPEC.json --secret-out PATH",
+    summary: "register a webhook: each signed delivery to its URL starts the run SPEC.json describes",
+    help:
+      "SPEC.json is a run spec as POST /v1/runs takes it. The signing secret (whsec_...) is shown by the\n" +
+      "API only once: it is written to PATH (a new file, mode 0600), never printed.",
+    options: { from: { type: "string" }, "secret-out": { type: "string" } },
+    run: (ctx, v, p) =>
+      webhooksCreate(ctx, one(p, "webhook name"), { from: str(v, "from"), secretOut: str(v, "secret-out") }),
+  },
+  "webhooks list": {
+    usage: "benchwright webhooks list",
+    summary: "webhooks, newest first (never their secrets)",
+    run: async (ctx, _v, p) => {
+      none(p, "webhooks list");
+      await webhooksList(ctx);
+    },
+  },
+  "webhooks show": {
+    usage: "benchwright webhooks show WEBHOOK_ID",
+    summary: "a webhook's URL, dates and run spec",
+    run: (ctx, _v, p) => webhooksShow(ctx, one(p, "webhook id")),
+  },
+  "webhooks delete": {
+    usage: "benchwright webhooks delete WEBHOOK_ID",
+    summary: "revoke a webhook: later deliveries are refused",
+    run: (ctx, _v, p) => webhooksDelete(ctx, one(p, "webhook id")),
+  },
+  "webhooks rotate-secret": {
+    usage: "benchwright webhooks rotate-secret WEBHOOK_ID --secret-out PATH",
+    summary: "a new signing secret, written to PATH (the old one verifies for 24 more hours)",
+    options: { "secret-out": { type: "string" } },
+    run: (ctx, v, p) => webhooksRotate(ctx, one(p, "webhook id"), { secretOut: str(v, "secret-out") }),
+  },
+  "vault models list": {
+    usage: "benchwright vault models list",
+    summary: "the models runs may declare, with their provider and the secret they call it with",
+    run: async (ctx, _v, p) => {
+      none(p, "vault models list");
+      await models.modelsList(ctx);
+    },
+  },
+  "vault models add": {
+    usage:
+      "benchwright vault models add NAME --provider P --secret SECRET_NAME [--base-url URL] [--upstream-model M]",
+    summary: "add a model a run may declare (its key is a vault secret, named, never shown)",
+    help:
+      "The fields go to POST /v1/vault/models as given (--base-url as base_url, ...); the API says which\n" +
+      "providers it knows and when a base URL is needed. --upstream-model defaults to NAME.",
+    options: modelFlags,
+    run: (ctx, v, p) => models.modelsAdd(ctx, one(p, "model name"), modelFields(v)),
+  },
+  "vault models show": {
+    usage: "benchwright vault models show MODEL_ID|NAME",
+    summary: "one model",
+    run: (ctx, _v, p) => models.modelsShow(ctx, one(p, "model id or name")),
+  },
+  "vault models update": {
+    usage:
+      "benchwright vault models update MODEL_ID|NAME [--name N] [--provider P] [--base-url URL] [--upstream-model M] [--secret S]",
+    summary: "change a model's fields (only those given)",
+    options: { ...modelFlags, name: { type: "string" } },
+    run: (ctx, v, p) =>
+      models.modelsUpdate(ctx, one(p, "model id or name"), { ...modelFields(v), name: str(v, "name") }),
+  },
+  "vault models remove": {
+    usage: "benchwright vault models remove MODEL_ID|NAME",
+    summary: "delete a model (runs can no longer declare it)",
+    run: (ctx, _v, p) => models.modelsRemove(ctx, one(p, "model id or name")),
+  },
+  "bug-reports create": {
+    usage: "benchwright bug-reports create RUN_ID --title TITLE [--body TEXT | --body-file PATH]",
+    summary: "report a bug on one of your runs (it joins the run's trace)",
+    help: "The body is --body, else --body-file, else standard input when piped.",
+    options: { title: { type: "string" }, body: { type: "string" }, "body-file": { type: "string" } },
+    run: (ctx, v, p) =>
+      bugReportsCreate(ctx, one(p, "run id"), {
+        title: str(v, "title"),
+        body: str(v, "body"),
+        bodyFile: str(v, "body-file"),
+      }),
+  },
+  "bug-reports list": {
+    usage: "benchwright bug-reports list RUN_ID [--limit N] [--cursor C]",
+    summary: "a run's bug reports, newest first",
+    options: page,
+    run: (ctx, v, p) => bugReportsList(ctx, one(p, "run id"), pageOf(v)),
+  },
+};
