@@ -228,8 +228,15 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  * the start call fails the run stays queued; the reaper's sweep starts or stops it.
  */
 export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
-  await checkLaunchable(db, p.environmentId, spec, loadConfig(env).resourceBounds);
-  const run = await runsService.createRun(db, p, spec, backendForLaunch(env, spec.backend));
+  const config = loadConfig(env);
+  await checkLaunchable(db, p.environmentId, spec, config.resourceBounds);
+  const run = await runsService.createRun(
+    db,
+    p,
+    spec,
+    backendForLaunch(env, spec.backend),
+    config.maxActiveRuns,
+  );
   await coordinatorStub(env, run.id).start(run.id);
   return run;
 }

@@ -15,6 +15,7 @@ import {
 } from "drizzle-orm/pg-core";
 import type { CutReason } from "../contract/bundle";
 import { ROUTING_MODES } from "../contract/routing";
+import type { ReplayHeaders } from "../idempotency/store";
 import type { RunSpec } from "../runs/spec";
 
 // Ids are opaque prefixed strings (usr_..., env_..., sec_...) made by randomId().
@@ -540,5 +541,31 @@ export const runArtifacts = pgTable(
       "run_artifacts_kept_or_cut",
       sql`(${t.cutReason} is null and ${t.sha256} is not null and ${t.size} is not null) or (${t.cutReason} is not null and ${t.sha256} is null)`,
     ),
+  ],
+);
+
+// ---- retries (issue 23) ----
+
+// An Idempotency-Key of an environment (src/idempotency): the first request's keyed digest
+// (method, path, body) and, once it finished, its answer. response_status null: still running.
+// The answer's body is sealed with the vault key ring (it can hold a secret shown once); rows go
+// after 24 hours (the reaper).
+export const idempotencyKeys = pgTable(
+  "idempotency_keys",
+  {
+    environmentId: text("environment_id")
+      .notNull()
+      .references(() => environments.id, { onDelete: "cascade" }),
+    key: text("key").notNull(),
+    requestDigest: text("request_digest").notNull(),
+    responseStatus: integer("response_status"),
+    responseHeaders: jsonb("response_headers").$type<ReplayHeaders>(),
+    responseCiphertext: text("response_ciphertext"),
+    createdAt: createdAt(),
+    completedAt: timestamp("completed_at", { withTimezone: true }),
+  },
+  (t) => [
+    primaryKey({ columns: [t.environmentId, t.key] }),
+    index("idempotency_keys_created").on(t.createdAt),
   ],
 );
