@@ -225,7 +225,9 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
 
 /**
  * Launches a run (the API's and the runs page's launch): checked, recorded queued, started. If
- * the start call fails the run stays queued; the reaper's sweep starts or stops it.
+ * the start call fails the run stays queued; the reaper's sweep starts or stops it. The launch
+ * still answers with the run: a 5xx here would invite a retry (an Idempotency-Key keeps no 5xx),
+ * and the retry would make a second run beside the queued one.
  */
 export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
   const config = loadConfig(env);
@@ -237,7 +239,11 @@ export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): 
     backendForLaunch(env, spec.backend),
     config.maxActiveRuns,
   );
-  await coordinatorStub(env, run.id).start(run.id);
+  try {
+    await coordinatorStub(env, run.id).start(run.id);
+  } catch (error) {
+    console.error(JSON.stringify({ event: "run_start_deferred", runId: run.id, error: (error as Error).name }));
+  }
   return run;
 }
 
