@@ -9,7 +9,7 @@ import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
 import { idempotency } from "./idempotency/middleware";
 import { describeIdempotency, honoPath, IDEMPOTENT_POSTS } from "./idempotency/routes";
-import { rateLimit } from "./limits/rate-limit";
+import { describeRateLimit, rateLimit } from "./limits/rate-limit";
 import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
 import { blockedHostsRoutes } from "./routes/blocked-hosts";
@@ -126,6 +126,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/", pageRoutes);
 
   describeIdempotency(app);
+  describeRateLimit(app, DOCUMENT_PATH);
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
   app.doc31(DOCUMENT_PATH, {
     openapi: "3.1.0",

@@ -242,7 +242,9 @@ export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): 
   try {
     await coordinatorStub(env, run.id).start(run.id);
   } catch (error) {
-    console.error(JSON.stringify({ event: "run_start_deferred", runId: run.id, error: (error as Error).name }));
+    console.error(
+      JSON.stringify({ event: "run_start_deferred", runId: run.id, error: (error as Error).name }),
+    );
   }
   return run;
 }

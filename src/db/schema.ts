@@ -15,7 +15,6 @@ import {
 } from "drizzle-orm/pg-core";
 import type { CutReason } from "../contract/bundle";
 import { ROUTING_MODES } from "../contract/routing";
-import type { ReplayHeaders } from "../idempotency/store";
 import type { RunSpec } from "../runs/spec";
 
 // Ids are opaque prefixed strings (usr_..., env_..., sec_...) made by randomId().
@@ -550,6 +549,9 @@ export const runArtifacts = pgTable(
 // (method, path, body) and, once it finished, its answer. response_status null: still running.
 // The answer's body is sealed with the vault key ring (it can hold a secret shown once); rows go
 // after 24 hours (the reaper).
+/** The answer headers an Idempotency-Key replays, lower-cased (typed once for the jsonb column). */
+export type ReplayHeaders = Record<string, string>;
+
 export const idempotencyKeys = pgTable(
   "idempotency_keys",
   {

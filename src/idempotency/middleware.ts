@@ -2,12 +2,12 @@ import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../context";
+import type { ReplayHeaders } from "../db/schema";
 import { ApiError } from "../errors";
 import {
   ABANDONED_MS,
   claimKey,
   type KeyRow,
-  type ReplayHeaders,
   recordAnswer,
   releaseKey,
   requestDigest,
@@ -33,7 +33,7 @@ export const IdempotencyKey = z
   .regex(/^[\x20-\x7e]{1,255}$/)
   .openapi({
     description:
-      "Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment.",
+      "Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment",
     example: "5f0c8e0e-4f0b-4bd4-8d53-3c1a1c1f2b7e",
   });
 

@@ -1,7 +1,7 @@
 import { and, eq, isNull, lt } from "drizzle-orm";
 import type { Principal } from "../context";
 import { decryptSecret, encryptSecret, type KeyRing, keyedDigest } from "../crypto/vault-crypto";
-import { idempotencyKeys } from "../db/schema";
+import { idempotencyKeys, type ReplayHeaders } from "../db/schema";
 import type { Db } from "../db/types";
 
 // The idempotency_keys table: claim a key for a request, record its answer, replay it, release
@@ -15,9 +15,6 @@ export const KEY_TTL_MS = 24 * 60 * 60_000;
  * stopped): no creating route takes this long. Its outcome is unknown, so it is never run again.
  */
 export const ABANDONED_MS = 5 * 60_000;
-
-/** The answer's headers worth replaying, lower-cased; typed once for the jsonb column. */
-export type ReplayHeaders = Record<string, string>;
 
 /** The first answer to a key, as stored. */
 export interface StoredAnswer {

@@ -1,6 +1,7 @@
+import type { OpenAPIHono } from "@hono/zod-openapi";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../context";
-import { ApiError } from "../errors";
+import { ApiError, Problem } from "../errors";
 
 // Per-API-key request rate on /v1 (case K4), counted by Cloudflare's Workers rate-limiting
 // binding API_RATE_LIMIT (wrangler.toml [[ratelimits]]; `wrangler dev` and the test pool run it
@@ -33,3 +34,17 @@ export const rateLimit = createMiddleware<AppEnv>(async (c, next) => {
   }
   await next();
 });
+
+/**
+ * Puts the 429 on every operation the middleware covers (all of /v1 but `exempt`, the document)
+ * in the OpenAPI document. Call once all routes are mounted.
+ */
+export function describeRateLimit(app: OpenAPIHono<AppEnv>, exempt: string): void {
+  for (const def of app.openAPIRegistry.definitions) {
+    if (def.type !== "route" || !def.route.path.startsWith("/v1/") || def.route.path === exempt) continue;
+    def.route.responses = {
+      429: { description: "Problem details", content: { "application/problem+json": { schema: Problem } } },
+      ...def.route.responses,
+    };
+  }
+}
