@@ -65,6 +65,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -88,7 +97,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -140,6 +152,24 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -164,7 +194,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -194,7 +227,25 @@ export interface paths {
                     };
                 };
                 /** @description Problem details */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -222,6 +273,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -292,6 +352,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -334,6 +403,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -401,6 +479,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -408,7 +495,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -440,6 +530,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -494,6 +602,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -557,6 +674,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -607,6 +733,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -687,6 +822,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -760,6 +904,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -822,6 +975,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -843,7 +1005,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path: {
                     id: string;
                 };
@@ -862,6 +1027,15 @@ export interface paths {
                     };
                     content: {
                         "application/json": components["schemas"]["EgressAgentToken"];
+                    };
+                };
+                /** @description Problem details */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
                 /** @description Problem details */
@@ -884,6 +1058,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -962,6 +1145,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1026,6 +1218,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1111,6 +1312,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -1188,6 +1398,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1246,6 +1465,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1326,6 +1554,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1491,6 +1728,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -1536,6 +1782,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1543,7 +1798,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -1592,6 +1850,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1653,6 +1920,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1696,6 +1972,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1776,6 +2061,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         trace?: never;
@@ -1793,7 +2087,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -1839,6 +2136,24 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -1860,7 +2175,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -1893,6 +2211,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1945,6 +2281,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1952,7 +2297,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -2021,6 +2369,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -2075,6 +2432,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2109,6 +2475,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2204,6 +2579,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         trace?: never;
@@ -2250,6 +2634,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2304,6 +2697,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2311,7 +2713,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -2373,6 +2778,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -2427,6 +2841,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2461,6 +2884,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2549,6 +2981,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         trace?: never;
@@ -2606,6 +3047,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         post?: never;
@@ -2652,6 +3102,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2659,7 +3118,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -2702,6 +3164,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2756,6 +3227,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2819,6 +3299,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         post?: never;
@@ -2868,6 +3357,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         options?: never;
@@ -2903,6 +3401,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2956,6 +3463,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         post?: never;
@@ -3002,6 +3518,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -3009,7 +3534,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -3039,6 +3567,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -3100,6 +3646,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -3141,6 +3696,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         options?: never;
@@ -3161,7 +3725,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path: {
                     id: string;
                 };
@@ -3183,6 +3750,15 @@ export interface paths {
                     };
                 };
                 /** @description Problem details */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
                 401: {
                     headers: {
                         [name: string]: unknown;
@@ -3193,6 +3769,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -3488,7 +4082,7 @@ export interface components {
         };
         Problem: {
             /** @enum {string} */
-            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "config_invalid" | "database_unavailable" | "internal_error";
+            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "config_invalid" | "database_unavailable" | "internal_error";
             detail: string;
             requestId: string;
             status: number;
