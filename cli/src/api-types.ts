@@ -1336,7 +1336,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The run's declared model and its calls through the model lane (newest first), with totals; never prompts or outputs */
+        /** The run's declared model, its calls through the model lane (newest first), totals, spend against its model_budget and tokens per minute; never prompts or outputs */
         get: {
             parameters: {
                 query?: {
@@ -1359,15 +1359,19 @@ export interface paths {
                     };
                     content: {
                         "application/json": {
+                            budget: components["schemas"]["ModelSpend"];
                             calls: components["schemas"]["ModelCall"][];
+                            /**
+                             * Format: date-time
+                             * @description When the run's proxy last delivered an audit batch: the figures are as of then (batches are flushed every second or so)
+                             */
+                            lastReportedAt: string | null;
                             model: components["schemas"]["RunModel"];
                             /** @description Cursor of the next page; null on the last */
                             nextCursor: string | null;
-                            totals: {
-                                calls: number;
-                                inputTokens: number;
-                                outputTokens: number;
-                            };
+                            /** @description The last 60 minutes up to the newest call, oldest first, every minute */
+                            tokensPerMinute: components["schemas"]["MinuteTokens"][];
+                            totals: components["schemas"]["ModelTotals"];
                         };
                     };
                 };
@@ -2308,19 +2312,20 @@ export interface paths {
                 content: {
                     "application/json": {
                         /**
-                         * @description The provider's OpenAI-compatible API base: https only, no user info, query or fragment (stored canonical)
+                         * @description The provider's API base: https only, no user info, query or fragment (stored canonical). Default for openai https://api.openai.com/v1, for anthropic https://api.anthropic.com/v1; required for openai-compatible (base_url_required)
                          * @example https://api.openai.com/v1
                          */
-                        base_url: string;
+                        base_url?: string;
                         /** @example gpt-4o-mini */
                         name: string;
                         /**
-                         * @description A label for people (openai, openrouter, vllm, ...)
+                         * @description Who the lane calls and how: openai (Bearer key), openai-compatible (any OpenAI-format API with a Bearer key: OpenRouter, vLLM...), anthropic (Messages API, x-api-key)
                          * @example openai
+                         * @enum {string}
                          */
-                        provider: string;
+                        provider: "openai" | "openai-compatible" | "anthropic";
                         /**
-                         * @description A vault secret's name: sent as `Authorization: Bearer`
+                         * @description A vault secret's name: sent the way the provider documents (Authorization: Bearer; x-api-key for anthropic)
                          * @example OPENROUTER_API_KEY
                          */
                         secret: string;
@@ -2509,19 +2514,20 @@ export interface paths {
                 content: {
                     "application/json": {
                         /**
-                         * @description The provider's OpenAI-compatible API base: https only, no user info, query or fragment (stored canonical)
+                         * @description The provider's API base: https only, no user info, query or fragment (stored canonical). Default for openai https://api.openai.com/v1, for anthropic https://api.anthropic.com/v1; required for openai-compatible (base_url_required)
                          * @example https://api.openai.com/v1
                          */
                         base_url?: string;
                         /** @example gpt-4o-mini */
                         name?: string;
                         /**
-                         * @description A label for people (openai, openrouter, vllm, ...)
+                         * @description Who the lane calls and how: openai (Bearer key), openai-compatible (any OpenAI-format API with a Bearer key: OpenRouter, vLLM...), anthropic (Messages API, x-api-key)
                          * @example openai
+                         * @enum {string}
                          */
-                        provider?: string;
+                        provider?: "openai" | "openai-compatible" | "anthropic";
                         /**
-                         * @description A vault secret's name: sent as `Authorization: Bearer`
+                         * @description A vault secret's name: sent the way the provider documents (Authorization: Bearer; x-api-key for anthropic)
                          * @example OPENROUTER_API_KEY
                          */
                         secret?: string;
@@ -3992,6 +3998,12 @@ export interface components {
              */
             seconds: number;
         };
+        MinuteTokens: {
+            inputTokens: number;
+            /** Format: date-time */
+            minute: string;
+            outputTokens: number;
+        };
         Model: {
             base_url: string;
             /** Format: date-time */
@@ -4002,7 +4014,8 @@ export interface components {
              * @example gpt-4o-mini
              */
             name: string;
-            provider: string;
+            /** @enum {string} */
+            provider: "openai" | "openai-compatible" | "anthropic";
             /** @description The secret's name; its value is never returned */
             secret: string;
             /** Format: date-time */
@@ -4010,20 +4023,79 @@ export interface components {
             /** @description The `model` sent to the provider */
             upstream_model: string;
         };
+        ModelBudget: {
+            /**
+             * @description Calls the lane makes upstream
+             * @example 1000
+             */
+            calls?: number;
+            /**
+             * @description Input tokens, as the provider counts them (cached ones included)
+             * @example 2000000
+             */
+            input_tokens?: number;
+            /**
+             * @description Output tokens, as the provider counts them; max tokens is clamped to what is left
+             * @example 200000
+             */
+            output_tokens?: number;
+        };
         ModelCall: {
             /** Format: date-time */
             at: string;
+            /** @description Of inputTokens, read from the prompt cache */
+            cachedInputTokens: number;
             callId: string;
-            /** @enum {string} */
-            endpoint: "chat.completions" | "responses";
+            /**
+             * @description The endpoint the caller spoke
+             * @enum {string}
+             */
+            endpoint: "chat.completions" | "responses" | "messages";
             inputTokens: number;
             model: string;
             ms: number;
             outputTokens: number;
             provider: string;
-            /** @description The provider's HTTP status */
+            /** @description Why the lane answered itself without calling upstream (over_budget...); null: it called */
+            refused: string | null;
+            /** @description The HTTP status the caller got */
             status: number;
             stream: boolean;
+        };
+        /** @description Spend against the run's model_budget; null: it set none */
+        ModelSpend: {
+            /** @description Calls sent upstream (refused ones do not count) */
+            calls: {
+                /** @description Null: no limit set */
+                limit: number | null;
+                used: number;
+            };
+            inputTokens: {
+                /** @description Null: no limit set */
+                limit: number | null;
+                used: number;
+            };
+            outputTokens: {
+                /** @description Null: no limit set */
+                limit: number | null;
+                used: number;
+            };
+        } | null;
+        ModelTotals: {
+            cachedInputTokens: number;
+            /** @description Every call recorded, refused ones included */
+            calls: number;
+            /** @description Calls sent upstream that got a 4xx or 5xx */
+            errors: number;
+            inputTokens: number;
+            /** @description Of the calls sent upstream; null before any */
+            latencyMs: {
+                p50: number | null;
+                p95: number | null;
+            };
+            outputTokens: number;
+            /** @description Calls the lane refused itself (budget spent...) */
+            refused: number;
         };
         PolicyDocument: {
             /** @enum {string} */
@@ -4046,8 +4118,18 @@ export interface components {
             model: {
                 /** Format: uri */
                 baseUrl: string;
+                /** @default null */
+                budget: {
+                    /** @default null */
+                    calls: number | null;
+                    /** @default null */
+                    inputTokens: number | null;
+                    /** @default null */
+                    outputTokens: number | null;
+                } | null;
                 name: string;
-                provider: string;
+                /** @enum {string} */
+                provider: "openai" | "openai-compatible" | "anthropic";
                 secret: string;
                 upstreamModel: string;
             } | null;
@@ -4082,7 +4164,7 @@ export interface components {
         };
         Problem: {
             /** @enum {string} */
-            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "config_invalid" | "database_unavailable" | "internal_error";
+            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "config_invalid" | "database_unavailable" | "internal_error";
             detail: string;
             requestId: string;
             status: number;
@@ -4236,6 +4318,7 @@ export interface components {
             linger_seconds?: number;
             max_parallel_tasks?: number;
             model?: string;
+            model_budget?: components["schemas"]["ModelBudget"];
             /**
              * @default stop
              * @enum {string}

@@ -246,7 +246,9 @@ const COMMANDS: Record<string, Command> = {
       "folder; repeatable) packs one all the same. The same folder packs to the same sha256.\n" +
       `--from FILE.json sends that spec alone (nothing packed), as does a folder with only ${SPEC_FILE}.\n` +
       "\n" +
-      "Options: --model NAME (a vault model), --egress direct|local, --backend sandbox0|e2b|local,\n" +
+      "Options: --model NAME (a vault model), --budget calls=N,input=N,output=N (the model's budget:\n" +
+      "any of them, k and m allowed, e.g. calls=1000,output=200k; past it the lane refuses calls),\n" +
+      "--egress direct|local, --backend sandbox0|e2b|local,\n" +
       "--linger 15m (keep the proxy after the commands end), --follow (exit 4 unless the run completes).",
     options: {
       command: { type: "string", multiple: true },
@@ -254,6 +256,7 @@ const COMMANDS: Record<string, Command> = {
       from: { type: "string" },
       "include-secret-file": { type: "string", multiple: true },
       model: { type: "string" },
+      budget: { type: "string" },
       egress: { type: "string" },
       backend: { type: "string" },
       linger: { type: "string" },
@@ -271,6 +274,7 @@ const COMMANDS: Record<string, Command> = {
         from: str(v, "from"),
         includeSecretFiles: list(v, "include-secret-file"),
         model: str(v, "model"),
+        budget: str(v, "budget"),
         egress: str(v, "egress"),
         backend: str(v, "backend"),
         linger: str(v, "linger"),

@@ -12,7 +12,7 @@ import { createRunCa } from "./ca";
 import { computeLane } from "./compute-lane";
 import { loadProxyConfig } from "./config";
 import { type CatchAllResolver, startCatchAllResolver } from "./dns";
-import { modelLane } from "./model-lane";
+import { modelLane } from "./model/lane";
 import { loadOriginalDst } from "./original-dst";
 import { PolicyClient } from "./policy-client";
 import { type AuditSink, createProxy } from "./proxy";

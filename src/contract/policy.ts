@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { isCanonicalHostName, isCanonicalIp, isCanonicalPattern } from "../policy/host";
+import { MODEL_PROVIDERS } from "./model-lane";
 import { ROUTING_MODES } from "./routing";
 
 // The policy wire contract: what the control plane compiles from a vault and the run's proxy
@@ -100,22 +101,56 @@ export const RunEgress = z.enum(["direct", "local"]);
 export type RunEgress = z.infer<typeof RunEgress>;
 
 /**
+ * The providers the model lane can call, a closed set. Each has one wire format and one way to
+ * authenticate (the proxy's table in proxy-image/src/model/providers.ts):
+ * - openai: OpenAI's API (Bearer key), base https://api.openai.com/v1 unless given;
+ * - openai-compatible: any API speaking OpenAI's format with a Bearer key (OpenRouter, vLLM...),
+ *   its base URL required;
+ * - anthropic: Anthropic's Messages API (x-api-key, anthropic-version), base
+ *   https://api.anthropic.com/v1 unless given.
+ */
+export const ModelProvider = z.enum(MODEL_PROVIDERS);
+export type ModelProvider = z.infer<typeof ModelProvider>;
+
+const BudgetCount = z
+  .number()
+  .int()
+  .min(0)
+  .max(2 ** 40);
+
+/**
+ * What a run may spend through the model lane (beyond every anchor's boundary): at most this
+ * many calls, input tokens and output tokens (each optional; null is no limit). Past any of them
+ * the lane refuses the call in the caller's format. Tokens are the provider's own counts.
+ */
+export const ModelBudget = z
+  .object({
+    calls: BudgetCount.nullable().default(null),
+    inputTokens: BudgetCount.nullable().default(null),
+    outputTokens: BudgetCount.nullable().default(null),
+  })
+  .strict();
+export type ModelBudget = z.infer<typeof ModelBudget>;
+
+/**
  * The run's declared model, served by the proxy's model lane (outside host policy by design: it
- * is what the user asked to evaluate). The work sandbox sees only MODEL_LANE_BASE_URL and a
- * placeholder key; the proxy calls `baseUrl` (OpenAI wire format) with the secret's value.
+ * is what the user asked to evaluate). The work sandbox sees only placeholder base URLs and keys
+ * (OpenAI's and Anthropic's); the proxy calls `baseUrl` in the provider's format with the
+ * secret's value, translating between OpenAI's and Anthropic's formats where they differ.
  */
 export const ModelLaneSpec = z
   .object({
     /** The name the run declares and the sandbox sends as `model`. */
     name: z.string().min(1).max(128),
-    /** A label for people (openai, openrouter, vllm...); the wire format is OpenAI's either way. */
-    provider: z.string().min(1).max(64),
+    provider: ModelProvider,
     /** The provider's API base, https only (e.g. https://api.openai.com/v1). */
     baseUrl: z.url({ protocol: /^https$/, error: "must be an https URL" }).max(2048),
     /** The `model` sent upstream (often the same as name). */
     upstreamModel: z.string().min(1).max(128),
-    /** The vault secret sent as `Authorization: Bearer`; its value travels with the secrets. */
+    /** The vault secret the lane authenticates with; its value travels with the secrets. */
     secret: z.string().min(1),
+    /** The run's budget (model_budget), or null for none. */
+    budget: ModelBudget.nullable().default(null),
   })
   .strict();
 export type ModelLaneSpec = z.infer<typeof ModelLaneSpec>;

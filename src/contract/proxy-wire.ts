@@ -1,6 +1,7 @@
 import { Webhook, WebhookVerificationError } from "standardwebhooks";
 import { z } from "zod";
 import { canonicalHost } from "../policy/host";
+import { MODEL_ENDPOINTS } from "./model-lane";
 import { PolicyDocument } from "./policy";
 
 // The wire contract between a run's proxy and the control plane (the Worker). Imported by both
@@ -71,6 +72,11 @@ export const PROBE_HEADER = "x-benchwright-probe";
 export const MODEL_LANE_HOST = "model.benchwright.invalid";
 /** What a work sandbox gets as its OpenAI base URL when the run declares a model. */
 export const MODEL_LANE_BASE_URL = `http://${MODEL_LANE_HOST}/v1`;
+/**
+ * ...and as its Anthropic base URL: the host alone, since Anthropic's SDKs add /v1/messages to
+ * ANTHROPIC_BASE_URL themselves (their default is https://api.anthropic.com, no /v1).
+ */
+export const MODEL_LANE_ANTHROPIC_BASE_URL = `http://${MODEL_LANE_HOST}`;
 /**
  * The platform's own names every hosts file maps to the run's proxy, whatever the routing: the
  * wiring probe and the model lane (catch-all routing would bring them anyway; default routing
@@ -159,8 +165,11 @@ export const EgressRouteRow = z
   .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
 export type EgressRouteRow = z.infer<typeof EgressRouteRow>;
 
-/** The model lane's calls, the OpenAI endpoints it serves. */
-export const ModelEndpoint = z.enum(["chat.completions", "responses"]);
+/**
+ * The model lane's calls, by the endpoint the caller spoke (OpenAI's chat completions and
+ * responses, Anthropic's messages), whatever the provider speaks.
+ */
+export const ModelEndpoint = z.enum(MODEL_ENDPOINTS);
 export type ModelEndpoint = z.infer<typeof ModelEndpoint>;
 
 /** Per call: 0 when the provider reported no usage (the call is still recorded). */
@@ -185,6 +194,17 @@ export const ModelCallRow = z.strictObject({
   status: z.number().int().min(100).max(599),
   inputTokens: Tokens,
   outputTokens: Tokens,
+  /** Of inputTokens, how many the provider read from its prompt cache (0 when not reported). */
+  cachedInputTokens: Tokens.default(0),
+  /**
+   * Why the lane answered itself without calling upstream (over_budget, model_not_declared...),
+   * or null when the provider answered. A refused call is recorded too (with 0 tokens).
+   */
+  refused: z
+    .string()
+    .regex(/^[a-z_]{1,64}$/)
+    .nullable()
+    .default(null),
   ms: z.number().int().min(0),
 });
 export type ModelCallRow = z.infer<typeof ModelCallRow>;

@@ -14,6 +14,7 @@ import {
   uniqueIndex,
 } from "drizzle-orm/pg-core";
 import type { CutReason } from "../contract/bundle";
+import { MODEL_ENDPOINTS, MODEL_PROVIDERS } from "../contract/model-lane";
 import { ROUTING_MODES } from "../contract/routing";
 import type { RunSpec } from "../runs/spec";
 
@@ -169,8 +170,9 @@ export const vaultHosts = pgTable(
   ],
 );
 
-// Models a run may declare (the model lane): the run names one; its proxy calls the provider's
-// OpenAI-compatible API at base_url with the secret's value. The sandbox never sees either.
+// Models a run may declare (the model lane): the run names one; its proxy calls the provider
+// (one of ModelProvider, each with its own format and auth) at base_url with the secret's value.
+// The sandbox never sees either.
 export const vaultModels = pgTable(
   "vault_models",
   {
@@ -179,7 +181,7 @@ export const vaultModels = pgTable(
       .notNull()
       .references(() => environments.id, { onDelete: "cascade" }),
     name: text("name").notNull(),
-    provider: text("provider").notNull(),
+    provider: text("provider", { enum: MODEL_PROVIDERS }).notNull(),
     baseUrl: text("base_url").notNull(),
     upstreamModel: text("upstream_model").notNull(),
     secretId: text("secret_id")
@@ -188,7 +190,10 @@ export const vaultModels = pgTable(
     createdAt: createdAt(),
     updatedAt: updatedAt(),
   },
-  (t) => [uniqueIndex("vault_models_environment_name").on(t.environmentId, t.name)],
+  (t) => [
+    uniqueIndex("vault_models_environment_name").on(t.environmentId, t.name),
+    check("vault_models_provider", sql`${t.provider} in ('openai', 'openai-compatible', 'anthropic')`),
+  ],
 );
 
 // ---- runs ----
@@ -366,11 +371,14 @@ export const modelCallLog = pgTable(
     at: timestamp("at", { withTimezone: true }).notNull(),
     model: text("model").notNull(),
     provider: text("provider").notNull(),
-    endpoint: text("endpoint", { enum: ["chat.completions", "responses"] }).notNull(),
+    endpoint: text("endpoint", { enum: MODEL_ENDPOINTS }).notNull(),
     stream: boolean("stream").notNull(),
     status: integer("status").notNull(),
     inputTokens: bigint("input_tokens", { mode: "number" }).notNull(),
     outputTokens: bigint("output_tokens", { mode: "number" }).notNull(),
+    cachedInputTokens: bigint("cached_input_tokens", { mode: "number" }).notNull().default(0),
+    /** Why the lane answered itself (over_budget...), or null when the provider answered. */
+    refused: text("refused"),
     ms: integer("ms").notNull(),
   },
   (t) => [primaryKey({ columns: [t.runId, t.callId] }), index("model_call_log_run_at").on(t.runId, t.at)],

@@ -62,6 +62,15 @@ export function Layout(props: { title: string; csrf?: string | undefined; childr
   );
 }
 
+/** A time, in UTC to the second (— when there is none). */
+export function When(props: { at: Date | string | null | undefined }) {
+  if (!props.at) return <span class="muted">—</span>;
+  const d = typeof props.at === "string" ? new Date(props.at) : props.at;
+  if (Number.isNaN(d.getTime())) return <span class="muted">—</span>;
+  const iso = d.toISOString();
+  return <time datetime={iso}>{`${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`}</time>;
+}
+
 /** A form that posts with the session's CSRF token. */
 export function PostForm(props: { action: string; csrf: string; class?: string; children?: Child }) {
   return (

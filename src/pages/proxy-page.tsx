@@ -1,7 +1,8 @@
 import type { ProxyView } from "../contract/proxy-view";
 import type { RunRow } from "../runs/service";
-import { Layout } from "./layout";
-import { RUN_PAGE_STYLE, StatusPill, When } from "./run-page";
+
+import { Layout, When } from "./layout";
+import { RUN_PAGE_STYLE, StatusPill } from "./run-page";
 
 // The run's proxy as it sees itself (/runs/{id}/proxy): what GET /v1/runs/{id}/proxy returns,
 // read through the same coordinator call. Host, method and decision only; the view never holds a

@@ -4,7 +4,7 @@ import type { blockedHostLog, egressRouteLog } from "../db/schema";
 import type { Result } from "../errors";
 import type { ArtifactRow } from "../runs/artifacts";
 import type { BugReport } from "../runs/bug-reports";
-import type { ModelUse } from "../runs/model-calls";
+import type { ModelCall, ModelUse } from "../runs/model-calls";
 import {
   isTerminal,
   type Linger,
@@ -15,7 +15,8 @@ import {
   type TraceRow,
 } from "../runs/service";
 import { MAX_LINGER_SECONDS, storedSpec } from "../runs/spec";
-import { Flash, Layout, PostForm } from "./layout";
+import { Flash, Layout, PostForm, When } from "./layout";
+import { MODEL_CARD_STYLE, ModelCard } from "./model-card";
 import { commandsFor, Stages } from "./run-stages";
 
 // The run dashboard (/runs/{id}): why the run is where it is, what the platform changed about
@@ -42,8 +43,12 @@ export interface RunView {
   blocked: Result<Page<BlockedRow>>;
   routes: Result<Page<RouteRow>>;
   reports: Result<Page<BugReport>>;
-  /** The declared model and the totals of its calls (GET /v1/runs/{id}/model-calls). */
+  /** The declared model, the totals of its calls and spend (GET /v1/runs/{id}/model-calls). */
   model?: Result<ModelUse> | undefined;
+  /** Its last calls, newest first. */
+  modelCalls?: Result<Page<ModelCall>> | undefined;
+  /** When the page was made: a live run's model figures are as of then. */
+  renderedAt?: Date | undefined;
   /** What the run's commands left in $BW_OUT, and what was cut (GET /v1/runs/{id}/artifacts). */
   artifacts?: Result<{ artifacts: ArtifactRow[]; cut: ArtifactRow[] }> | undefined;
   /** The query the page was asked with (card cursors), to build the cards' next links. */
@@ -69,14 +74,6 @@ pre.stderr{border-left:3px solid #d9822b}
 `;
 
 export const RUN_PAGE_STYLE = STYLE;
-
-export function When(props: { at: Date | string | null | undefined }) {
-  if (!props.at) return <span class="muted">—</span>;
-  const d = typeof props.at === "string" ? new Date(props.at) : props.at;
-  if (Number.isNaN(d.getTime())) return <span class="muted">—</span>;
-  const iso = d.toISOString();
-  return <time datetime={iso}>{`${iso.slice(0, 10)} ${iso.slice(11, 19)} UTC`}</time>;
-}
 
 export function StatusPill(props: { run: Pick<RunRow, "status" | "reason"> }) {
   const { status, reason } = props.run;
@@ -749,35 +746,6 @@ function EgressRoutes(props: { view: RunView }) {
   );
 }
 
-// ---- the model lane ----
-
-function ModelCard(props: { model: Result<ModelUse> | undefined }) {
-  const use = props.model;
-  if (!use?.ok) return null;
-  const { model, totals } = use.value;
-  // Prompts and outputs are never recorded: only which model, the provider and the counts.
-  return (
-    <Card id="model" title="Model">
-      {model === null ? (
-        <p class="empty">This run declared no model.</p>
-      ) : (
-        <dl class="facts">
-          <dt>Model</dt>
-          <dd class="mono">{model.name}</dd>
-          <dt>Provider</dt>
-          <dd>{model.provider ?? <span class="muted">—</span>}</dd>
-          <dt>API host</dt>
-          <dd class="mono">{model.baseHost ?? <span class="muted">—</span>}</dd>
-          <dt>Calls</dt>
-          <dd>{totals.calls}</dd>
-          <dt>Tokens</dt>
-          <dd>{`${totals.inputTokens} in, ${totals.outputTokens} out`}</dd>
-        </dl>
-      )}
-    </Card>
-  );
-}
-
 // ---- artifacts ----
 
 function Artifacts(props: { view: RunView }) {
@@ -908,7 +876,7 @@ export function RunPage(props: { view: RunView }) {
   const { run, trace, sandboxes, flash, csrf } = props.view;
   return (
     <Layout title={`Run ${run.id}`} csrf={csrf}>
-      <style>{STYLE}</style>
+      <style>{STYLE + MODEL_CARD_STYLE}</style>
       <p>
         <a href="/runs">← Runs</a>
       </p>
@@ -923,7 +891,12 @@ export function RunPage(props: { view: RunView }) {
       <ProofCard run={run} trace={trace} />
       <DeniedHosts view={props.view} />
       <EgressRoutes view={props.view} />
-      <ModelCard model={props.view.model} />
+      <ModelCard
+        use={props.view.model}
+        calls={props.view.modelCalls}
+        ended={isTerminal(run.status)}
+        at={props.view.renderedAt ?? new Date()}
+      />
       <Sandboxes run={run} sandboxes={sandboxes} />
       <Stages run={run} trace={trace} />
       <Trace run={run} trace={trace} />

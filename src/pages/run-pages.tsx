@@ -7,7 +7,7 @@ import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
 import { artifactDownload, listArtifacts } from "../runs/artifacts";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
-import { runModelUse } from "../runs/model-calls";
+import { listModelCalls, runModelUse } from "../runs/model-calls";
 import {
   getRun,
   haltedNow,
@@ -22,9 +22,10 @@ import { BENCHMARKS, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/sp
 import { relayStub } from "../tunnel/relay";
 import { allowHosts } from "../vault/service";
 import type { PageEnv } from "./context";
-import { Flash, flashQuery, Layout, PostForm, readFlash } from "./layout";
+import { Flash, flashQuery, Layout, PostForm, readFlash, When } from "./layout";
+import { MODEL_CALLS_SHOWN } from "./model-card";
 import { type ProxyLook, ProxyPage } from "./proxy-page";
-import { needsEgressAgent, RUN_PAGE_STYLE, RunPage, StatusPill, When } from "./run-page";
+import { needsEgressAgent, RUN_PAGE_STYLE, RunPage, StatusPill } from "./run-page";
 
 // The run pages: /runs (the caller's runs, newest first) and /runs/{id} (one run's dashboard) with
 // its proxy's view at /runs/{id}/proxy. They call the service functions and coordinator methods
@@ -167,13 +168,15 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
   const { db } = c.var;
   const p = c.var.session.principal;
   const q = { blocked: query(c, "blocked"), routes: query(c, "routes"), reports: query(c, "reports") };
-  const [trace, sandboxes, blocked, routes, reports, model, artifacts] = await Promise.all([
+  const renderedAt = new Date();
+  const [trace, sandboxes, blocked, routes, reports, model, modelCalls, artifacts] = await Promise.all([
     runTrace(db, run.id),
     runSandboxes(db, run.id),
     listBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
     listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
     listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
     runModelUse(db, p, run.id),
+    listModelCalls(db, p, run.id, MODEL_CALLS_SHOWN, undefined),
     listArtifacts(db, p, run.id),
   ]);
   return c.html(
@@ -188,6 +191,8 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
         routes,
         reports,
         model,
+        modelCalls,
+        renderedAt,
         artifacts,
         query: q,
         flash: await readFlash(c.var.session.csrf, (k) => query(c, k)),

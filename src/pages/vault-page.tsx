@@ -1,4 +1,4 @@
-import { type Context, Hono } from "hono";
+import { Hono } from "hono";
 import type { Child } from "hono/jsx";
 import {
   EgressVia,
@@ -10,94 +10,44 @@ import {
   type RoutingReason,
 } from "../contract/policy";
 import { SecretName } from "../contract/proxy-wire";
-import { ApiError, type Failure, fail, ok, type Result } from "../errors";
+import { fail, ok, type Result } from "../errors";
 import { buildPolicyIndex } from "../policy/compile";
 import { isCanonicalIp } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 import { type AccountBlockedHost, type BlockedSource, listBlockedHosts } from "../runs/blocked-hosts";
 import { listRuns, type Page } from "../runs/service";
 import { dryRun, type HostOutcome } from "../vault/dry-run";
+import { listModels } from "../vault/models";
 import * as vault from "../vault/service";
 import type { PageEnv } from "./context";
-import { Flash, flashQuery, Layout, PostForm, readFlash } from "./layout";
+import { Flash, Layout, PostForm, readFlash } from "./layout";
+import {
+  act,
+  answer,
+  back,
+  type Ctx,
+  form,
+  type Keep,
+  keepQuery,
+  PAGE,
+  refused,
+  text,
+  who,
+} from "./vault-forms";
+import { ModelsSection, vaultModelRoutes } from "./vault-models";
 
-// The vault page (/manage/vault): routing mode, secrets, rules, host policy, recent blocked hosts
-// and a dry run of a change. Every form posts to /manage/vault/... and is answered with a 303 back
-// to the page with a flash (`?ok=` or `?error=`, the service's own detail); a refused form keeps
-// its input (never a value). The page calls the same service functions as the API
+// The vault page (/manage/vault): routing mode, secrets, rules, host policy, models (their own
+// module, vault-models.tsx), recent blocked hosts and a dry run of a change. Every form posts to
+// /manage/vault/... and is answered with a 303 back to the page with a flash (`?ok=` or `?error=`,
+// the service's own detail); a refused form keeps its input (never a value). The page calls the same service functions as the API
 // (src/vault/service.ts, src/runs/blocked-hosts.ts, src/vault/dry-run.ts), so it cannot drift from
 // it. A secret's value is only ever read from a password field and handed to the service: it is
 // never put in a page, a redirect or a flash, not even after an error.
 
-type Ctx = Context<PageEnv>;
-
-const PAGE = "/manage/vault";
 /** Rows per section before it pages. */
 const PAGE_SIZE = 100;
 const MAX_SECRET_VALUE = 16_384;
 const SECRET_NAME_RULE = "letters, digits, _ . - (at most 64), starting with a letter or _";
-
-// ---- answering a form ----
-
-/** Form fields kept across the redirect so a refused form is not retyped (never a value). */
-type Keep = Record<string, string | undefined>;
-
-/** Where a form's answer goes: a section of the vault page (its anchor), or another page. */
-type Where = string | { path: string; anchor?: string };
-
-/** Back to the page with a flash and the kept fields. */
-async function back(
-  c: Ctx,
-  flash: { ok?: string; error?: string },
-  to: Where,
-  keep: Keep = {},
-): Promise<Response> {
-  const q = await flashQuery(c.var.session.csrf, flash);
-  for (const [k, v] of keepQuery(keep)) q.set(k, v.slice(0, 1024));
-  const { path, anchor } = typeof to === "string" ? { path: PAGE, anchor: to } : to;
-  return c.redirect(`${path}?${q}${anchor ? `#${anchor}` : ""}`, 303);
-}
-
-const keepQuery = (keep: Keep) =>
-  new URLSearchParams(Object.entries(keep).flatMap(([k, v]) => (v ? [[k, v]] : [])));
-
-/** A service's answer as a redirect: its detail on failure (the API's own words), else `ok`. */
-function answer<T>(
-  c: Ctx,
-  result: Result<T>,
-  ok: (value: T) => string,
-  to: Where,
-  keep: Keep = {},
-): Promise<Response> {
-  return result.ok ? back(c, { ok: ok(result.value) }, to) : refused(c, result.error, to, keep);
-}
-
-const refused = (c: Ctx, f: Failure, to: Where, keep: Keep = {}) => back(c, { error: f.detail }, to, keep);
-
-/** Runs a form action; an ApiError a service throws becomes a flash like a returned failure. */
-async function act(c: Ctx, to: Where, fn: () => Promise<Response>): Promise<Response> {
-  try {
-    return await fn();
-  } catch (e) {
-    if (e instanceof ApiError) return refused(c, e, to);
-    throw e;
-  }
-}
-
-async function form(c: Ctx): Promise<Record<string, string>> {
-  const body = await c.req.parseBody();
-  const fields: Record<string, string> = {};
-  for (const [k, v] of Object.entries(body)) if (typeof v === "string") fields[k] = v;
-  return fields;
-}
-
-/** A trimmed text field, or undefined when missing or blank. */
-function text(fields: Record<string, string>, name: string): string | undefined {
-  const v = fields[name]?.trim();
-  return v ? v : undefined;
-}
-
-const who = (c: Ctx) => c.var.session.principal;
 
 // ---- small pieces ----
 
@@ -1070,10 +1020,11 @@ async function dryRunPage(c: Ctx): Promise<Response> {
 
 async function vaultPage(c: Ctx): Promise<Response> {
   const p = who(c);
-  const [secrets, rules, hosts, doc, blocked, recent] = await Promise.all([
+  const [secrets, rules, hosts, models, doc, blocked, recent] = await Promise.all([
     vault.listSecrets(db(c), p),
     vault.listRules(db(c), p),
     vault.listHosts(db(c), p),
+    listModels(db(c), p),
     vault.previewPolicy(db(c), p, { egress: "direct" }),
     listBlockedHosts(db(c), p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined }),
     listRuns(db(c), p, RECENT_RUNS, undefined),
@@ -1090,6 +1041,7 @@ async function vaultPage(c: Ctx): Promise<Response> {
       <SecretsSection c={c} csrf={csrf} secrets={secrets} usedBy={usedBy} />
       <RulesSection c={c} csrf={csrf} rules={rules} secrets={secrets.map((s) => s.name)} />
       <HostsSection c={c} csrf={csrf} hosts={hosts} defaultAction={doc.default} />
+      <ModelsSection c={c} csrf={csrf} models={models} secrets={secrets.map((s) => s.name)} />
       <BlockedSection c={c} csrf={csrf} page={blocked} decide={(h) => index.decideHost(h).action} />
       <DrySection c={c} runs={recent.ok ? recent.value.items.map((r) => r.id) : []} />
     </Layout>,
@@ -1100,6 +1052,7 @@ const plural = (n: number, one: string) => `${n} ${one}${n === 1 ? "" : "s"}`;
 
 export const vaultPageRoutes = new Hono<PageEnv>()
   .get(PAGE, vaultPage)
+  .route("/", vaultModelRoutes)
   // ---- secrets ----
   .post(`${PAGE}/secrets`, (c) =>
     act(c, "secrets", async () => {

@@ -1,12 +1,13 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { and, asc, desc, eq, gt, lt, or } from "drizzle-orm";
 import type { Principal } from "../context";
+import { MODEL_ENDPOINTS } from "../contract/model-lane";
 import { blockedHostLog, egressRouteLog } from "../db/schema";
 import type { Db } from "../db/types";
 import { ok, type Result, unwrap } from "../errors";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
 import { badCursor, decodeCursor, encodeCursor } from "../runs/cursor";
-import { listModelCalls, runModelUse } from "../runs/model-calls";
+import { listModelCalls, MINUTES_SHOWN, runModelUse } from "../runs/model-calls";
 import { ownRun, type Page } from "../runs/service";
 
 // A run's audit, as its proxy reported it: hosts refused (with counts), the route each host
@@ -44,11 +45,18 @@ const ModelCall = z
     at: z.string().datetime(),
     model: z.string(),
     provider: z.string(),
-    endpoint: z.enum(["chat.completions", "responses"]),
+    endpoint: z.enum(MODEL_ENDPOINTS).openapi({ description: "The endpoint the caller spoke" }),
     stream: z.boolean(),
-    status: z.number().int().openapi({ description: "The provider's HTTP status" }),
+    status: z.number().int().openapi({ description: "The HTTP status the caller got" }),
     inputTokens: z.number().int(),
     outputTokens: z.number().int(),
+    cachedInputTokens: z
+      .number()
+      .int()
+      .openapi({ description: "Of inputTokens, read from the prompt cache" }),
+    refused: z.string().nullable().openapi({
+      description: "Why the lane answered itself without calling upstream (over_budget...); null: it called",
+    }),
     ms: z.number().int(),
   })
   .strict()
@@ -62,6 +70,43 @@ const RunModel = z
   })
   .strict()
   .openapi("RunModel");
+
+const Ms = z.number().int().nullable();
+const ModelTotals = z
+  .object({
+    calls: z.number().int().openapi({ description: "Every call recorded, refused ones included" }),
+    inputTokens: z.number().int(),
+    outputTokens: z.number().int(),
+    cachedInputTokens: z.number().int(),
+    refused: z.number().int().openapi({ description: "Calls the lane refused itself (budget spent...)" }),
+    errors: z.number().int().openapi({ description: "Calls sent upstream that got a 4xx or 5xx" }),
+    latencyMs: z
+      .object({ p50: Ms, p95: Ms })
+      .strict()
+      .openapi({ description: "Of the calls sent upstream; null before any" }),
+  })
+  .strict()
+  .openapi("ModelTotals");
+
+const BudgetLine = z
+  .object({
+    used: z.number().int(),
+    limit: z.number().int().nullable().openapi({ description: "Null: no limit set" }),
+  })
+  .strict();
+const ModelSpend = z
+  .object({
+    calls: BudgetLine.openapi({ description: "Calls sent upstream (refused ones do not count)" }),
+    inputTokens: BudgetLine,
+    outputTokens: BudgetLine,
+  })
+  .strict()
+  .openapi("ModelSpend");
+
+const MinuteTokens = z
+  .object({ minute: z.string().datetime(), inputTokens: z.number().int(), outputTokens: z.number().int() })
+  .strict()
+  .openapi("MinuteTokens");
 
 const PageQuery = z
   .object({
@@ -255,20 +300,24 @@ export const runAuditRoutes = newRouter()
       path: "/runs/{id}/model-calls",
       tags,
       summary:
-        "The run's declared model and its calls through the model lane (newest first), with totals; never prompts or outputs",
+        "The run's declared model, its calls through the model lane (newest first), totals, spend against its model_budget and tokens per minute; never prompts or outputs",
       request: { params, query: PageQuery },
       responses: {
         200: jsonOk(
           z.object({
             model: RunModel.nullable().openapi({ description: "Null: the run declared no model" }),
             calls: z.array(ModelCall),
-            totals: z
-              .object({
-                calls: z.number().int(),
-                inputTokens: z.number().int(),
-                outputTokens: z.number().int(),
-              })
-              .strict(),
+            totals: ModelTotals,
+            budget: ModelSpend.nullable().openapi({
+              description: "Spend against the run's model_budget; null: it set none",
+            }),
+            tokensPerMinute: z.array(MinuteTokens).openapi({
+              description: `The last ${MINUTES_SHOWN} minutes up to the newest call, oldest first, every minute`,
+            }),
+            lastReportedAt: z.string().datetime().nullable().openapi({
+              description:
+                "When the run's proxy last delivered an audit batch: the figures are as of then (batches are flushed every second or so)",
+            }),
             nextCursor: NextCursor,
           }),
         ),
@@ -293,9 +342,14 @@ export const runAuditRoutes = newRouter()
             status: r.status,
             inputTokens: r.inputTokens,
             outputTokens: r.outputTokens,
+            cachedInputTokens: r.cachedInputTokens,
+            refused: r.refused,
             ms: r.ms,
           })),
           totals: use.totals,
+          budget: use.budget,
+          tokensPerMinute: use.perMinute.map((m) => ({ ...m, minute: m.minute.toISOString() })),
+          lastReportedAt: use.lastReportedAt?.toISOString() ?? null,
           nextCursor: page.nextCursor,
         },
         200,

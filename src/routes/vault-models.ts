@@ -1,33 +1,40 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import { ModelProvider } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import * as vault from "../vault/service";
+import { PROVIDERS } from "../vault/model-providers";
+import * as models from "../vault/models";
 import { SecretName } from "./vault-secrets";
 
 // Models a run may declare (`model` in the run spec): the run's proxy serves them to the work
-// sandbox as an OpenAI-compatible lane and calls the provider with the named secret's value. The
-// secret is named, never shown; no response here has a field that could carry its value.
+// sandbox in OpenAI's and Anthropic's formats and calls the provider, in its own format, with the
+// named secret's value. The secret is named, never shown; no response here has a field that
+// could carry its value.
 
 // Printable ASCII without spaces: the name travels in the run spec and as `model` on the wire.
-const ModelName = z
+export const ModelName = z
   .string()
   .regex(/^[\x21-\x7e]{1,128}$/, "1-128 printable ASCII characters, no spaces")
   .openapi({ example: "gpt-4o-mini" });
-const Provider = z
-  .string()
-  .regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit")
-  .openapi({ description: "A label for people (openai, openrouter, vllm, ...)", example: "openai" });
-const BaseUrl = z.string().min(1).max(2048).openapi({
+const Provider = ModelProvider.openapi({
   description:
-    "The provider's OpenAI-compatible API base: https only, no user info, query or fragment (stored canonical)",
-  example: "https://api.openai.com/v1",
+    "Who the lane calls and how: openai (Bearer key), openai-compatible (any OpenAI-format API with a Bearer key: OpenRouter, vLLM...), anthropic (Messages API, x-api-key)",
+  example: "openai",
 });
+const BaseUrl = z
+  .string()
+  .min(1)
+  .max(2048)
+  .openapi({
+    description: `The provider's API base: https only, no user info, query or fragment (stored canonical). Default for openai ${PROVIDERS.openai.defaultBaseUrl}, for anthropic ${PROVIDERS.anthropic.defaultBaseUrl}; required for openai-compatible (base_url_required)`,
+    example: "https://api.openai.com/v1",
+  });
 
 export const ModelInfo = z
   .object({
     id: z.string(),
     name: ModelName.openapi({ description: "What a run declares and its sandbox sends as `model`" }),
-    provider: z.string(),
+    provider: ModelProvider,
     base_url: z.string(),
     upstream_model: z.string().openapi({ description: "The `model` sent to the provider" }),
     secret: z.string().openapi({ description: "The secret's name; its value is never returned" }),
@@ -37,7 +44,7 @@ export const ModelInfo = z
   .strict()
   .openapi("Model");
 
-const toJson = (m: vault.ModelInfo): z.infer<typeof ModelInfo> => ({
+const toJson = (m: models.ModelInfo): z.infer<typeof ModelInfo> => ({
   id: m.id,
   name: m.name,
   provider: m.provider,
@@ -52,17 +59,20 @@ const Fields = z
   .object({
     name: ModelName,
     provider: Provider,
-    base_url: BaseUrl,
+    base_url: BaseUrl.optional(),
     upstream_model: ModelName.optional().openapi({
       description: "Default: the name",
       example: "gpt-4o-mini",
     }),
-    secret: SecretName.openapi({ description: "A vault secret's name: sent as `Authorization: Bearer`" }),
+    secret: SecretName.openapi({
+      description:
+        "A vault secret's name: sent the way the provider documents (Authorization: Bearer; x-api-key for anthropic)",
+    }),
   })
   .strict();
 
 type FieldsIn = Partial<z.infer<typeof Fields>>;
-const toInput = (b: FieldsIn): Partial<vault.ModelInput> => ({
+const toInput = (b: FieldsIn): Partial<models.ModelInput> => ({
   ...(b.name === undefined ? {} : { name: b.name }),
   ...(b.provider === undefined ? {} : { provider: b.provider }),
   ...(b.base_url === undefined ? {} : { baseUrl: b.base_url }),
@@ -82,7 +92,7 @@ export const modelsRoutes = newRouter()
       summary: "List the models runs may declare (by name)",
       responses: { 200: jsonOk(z.object({ models: z.array(ModelInfo) })), ...problems(401) },
     }),
-    async (c) => c.json({ models: (await vault.listModels(c.var.db, c.var.principal)).map(toJson) }, 200),
+    async (c) => c.json({ models: (await models.listModels(c.var.db, c.var.principal)).map(toJson) }, 200),
   )
   .openapi(
     createRoute({
@@ -96,7 +106,7 @@ export const modelsRoutes = newRouter()
     async (c) => {
       const body = c.req.valid("json");
       const made = unwrap(
-        await vault.createModel(c.var.db, c.var.principal, {
+        await models.createModel(c.var.db, c.var.principal, {
           name: body.name,
           provider: body.provider,
           baseUrl: body.base_url,
@@ -117,7 +127,7 @@ export const modelsRoutes = newRouter()
       responses: { 200: jsonOk(ModelInfo), ...problems(401, 404) },
     }),
     async (c) =>
-      c.json(toJson(unwrap(await vault.getModel(c.var.db, c.var.principal, c.req.valid("param").id))), 200),
+      c.json(toJson(unwrap(await models.getModel(c.var.db, c.var.principal, c.req.valid("param").id))), 200),
   )
   .openapi(
     createRoute({
@@ -131,7 +141,7 @@ export const modelsRoutes = newRouter()
     async (c) => {
       const { id } = c.req.valid("param");
       const model = unwrap(
-        await vault.updateModel(c.var.db, c.var.principal, id, toInput(c.req.valid("json"))),
+        await models.updateModel(c.var.db, c.var.principal, id, toInput(c.req.valid("json"))),
       );
       return c.json(toJson(model), 200);
     },
@@ -147,7 +157,7 @@ export const modelsRoutes = newRouter()
       responses: { 204: { description: "Deleted" }, ...problems(401, 404) },
     }),
     async (c) => {
-      unwrap(await vault.deleteModel(c.var.db, c.var.principal, c.req.valid("param").id));
+      unwrap(await models.deleteModel(c.var.db, c.var.principal, c.req.valid("param").id));
       return c.body(null, 204);
     },
   );

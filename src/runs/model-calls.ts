@@ -1,15 +1,16 @@
-import { and, asc, desc, eq, gt, lt, or, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gt, gte, lt, or, sql } from "drizzle-orm";
 import { z } from "zod";
 import type { Principal } from "../context";
-import { modelCallLog, runEvents, runs } from "../db/schema";
+import { auditBatches, modelCallLog, runEvents, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { badCursor, decodeCursor, encodeCursor } from "./cursor";
 import type { Page } from "./service";
-import { storedSpec } from "./spec";
+import { budgetOf, storedSpec } from "./spec";
 
 // The model lane's calls of a run, as its proxy reported them: which model and provider, status,
-// token counts and time. Never a prompt or an output (none is recorded). Scoped by the caller's
+// token counts, time and whether the lane refused the call itself (its budget spent); the totals
+// and the spend against the run's model_budget. Never a prompt or an output (none is recorded). Scoped by the caller's
 // environment: another tenant's run is 404, as no run at all.
 
 export type ModelCall = typeof modelCallLog.$inferSelect;
@@ -23,9 +24,57 @@ export interface RunModel {
   baseHost: string | null;
 }
 
+/** The run's calls over its whole life, as reported so far. */
+export interface ModelTotals {
+  /** Every call the lane recorded, refused ones included. */
+  calls: number;
+  inputTokens: number;
+  outputTokens: number;
+  /** Of inputTokens, read from the provider's prompt cache. */
+  cachedInputTokens: number;
+  /** Calls the lane answered itself (over budget...), never sent upstream. */
+  refused: number;
+  /** Calls sent upstream that came back with a 4xx or 5xx. */
+  errors: number;
+  /** Of the calls sent upstream (a refusal takes no time worth counting); null before any. */
+  latencyMs: { p50: number | null; p95: number | null };
+}
+
+/** One limit of the run's budget: what was spent against it (limit null: none set). */
+export interface BudgetLine {
+  used: number;
+  limit: number | null;
+}
+
+/** Spend against the run's model_budget: calls sent upstream, and tokens. */
+export interface ModelSpend {
+  calls: BudgetLine;
+  inputTokens: BudgetLine;
+  outputTokens: BudgetLine;
+}
+
+/** Tokens of the calls made in one minute (UTC). */
+export interface MinuteTokens {
+  minute: Date;
+  inputTokens: number;
+  outputTokens: number;
+}
+
+/** The most recent minutes the per-minute series covers (the chart's width). */
+export const MINUTES_SHOWN = 60;
+
 export interface ModelUse {
   model: RunModel | null;
-  totals: { calls: number; inputTokens: number; outputTokens: number };
+  totals: ModelTotals;
+  /** Null: the run set no model_budget. */
+  budget: ModelSpend | null;
+  /**
+   * Tokens per minute over the last MINUTES_SHOWN minutes up to the newest call (fewer when the
+   * calls span fewer), oldest first, a row for every minute (zeros included).
+   */
+  perMinute: MinuteTokens[];
+  /** When the run's proxy last delivered an audit batch (they are flushed every second or so). */
+  lastReportedAt: Date | null;
 }
 
 // What createRun writes into the launch row of the trace (src/runs/service.ts).
@@ -33,7 +82,11 @@ const Launched = z.object({
   model: z.object({ name: z.string(), provider: z.string(), baseHost: z.string() }),
 });
 
-/** The run's model (as declared and launched, and as reached) and the totals of its calls. */
+const num = (v: string | number | null | undefined): number => Number(v ?? 0);
+const numOrNull = (v: string | number | null | undefined): number | null =>
+  v === null || v === undefined ? null : Number(v);
+
+/** The run's model (as declared and launched, and as reached), the totals of its calls, spend. */
 export async function runModelUse(db: Db, p: Principal, runId: string): Promise<Result<ModelUse>> {
   const [run] = await db
     .select({ id: runs.id, spec: runs.spec })
@@ -50,17 +103,37 @@ export async function runModelUse(db: Db, p: Principal, runId: string): Promise<
     .where(eq(modelCallLog.runId, run.id))
     .orderBy(desc(modelCallLog.at), asc(modelCallLog.callId))
     .limit(1);
+  const sent = sql`${modelCallLog.refused} is null`;
+  // Aggregates come back as strings (bigint) or null; times as epoch seconds, so no timestamp
+  // text is parsed here.
   const [sums] = await db
     .select({
       calls: sql<string>`count(*)`,
       inputTokens: sql<string>`coalesce(sum(${modelCallLog.inputTokens}), 0)`,
       outputTokens: sql<string>`coalesce(sum(${modelCallLog.outputTokens}), 0)`,
+      cachedInputTokens: sql<string>`coalesce(sum(${modelCallLog.cachedInputTokens}), 0)`,
+      refused: sql<string>`count(*) filter (where ${modelCallLog.refused} is not null)`,
+      errors: sql<string>`count(*) filter (where ${sent} and ${modelCallLog.status} >= 400)`,
+      p50: sql<
+        string | null
+      >`percentile_disc(0.5) within group (order by ${modelCallLog.ms}) filter (where ${sent})`,
+      p95: sql<
+        string | null
+      >`percentile_disc(0.95) within group (order by ${modelCallLog.ms}) filter (where ${sent})`,
+      lastMinute: sql<
+        string | null
+      >`extract(epoch from date_trunc('minute', max(${modelCallLog.at})))::bigint`,
     })
     .from(modelCallLog)
     .where(eq(modelCallLog.runId, run.id));
+  const [reported] = await db
+    .select({ at: sql<string | null>`(extract(epoch from max(${auditBatches.receivedAt})) * 1000)::bigint` })
+    .from(auditBatches)
+    .where(eq(auditBatches.runId, run.id));
 
   const launched = Launched.safeParse(launch?.detail);
-  const declared = storedSpec(run.spec).model;
+  const spec = storedSpec(run.spec);
+  const declared = spec.model;
   const name = launched.success
     ? launched.data.model.name
     : typeof declared === "string"
@@ -74,14 +147,56 @@ export async function runModelUse(db: Db, p: Principal, runId: string): Promise<
           provider: newest?.provider ?? (launched.success ? launched.data.model.provider : null),
           baseHost: launched.success ? launched.data.model.baseHost : null,
         };
+  const totals: ModelTotals = {
+    calls: num(sums?.calls),
+    inputTokens: num(sums?.inputTokens),
+    outputTokens: num(sums?.outputTokens),
+    cachedInputTokens: num(sums?.cachedInputTokens),
+    refused: num(sums?.refused),
+    errors: num(sums?.errors),
+    latencyMs: { p50: numOrNull(sums?.p50), p95: numOrNull(sums?.p95) },
+  };
+  const limits = budgetOf(spec);
+  const lastMinute = numOrNull(sums?.lastMinute);
+  const reportedAt = numOrNull(reported?.at);
   return ok({
     model,
-    totals: {
-      calls: Number(sums?.calls ?? 0),
-      inputTokens: Number(sums?.inputTokens ?? 0),
-      outputTokens: Number(sums?.outputTokens ?? 0),
+    totals,
+    budget: limits && {
+      calls: { used: totals.calls - totals.refused, limit: limits.calls },
+      inputTokens: { used: totals.inputTokens, limit: limits.inputTokens },
+      outputTokens: { used: totals.outputTokens, limit: limits.outputTokens },
     },
+    perMinute: lastMinute === null ? [] : await tokensPerMinute(db, run.id, lastMinute),
+    lastReportedAt: reportedAt === null ? null : new Date(reportedAt),
   });
+}
+
+/** The per-minute series up to the minute of the newest call (epoch seconds), zeros filled in. */
+async function tokensPerMinute(db: Db, runId: string, lastMinute: number): Promise<MinuteTokens[]> {
+  const from = lastMinute - (MINUTES_SHOWN - 1) * 60;
+  const rows = await db
+    .select({
+      minute: sql<string>`extract(epoch from date_trunc('minute', ${modelCallLog.at}))::bigint`,
+      inputTokens: sql<string>`sum(${modelCallLog.inputTokens})`,
+      outputTokens: sql<string>`sum(${modelCallLog.outputTokens})`,
+    })
+    .from(modelCallLog)
+    .where(and(eq(modelCallLog.runId, runId), gte(modelCallLog.at, new Date(from * 1000))))
+    .groupBy(sql`1`)
+    .orderBy(sql`1`);
+  const byMinute = new Map(rows.map((r) => [num(r.minute), r]));
+  const first = Math.min(...byMinute.keys(), lastMinute);
+  const series: MinuteTokens[] = [];
+  for (let m = first; m <= lastMinute; m += 60) {
+    const row = byMinute.get(m);
+    series.push({
+      minute: new Date(m * 1000),
+      inputTokens: num(row?.inputTokens),
+      outputTokens: num(row?.outputTokens),
+    });
+  }
+  return series;
 }
 
 // Keyset position: the last call's (at, callId); newest first, then by id. `at` is stored from a

@@ -122,6 +122,8 @@ export async function storeAuditBatch(db: Db, run: RunOwner, batch: AuditBatch):
             status: r.status,
             inputTokens: r.inputTokens,
             outputTokens: r.outputTokens,
+            cachedInputTokens: r.cachedInputTokens,
+            refused: r.refused,
             ms: r.ms,
           })),
         )

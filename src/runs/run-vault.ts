@@ -6,12 +6,12 @@ import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { readPolicy } from "../vault/service";
 import type { RunOwner } from "./proxy-credentials";
-import { storedSpec } from "./spec";
+import { budgetOf, storedSpec } from "./spec";
 
 // A run's view of its vault: the policy compiled now (with the run's egress option and declared
-// model) and the values of exactly the secrets its rules and its model lane name. Read by the coordinator at run start (a failure
-// stops the run before any benchmark code, E1) and served to the run's proxy over the internal
-// API, and only there.
+// model and its budget) and the values of exactly the secrets its rules and its model lane name.
+// Read by the coordinator at run start (a failure stops the run before any benchmark code, E1)
+// and served to the run's proxy over the internal API, and only there.
 
 /** A vault change between the reads of one compile makes it read again, this many times at most. */
 const COMPILE_ATTEMPTS = 3;
@@ -41,9 +41,10 @@ export async function runPolicyEnvelope(
   const spec = storedSpec(row.spec);
   const egress = spec.egress;
   const model = spec.model ?? null;
+  const budget = budgetOf(spec);
   const owner = { userId: run.userId, environmentId: run.environmentId, keyId: `proxy:${run.id}` };
   for (let attempt = 0; attempt < COMPILE_ATTEMPTS; attempt++) {
-    const read = await readPolicy(db, owner, { egress, model });
+    const read = await readPolicy(db, owner, { egress, model, budget });
     if (!read.ok && read.error.code !== "unknown_model") return read;
     if (!read.ok) {
       // Checked at launch, so deleted or renamed since.

@@ -5,7 +5,7 @@ import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
-import { modelLane } from "../vault/service";
+import { modelLane } from "../vault/models";
 import { type RunSpec, storedSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
 
@@ -66,7 +66,7 @@ export async function createRun(
       ...(model
         ? {
             detail: {
-              text: `Declares the model ${model.name} (${model.provider}, ${model.baseHost}).`,
+              text: `Declares the model ${model.name} (${model.provider}, ${model.baseHost})${budgetText(spec)}.`,
               model,
             },
           }
@@ -76,6 +76,23 @@ export async function createRun(
   });
   if (!row) throw new Error("insert returned no run");
   return row;
+}
+
+/** The run's model_budget for its launch row: ", with a budget of at most 1,000 calls...". */
+function budgetText(spec: RunSpec): string {
+  const b = spec.model_budget;
+  if (!b) return "";
+  const limits = [
+    [b.calls, "calls"],
+    [b.input_tokens, "input tokens"],
+    [b.output_tokens, "output tokens"],
+  ] as const;
+  const named = limits.flatMap(([n, what]) =>
+    n === undefined ? [] : [`${n.toLocaleString("en-US")} ${what}`],
+  );
+  return named.length === 0
+    ? ", with a budget that sets no limit"
+    : `, with a budget of at most ${named.join(", ")}`;
 }
 
 export async function getRun(db: Db, p: Principal, id: string): Promise<Result<RunRow>> {

@@ -2,6 +2,7 @@ import { z } from "@hono/zod-openapi";
 import { findBundle } from "../bundles/rows";
 import { BundleHash } from "../contract/bundle";
 import { DEFAULT_RESOURCES, Resources, type SandboxKind } from "../contract/local-agent";
+import type { ModelBudget } from "../contract/policy";
 import type { Q } from "../db/types";
 import { ApiError } from "../errors";
 
@@ -77,6 +78,34 @@ export const RunResources = z
   .openapi("RunResources");
 export type RunResources = z.infer<typeof RunResources>;
 
+// The contract's bound (ModelBudget): 2^40 tokens is far past any run's spend.
+const BudgetLimit = z
+  .number()
+  .int()
+  .positive()
+  .max(2 ** 40);
+
+/**
+ * What the run may spend through its model lane (each field optional: no limit). Past a limit the
+ * lane refuses the call (429, in the caller's format). Only with `model`, else
+ * model_budget_without_model.
+ */
+export const ModelBudgetSpec = z
+  .object({
+    calls: BudgetLimit.optional().openapi({ description: "Calls the lane makes upstream", example: 1000 }),
+    input_tokens: BudgetLimit.optional().openapi({
+      description: "Input tokens, as the provider counts them (cached ones included)",
+      example: 2_000_000,
+    }),
+    output_tokens: BudgetLimit.optional().openapi({
+      description: "Output tokens, as the provider counts them; max tokens is clamped to what is left",
+      example: 200_000,
+    }),
+  })
+  .strict()
+  .openapi("ModelBudget");
+export type ModelBudgetSpec = z.infer<typeof ModelBudgetSpec>;
+
 export const RunSpec = z
   .object({
     /** A built-in benchmark (see BENCHMARKS); exclusive with commands. */
@@ -98,10 +127,11 @@ export const RunSpec = z
     }),
     /**
      * The model the benchmark evaluates: a vault model's name (GET /v1/vault/models), else the
-     * launch is refused (unknown_model). The run's proxy serves it to the commands as an
-     * OpenAI-compatible lane; the provider's key stays in the proxy.
+     * launch is refused (unknown_model). The run's proxy serves it to the commands in OpenAI's
+     * and Anthropic's formats; the provider's key stays in the proxy.
      */
     model: z.string().min(1).max(128).optional(),
+    model_budget: ModelBudgetSpec.optional(),
     egress: z.enum(["direct", "local"]).default("direct"),
     /**
      * A run that egresses through the user's machine starts its commands once the egress agent
@@ -201,6 +231,27 @@ export function commandsOf(spec: RunSpec): readonly string[] {
   return BENCHMARKS[spec.benchmark ?? ""] ?? [];
 }
 
+/** The run's model budget as the lane's contract has it (ModelBudget); null when it set none. */
+export function budgetOf(spec: RunSpec): ModelBudget | null {
+  const b = spec.model_budget;
+  if (!b) return null;
+  return {
+    calls: b.calls ?? null,
+    inputTokens: b.input_tokens ?? null,
+    outputTokens: b.output_tokens ?? null,
+  };
+}
+
+/** A budget limits the declared model's lane: without a model there is nothing it could limit. */
+export function checkModelBudget(spec: RunSpec): void {
+  if (spec.model_budget !== undefined && spec.model === undefined) {
+    throw new ApiError(
+      "model_budget_without_model",
+      "model_budget limits the run's declared model: give model too, or launch without model_budget.",
+    );
+  }
+}
+
 /** The 24 h cap has its own code, so a client can tell it from any other invalid field. */
 export function checkLinger(seconds: number | undefined): void {
   if (seconds !== undefined && seconds > MAX_LINGER_SECONDS) {
@@ -247,7 +298,8 @@ export function checkResources(resources: RunResources | undefined, bounds: Reso
 /**
  * What the schema cannot say about a launch (the API's, a webhook template's and its deliveries',
  * the runs page's): the benchmark must exist, a linger stay within 24 h, the resources within
- * the deployment's bounds, and a named bundle be one of the caller's environment (case H3).
+ * the deployment's bounds, a model budget come with a model, and a named bundle be one of the
+ * caller's environment (case H3).
  * Throws the ApiError to answer with.
  */
 export async function checkLaunchable(
@@ -263,6 +315,7 @@ export async function checkLaunchable(
     );
   }
   checkLinger(spec.linger_seconds);
+  checkModelBudget(spec);
   checkResources(spec.resources, bounds);
   if (spec.bundle !== undefined && !(await findBundle(db, environmentId, spec.bundle))) {
     throw new ApiError(

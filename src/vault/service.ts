@@ -1,11 +1,11 @@
-import { and, asc, eq, inArray, type SQL, sql } from "drizzle-orm";
+import { and, asc, eq, inArray } from "drizzle-orm";
 import type { Principal } from "../context";
 import {
   type EgressVia,
   type HostAction,
   type InjectScheme,
   InjectSpec,
-  type ModelLaneSpec,
+  type ModelBudget,
   type PolicyDocument,
   type RunEgress,
 } from "../contract/policy";
@@ -14,10 +14,12 @@ import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
 import { vaultHosts, vaultModels, vaultRules, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";
-import { type Failure, fail, ok, type Result, unwrap } from "../errors";
+import { fail, ok, type Result, unwrap } from "../errors";
 import { compilePolicy, type RunOptions, refusedRule, type VaultSnapshot } from "../policy/compile";
-import { parseHostPattern, patternCovers, splitHostPort } from "../policy/host";
+import { parseHostPattern, patternCovers } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
+import { change, notFound } from "./change";
+import { modelLane } from "./models";
 
 // The vault's domain logic over Postgres. Every query is scoped by the principal's environment,
 // so another tenant's ids simply do not exist here (404, never 403). Every change runs in one
@@ -49,17 +51,6 @@ export interface HostEntry {
   createdAt: Date;
   updatedAt: Date;
 }
-export interface ModelInfo {
-  id: string;
-  name: string;
-  provider: string;
-  baseUrl: string;
-  upstreamModel: string;
-  /** The secret's name; its value is never part of a model. */
-  secret: string;
-  createdAt: Date;
-  updatedAt: Date;
-}
 export interface VaultSettingsInfo {
   default: HostAction;
   version: number;
@@ -81,42 +72,6 @@ const hostColumns = {
   createdAt: vaultHosts.createdAt,
   updatedAt: vaultHosts.updatedAt,
 };
-
-class Abort extends Error {
-  constructor(readonly failure: Failure) {
-    super(failure.code);
-  }
-}
-
-/** Runs one vault change: bump the version (locking the vault), apply, commit or roll back. */
-async function change<T>(
-  db: Db,
-  environmentId: string,
-  fn: (tx: Tx) => Promise<Result<T>>,
-): Promise<Result<T>> {
-  try {
-    return await db.transaction(async (tx) => {
-      await bumpVersion(tx, environmentId);
-      const result = await fn(tx);
-      if (!result.ok) throw new Abort(result.error);
-      return result;
-    });
-  } catch (e) {
-    if (e instanceof Abort) return { ok: false, error: e.failure };
-    throw e;
-  }
-}
-
-async function bumpVersion(tx: Tx, environmentId: string): Promise<void> {
-  // Environments made before settings existed get their row on first write.
-  await tx.insert(vaultSettings).values({ environmentId }).onConflictDoNothing();
-  await tx
-    .update(vaultSettings)
-    .set({ version: sql`${vaultSettings.version} + 1`, updatedAt: new Date() })
-    .where(eq(vaultSettings.environmentId, environmentId));
-}
-
-const notFound = (what: string, id: string) => fail("not_found", `No ${what} ${id} in this vault.`);
 
 function checkPattern(input: string, use: "host-entry" | "rule"): Result<string> {
   const parsed = parseHostPattern(input, use);
@@ -654,180 +609,6 @@ export async function setDefault(
   return done.ok ? ok(await getSettings(db, p)) : done;
 }
 
-// ---- models a run may declare (the model lane) ----
-
-export interface ModelInput {
-  name: string;
-  provider: string;
-  baseUrl: string;
-  /** Default: the name. */
-  upstreamModel?: string | undefined;
-  /** A secret's name in this vault. */
-  secret: string;
-}
-
-const MAX_BASE_URL_LENGTH = 2048;
-
-/**
- * A model's base URL, canonical: https, a canonical host (and a port other than 443), the path
- * without a trailing slash; no user info, query or fragment. The input is never quoted back: a
- * URL with user info may carry a credential.
- */
-export function canonicalBaseUrl(input: string): Result<string> {
-  const bad = (why: string) => fail("invalid_base_url", `base_url: ${why}.`);
-  if (input.length === 0 || input.length > MAX_BASE_URL_LENGTH) {
-    return bad(`1 to ${MAX_BASE_URL_LENGTH} characters`);
-  }
-  // The URL parser would silently drop tabs, newlines and edge spaces: refuse them instead.
-  if (!/^[\x21-\x7e]+$/.test(input)) return bad("printable ASCII without spaces");
-  if (!/^https:\/\//i.test(input)) return bad("must be an https:// URL");
-  const authority = input.slice("https://".length).split("/")[0] ?? "";
-  if (authority.includes("@")) {
-    return bad("no user name or password in the URL; keep the key in a vault secret and name it");
-  }
-  if (input.includes("?") || input.includes("#")) return bad("no query string or fragment");
-  let url: URL;
-  try {
-    url = new URL(input);
-  } catch {
-    return bad("not a URL");
-  }
-  if (url.protocol !== "https:" || url.username !== "" || url.password !== "") {
-    return bad("must be an https:// URL without user info");
-  }
-  const host = splitHostPort(url.host);
-  if (!host) return bad("not a valid host");
-  const port = host.port === null || host.port === 443 ? "" : `:${host.port}`;
-  const path = url.pathname.replace(/\/+$/, "");
-  return ok(`https://${host.host}${port}${path}`);
-}
-
-function modelSelect(q: Q, environmentId: string, also?: SQL) {
-  return q
-    .select({
-      id: vaultModels.id,
-      name: vaultModels.name,
-      provider: vaultModels.provider,
-      baseUrl: vaultModels.baseUrl,
-      upstreamModel: vaultModels.upstreamModel,
-      secret: vaultSecrets.name,
-      createdAt: vaultModels.createdAt,
-      updatedAt: vaultModels.updatedAt,
-    })
-    .from(vaultModels)
-    .innerJoin(vaultSecrets, eq(vaultSecrets.id, vaultModels.secretId))
-    .where(and(eq(vaultModels.environmentId, environmentId), also))
-    .orderBy(asc(vaultModels.name));
-}
-
-export async function listModels(db: Db, p: Principal): Promise<ModelInfo[]> {
-  return modelSelect(db, p.environmentId);
-}
-
-export async function getModel(db: Db, p: Principal, id: string): Promise<Result<ModelInfo>> {
-  const [row] = await modelSelect(db, p.environmentId, eq(vaultModels.id, id));
-  return row ? ok(row) : notFound("model", id);
-}
-
-/** The model a run declares, by name, as the proxy's model lane is given it; null if none. */
-export async function modelLane(q: Q, environmentId: string, name: string): Promise<ModelLaneSpec | null> {
-  const [row] = await modelSelect(q, environmentId, eq(vaultModels.name, name));
-  return row
-    ? {
-        name: row.name,
-        provider: row.provider,
-        baseUrl: row.baseUrl,
-        upstreamModel: row.upstreamModel,
-        secret: row.secret,
-      }
-    : null;
-}
-
-/** Whether the vault has a model of this name (a run may declare it). */
-export async function hasModel(q: Q, environmentId: string, name: string): Promise<boolean> {
-  const [row] = await q
-    .select({ id: vaultModels.id })
-    .from(vaultModels)
-    .where(and(eq(vaultModels.environmentId, environmentId), eq(vaultModels.name, name)));
-  return row !== undefined;
-}
-
-async function resolveModelInput(tx: Tx, p: Principal, input: ModelInput) {
-  const baseUrl = canonicalBaseUrl(input.baseUrl);
-  if (!baseUrl.ok) return baseUrl;
-  const [secret] = await tx
-    .select({ id: vaultSecrets.id })
-    .from(vaultSecrets)
-    .where(and(eq(vaultSecrets.environmentId, p.environmentId), eq(vaultSecrets.name, input.secret)));
-  if (!secret) return fail("unknown_secret", `No secret named ${input.secret}; create it first.`);
-  return ok({
-    name: input.name,
-    provider: input.provider,
-    baseUrl: baseUrl.value,
-    upstreamModel: input.upstreamModel ?? input.name,
-    secretId: secret.id,
-  });
-}
-
-const modelExists = (name: string) =>
-  fail("model_exists", `A model named ${name} exists in this vault; change it with PATCH.`);
-
-export async function createModel(db: Db, p: Principal, input: ModelInput): Promise<Result<ModelInfo>> {
-  const id = randomId("mdl_");
-  const created = await change(db, p.environmentId, async (tx) => {
-    const resolved = await resolveModelInput(tx, p, input);
-    if (!resolved.ok) return resolved;
-    const rows = await tx
-      .insert(vaultModels)
-      .values({ id, environmentId: p.environmentId, ...resolved.value })
-      .onConflictDoNothing()
-      .returning({ id: vaultModels.id });
-    return rows.length > 0 ? ok(null) : modelExists(input.name);
-  });
-  return created.ok ? getModel(db, p, id) : created;
-}
-
-export async function updateModel(
-  db: Db,
-  p: Principal,
-  id: string,
-  patch: Partial<ModelInput>,
-): Promise<Result<ModelInfo>> {
-  const updated = await change(db, p.environmentId, async (tx) => {
-    const [current] = await modelSelect(tx, p.environmentId, eq(vaultModels.id, id));
-    if (!current) return notFound("model", id);
-    const resolved = await resolveModelInput(tx, p, {
-      name: patch.name ?? current.name,
-      provider: patch.provider ?? current.provider,
-      baseUrl: patch.baseUrl ?? current.baseUrl,
-      upstreamModel: patch.upstreamModel ?? current.upstreamModel,
-      secret: patch.secret ?? current.secret,
-    });
-    if (!resolved.ok) return resolved;
-    // Writers of one vault are serialised by the version bump, so this check cannot race.
-    if (resolved.value.name !== current.name && (await hasModel(tx, p.environmentId, resolved.value.name))) {
-      return modelExists(resolved.value.name);
-    }
-    await tx
-      .update(vaultModels)
-      .set({ ...resolved.value, updatedAt: new Date() })
-      .where(and(eq(vaultModels.environmentId, p.environmentId), eq(vaultModels.id, id)));
-    return ok(null);
-  });
-  return updated.ok ? getModel(db, p, id) : updated;
-}
-
-/** Runs that declare it and have not read their vault yet stop before any code (model missing). */
-export async function deleteModel(db: Db, p: Principal, id: string): Promise<Result<null>> {
-  return change(db, p.environmentId, async (tx) => {
-    const deleted = await tx
-      .delete(vaultModels)
-      .where(and(eq(vaultModels.environmentId, p.environmentId), eq(vaultModels.id, id)))
-      .returning({ id: vaultModels.id });
-    return deleted.length > 0 ? ok(null) : notFound("model", id);
-  });
-}
-
 // ---- the compiled view ----
 
 export interface PolicyOptions {
@@ -835,6 +616,8 @@ export interface PolicyOptions {
   egress: RunEgress;
   /** The name of the model the run declares (a vault model), or none. */
   model?: string | null | undefined;
+  /** The run's model budget, given to the lane with the model (none: no limit). */
+  budget?: ModelBudget | null | undefined;
 }
 
 /**
@@ -853,7 +636,7 @@ export async function readPolicy(db: Q, p: Principal, run: PolicyOptions): Promi
       .where(eq(vaultHosts.environmentId, p.environmentId))
       .orderBy(asc(vaultHosts.pattern));
     const rules = (await ruleSelect(tx, p.environmentId)).map(toRule);
-    const model = run.model ? await modelLane(tx, p.environmentId, run.model) : null;
+    const model = run.model ? await modelLane(tx, p.environmentId, run.model, run.budget ?? null) : null;
     if (run.model && !model) {
       return fail(
         "unknown_model",

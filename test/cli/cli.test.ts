@@ -178,6 +178,62 @@ describe("runs", () => {
     expect(blocked.stdout).toContain("no hosts were refused");
   });
 
+  it("launches with --model and --budget (the spec's model_budget); logs model-calls shows the spend", async () => {
+    const user = await loggedIn();
+    const { home } = user;
+    expect((await cli(["vault", "secrets", "set", "MODEL_KEY"], { home, input: `${canary()}\n` })).code).toBe(
+      0,
+    );
+    // No CLI command adds a model: the API itself, as a user's script would.
+    const made = await fetch(`${apiUrl()}/v1/vault/models`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${user.key}`, "content-type": "application/json" },
+      body: JSON.stringify({ name: "eval-model", provider: "anthropic", secret: "MODEL_KEY" }),
+    });
+    expect(made.status, await made.text()).toBe(201);
+    const launched = await cli(
+      [
+        "runs",
+        "launch",
+        "--json",
+        "--model",
+        "eval-model",
+        "--budget",
+        "calls=1000,input=2m,output=200k",
+        "--",
+        "true",
+      ],
+      { home },
+    );
+    expect(launched.code, launched.stderr).toBe(0);
+    const run = JSON.parse(launched.stdout);
+    await cli(["runs", "cancel", run.id], { home });
+    const shown = JSON.parse((await cli(["runs", "show", run.id, "--json"], { home })).stdout);
+    expect(shown.spec.model_budget).toEqual({ calls: 1000, input_tokens: 2_000_000, output_tokens: 200_000 });
+    const calls = await cli(["logs", "model-calls", run.id], { home });
+    expect(calls.code, calls.stderr).toBe(0);
+    expect(calls.stdout).toContain("model eval-model (anthropic, api.anthropic.com)");
+    expect(calls.stdout).toContain(
+      "budget: 0 / 1000 calls, 0 / 2000000 input tokens, 0 / 200000 output tokens",
+    );
+
+    // A malformed --budget is the CLI's own refusal (exit 2, nothing sent); a budget without a
+    // model is the API's (exit 1, its code).
+    const bad = await cli(
+      ["runs", "launch", "--model", "eval-model", "--budget", "calls=many", "--", "true"],
+      {
+        home,
+      },
+    );
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain("--budget takes calls=N,input=N,output=N");
+    const alone = await cli(["runs", "launch", "--budget", "calls=5", "--", "true"], { home });
+    expect(alone.code).toBe(1);
+    expect(alone.stderr).toContain("model_budget_without_model");
+    const runs = JSON.parse((await api(user.key, "/v1/runs")).text).runs;
+    expect(runs).toHaveLength(1);
+  });
+
   it("refuses a benchmark the API does not know (exit 1, unknown_benchmark)", async () => {
     const user = await loggedIn();
     const res = await cli(["runs", "launch", "--benchmark", "no-such-benchmark"], { home: user.home });

@@ -284,7 +284,7 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
     );
     const model = await api.call("POST", "/v1/vault/models", {
       name: "eval-model",
-      provider: "demo",
+      provider: "openai-compatible",
       base_url: "https://api.demo.test/v1",
       secret: "MODEL_KEY",
       upstream_model: "demo-1",
@@ -343,14 +343,23 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
       "the model calls' audit rows",
       async () => {
         const res = await api.call("GET", `/v1/runs/${run.id}/model-calls`);
-        return res.json?.calls?.length === 3 && res.json;
+        // Three calls sent upstream, and the one the lane refused (another model's name).
+        return res.json?.calls?.length === 4 && res.json;
       },
       30_000,
     );
-    expect(recorded.totals).toEqual({ calls: 3, inputTokens: 12 + 12 + 9, outputTokens: 5 + 5 + 4 });
+    expect(recorded.totals).toMatchObject({
+      calls: 4,
+      inputTokens: 12 + 12 + 9,
+      outputTokens: 5 + 5 + 4,
+      refused: 1,
+    });
+    const sent = recorded.calls.filter((c: { refused: string | null }) => c.refused === null);
+    expect(sent).toHaveLength(3);
     expect(
-      recorded.calls.every(
-        (c: { provider: string; model: string }) => c.provider === "demo" && c.model === "eval-model",
+      sent.every(
+        (c: { provider: string; model: string }) =>
+          c.provider === "openai-compatible" && c.model === "eval-model",
       ),
     ).toBe(true);
     expect(JSON.stringify(recorded)).not.toContain("prompt-marker-7f3a");

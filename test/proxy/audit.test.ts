@@ -383,6 +383,8 @@ describe("AuditReporter", () => {
       status: 200,
       inputTokens: 12,
       outputTokens: 5,
+      cachedInputTokens: 0,
+      refused: null,
       ms: 40,
     });
     // More than one batch may carry: the per-array bound splits them.

@@ -3,7 +3,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createAddressPolicy } from "../../proxy-image/src/address";
-import { modelLane } from "../../proxy-image/src/model-lane";
+import { modelLane } from "../../proxy-image/src/model/lane";
 import { needlesFor } from "../../proxy-image/src/redact";
 import { createUpstream } from "../../proxy-image/src/upstream";
 import type { ModelLaneSpec } from "../../src/contract/policy";
@@ -41,10 +41,11 @@ const BODY = `${Object.entries(FORMS)
   .join("")}|end`;
 const SPEC: ModelLaneSpec = {
   name: "bench-model",
-  provider: "fakeai",
+  provider: "openai",
   baseUrl: "https://api.model.test/v1",
   upstreamModel: "fake-model",
   secret: "MODEL_KEY",
+  budget: null,
 };
 
 /** Writes `text` one byte per chunk, each on its own turn of the event loop. */
@@ -73,6 +74,7 @@ let upstream: Upstream;
 let proxy: RunningProxy;
 let laneUpstream: ReturnType<typeof createUpstream>;
 let front: Server;
+let anthropicFront: Server;
 
 beforeAll(async () => {
   ca = await createTestCa();
@@ -95,18 +97,26 @@ beforeAll(async () => {
   const lane = modelLane({ upstream: laneUpstream, log: () => {} });
   front = createServer((req, res) => void lane(req, res, req.url ?? "/", { spec: SPEC, secret: CANARY }));
   await new Promise<void>((resolve) => front.listen(0, "127.0.0.1", resolve));
+  // The same for a provider the key goes to as x-api-key (Anthropic's Messages, passed through).
+  const anthropic = { spec: { ...SPEC, provider: "anthropic" as const }, secret: CANARY };
+  anthropicFront = createServer((req, res) => void lane(req, res, req.url ?? "/", anthropic));
+  await new Promise<void>((resolve) => anthropicFront.listen(0, "127.0.0.1", resolve));
 });
 
 afterAll(async () => {
-  front.closeAllConnections();
-  await new Promise((resolve) => front.close(resolve));
+  for (const server of [front, anthropicFront]) {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  }
   await laneUpstream.closeAll();
   await proxy.close();
   await upstream.close();
 });
 
-async function viaModelLane(stream: boolean) {
-  const res = await fetch(`http://127.0.0.1:${(front.address() as AddressInfo).port}/v1/chat/completions`, {
+async function viaModelLane(stream: boolean, format: "openai" | "anthropic" = "openai") {
+  const server = format === "openai" ? front : anthropicFront;
+  const path = format === "openai" ? "/v1/chat/completions" : "/v1/messages";
+  const res = await fetch(`http://127.0.0.1:${(server.address() as AddressInfo).port}${path}`, {
     method: "POST",
     headers: { "content-type": "application/json", authorization: "Bearer placeholder" },
     body: JSON.stringify({ model: "bench-model", messages: [], ...(stream ? { stream: true } : {}) }),
@@ -148,5 +158,18 @@ describe("case I9: every form of the credential is masked, on both paths", () =>
     expect(streamed.status).toBe(200);
     expectMasked(`${streamed.headers}\n${streamed.body}`, "model lane stream");
     expect(streamed.body).toBe(`data: ${main.body}\n\n`);
+  });
+
+  it("case I9: the model lane masks them for a provider sent the key as x-api-key too", async () => {
+    for (const stream of [false, true]) {
+      const res = await viaModelLane(stream, "anthropic");
+      expect(res.status).toBe(200);
+      expectMasked(`${res.headers}\n${res.body}`, `anthropic lane, stream ${stream}`);
+    }
+    const sent = upstream.seen.filter((s) => s.url === "/v1/messages");
+    expect(sent.map((s) => [s.headers["x-api-key"] === CANARY, s.headers.authorization])).toEqual([
+      [true, undefined],
+      [true, undefined],
+    ]);
   });
 });

@@ -22,8 +22,14 @@ import {
 } from "../../proxy-image/src/proxy";
 import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/upstream";
 import type { TestCa } from "../../scripts/lib/test-ca";
+import type { ModelLaneSpec } from "../../src/contract/policy";
 import type { ModelCallRow } from "../../src/contract/proxy-wire";
-import { buildPolicyIndex, compilePolicy, type VaultSnapshot } from "../../src/policy/compile";
+import {
+  buildPolicyIndex,
+  compilePolicy,
+  type RunOptions,
+  type VaultSnapshot,
+} from "../../src/policy/compile";
 
 export { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
 
@@ -164,20 +170,16 @@ export function auditRecorder(): AuditRecorder {
   return rec;
 }
 
-export function staticPolicy(vault: VaultSnapshot, secrets: Record<string, string>) {
-  let state: PolicyState = {
-    kind: "ready",
-    policy: compilePolicy(vault),
-    secrets,
-    index: buildPolicyIndex(compilePolicy(vault)),
-  };
+export function staticPolicy(vault: VaultSnapshot, secrets: Record<string, string>, run?: RunOptions) {
+  const first = compilePolicy(vault, run);
+  let state: PolicyState = { kind: "ready", policy: first, secrets, index: buildPolicyIndex(first) };
   return {
     current: () => state,
     set(next: PolicyState) {
       state = next;
     },
-    setVault(v: VaultSnapshot, s: Record<string, string>) {
-      const policy = compilePolicy(v);
+    setVault(v: VaultSnapshot, s: Record<string, string>, r?: RunOptions) {
+      const policy = compilePolicy(v, r ?? run);
       state = { kind: "ready", policy, secrets: s, index: buildPolicyIndex(policy) };
     },
   };
@@ -240,6 +242,9 @@ export async function startProxy(options: {
    */
   dialPorts?: Record<number, number>;
   computeLane?: ProxyOptions["computeLane"];
+  /** The run's declared model (in the policy document) and the lane that serves it. */
+  model?: ModelLaneSpec;
+  modelLane?: ProxyOptions["modelLane"];
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -256,7 +261,11 @@ export async function startProxy(options: {
       w.resolve(r);
     }
   };
-  const policy = staticPolicy(options.vault, options.secrets ?? {});
+  const policy = staticPolicy(
+    options.vault,
+    options.secrets ?? {},
+    options.model ? { egress: "direct", model: options.model } : undefined,
+  );
   const routes = new Map(
     Object.entries(options.routes ?? {}).map(([h, u]) => [h, { address: u.address, port: u.port }] as const),
   );
@@ -308,6 +317,7 @@ export async function startProxy(options: {
     ...(options.originalDst ? { originalDst: options.originalDst } : {}),
     ...(options.splice === false ? { splice: false } : {}),
     ...(options.computeLane ? { computeLane: options.computeLane } : {}),
+    ...(options.modelLane ? { modelLane: options.modelLane } : {}),
   });
   const listen = (srv: NetServer) =>
     new Promise<number>((resolve) =>

@@ -4,27 +4,22 @@ import type { AddressInfo } from "node:net";
 import { Readable } from "node:stream";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createAddressPolicy } from "../../proxy-image/src/address";
-import {
-  type ModelLane,
-  type ModelLaneOutcome,
-  modelLane,
-  SseFilter,
-} from "../../proxy-image/src/model-lane";
+import { type ModelLane, type ModelLaneOutcome, modelLane } from "../../proxy-image/src/model/lane";
+import { SseFilter } from "../../proxy-image/src/model/sse-relay";
 import { createUpstream } from "../../proxy-image/src/upstream";
 import { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
 import type { ModelLaneSpec } from "../../src/contract/policy";
 import { MODEL_LANE_PLACEHOLDER_KEY, ModelCallRow } from "../../src/contract/proxy-wire";
 import {
-  FAKE_DELTAS,
-  FAKE_USAGE,
-  type FakeModelServer,
-  type FakeModelServerOptions,
-  startFakeModelServer,
-  streamEvents,
-} from "../fixtures/fake-model-server";
+  type ContractServer,
+  type ContractServerOptions,
+  TEXT_DELTAS as FAKE_DELTAS,
+} from "../fixtures/contract-server";
+import { OPENAI_USAGE as FAKE_USAGE, startOpenAiContractServer } from "../fixtures/openai-contract-server";
+import { until } from "../until";
 
-// The model lane in front of a fake provider speaking the OpenAI wire format over real TLS on
-// 127.0.0.1, dialled through the real upstream module (address checks, verified TLS). A real
+// The model lane in front of OpenAI's contract server (same format in and out: passthrough)
+// over real TLS on 127.0.0.1, dialled through the real upstream module (address checks, verified TLS). A real
 // HTTP server hands each request to the lane as the proxy does. The canary key must reach the
 // provider and nothing the sandbox sees.
 
@@ -33,10 +28,11 @@ const HOST = "api.model.test";
 const SELF_SIGNED_HOST = "selfsigned.model.test";
 const SPEC: ModelLaneSpec = {
   name: "bench-model",
-  provider: "fakeai",
+  provider: "openai",
   baseUrl: `https://${HOST}/v1`,
   upstreamModel: "fake-model-2025",
   secret: "MODEL_KEY",
+  budget: null,
 };
 const PLACEHOLDER = { authorization: `Bearer ${MODEL_LANE_PLACEHOLDER_KEY}` };
 
@@ -64,18 +60,18 @@ afterEach(async () => {
 
 interface Harness {
   base: string;
-  fake: FakeModelServer;
+  fake: ContractServer;
   outcomes: ModelLaneOutcome[];
 }
 
 async function start(
   options: {
-    fake?: Partial<FakeModelServerOptions>;
+    fake?: Partial<ContractServerOptions>;
     spec?: ModelLaneSpec | null;
     allowLoopback?: boolean;
   } = {},
 ): Promise<Harness> {
-  const fake = await startFakeModelServer({ cert, expectedKey: CANARY, ...options.fake });
+  const fake = await startOpenAiContractServer({ cert, expectedKey: CANARY, ...options.fake });
   const upstream = createUpstream({
     addressPolicy: createAddressPolicy(
       options.allowLoopback === false ? {} : { allowCidrs: ["127.0.0.0/8"] },
@@ -218,14 +214,15 @@ describe("model lane: calls", () => {
     const res = await call(h, "/v1/chat/completions", chat({ stream: true }));
     expect(res.status).toBe(200);
     expect(res.headers.get("content-type")).toBe("text/event-stream");
-    expect(h.fake.calls[0]).toMatchObject({ stream: true, includeUsage: true });
+    expect(h.fake.calls[0]).toMatchObject({
+      stream: true,
+      body: { stream_options: { include_usage: true } },
+    });
     const data = sseData(res.text);
-    const expected = sseData(
-      `${streamEvents("chat.completions", SPEC.upstreamModel, true)
-        .filter((e) => !e.includes('"choices":[]'))
-        .join("\n\n")}\n\n`,
-    );
-    expect(data).toEqual(expected);
+    const chunks = data.slice(0, -1).map((d) => JSON.parse(d));
+    // Every chunk the provider sent but the usage-only one, as it sent them.
+    expect(chunks.map((c) => c.choices[0]?.delta.content ?? "").join("")).toBe(FAKE_DELTAS.join(""));
+    expect(chunks.at(-1).choices[0].finish_reason).toBe("stop");
     expect(data.at(-1)).toBe("[DONE]");
     expect(data.some((d) => d.includes('"choices":[]'))).toBe(false);
     expect((await outcome(h)).call).toMatchObject({
@@ -266,8 +263,14 @@ describe("model lane: calls", () => {
     const types = sseData(res.text).map((d) => JSON.parse(d).type);
     expect(types).toEqual([
       "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.content_part.added",
       "response.output_text.delta",
       "response.output_text.delta",
+      "response.output_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
       "response.completed",
     ]);
     expect((await outcome(h)).call).toMatchObject({
@@ -319,15 +322,15 @@ describe("model lane: calls", () => {
 });
 
 describe("model lane: the key (B3, B7)", () => {
-  it("an upstream echoing Authorization in headers and body gives the client only asterisks", async () => {
-    const h = await start({ fake: { echoAuthorization: true } });
-    const masked = `Bearer ${"*".repeat(CANARY.length)}`;
+  it("an upstream echoing the key in headers, body and stream gives the client only asterisks", async () => {
+    const h = await start({ fake: { echoKey: true } });
+    const masked = "*".repeat(CANARY.length);
     const plain = await call(h, "/v1/chat/completions", chat());
-    expect(plain.headers.get("x-echo-authorization")).toBe(masked);
-    expect(JSON.parse(plain.text).echo.authorization).toBe(masked);
+    expect(plain.headers.get("x-echo-key")).toBe(masked);
+    expect(JSON.parse(plain.text).choices[0].message.content).toBe(`Hello world [${masked}]`);
     const streamed = await call(h, "/v1/responses", responses({ stream: true }));
-    expect(JSON.parse(sseData(streamed.text)[0] as string).echo.authorization).toBe(masked);
-    expect(streamed.headers.get("x-echo-authorization")).toBe(masked);
+    expect(sseData(streamed.text).join("\n")).toContain(`[${masked}]`);
+    expect(streamed.headers.get("x-echo-key")).toBe(masked);
   });
 
   it("an upstream with a self-signed certificate: 502, and the key never sent", async () => {
@@ -337,7 +340,7 @@ describe("model lane: the key (B3, B7)", () => {
     });
     const res = await call(h, "/v1/chat/completions", chat());
     expect(res.status).toBe(502);
-    expect(JSON.parse(res.text).code).toBe("upstream_failed");
+    expect(JSON.parse(res.text).error.code).toBe("upstream_failed");
     expect(h.fake.calls).toHaveLength(0);
     expect((await outcome(h)).call).toBeNull();
   });
@@ -352,18 +355,28 @@ describe("model lane: the key (B3, B7)", () => {
 });
 
 describe("model lane: refusals", () => {
-  const problem = (text: string) => JSON.parse(text) as { code: string; status: number };
+  // OpenAI's error format, with the lane's code as type and code (refuse.ts).
+  const problem = (text: string) => (JSON.parse(text) as { error: { code: string; type: string } }).error;
 
-  it("another model: 400 model_not_declared, nothing sent upstream", async () => {
+  it("case J1: another model: 400 model_not_declared, nothing sent upstream, a refused row", async () => {
     const h = await start();
     const res = await call(h, "/v1/chat/completions", chat({ model: "gpt-4o" }));
     expect(res.status).toBe(400);
-    expect(res.headers.get("content-type")).toBe("application/problem+json");
-    expect(problem(res.text)).toMatchObject({ code: "model_not_declared", status: 400 });
+    expect(res.headers.get("content-type")).toBe("application/json");
+    expect(problem(res.text)).toMatchObject({ code: "model_not_declared", type: "invalid_request_error" });
     const missing = await call(h, "/v1/responses", { input: "no model" });
     expect(problem(missing.text).code).toBe("model_not_declared");
     expect(h.fake.connections).toBe(0);
     expect(h.fake.calls).toHaveLength(0);
+    // Each refused call is recorded, with no tokens (J1).
+    await until("both outcomes", () => h.outcomes.length === 2);
+    for (const o of h.outcomes)
+      expect(o.call).toMatchObject({
+        refused: "model_not_declared",
+        status: 400,
+        inputTokens: 0,
+        outputTokens: 0,
+      });
   });
 
   it("a run without a declared model: 404 model_not_declared", async () => {
@@ -407,13 +420,20 @@ describe("model lane: refusals", () => {
 });
 
 describe("SseFilter", () => {
+  const chunk = (choices: unknown[], more = {}) =>
+    `data: ${JSON.stringify({ id: "c", object: "chat.completion.chunk", model: "m", choices, usage: null, ...more })}`;
+  const CHAT_EVENTS = [
+    chunk([{ index: 0, delta: { role: "assistant", content: "" }, finish_reason: null }]),
+    `event: named\n${chunk([{ index: 0, delta: { content: "Hello" }, finish_reason: null }])}`,
+    chunk([{ index: 0, delta: {}, finish_reason: "stop" }]),
+    chunk([], { usage: { prompt_tokens: 12, completion_tokens: 5 } }),
+    "data: [DONE]",
+  ];
   const stream = (eol: string) =>
-    `: keep-alive${eol}${eol}${streamEvents("chat.completions", "m", true)
-      .map((e) => `${e.replaceAll("\n", eol)}${eol}${eol}`)
-      .join("")}`;
+    `: keep-alive${eol}${eol}${CHAT_EVENTS.map((e) => `${e.replaceAll("\n", eol)}${eol}${eol}`).join("")}`;
   const run = async (chunks: Buffer[], secret = "sk-never-here") => {
     const usage: number[] = [];
-    const filter = new SseFilter([Buffer.from(secret)], (data) => {
+    const filter = new SseFilter([Buffer.from(secret)], ({ data }) => {
       if (data.includes('"choices":[]')) {
         usage.push(JSON.parse(data).usage.prompt_tokens);
         return "drop";

@@ -178,7 +178,7 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
     expect(w.notes.map((n) => n.code)).not.toContain("egress_agent_awaited");
   });
 
-  it("gives the commands the model lane's base URL and a placeholder key, never a credential", async () => {
+  it("gives the commands the model lane's base URLs (OpenAI's and Anthropic's) and a placeholder key, never a credential", async () => {
     const withModel: Policy = compilePolicy(
       { version: 5, default: "allow", hosts: [], rules: [] },
       {
@@ -189,6 +189,7 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
           baseUrl: "https://api.openai.example/v1",
           upstreamModel: "gpt-x",
           secret: "MODEL_KEY",
+          budget: null,
         },
       },
     );
@@ -201,11 +202,18 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
       expect(e.env).toMatchObject({
         OPENAI_BASE_URL: "http://model.benchwright.invalid/v1",
         OPENAI_API_KEY: "bw-model-lane-placeholder",
+        // The Anthropic SDK appends /v1/messages itself.
+        ANTHROPIC_BASE_URL: "http://model.benchwright.invalid",
+        ANTHROPIC_API_KEY: "bw-model-lane-placeholder",
         BENCHWRIGHT_MODEL: "eval-model",
       });
     }
     const plain = world();
     await plain.drive();
-    expect(commandsRun(plain).every((e) => e.env.OPENAI_BASE_URL === undefined)).toBe(true);
+    expect(
+      commandsRun(plain).every(
+        (e) => e.env.OPENAI_BASE_URL === undefined && e.env.ANTHROPIC_BASE_URL === undefined,
+      ),
+    ).toBe(true);
   });
 });

@@ -20,6 +20,7 @@ import { unwrap } from "../../src/errors";
 import { storeArtifacts } from "../../src/runs/artifacts";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
+import * as models from "../../src/vault/models";
 import * as vault from "../../src/vault/service";
 import * as hooks from "../../src/webhooks/service";
 import { collectArchive, file, tarGz, upload } from "./archives";
@@ -82,7 +83,7 @@ async function idsOf(t: Tenant): Promise<Record<Resource, string[]>> {
     secret: (await vault.listSecrets(db, p)).map((s) => s.id),
     rule: (await vault.listRules(db, p)).map((r) => r.id),
     host: (await vault.listHosts(db, p)).map((h) => h.id),
-    model: (await vault.listModels(db, p)).map((m) => m.id),
+    model: (await models.listModels(db, p)).map((m) => m.id),
   }));
 }
 
@@ -124,9 +125,9 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     unwrap(await vault.createSecret(db, ring, p, { name: "MODEL_KEY", value: modelKey }));
     for (const name of ["shared-model", `${role}-only-model`]) {
       unwrap(
-        await vault.createModel(db, p, {
+        await models.createModel(db, p, {
           name,
-          provider: `provider-${tag}`,
+          provider: "openai-compatible",
           baseUrl: `https://llm.${tag}.example/v1`,
           secret: "MODEL_KEY",
         }),
@@ -195,7 +196,12 @@ async function fresh(v: Vault, resource: Resource): Promise<string> {
     if (resource === "model") {
       const baseUrl = `https://fresh${n}.${v.tag}.example/v1`;
       return unwrap(
-        await vault.createModel(db, p, { name: `fresh-${n}`, provider: "fresh", baseUrl, secret: "API_KEY" }),
+        await models.createModel(db, p, {
+          name: `fresh-${n}`,
+          provider: "openai-compatible",
+          baseUrl,
+          secret: "API_KEY",
+        }),
       ).id;
     }
     return unwrap(await vault.putHost(db, p, { pattern: `fresh${n}.${v.tag}.example`, action: "allow" })).id;
@@ -427,14 +433,19 @@ const CASES: Record<string, Case> = {
     // A model can only name a secret of the caller's vault, and a name A has is A's conflict.
     refused: ({ a }) => [
       {
-        body: { name: "x", provider: "p", base_url: `https://x.${a.tag}.example`, secret: "B_ONLY_KEY" },
+        body: {
+          name: "x",
+          provider: "openai-compatible",
+          base_url: `https://x.${a.tag}.example`,
+          secret: "B_ONLY_KEY",
+        },
         status: 400,
         code: "unknown_secret",
       },
       {
         body: {
           name: "shared-model",
-          provider: "p",
+          provider: "openai-compatible",
           base_url: `https://x.${a.tag}.example`,
           secret: "API_KEY",
         },
@@ -448,7 +459,7 @@ const CASES: Record<string, Case> = {
     kind: "by-id",
     resource: "model",
     ok: 200,
-    body: ({ a }) => ({ provider: "patched", base_url: `https://patched.${a.tag}.example/v1` }),
+    body: ({ a }) => ({ provider: "anthropic", base_url: `https://patched.${a.tag}.example/v1` }),
   },
   "DELETE /v1/vault/models/{id}": { kind: "by-id", resource: "model", ok: 204 },
 
@@ -651,6 +662,8 @@ const CASES: Record<string, Case> = {
           status: 200,
           inputTokens: 5,
           outputTokens: 7,
+          cachedInputTokens: 0,
+          refused: null,
           ms: 100,
         };
         const owner = { id: v.runId, userId: v.t.userId, environmentId: v.t.environmentId };
@@ -660,7 +673,7 @@ const CASES: Record<string, Case> = {
       expect(res.text).not.toContain(b.tag);
       const own = expectStatus(await a.t.api(method, path.replace("{id}", a.runId)), 200, "list");
       expect(own.json.calls.map((c: { model: string }) => c.model)).toEqual([`model-${a.tag}`]);
-      expect(own.json.totals).toEqual({ calls: 1, inputTokens: 5, outputTokens: 7 });
+      expect(own.json.totals).toMatchObject({ calls: 1, inputTokens: 5, outputTokens: 7 });
       expect(own.text).not.toContain(b.tag);
       // A query parameter cannot widen the read either.
       const q = `?environmentId=${b.t.environmentId}&runId=${b.runId}`;

@@ -8,9 +8,10 @@ import { loadConfig } from "../../src/config";
 import { type ModelCallRow, PolicyEnvelope } from "../../src/contract/proxy-wire";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
-import { modelCallLog, sandboxes, vaultSecrets } from "../../src/db/schema";
+import { modelCallLog, runs, sandboxes, vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
+import * as models from "../../src/vault/models";
 import * as vault from "../../src/vault/service";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
@@ -44,9 +45,9 @@ async function tenantWithModel() {
       }),
     );
     unwrap(
-      await vault.createModel(db, p, {
+      await models.createModel(db, p, {
         name: "eval-model",
-        provider: "openrouter",
+        provider: "openai-compatible",
         baseUrl: "https://openrouter.ai/api/v1",
         upstreamModel: "meta-llama/llama-3-8b-instruct",
         secret: "MODEL_KEY",
@@ -69,10 +70,11 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
     const envelope = PolicyEnvelope.parse(res.json);
     expect(envelope.policy.model).toEqual({
       name: "eval-model",
-      provider: "openrouter",
+      provider: "openai-compatible",
       baseUrl: "https://openrouter.ai/api/v1",
       upstreamModel: "meta-llama/llama-3-8b-instruct",
       secret: "MODEL_KEY",
+      budget: null,
     });
     expect(envelope.secrets).toEqual({ API_KEY: ruleKey, MODEL_KEY: modelKey });
     expect(res.text).not.toContain(spare);
@@ -95,9 +97,9 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
     await withDb(async (db) => {
       unwrap(await vault.createSecret(db, ring(), principal(t), { name: "K", value: key }));
       unwrap(
-        await vault.createModel(db, principal(t), {
+        await models.createModel(db, principal(t), {
           name: "m",
-          provider: "vllm",
+          provider: "openai-compatible",
           baseUrl: "https://llm.internal.example:8443/v1/",
           secret: "K",
         }),
@@ -178,6 +180,109 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
   });
 });
 
+describe("model_budget on a run", { timeout: 60_000 }, () => {
+  it("reaches the lane as the policy's model.budget (camelCase, unset limits null)", async () => {
+    const { t } = await tenantWithModel();
+    const run = await newRun(t, {
+      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 5, output_tokens: 1000 } },
+    });
+    const envelope = PolicyEnvelope.parse((await run.proxy("GET", paths.policy(run))).json);
+    expect(envelope.policy.model?.budget).toEqual({ calls: 5, inputTokens: null, outputTokens: 1000 });
+    // Stored with the run as asked.
+    const [row] = await withDb((db) => db.select({ spec: runs.spec }).from(runs).where(eq(runs.id, run.id)));
+    expect(row?.spec.model_budget).toEqual({ calls: 5, output_tokens: 1000 });
+    // The preview is no run: no budget.
+    expect((await t.api("GET", "/v1/vault/policy-preview?model=eval-model")).json.model.budget).toBeNull();
+  });
+
+  it("a launch: without a model → 400 model_budget_without_model; bad limits → 400; no run either way", async () => {
+    const { t } = await tenantWithModel();
+    const count = async () =>
+      withDb(
+        async (db) => (await db.select().from(runs).where(eq(runs.environmentId, t.environmentId))).length,
+      );
+    const alone = expectProblem(
+      await t.api("POST", "/v1/runs", { commands: ["true"], model_budget: { calls: 5 } }),
+      400,
+      "model_budget_without_model",
+    );
+    expect(alone.json.detail).toContain("model");
+    for (const [budget, code] of [
+      [{ calls: 0 }, "invalid_request"],
+      [{ calls: -1 }, "invalid_request"],
+      [{ input_tokens: 1.5 }, "invalid_request"],
+      [{ output_tokens: "100" }, "invalid_request"],
+      [{ calls: 2 ** 41 }, "invalid_request"],
+      [{ inputTokens: 100 }, "unknown_field"],
+      [5, "invalid_request"],
+    ] as const) {
+      expectProblem(
+        await t.api("POST", "/v1/runs", { commands: ["true"], model: "eval-model", model_budget: budget }),
+        400,
+        code,
+      );
+    }
+    // A webhook's template is a launch too.
+    expectProblem(
+      await t.api("POST", "/v1/webhooks", {
+        name: "ci",
+        run: { commands: ["true"], model_budget: { calls: 1 } },
+      }),
+      400,
+      "model_budget_without_model",
+    );
+    expect(await count()).toBe(0);
+    const ok = await t.api("POST", "/v1/runs", {
+      commands: ["true"],
+      model: "eval-model",
+      model_budget: { calls: 100, input_tokens: 20_000, output_tokens: 5000 },
+    });
+    expect(ok.status, ok.text).toBe(202);
+    expect(await count()).toBe(1);
+    // The launch row says what the run may spend.
+    const launched = (await t.api("GET", `/v1/runs/${ok.json.id}`)).json.trace.find(
+      (e: { reason: string }) => e.reason === "launched",
+    );
+    expect(launched.detail.text).toBe(
+      "Declares the model eval-model (openai-compatible, openrouter.ai), with a budget of at most 100 calls, 20,000 input tokens, 5,000 output tokens.",
+    );
+  });
+
+  it("GET /v1/runs/{id}/model-calls: spend against the budget; refused calls spend nothing", async () => {
+    const { t } = await tenantWithModel();
+    const run = await newRun(t, {
+      status: "running",
+      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 3, input_tokens: 250 } },
+    });
+    const calls = [
+      modelCall(1, { inputTokens: 100, outputTokens: 5, cachedInputTokens: 60, ms: 100 }),
+      modelCall(2, { inputTokens: 160, outputTokens: 7, ms: 400 }),
+      // Past the input limit (a call in flight overshot it), the lane refuses in the caller's format.
+      modelCall(3, { inputTokens: 0, outputTokens: 0, status: 429, refused: "over_budget", ms: 0 }),
+      modelCall(4, { inputTokens: 0, outputTokens: 0, status: 429, refused: "over_budget", ms: 1 }),
+    ];
+    expect((await postBatch(run, auditBatch(run.id, { modelCalls: calls }))).status).toBe(204);
+    const res = await t.api("GET", `/v1/runs/${run.id}/model-calls`);
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.totals).toEqual({
+      calls: 4,
+      inputTokens: 260,
+      outputTokens: 12,
+      cachedInputTokens: 60,
+      refused: 2,
+      errors: 0,
+      latencyMs: { p50: 100, p95: 400 },
+    });
+    expect(res.json.budget).toEqual({
+      calls: { used: 2, limit: 3 },
+      inputTokens: { used: 260, limit: 250 },
+      outputTokens: { used: 12, limit: null },
+    });
+    expect(res.json.calls[0]).toMatchObject({ refused: "over_budget", status: 429 });
+    expect(res.json.calls[3]).toMatchObject({ refused: null, cachedInputTokens: 60 });
+  });
+});
+
 const minute = (n: number) => new Date(Date.UTC(2026, 2, 1, 9, n)).toISOString();
 
 function modelCall(i: number, fields: Partial<ModelCallRow> = {}): ModelCallRow {
@@ -191,6 +296,8 @@ function modelCall(i: number, fields: Partial<ModelCallRow> = {}): ModelCallRow 
     status: 200,
     inputTokens: 100 + i,
     outputTokens: 10 + i,
+    cachedInputTokens: 0,
+    refused: null,
     ms: 250,
     ...fields,
   };
@@ -241,7 +348,25 @@ describe("model calls in audit batches, and GET /v1/runs/{id}/model-calls", { ti
     const all = await t.api("GET", `/v1/runs/${runId}/model-calls`);
     expect(all.status, all.text).toBe(200);
     expect(all.json.model).toEqual({ name: "eval-model", provider: "openrouter", baseHost: "openrouter.ai" });
-    expect(all.json.totals).toEqual({ calls: 6, inputTokens: 210, outputTokens: 15 });
+    expect(all.json.totals).toEqual({
+      calls: 6,
+      inputTokens: 210,
+      outputTokens: 15,
+      cachedInputTokens: 0,
+      refused: 0,
+      errors: 0,
+      latencyMs: { p50: 250, p95: 250 },
+    });
+    // No model_budget: no spend to show. Every minute from the first call's to the newest's.
+    expect(all.json.budget).toBeNull();
+    expect(all.json.tokensPerMinute).toEqual([
+      { minute: minute(0), inputTokens: 10, outputTokens: 0 },
+      { minute: minute(1), inputTokens: 20, outputTokens: 1 },
+      { minute: minute(2), inputTokens: 30, outputTokens: 2 },
+      { minute: minute(3), inputTokens: 90, outputTokens: 7 },
+      { minute: minute(4), inputTokens: 60, outputTokens: 5 },
+    ]);
+    expect(Date.parse(all.json.lastReportedAt)).toBeGreaterThan(Date.now() - 60_000);
     expect(all.json.nextCursor).toBeNull();
     const byTime = [...calls].sort((a, b) =>
       a.at === b.at ? (a.callId < b.callId ? -1 : 1) : a.at < b.at ? 1 : -1,
@@ -269,7 +394,18 @@ describe("model calls in audit batches, and GET /v1/runs/{id}/model-calls", { ti
     expect((await t.api("GET", `/v1/runs/${quiet.id}/model-calls`)).json).toEqual({
       model: null,
       calls: [],
-      totals: { calls: 0, inputTokens: 0, outputTokens: 0 },
+      totals: {
+        calls: 0,
+        inputTokens: 0,
+        outputTokens: 0,
+        cachedInputTokens: 0,
+        refused: 0,
+        errors: 0,
+        latencyMs: { p50: null, p95: null },
+      },
+      budget: null,
+      tokensPerMinute: [],
+      lastReportedAt: null,
       nextCursor: null,
     });
   });
@@ -306,10 +442,7 @@ describe("B5 the model's key reaches only its run's proxy", { timeout: 120_000 }
     const model = (await t.api("GET", "/v1/vault/models")).json.models[0];
     await get("/v1/vault/models");
     await get(`/v1/vault/models/${model.id}`);
-    responses.push([
-      "PATCH",
-      await t.api("PATCH", `/v1/vault/models/${model.id}`, { provider: "openrouter2" }),
-    ]);
+    responses.push(["PATCH", await t.api("PATCH", `/v1/vault/models/${model.id}`, { provider: "openai" })]);
     await get("/v1/vault/policy-preview?model=eval-model");
     const launched = await t.api("POST", "/v1/runs", { commands: ["true"], model: "eval-model" });
     responses.push(["launch", launched]);

@@ -2,6 +2,7 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it, vi } from "vitest";
+import type { ModelCallRow } from "../../src/contract/proxy-wire";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
 import { type RunState, runEvents, runs } from "../../src/db/schema";
@@ -890,44 +891,125 @@ describe("the canary secret (B5)", () => {
 });
 
 describe("the model card", () => {
-  it("shows the model and provider the run reached and the totals of its calls, never the key", async () => {
+  const at = (minute: number, second: number) =>
+    new Date(Date.UTC(2026, 2, 1, 9, minute, second)).toISOString();
+  const call = (i: number, fields: Partial<ModelCallRow>): ModelCallRow => ({
+    callId: `call_page_${i}_${crypto.randomUUID().slice(0, 8)}`,
+    at: at(0, 0),
+    model: "eval-model",
+    provider: "openai-compatible",
+    endpoint: "chat.completions",
+    stream: false,
+    status: 200,
+    inputTokens: 0,
+    outputTokens: 0,
+    cachedInputTokens: 0,
+    refused: null,
+    ms: 0,
+    ...fields,
+  });
+  // Over three minutes: a call with cached input, a provider error, a streamed Anthropic-format
+  // call, and a call the lane refused (over budget, never sent upstream).
+  const calls = () => [
+    call(1, { at: at(0, 10), inputTokens: 100, outputTokens: 10, cachedInputTokens: 40, ms: 100 }),
+    call(2, { at: at(0, 40), inputTokens: 200, outputTokens: 20, status: 500, ms: 300 }),
+    call(3, {
+      at: at(2, 5),
+      inputTokens: 300,
+      outputTokens: 30,
+      endpoint: "messages",
+      stream: true,
+      ms: 200,
+    }),
+    call(4, { at: at(2, 30), status: 429, refused: "over_budget" }),
+  ];
+
+  it("case J3, control plane side: the numbers, spend against the budget, tokens per minute as SVG bars, the last calls; never the key", async () => {
     const t = await newTenant();
     const key = newCanary("pagemodel");
     expect((await t.api("POST", "/v1/vault/secrets", { name: "M_KEY", value: key })).status).toBe(201);
     const model = {
       name: "eval-model",
-      provider: "openrouter",
+      provider: "openai-compatible",
       base_url: "https://openrouter.ai/api/v1",
       secret: "M_KEY",
     };
     expect((await t.api("POST", "/v1/vault/models", model)).status).toBe(201);
-    const id = await launch(t, { commands: ["true"], model: "eval-model" });
-    const call = (n: number) => ({
-      callId: `call_page_${n}_${crypto.randomUUID().slice(0, 8)}`,
-      at: new Date().toISOString(),
-      model: "eval-model",
-      provider: "openrouter",
-      endpoint: "chat.completions" as const,
-      stream: false,
-      status: 200,
-      inputTokens: 10 * n,
-      outputTokens: n,
-      ms: 20,
+    const run = await newRun(t, {
+      status: "running",
+      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 10, input_tokens: 1000 } },
     });
-    const owner = { id, userId: t.userId, environmentId: t.environmentId };
-    await withDb((db) => storeAuditBatch(db, owner, auditBatch(id, { modelCalls: [call(1), call(2)] })));
-    const b = await loggedIn(t, `/runs/${id}`);
-    const res = await b.get(`/runs/${id}`);
+    const owner = { id: run.id, userId: t.userId, environmentId: t.environmentId };
+    await withDb((db) => storeAuditBatch(db, owner, auditBatch(run.id, { modelCalls: calls() })));
+    const b = await loggedIn(t, `/runs/${run.id}`);
+    const res = await b.get(`/runs/${run.id}`);
     const text = expectPage(res);
+    has(text, "The declared model stays outside host policy by design");
     has(
       text,
-      "Model Model eval-model Provider openrouter API host openrouter.ai Calls 2 Tokens 30 in, 3 out",
+      "Model eval-model Provider openai-compatible API host — Calls 4 (1 refused, 1 errors) Tokens 600 in (40 cached), 60 out Latency p50 200 ms, p95 300 ms",
     );
+    // Refused calls spend nothing; output tokens have no limit here.
+    has(text, "Calls 3 / 10 calls");
+    has(text, "Input tokens 600 / 1,000 input tokens");
+    has(text, "Output tokens no limit 60 output tokens");
+    // A live run: as of the page's load, with when the proxy last reported.
+    has(text, "Live: figures as of this page's load");
+    has(text, /the run's proxy last reported \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC/);
+    // One column per minute, the empty minute included; input and output stacked, scaled to the peak.
+    const svg = /<svg class="tpm"[^>]*>([\s\S]*?)<\/svg>/.exec(res.html)?.[1] ?? "";
+    const columns = [
+      ...svg.matchAll(/<g data-minute="([^"]+)" data-input="(\d+)" data-output="(\d+)">([\s\S]*?)<\/g>/g),
+    ];
+    expect(columns.map((c) => [c[1], Number(c[2]), Number(c[3])])).toEqual([
+      ["2026-03-01T09:00:00.000Z", 300, 30],
+      ["2026-03-01T09:01:00.000Z", 0, 0],
+      ["2026-03-01T09:02:00.000Z", 300, 30],
+    ]);
+    const rects = columns.map((c) => [
+      ...(c[4] ?? "").matchAll(/<rect class="(tpm-in|tpm-out)"[^>]* height="([\d.]+)"/g),
+    ]);
+    expect(rects.map((r) => r.map((m) => [m[1], Math.round(Number(m[2]))]))).toEqual([
+      [
+        ["tpm-in", 91],
+        ["tpm-out", 9],
+      ],
+      [],
+      [
+        ["tpm-in", 91],
+        ["tpm-out", 9],
+      ],
+    ]);
+    has(svg, "<title>09:02 UTC: 300 in, 30 out</title>");
+    // The last calls, newest first: counts only.
+    const table = /<table id="model-calls">([\s\S]*?)<\/table>/.exec(res.html)?.[1] ?? "";
+    const rows = textOf(table);
+    has(rows, "eval-model chat.completions 429 0 / 0 / 0 0 over_budget");
+    has(rows, "eval-model messages (stream) 200 300 / 30 / 0 200");
+    has(rows, "eval-model chat.completions 500 200 / 20 / 0 300");
+    expect(rows.indexOf("over_budget")).toBeLessThan(rows.indexOf("(stream)"));
     expect(findNeedles("page", res.html, await leakNeedles(key))).toEqual([]);
 
-    // A run without a model says so.
+    // Lingering, the card stays; ended, its figures are final (no "live" line).
+    await setRunStatus(run.id, "lingering");
+    const lingering = expectPage(await b.get(`/runs/${run.id}`));
+    has(lingering, "Calls 3 / 10 calls");
+    has(lingering, "Live: figures as of this page's load");
+    await setRunStatus(run.id, "finished");
+    const ended = expectPage(await b.get(`/runs/${run.id}`));
+    has(ended, "Calls 3 / 10 calls");
+    lacks(ended, "Live: figures");
+
+    // A run without a budget says so; a run without a model says that.
+    const free = await newRun(t, { status: "running", spec: { commands: ["true"], model: "eval-model" } });
+    const freePage = expectPage(await b.get(`/runs/${free.id}`));
+    has(freePage, "No model budget: the run set no model_budget.");
+    has(freePage, "No calls yet.");
+    has(freePage, "the run's proxy last reported nothing yet");
     const plain = await launch(t);
-    has(expectPage(await b.get(`/runs/${plain}`)), "This run declared no model.");
+    const plainPage = expectPage(await b.get(`/runs/${plain}`));
+    has(plainPage, "This run declared no model.");
+    lacks(plainPage, "outside host policy");
   });
 });
 

@@ -1,7 +1,8 @@
-import { eq } from "drizzle-orm";
+import { eq, sql } from "drizzle-orm";
 import { Webhook } from "standardwebhooks";
 import { describe, expect, it } from "vitest";
-import { runs } from "../../src/db/schema";
+import MIGRATION_0009 from "../../migrations/0009_model_providers.sql?raw";
+import { runs, vaultModels } from "../../src/db/schema";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
 
@@ -77,7 +78,7 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
 
     const other = await create(f, {
       name: "claude-via-router",
-      provider: "openrouter",
+      provider: "openai-compatible",
       base_url: "https://OpenRouter.AI:443/api/v1/",
       upstream_model: "anthropic/claude-3.5-sonnet",
       secret: "OPENAI_KEY",
@@ -113,7 +114,11 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
     expect(del.status).toBe(204);
     expect(await version(f)).toBe(v1 + 2);
     expectProblem(await f.api("GET", `/v1/vault/models/${made.id}`), 404, "not_found");
-    expectProblem(await f.api("PATCH", `/v1/vault/models/${made.id}`, { provider: "x" }), 404, "not_found");
+    expectProblem(
+      await f.api("PATCH", `/v1/vault/models/${made.id}`, { provider: "anthropic" }),
+      404,
+      "not_found",
+    );
     expectProblem(await f.api("DELETE", `/v1/vault/models/${made.id}`), 404, "not_found");
     expect((await f.api("GET", "/v1/vault/models")).json.models).toEqual([other]);
     await expectNoLeak(f);
@@ -158,7 +163,10 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
       [{ ...MODEL, provider: "" }, "invalid_request"],
       [{ ...MODEL, provider: "p".repeat(65) }, "invalid_request"],
       [{ ...MODEL, secret: "bad name!" }, "invalid_request"],
-      [{ name: "x", provider: "openai", secret: "OPENAI_KEY" }, "invalid_request"],
+      [{ ...MODEL, provider: "openrouter" }, "invalid_request"],
+      [{ ...MODEL, provider: "OpenAI" }, "invalid_request"],
+      [{ name: "x", provider: "openai-compatible", secret: "OPENAI_KEY" }, "base_url_required"],
+      [{ name: "x", provider: "openai" }, "invalid_request"],
     ];
     for (const [body, code] of cases) {
       const res = expectProblem(await f.api("POST", "/v1/vault/models", body), 400, code);
@@ -183,6 +191,96 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
     expect(await version(f)).toBe(after);
     expect((await f.api("GET", `/v1/vault/models/${made.id}`)).json).toEqual(made);
     await expectNoLeak(f);
+  });
+
+  it("providers: openai and anthropic default their base URL; openai-compatible must give one", async () => {
+    const f = await fixture();
+    const { base_url: _, ...noUrl } = MODEL;
+    const openai = await create(f, noUrl);
+    expect(openai).toMatchObject({ provider: "openai", base_url: "https://api.openai.com/v1" });
+    const claude = await create(f, { ...noUrl, name: "claude-sonnet", provider: "anthropic" });
+    expect(claude).toMatchObject({ provider: "anthropic", base_url: "https://api.anthropic.com/v1" });
+    // An Anthropic-format gateway of one's own: the given URL wins.
+    const gateway = await create(f, {
+      ...noUrl,
+      name: "claude-gw",
+      provider: "anthropic",
+      base_url: "https://gw.example.com/anthropic/v1",
+    });
+    expect(gateway.base_url).toBe("https://gw.example.com/anthropic/v1");
+    const v = await version(f);
+    const missing = expectProblem(
+      await f.api("POST", "/v1/vault/models", { ...noUrl, name: "router", provider: "openai-compatible" }),
+      400,
+      "base_url_required",
+    );
+    expect(missing.json.detail).toContain("openai-compatible");
+    expect(await version(f)).toBe(v);
+
+    // A new provider without a base URL: a default URL follows the provider, a given one stays.
+    const switched = await f.api("PATCH", `/v1/vault/models/${openai.id}`, { provider: "anthropic" });
+    expect(switched.json).toMatchObject({ provider: "anthropic", base_url: "https://api.anthropic.com/v1" });
+    expectProblem(
+      await f.api("PATCH", `/v1/vault/models/${openai.id}`, { provider: "openai-compatible" }),
+      400,
+      "base_url_required",
+    );
+    const kept = await f.api("PATCH", `/v1/vault/models/${gateway.id}`, { provider: "openai" });
+    expect(kept.json).toMatchObject({ provider: "openai", base_url: "https://gw.example.com/anthropic/v1" });
+    const router = await f.api("PATCH", `/v1/vault/models/${claude.id}`, {
+      provider: "openai-compatible",
+      base_url: "https://openrouter.ai/api/v1",
+    });
+    expect(router.json).toMatchObject({
+      provider: "openai-compatible",
+      base_url: "https://openrouter.ai/api/v1",
+    });
+    expect((await f.api("GET", `/v1/vault/models/${openai.id}`)).json.provider).toBe("anthropic");
+    await expectNoLeak(f);
+  });
+
+  it("the database holds only the closed providers; migration 0009 maps old labels to openai-compatible", async () => {
+    const f = await fixture();
+    const made = await create(f);
+    const setProvider = (provider: string) =>
+      withDb((db) => db.execute(sql`update vault_models set provider = ${provider} where id = ${made.id}`));
+    // drizzle wraps the driver's error: the constraint's name is in its cause.
+    const refused = await setProvider("openrouter").then(
+      () => null,
+      (e: Error) => String((e.cause as Error | undefined)?.message ?? e.message),
+    );
+    expect(refused).toMatch(/vault_models_provider/);
+    // The migration's own statements, on a label written before the constraint existed (the
+    // constraint dropped and restored inside a transaction that is rolled back).
+    const statements = MIGRATION_0009.split("--> statement-breakpoint").map((q) => q.trim());
+    const mapping = statements.find((q) => q.includes("UPDATE"));
+    const constraint = statements.find((q) => q.includes("ADD CONSTRAINT"));
+    expect(mapping && constraint).toBeTruthy();
+    const rollback = new Error("rollback");
+    const seen: string[] = [];
+    await expect(
+      withDb((db) =>
+        db.transaction(async (tx) => {
+          await tx.execute(sql`alter table vault_models drop constraint vault_models_provider`);
+          for (const [label, id] of [
+            ["vllm", made.id],
+            ["openai", made.id],
+          ] as const) {
+            await tx.execute(sql`update vault_models set provider = ${label} where id = ${id}`);
+            await tx.execute(sql.raw(mapping ?? ""));
+            const rows = await tx
+              .select({ p: vaultModels.provider })
+              .from(vaultModels)
+              .where(eq(vaultModels.id, id));
+            seen.push(rows[0]?.p ?? "");
+          }
+          await tx.execute(sql.raw(constraint ?? ""));
+          throw rollback;
+        }),
+      ),
+    ).rejects.toBe(rollback);
+    expect(seen).toEqual(["openai-compatible", "openai"]);
+    expect((await f.api("GET", `/v1/vault/models/${made.id}`)).json.provider).toBe("openai");
   });
 
   it("a secret a model uses cannot be deleted (409 secret_in_use) until the model goes or changes", async () => {
@@ -215,6 +313,8 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
       baseUrl: "https://api.openai.com/v1",
       upstreamModel: "gpt-4o-mini-2024-07-18",
       secret: "OPENAI_KEY",
+      // A preview is no run: no budget.
+      budget: null,
     });
     expect(res.json).toMatchObject({ enforce: true, note: null, routing: { mode: "default", reasons: [] } });
     expect((await f.api("GET", "/v1/vault/policy-preview")).json).toMatchObject({
@@ -253,10 +353,11 @@ describe("launching a run that declares a model", { timeout: 60_000 }, () => {
     expect(queued.detail.model).toEqual({ name: MODEL.name, provider: "openai", baseHost: "api.openai.com" });
     const calls = await f.api("GET", `/v1/runs/${launched.json.id}/model-calls`);
     expect(calls.status, calls.text).toBe(200);
-    expect(calls.json).toEqual({
+    expect(calls.json).toMatchObject({
       model: { name: MODEL.name, provider: "openai", baseHost: "api.openai.com" },
       calls: [],
-      totals: { calls: 0, inputTokens: 0, outputTokens: 0 },
+      totals: { calls: 0, inputTokens: 0, outputTokens: 0, refused: 0, errors: 0 },
+      budget: null,
       nextCursor: null,
     });
     await expectNoLeak(f);

@@ -56,22 +56,38 @@ export async function egressRoutes(ctx: Ctx, id: string, page: Page): Promise<vo
 
 export async function modelCalls(ctx: Ctx, id: string, page: Page): Promise<void> {
   const body = await api(ctx).call("get", "/v1/runs/{id}/model-calls", { params: { id }, query: page });
+  const t = body.totals;
+  const latency =
+    t.latencyMs.p50 === null ? "" : `, latency p50 ${t.latencyMs.p50} ms, p95 ${t.latencyMs.p95} ms`;
+  type Line = { used: number; limit: number | null };
+  const spent = (line: Line, what: string) =>
+    line.limit === null ? `${line.used} ${what} (no limit)` : `${line.used} / ${line.limit} ${what}`;
+  const b = body.budget;
+  const spend = b
+    ? [
+        `budget: ${spent(b.calls, "calls")}, ${spent(b.inputTokens, "input tokens")}, ${spent(b.outputTokens, "output tokens")}`,
+      ]
+    : [];
   print(ctx, body, () => [
     body.model
       ? `model ${body.model.name} (${body.model.provider}, ${body.model.baseHost})`
       : "the run declared no model",
-    `${body.totals.calls} calls, ${body.totals.inputTokens} tokens in, ${body.totals.outputTokens} out`,
+    `${t.calls} calls (${t.refused} refused, ${t.errors} errors), ${t.inputTokens} tokens in (${t.cachedInputTokens} cached), ${t.outputTokens} out${latency}`,
+    ...spend,
+    ...(body.lastReportedAt ? [`as last reported by the run's proxy at ${body.lastReportedAt}`] : []),
     ...(body.calls.length === 0
       ? []
       : table([
-          ["AT", "ENDPOINT", "STATUS", "IN", "OUT", "MS"],
+          ["AT", "ENDPOINT", "STATUS", "IN", "OUT", "CACHED", "MS", "REFUSED"],
           ...body.calls.map((c) => [
             c.at,
             `${c.endpoint}${c.stream ? " (stream)" : ""}`,
             String(c.status),
             String(c.inputTokens),
             String(c.outputTokens),
+            String(c.cachedInputTokens),
             String(c.ms),
+            c.refused ?? "-",
           ]),
         ])),
     ...nextPage(body.nextCursor),

@@ -92,6 +92,8 @@ export interface LaunchOptions {
   benchmark?: string;
   from?: string;
   model?: string;
+  /** --budget calls=N,input=N,output=N: the run's model_budget. */
+  budget?: string;
   egress?: string;
   backend?: string;
   linger?: string;
@@ -139,6 +141,7 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
   const spec: SpecInput = {
     ...base,
     ...(opts.model ? { model: opts.model } : {}),
+    ...(opts.budget !== undefined ? { model_budget: modelBudget(opts.budget) } : {}),
     ...(egress ? { egress } : {}),
     ...(backend ? { backend } : {}),
     ...(opts.linger !== undefined ? { linger_seconds: seconds(opts.linger, "--linger") } : {}),
@@ -179,6 +182,28 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
 }
 
 /** "90", "90s", "15m", "2h" → seconds. */
+const BUDGET_KEYS = { calls: "calls", input: "input_tokens", output: "output_tokens" } as const;
+
+/**
+ * --budget calls=1000,input=2m,output=200k: the run's model_budget (k and m multiply by a
+ * thousand and a million). The API checks the rest (positive, and only with a model).
+ */
+export function modelBudget(text: string): NonNullable<SpecInput["model_budget"]> {
+  const budget: Record<string, number> = {};
+  for (const part of text.split(",")) {
+    const m = /^\s*(calls|input|output)\s*=\s*(\d+)([km]?)\s*$/i.exec(part);
+    if (!m)
+      throw new UsageError(
+        "--budget takes calls=N,input=N,output=N (any of them; e.g. calls=1000,output=200k)",
+      );
+    const key = BUDGET_KEYS[(m[1] as string).toLowerCase() as keyof typeof BUDGET_KEYS];
+    budget[key] =
+      Number(m[2]) *
+      ({ "": 1, k: 1_000, m: 1_000_000 }[(m[3] as string).toLowerCase() as "" | "k" | "m"] ?? 1);
+  }
+  return budget;
+}
+
 export function seconds(text: string, flag: string): number {
   const m = /^(\d+)([smh]?)$/.exec(text.trim());
   if (!m) throw new UsageError(`${flag} takes seconds, or a number with s, m or h (e.g. 15m)`);

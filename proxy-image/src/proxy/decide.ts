@@ -35,7 +35,7 @@ export type Decision =
   | { kind: "refuse"; refusal: Refusal; rule: number | null }
   /** The platform's compute lane (compute-lane.ts). */
   | { kind: "compute" }
-  /** The declared model's lane (model-lane.ts); null when the run declares no model. */
+  /** The declared model's lane (model/lane.ts); null when the run declares no model. */
   | { kind: "model"; lane: { spec: ModelLaneSpec; secret: string } | null }
   /**
    * Forward upstream: `target` is what goes upstream (a rule's host is always https). `dialed`:

@@ -9,7 +9,7 @@ import { WIRING_PROBE_HOST } from "../../../src/contract/proxy-wire";
 import type { RunCa } from "../ca";
 import type { ComputeLane } from "../compute-lane";
 import { checkFraming } from "../http-rules";
-import type { ModelLane } from "../model-lane";
+import type { ModelLane } from "../model/lane";
 import type { OriginalDst } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import type { Upstream } from "../upstream";
@@ -49,7 +49,7 @@ export interface ProxyOptions {
   limits?: Partial<Limits>;
   /** Forwards https://<probe host>/compute/... to the control plane (see compute-lane.ts). */
   computeLane?: ComputeLane;
-  /** Serves the run's declared model at MODEL_LANE_HOST (see model-lane.ts). */
+  /** Serves the run's declared model at MODEL_LANE_HOST (see model/lane.ts). */
   modelLane?: ModelLane;
   /** Relay allowed hosts without a rule untouched (catch-all, and direct listeners; default true). */
   splice?: boolean;
@@ -338,9 +338,11 @@ export function createProxy(options: ProxyOptions) {
         case "model": {
           const outcome = await (options.modelLane as ModelLane)(req, res, target.path, decided.lane);
           if (outcome.call) options.audit.recordModelCall(outcome.call);
+          // A call the lane refused itself (J1, J3) has a row too, but it is a refusal.
+          const called = outcome.call !== null && outcome.call.refused === null;
           return finish(
-            outcome.call ? "allow" : "refuse",
-            outcome.call ? "model lane" : `model lane: ${outcome.code ?? "refused"}`,
+            called ? "allow" : "refuse",
+            called ? "model lane" : `model lane: ${outcome.code ?? "refused"}`,
             outcome.status,
           );
         }

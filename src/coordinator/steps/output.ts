@@ -1,6 +1,10 @@
 import { DEFAULT_OUT_DIR } from "../../contract/bundle";
 import type { ExecInfo } from "../../contract/local-agent";
-import { MODEL_LANE_BASE_URL, MODEL_LANE_PLACEHOLDER_KEY } from "../../contract/proxy-wire";
+import {
+  MODEL_LANE_ANTHROPIC_BASE_URL,
+  MODEL_LANE_BASE_URL,
+  MODEL_LANE_PLACEHOLDER_KEY,
+} from "../../contract/proxy-wire";
 import type { MachineState, Worker } from "../machine";
 import type { Machine } from "./common";
 
@@ -16,8 +20,9 @@ export const MAX_OUTPUT_EVENTS = 2000;
 export const OUT_ENV = { BW_OUT: DEFAULT_OUT_DIR };
 
 /**
- * The declared model's lane as the benchmark's code sees it: the proxy's fake base URL and a
- * placeholder key (never a credential), in the variables OpenAI-compatible SDKs read.
+ * The declared model's lane as the benchmark's code sees it: the proxy's fake base URLs and a
+ * placeholder key (never a credential), in the variables OpenAI's and Anthropic's SDKs read, so
+ * `new OpenAI()` and `new Anthropic()` reach the lane unmodified, whatever the provider speaks.
  */
 export function modelEnv(s: MachineState): Record<string, string> {
   const model = s.policy?.model;
@@ -25,6 +30,8 @@ export function modelEnv(s: MachineState): Record<string, string> {
   return {
     OPENAI_BASE_URL: MODEL_LANE_BASE_URL,
     OPENAI_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
+    ANTHROPIC_BASE_URL: MODEL_LANE_ANTHROPIC_BASE_URL,
+    ANTHROPIC_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
     BENCHWRIGHT_MODEL: model.name,
   };
 }
