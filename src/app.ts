@@ -8,6 +8,9 @@ import { consoleLog } from "./contract/log";
 import { openDb } from "./db/client";
 import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
+import { idempotency } from "./idempotency/middleware";
+import { describeIdempotency, honoPath, IDEMPOTENT_POSTS } from "./idempotency/routes";
+import { describeRateLimit, rateLimit } from "./limits/rate-limit";
 import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
 import { blockedHostsRoutes } from "./routes/blocked-hosts";
@@ -73,6 +76,12 @@ export function createApp(options: AppOptions = {}) {
   // Everything under /v1 but the document needs the database and an API key.
   app.use("/v1/*", (c, next) => (c.req.path === DOCUMENT_PATH ? next() : withDatabase(c, next)));
   app.use("/v1/*", (c, next) => (c.req.path === DOCUMENT_PATH ? next() : requireApiKey(c, next)));
+  // Then, per API key: its request rate (case K4), and retries of creating POSTs (case K2). A
+  // refused request is never claimed for its Idempotency-Key. The largest body a covered route
+  // takes is a bundle's; the others are held to MAX_BODY_BYTES above.
+  app.use("/v1/*", (c, next) => (c.req.path === DOCUMENT_PATH ? next() : rateLimit(c, next)));
+  const retrySafe = idempotency((c) => c.var.config.bundleLimits.maxUploadBytes);
+  for (const path of IDEMPOTENT_POSTS) app.use(honoPath(path), retrySafe);
   // The run proxies' API: the database too, and each route checks the run's proxy token.
   app.use("/internal/*", withDatabase);
   // Webhook deliveries: the database too; the delivery's signature is its credential.
@@ -117,6 +126,8 @@ export function createApp(options: AppOptions = {}) {
   app.route("/egress-agent", egressAgentRoutes);
   app.route("/", pageRoutes);
 
+  describeIdempotency(app);
+  describeRateLimit(app, DOCUMENT_PATH);
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
   app.doc31(DOCUMENT_PATH, {
     openapi: "3.1.0",
@@ -126,7 +137,7 @@ export function createApp(options: AppOptions = {}) {
 
   app.notFound((c) => problem(c, "route_not_found", `${c.req.method} ${c.req.path} is not a route.`));
   app.onError((err, c) => {
-    if (err instanceof ApiError) return problem(c, err.code, err.detail);
+    if (err instanceof ApiError) return problem(c, err.code, err.detail, err.retryAfter);
     if (err instanceof ConfigError) {
       consoleLog("error", { event: "config_invalid", detail: err.message });
       return problem(c, "config_invalid", err.message);

@@ -44,6 +44,10 @@ const EnvSchema = z.object({
     .string()
     .regex(/^$|^[1-9]\d{0,6}$/, "RESOURCES_MAX_PIDS must be a whole number")
     .optional(),
+  RUNS_MAX_ACTIVE_PER_ENVIRONMENT: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,4}$/, "RUNS_MAX_ACTIVE_PER_ENVIRONMENT must be a whole number (1-99999)")
+    .optional(),
   RESOURCES_MAX_CPUS: z
     .string()
     .regex(/^$|^\d{1,3}(\.\d{1,2})?$/, "RESOURCES_MAX_CPUS must be a number of CPUs (e.g. 4 or 0.5)")
@@ -62,7 +66,12 @@ export interface Config {
   /** POST /v1/bundles: the largest .tar.gz accepted, and the bounds on what it unpacks to. */
   readonly bundleLimits: BundleLimits;
   readonly resourceBounds: ResourceBounds;
+  /** A launch is refused (too_many_runs) while the environment has this many runs not ended. */
+  readonly maxActiveRuns: number;
 }
+
+/** Runs at once per environment when RUNS_MAX_ACTIVE_PER_ENVIRONMENT is unset (case K4). */
+export const DEFAULT_MAX_ACTIVE_RUNS = 10;
 
 export class ConfigError extends Error {}
 
@@ -97,6 +106,7 @@ export function loadConfig(env: Env): Config {
       pids: Number(parsed.data.RESOURCES_MAX_PIDS || DEFAULT_RESOURCE_BOUNDS.pids),
       cpus: Number(parsed.data.RESOURCES_MAX_CPUS || DEFAULT_RESOURCE_BOUNDS.cpus),
     },
+    maxActiveRuns: Number(parsed.data.RUNS_MAX_ACTIVE_PER_ENVIRONMENT || DEFAULT_MAX_ACTIVE_RUNS),
   };
   cache.set(env, config);
   return config;

@@ -55,6 +55,12 @@ export const ErrorCode = z.enum([
   "bundle_too_large",
   "bundle_too_many_files",
   "resources_out_of_bounds",
+  // Retries and limits (src/idempotency, src/limits).
+  "invalid_idempotency_key",
+  "idempotency_key_reused",
+  "idempotency_key_in_use",
+  "rate_limited",
+  "too_many_runs",
   "config_invalid",
   "database_unavailable",
   "internal_error",
@@ -114,6 +120,11 @@ export const ERROR_STATUS = {
   bundle_too_large: 422,
   bundle_too_many_files: 422,
   resources_out_of_bounds: 422,
+  invalid_idempotency_key: 400,
+  idempotency_key_reused: 409,
+  idempotency_key_in_use: 409,
+  rate_limited: 429,
+  too_many_runs: 429,
   config_invalid: 500,
   database_unavailable: 503,
   internal_error: 500,
@@ -161,6 +172,11 @@ const TITLES: Record<ErrorCode, string> = {
   bundle_too_large: "The bundle unpacks to more than the size bound",
   bundle_too_many_files: "The bundle has more entries than the count bound",
   resources_out_of_bounds: "Resources outside this deployment's bounds",
+  invalid_idempotency_key: "Idempotency-Key must be 1-255 printable ASCII characters",
+  idempotency_key_reused: "Idempotency-Key already used with another request",
+  idempotency_key_in_use: "A request with this Idempotency-Key has not finished",
+  rate_limited: "Too many requests for this API key",
+  too_many_runs: "Too many runs in this environment at once",
   unknown_benchmark: "No such benchmark",
   unknown_model: "No model with that name in the vault",
   model_budget_without_model: "A model budget needs a declared model",
@@ -204,6 +220,8 @@ export class ApiError extends Error {
   constructor(
     readonly code: ErrorCode,
     readonly detail: string,
+    /** Seconds for `Retry-After`: a refusal that a later retry can get past (429, in-use 409). */
+    readonly retryAfter?: number,
   ) {
     super(`${code}: ${detail}`);
   }
@@ -220,11 +238,16 @@ export function problemBody(code: ErrorCode, detail: string, requestId: string) 
   };
 }
 
-export function problem(c: Context, code: ErrorCode, detail: string): Response {
+export function problem(c: Context, code: ErrorCode, detail: string, retryAfter?: number): Response {
   const requestId = (c.get("requestId") as string | undefined) ?? "unknown";
+  const headers: Record<string, string> = {
+    "content-type": "application/problem+json",
+    "x-request-id": requestId,
+  };
+  if (retryAfter !== undefined) headers["retry-after"] = String(Math.max(1, Math.ceil(retryAfter)));
   return new Response(JSON.stringify(problemBody(code, detail, requestId)), {
     status: ERROR_STATUS[code],
-    headers: { "content-type": "application/problem+json", "x-request-id": requestId },
+    headers,
   });
 }
 

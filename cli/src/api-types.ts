@@ -65,6 +65,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -88,7 +97,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -140,6 +152,24 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -164,7 +194,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -194,7 +227,25 @@ export interface paths {
                     };
                 };
                 /** @description Problem details */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -222,6 +273,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 422: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -292,6 +352,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -334,6 +403,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -401,6 +479,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -408,7 +495,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -440,6 +530,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -494,6 +602,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -557,6 +674,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -607,6 +733,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -687,6 +822,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -760,6 +904,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -822,6 +975,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -843,7 +1005,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path: {
                     id: string;
                 };
@@ -862,6 +1027,15 @@ export interface paths {
                     };
                     content: {
                         "application/json": components["schemas"]["EgressAgentToken"];
+                    };
+                };
+                /** @description Problem details */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
                 /** @description Problem details */
@@ -884,6 +1058,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -962,6 +1145,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1026,6 +1218,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1104,6 +1305,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1192,6 +1402,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1250,6 +1469,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1330,6 +1558,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1495,6 +1732,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -1540,6 +1786,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1547,7 +1802,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -1596,6 +1854,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1657,6 +1924,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1700,6 +1976,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1780,6 +2065,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         trace?: never;
@@ -1797,7 +2091,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -1843,6 +2140,24 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -1864,7 +2179,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -1897,6 +2215,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -1949,6 +2285,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -1956,7 +2301,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -2026,6 +2374,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -2080,6 +2437,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2114,6 +2480,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2210,6 +2585,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         trace?: never;
@@ -2256,6 +2640,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2310,6 +2703,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2317,7 +2719,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -2379,6 +2784,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         delete?: never;
@@ -2433,6 +2847,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2467,6 +2890,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2555,6 +2987,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         trace?: never;
@@ -2612,6 +3053,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         post?: never;
@@ -2658,6 +3108,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -2665,7 +3124,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -2708,6 +3170,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2762,6 +3233,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2825,6 +3305,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         post?: never;
@@ -2874,6 +3363,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         options?: never;
@@ -2909,6 +3407,15 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -2962,6 +3469,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         post?: never;
@@ -3008,6 +3524,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -3015,7 +3540,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path?: never;
                 cookie?: never;
             };
@@ -3045,6 +3573,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 401: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -3106,6 +3652,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         put?: never;
@@ -3147,6 +3702,15 @@ export interface paths {
                         "application/problem+json": components["schemas"]["Problem"];
                     };
                 };
+                /** @description Problem details */
+                429: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
             };
         };
         options?: never;
@@ -3167,7 +3731,10 @@ export interface paths {
         post: {
             parameters: {
                 query?: never;
-                header?: never;
+                header?: {
+                    /** @description Makes this POST safe to retry: the same key with the same body within 24 h answers as the first request did, without doing it again. 1-255 printable ASCII characters, e.g. a random UUID; keys are per environment */
+                    "idempotency-key"?: string;
+                };
                 path: {
                     id: string;
                 };
@@ -3189,6 +3756,15 @@ export interface paths {
                     };
                 };
                 /** @description Problem details */
+                400: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
                 401: {
                     headers: {
                         [name: string]: unknown;
@@ -3199,6 +3775,24 @@ export interface paths {
                 };
                 /** @description Problem details */
                 404: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                409: {
+                    headers: {
+                        [name: string]: unknown;
+                    };
+                    content: {
+                        "application/problem+json": components["schemas"]["Problem"];
+                    };
+                };
+                /** @description Problem details */
+                429: {
                     headers: {
                         [name: string]: unknown;
                     };
@@ -3570,7 +4164,7 @@ export interface components {
         };
         Problem: {
             /** @enum {string} */
-            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "config_invalid" | "database_unavailable" | "internal_error";
+            code: "unauthorized" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "config_invalid" | "database_unavailable" | "internal_error";
             detail: string;
             requestId: string;
             status: number;

@@ -82,6 +82,7 @@ export class Api {
       params?: Record<string, string>;
       query?: Query;
       body?: Body<Op<P, M>>;
+      headers?: Record<string, string>;
     } = {},
   ): Promise<Success<Op<P, M>>> {
     return this.json(method, path, options);
@@ -94,11 +95,17 @@ export class Api {
   async json<T>(
     method: Method,
     path: string,
-    options: { params?: Record<string, string>; query?: Query; body?: unknown } = {},
+    options: {
+      params?: Record<string, string>;
+      query?: Query;
+      body?: unknown;
+      headers?: Record<string, string>;
+    } = {},
   ): Promise<T> {
     const res = await this.send(this.urlOf(path, options.params, options.query), {
       method: method.toUpperCase(),
       headers: {
+        ...options.headers,
         accept: "application/json",
         ...(options.body === undefined ? {} : { "content-type": "application/json" }),
       },

@@ -225,12 +225,27 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
 
 /**
  * Launches a run (the API's and the runs page's launch): checked, recorded queued, started. If
- * the start call fails the run stays queued; the reaper's sweep starts or stops it.
+ * the start call fails the run stays queued; the reaper's sweep starts or stops it. The launch
+ * still answers with the run: a 5xx here would invite a retry (an Idempotency-Key keeps no 5xx),
+ * and the retry would make a second run beside the queued one.
  */
 export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
-  await checkLaunchable(db, p.environmentId, spec, loadConfig(env).resourceBounds);
-  const run = await runsService.createRun(db, p, spec, backendForLaunch(env, spec.backend));
-  await coordinatorStub(env, run.id).start(run.id);
+  const config = loadConfig(env);
+  await checkLaunchable(db, p.environmentId, spec, config.resourceBounds);
+  const run = await runsService.createRun(
+    db,
+    p,
+    spec,
+    backendForLaunch(env, spec.backend),
+    config.maxActiveRuns,
+  );
+  try {
+    await coordinatorStub(env, run.id).start(run.id);
+  } catch (error) {
+    console.error(
+      JSON.stringify({ event: "run_start_deferred", runId: run.id, error: (error as Error).name }),
+    );
+  }
   return run;
 }
 

@@ -74,6 +74,8 @@ interface RingState {
   raw: Map<string, Uint8Array<ArrayBuffer>>;
   imported: Map<string, Promise<KeyMaterial>>;
   fingerprintKey?: Promise<WebCryptoKey>;
+  /** HMAC keys for keyedDigest, by key id and purpose. */
+  digestKeys?: Map<string, Promise<WebCryptoKey>>;
 }
 
 const ringStates = new WeakMap<KeyRing, RingState>();
@@ -230,6 +232,42 @@ export async function fingerprintSecret(ring: KeyRing, value: string): Promise<s
   }
   const mac = await crypto.subtle.sign("HMAC", await state.fingerprintKey, encoder.encode(value));
   return `fp_${keyId}_${toHex(new Uint8Array(mac, 0, 8))}`;
+}
+
+/**
+ * A keyed digest of bytes for one purpose (`info`), as `<kid>.<64 hex>`: comparable later, never
+ * reversible without the KEK, so a digest of a low-entropy secret cannot be brute-forced from a
+ * database dump. `keyId` recomputes under the key a stored digest names (after a rotation).
+ */
+export async function keyedDigest(
+  ring: KeyRing,
+  info: string,
+  data: Uint8Array<ArrayBuffer>,
+  keyId = ring.currentKeyId,
+): Promise<string> {
+  const state = stateOf(ring);
+  state.digestKeys ??= new Map();
+  const slot = `${keyId}\u0000${info}`;
+  let key = state.digestKeys.get(slot);
+  if (key === undefined) {
+    key = keyMaterial(ring, keyId).then(({ hkdf }) =>
+      crypto.subtle.deriveKey(
+        {
+          name: "HKDF",
+          hash: "SHA-256",
+          salt: new Uint8Array(0),
+          info: encoder.encode(`benchwright/digest/${info}`),
+        },
+        hkdf,
+        { name: "HMAC", hash: "SHA-256", length: 256 },
+        false,
+        ["sign"],
+      ),
+    );
+    state.digestKeys.set(slot, key);
+  }
+  const mac = await crypto.subtle.sign("HMAC", await key, data);
+  return `${keyId}.${toHex(new Uint8Array(mac))}`;
 }
 
 // ---- internals ----

@@ -5,6 +5,7 @@ import { consoleLog } from "../contract/log";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
+import { purgeExpiredKeys } from "../idempotency/store";
 import { recordTransition, TERMINAL_STATES } from "../runs/service";
 
 // The cron trigger's backstop (wrangler.toml [triggers]). Each run's coordinator drives it with
@@ -16,6 +17,7 @@ import { recordTransition, TERMINAL_STATES } from "../runs/service";
 //   - a run stuck in a setup state past STUCK_MS, or running past MAX_RUN_MS: stopped (`reaped`).
 //   - a lingering run whose window lapsed more than LINGER_GRACE_MS ago (its own alarm should
 //     have ended it on time): ended through its coordinator (`linger_lapsed`).
+//   - Idempotency-Keys past their day (src/idempotency): forgotten.
 
 export const STALE_MS = 2 * 60_000;
 export const ORPHAN_MS = 5 * 60_000;
@@ -36,6 +38,8 @@ export interface ReconcileReport {
   tornDown: Record<string, "destroyed" | "error">;
   /** Backend sandboxes no live record owns (see SandboxBroker.sweepUnowned), or why not swept. */
   unowned: { destroyed: string[]; errors: string[] } | { skipped: string };
+  /** Idempotency-Keys forgotten (past their 24 hours), or -1 if the delete failed. */
+  expiredKeys: number;
 }
 
 export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileReport> {
@@ -45,6 +49,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
     nudged: {},
     tornDown: {},
     unowned: { skipped: "not reached" },
+    expiredKeys: 0,
   };
   try {
     const stuck = await db
@@ -108,6 +113,11 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       } catch {
         report.tornDown[runId] = "error";
       }
+    }
+    try {
+      report.expiredKeys = await purgeExpiredKeys(db, now);
+    } catch {
+      report.expiredKeys = -1;
     }
     try {
       report.unowned = await brokerStub(env).sweepUnowned();

@@ -179,7 +179,9 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
     await checkLaunchable(c.var.db, webhook.environmentId, spec, c.var.config.resourceBounds);
     const delivery = { deliveryId: verified.deliveryId, bodyBytes: raw.byteLength };
     const backend = backendForLaunch(c.env, spec.backend);
-    const recorded = unwrap(await hooks.recordDelivery(c.var.db, webhook, delivery, spec, backend));
+    const recorded = unwrap(
+      await hooks.recordDelivery(c.var.db, webhook, delivery, spec, backend, c.var.config.maxActiveRuns),
+    );
     if (!recorded.fresh) return c.json({ runId: recorded.runId }, 200);
     // After the commit, and only for a fresh delivery. If this fails the run stays queued (the
     // reaper's sweep starts or stops it) and the sender still gets its run id: a retry would be

@@ -4,6 +4,7 @@ import { randomId } from "../crypto/api-keys";
 import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
+import { admitRun } from "../limits/active-runs";
 import { modelLane } from "../vault/models";
 import { type RunSpec, storedSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
@@ -29,11 +30,19 @@ export interface LaunchedModel {
 /**
  * Records a launched run, queued. Shared by every launch (the API, the runs page, webhook
  * deliveries): a declared model must be in the vault (else ApiError unknown_model, nothing
- * written), and what it pointed at is kept in the launch row of the trace.
+ * written), the environment must have room for one more run (else too_many_runs, nothing
+ * written), and what the model pointed at is kept in the launch row of the trace.
  */
-export async function createRun(db: Db, p: Principal, spec: RunSpec, backend: string): Promise<RunRow> {
+export async function createRun(
+  db: Db,
+  p: Principal,
+  spec: RunSpec,
+  backend: string,
+  maxActiveRuns: number,
+): Promise<RunRow> {
   const id = randomId("run_");
   const [row] = await db.transaction(async (tx) => {
+    await admitRun(tx, p.environmentId, maxActiveRuns);
     const lane = spec.model ? await modelLane(tx, p.environmentId, spec.model) : null;
     if (spec.model && !lane) {
       throw new ApiError(

@@ -146,6 +146,7 @@ export async function recordDelivery(
   delivery: { deliveryId: string; bodyBytes: number },
   spec: RunSpec,
   backend: string,
+  maxActiveRuns: number,
 ): Promise<Result<Delivery>> {
   return db.transaction(async (tx) => {
     // Locks out a concurrent revoke: a delivery is recorded only while the webhook is live.
@@ -172,7 +173,7 @@ export async function recordDelivery(
     const owner: Principal = { userId: w.userId, environmentId: w.environmentId, keyId: `webhook:${w.id}` };
     // The transaction handle has every method createRun uses (its own transaction nests as a
     // savepoint), so the run and the delivery row commit together or not at all.
-    const run = await createRun(tx as unknown as Db, owner, spec, backend);
+    const run = await createRun(tx as unknown as Db, owner, spec, backend, maxActiveRuns);
     await tx.update(webhookDeliveries).set({ runId: run.id }).where(key);
     return ok({ fresh: true, runId: run.id });
   });

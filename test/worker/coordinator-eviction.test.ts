@@ -2,6 +2,7 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { asc, eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config";
 import type { MachineState } from "../../src/coordinator/machine";
 import { coordinatorStub, type RunCoordinator } from "../../src/coordinator/run-coordinator";
 import { runEvents, runs } from "../../src/db/schema";
@@ -44,7 +45,9 @@ function inObject<T>(runId: string, fn: (o: RunCoordinator, s: DurableObjectStat
 /** What POST /v1/runs does (the row, its t:queued, the coordinator's start), alarm parked. */
 async function launch(t: Tenant): Promise<string> {
   const owner = { userId: t.userId, environmentId: t.environmentId, keyId: "test" };
-  const run = await withDb((db) => createRun(db, owner, RunSpec.parse({ commands: ["true"] }), "local"));
+  const run = await withDb((db) =>
+    createRun(db, owner, RunSpec.parse({ commands: ["true"] }), "local", loadConfig(env).maxActiveRuns),
+  );
   await inObject(run.id, (o) => o.start(run.id));
   return run.id;
 }

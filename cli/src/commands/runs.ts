@@ -1,6 +1,6 @@
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
-import type { Api, Schemas } from "../api";
+import { type Api, ApiError, NetworkError, type Schemas } from "../api";
 import type { RunSpecWithBundle } from "../api-pending";
 import { uploadFolder } from "./bundles";
 import {
@@ -146,7 +146,22 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
     ...(backend ? { backend } : {}),
     ...(opts.linger !== undefined ? { linger_seconds: seconds(opts.linger, "--linger") } : {}),
   };
-  const run = await client.call("post", "/v1/runs", { body: asSpec(spec) });
+  // One Idempotency-Key for the launch and its retries: a launch whose answer was lost is
+  // answered again by the API, never made twice.
+  const launch = { body: asSpec(spec), headers: { "idempotency-key": crypto.randomUUID() } };
+  let run: Awaited<ReturnType<typeof client.call<"/v1/runs", "post">>>;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      run = await client.call("post", "/v1/runs", launch);
+      break;
+    } catch (error) {
+      const again =
+        error instanceof NetworkError ||
+        (error instanceof ApiError && (error.status >= 500 || error.code === "idempotency_key_in_use"));
+      if (!again || attempt === 3) throw error;
+      await new Promise((r) => setTimeout(r, attempt * 1000));
+    }
+  }
   const agent = run.egressAgent
     ? [
         "this run egresses through your machine; run its egress agent (the token is shown only now):",

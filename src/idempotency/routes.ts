@@ -1,0 +1,63 @@
+import type { OpenAPIHono } from "@hono/zod-openapi";
+import { z } from "@hono/zod-openapi";
+import type { AppEnv } from "../context";
+import { Problem } from "../errors";
+import { IdempotencyKey } from "./middleware";
+
+// Which POSTs take an Idempotency-Key: every one that creates something. The list is the one
+// place that says so; app.ts applies the middleware to it, describeIdempotency puts the header
+// in the OpenAPI document, and test/worker/idempotency.test.ts fails when a POST of the document
+// is in neither list below.
+
+/** POSTs that create something: a retry must not make it twice (paths as the document has them). */
+export const IDEMPOTENT_POSTS = [
+  "/v1/runs",
+  "/v1/runs/{id}/egress-agent-token",
+  "/v1/vault/secrets",
+  "/v1/vault/rules",
+  "/v1/vault/hosts",
+  "/v1/vault/hosts/starter-pack",
+  "/v1/vault/hosts/from-blocked",
+  "/v1/vault/models",
+  "/v1/bundles",
+  "/v1/webhooks",
+  "/v1/webhooks/{id}/rotate-secret",
+  "/v1/bug-reports",
+] as const;
+
+/** POSTs that create nothing, and why a retry of one is already safe. */
+export const NOT_CREATING_POSTS: Record<string, string> = {
+  "/v1/vault/dry-run": "reads the vault and answers; changes nothing",
+  "/v1/runs/{id}/cancel": "a state change: cancelling twice is cancelling once",
+  "/v1/runs/{id}/halt": "a state change: halting twice is halting once",
+  "/v1/runs/{id}/resume": "a state change: resuming twice is resuming once",
+  "/v1/runs/{id}/linger": "sets the run's linger window; the same body sets the same window",
+};
+
+/** A document path as a Hono route pattern: `{id}` → `:id`. */
+export const honoPath = (path: string) => path.replaceAll(/\{([^}]+)\}/g, ":$1");
+
+const problemContent = { "application/problem+json": { schema: Problem } };
+
+/**
+ * Puts the Idempotency-Key header and its refusals (400, 409) on the covered operations of the
+ * document. Only the document: the middleware reads and checks the header itself, with the
+ * same schema. Call once all routes are mounted.
+ */
+export function describeIdempotency(app: OpenAPIHono<AppEnv>): void {
+  const covered = new Set<string>(IDEMPOTENT_POSTS);
+  for (const def of app.openAPIRegistry.definitions) {
+    if (def.type !== "route" || def.route.method !== "post" || !covered.has(def.route.path)) continue;
+    const route = def.route;
+    if (route.request?.headers) throw new Error(`${route.path} has headers of its own; merge them here`);
+    route.request = {
+      ...route.request,
+      headers: z.object({ "idempotency-key": IdempotencyKey.optional() }),
+    };
+    route.responses = {
+      400: { description: "Problem details", content: problemContent },
+      409: { description: "Problem details", content: problemContent },
+      ...route.responses,
+    };
+  }
+}
