@@ -7,6 +7,7 @@ import { issueCapability, revokeRunCapabilities } from "../compute/capability";
 import { loadConfig } from "../config";
 import type { Principal } from "../context";
 import type { ExecInfo } from "../contract/local-agent";
+import { consoleLog, levelOf } from "../contract/log";
 import { ProxyView } from "../contract/proxy-view";
 import { WiringProof } from "../contract/wiring";
 import { randomId } from "../crypto/api-keys";
@@ -242,9 +243,7 @@ export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): 
   try {
     await coordinatorStub(env, run.id).start(run.id);
   } catch (error) {
-    console.error(
-      JSON.stringify({ event: "run_start_deferred", runId: run.id, error: (error as Error).name }),
-    );
+    consoleLog("error", { event: "run_start_deferred", runId: run.id, error: (error as Error).name });
   }
   return run;
 }
@@ -318,7 +317,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     note: (runId, note) => runsService.addNote(db, runId, note),
     event: (runId, key, kind, detail) => runsService.addEvent(db, runId, key, kind, detail),
     setRunFields: (runId, fields) => runsService.setRunFields(db, runId, fields),
-    log: (event) => console.warn(JSON.stringify(event)),
+    log: (event) => consoleLog(levelOf(event) === "info" ? "warn" : levelOf(event), event),
     readVault: async (runId) => {
       try {
         // Bounded by the database itself: a read that waits longer (a lock, a slow compute) is

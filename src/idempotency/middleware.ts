@@ -2,6 +2,7 @@ import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../context";
+import { consoleLog } from "../contract/log";
 import type { ReplayHeaders } from "../db/schema";
 import { ApiError } from "../errors";
 import {
@@ -186,12 +187,10 @@ async function settle(c: Context<AppEnv>, key: string): Promise<void> {
   } catch (error) {
     // The answer stands; the key stays claimed and unanswered (a retry gets in_use, never a
     // second run). The error's class only: driver messages can quote parameters.
-    console.error(
-      JSON.stringify({
-        event: "idempotency_record_failed",
-        requestId: c.var.requestId,
-        error: (error as Error).name,
-      }),
-    );
+    consoleLog("error", {
+      event: "idempotency_record_failed",
+      requestId: c.var.requestId,
+      error: (error as Error).name,
+    });
   }
 }

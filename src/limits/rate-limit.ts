@@ -1,6 +1,7 @@
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../context";
+import { consoleLog } from "../contract/log";
 import { ApiError, Problem } from "../errors";
 
 // Per-API-key request rate on /v1 (case K4), counted by Cloudflare's Workers rate-limiting
@@ -17,13 +18,11 @@ export const rateLimit = createMiddleware<AppEnv>(async (c, next) => {
     allowed = (await c.env.API_RATE_LIMIT.limit({ key: c.var.principal.keyId })).success;
   } catch (error) {
     // The counter is abuse protection, not the boundary: if it is away, requests go on (and say so).
-    console.error(
-      JSON.stringify({
-        event: "rate_limit_unavailable",
-        requestId: c.var.requestId,
-        error: (error as Error).name,
-      }),
-    );
+    consoleLog("error", {
+      event: "rate_limit_unavailable",
+      requestId: c.var.requestId,
+      error: (error as Error).name,
+    });
   }
   if (!allowed) {
     throw new ApiError(

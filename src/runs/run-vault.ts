@@ -1,4 +1,5 @@
 import { and, eq, inArray } from "drizzle-orm";
+import { consoleLog } from "../contract/log";
 import { describeIssues, PolicyEnvelope } from "../contract/proxy-wire";
 import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
@@ -78,15 +79,13 @@ export async function runPolicyEnvelope(
       } catch (error) {
         if (!(error instanceof VaultDecryptError)) throw error;
         // Ids and the reason only; the message of a decrypt error never holds a value either.
-        console.error(
-          JSON.stringify({
-            event: "vault_unreadable",
-            runId: run.id,
-            secretId: secret.id,
-            reason: error.reason,
-            keyId: error.keyId ?? null,
-          }),
-        );
+        consoleLog("error", {
+          event: "vault_unreadable",
+          runId: run.id,
+          secretId: secret.id,
+          reason: error.reason,
+          keyId: error.keyId ?? null,
+        });
         return fail(
           "vault_unreadable",
           `The secret ${secret.name} of this run's vault could not be decrypted (${error.reason}).`,
