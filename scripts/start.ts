@@ -121,7 +121,7 @@ Benchwright boundary is up (database: ${wsProxy ? "embedded PGlite in .data/pgli
   API        ${base}/v1
   OpenAPI    ${base}/v1/openapi.json
   Dev user   ${DEV_EMAIL}
-  API key    ${devKey}
+  API key    in .data/dev-api-key (0600; as a curl header in .data/dev-auth-header)
 `);
   if (cannot !== null || !upstream) {
     console.log(`No demo run: this machine cannot make sandboxes (${cannot}).
@@ -144,7 +144,7 @@ nftables and util-linux installed to see one go through the boundary.
 const EXAMPLE_ENVIRONMENT = "examples";
 
 async function devApiKey(databaseUrl: string, environment = "default"): Promise<string> {
-  // Kept (0600) in .data so a restart prints the same key; the database keeps only its hash.
+  // Kept (0600) in .data so a restart keeps the same key; the database keeps only its hash.
   const { db, pool } = nodeDb(databaseUrl);
   try {
     const file = join(DATA, environment === "default" ? "dev-api-key" : `dev-api-key-${environment}`);
@@ -155,9 +155,16 @@ async function devApiKey(databaseUrl: string, environment = "default"): Promise<
           .from(apiKeys)
           .where(eq(apiKeys.hash, await hashApiKey(kept)))
       : [];
-    if (known.length > 0) return kept;
-    const key = (await provisionApiKey(db, { email: DEV_EMAIL, environment, keyName: "npm start" })).key;
+    const key =
+      known.length > 0
+        ? kept
+        : (await provisionApiKey(db, { email: DEV_EMAIL, environment, keyName: "npm start" })).key;
     writeFileSync(file, `${key}\n`, { mode: 0o600 });
+    // The same key as a header for `curl -H @file` (case K5): the commands printed below name the
+    // file, so the key is never on a command line or in the terminal's scrollback.
+    writeFileSync(`${file.replace("dev-api-key", "dev-auth-header")}`, `authorization: Bearer ${key}\n`, {
+      mode: 0o600,
+    });
     return key;
   } finally {
     await pool.end();
@@ -264,7 +271,7 @@ Example run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 
   each task's API call got the vault's key, the task never held it .. ${check(keyed >= 3 && each((r) => r.json?.api?.status === 200 && !r.text.includes(demoKey)))}
 
 Look at it:
-  curl -s -H "authorization: Bearer $(cat .data/dev-api-key-${EXAMPLE_ENVIRONMENT})" ${base}/v1/runs/${id}/artifacts
+  curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/runs/${id}/artifacts
 or with the CLI: npx benchwright runs artifacts ${id} --out results/
 `);
 }
@@ -303,10 +310,10 @@ Demo run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 100
   ... and recorded: ${blocked.map((b) => `${b.host} ×${b.seenCount}`).join(", ") || "(not yet)"}
 
 Look at it:
-  curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}
-  curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}/blocked-hosts
-  curl -s -H "authorization: Bearer ${key}" ${base}/v1/runs/${id}/egress-routes
-or in a browser: ${base}/runs/${id} (log in with the API key above)
+  curl -s -H @.data/dev-auth-header ${base}/v1/runs/${id}
+  curl -s -H @.data/dev-auth-header ${base}/v1/runs/${id}/blocked-hosts
+  curl -s -H @.data/dev-auth-header ${base}/v1/runs/${id}/egress-routes
+or in a browser: ${base}/runs/${id} (log in with the API key in .data/dev-api-key)
 or with the CLI: npx benchwright login --url ${base} < .data/dev-api-key && npx benchwright demo
 `);
 }
