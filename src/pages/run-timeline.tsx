@@ -241,7 +241,7 @@ function Drawing(props: { phases: Phase[]; marks: Mark[] }) {
       <g>
         <line x1={tx} x2={tx} y1={0} y2={lanes * LANE_H + 4} />
         <text x={tx} y={height - 5} text-anchor="middle">
-          {t === 0 ? "0 s" : took(t)}
+          {t < 60_000 ? `${t / 1000} s` : took(t)}
         </text>
       </g>,
     );
