@@ -16,6 +16,7 @@ const when = (d: Date) => `${d.toISOString().slice(0, 16).replace("T", " ")} UTC
 const n = (v: number) => v.toLocaleString("en-US");
 
 export const BLOCKED_CHART_STYLE = `
+figure.per-day{margin:.6rem 0}
 svg.per-day{width:100%;max-width:44rem;height:auto;background:#f6f7f9;border:1px solid #e6e9ed;border-radius:4px;font-size:11px}
 svg.per-day .bar{fill:#c23030}svg.per-day text{fill:#666}svg.per-day line{stroke:#d8dde3}
 `;
@@ -36,7 +37,7 @@ export function DeniedPerDay(props: { days: BlockedDay[] }) {
   const width = days.length * COL_W;
   const base = TOP + CHART_H;
   return (
-    <figure>
+    <figure class="per-day">
       <svg
         class="per-day"
         viewBox={`0 0 ${width} ${base + AXIS_H}`}
