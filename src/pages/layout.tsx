@@ -41,7 +41,13 @@ function currentSession(): Session | undefined {
   return tryGetContext<{ Variables: { session?: Session } }>()?.var.session;
 }
 
-export function Layout(props: { title: string; csrf?: string | undefined; children?: Child }) {
+export function Layout(props: {
+  title: string;
+  csrf?: string | undefined;
+  /** Reload the page after `seconds` at `url` (a same-origin path): a live page, without script. */
+  refresh?: { seconds: number; url: string } | undefined;
+  children?: Child;
+}) {
   const session = currentSession();
   return (
     <html lang="en">
@@ -49,6 +55,9 @@ export function Layout(props: { title: string; csrf?: string | undefined; childr
         <meta charset="utf-8" />
         <meta name="viewport" content="width=device-width, initial-scale=1" />
         <title>{`${props.title} · Benchwright`}</title>
+        {props.refresh ? (
+          <meta http-equiv="refresh" content={`${props.refresh.seconds}; url=${props.refresh.url}`} />
+        ) : null}
         <style>{STYLE}</style>
       </head>
       <body>

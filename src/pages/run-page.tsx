@@ -17,7 +17,11 @@ import {
 import { MAX_LINGER_SECONDS, storedSpec } from "../runs/spec";
 import { Flash, Layout, PostForm, When } from "./layout";
 import { MODEL_CARD_STYLE, ModelCard } from "./model-card";
-import { commandsFor, Stages } from "./run-stages";
+import { Artifacts, BugReports } from "./run-artifacts";
+import { DeniedHosts, EgressRoutes } from "./run-audit-cards";
+import { Stages } from "./run-stages";
+import { TIMELINE_STYLE, Timeline } from "./run-timeline";
+import { Trace } from "./run-trace";
 
 // The run dashboard (/runs/{id}): why the run is where it is, what the platform changed about
 // its network, what its boundary proved and refused, and the controls the API offers. Everything
@@ -27,12 +31,6 @@ import { commandsFor, Stages } from "./run-stages";
 export type SandboxRow = Awaited<ReturnType<typeof runSandboxes>>[number];
 type BlockedRow = typeof blockedHostLog.$inferSelect;
 type RouteRow = typeof egressRouteLog.$inferSelect;
-
-/** Trace rows shown (transitions, notes, proxy events, bug reports): the first and the last. */
-export const TRACE_HEAD_ROWS = 50;
-export const TRACE_TAIL_ROWS = 250;
-/** Command output shown per sandbox; the API's trace has all that was kept (256 KiB a run). */
-export const OUTPUT_CHARS_SHOWN = 64 * 1024;
 
 export interface RunView {
   run: RunRow;
@@ -59,6 +57,44 @@ export interface RunView {
   csrf: string;
   /** A fresh egress agent command, on the one answer to the form that made it (never stored). */
   egressAgentCommand?: string | undefined;
+  /** The reader asked the page not to reload itself (`?refresh=off`), to fill in a form. */
+  refreshOff?: boolean | undefined;
+}
+
+/** How often a live run's page reloads itself. */
+export const REFRESH_SECONDS = 5;
+
+/**
+ * Where and when a live run's page reloads itself, or null. Only while the run moves on its own
+ * (a lingering run waits for its window, an ended one for nothing). The reload keeps the cards'
+ * cursors and drops an ok flash (read once); a page answering a form with something to read or
+ * redo (an error, a refused report's title, the egress agent's command shown once) stays put.
+ */
+export function pageRefresh(view: RunView): { seconds: number; url: string } | null {
+  const { run, flash } = view;
+  if (isTerminal(run.status) || run.status === "lingering" || view.refreshOff) return null;
+  if (flash.error || view.keptTitle !== undefined || view.egressAgentCommand) return null;
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(view.query)) if (v) q.set(k, v);
+  const query = q.toString();
+  return { seconds: REFRESH_SECONDS, url: `/runs/${encodeURIComponent(run.id)}${query ? `?${query}` : ""}` };
+}
+
+/** Says whether the page reloads itself, with the way to stop it (or to follow the run again). */
+function Live(props: { view: RunView; refresh: { seconds: number; url: string } | null }) {
+  const { run } = props.view;
+  if (isTerminal(run.status) || run.status === "lingering") return null;
+  const here = `/runs/${encodeURIComponent(run.id)}`;
+  return props.refresh ? (
+    <p class="muted" id="live">
+      Live: this page reloads itself every {props.refresh.seconds} s while the run moves.{" "}
+      <a href={`${here}?refresh=off`}>Stop reloading</a> (to fill in a form).
+    </p>
+  ) : (
+    <p class="muted" id="live">
+      This page does not reload itself now. <a href={here}>Follow the run</a>
+    </p>
+  );
 }
 
 // A few additions to the layout's sheet, for this page only.
@@ -85,11 +121,6 @@ export function StatusPill(props: { run: Pick<RunRow, "status" | "reason"> }) {
         : "live";
   return <span class={`pill ${tone}`}>{status}</span>;
 }
-
-const text = (detail: unknown): string | null => {
-  const t = (detail as { text?: unknown } | null)?.text;
-  return typeof t === "string" ? t : null;
-};
 
 const seconds = (s: number) =>
   s >= 3600 && s % 3600 === 0
@@ -440,443 +471,14 @@ function Sandboxes(props: { run: RunRow; sandboxes: SandboxRow[] }) {
   );
 }
 
-// ---- trace ----
-
-function describeEvent(e: TraceRow): { what: Child; detail: Child } {
-  const d = e.detail as Record<string, unknown> | null;
-  switch (e.kind) {
-    case "transition":
-      return {
-        what: (
-          <>
-            → <strong>{e.state}</strong> <code>{e.reason}</code>
-          </>
-        ),
-        detail: text(d),
-      };
-    case "note":
-      if (d && typeof d.stage === "string") return { what: d.stage, detail: text(d) };
-      if (d && typeof d.level === "string" && typeof d.code === "string") {
-        return {
-          what: (
-            <>
-              {d.level} <code>{d.code}</code>
-            </>
-          ),
-          detail: text(d),
-        };
-      }
-      return { what: "note", detail: text(d) };
-    case "proxy":
-      if (d && "proof" in d) {
-        const ok = (d.proof as { ok?: unknown } | null)?.ok === true;
-        return {
-          what: d.installed === true ? "wiring proved again" : "wiring",
-          detail: `${String(d.name)} (${String(d.routing)}): ${ok ? "proved" : "not proved"}`,
-        };
-      }
-      return { what: "proxy ready", detail: `policy version ${String(d?.policyVersion ?? "?")}` };
-    case "bug_report":
-      return { what: "bug report", detail: String(d?.title ?? "") };
-    default:
-      return { what: e.kind, detail: null };
-  }
-}
-
-function TraceTable(props: { runId: string; rows: TraceRow[] }) {
-  const rows = props.rows;
-  const skipped = Math.max(0, rows.length - TRACE_HEAD_ROWS - TRACE_TAIL_ROWS);
-  const shown: (TraceRow | null)[] =
-    skipped > 0 ? [...rows.slice(0, TRACE_HEAD_ROWS), null, ...rows.slice(-TRACE_TAIL_ROWS)] : rows;
-  return (
-    <table>
-      <thead>
-        <tr>
-          <th style="width:12rem">At</th>
-          <th style="width:16rem">What</th>
-          <th>Detail</th>
-        </tr>
-      </thead>
-      <tbody>
-        {shown.map((e) => {
-          if (e === null) {
-            return (
-              <tr>
-                <td colspan={3} class="muted">
-                  … {skipped} rows not shown here (GET /v1/runs/{props.runId} has the whole trace) …
-                </td>
-              </tr>
-            );
-          }
-          const { what, detail } = describeEvent(e);
-          return (
-            <tr>
-              <td>
-                <When at={e.at} />
-              </td>
-              <td>{what}</td>
-              <td>{detail}</td>
-            </tr>
-          );
-        })}
-      </tbody>
-    </table>
-  );
-}
-
-interface OutputChunk {
-  sandbox: string;
-  name: string;
-  /** "setup" for a setup command's output; absent or "execute" for a command's. */
-  stage?: string;
-  command: number;
-  stream?: string;
-  text?: string;
-  truncated?: boolean;
-  exitCode?: number | null;
-  signal?: string | null;
-}
-
-/** One sandbox's output, in the order it was recorded, cut at OUTPUT_CHARS_SHOWN characters. */
-function SandboxOutput(props: {
-  runId: string;
-  name: string;
-  chunks: OutputChunk[];
-  commands: readonly string[];
-  setup: readonly string[];
-}) {
-  let room = OUTPUT_CHARS_SHOWN;
-  let hidden = 0;
-  let cut = false;
-  const blocks: Child[] = [];
-  let current = "";
-  for (const c of props.chunks) {
-    const setup = c.stage === "setup";
-    if (`${setup}:${c.command}` !== current) {
-      current = `${setup}:${c.command}`;
-      const cmd = (setup ? props.setup : props.commands)[c.command];
-      blocks.push(
-        <div class="mono muted">
-          $ {setup ? "setup" : "command"} {c.command + 1}
-          {cmd ? `: ${cmd.length > 160 ? `${cmd.slice(0, 160)}…` : cmd}` : ""}
-        </div>,
-      );
-    }
-    if (c.text !== undefined) {
-      if (c.truncated) cut = true;
-      const kept = c.text.slice(0, Math.max(0, room));
-      hidden += c.text.length - kept.length;
-      room -= kept.length;
-      if (kept.length > 0)
-        blocks.push(<pre class={c.stream === "stderr" ? "stderr" : undefined}>{kept}</pre>);
-    } else if ("exitCode" in c) {
-      blocks.push(
-        <div class="muted">
-          exited {c.exitCode ?? "—"}
-          {c.signal ? ` (signal ${c.signal})` : ""}
-        </div>,
-      );
-    }
-  }
-  return (
-    <details>
-      <summary>
-        Output of <strong>{props.name}</strong>
-      </summary>
-      {blocks}
-      {hidden > 0 ? (
-        <p class="muted">
-          {hidden} more characters not shown here; GET /v1/runs/{props.runId} has all the trace kept.
-        </p>
-      ) : null}
-      {cut ? (
-        <p class="muted">
-          The run reached its trace limit (256 KiB of output); later output was counted, not kept.
-        </p>
-      ) : null}
-    </details>
-  );
-}
-
-function Trace(props: { run: RunRow; trace: TraceRow[] }) {
-  const events = props.trace.filter((e) => e.kind !== "output");
-  const outputs = new Map<string, { name: string; chunks: OutputChunk[] }>();
-  for (const e of props.trace) {
-    if (e.kind !== "output") continue;
-    const c = e.detail as OutputChunk | null;
-    if (!c || typeof c.sandbox !== "string") continue;
-    const group = outputs.get(c.sandbox) ?? { name: String(c.name), chunks: [] };
-    group.chunks.push(c);
-    outputs.set(c.sandbox, group);
-  }
-  const spec = storedSpec(props.run.spec);
-  return (
-    <Card id="trace" title="Trace">
-      <TraceTable runId={props.run.id} rows={events} />
-      <h3>Command output</h3>
-      {outputs.size === 0 ? (
-        <p class="empty">No command output{isTerminal(props.run.status) ? "." : " yet."}</p>
-      ) : (
-        [...outputs.values()].map((o) => (
-          <SandboxOutput
-            runId={props.run.id}
-            name={o.name}
-            chunks={o.chunks}
-            {...commandsFor(spec, o.name)}
-          />
-        ))
-      )}
-    </Card>
-  );
-}
-
-// ---- audit: denied hosts and egress routes ----
-
-function nextLink(
-  runId: string,
-  query: RunView["query"],
-  key: keyof RunView["query"],
-  cursor: string | null,
-) {
-  if (!cursor) return null;
-  const q = new URLSearchParams();
-  for (const [k, v] of Object.entries(query)) if (v && k !== key) q.set(k, v);
-  q.set(key, cursor);
-  return <a href={`/runs/${runId}?${q.toString()}#${key === "blocked" ? "denied" : key}`}>Next page →</a>;
-}
-
-function BadPage(props: { runId: string; anchor: string; detail: string }) {
-  return (
-    <p class="error">
-      {props.detail} <a href={`/runs/${props.runId}#${props.anchor}`}>First page</a>
-    </p>
-  );
-}
-
-function DeniedHosts(props: { view: RunView }) {
-  const { run, blocked, csrf, query } = props.view;
-  return (
-    <Card id="denied" title="Denied hosts">
-      <p class="muted">
-        Hosts this run's boundary refused (host and counts only). Allowing one adds an allow entry to the
-        vault; the run's proxy picks it up within seconds.
-      </p>
-      {!blocked.ok ? (
-        <BadPage runId={run.id} anchor="denied" detail={blocked.error.detail} />
-      ) : blocked.value.items.length === 0 ? (
-        <p class="empty">No host was refused{query.blocked ? " on this page" : ""}.</p>
-      ) : (
-        <>
-          <table>
-            <thead>
-              <tr>
-                <th>Host</th>
-                <th style="width:5rem">Count</th>
-                <th style="width:11rem">First seen</th>
-                <th style="width:11rem">Last seen</th>
-                <th style="width:6rem">Source</th>
-                <th style="width:10rem" />
-              </tr>
-            </thead>
-            <tbody>
-              {blocked.value.items.map((h) => (
-                <tr>
-                  <td class="mono host">{h.host}</td>
-                  <td>{h.seenCount}</td>
-                  <td>
-                    <When at={h.firstSeen} />
-                  </td>
-                  <td>
-                    <When at={h.lastSeen} />
-                  </td>
-                  <td>{h.source === "local_agent" ? "local agent" : h.source}</td>
-                  <td>
-                    <PostForm action={`/runs/${run.id}/allow-host`} csrf={csrf} class="inline">
-                      <input type="hidden" name="host" value={h.host} />
-                      <button type="submit">Allow this host</button>
-                    </PostForm>
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-          {nextLink(run.id, query, "blocked", blocked.value.nextCursor)}
-        </>
-      )}
-    </Card>
-  );
-}
-
-function EgressRoutes(props: { view: RunView }) {
-  const { run, routes, query } = props.view;
-  return (
-    <Card id="routes" title="Egress routes">
-      {!routes.ok ? (
-        <BadPage runId={run.id} anchor="routes" detail={routes.error.detail} />
-      ) : routes.value.items.length === 0 ? (
-        <p class="empty">No traffic recorded{query.routes ? " on this page" : ""}.</p>
-      ) : (
-        <>
-          <table>
-            <thead>
-              <tr>
-                <th>Host</th>
-                <th style="width:6rem">Route</th>
-                <th style="width:5rem">Count</th>
-                <th style="width:11rem">Last seen</th>
-              </tr>
-            </thead>
-            <tbody>
-              {routes.value.items.map((r) => (
-                <tr>
-                  <td class="mono host">{r.host}</td>
-                  <td>{r.route}</td>
-                  <td>{r.count}</td>
-                  <td>
-                    <When at={r.lastSeen} />
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-          {nextLink(run.id, query, "routes", routes.value.nextCursor)}
-        </>
-      )}
-    </Card>
-  );
-}
-
-// ---- artifacts ----
-
-function Artifacts(props: { view: RunView }) {
-  const { run, artifacts } = props.view;
-  if (!artifacts?.ok) return null;
-  const { artifacts: files, cut } = artifacts.value;
-  const size = (n: number | null) => (n === null ? "—" : `${n} B`);
-  return (
-    <Card id="artifacts" title="Artifacts">
-      <p class="muted">
-        The files the run's commands left in <code>$BW_OUT</code> of each sandbox, collected when they ended.
-      </p>
-      {files.length === 0 ? (
-        <p class="empty">No artifacts{isTerminal(run.status) ? "." : " yet."}</p>
-      ) : (
-        <table>
-          <thead>
-            <tr>
-              <th style="width:8rem">Sandbox</th>
-              <th>Path</th>
-              <th style="width:7rem">Size</th>
-              <th>SHA-256</th>
-            </tr>
-          </thead>
-          <tbody>
-            {files.map((a) => (
-              <tr>
-                <td>{a.sandboxName}</td>
-                <td class="mono">
-                  <a href={`/runs/${run.id}/artifacts/${a.id}`} download>
-                    {a.path}
-                  </a>
-                </td>
-                <td>{size(a.size)}</td>
-                <td class="mono muted">{a.sha256}</td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      )}
-      {cut.length === 0 ? null : (
-        <>
-          <h3>Cut</h3>
-          <p class="muted">
-            Not collected: past the size or count bound, a symlink (never followed), or not a regular readable
-            file.
-          </p>
-          <table>
-            <thead>
-              <tr>
-                <th style="width:8rem">Sandbox</th>
-                <th>Path</th>
-                <th style="width:8rem">Why</th>
-                <th style="width:7rem">Size</th>
-              </tr>
-            </thead>
-            <tbody>
-              {cut.map((a) => (
-                <tr>
-                  <td>{a.sandboxName}</td>
-                  <td class="mono">{a.path}</td>
-                  <td>{a.cutReason}</td>
-                  <td>{size(a.size)}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </>
-      )}
-    </Card>
-  );
-}
-
-// ---- bug reports ----
-
-function BugReports(props: { view: RunView }) {
-  const { run, reports, csrf, query } = props.view;
-  return (
-    <Card id="reports" title="Bug reports">
-      {!reports.ok ? (
-        <BadPage runId={run.id} anchor="reports" detail={reports.error.detail} />
-      ) : reports.value.items.length === 0 ? (
-        <p class="empty">No bug reports{query.reports ? " on this page" : ""}.</p>
-      ) : (
-        <>
-          {reports.value.items.map((r) => (
-            <details>
-              <summary>
-                <strong>{r.title}</strong> <span class="muted">· </span>
-                <When at={r.createdAt} /> <span class="mono muted">{r.id}</span>
-              </summary>
-              <pre>{r.body}</pre>
-            </details>
-          ))}
-          {nextLink(run.id, query, "reports", reports.value.nextCursor)}
-        </>
-      )}
-      <h3>File a bug report</h3>
-      <PostForm action={`/runs/${run.id}/bug-reports`} csrf={csrf}>
-        <p>
-          <label>
-            Title{" "}
-            <input
-              type="text"
-              name="title"
-              required
-              maxlength={200}
-              size={60}
-              value={props.view.keptTitle ?? ""}
-            />
-          </label>
-        </p>
-        <p>
-          <label>
-            What happened
-            <br />
-            <textarea name="body" required rows={6} />
-          </label>
-        </p>
-        <button type="submit">File the report</button>{" "}
-        <span class="muted">It joins the run's trace; ended runs take reports too.</span>
-      </PostForm>
-    </Card>
-  );
-}
-
 export function RunPage(props: { view: RunView }) {
   const { run, trace, sandboxes, flash, csrf } = props.view;
+  const refresh = pageRefresh(props.view);
+  const now = props.view.renderedAt ?? new Date();
+  const blocked = props.view.blocked;
   return (
-    <Layout title={`Run ${run.id}`} csrf={csrf}>
-      <style>{STYLE + MODEL_CARD_STYLE}</style>
+    <Layout title={`Run ${run.id}`} csrf={csrf} refresh={refresh ?? undefined}>
+      <style>{STYLE + MODEL_CARD_STYLE + TIMELINE_STYLE}</style>
       <p>
         <a href="/runs">← Runs</a>
       </p>
@@ -884,7 +486,9 @@ export function RunPage(props: { view: RunView }) {
         Run <span class="mono">{run.id}</span>
       </h1>
       <Flash ok={flash.ok} error={flash.error} />
+      <Live view={props.view} refresh={refresh} />
       <Summary view={props.view} />
+      <Timeline run={run} trace={trace} denials={blocked.ok ? blocked.value.items : []} now={now} />
       <Controls view={props.view} />
       <EgressAgent view={props.view} />
       <Notes run={run} />
@@ -895,7 +499,7 @@ export function RunPage(props: { view: RunView }) {
         use={props.view.model}
         calls={props.view.modelCalls}
         ended={isTerminal(run.status)}
-        at={props.view.renderedAt ?? new Date()}
+        at={now}
       />
       <Sandboxes run={run} sandboxes={sandboxes} />
       <Stages run={run} trace={trace} />

@@ -199,6 +199,7 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
         keptTitle: query(c, "title"),
         csrf: c.var.session.csrf,
         egressAgentCommand,
+        refreshOff: query(c, "refresh") === "off",
       }}
     />,
   );

@@ -40,6 +40,21 @@ interface SandboxStages {
   reproved: boolean | null;
   commands: Map<number, Exit>;
   collected: { ok: boolean; files: number; bytes: number; cut: number; error: string | null } | null;
+  /** When its last setup-stage row (bundle, setup output or exit, seal) was recorded. */
+  setupLast: Date | null;
+  /** When its first execute-stage row (re-proof, command output or exit, collect) was recorded. */
+  executeFirst: Date | null;
+}
+
+/** Which of a sandbox's two stages a trace row belongs to, if either (the timeline splits on it). */
+function stageOfRow(kind: string, d: StageEvent): "setup" | "execute" | null {
+  if (kind === "output") return d.stage === "setup" ? "setup" : "execute";
+  if (kind === "proxy") return d.installed === true ? "execute" : null;
+  if (kind === "note") {
+    if (d.stage === "bundle" || d.stage === "seal") return "setup";
+    if (d.stage === "collect") return "execute";
+  }
+  return null;
 }
 
 const num = (v: unknown) => (typeof v === "number" ? v : 0);
@@ -60,8 +75,13 @@ export function stagesOf(trace: TraceRow[]): Map<string, SandboxStages> {
       reproved: null,
       commands: new Map(),
       collected: null,
+      setupLast: null,
+      executeFirst: null,
     };
     out.set(sandbox, s);
+    const stage = stageOfRow(e.kind, d);
+    if (stage === "setup") s.setupLast = e.at;
+    else if (stage === "execute") s.executeFirst ??= e.at;
     if (e.kind === "output" && "exitCode" in d) {
       const exit = {
         exitCode: typeof d.exitCode === "number" ? d.exitCode : null,

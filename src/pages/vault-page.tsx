@@ -14,13 +14,14 @@ import { fail, ok, type Result } from "../errors";
 import { buildPolicyIndex } from "../policy/compile";
 import { isCanonicalIp } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
-import { type AccountBlockedHost, type BlockedSource, listBlockedHosts } from "../runs/blocked-hosts";
-import { listRuns, type Page } from "../runs/service";
+import { blockedPerDay, listBlockedHosts } from "../runs/blocked-hosts";
+import { listRuns } from "../runs/service";
 import { dryRun, type HostOutcome } from "../vault/dry-run";
 import { listModels } from "../vault/models";
 import * as vault from "../vault/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm, readFlash } from "./layout";
+import { BLOCKED_CHART_STYLE, BLOCKED_PAGE, BlockedSection, vaultBlockedRoutes } from "./vault-blocked";
 import {
   act,
   answer,
@@ -37,7 +38,7 @@ import {
 import { ModelsSection, vaultModelRoutes } from "./vault-models";
 
 // The vault page (/manage/vault): routing mode, secrets, rules, host policy, models (their own
-// module, vault-models.tsx), recent blocked hosts and a dry run of a change. Every form posts to
+// module, vault-models.tsx), recent blocked hosts (vault-blocked.tsx) and a dry run of a change. Every form posts to
 // /manage/vault/... and is answered with a 303 back to the page with a flash (`?ok=` or `?error=`,
 // the service's own detail); a refused form keeps its input (never a value). The page calls the same service functions as the API
 // (src/vault/service.ts, src/runs/blocked-hosts.ts, src/vault/dry-run.ts), so it cannot drift from
@@ -662,110 +663,6 @@ function hostVia(v: string | undefined): EgressVia | null | undefined {
   return parsed.success ? parsed.data : undefined;
 }
 
-// ---- recent blocked hosts ----
-
-const BLOCKED_PAGE = 25;
-
-const SOURCE_TEXT: Record<BlockedSource, string> = {
-  proxy: "proxy",
-  local_agent: "local agent",
-  both: "proxy and local agent",
-};
-
-function BlockedSection(props: {
-  c: Ctx;
-  csrf: string;
-  page: Result<Page<AccountBlockedHost>>;
-  /** Decides a host as a run started now would (the compiled policy's own lookup). */
-  decide: (host: string) => HostAction;
-}) {
-  const { c, csrf, page } = props;
-  const cursor = c.req.query("blockedCursor");
-  return (
-    <Section id="blocked" title="Recent blocked hosts">
-      <p class="muted">
-        Hosts your runs were refused, across all runs, most recently seen first. Hosts and counts only: paths,
-        queries and bodies are never recorded.
-      </p>
-      {!page.ok ? (
-        <p class="error">
-          {page.error.detail} <a href={`${PAGE}#blocked`}>Back to the first page</a>
-        </p>
-      ) : page.value.items.length === 0 ? (
-        <p class="empty">{cursor ? "No more blocked hosts." : "No run has been refused a host yet."}</p>
-      ) : (
-        <table>
-          <colgroup>
-            <col />
-            <col class="c-num" />
-            <col class="c-date" />
-            <col class="c-date" />
-            <col class="c-act" />
-            <col class="c-form" />
-            <col class="c-btn" />
-          </colgroup>
-          <thead>
-            <tr>
-              <th>Host</th>
-              <th>Seen</th>
-              <th>First seen</th>
-              <th>Last seen</th>
-              <th>Refused by</th>
-              <th>Runs</th>
-              <th>Action</th>
-            </tr>
-          </thead>
-          <tbody>
-            {page.value.items.map((h) => (
-              <tr>
-                <td>
-                  <code>{h.host}</code>
-                </td>
-                <td>{h.seenCount}</td>
-                <td>{when(h.firstSeen)}</td>
-                <td>{when(h.lastSeen)}</td>
-                <td>{SOURCE_TEXT[h.source]}</td>
-                <td>
-                  {h.runs.map((id, i) => (
-                    <>
-                      {i > 0 ? ", " : ""}
-                      <a href={`/runs/${encodeURIComponent(id)}`} class="mono">
-                        {id}
-                      </a>
-                    </>
-                  ))}
-                  {h.runCount > h.runs.length ? ` and ${h.runCount - h.runs.length} more` : ""}
-                </td>
-                <td>
-                  {props.decide(h.host) === "allow" ? (
-                    <span class="muted">allowed now</span>
-                  ) : (
-                    <PostForm action={`${PAGE}/blocked-hosts/allow`} csrf={csrf}>
-                      <input type="hidden" name="host" value={h.host} />
-                      {cursor ? <input type="hidden" name="blockedCursor" value={cursor} /> : null}
-                      <button type="submit">Allow this host</button>
-                    </PostForm>
-                  )}
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      )}
-      {cursor || (page.ok && page.value.nextCursor) ? (
-        <p class="muted">
-          {cursor ? <a href={`${PAGE}#blocked`}>First page</a> : null}{" "}
-          {page.ok && page.value.nextCursor ? (
-            <a href={`${PAGE}?blockedCursor=${encodeURIComponent(page.value.nextCursor)}#blocked`}>
-              Next page
-            </a>
-          ) : null}
-        </p>
-      ) : null}
-    </Section>
-  );
-}
-
 // ---- dry run ----
 
 const RECENT_RUNS = 20;
@@ -1020,13 +917,14 @@ async function dryRunPage(c: Ctx): Promise<Response> {
 
 async function vaultPage(c: Ctx): Promise<Response> {
   const p = who(c);
-  const [secrets, rules, hosts, models, doc, blocked, recent] = await Promise.all([
+  const [secrets, rules, hosts, models, doc, blocked, perDay, recent] = await Promise.all([
     vault.listSecrets(db(c), p),
     vault.listRules(db(c), p),
     vault.listHosts(db(c), p),
     listModels(db(c), p),
     vault.previewPolicy(db(c), p, { egress: "direct" }),
     listBlockedHosts(db(c), p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined }),
+    blockedPerDay(db(c), p, new Date()),
     listRuns(db(c), p, RECENT_RUNS, undefined),
   ]);
   const index = buildPolicyIndex(doc);
@@ -1035,6 +933,7 @@ async function vaultPage(c: Ctx): Promise<Response> {
   const csrf = c.var.session.csrf;
   return c.html(
     <Layout title="Vault" csrf={csrf}>
+      <style>{BLOCKED_CHART_STYLE}</style>
       <h1>Vault</h1>
       <Flash {...(await readFlash(csrf, (k) => c.req.query(k)))} />
       <RoutingSection doc={doc} csrf={csrf} />
@@ -1042,7 +941,13 @@ async function vaultPage(c: Ctx): Promise<Response> {
       <RulesSection c={c} csrf={csrf} rules={rules} secrets={secrets.map((s) => s.name)} />
       <HostsSection c={c} csrf={csrf} hosts={hosts} defaultAction={doc.default} />
       <ModelsSection c={c} csrf={csrf} models={models} secrets={secrets.map((s) => s.name)} />
-      <BlockedSection c={c} csrf={csrf} page={blocked} decide={(h) => index.decideHost(h).action} />
+      <BlockedSection
+        c={c}
+        csrf={csrf}
+        page={blocked}
+        days={perDay}
+        decide={(h) => index.decideHost(h).action}
+      />
       <DrySection c={c} runs={recent.ok ? recent.value.items.map((r) => r.id) : []} />
     </Layout>,
   );
@@ -1053,6 +958,7 @@ const plural = (n: number, one: string) => `${n} ${one}${n === 1 ? "" : "s"}`;
 export const vaultPageRoutes = new Hono<PageEnv>()
   .get(PAGE, vaultPage)
   .route("/", vaultModelRoutes)
+  .route("/", vaultBlockedRoutes)
   // ---- secrets ----
   .post(`${PAGE}/secrets`, (c) =>
     act(c, "secrets", async () => {
@@ -1237,26 +1143,6 @@ export const vaultPageRoutes = new Hono<PageEnv>()
             : "."),
         "hosts",
       );
-    }),
-  )
-  // ---- recent blocked hosts ----
-  .post(`${PAGE}/blocked-hosts/allow`, (c) =>
-    act(c, "blocked", async () => {
-      const f = await form(c);
-      const host = text(f, "host");
-      // Back to the page of the list the button was on.
-      const keep = { blockedCursor: f.blockedCursor };
-      if (!host) return back(c, { error: "Which host? The form named none." }, "blocked", keep);
-      if (host.length > 300)
-        return back(c, { error: "A host name is at most 300 characters." }, "blocked", keep);
-      const done = await vault.allowHosts(db(c), who(c), [host]);
-      if (!done.ok) return refused(c, done.error, "blocked", keep);
-      const name = done.value.entries[0]?.pattern ?? host;
-      const ok =
-        done.value.unchanged > 0
-          ? `${name} was allowed already.`
-          : `Allowed ${name}: runs reach it from now on (a running run's proxy picks the change up within seconds).`;
-      return back(c, { ok }, "blocked", keep);
     }),
   )
   // ---- dry run ----

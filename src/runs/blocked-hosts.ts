@@ -1,4 +1,4 @@
-import { and, asc, desc, eq, inArray, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gte, inArray, sql } from "drizzle-orm";
 import { z } from "zod";
 import type { Principal } from "../context";
 import { blockedHostLog, runs } from "../db/schema";
@@ -110,5 +110,49 @@ export async function listBlockedHosts(
   return ok({
     items,
     nextCursor: rows.length > limit && last ? encodeCursor([last.lastSeen.toISOString(), last.host]) : null,
+  });
+}
+
+export interface BlockedDay {
+  /** The UTC day, YYYY-MM-DD. */
+  day: string;
+  /** Refusals counted on that day (see blockedPerDay). */
+  refusals: number;
+  /** Hosts refused that day. */
+  hosts: number;
+}
+
+/** Days the vault page's chart covers, today included. */
+export const BLOCKED_DAYS = 14;
+
+/**
+ * Refusals per UTC day over the last `days` days (today included), every day present, oldest
+ * first. blocked_host_log keeps one row per run and host (a count, first and last seen), not each
+ * refusal, so a row's count falls on the day of its last refusal: exact for runs within a day,
+ * and a run's longest linger is 24 h.
+ */
+export async function blockedPerDay(
+  db: Db,
+  p: Principal,
+  now: Date,
+  days: number = BLOCKED_DAYS,
+): Promise<BlockedDay[]> {
+  const today = Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), now.getUTCDate());
+  const from = new Date(today - (days - 1) * 86_400_000);
+  const log = blockedHostLog;
+  const day = sql<string>`to_char(${log.lastSeen} at time zone 'UTC', 'YYYY-MM-DD')`;
+  const rows = await db
+    .select({
+      day,
+      refusals: sql<number>`sum(${log.seenCount})::bigint`.mapWith(Number),
+      hosts: sql<number>`count(distinct ${log.host})::int`.mapWith(Number),
+    })
+    .from(log)
+    .where(and(eq(log.environmentId, p.environmentId), gte(log.lastSeen, from)))
+    .groupBy(day);
+  const byDay = new Map(rows.map((r) => [r.day, r]));
+  return Array.from({ length: days }, (_, i) => {
+    const d = new Date(from.getTime() + i * 86_400_000).toISOString().slice(0, 10);
+    return byDay.get(d) ?? { day: d, refusals: 0, hosts: 0 };
   });
 }

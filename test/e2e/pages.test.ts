@@ -92,12 +92,27 @@ describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a
     await page.locator('form[action="/runs"] button[type="submit"]').click();
     await page.waitForURL(/\/runs\/run_[a-z2-7]+/);
     const runId = new URL(page.url()).pathname.split("/").at(-1) ?? "";
+    // While the page says the run moves, it reloads itself (a meta refresh: the pages run no script).
+    const pill = await page.locator("#status .pill").first().textContent();
+    const moving = !["lingering", "finished", "stopped", "failed"].includes(pill ?? "");
+    expect(await page.locator('meta[http-equiv="refresh"]').count()).toBe(moving ? 1 : 0);
     const ended = await waitForEnd(api, runId);
     expect(ended).toMatchObject({ status: "finished", reason: "completed" });
     await page.reload();
     const denied = page.locator("#denied");
     expect(await denied.textContent()).toContain("blocked.demo.test");
     await shot(page, "05-run");
+    // The timeline: a bar per phase the demo went through, its denied host marked; ended, no reload.
+    const timeline = page.locator("#timeline");
+    const phases = await timeline
+      .locator("g.phase")
+      .evaluateAll((gs) => gs.map((g) => g.getAttribute("data-phase")));
+    expect(phases).toEqual(
+      expect.arrayContaining(["vault", "proxy", "sandboxes", "wiring", "execute", "teardown"]),
+    );
+    expect(await timeline.locator("g.mark.denial").count()).toBeGreaterThan(0);
+    expect(await page.locator('meta[http-equiv="refresh"]').count()).toBe(0);
+    await timeline.screenshot({ path: join(SHOTS, "05-run-timeline.png") });
 
     // A dry run of allowing it against that run, before saving anything.
     await page.goto(`${base}/manage/vault`);
@@ -115,6 +130,11 @@ describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a
     const recent = page.locator("#blocked");
     expect(await recent.textContent()).toContain("blocked.demo.test");
     await shot(page, "07-vault-blocked-hosts");
+    // Today's column of the refusals per day holds the demo's refusal.
+    const today = new Date().toISOString().slice(0, 10);
+    const refusals = await recent.locator(`svg.per-day g[data-day="${today}"]`).getAttribute("data-refusals");
+    expect(Number(refusals)).toBeGreaterThan(0);
+    await recent.screenshot({ path: join(SHOTS, "07-vault-blocked-chart.png") });
     await recent
       .locator('form[action="/manage/vault/blocked-hosts/allow"] button[type="submit"]')
       .first()
