@@ -11,6 +11,7 @@ import { IdempotencyKey } from "./middleware";
 
 /** POSTs that create something: a retry must not make it twice (paths as the document has them). */
 export const IDEMPOTENT_POSTS = [
+  "/v1/api-keys",
   "/v1/runs",
   "/v1/runs/{id}/egress-agent-token",
   "/v1/vault/secrets",
@@ -24,6 +25,18 @@ export const IDEMPOTENT_POSTS = [
   "/v1/webhooks/{id}/rotate-secret",
   "/v1/bug-reports",
 ] as const;
+
+/**
+ * Top-level fields of a covered POST's answer that are kept out of the store, so a replay shows
+ * everything but them. Stripe replays the whole answer; a new API key is the exception here:
+ * replaying it would show the key a second time, for a day, to anyone in the environment who
+ * sends the same Idempotency-Key and body (a read-only key included, which could so obtain a
+ * full key), and would keep the key, sealed but recoverable, in the store. The creation itself
+ * stays exactly-once; a client that lost the first answer revokes that key and makes another.
+ */
+export const WITHHELD_FROM_REPLAY: Partial<Record<(typeof IDEMPOTENT_POSTS)[number], readonly string[]>> = {
+  "/v1/api-keys": ["key"],
+};
 
 /** POSTs that create nothing, and why a retry of one is already safe. */
 export const NOT_CREATING_POSTS: Record<string, string> = {
