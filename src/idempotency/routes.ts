@@ -28,11 +28,12 @@ export const IDEMPOTENT_POSTS = [
 
 /**
  * Top-level fields of a covered POST's answer that are kept out of the store, so a replay shows
- * everything but them. Stripe replays the whole answer; a new API key is the exception here:
- * replaying it would show the key a second time, for a day, to anyone in the environment who
- * sends the same Idempotency-Key and body (a read-only key included, which could so obtain a
- * full key), and would keep the key, sealed but recoverable, in the store. The creation itself
- * stays exactly-once; a client that lost the first answer revokes that key and makes another.
+ * everything but them. Stripe replays the whole answer, and so do the others here (a webhook's
+ * secret is stored sealed anyway). A new API key is the exception: it is stored only as a hash,
+ * and keeping the answer would put a recoverable copy of a live key in the database for a day
+ * (sealed, but open to anyone with the database and the KEK), and show it a second time. The
+ * creation stays exactly-once; a client that lost the first answer revokes that key and makes
+ * another (docs/user-guide.md, "API keys").
  */
 export const WITHHELD_FROM_REPLAY: Partial<Record<(typeof IDEMPOTENT_POSTS)[number], readonly string[]>> = {
   "/v1/api-keys": ["key"],

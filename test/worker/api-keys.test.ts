@@ -1,9 +1,13 @@
+import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { LAST_USED_GRANULARITY_MS } from "../../src/auth/middleware";
+import { loadConfig } from "../../src/config";
 import { apiKeys, idempotencyKeys, sessions } from "../../src/db/schema";
+import { storedAnswer } from "../../src/idempotency/store";
 import { loggedIn, newBrowser } from "./browser";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { leakNeedles, scanDatabase } from "./leaks";
 
 // Self-served API keys (POST/GET/DELETE /v1/api-keys, the keys page), through the real Worker
 // and Postgres. Case K3: a revoked or expired key is refused at once, on the API and the pages;
@@ -41,6 +45,8 @@ describe("API keys: make, list, revoke", { timeout: 60_000 }, () => {
 
     const row = await keyRow(made.json.id);
     expect(JSON.stringify(row)).not.toContain(key);
+    // Nor anywhere else in the database, in any encoding.
+    expect((await scanDatabase(await leakNeedles(key))).hits).toEqual([]);
     expect(row?.hash).toMatch(/^[0-9a-f]{64}$/);
 
     const list = await t.api("GET", "/v1/api-keys");
@@ -165,11 +171,17 @@ describe("API keys: make, list, revoke", { timeout: 60_000 }, () => {
     expect(again.text).not.toContain(first.json.key);
     const keys = (await t.api("GET", "/v1/api-keys")).json.apiKeys;
     expect(keys.filter((k: { name: string }) => k.name === "once")).toHaveLength(1);
-    // What the store keeps is sealed, and was sealed without the key.
+    // What the store keeps is sealed, and was sealed without the key: opened, it has none.
     const rows = await withDb((db) =>
       db.select().from(idempotencyKeys).where(eq(idempotencyKeys.environmentId, t.environmentId)),
     );
-    expect(JSON.stringify(rows)).not.toContain(first.json.key);
+    expect(rows).toHaveLength(1);
+    const p = { userId: t.userId, environmentId: t.environmentId, keyId: t.keyId };
+    const kept = await storedAnswer(loadConfig(env).keyRing, p, rows[0] as (typeof rows)[number]);
+    expect(kept?.status).toBe(201);
+    expect(JSON.parse(kept?.body ?? "{}")).toEqual(again.json);
+    expect(kept?.body).not.toContain(first.json.key);
+    expect((await scanDatabase(await leakNeedles(first.json.key))).hits).toEqual([]);
   });
 });
 
