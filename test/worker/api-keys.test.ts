@@ -3,6 +3,7 @@ import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { LAST_USED_GRANULARITY_MS } from "../../src/auth/middleware";
 import { loadConfig } from "../../src/config";
+import { hashApiKey } from "../../src/crypto/api-keys";
 import { apiKeys, idempotencyKeys, sessions } from "../../src/db/schema";
 import { storedAnswer } from "../../src/idempotency/store";
 import { loggedIn, newBrowser } from "./browser";
@@ -19,6 +20,16 @@ async function makeKey(t: Tenant, body: Record<string, unknown>): Promise<ApiRes
   const res = await t.api("POST", "/v1/api-keys", body);
   expect(res.status, res.text).toBe(201);
   return res;
+}
+
+/**
+ * Where the database holds the key in any encoding, but for its SHA-256: that one is stored on
+ * purpose (api_keys.hash) and leakNeedles counts it.
+ */
+async function keyInDatabase(key: string) {
+  const hash = await hashApiKey(key);
+  const needles = (await leakNeedles(key)).filter((n) => !hash.startsWith(n));
+  return (await scanDatabase(needles)).hits;
 }
 
 const keyRow = (id: string) =>
@@ -46,7 +57,7 @@ describe("API keys: make, list, revoke", { timeout: 60_000 }, () => {
     const row = await keyRow(made.json.id);
     expect(JSON.stringify(row)).not.toContain(key);
     // Nor anywhere else in the database, in any encoding.
-    expect((await scanDatabase(await leakNeedles(key))).hits).toEqual([]);
+    expect(await keyInDatabase(key)).toEqual([]);
     expect(row?.hash).toMatch(/^[0-9a-f]{64}$/);
 
     const list = await t.api("GET", "/v1/api-keys");
@@ -181,7 +192,7 @@ describe("API keys: make, list, revoke", { timeout: 60_000 }, () => {
     expect(kept?.status).toBe(201);
     expect(JSON.parse(kept?.body ?? "{}")).toEqual(again.json);
     expect(kept?.body).not.toContain(first.json.key);
-    expect((await scanDatabase(await leakNeedles(first.json.key))).hits).toEqual([]);
+    expect(await keyInDatabase(first.json.key)).toEqual([]);
   });
 });
 
