@@ -1,6 +1,8 @@
+import type { Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { createMiddleware } from "hono/factory";
 import { HTTPException } from "hono/http-exception";
+import { describeKeyScope } from "./auth/describe-scope";
 import { requireApiKey } from "./auth/middleware";
 import { ConfigError, loadConfig } from "./config";
 import type { AppEnv } from "./context";
@@ -9,10 +11,11 @@ import { openDb } from "./db/client";
 import { isDatabaseUnavailable } from "./db/errors";
 import { ApiError, problem } from "./errors";
 import { idempotency } from "./idempotency/middleware";
-import { describeIdempotency, honoPath, IDEMPOTENT_POSTS } from "./idempotency/routes";
+import { describeIdempotency, honoPath, IDEMPOTENT_POSTS, WITHHELD_FROM_REPLAY } from "./idempotency/routes";
 import { describeRateLimit, rateLimit } from "./limits/rate-limit";
 import { pageRoutes } from "./pages/routes";
 import { newRouter } from "./router";
+import { apiKeysRoutes } from "./routes/api-keys";
 import { blockedHostsRoutes } from "./routes/blocked-hosts";
 import { bugReportsRoutes } from "./routes/bug-reports";
 import { bundlesRoutes } from "./routes/bundles";
@@ -80,8 +83,10 @@ export function createApp(options: AppOptions = {}) {
   // refused request is never claimed for its Idempotency-Key. The largest body a covered route
   // takes is a bundle's; the others are held to MAX_BODY_BYTES above.
   app.use("/v1/*", (c, next) => (c.req.path === DOCUMENT_PATH ? next() : rateLimit(c, next)));
-  const retrySafe = idempotency((c) => c.var.config.bundleLimits.maxUploadBytes);
-  for (const path of IDEMPOTENT_POSTS) app.use(honoPath(path), retrySafe);
+  const maxBody = (c: Context<AppEnv>) => c.var.config.bundleLimits.maxUploadBytes;
+  for (const path of IDEMPOTENT_POSTS) {
+    app.use(honoPath(path), idempotency(maxBody, WITHHELD_FROM_REPLAY[path] ?? []));
+  }
   // The run proxies' API: the database too, and each route checks the run's proxy token.
   app.use("/internal/*", withDatabase);
   // Webhook deliveries: the database too; the delivery's signature is its credential.
@@ -101,6 +106,7 @@ export function createApp(options: AppOptions = {}) {
   }
 
   app.route("/v1", meRoutes);
+  app.route("/v1", apiKeysRoutes);
   app.route("/v1/vault", secretsRoutes);
   app.route("/v1/vault", rulesRoutes);
   app.route("/v1/vault", hostsRoutes);
@@ -128,6 +134,7 @@ export function createApp(options: AppOptions = {}) {
 
   describeIdempotency(app);
   describeRateLimit(app, DOCUMENT_PATH);
+  describeKeyScope(app);
   app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
   app.doc31(DOCUMENT_PATH, {
     openapi: "3.1.0",

@@ -1,3 +1,4 @@
+import type { ApiKeyScope } from "./auth/scope";
 import type { Config } from "./config";
 import type { Db } from "./db/types";
 
@@ -15,5 +16,7 @@ export interface AppEnv {
     config: Config;
     db: Db;
     principal: Principal;
+    /** What the request's API key may do (src/auth/scope.ts). */
+    keyScope: ApiKeyScope;
   };
 }

@@ -5,6 +5,7 @@ import type { BundleCode } from "./contract/bundle";
 // One problem+json shape (RFC 9457) for the whole API, a closed set of codes, one status map.
 export const ErrorCode = z.enum([
   "unauthorized",
+  "read_only_key",
   "not_found",
   "route_not_found",
   "invalid_request",
@@ -55,6 +56,9 @@ export const ErrorCode = z.enum([
   "bundle_too_large",
   "bundle_too_many_files",
   "resources_out_of_bounds",
+  // API keys (POST /v1/api-keys).
+  "invalid_expiry",
+  "scope_too_wide",
   // Retries and limits (src/idempotency, src/limits).
   "invalid_idempotency_key",
   "idempotency_key_reused",
@@ -72,6 +76,7 @@ export const bundleErrorCode = (code: BundleCode): ErrorCode => code;
 
 export const ERROR_STATUS = {
   unauthorized: 401,
+  read_only_key: 403,
   not_found: 404,
   route_not_found: 404,
   invalid_request: 400,
@@ -120,6 +125,8 @@ export const ERROR_STATUS = {
   bundle_too_large: 422,
   bundle_too_many_files: 422,
   resources_out_of_bounds: 422,
+  invalid_expiry: 400,
+  scope_too_wide: 403,
   invalid_idempotency_key: 400,
   idempotency_key_reused: 409,
   idempotency_key_in_use: 409,
@@ -133,6 +140,7 @@ export const ERROR_STATUS = {
 const TITLES: Record<ErrorCode, string> = {
   // API keys on /v1, a run's proxy token on /internal.
   unauthorized: "Missing or invalid credentials",
+  read_only_key: "This API key may only read (GET, HEAD)",
   not_found: "Not found",
   route_not_found: "No such route",
   invalid_request: "Invalid request",
@@ -172,6 +180,8 @@ const TITLES: Record<ErrorCode, string> = {
   bundle_too_large: "The bundle unpacks to more than the size bound",
   bundle_too_many_files: "The bundle has more entries than the count bound",
   resources_out_of_bounds: "Resources outside this deployment's bounds",
+  invalid_expiry: "An API key's expiry must be in the future, and only one of expiresAt and expiresIn",
+  scope_too_wide: "A key cannot make a key with a wider scope than its own",
   invalid_idempotency_key: "Idempotency-Key must be 1-255 printable ASCII characters",
   idempotency_key_reused: "Idempotency-Key already used with another request",
   idempotency_key_in_use: "A request with this Idempotency-Key has not finished",

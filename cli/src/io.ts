@@ -1,3 +1,5 @@
+import { closeSync, openSync, rmSync, writeSync } from "node:fs";
+import { UsageError } from "./commands/shared";
 // Reading a secret (an API key, a vault value) without it ever being an argument: piped on
 // standard input, or typed at a prompt that does not echo.
 
@@ -51,4 +53,47 @@ export async function promptHidden(question: string): Promise<string> {
 export async function readSecret(question: string): Promise<string> {
   if (process.stdin.isTTY) return promptHidden(question);
   return dropTrailingNewline(await readAll(process.stdin));
+}
+
+/** A new 0600 file made before the secret exists, so a key is never made with nowhere to go. */
+export interface SecretFile {
+  write(secret: string): void;
+  /** Removes the (still empty) file: the secret never came. */
+  discard(): void;
+}
+
+/**
+ * Makes a new file for a secret the API shows once (a webhook's signing secret, a new API key),
+ * mode 0600. Never over a file that exists (`wx`: a symlink planted there included).
+ */
+export function reserveSecretFile(path: string): SecretFile {
+  let fd: number;
+  try {
+    fd = openSync(path, "wx", 0o600);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    throw new UsageError(
+      code === "EEXIST"
+        ? `${path} exists: the secret is written only to a new file`
+        : `cannot write ${path}: ${code ?? error}`,
+    );
+  }
+  return {
+    write(secret) {
+      try {
+        writeSync(fd, `${secret}\n`);
+      } finally {
+        closeSync(fd);
+      }
+    },
+    discard() {
+      closeSync(fd);
+      rmSync(path, { force: true });
+    },
+  };
+}
+
+/** Writes a secret to a new 0600 file at once (reserveSecretFile, then write). */
+export function writeSecretFile(path: string, secret: string): void {
+  reserveSecretFile(path).write(secret);
 }

@@ -5,6 +5,7 @@ import { type Ctx, Failed, NotLoggedIn, RunNotCompleted, UsageError } from "./co
 import { completionScript, suggest } from "./completion";
 import type { Command, CommandTable, Values } from "./registry";
 import { ACCOUNT_COMMANDS } from "./table/account";
+import { KEYS_COMMANDS } from "./table/keys";
 import { MORE_COMMANDS } from "./table/more";
 import { RUNS_COMMANDS } from "./table/runs";
 import { VAULT_COMMANDS } from "./table/vault";
@@ -16,6 +17,7 @@ import { VAULT_COMMANDS } from "./table/vault";
 
 const COMMANDS: CommandTable = {
   ...ACCOUNT_COMMANDS,
+  ...KEYS_COMMANDS,
   ...VAULT_COMMANDS,
   ...MORE_COMMANDS,
   ...RUNS_COMMANDS,

@@ -1,7 +1,39 @@
 import { and, eq } from "drizzle-orm";
 import { generateApiKey, hashApiKey, randomId } from "../crypto/api-keys";
 import { apiKeys, environments, users, vaultSettings } from "../db/schema";
-import type { Db } from "../db/types";
+import type { Db, Tx } from "../db/types";
+import type { ApiKeyScope } from "./scope";
+
+export interface IssuedKey {
+  readonly keyId: string;
+  /** The only time the key exists in clear: hand it to the user, never store or log it. */
+  readonly key: string;
+  readonly prefix: string;
+}
+
+/**
+ * Makes a new key for an environment and stores its hash and display prefix (never the key).
+ * The one place keys are made: create-user, `npm start`, the tests and POST /v1/api-keys.
+ */
+export async function issueKey(
+  tx: Db | Tx,
+  owner: { userId: string; environmentId: string },
+  input: { name: string; scope?: ApiKeyScope; expiresAt?: Date | null },
+): Promise<IssuedKey> {
+  const { key, prefix } = generateApiKey();
+  const keyId = randomId("key_");
+  await tx.insert(apiKeys).values({
+    id: keyId,
+    userId: owner.userId,
+    environmentId: owner.environmentId,
+    name: input.name,
+    prefix,
+    hash: await hashApiKey(key),
+    scope: input.scope ?? "full",
+    expiresAt: input.expiresAt ?? null,
+  });
+  return { keyId, key, prefix };
+}
 
 export interface ProvisionedKey {
   readonly userId: string;
@@ -21,8 +53,6 @@ export async function provisionApiKey(
   input: { email: string; environment?: string; keyName?: string },
 ): Promise<ProvisionedKey> {
   const envName = input.environment ?? "default";
-  const { key, prefix } = generateApiKey();
-  const hash = await hashApiKey(key);
   return db.transaction(async (tx) => {
     await tx
       .insert(users)
@@ -40,15 +70,11 @@ export async function provisionApiKey(
       .where(and(eq(environments.userId, user.id), eq(environments.name, envName)));
     if (!env) throw new Error("environment row vanished");
     await tx.insert(vaultSettings).values({ environmentId: env.id }).onConflictDoNothing();
-    const keyId = randomId("key_");
-    await tx.insert(apiKeys).values({
-      id: keyId,
-      userId: user.id,
-      environmentId: env.id,
-      name: input.keyName ?? "default",
-      prefix,
-      hash,
-    });
-    return { userId: user.id, environmentId: env.id, keyId, key, prefix };
+    const issued = await issueKey(
+      tx,
+      { userId: user.id, environmentId: env.id },
+      { name: input.keyName ?? "default" },
+    );
+    return { userId: user.id, environmentId: env.id, ...issued };
   });
 }

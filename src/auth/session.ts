@@ -3,10 +3,12 @@ import type { Principal } from "../context";
 import { hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
 import { apiKeys, environments, sessions, users } from "../db/schema";
 import type { Db } from "../db/types";
+import { keyIsLive, touchKey } from "./middleware";
+import type { ApiKeyScope } from "./scope";
 
 // Browser sessions for the pages. Logging in with an API key opens one; the cookie carries a
 // random token (only its SHA-256 is stored), the session speaks for that key and ends with it
-// (logout, expiry, or the key's revocation). Forms carry a CSRF token derived from the session
+// (logout, its own expiry, or the key's revocation or expiry: checked on every page, K3). Forms carry a CSRF token derived from the session
 // token, so nothing more is stored and a form from another site cannot post (SameSite=Strict is
 // the first line; the token the second).
 
@@ -15,6 +17,8 @@ export const SESSION_TTL_MS = 12 * 60 * 60_000;
 
 export interface Session {
   principal: Principal;
+  /** The key's scope: a read key's session may only look (src/pages/routes.tsx). */
+  scope: ApiKeyScope;
   /** Who is signed in, as every page's header shows it: a page never leaves that in doubt (K1). */
   account: { email: string; environment: string };
   /** The value forms must send back as `_csrf`. */
@@ -41,6 +45,8 @@ export async function readSession(db: Db, token: string, now = Date.now()): Prom
     .select({
       hash: sessions.tokenHash,
       keyId: apiKeys.id,
+      scope: apiKeys.scope,
+      lastUsedAt: apiKeys.lastUsedAt,
       userId: apiKeys.userId,
       environmentId: apiKeys.environmentId,
       email: users.email,
@@ -55,12 +61,15 @@ export async function readSession(db: Db, token: string, now = Date.now()): Prom
         eq(sessions.tokenHash, hash),
         isNull(sessions.endedAt),
         gt(sessions.expiresAt, new Date(now)),
-        isNull(apiKeys.revokedAt),
+        keyIsLive(new Date(now)),
       ),
     );
   if (!row || !timingSafeEqualHex(row.hash, hash)) return null;
+  // A page seen is a use of the key the session speaks for.
+  await touchKey(db, row.keyId, row.lastUsedAt, new Date(now));
   return {
     principal: { userId: row.userId, environmentId: row.environmentId, keyId: row.keyId },
+    scope: row.scope,
     account: { email: row.email, environment: row.environment },
     csrf: await csrfFor(token),
   };

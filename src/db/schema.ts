@@ -13,6 +13,7 @@ import {
   timestamp,
   uniqueIndex,
 } from "drizzle-orm/pg-core";
+import { API_KEY_SCOPES } from "../auth/scope";
 import type { CutReason } from "../contract/bundle";
 import { MODEL_ENDPOINTS, MODEL_PROVIDERS } from "../contract/model-lane";
 import { ROUTING_MODES } from "../contract/routing";
@@ -59,10 +60,17 @@ export const apiKeys = pgTable(
     // SHA-256 of the whole key; the key itself is never stored.
     hash: text("hash").notNull().unique(),
     createdAt: createdAt(),
+    // Written at most once a minute per key (src/auth/middleware.ts): a hint, not an audit log.
     lastUsedAt: timestamp("last_used_at", { withTimezone: true }),
     revokedAt: timestamp("revoked_at", { withTimezone: true }),
+    // Null: never expires. From then on the key is refused like a revoked one (case K3).
+    expiresAt: timestamp("expires_at", { withTimezone: true }),
+    scope: text("scope", { enum: API_KEY_SCOPES }).notNull().default("full"),
   },
-  (t) => [index("api_keys_environment").on(t.environmentId)],
+  (t) => [
+    index("api_keys_environment").on(t.environmentId),
+    check("api_keys_scope", sql`${t.scope} in ('read', 'full')`),
+  ],
 );
 
 // A browser session for the pages (/manage, /runs), opened by logging in with an API key: it

@@ -131,9 +131,10 @@ async function answerHeld(c: Context<AppEnv>, row: KeyRow, hash: Uint8Array<Arra
 
 /**
  * The middleware (app.ts applies it to IDEMPOTENT_POSTS, after the API key is known).
- * `maxBodyBytes`: the largest body a covered route takes (a bundle).
+ * `maxBodyBytes`: the largest body a covered route takes (a bundle); `withheld`: top-level fields
+ * of the answer never stored, so never replayed (WITHHELD_FROM_REPLAY in ./routes.ts).
  */
-export function idempotency(maxBodyBytes: (c: Context<AppEnv>) => number) {
+export function idempotency(maxBodyBytes: (c: Context<AppEnv>) => number, withheld: readonly string[] = []) {
   return createMiddleware<AppEnv>(async (c, next) => {
     const header = c.req.header("idempotency-key");
     if (c.req.method !== "POST" || header === undefined) return next();
@@ -161,15 +162,24 @@ export function idempotency(maxBodyBytes: (c: Context<AppEnv>) => number) {
     // client hangs up: a request cancelled between the two would hold its key unanswered.
     const work = (async () => {
       await next();
-      await settle(c, key);
+      await settle(c, key, withheld);
     })();
     c.executionCtx.waitUntil(work.catch(() => {}));
     await work;
   });
 }
 
+/** The answer's JSON without the withheld top-level fields (a problem body has none of them). */
+function withhold(text: string, withheld: readonly string[]): string {
+  if (withheld.length === 0 || text === "") return text;
+  const body: unknown = JSON.parse(text);
+  if (typeof body !== "object" || body === null || Array.isArray(body)) return text;
+  const kept = Object.fromEntries(Object.entries(body).filter(([k]) => !withheld.includes(k)));
+  return JSON.stringify(kept);
+}
+
 /** Keeps the route's answer for the key, or gives the key up. Never changes the answer. */
-async function settle(c: Context<AppEnv>, key: string): Promise<void> {
+async function settle(c: Context<AppEnv>, key: string, withheld: readonly string[]): Promise<void> {
   const { db, principal, config } = c.var;
   const res = c.res;
   try {
@@ -182,7 +192,7 @@ async function settle(c: Context<AppEnv>, key: string): Promise<void> {
       const value = res.headers.get(name);
       if (value !== null) headers[name] = value;
     }
-    const text = await res.clone().text();
+    const text = withhold(await res.clone().text(), withheld);
     await recordAnswer(db, config.keyRing, principal, key, { status: res.status, headers, body: text });
   } catch (error) {
     // The answer stands; the key stays claimed and unanswered (a retry gets in_use, never a

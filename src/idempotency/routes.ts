@@ -11,6 +11,7 @@ import { IdempotencyKey } from "./middleware";
 
 /** POSTs that create something: a retry must not make it twice (paths as the document has them). */
 export const IDEMPOTENT_POSTS = [
+  "/v1/api-keys",
   "/v1/runs",
   "/v1/runs/{id}/egress-agent-token",
   "/v1/vault/secrets",
@@ -24,6 +25,19 @@ export const IDEMPOTENT_POSTS = [
   "/v1/webhooks/{id}/rotate-secret",
   "/v1/bug-reports",
 ] as const;
+
+/**
+ * Top-level fields of a covered POST's answer that are kept out of the store, so a replay shows
+ * everything but them. Stripe replays the whole answer, and so do the others here (a webhook's
+ * secret is stored sealed anyway). A new API key is the exception: it is stored only as a hash,
+ * and keeping the answer would put a recoverable copy of a live key in the database for a day
+ * (sealed, but open to anyone with the database and the KEK), and show it a second time. The
+ * creation stays exactly-once; a client that lost the first answer revokes that key and makes
+ * another (docs/user-guide.md, "API keys").
+ */
+export const WITHHELD_FROM_REPLAY: Partial<Record<(typeof IDEMPOTENT_POSTS)[number], readonly string[]>> = {
+  "/v1/api-keys": ["key"],
+};
 
 /** POSTs that create nothing, and why a retry of one is already safe. */
 export const NOT_CREATING_POSTS: Record<string, string> = {

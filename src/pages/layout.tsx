@@ -67,6 +67,7 @@ export function Layout(props: {
             <>
               <a href="/manage/vault">Vault</a>
               <a href="/runs">Runs</a>
+              <a href="/manage/keys">API keys</a>
               {session ? (
                 <span class="who">
                   Signed in as <strong>{session.account.email}</strong> · environment{" "}

@@ -2,7 +2,8 @@ import { Hono } from "hono";
 import { contextStorage } from "hono/context-storage";
 import { deleteCookie, getCookie, setCookie } from "hono/cookie";
 import { createMiddleware } from "hono/factory";
-import { principalForKey } from "../auth/middleware";
+import { grantForKey } from "../auth/middleware";
+import { scopeAllows } from "../auth/scope";
 import {
   csrfMatches,
   endSession,
@@ -12,6 +13,7 @@ import {
   SESSION_TTL_MS,
 } from "../auth/session";
 import type { PageEnv } from "./context";
+import { keysPageRoutes } from "./keys-page";
 import { Layout } from "./layout";
 import { runPageRoutes } from "./run-pages";
 import { sameOriginForms } from "./same-origin";
@@ -43,6 +45,10 @@ const requireSession = createMiddleware<PageEnv>(async (c, next) => {
     const form = await c.req.parseBody();
     if (!csrfMatches(session, form._csrf))
       return c.text("This form is stale or not ours; reload the page.", 403);
+  }
+  // A read key's session may look, not change anything (K3); logging out changes only itself.
+  if (!scopeAllows(session.scope, c.req.method) && c.req.path !== "/logout") {
+    return c.text("read_only_key: this session's API key is read-only; it cannot change anything.", 403);
   }
   c.set("session", session);
   await next();
@@ -89,11 +95,14 @@ export const pageRoutes = new Hono<PageEnv>()
   .post("/login", async (c) => {
     const form = await c.req.parseBody();
     const next = safeNext(form.next);
-    const principal = typeof form.key === "string" ? await principalForKey(c.var.db, form.key.trim()) : null;
-    if (!principal) {
-      return c.html(<LoginPage next={next} error="That API key is not valid (unknown or revoked)." />, 401);
+    const grant = typeof form.key === "string" ? await grantForKey(c.var.db, form.key.trim()) : null;
+    if (!grant) {
+      return c.html(
+        <LoginPage next={next} error="That API key is not valid (unknown, revoked or expired)." />,
+        401,
+      );
     }
-    setCookie(c, SESSION_COOKIE, await openSession(c.var.db, principal), {
+    setCookie(c, SESSION_COOKIE, await openSession(c.var.db, grant.principal), {
       httpOnly: true,
       sameSite: "Strict",
       secure: new URL(c.req.url).protocol === "https:",
@@ -113,4 +122,5 @@ export const pageRoutes = new Hono<PageEnv>()
   .use("/runs", requireSession)
   .use("/runs/*", requireSession)
   .route("/", vaultPageRoutes)
+  .route("/", keysPageRoutes)
   .route("/", runPageRoutes);

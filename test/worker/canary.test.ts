@@ -334,6 +334,14 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("DELETE", `/v1/webhooks/${hook.json.id}`, undefined, [204]);
     await api("GET", `/v1/webhooks/${hook.json.id}`, undefined, [404, "not_found"]);
 
+    // API keys: made (the new key is shown there, once; api-keys.test.ts checks it is nowhere
+    // else), listed, revoked; a refused body. None of it may carry a vault value.
+    const made = await api("POST", "/v1/api-keys", { name: `key ${tag}`, scope: "read" }, [201]);
+    await api("POST", "/v1/api-keys", { name: "x", key: canary("apikey") }, [400, "unknown_field"]);
+    await api("GET", "/v1/api-keys", undefined, [200]);
+    await api("DELETE", `/v1/api-keys/${made.json.id}`, undefined, [204]);
+    await api("DELETE", "/v1/api-keys/key_nope", undefined, [404, "not_found"]);
+
     // Bundles: an upload, a re-upload, refused ones, reads (case H3's 404 included). The bundle
     // holds no value; none may appear in what is stored of it either (the R2 walk below).
     const tarball = await tarGz([file("bench/run.sh", `echo canary-bundle ${tag}\n`)]);
@@ -418,7 +426,8 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
           .replace(/\/runs\/run_[^/]+/, "/runs/{id}")
           .replace(/\/artifacts\/[^/]+$/, "/artifacts/{artifactId}")
           .replace(/\/bundles\/[0-9a-f]{64}$/, "/bundles/{sha256}")
-          .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}"),
+          .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}")
+          .replace(/\/api-keys\/key_[^/]+$/, "/api-keys/{id}"),
       ),
     );
     expect(operations.filter((op) => !driven.has(op))).toEqual([]);

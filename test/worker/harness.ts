@@ -64,6 +64,8 @@ export async function callWith(
 
 export interface Tenant {
   key: string;
+  /** The key's id (api_keys.id): what DELETE /v1/api-keys/{id} names. */
+  keyId: string;
   userId: string;
   environmentId: string;
   api: (method: string, path: string, body?: unknown) => Promise<ApiResponse>;
@@ -78,6 +80,7 @@ export async function newTenant(): Promise<Tenant> {
   const made = await withDb((db) => provisionApiKey(db, { email: `${randomId("t_")}@tenants.test` }));
   return {
     key: made.key,
+    keyId: made.keyId,
     userId: made.userId,
     environmentId: made.environmentId,
     api: (method, path, body) => call(made.key, method, path, body),

@@ -298,6 +298,13 @@ type Case =
       body?: Body;
       check: (ctx: Ctx, method: string, path: string) => Promise<void>;
     }
+  /** Routes of API keys: `id` says whether the route takes a key id. */
+  | {
+      kind: "apiKey";
+      id: boolean;
+      body?: Body;
+      check: (ctx: Ctx, method: string, path: string) => Promise<void>;
+    }
   /** Routes of bundles: `id` says whether the route takes a bundle's hash. */
   | { kind: "bundle"; id: boolean; check: (ctx: Ctx, method: string, path: string) => Promise<void> }
   /** Not tenant-scoped on purpose; `inDocument` false for routes the document does not list. */
@@ -332,6 +339,45 @@ const CASES: Record<string, Case> = {
     kind: "unscoped",
     inDocument: true,
     reason: "describes the caller's own key (user, environment, key id); takes no id, reads no vault",
+  },
+
+  "POST /v1/api-keys": {
+    kind: "apiKey",
+    id: false,
+    body: ({ a }) => ({ name: `key-${a.tag}` }),
+    check: async ({ a, b }, method, path) => {
+      // The new key is A's: it speaks for A's environment; B's keys are unchanged.
+      const bBefore = await keyRows(b);
+      const made = expectStatus(await a.t.api(method, path, { name: `key-${a.tag}` }), 201, "create");
+      const me = expectStatus(await call(made.json.key, "GET", "/v1/me"), 200, "new key").json;
+      expect(me).toMatchObject({ userId: a.t.userId, environmentId: a.t.environmentId, keyId: made.json.id });
+      expect((await keyRows(b)).map((k) => k.id)).not.toContain(made.json.id);
+      expect(await keyRows(b)).toEqual(bBefore);
+    },
+  },
+  "GET /v1/api-keys": {
+    kind: "apiKey",
+    id: false,
+    check: async ({ a, b }, method, path) => {
+      const res = expectStatus(await a.t.api(method, path), 200, "list");
+      expect(res.json.apiKeys.map((k: { id: string }) => k.id)).toEqual([a.t.keyId]);
+      expect(res.text).not.toContain(b.t.keyId);
+      expect(res.text).not.toContain(b.t.key.slice(0, 10));
+    },
+  },
+  "DELETE /v1/api-keys/{id}": {
+    kind: "apiKey",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      // B's key id → 404 as for no key; B's key still works. A's own (a fresh one) → 204.
+      const bBefore = await keyRows(b);
+      expectProblem(await a.t.api(method, path.replace("{id}", b.t.keyId)), 404, "not_found");
+      expect(await keyRows(b)).toEqual(bBefore);
+      expectStatus(await b.t.api("GET", "/v1/me"), 200, "B's key still works");
+      const own = expectStatus(await a.t.api("POST", "/v1/api-keys", { name: "spare" }), 201, "spare").json;
+      expectStatus(await a.t.api(method, path.replace("{id}", own.id)), 204, "A's own");
+      expectProblem(await call(own.key, "GET", "/v1/me"), 401, "unauthorized");
+    },
   },
 
   "GET /v1/vault/secrets": { kind: "list", resource: "secret" },
@@ -813,6 +859,13 @@ async function jsonBodyOperations(): Promise<Set<string>> {
   return ops;
 }
 
+/** A tenant's API key rows (hashes and dates included). */
+async function keyRows(v: Vault) {
+  return withDb((db) =>
+    db.select().from(apiKeys).where(eq(apiKeys.environmentId, v.t.environmentId)).orderBy(apiKeys.id),
+  );
+}
+
 /** A tenant's bundle rows. */
 async function bundleRows(v: Vault) {
   return withDb((db) =>
@@ -836,9 +889,16 @@ function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string;
         ? v.runId
         : c?.kind === "webhook" && c.id
           ? v.webhookId
-          : "no_case_for_this_route";
+          : c?.kind === "apiKey" && c.id
+            ? v.t.keyId
+            : "no_case_for_this_route";
   const body =
-    c && (c.kind === "by-id" || c.kind === "write" || c.kind === "run" || c.kind === "webhook")
+    c &&
+    (c.kind === "by-id" ||
+      c.kind === "write" ||
+      c.kind === "run" ||
+      c.kind === "webhook" ||
+      c.kind === "apiKey")
       ? c.body?.(ctx)
       : undefined;
   return {
@@ -870,6 +930,7 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
         c?.kind === "by-run" ||
         (c?.kind === "run" && c.id) ||
         (c?.kind === "webhook" && c.id) ||
+        (c?.kind === "apiKey" && c.id) ||
         (c?.kind === "bundle" && c.id)
       );
     };
@@ -985,6 +1046,13 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
 
     if (c.kind === "webhook") {
       it(`${op}: A's key reaches A's webhooks only`, async () => {
+        const ctx = await twoVaults();
+        await c.check(ctx, method, path);
+      });
+    }
+
+    if (c.kind === "apiKey") {
+      it(`${op}: A's key reaches A's API keys only`, async () => {
         const ctx = await twoVaults();
         await c.check(ctx, method, path);
       });
@@ -1225,5 +1293,48 @@ describe("C1 every route refuses a missing or bad key", { timeout: 120_000 }, ()
     }
     expect(failures).toEqual([]);
     expect(await snapshot(t)).toEqual(before);
+  });
+
+  it("case K3: a key revoked through DELETE /v1/api-keys/{id}, or expired → 401 on every operation of the document; nothing written", async () => {
+    const ctx = await twoVaults();
+    const { t } = ctx.a;
+    const made = async (name: string) => {
+      const res = expectStatus(await t.api("POST", "/v1/api-keys", { name }), 201, name);
+      expectStatus(await call(res.json.key, "GET", "/v1/me"), 200, `${name} before`);
+      return res.json as { id: string; key: string };
+    };
+    const revoked = await made("revoked");
+    const expired = await made("expired");
+    expectStatus(await t.api("DELETE", `/v1/api-keys/${revoked.id}`), 204, "revoke");
+    // The clock moved past the expiry (set in the row, not waited for).
+    await withDb((db) =>
+      db
+        .update(apiKeys)
+        .set({ expiresAt: new Date(Date.now() - 1000) })
+        .where(eq(apiKeys.id, expired.id)),
+    );
+    const before = await snapshot(t);
+    const refusedKeys = async () =>
+      (await keyRows(ctx.a)).filter((k) => k.id === revoked.id || k.id === expired.id);
+    const keysBefore = await refusedKeys();
+    const failures: string[] = [];
+    for (const op of await documentOperations()) {
+      const { method, path, body } = sample(op, ctx, ctx.a);
+      for (const [label, key] of [
+        ["revoked", revoked.key],
+        ["expired", expired.key],
+      ] as const) {
+        const res = await call(key, method, path, body);
+        try {
+          expectProblem(res, 401, "unauthorized");
+        } catch (e) {
+          failures.push(`${op} (${label}): ${(e as Error).message}`);
+        }
+      }
+    }
+    expect(failures).toEqual([]);
+    expect(await snapshot(t)).toEqual(before);
+    // Not even a last-used stamp: a refused key leaves no trace of its own.
+    expect(await refusedKeys()).toEqual(keysBefore);
   });
 });

@@ -1,5 +1,6 @@
-import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import type { Schemas } from "../api";
+import { writeSecretFile } from "../io";
 import { api, type Ctx, print, table, UsageError } from "./shared";
 
 // `benchwright webhooks ...`: webhooks that start a run per signed delivery (POST /v1/webhooks).
@@ -35,26 +36,6 @@ function secretTarget(path: string | undefined): string {
   return path;
 }
 
-function writeSecret(path: string, secret: string): void {
-  let fd: number;
-  try {
-    // wx: never over a file that exists (a symlink planted there included).
-    fd = openSync(path, "wx", 0o600);
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code;
-    throw new UsageError(
-      code === "EEXIST"
-        ? `${path} exists: the secret is written only to a new file`
-        : `cannot write ${path}: ${code ?? error}`,
-    );
-  }
-  try {
-    writeSync(fd, `${secret}\n`);
-  } finally {
-    closeSync(fd);
-  }
-}
-
 /** What is printed of an answer that carries the secret: everything but it. */
 function withoutSecret(hook: WithSecret, secretFile: string) {
   const { secret: _secret, ...rest } = hook;
@@ -80,7 +61,7 @@ export async function webhooksCreate(
   const run = readSpec(opts.from);
   const client = api(ctx);
   const made = await client.call("post", "/v1/webhooks", { body: { name, run } });
-  writeSecret(out, made.secret);
+  writeSecretFile(out, made.secret);
   print(ctx, withoutSecret(made, out), () => [
     ...describe(made),
     `signing secret written to ${out} (shown only this once; senders sign with it)`,
@@ -115,7 +96,7 @@ export async function webhooksRotate(ctx: Ctx, id: string, opts: { secretOut?: s
     params: { id },
     body: {},
   });
-  writeSecret(out, rotated.secret);
+  writeSecretFile(out, rotated.secret);
   print(ctx, withoutSecret(rotated, out), () => [
     ...describe(rotated),
     `new signing secret written to ${out} (the previous one keeps verifying for 24 hours)`,
