@@ -5,10 +5,10 @@
 import { chatId } from "./translate-chat-anthropic";
 import {
   anthropicErrorType,
-  anthropicUsage,
   chatUsageBody,
   eventJson,
   finishReasonOf,
+  foldAnthropicUsage,
   isObj,
   type Json,
   nowSeconds,
@@ -41,19 +41,7 @@ export function anthropicToChatStream(opts: { model: string; includeUsage?: bool
   });
 
   const readUsage = (u: unknown): void => {
-    if (!isObj(u)) return;
-    // message_delta's counts are cumulative totals; fields it omits keep message_start's value.
-    const next = anthropicUsage(u);
-    if (
-      u.input_tokens != null ||
-      u.cache_read_input_tokens != null ||
-      u.cache_creation_input_tokens != null
-    ) {
-      usage.input = next.input;
-      usage.cached = next.cached;
-      cacheWrite = num(u.cache_creation_input_tokens);
-    }
-    if (u.output_tokens != null) usage.output = next.output;
+    cacheWrite = foldAnthropicUsage(usage, u, cacheWrite);
   };
 
   const error = (type: string, message: string, status: number): SseEvent => {

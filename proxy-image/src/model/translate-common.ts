@@ -132,6 +132,22 @@ export function anthropicUsage(u: unknown): Usage {
   };
 }
 
+/**
+ * Folds one usage object of an Anthropic stream (message_start's, or message_delta's cumulative
+ * totals) into `usage`: a field message_delta leaves out keeps its earlier value. Returns the
+ * cache writes it reported, or `cacheWrite` unchanged when it reported no input counts.
+ */
+export function foldAnthropicUsage(usage: Usage, u: unknown, cacheWrite = 0): number {
+  if (!isObj(u)) return cacheWrite;
+  const next = anthropicUsage(u);
+  if (u.output_tokens != null) usage.output = next.output;
+  if (u.input_tokens == null && u.cache_read_input_tokens == null && u.cache_creation_input_tokens == null)
+    return cacheWrite;
+  usage.input = next.input;
+  usage.cached = next.cached;
+  return num(u.cache_creation_input_tokens);
+}
+
 /** Chat completions' usage (prompt_tokens includes cached_tokens) → ours. */
 export function chatUsage(u: unknown): Usage {
   if (!isObj(u)) return { ...ZERO };

@@ -5,8 +5,8 @@
 // text of each block is kept until its block ends, and finished items until the answer ends:
 // memory is bounded by the answer (itself bounded by max_output_tokens), never by the stream.
 import {
-  anthropicUsage,
   eventJson,
+  foldAnthropicUsage,
   isObj,
   type Json,
   nowSeconds,
@@ -51,18 +51,7 @@ export function anthropicToResponsesStream(opts: { model: string }): StreamTrans
   });
 
   const readUsage = (u: unknown): void => {
-    if (!isObj(u)) return;
-    const next = anthropicUsage(u);
-    if (
-      u.input_tokens != null ||
-      u.cache_read_input_tokens != null ||
-      u.cache_creation_input_tokens != null
-    ) {
-      usage.input = next.input;
-      usage.cached = next.cached;
-      cacheWrite = num(u.cache_creation_input_tokens);
-    }
-    if (u.output_tokens != null) usage.output = next.output;
+    cacheWrite = foldAnthropicUsage(usage, u, cacheWrite);
   };
 
   const fail = (code: string, message: string): SseEvent[] => {

@@ -94,6 +94,7 @@ import {
   anthropicUsage,
   chatUsage,
   eventJson,
+  foldAnthropicUsage,
   isObj,
   openaiError,
   responsesUsage,
@@ -198,14 +199,7 @@ export function usageMeter(format: WireFormat): { push(e: SseEvent): void; usage
       // input again): a field message_delta leaves out keeps its earlier value.
       const u = ev.type === "message_start" && isObj(ev.message) ? ev.message.usage : ev.usage;
       if (!isObj(u) || (ev.type !== "message_start" && ev.type !== "message_delta")) return;
-      const next = anthropicUsage(u);
-      if (
-        u.input_tokens != null ||
-        u.cache_read_input_tokens != null ||
-        u.cache_creation_input_tokens != null
-      )
-        usage = { ...usage, input: next.input, cached: next.cached };
-      if (u.output_tokens != null) usage = { ...usage, output: next.output };
+      foldAnthropicUsage(usage, u);
     },
   };
 }
