@@ -149,7 +149,7 @@ export const ModelLaneSpec = z
     upstreamModel: z.string().min(1).max(128),
     /** The vault secret the lane authenticates with; its value travels with the secrets. */
     secret: z.string().min(1),
-    /** The run's budget (model_budget), or null for none. */
+    /** The run's budget (modelBudget), or null for none. */
     budget: ModelBudget.nullable().default(null),
   })
   .strict();

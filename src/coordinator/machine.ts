@@ -74,7 +74,7 @@ export interface Worker {
   done: boolean;
   /**
    * The routing and hosts file installed in this sandbox. A task sandbox made late (after
-   * max_parallel_tasks others) takes the vault's routing at that moment; unset: the run's.
+   * maxParallelTasks others) takes the vault's routing at that moment; unset: the run's.
    */
   routing?: RoutingMode;
   hostsFile?: string[];

@@ -60,7 +60,11 @@ export class RunCoordinator extends DurableObject<Env> {
     const storage = this.ctx.storage;
     return new RunMachine(
       {
-        load: () => storage.get<MachineState>(STATE_KEY),
+        // A state saved before the spec's camelCase names holds the old keys: read it as a row is.
+        load: async () => {
+          const state = await storage.get<MachineState>(STATE_KEY);
+          return state?.spec ? { ...state, spec: storedSpec(state.spec) } : state;
+        },
         save: (state) => storage.put(STATE_KEY, state),
         setAlarm: (at) => storage.setAlarm(at),
         requestCancel: (reason) => storage.put(CANCEL_KEY, reason),

@@ -4,7 +4,7 @@ import type { Page } from "../runs/service";
 import { When } from "./layout";
 
 // The run page's model card: the declared model, what its calls spent over the run (against the
-// run's model_budget), tokens per minute as a server-rendered SVG (pages run no script and their
+// run's modelBudget), tokens per minute as a server-rendered SVG (pages run no script and their
 // CSP loads nothing), and the last calls. Only counts: prompts and outputs are never recorded.
 // A run that has not ended shows the figures as of the page's load, with the time its proxy last
 // reported them (the proxy flushes its audit batches every second or so; a reload shows more).
@@ -93,7 +93,7 @@ export function ModelCard(props: ModelCardProps) {
 
 function Budget(props: { budget: ModelUse["budget"] }) {
   const b = props.budget;
-  if (!b) return <p class="muted">No model budget: the run set no model_budget.</p>;
+  if (!b) return <p class="muted">No model budget: the run set no modelBudget.</p>;
   return (
     <>
       <h3>Budget</h3>

@@ -134,7 +134,7 @@ const ADVICE: Record<string, string> = {
   routing_change_not_retrofitted:
     "What to do: relaunch the run (same spec) so that every sandbox gets catch-all routing; until then only the hosts in its hosts file go through the proxy.",
   proxy_failed_unfiltered:
-    'What to do: this run\'s traffic left unfiltered and without credentials; relaunch it without on_proxy_failure "continue" to have it stop instead.',
+    'What to do: this run\'s traffic left unfiltered and without credentials; relaunch it without onProxyFailure "continue" to have it stop instead.',
 };
 
 function Card(props: { id: string; title: string; children?: Child }) {

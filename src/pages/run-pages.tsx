@@ -151,7 +151,7 @@ function LaunchForm(props: { csrf: string }) {
           </select>
         </label>{" "}
         <label>
-          Linger (seconds, optional) <input name="linger_seconds" inputmode="numeric" size={8} />
+          Linger (seconds, optional) <input name="lingerSeconds" inputmode="numeric" size={8} />
         </label>
         <details>
           <summary>Commands instead (one per line, each run by sh -c in the work sandbox)</summary>
@@ -212,10 +212,10 @@ function launchSpec(form: Record<string, unknown>): { ok: true; spec: RunSpec } 
     .split(/\r?\n/)
     .map((l) => l.trim())
     .filter((l) => l.length > 0);
-  const linger = text("linger_seconds");
+  const linger = text("lingerSeconds");
   const asked = {
     ...(text("benchmark") ? { benchmark: text("benchmark") } : { commands }),
-    ...(linger ? { linger_seconds: /^\d{1,9}$/.test(linger) ? Number(linger) : -1 } : {}),
+    ...(linger ? { lingerSeconds: /^\d{1,9}$/.test(linger) ? Number(linger) : -1 } : {}),
   };
   const parsed = RunSpec.safeParse(asked);
   if (!parsed.success) {

@@ -103,7 +103,7 @@ export function ModelsSection(props: {
           <label>
             Base URL{" "}
             <input
-              name="base_url"
+              name="baseUrl"
               maxlength={2048}
               size={34}
               placeholder="default for openai and anthropic"
@@ -113,7 +113,7 @@ export function ModelsSection(props: {
           <label>
             Upstream model{" "}
             <input
-              name="upstream_model"
+              name="upstreamModel"
               maxlength={128}
               placeholder="default: the name"
               value={kept("modelUpstream")}
@@ -141,8 +141,8 @@ export const vaultModelRoutes = new Hono<PageEnv>()
     act(c, "models", async () => {
       const f = await form(c);
       const name = text(f, "name");
-      const baseUrl = text(f, "base_url");
-      const upstreamModel = text(f, "upstream_model");
+      const baseUrl = text(f, "baseUrl");
+      const upstreamModel = text(f, "upstreamModel");
       const secret = text(f, "secret");
       const provider = ModelProvider.safeParse(text(f, "provider"));
       // A base URL may carry user info (a credential): it is never kept across the redirect.

@@ -47,6 +47,7 @@ export const blockedHostsRoutes = newRouter().openapi(
     method: "get",
     path: "/blocked-hosts",
     tags: ["runs"],
+    operationId: "listBlockedHosts",
     summary: "Hosts refused across this environment's runs, one row per host (most recently seen first)",
     request: { query: Query },
     responses: {

@@ -50,6 +50,7 @@ export const bugReportsRoutes = newRouter()
       method: "post",
       path: "/bug-reports",
       tags,
+      operationId: "createBugReport",
       summary: "Report a bug on one of your runs (ended runs too); it joins the run's trace",
       request: jsonBody(NewBugReport),
       responses: { 201: jsonOk(BugReportCreated, "Created"), ...problems(400, 401, 404) },
@@ -64,6 +65,7 @@ export const bugReportsRoutes = newRouter()
       method: "get",
       path: "/runs/{id}/bug-reports",
       tags,
+      operationId: "listRunBugReports",
       summary: "A run's bug reports, newest first",
       request: { params: IdParam("run_"), query: PageQuery },
       responses: {

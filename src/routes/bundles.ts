@@ -43,6 +43,7 @@ export const bundlesRoutes = newRouter()
       method: "post",
       path: "/bundles",
       tags,
+      operationId: "uploadBundle",
       summary:
         "Upload a bundle (the benchmark's folder as a .tar.gz); checked entry by entry, stored by its sha256",
       description:
@@ -90,6 +91,7 @@ export const bundlesRoutes = newRouter()
       method: "get",
       path: "/bundles/{sha256}",
       tags,
+      operationId: "getBundle",
       summary: "Read a bundle's metadata (another environment's hash is 404)",
       request: {
         params: z.object({

@@ -34,6 +34,7 @@ export const egressTokenRoutes = newRouter().openapi(
     method: "post",
     path: "/runs/{id}/egress-agent-token",
     tags: ["runs"],
+    operationId: "createEgressAgentToken",
     summary:
       "A token for the local egress agent of this run (replaces the previous one, whose agent is disconnected)",
     request: {

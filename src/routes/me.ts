@@ -7,6 +7,7 @@ export const meRoutes = newRouter().openapi(
     method: "get",
     path: "/me",
     tags: ["account"],
+    operationId: "getMe",
     summary: "The user and environment this API key belongs to",
     responses: {
       200: jsonOk(z.object({ userId: z.string(), environmentId: z.string(), keyId: z.string() }).strict()),

@@ -56,6 +56,7 @@ export const runArtifactsRoutes = newRouter()
       method: "get",
       path: "/runs/{id}/artifacts",
       tags,
+      operationId: "listRunArtifacts",
       summary: "The files the run's commands left in $BW_OUT, per sandbox, and what was cut",
       // No query parameters: one cannot widen the read (an unknown one is refused).
       request: { params, query: z.object({}).strict() },
@@ -88,6 +89,7 @@ export const runArtifactsRoutes = newRouter()
       method: "get",
       path: "/runs/{id}/artifacts/{artifactId}",
       tags,
+      operationId: "downloadRunArtifact",
       summary: "One artifact's bytes (a download: application/octet-stream, as an attachment)",
       request: {
         params: params.extend({

@@ -235,6 +235,7 @@ export const runAuditRoutes = newRouter()
       method: "get",
       path: "/runs/{id}/blocked-hosts",
       tags,
+      operationId: "listRunBlockedHosts",
       summary: "Hosts the run's boundary refused, with counts (most recently seen first)",
       request: { params, query: PageQuery },
       responses: {
@@ -267,6 +268,7 @@ export const runAuditRoutes = newRouter()
       method: "get",
       path: "/runs/{id}/egress-routes",
       tags,
+      operationId: "listRunEgressRoutes",
       summary: "Hosts the run reached and by which route (direct, tunnel, refused), with counts",
       request: { params, query: PageQuery },
       responses: {
@@ -299,8 +301,9 @@ export const runAuditRoutes = newRouter()
       method: "get",
       path: "/runs/{id}/model-calls",
       tags,
+      operationId: "listRunModelCalls",
       summary:
-        "The run's declared model, its calls through the model lane (newest first), totals, spend against its model_budget and tokens per minute; never prompts or outputs",
+        "The run's declared model, its calls through the model lane (newest first), totals, spend against its modelBudget and tokens per minute; never prompts or outputs",
       request: { params, query: PageQuery },
       responses: {
         200: jsonOk(
@@ -309,7 +312,7 @@ export const runAuditRoutes = newRouter()
             calls: z.array(ModelCall),
             totals: ModelTotals,
             budget: ModelSpend.nullable().openapi({
-              description: "Spend against the run's model_budget; null: it set none",
+              description: "Spend against the run's modelBudget; null: it set none",
             }),
             tokensPerMinute: z.array(MinuteTokens).openapi({
               description: `The last ${MINUTES_SHOWN} minutes up to the newest call, oldest first, every minute`,

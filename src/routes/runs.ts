@@ -9,7 +9,7 @@ import { ApiError, unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import { issueEgressToken } from "../runs/egress-token";
 import * as runs from "../runs/service";
-import { checkLinger, LingerSeconds, RunSpec } from "../runs/spec";
+import { checkLinger, LingerSeconds, RunSpec, storedSpec } from "../runs/spec";
 import { previewPolicy } from "../vault/service";
 import { agentCommand, EgressAgentToken, publicUrl } from "./egress-agent";
 
@@ -71,7 +71,7 @@ const Linger = z
   .openapi("Linger");
 
 const RunDetail = RunSummary.extend({
-  spec: z.unknown(),
+  spec: RunSpec.openapi({ description: "The run spec as launched" }),
   policyVersion: z.number().int().nullable(),
   notes: z.array(Note).openapi({ description: "Network the platform changed" }),
   proof: z.unknown().openapi({ description: "What the wiring step proved about the boundary" }),
@@ -103,6 +103,7 @@ function haltRoute(action: "halt" | "resume", summary: string) {
     method: "post",
     path: `/runs/{id}/${action}`,
     tags,
+    operationId: `${action}Run`,
     summary,
     request: {
       params: IdParam("run_"),
@@ -148,6 +149,7 @@ export const runsRoutes = newRouter()
       method: "post",
       path: "/runs",
       tags,
+      operationId: "createRun",
       summary: "Launch a run",
       request: jsonBody(RunSpec),
       responses: {
@@ -175,6 +177,7 @@ export const runsRoutes = newRouter()
       method: "get",
       path: "/runs",
       tags,
+      operationId: "listRuns",
       summary: "List runs, newest first",
       request: {
         query: z.object({
@@ -198,6 +201,7 @@ export const runsRoutes = newRouter()
       method: "get",
       path: "/runs/{id}",
       tags,
+      operationId: "getRun",
       summary: "Read a run: status and reason, notes, proof, sandboxes, trace",
       request: { params },
       responses: { 200: jsonOk(RunDetail), ...problems(401, 404) },
@@ -211,7 +215,7 @@ export const runsRoutes = newRouter()
       return c.json(
         {
           ...summary(run),
-          spec: run.spec,
+          spec: storedSpec(run.spec),
           policyVersion: run.policyVersion,
           notes: run.notes as runs.RunNote[],
           proof: run.proof,
@@ -234,6 +238,7 @@ export const runsRoutes = newRouter()
       method: "post",
       path: "/runs/{id}/cancel",
       tags,
+      operationId: "cancelRun",
       summary: "Cancel a run: it stops, its sandboxes are torn down (no-op once it has ended)",
       request: {
         params,
@@ -267,6 +272,7 @@ export const runsRoutes = newRouter()
       method: "post",
       path: "/runs/{id}/linger",
       tags,
+      operationId: "setRunLinger",
       summary:
         "Keep the run's proxy sandbox this long after its commands end (at most 24 h); while lingering, changes the window",
       request: {
@@ -294,6 +300,7 @@ export const runsRoutes = newRouter()
       method: "get",
       path: "/runs/{id}/proxy",
       tags,
+      operationId: "getRunProxy",
       summary:
         "The run's proxy as it sees itself (counters, recent decisions, audit); resumes a paused lingering proxy",
       request: { params },

@@ -101,6 +101,7 @@ export const dryRunRoutes = newRouter().openapi(
     method: "post",
     path: "/dry-run",
     tags: ["vault"],
+    operationId: "dryRunVault",
     summary: "Replay a run's hosts against a draft vault (or edits of this one) and against the vault now",
     request: jsonBody(Body),
     responses: { 200: jsonOk(DryRunResult), ...problems(400, 401, 404, 409) },

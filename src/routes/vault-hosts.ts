@@ -53,6 +53,7 @@ export const hostsRoutes = newRouter()
       method: "get",
       path: "/hosts",
       tags,
+      operationId: "listHostEntries",
       summary: "List host entries",
       responses: { 200: jsonOk(z.object({ hosts: z.array(HostEntry) })), ...problems(401) },
     }),
@@ -63,6 +64,7 @@ export const hostsRoutes = newRouter()
       method: "post",
       path: "/hosts",
       tags,
+      operationId: "setHostEntry",
       summary: "Allow or block a host pattern (creates or replaces the entry; makes it explicit)",
       request: jsonBody(
         z
@@ -83,6 +85,7 @@ export const hostsRoutes = newRouter()
       method: "post",
       path: "/hosts/starter-pack",
       tags,
+      operationId: "allowStarterPack",
       summary:
         "Allow common package and source hosts (npm, PyPI, GitHub, Debian/Ubuntu, crates, Go, Maven...)",
       // No fields. A body is optional, but if sent it must be `{}`: like every body here, it is
@@ -102,6 +105,7 @@ export const hostsRoutes = newRouter()
       method: "post",
       path: "/hosts/from-blocked",
       tags,
+      operationId: "allowBlockedHosts",
       summary:
         "Allow hosts runs were refused (exact names; a block entry becomes allow; one vault version for the call)",
       request: jsonBody(
@@ -138,6 +142,7 @@ export const hostsRoutes = newRouter()
       method: "get",
       path: "/hosts/{id}",
       tags,
+      operationId: "getHostEntry",
       summary: "Read a host entry",
       request: { params },
       responses: { 200: jsonOk(HostEntry), ...problems(401, 404) },
@@ -150,6 +155,7 @@ export const hostsRoutes = newRouter()
       method: "patch",
       path: "/hosts/{id}",
       tags,
+      operationId: "updateHostEntry",
       summary: "Change a host entry's action and/or route (blocking drops the route)",
       request: {
         params,
@@ -181,6 +187,7 @@ export const hostsRoutes = newRouter()
       method: "delete",
       path: "/hosts/{id}",
       tags,
+      operationId: "deleteHostEntry",
       summary: "Delete a host entry (refused while a rule needs it)",
       request: { params },
       responses: { 204: { description: "Deleted" }, ...problems(401, 404, 409) },
@@ -195,6 +202,7 @@ export const hostsRoutes = newRouter()
       method: "get",
       path: "/settings",
       tags,
+      operationId: "getVaultSettings",
       summary: "The default action for hosts no entry names, and the vault version",
       responses: { 200: jsonOk(Settings), ...problems(401) },
     }),
@@ -205,6 +213,7 @@ export const hostsRoutes = newRouter()
       method: "put",
       path: "/settings",
       tags,
+      operationId: "setVaultSettings",
       summary: "Set the default action (block switches runs to catch-all routing)",
       request: jsonBody(z.object({ default: HostAction }).strict()),
       responses: { 200: jsonOk(Settings), ...problems(400, 401) },

@@ -26,7 +26,7 @@ const BaseUrl = z
   .min(1)
   .max(2048)
   .openapi({
-    description: `The provider's API base: https only, no user info, query or fragment (stored canonical). Default for openai ${PROVIDERS.openai.defaultBaseUrl}, for anthropic ${PROVIDERS.anthropic.defaultBaseUrl}; required for openai-compatible (base_url_required)`,
+    description: `The provider's API base: https only, no user info, query or fragment (stored canonical). Default for openai ${PROVIDERS.openai.defaultBaseUrl}, for anthropic ${PROVIDERS.anthropic.defaultBaseUrl}; required for openai-compatible (error base_url_required)`,
     example: "https://api.openai.com/v1",
   });
 
@@ -35,8 +35,8 @@ export const ModelInfo = z
     id: z.string(),
     name: ModelName.openapi({ description: "What a run declares and its sandbox sends as `model`" }),
     provider: ModelProvider,
-    base_url: z.string(),
-    upstream_model: z.string().openapi({ description: "The `model` sent to the provider" }),
+    baseUrl: z.string(),
+    upstreamModel: z.string().openapi({ description: "The `model` sent to the provider" }),
     secret: z.string().openapi({ description: "The secret's name; its value is never returned" }),
     createdAt: z.string().datetime(),
     updatedAt: z.string().datetime(),
@@ -48,8 +48,8 @@ const toJson = (m: models.ModelInfo): z.infer<typeof ModelInfo> => ({
   id: m.id,
   name: m.name,
   provider: m.provider,
-  base_url: m.baseUrl,
-  upstream_model: m.upstreamModel,
+  baseUrl: m.baseUrl,
+  upstreamModel: m.upstreamModel,
   secret: m.secret,
   createdAt: m.createdAt.toISOString(),
   updatedAt: m.updatedAt.toISOString(),
@@ -59,8 +59,8 @@ const Fields = z
   .object({
     name: ModelName,
     provider: Provider,
-    base_url: BaseUrl.optional(),
-    upstream_model: ModelName.optional().openapi({
+    baseUrl: BaseUrl.optional(),
+    upstreamModel: ModelName.optional().openapi({
       description: "Default: the name",
       example: "gpt-4o-mini",
     }),
@@ -71,15 +71,6 @@ const Fields = z
   })
   .strict();
 
-type FieldsIn = Partial<z.infer<typeof Fields>>;
-const toInput = (b: FieldsIn): Partial<models.ModelInput> => ({
-  ...(b.name === undefined ? {} : { name: b.name }),
-  ...(b.provider === undefined ? {} : { provider: b.provider }),
-  ...(b.base_url === undefined ? {} : { baseUrl: b.base_url }),
-  ...(b.upstream_model === undefined ? {} : { upstreamModel: b.upstream_model }),
-  ...(b.secret === undefined ? {} : { secret: b.secret }),
-});
-
 const tags = ["vault: models"];
 const params = IdParam("mdl_");
 
@@ -89,6 +80,7 @@ export const modelsRoutes = newRouter()
       method: "get",
       path: "/models",
       tags,
+      operationId: "listModels",
       summary: "List the models runs may declare (by name)",
       responses: { 200: jsonOk(z.object({ models: z.array(ModelInfo) })), ...problems(401) },
     }),
@@ -99,21 +91,13 @@ export const modelsRoutes = newRouter()
       method: "post",
       path: "/models",
       tags,
+      operationId: "createModel",
       summary: "Add a model a run may declare (one per name)",
       request: jsonBody(Fields),
       responses: { 201: jsonOk(ModelInfo, "Created"), ...problems(400, 401, 409) },
     }),
     async (c) => {
-      const body = c.req.valid("json");
-      const made = unwrap(
-        await models.createModel(c.var.db, c.var.principal, {
-          name: body.name,
-          provider: body.provider,
-          baseUrl: body.base_url,
-          upstreamModel: body.upstream_model,
-          secret: body.secret,
-        }),
-      );
+      const made = unwrap(await models.createModel(c.var.db, c.var.principal, c.req.valid("json")));
       return c.json(toJson(made), 201);
     },
   )
@@ -122,6 +106,7 @@ export const modelsRoutes = newRouter()
       method: "get",
       path: "/models/{id}",
       tags,
+      operationId: "getModel",
       summary: "Read a model",
       request: { params },
       responses: { 200: jsonOk(ModelInfo), ...problems(401, 404) },
@@ -134,15 +119,14 @@ export const modelsRoutes = newRouter()
       method: "patch",
       path: "/models/{id}",
       tags,
+      operationId: "updateModel",
       summary: "Change a model (runs that declared its old name no longer find it)",
       request: { params, ...jsonBody(Fields.partial().strict()) },
       responses: { 200: jsonOk(ModelInfo), ...problems(400, 401, 404, 409) },
     }),
     async (c) => {
       const { id } = c.req.valid("param");
-      const model = unwrap(
-        await models.updateModel(c.var.db, c.var.principal, id, toInput(c.req.valid("json"))),
-      );
+      const model = unwrap(await models.updateModel(c.var.db, c.var.principal, id, c.req.valid("json")));
       return c.json(toJson(model), 200);
     },
   )
@@ -151,6 +135,7 @@ export const modelsRoutes = newRouter()
       method: "delete",
       path: "/models/{id}",
       tags,
+      operationId: "deleteModel",
       summary:
         "Delete a model (a run declaring it that has not read its vault yet stops before any code runs)",
       request: { params },

@@ -10,6 +10,7 @@ export const previewRoutes = newRouter().openapi(
     method: "get",
     path: "/policy-preview",
     tags: ["vault"],
+    operationId: "previewPolicy",
     summary:
       "Preview the compiled policy (routing mode with reasons, hosts-file entries, the declared model's lane)",
     request: {

@@ -49,6 +49,7 @@ export const rulesRoutes = newRouter()
       method: "get",
       path: "/rules",
       tags,
+      operationId: "listRules",
       summary: "List rules in order (first match wins)",
       responses: { 200: jsonOk(RuleList), ...problems(401) },
     }),
@@ -59,6 +60,7 @@ export const rulesRoutes = newRouter()
       method: "post",
       path: "/rules",
       tags,
+      operationId: "createRule",
       summary: "Add a rule: inject a secret into requests to a host",
       request: jsonBody(
         z
@@ -75,6 +77,7 @@ export const rulesRoutes = newRouter()
       method: "put",
       path: "/rules/order",
       tags,
+      operationId: "reorderRules",
       summary: "Reorder all rules",
       request: jsonBody(z.object({ ids: z.array(z.string().max(64)).max(10_000) }).strict()),
       responses: { 200: jsonOk(RuleList), ...problems(400, 401) },
@@ -89,6 +92,7 @@ export const rulesRoutes = newRouter()
       method: "get",
       path: "/rules/{id}",
       tags,
+      operationId: "getRule",
       summary: "Read a rule",
       request: { params },
       responses: { 200: jsonOk(RuleInfo), ...problems(401, 404) },
@@ -101,6 +105,7 @@ export const rulesRoutes = newRouter()
       method: "patch",
       path: "/rules/{id}",
       tags,
+      operationId: "updateRule",
       summary: "Change a rule",
       request: {
         params,
@@ -125,6 +130,7 @@ export const rulesRoutes = newRouter()
       method: "delete",
       path: "/rules/{id}",
       tags,
+      operationId: "deleteRule",
       summary: "Delete a rule (its implicit host entry goes with it)",
       request: { params },
       responses: { 204: { description: "Deleted" }, ...problems(401, 404) },

@@ -10,7 +10,7 @@ import { budgetOf, storedSpec } from "./spec";
 
 // The model lane's calls of a run, as its proxy reported them: which model and provider, status,
 // token counts, time and whether the lane refused the call itself (its budget spent); the totals
-// and the spend against the run's model_budget. Never a prompt or an output (none is recorded). Scoped by the caller's
+// and the spend against the run's modelBudget. Never a prompt or an output (none is recorded). Scoped by the caller's
 // environment: another tenant's run is 404, as no run at all.
 
 export type ModelCall = typeof modelCallLog.$inferSelect;
@@ -46,7 +46,7 @@ export interface BudgetLine {
   limit: number | null;
 }
 
-/** Spend against the run's model_budget: calls sent upstream, and tokens. */
+/** Spend against the run's modelBudget: calls sent upstream, and tokens. */
 export interface ModelSpend {
   calls: BudgetLine;
   inputTokens: BudgetLine;
@@ -66,7 +66,7 @@ export const MINUTES_SHOWN = 60;
 export interface ModelUse {
   model: RunModel | null;
   totals: ModelTotals;
-  /** Null: the run set no model_budget. */
+  /** Null: the run set no modelBudget. */
   budget: ModelSpend | null;
   /**
    * Tokens per minute over the last MINUTES_SHOWN minutes up to the newest call (fewer when the

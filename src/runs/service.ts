@@ -78,14 +78,14 @@ export async function createRun(
   return row;
 }
 
-/** The run's model_budget for its launch row: ", with a budget of at most 1,000 calls...". */
+/** The run's modelBudget for its launch row: ", with a budget of at most 1,000 calls...". */
 function budgetText(spec: RunSpec): string {
-  const b = spec.model_budget;
+  const b = spec.modelBudget;
   if (!b) return "";
   const limits = [
     [b.calls, "calls"],
-    [b.input_tokens, "input tokens"],
-    [b.output_tokens, "output tokens"],
+    [b.inputTokens, "input tokens"],
+    [b.outputTokens, "output tokens"],
   ] as const;
   const named = limits.flatMap(([n, what]) =>
     n === undefined ? [] : [`${n.toLocaleString("en-US")} ${what}`],
@@ -289,7 +289,7 @@ export interface Linger {
 
 export function lingerOf(run: RunRow): Linger {
   return {
-    seconds: run.lingerSeconds ?? storedSpec(run.spec).linger_seconds ?? null,
+    seconds: run.lingerSeconds ?? storedSpec(run.spec).lingerSeconds ?? null,
     until: run.lingerUntil,
     paused: run.status === "lingering" && run.lingerPausedAt !== null,
   };

@@ -56,7 +56,7 @@ export const DEFAULT_RESOURCE_BOUNDS: ResourceBounds = { memoryMb: 8192, pids: 4
  */
 export const RunResources = z
   .object({
-    memory_mb: z
+    memoryMb: z
       .number()
       .int()
       .positive()
@@ -93,11 +93,11 @@ const BudgetLimit = z
 export const ModelBudgetSpec = z
   .object({
     calls: BudgetLimit.optional().openapi({ description: "Calls the lane makes upstream", example: 1000 }),
-    input_tokens: BudgetLimit.optional().openapi({
+    inputTokens: BudgetLimit.optional().openapi({
       description: "Input tokens, as the provider counts them (cached ones included)",
       example: 2_000_000,
     }),
-    output_tokens: BudgetLimit.optional().openapi({
+    outputTokens: BudgetLimit.optional().openapi({
       description: "Output tokens, as the provider counts them; max tokens is clamped to what is left",
       example: 200_000,
     }),
@@ -131,13 +131,13 @@ export const RunSpec = z
      * and Anthropic's formats; the provider's key stays in the proxy.
      */
     model: z.string().min(1).max(128).optional(),
-    model_budget: ModelBudgetSpec.optional(),
+    modelBudget: ModelBudgetSpec.optional(),
     egress: z.enum(["direct", "local"]).default("direct"),
     /**
      * A run that egresses through the user's machine starts its commands once the egress agent
      * connects; it stops (no code ran) if none did within this many seconds. Default 600.
      */
-    egress_agent_wait_seconds: z.number().int().min(1).max(3600).optional(),
+    egressAgentWaitSeconds: z.number().int().min(1).max(3600).optional(),
     /**
      * Where the run's sandboxes are made: sandbox0 (Kubernetes pods), e2b (microVMs) or local
      * (Linux namespaces, development). Default: the deployment's COMPUTE_BACKEND.
@@ -153,18 +153,18 @@ export const RunSpec = z
      * What to do when the proxy cannot be set up: stop (the default), or go on unfiltered. The
      * latter is honoured only under default routing and always leaves a warning on the run.
      */
-    on_proxy_failure: z.enum(["stop", "continue"]).default("stop"),
+    onProxyFailure: z.enum(["stop", "continue"]).default("stop"),
     /**
      * Fan-out tasks running at once (default: all). A task sandbox is made when its turn comes,
      * with the routing the vault asks for then: an edit made meanwhile applies to it.
      */
-    max_parallel_tasks: z.number().int().min(1).max(32).optional(),
+    maxParallelTasks: z.number().int().min(1).max(32).optional(),
     /**
      * Keep the proxy sandbox this long after the commands end (at most 24 h): it keeps the run's
      * credentials and its view stays inspectable; it pauses when idle. Also settable later with
      * POST /v1/runs/{id}/linger.
      */
-    linger_seconds: LingerSeconds.optional(),
+    lingerSeconds: LingerSeconds.optional(),
     /**
      * harbor: the Harbor bridge. The commands run in an orchestrator sandbox (the Harbor CLI),
      * which asks the broker for per-task environments through the compute API with the run's
@@ -213,13 +213,43 @@ export const BENCHMARKS: Readonly<Record<string, readonly string[]>> = {
 };
 
 /**
- * A run spec as stored (runs.spec, webhooks.run_template), read back: the one way to read one.
- * Every row is written from a validated spec; it is parsed again so that a row written before a
- * field had its default (egress, on_proxy_failure) reads with it. A row that no longer parses is
- * a bug or a missed migration: it throws (naming the fields, never their values).
+ * The spec's fields under their names from before the API took one casing (camelCase): rows
+ * (and coordinator state) written then hold these keys. They are renamed on read rather than
+ * migrated in the database, so old and new rows both read; every write uses the new names.
+ */
+const SNAKE_CASE_KEYS: Readonly<Record<string, Readonly<Record<string, string>>>> = {
+  "": {
+    model_budget: "modelBudget",
+    egress_agent_wait_seconds: "egressAgentWaitSeconds",
+    on_proxy_failure: "onProxyFailure",
+    max_parallel_tasks: "maxParallelTasks",
+    linger_seconds: "lingerSeconds",
+  },
+  resources: { memory_mb: "memoryMb" },
+  modelBudget: { input_tokens: "inputTokens", output_tokens: "outputTokens" },
+};
+
+/** A stored spec with any old snake_case key under its camelCase name (the rest untouched). */
+function withCamelCaseKeys(value: unknown, at = ""): unknown {
+  const names = SNAKE_CASE_KEYS[at];
+  if (!names || !value || typeof value !== "object" || Array.isArray(value)) return value;
+  return Object.fromEntries(
+    Object.entries(value).map(([k, v]) => {
+      const name = names[k] ?? k;
+      return [name, at === "" ? withCamelCaseKeys(v, name) : v];
+    }),
+  );
+}
+
+/**
+ * A run spec as stored (runs.spec, webhooks.run_template, the coordinator's state), read back:
+ * the one way to read one. Every row is written from a validated spec; it is parsed again so
+ * that a row written before a field had its default (egress, onProxyFailure) reads with it, and
+ * one written before the camelCase names reads under them. A row that no longer parses is a bug
+ * or a missed migration: it throws (naming the fields, never their values).
  */
 export function storedSpec(stored: RunSpec | unknown): RunSpec {
-  const parsed = RunSpec.safeParse(stored);
+  const parsed = RunSpec.safeParse(withCamelCaseKeys(stored));
   if (parsed.success) return parsed.data;
   const at = parsed.error.issues.map((i) => i.path.join(".") || "(spec)").join(", ");
   throw new Error(`a stored run spec does not parse (at ${at})`);
@@ -233,21 +263,21 @@ export function commandsOf(spec: RunSpec): readonly string[] {
 
 /** The run's model budget as the lane's contract has it (ModelBudget); null when it set none. */
 export function budgetOf(spec: RunSpec): ModelBudget | null {
-  const b = spec.model_budget;
+  const b = spec.modelBudget;
   if (!b) return null;
   return {
     calls: b.calls ?? null,
-    inputTokens: b.input_tokens ?? null,
-    outputTokens: b.output_tokens ?? null,
+    inputTokens: b.inputTokens ?? null,
+    outputTokens: b.outputTokens ?? null,
   };
 }
 
 /** A budget limits the declared model's lane: without a model there is nothing it could limit. */
 export function checkModelBudget(spec: RunSpec): void {
-  if (spec.model_budget !== undefined && spec.model === undefined) {
+  if (spec.modelBudget !== undefined && spec.model === undefined) {
     throw new ApiError(
       "model_budget_without_model",
-      "model_budget limits the run's declared model: give model too, or launch without model_budget.",
+      "modelBudget limits the run's declared model: give model too, or launch without modelBudget.",
     );
   }
 }
@@ -270,7 +300,7 @@ export function resourcesOf(spec: RunSpec, kind: SandboxKind): Resources {
   const base = DEFAULT_RESOURCES[kind];
   const asked = kind === "proxy" ? undefined : spec.resources;
   return {
-    memoryMb: asked?.memory_mb ?? base.memoryMb,
+    memoryMb: asked?.memoryMb ?? base.memoryMb,
     pids: asked?.pids ?? base.pids,
     cpus: asked?.cpus ?? base.cpus,
   };
@@ -281,7 +311,7 @@ export function checkResources(resources: RunResources | undefined, bounds: Reso
   if (!resources) return;
   const floor = Resources.shape;
   const fields = [
-    ["memory_mb", resources.memory_mb, floor.memoryMb.minValue ?? 0, bounds.memoryMb, "MiB"],
+    ["memoryMb", resources.memoryMb, floor.memoryMb.minValue ?? 0, bounds.memoryMb, "MiB"],
     ["pids", resources.pids, floor.pids.minValue ?? 0, bounds.pids, ""],
     ["cpus", resources.cpus, floor.cpus.minValue ?? 0, bounds.cpus, ""],
   ] as const;
@@ -314,7 +344,7 @@ export async function checkLaunchable(
       `No benchmark ${JSON.stringify(spec.benchmark)}; known: ${Object.keys(BENCHMARKS).join(", ")}.`,
     );
   }
-  checkLinger(spec.linger_seconds);
+  checkLinger(spec.lingerSeconds);
   checkModelBudget(spec);
   checkResources(spec.resources, bounds);
   if (spec.bundle !== undefined && !(await findBundle(db, environmentId, spec.bundle))) {

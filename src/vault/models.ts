@@ -46,7 +46,7 @@ const MAX_BASE_URL_LENGTH = 2048;
  * URL with user info may carry a credential.
  */
 export function canonicalBaseUrl(input: string): Result<string> {
-  const bad = (why: string) => fail("invalid_base_url", `base_url: ${why}.`);
+  const bad = (why: string) => fail("invalid_base_url", `baseUrl: ${why}.`);
   if (input.length === 0 || input.length > MAX_BASE_URL_LENGTH) {
     return bad(`1 to ${MAX_BASE_URL_LENGTH} characters`);
   }
@@ -103,7 +103,7 @@ export async function getModel(db: Db, p: Principal, id: string): Promise<Result
 
 /**
  * The model a run declares, by name, as the proxy's model lane is given it, with the run's budget
- * (model_budget; null: none); null if the vault has no such model.
+ * (modelBudget; null: none); null if the vault has no such model.
  */
 export async function modelLane(
   q: Q,
@@ -138,7 +138,7 @@ async function resolveModelInput(tx: Tx, p: Principal, input: ModelInput) {
   if (given === null) {
     return fail(
       "base_url_required",
-      `base_url: a ${input.provider} model needs its API's base URL (e.g. https://openrouter.ai/api/v1).`,
+      `baseUrl: a ${input.provider} model needs its API's base URL (e.g. https://openrouter.ai/api/v1).`,
     );
   }
   const baseUrl = canonicalBaseUrl(given);

@@ -178,7 +178,7 @@ describe("runs", () => {
     expect(blocked.stdout).toContain("no hosts were refused");
   });
 
-  it("launches with --model and --budget (the spec's model_budget); logs model-calls shows the spend", async () => {
+  it("launches with --model and --budget (the spec's modelBudget); logs model-calls shows the spend", async () => {
     const user = await loggedIn();
     const { home } = user;
     expect((await cli(["vault", "secrets", "set", "MODEL_KEY"], { home, input: `${canary()}\n` })).code).toBe(
@@ -209,7 +209,7 @@ describe("runs", () => {
     const run = JSON.parse(launched.stdout);
     await cli(["runs", "cancel", run.id], { home });
     const shown = JSON.parse((await cli(["runs", "show", run.id, "--json"], { home })).stdout);
-    expect(shown.spec.model_budget).toEqual({ calls: 1000, input_tokens: 2_000_000, output_tokens: 200_000 });
+    expect(shown.spec.modelBudget).toEqual({ calls: 1000, inputTokens: 2_000_000, outputTokens: 200_000 });
     const calls = await cli(["logs", "model-calls", run.id], { home });
     expect(calls.code, calls.stderr).toBe(0);
     expect(calls.stdout).toContain("model eval-model (anthropic, api.anthropic.com)");

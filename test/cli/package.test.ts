@@ -157,7 +157,7 @@ describe("the CLI as a package", () => {
     );
     expect(updated.code, updated.stderr).toBe(0);
     const shown = await installed(["vault", "models", "show", model.id, "--json"], { home });
-    expect(JSON.parse(shown.stdout).upstream_model).toBe("gpt-4o-mini");
+    expect(JSON.parse(shown.stdout).upstreamModel).toBe("gpt-4o-mini");
     expect((await installed(["vault", "models", "list"], { home })).stdout).toContain("gpt-test");
     // The API's refusal of a field is passed through with its code (exit 1).
     const bad = await installed(

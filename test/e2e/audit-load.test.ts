@@ -76,7 +76,7 @@ describe.skipIf(SKIP_REASON !== null)("audit completeness under load, across a c
     // Lingering keeps the proxy after the command, so its own counters can be read.
     const launched = await api.call("POST", "/v1/runs", {
       commands: [nodeScript(LOAD)],
-      linger_seconds: 600,
+      lingerSeconds: 600,
     });
     expect(launched.status).toBe(202);
     const id = launched.json.id as string;

@@ -285,9 +285,9 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
     const model = await api.call("POST", "/v1/vault/models", {
       name: "eval-model",
       provider: "openai-compatible",
-      base_url: "https://api.demo.test/v1",
+      baseUrl: "https://api.demo.test/v1",
       secret: "MODEL_KEY",
-      upstream_model: "demo-1",
+      upstreamModel: "demo-1",
     });
     expect(model.status, model.text).toBeLessThan(300);
     const script = `

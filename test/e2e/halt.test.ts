@@ -105,7 +105,7 @@ get("https://other.demo.test/late").then((r) => console.log(JSON.stringify(r)));
         { name: "first", commands: ["sleep 8"] },
         { name: "late", commands: [nodeScript(late)] },
       ],
-      max_parallel_tasks: 1,
+      maxParallelTasks: 1,
     });
     const id = launched.json.id as string;
     const deadline = Date.now() + 60_000;

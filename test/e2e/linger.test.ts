@@ -49,7 +49,7 @@ describe.skipIf(SKIP_REASON !== null)("a lingering proxy", () => {
 })();`;
     const launched = await api.call("POST", "/v1/runs", {
       commands: [nodeScript(script)],
-      linger_seconds: 3600,
+      lingerSeconds: 3600,
     });
     expect(launched.status).toBe(202);
     const id = launched.json.id as string;
@@ -124,7 +124,7 @@ describe.skipIf(SKIP_REASON !== null)("a lingering proxy", () => {
   it("a run asked to linger that is cancelled while running does not linger", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);
-    const id = (await api.call("POST", "/v1/runs", { commands: ["sleep 30"], linger_seconds: 600 })).json.id;
+    const id = (await api.call("POST", "/v1/runs", { commands: ["sleep 30"], lingerSeconds: 600 })).json.id;
     await until("running", async () => ((await runOf(api, id)).status === "running" ? true : null), 60_000);
     await api.call("POST", `/v1/runs/${id}/cancel`);
     const ended = await waitForEnd(api, id);

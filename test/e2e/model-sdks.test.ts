@@ -68,8 +68,8 @@ describe.skipIf(SKIP_REASON !== null)(
         const model = await api.call("POST", "/v1/vault/models", {
           name: "eval-model",
           provider,
-          base_url: "https://api.demo.test/v1",
-          upstream_model: "demo-1",
+          baseUrl: "https://api.demo.test/v1",
+          upstreamModel: "demo-1",
           secret: "MODEL_KEY",
         });
         expect(model.status, model.text).toBe(201);
@@ -83,7 +83,7 @@ describe.skipIf(SKIP_REASON !== null)(
 
         const launched = await api.call("POST", "/v1/runs", {
           model: "eval-model",
-          model_budget: { calls: BUDGET_CALLS },
+          modelBudget: { calls: BUDGET_CALLS },
           bundle: sha,
           commands: ["node model-sdk-client.cjs eval-model"],
         });

@@ -149,7 +149,7 @@ describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a
     // A run that lingers: its page's link shows the proxy's own view; then the run list.
     await page.goto(`${base}/runs`);
     const launch = page.locator('form[action="/runs"]');
-    await launch.locator('input[name="linger_seconds"]').fill("600");
+    await launch.locator('input[name="lingerSeconds"]').fill("600");
     await launch.locator('button[type="submit"]').click();
     await page.waitForURL(/\/runs\/run_[a-z2-7]+/);
     const lingering = new URL(page.url()).pathname.split("/").at(-1) ?? "";

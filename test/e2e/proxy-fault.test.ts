@@ -15,7 +15,7 @@ import {
 // "Network the platform changed" when the proxy cannot be set up, on real parts: the host agent
 // gives every proxy a setting it refuses to start with (an injected fault: the proxy exits with
 // a configuration error before it listens). A run stops, with a warning that says why, unless
-// it was launched with on_proxy_failure "continue" under default routing: then it goes on, and
+// it was launched with onProxyFailure "continue" under default routing: then it goes on, and
 // the warning says its traffic left unfiltered. Never under catch-all.
 
 describe.skipIf(SKIP_REASON !== null)("a proxy that cannot be set up", () => {
@@ -41,14 +41,14 @@ describe.skipIf(SKIP_REASON !== null)("a proxy that cannot be set up", () => {
     expect(stdoutOf(run)).toBe("");
   });
 
-  it("goes on unfiltered, and says so, when launched with on_proxy_failure continue under default routing", async () => {
+  it("goes on unfiltered, and says so, when launched with onProxyFailure continue under default routing", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);
     const script = `${CLIENT_HELPERS}
 (async () => console.log(JSON.stringify({ direct: await tcp("${e.upstream.address}", ${e.upstream.directPort}) })))();`;
     const launched = await api.call("POST", "/v1/runs", {
       commands: [nodeScript(script)],
-      on_proxy_failure: "continue",
+      onProxyFailure: "continue",
     });
     const run = await waitForEnd(api, launched.json.id);
     expect(run, JSON.stringify(run.trace, null, 1)).toMatchObject({
@@ -69,7 +69,7 @@ describe.skipIf(SKIP_REASON !== null)("a proxy that cannot be set up", () => {
     await demoVault(api, e.canary, { default: "block" });
     const launched = await api.call("POST", "/v1/runs", {
       commands: ["echo must-not-run"],
-      on_proxy_failure: "continue",
+      onProxyFailure: "continue",
     });
     const run = await waitForEnd(api, launched.json.id);
     expect(run).toMatchObject({ status: "stopped", reason: "proxy_setup_failed", routing: "catch-all" });

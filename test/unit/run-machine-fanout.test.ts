@@ -158,7 +158,7 @@ describe("run machine: the egress tunnel and the model lane (issue 8)", () => {
   });
 
   it("stops before any benchmark code when the agent never connects within the wait", async () => {
-    const w = world({ spec: { ...LOCAL, egress_agent_wait_seconds: 5 }, policy: LOCAL_POLICY });
+    const w = world({ spec: { ...LOCAL, egressAgentWaitSeconds: 5 }, policy: LOCAL_POLICY });
     const end = await w.drive();
     expect(end?.state).toBe("stopped");
     expect(w.transitions.at(-1)?.reason).toBe("egress_agent_absent");

@@ -190,7 +190,7 @@ describe("run machine: a sandbox's stages (issue 20)", () => {
 
   // case G7 (machine level): a sandbox killed at its limit stops the run, naming the limit.
   it("stops resource_exhausted naming the sandbox and the limit the run asked for (case G7)", async () => {
-    const spec: RunSpec = { ...STAGED, resources: { memory_mb: 512 } };
+    const spec: RunSpec = { ...STAGED, resources: { memoryMb: 512 } };
     const w = world({ spec, limits: { "echo t1": "memory" }, keepsRunning: (c) => c === "echo one" });
     const end = await w.drive();
     expect(end?.state).toBe("stopped");
@@ -260,13 +260,13 @@ describe("run machine: a sandbox's stages (issue 20)", () => {
     }
   });
 
-  it("takes late tasks (max_parallel_tasks) through the same stages, one at a time", async () => {
+  it("takes late tasks (maxParallelTasks) through the same stages, one at a time", async () => {
     const tasks = ["a", "b", "c"].map((name) => ({
       name,
       commands: [`echo ${name}`],
       setup: [`prep ${name}`],
     }));
-    const w = world({ spec: { ...STAGED, tasks, max_parallel_tasks: 1, resources: { pids: 64 } } });
+    const w = world({ spec: { ...STAGED, tasks, maxParallelTasks: 1, resources: { pids: 64 } } });
     const end = await w.drive(400);
     expect(end?.state).toBe("finished");
     const ids = workerIds(end);

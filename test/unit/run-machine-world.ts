@@ -31,7 +31,7 @@ export const EMPTY_POLICY: Policy = compilePolicy({ version: 1, default: "allow"
 export const SPEC: RunSpec = {
   commands: ["echo one", "echo two"],
   egress: "direct",
-  on_proxy_failure: "stop",
+  onProxyFailure: "stop",
 };
 
 export interface WorldOptions {

@@ -223,7 +223,7 @@ describe("run machine", () => {
   });
 
   it("goes on unfiltered, with a warning, only when asked and only under default routing", async () => {
-    const spec: RunSpec = { ...SPEC, on_proxy_failure: "continue" };
+    const spec: RunSpec = { ...SPEC, onProxyFailure: "continue" };
     const fine = world({ proxyNeverReady: true, spec });
     expect((await fine.drive(1000))?.state).toBe("finished");
     expect(fine.notes).toContainEqual(
@@ -236,7 +236,7 @@ describe("run machine", () => {
   });
 
   it("stops the failed proxy and revokes its credentials before going on unfiltered", async () => {
-    const spec: RunSpec = { ...SPEC, on_proxy_failure: "continue" };
+    const spec: RunSpec = { ...SPEC, onProxyFailure: "continue" };
     const w = world({ proxyNeverReady: true, spec });
     await w.drive(1000);
     expect(w.kills.some((k) => k.endsWith("/proxy-1"))).toBe(true);
@@ -358,7 +358,7 @@ describe("run machine", () => {
       [...w.created].find(([, kind]) => kind === "proxy")?.[0] ?? "";
 
     it("keeps only the proxy after the commands end, pauses it when idle, wakes it on a look, and ends when the window lapses", async () => {
-      const w = world({ spec: { ...SPEC, linger_seconds: HOUR }, lingerIdleMs: 60_000 });
+      const w = world({ spec: { ...SPEC, lingerSeconds: HOUR }, lingerIdleMs: 60_000 });
       await lingering(w);
       const start = w.now();
       expect(w.transitions.at(-1)).toEqual({ to: "lingering", reason: "completed" });
@@ -415,7 +415,7 @@ describe("run machine", () => {
     });
 
     it("a window shortened to one already past ends the linger at once", async () => {
-      const w = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+      const w = world({ spec: { ...SPEC, lingerSeconds: HOUR } });
       await lingering(w);
       const start = w.now();
       await w.machine.linger(0);
@@ -429,7 +429,7 @@ describe("run machine", () => {
         ["cancelled", "cancelled"],
         ["reaped", "linger_lapsed"],
       ] as const) {
-        const w = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+        const w = world({ spec: { ...SPEC, lingerSeconds: HOUR } });
         await lingering(w);
         expect(await w.machine.cancel(who)).toBe(true);
         const at = w.now();
@@ -442,30 +442,30 @@ describe("run machine", () => {
     });
 
     it("never lingers a run that did not run its commands to an end, nor one without a proxy", async () => {
-      const cancelled = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+      const cancelled = world({ spec: { ...SPEC, lingerSeconds: HOUR } });
       await cancelled.machine.start("run_1");
       await cancelled.drive(5);
       await cancelled.machine.cancel();
       expect((await cancelled.drive())?.state).toBe("stopped");
       expect(states(cancelled)).not.toContain("lingering");
-      const unproxied = world({ spec: { ...SPEC, linger_seconds: HOUR }, policy: EMPTY_POLICY });
+      const unproxied = world({ spec: { ...SPEC, lingerSeconds: HOUR }, policy: EMPTY_POLICY });
       expect((await unproxied.drive())?.state).toBe("finished");
       expect(states(unproxied)).not.toContain("lingering");
       expect(await unproxied.machine.wake()).toMatchObject({ ok: false });
     });
 
     it("refuses halts while lingering and has nothing to halt", async () => {
-      const w = world({ spec: { ...SPEC, linger_seconds: HOUR } });
+      const w = world({ spec: { ...SPEC, lingerSeconds: HOUR } });
       await lingering(w);
       expect(await w.machine.halt(true)).toBe(false);
     });
 
     it("ends the same way when any lingering step is replayed after a crash (E6)", async () => {
-      const clean = world({ spec: { ...SPEC, linger_seconds: HOUR }, lingerIdleMs: 60_000 });
+      const clean = world({ spec: { ...SPEC, lingerSeconds: HOUR }, lingerIdleMs: 60_000 });
       await clean.drive();
       const total = clean.steps();
       for (let n = total - 4; n <= total; n++) {
-        const w = world({ spec: { ...SPEC, linger_seconds: HOUR }, lingerIdleMs: 60_000 });
+        const w = world({ spec: { ...SPEC, lingerSeconds: HOUR }, lingerIdleMs: 60_000 });
         w.crashAt(n);
         const end = await w.drive();
         expect(end?.state).toBe("finished");
@@ -475,11 +475,11 @@ describe("run machine", () => {
     });
   });
 
-  describe("tasks made in their turn (max_parallel_tasks)", () => {
+  describe("tasks made in their turn (maxParallelTasks)", () => {
     const tasks = ["a", "b", "c"].map((name) => ({ name, commands: [`echo ${name}`] }));
 
     it("runs at most N task sandboxes at once, each made when its turn comes", async () => {
-      const w = world({ spec: { ...SPEC, tasks, max_parallel_tasks: 1 } });
+      const w = world({ spec: { ...SPEC, tasks, maxParallelTasks: 1 } });
       await w.machine.start("run_1");
       let most = 0;
       while (w.state()?.state !== "finished" && w.steps() < 300) {
@@ -496,7 +496,7 @@ describe("run machine", () => {
     });
 
     it("gives a task sandbox made after a vault edit the new routing; earlier ones keep theirs", async () => {
-      const w = world({ spec: { ...SPEC, commands: ["echo slow"], tasks, max_parallel_tasks: 1 } });
+      const w = world({ spec: { ...SPEC, commands: ["echo slow"], tasks, maxParallelTasks: 1 } });
       await w.machine.start("run_1");
       // Until the first task's sandbox exists, then the vault starts asking for catch-all.
       while (![...w.created.values()].includes("task")) await w.drive(w.steps() + 1);

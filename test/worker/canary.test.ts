@@ -212,7 +212,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     const modelBody = {
       name: modelName,
       provider: "openai",
-      base_url: `https://llm.${tag}.example/v1`,
+      baseUrl: `https://llm.${tag}.example/v1`,
       secret: name,
     };
     const model = await api("POST", "/v1/vault/models", modelBody, [201]);
@@ -220,21 +220,21 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api(
       "POST",
       "/v1/vault/models",
-      { ...modelBody, name: "x", base_url: `https://u:${canary("userinfo")}@llm.${tag}.example/v1` },
+      { ...modelBody, name: "x", baseUrl: `https://u:${canary("userinfo")}@llm.${tag}.example/v1` },
       [400, "invalid_base_url"],
     );
     await api(
       "POST",
       "/v1/vault/models",
-      { ...modelBody, name: "x", base_url: `https://llm.${tag}.example/v1?key=${canary("query")}` },
+      { ...modelBody, name: "x", baseUrl: `https://llm.${tag}.example/v1?key=${canary("query")}` },
       [400, "invalid_base_url"],
     );
     await api("POST", "/v1/vault/models", { ...modelBody, name: "y", secret: "NOPE" }, [
       400,
       "unknown_secret",
     ]);
-    await api("PATCH", `/v1/vault/models/${model.json.id}`, { upstream_model: "gpt-x" }, [200]);
-    await api("PATCH", "/v1/vault/models/mdl_nope", { upstream_model: "gpt-x" }, [404, "not_found"]);
+    await api("PATCH", `/v1/vault/models/${model.json.id}`, { upstreamModel: "gpt-x" }, [200]);
+    await api("PATCH", "/v1/vault/models/mdl_nope", { upstreamModel: "gpt-x" }, [404, "not_found"]);
     await api("GET", `/v1/vault/policy-preview?model=${modelName}`, undefined, [200]);
     await api("GET", "/v1/vault/policy-preview?model=nope", undefined, [400, "unknown_model"]);
 

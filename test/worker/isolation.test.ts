@@ -473,7 +473,7 @@ const CASES: Record<string, Case> = {
     body: ({ a }) => ({
       name: "b-only-model",
       provider: "openai",
-      base_url: `https://new.${a.tag}.example/v1`,
+      baseUrl: `https://new.${a.tag}.example/v1`,
       secret: "API_KEY",
     }),
     // A model can only name a secret of the caller's vault, and a name A has is A's conflict.
@@ -482,7 +482,7 @@ const CASES: Record<string, Case> = {
         body: {
           name: "x",
           provider: "openai-compatible",
-          base_url: `https://x.${a.tag}.example`,
+          baseUrl: `https://x.${a.tag}.example`,
           secret: "B_ONLY_KEY",
         },
         status: 400,
@@ -492,7 +492,7 @@ const CASES: Record<string, Case> = {
         body: {
           name: "shared-model",
           provider: "openai-compatible",
-          base_url: `https://x.${a.tag}.example`,
+          baseUrl: `https://x.${a.tag}.example`,
           secret: "API_KEY",
         },
         status: 409,
@@ -505,7 +505,7 @@ const CASES: Record<string, Case> = {
     kind: "by-id",
     resource: "model",
     ok: 200,
-    body: ({ a }) => ({ provider: "anthropic", base_url: `https://patched.${a.tag}.example/v1` }),
+    body: ({ a }) => ({ provider: "anthropic", baseUrl: `https://patched.${a.tag}.example/v1` }),
   },
   "DELETE /v1/vault/models/{id}": { kind: "by-id", resource: "model", ok: 204 },
 

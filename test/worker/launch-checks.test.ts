@@ -25,7 +25,7 @@ describe("launch: setup and resources", () => {
       commands: ["python task_impl.py"],
       setup: ["pip install -r requirements.txt"],
       tasks: [{ name: "t1", commands: ["true"], setup: ["apt-get install -y jq"] }],
-      resources: { memory_mb: 4096, pids: 2048, cpus: 2 },
+      resources: { memoryMb: 4096, pids: 2048, cpus: 2 },
     };
     const res = await t.api("POST", "/v1/runs", spec);
     expect(res.status, res.text).toBe(202);
@@ -33,7 +33,7 @@ describe("launch: setup and resources", () => {
     expect(run.json.spec).toMatchObject(spec);
     // One field alone is fine: the others take the kind's defaults.
     expect(
-      (await t.api("POST", "/v1/runs", { commands: ["true"], resources: { memory_mb: 512 } })).status,
+      (await t.api("POST", "/v1/runs", { commands: ["true"], resources: { memoryMb: 512 } })).status,
     ).toBe(202);
   });
 
@@ -55,7 +55,7 @@ describe("launch: setup and resources", () => {
       "unknown_field",
     );
     expectProblem(
-      await t.api("POST", "/v1/runs", { commands: ["a"], resources: { memory_mb: 1.5 } }),
+      await t.api("POST", "/v1/runs", { commands: ["a"], resources: { memoryMb: 1.5 } }),
       400,
       "invalid_request",
     );
@@ -69,10 +69,10 @@ describe("launch: setup and resources", () => {
   it("refuses resources past the deployment's bounds (defaults: 8192 MiB, 4096 pids, 4 CPUs) or under the floor", async () => {
     const t = await newTenant();
     for (const resources of [
-      { memory_mb: 8193 },
+      { memoryMb: 8193 },
       { pids: 4097 },
       { cpus: 4.5 },
-      { memory_mb: 32 },
+      { memoryMb: 32 },
       { pids: 8 },
       { cpus: 0.05 },
     ]) {
@@ -86,7 +86,7 @@ describe("launch: setup and resources", () => {
     // At the bounds: accepted.
     const at = await t.api("POST", "/v1/runs", {
       commands: ["a"],
-      resources: { memory_mb: 8192, pids: 4096, cpus: 4 },
+      resources: { memoryMb: 8192, pids: 4096, cpus: 4 },
     });
     expect(at.status, at.text).toBe(202);
     expect((await t.api("GET", "/v1/runs")).json.runs).toHaveLength(1);
@@ -102,10 +102,10 @@ describe("launch: setup and resources", () => {
     };
     const launch = (resources: object) =>
       callWith(tight, t.key, "POST", "/v1/runs", { commands: ["a"], resources });
-    expectProblem(await launch({ memory_mb: 2048 }), 422, "resources_out_of_bounds");
+    expectProblem(await launch({ memoryMb: 2048 }), 422, "resources_out_of_bounds");
     expectProblem(await launch({ pids: 257 }), 422, "resources_out_of_bounds");
     expectProblem(await launch({ cpus: 1 }), 422, "resources_out_of_bounds");
-    expect((await launch({ memory_mb: 1024, pids: 256, cpus: 0.5 })).status).toBe(202);
+    expect((await launch({ memoryMb: 1024, pids: 256, cpus: 0.5 })).status).toBe(202);
   });
 });
 

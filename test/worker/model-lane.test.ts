@@ -180,19 +180,52 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
   });
 });
 
-describe("model_budget on a run", { timeout: 60_000 }, () => {
+describe("modelBudget on a run", { timeout: 60_000 }, () => {
   it("reaches the lane as the policy's model.budget (camelCase, unset limits null)", async () => {
     const { t } = await tenantWithModel();
     const run = await newRun(t, {
-      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 5, output_tokens: 1000 } },
+      spec: { commands: ["true"], model: "eval-model", modelBudget: { calls: 5, outputTokens: 1000 } },
     });
     const envelope = PolicyEnvelope.parse((await run.proxy("GET", paths.policy(run))).json);
     expect(envelope.policy.model?.budget).toEqual({ calls: 5, inputTokens: null, outputTokens: 1000 });
     // Stored with the run as asked.
     const [row] = await withDb((db) => db.select({ spec: runs.spec }).from(runs).where(eq(runs.id, run.id)));
-    expect(row?.spec.model_budget).toEqual({ calls: 5, output_tokens: 1000 });
+    expect(row?.spec.modelBudget).toEqual({ calls: 5, outputTokens: 1000 });
     // The preview is no run: no budget.
     expect((await t.api("GET", "/v1/vault/policy-preview?model=eval-model")).json.model.budget).toBeNull();
+  });
+
+  it("a run stored before the camelCase names (model_budget, input_tokens...) reads under them", async () => {
+    const { t } = await tenantWithModel();
+    const run = await newRun(t, { spec: { commands: ["true"], model: "eval-model" } });
+    const old = {
+      commands: ["true"],
+      model: "eval-model",
+      egress: "direct",
+      on_proxy_failure: "continue",
+      linger_seconds: 60,
+      resources: { memory_mb: 1024 },
+      model_budget: { calls: 5, output_tokens: 1000 },
+    };
+    await withDb((db) =>
+      db
+        .update(runs)
+        .set({ spec: old as never })
+        .where(eq(runs.id, run.id)),
+    );
+    const envelope = PolicyEnvelope.parse((await run.proxy("GET", paths.policy(run))).json);
+    expect(envelope.policy.model?.budget).toEqual({ calls: 5, inputTokens: null, outputTokens: 1000 });
+    const shown = await t.api("GET", `/v1/runs/${run.id}`);
+    expect(shown.status, shown.text).toBe(200);
+    expect(shown.json.spec).toEqual({
+      commands: ["true"],
+      model: "eval-model",
+      egress: "direct",
+      onProxyFailure: "continue",
+      lingerSeconds: 60,
+      resources: { memoryMb: 1024 },
+      modelBudget: { calls: 5, outputTokens: 1000 },
+    });
   });
 
   it("a launch: without a model → 400 model_budget_without_model; bad limits → 400; no run either way", async () => {
@@ -202,7 +235,7 @@ describe("model_budget on a run", { timeout: 60_000 }, () => {
         async (db) => (await db.select().from(runs).where(eq(runs.environmentId, t.environmentId))).length,
       );
     const alone = expectProblem(
-      await t.api("POST", "/v1/runs", { commands: ["true"], model_budget: { calls: 5 } }),
+      await t.api("POST", "/v1/runs", { commands: ["true"], modelBudget: { calls: 5 } }),
       400,
       "model_budget_without_model",
     );
@@ -210,14 +243,14 @@ describe("model_budget on a run", { timeout: 60_000 }, () => {
     for (const [budget, code] of [
       [{ calls: 0 }, "invalid_request"],
       [{ calls: -1 }, "invalid_request"],
-      [{ input_tokens: 1.5 }, "invalid_request"],
-      [{ output_tokens: "100" }, "invalid_request"],
+      [{ inputTokens: 1.5 }, "invalid_request"],
+      [{ outputTokens: "100" }, "invalid_request"],
       [{ calls: 2 ** 41 }, "invalid_request"],
-      [{ inputTokens: 100 }, "unknown_field"],
+      [{ input_tokens: 100 }, "unknown_field"], // the name from before camelCase
       [5, "invalid_request"],
     ] as const) {
       expectProblem(
-        await t.api("POST", "/v1/runs", { commands: ["true"], model: "eval-model", model_budget: budget }),
+        await t.api("POST", "/v1/runs", { commands: ["true"], model: "eval-model", modelBudget: budget }),
         400,
         code,
       );
@@ -226,7 +259,7 @@ describe("model_budget on a run", { timeout: 60_000 }, () => {
     expectProblem(
       await t.api("POST", "/v1/webhooks", {
         name: "ci",
-        run: { commands: ["true"], model_budget: { calls: 1 } },
+        run: { commands: ["true"], modelBudget: { calls: 1 } },
       }),
       400,
       "model_budget_without_model",
@@ -235,7 +268,7 @@ describe("model_budget on a run", { timeout: 60_000 }, () => {
     const ok = await t.api("POST", "/v1/runs", {
       commands: ["true"],
       model: "eval-model",
-      model_budget: { calls: 100, input_tokens: 20_000, output_tokens: 5000 },
+      modelBudget: { calls: 100, inputTokens: 20_000, outputTokens: 5000 },
     });
     expect(ok.status, ok.text).toBe(202);
     expect(await count()).toBe(1);
@@ -252,7 +285,7 @@ describe("model_budget on a run", { timeout: 60_000 }, () => {
     const { t } = await tenantWithModel();
     const run = await newRun(t, {
       status: "running",
-      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 3, input_tokens: 250 } },
+      spec: { commands: ["true"], model: "eval-model", modelBudget: { calls: 3, inputTokens: 250 } },
     });
     const calls = [
       modelCall(1, { inputTokens: 100, outputTokens: 5, cachedInputTokens: 60, ms: 100 }),
@@ -357,7 +390,7 @@ describe("model calls in audit batches, and GET /v1/runs/{id}/model-calls", { ti
       errors: 0,
       latencyMs: { p50: 250, p95: 250 },
     });
-    // No model_budget: no spend to show. Every minute from the first call's to the newest's.
+    // No modelBudget: no spend to show. Every minute from the first call's to the newest's.
     expect(all.json.budget).toBeNull();
     expect(all.json.tokensPerMinute).toEqual([
       { minute: minute(0), inputTokens: 10, outputTokens: 0 },

@@ -122,12 +122,12 @@ describe("the runs list", () => {
   it("launches a run from the form as POST /v1/runs would, refusing what the API refuses", async () => {
     const t = await tenantWithUnreadableVault("canary-launch-value");
     const b = await loggedIn(t, "/runs");
-    const made = await b.post("/runs", { benchmark: "demo", linger_seconds: "600", commands: "" });
+    const made = await b.post("/runs", { benchmark: "demo", lingerSeconds: "600", commands: "" });
     expect(made.status).toBe(303);
     const id = /^\/runs\/(run_[a-z2-7]+)\?ok=Launched/.exec(made.location ?? "")?.[1];
     expect(id, made.location ?? "").toBeDefined();
     const run = await t.api("GET", `/v1/runs/${id}`);
-    expect(run.json.spec).toMatchObject({ benchmark: "demo", linger_seconds: 600 });
+    expect(run.json.spec).toMatchObject({ benchmark: "demo", lingerSeconds: 600 });
     await t.api("POST", `/v1/runs/${id}/cancel`);
     const commands = await b.post("/runs", { benchmark: "", commands: "echo one\n\n  echo two  \n" });
     const second = /^\/runs\/(run_[a-z2-7]+)/.exec(commands.location ?? "")?.[1];
@@ -136,8 +136,8 @@ describe("the runs list", () => {
     const before = (await t.api("GET", "/v1/runs")).json.runs.length;
     for (const [fields, words] of [
       [{ benchmark: "", commands: "" }, "commands"],
-      [{ benchmark: "demo", linger_seconds: "90000" }, "at most 86400 seconds"],
-      [{ benchmark: "demo", linger_seconds: "soon" }, "linger_seconds"],
+      [{ benchmark: "demo", lingerSeconds: "90000" }, "at most 86400 seconds"],
+      [{ benchmark: "demo", lingerSeconds: "soon" }, "lingerSeconds"],
       [{ benchmark: "nope" }, "No benchmark"],
     ] as const) {
       const refused = await b.post("/runs", fields);
@@ -931,13 +931,13 @@ describe("the model card", () => {
     const model = {
       name: "eval-model",
       provider: "openai-compatible",
-      base_url: "https://openrouter.ai/api/v1",
+      baseUrl: "https://openrouter.ai/api/v1",
       secret: "M_KEY",
     };
     expect((await t.api("POST", "/v1/vault/models", model)).status).toBe(201);
     const run = await newRun(t, {
       status: "running",
-      spec: { commands: ["true"], model: "eval-model", model_budget: { calls: 10, input_tokens: 1000 } },
+      spec: { commands: ["true"], model: "eval-model", modelBudget: { calls: 10, inputTokens: 1000 } },
     });
     const owner = { id: run.id, userId: t.userId, environmentId: t.environmentId };
     await withDb((db) => storeAuditBatch(db, owner, auditBatch(run.id, { modelCalls: calls() })));
@@ -1003,7 +1003,7 @@ describe("the model card", () => {
     // A run without a budget says so; a run without a model says that.
     const free = await newRun(t, { status: "running", spec: { commands: ["true"], model: "eval-model" } });
     const freePage = expectPage(await b.get(`/runs/${free.id}`));
-    has(freePage, "No model budget: the run set no model_budget.");
+    has(freePage, "No model budget: the run set no modelBudget.");
     has(freePage, "No calls yet.");
     has(freePage, "the run's proxy last reported nothing yet");
     const plain = await launch(t);

@@ -750,8 +750,8 @@ describe("vault page: models", { timeout: 60_000 }, () => {
     const claude = await b.submit(`${VAULT}/models`, {
       name: "claude-eval",
       provider: "anthropic",
-      base_url: "",
-      upstream_model: "",
+      baseUrl: "",
+      upstreamModel: "",
       secret: "MODEL_KEY",
     });
     expect(claude.error).toBeNull();
@@ -762,7 +762,7 @@ describe("vault page: models", { timeout: 60_000 }, () => {
     const noUrl = await b.submit(`${VAULT}/models`, {
       name: "router",
       provider: "openai-compatible",
-      base_url: "",
+      baseUrl: "",
       secret: "MODEL_KEY",
     });
     expect(noUrl.ok).toBeNull();
@@ -772,8 +772,8 @@ describe("vault page: models", { timeout: 60_000 }, () => {
     const router = await b.submit(`${VAULT}/models`, {
       name: "router",
       provider: "openai-compatible",
-      base_url: "https://OpenRouter.ai/api/v1/",
-      upstream_model: "meta-llama/llama-3-8b-instruct",
+      baseUrl: "https://OpenRouter.ai/api/v1/",
+      upstreamModel: "meta-llama/llama-3-8b-instruct",
       secret: "MODEL_KEY",
     });
     expect(router.ok).toBe("Added the model router (openai-compatible, https://openrouter.ai/api/v1).");

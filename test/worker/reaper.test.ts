@@ -113,7 +113,7 @@ describe("reaper: lingering runs", () => {
       enteredAt: until - 3_600_000,
       cancel: false,
       final: outcome,
-      spec: { commands: ["true"], egress: "direct", on_proxy_failure: "stop" },
+      spec: { commands: ["true"], egress: "direct", onProxyFailure: "stop" },
       policy: {
         version: 1,
         routing: { mode: "default", reasons: [] },

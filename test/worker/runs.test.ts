@@ -26,7 +26,7 @@ describe("runs API", () => {
     expect(run.json.spec).toEqual({
       commands: ["echo hi"],
       egress: "direct",
-      on_proxy_failure: "stop",
+      onProxyFailure: "stop",
     });
     expect(run.json.trace[0]).toMatchObject({ kind: "transition", state: "queued", reason: "launched" });
   });
@@ -175,20 +175,20 @@ describe("runs API", () => {
   it("takes a linger of at most 24 h, at launch or later; refuses it once the run has ended", async () => {
     // A vault that does not decrypt keeps the run retrying (alive) for a few seconds.
     const t = await tenantWithUnreadableVault("canary-linger-value");
-    const over = await t.api("POST", "/v1/runs", { commands: ["a"], linger_seconds: 86_401 });
+    const over = await t.api("POST", "/v1/runs", { commands: ["a"], lingerSeconds: 86_401 });
     expectProblem(over, 400, "linger_too_long");
     expect(over.json.detail).toContain("86401");
     expectProblem(
-      await t.api("POST", "/v1/runs", { commands: ["a"], linger_seconds: -1 }),
+      await t.api("POST", "/v1/runs", { commands: ["a"], lingerSeconds: -1 }),
       400,
       "invalid_request",
     );
     expectProblem(
-      await t.api("POST", "/v1/runs", { commands: ["a"], linger_seconds: 1.5 }),
+      await t.api("POST", "/v1/runs", { commands: ["a"], lingerSeconds: 1.5 }),
       400,
       "invalid_request",
     );
-    const made = await t.api("POST", "/v1/runs", { commands: ["echo never"], linger_seconds: 86_400 });
+    const made = await t.api("POST", "/v1/runs", { commands: ["echo never"], lingerSeconds: 86_400 });
     expect(made.status).toBe(202);
     const id = made.json.id;
     expect((await t.api("GET", `/v1/runs/${id}`)).json.linger).toEqual({

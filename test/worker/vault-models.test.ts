@@ -12,14 +12,14 @@ import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
 // (unknown_model) on every launch path. A canary secret value is the model's key throughout.
 
 const MODEL_FIELDS = [
-  "base_url",
+  "baseUrl",
   "createdAt",
   "id",
   "name",
   "provider",
   "secret",
   "updatedAt",
-  "upstream_model",
+  "upstreamModel",
 ];
 
 interface Fixture {
@@ -46,7 +46,7 @@ async function fixture(): Promise<Fixture> {
 const MODEL = {
   name: "gpt-4o-mini",
   provider: "openai",
-  base_url: "https://api.openai.com/v1",
+  baseUrl: "https://api.openai.com/v1",
   secret: "OPENAI_KEY",
 };
 
@@ -72,20 +72,20 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
     const v0 = await version(f);
     const made = await create(f);
     expect(Object.keys(made).sort()).toEqual(MODEL_FIELDS);
-    expect(made).toMatchObject({ ...MODEL, upstream_model: "gpt-4o-mini" });
+    expect(made).toMatchObject({ ...MODEL, upstreamModel: "gpt-4o-mini" });
     expect(made.id).toMatch(/^mdl_/);
     expect(await version(f)).toBe(v0 + 1);
 
     const other = await create(f, {
       name: "claude-via-router",
       provider: "openai-compatible",
-      base_url: "https://OpenRouter.AI:443/api/v1/",
-      upstream_model: "anthropic/claude-3.5-sonnet",
+      baseUrl: "https://OpenRouter.AI:443/api/v1/",
+      upstreamModel: "anthropic/claude-3.5-sonnet",
       secret: "OPENAI_KEY",
     });
     // Canonical: lowercase host, the default port and the trailing slash dropped.
-    expect(other.base_url).toBe("https://openrouter.ai/api/v1");
-    expect(other.upstream_model).toBe("anthropic/claude-3.5-sonnet");
+    expect(other.baseUrl).toBe("https://openrouter.ai/api/v1");
+    expect(other.upstreamModel).toBe("anthropic/claude-3.5-sonnet");
 
     const list = await f.api("GET", "/v1/vault/models");
     expect(list.status).toBe(200);
@@ -95,16 +95,16 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
     const v1 = await version(f);
     const changed = await f.api("PATCH", `/v1/vault/models/${made.id}`, {
       name: "mini",
-      base_url: "https://llm.example.com:8443/v1",
+      baseUrl: "https://llm.example.com:8443/v1",
     });
     expect(changed.status, changed.text).toBe(200);
     expect(changed.json).toMatchObject({
       id: made.id,
       name: "mini",
       provider: "openai",
-      base_url: "https://llm.example.com:8443/v1",
+      baseUrl: "https://llm.example.com:8443/v1",
       // Set at creation (the old name), not re-derived from the new one.
-      upstream_model: "gpt-4o-mini",
+      upstreamModel: "gpt-4o-mini",
       secret: "OPENAI_KEY",
       createdAt: made.createdAt,
     });
@@ -147,16 +147,16 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
     const userinfo = `https://user:${f.canary}@api.openai.com/v1`;
     const cases: [Record<string, unknown>, string][] = [
       [{ ...MODEL, secret: "NO_SUCH_KEY" }, "unknown_secret"],
-      [{ ...MODEL, base_url: "http://api.openai.com/v1" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: userinfo }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "https://@api.openai.com/v1" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "https://api.openai.com/v1?key=1" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "https://api.openai.com/v1#x" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "https://api.openai.com/v1\n" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "https://api open.com/v1" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "https://" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "api.openai.com/v1" }, "invalid_base_url"],
-      [{ ...MODEL, base_url: "" }, "invalid_request"],
+      [{ ...MODEL, baseUrl: "http://api.openai.com/v1" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: userinfo }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "https://@api.openai.com/v1" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "https://api.openai.com/v1?key=1" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "https://api.openai.com/v1#x" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "https://api.openai.com/v1\n" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "https://api open.com/v1" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "https://" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "api.openai.com/v1" }, "invalid_base_url"],
+      [{ ...MODEL, baseUrl: "" }, "invalid_request"],
       [{ ...MODEL, name: "" }, "invalid_request"],
       [{ ...MODEL, name: "has space" }, "invalid_request"],
       [{ ...MODEL, name: "x".repeat(129) }, "invalid_request"],
@@ -170,7 +170,7 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
     ];
     for (const [body, code] of cases) {
       const res = expectProblem(await f.api("POST", "/v1/vault/models", body), 400, code);
-      const url = String(body.base_url ?? "");
+      const url = String(body.baseUrl ?? "");
       if (url.length > 12) expect(res.text).not.toContain(url.trim());
     }
     expectProblem(
@@ -182,7 +182,7 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
     const after = await version(f);
     expect(after).toBe(v + 1);
     for (const [body, code] of [
-      [{ base_url: "http://x.example/v1" }, "invalid_base_url"],
+      [{ baseUrl: "http://x.example/v1" }, "invalid_base_url"],
       [{ secret: "NO_SUCH_KEY" }, "unknown_secret"],
       [{ id: "mdl_other" }, "unknown_field"],
     ] as const) {
@@ -195,19 +195,19 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
 
   it("providers: openai and anthropic default their base URL; openai-compatible must give one", async () => {
     const f = await fixture();
-    const { base_url: _, ...noUrl } = MODEL;
+    const { baseUrl: _, ...noUrl } = MODEL;
     const openai = await create(f, noUrl);
-    expect(openai).toMatchObject({ provider: "openai", base_url: "https://api.openai.com/v1" });
+    expect(openai).toMatchObject({ provider: "openai", baseUrl: "https://api.openai.com/v1" });
     const claude = await create(f, { ...noUrl, name: "claude-sonnet", provider: "anthropic" });
-    expect(claude).toMatchObject({ provider: "anthropic", base_url: "https://api.anthropic.com/v1" });
+    expect(claude).toMatchObject({ provider: "anthropic", baseUrl: "https://api.anthropic.com/v1" });
     // An Anthropic-format gateway of one's own: the given URL wins.
     const gateway = await create(f, {
       ...noUrl,
       name: "claude-gw",
       provider: "anthropic",
-      base_url: "https://gw.example.com/anthropic/v1",
+      baseUrl: "https://gw.example.com/anthropic/v1",
     });
-    expect(gateway.base_url).toBe("https://gw.example.com/anthropic/v1");
+    expect(gateway.baseUrl).toBe("https://gw.example.com/anthropic/v1");
     const v = await version(f);
     const missing = expectProblem(
       await f.api("POST", "/v1/vault/models", { ...noUrl, name: "router", provider: "openai-compatible" }),
@@ -219,21 +219,21 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
 
     // A new provider without a base URL: a default URL follows the provider, a given one stays.
     const switched = await f.api("PATCH", `/v1/vault/models/${openai.id}`, { provider: "anthropic" });
-    expect(switched.json).toMatchObject({ provider: "anthropic", base_url: "https://api.anthropic.com/v1" });
+    expect(switched.json).toMatchObject({ provider: "anthropic", baseUrl: "https://api.anthropic.com/v1" });
     expectProblem(
       await f.api("PATCH", `/v1/vault/models/${openai.id}`, { provider: "openai-compatible" }),
       400,
       "base_url_required",
     );
     const kept = await f.api("PATCH", `/v1/vault/models/${gateway.id}`, { provider: "openai" });
-    expect(kept.json).toMatchObject({ provider: "openai", base_url: "https://gw.example.com/anthropic/v1" });
+    expect(kept.json).toMatchObject({ provider: "openai", baseUrl: "https://gw.example.com/anthropic/v1" });
     const router = await f.api("PATCH", `/v1/vault/models/${claude.id}`, {
       provider: "openai-compatible",
-      base_url: "https://openrouter.ai/api/v1",
+      baseUrl: "https://openrouter.ai/api/v1",
     });
     expect(router.json).toMatchObject({
       provider: "openai-compatible",
-      base_url: "https://openrouter.ai/api/v1",
+      baseUrl: "https://openrouter.ai/api/v1",
     });
     expect((await f.api("GET", `/v1/vault/models/${openai.id}`)).json.provider).toBe("anthropic");
     await expectNoLeak(f);
@@ -304,7 +304,7 @@ describe("/v1/vault/models", { timeout: 60_000 }, () => {
 
   it("the preview with ?model= carries the model's lane (secret by name), enforced even for an empty vault", async () => {
     const f = await fixture();
-    await create(f, { ...MODEL, upstream_model: "gpt-4o-mini-2024-07-18" });
+    await create(f, { ...MODEL, upstreamModel: "gpt-4o-mini-2024-07-18" });
     const res = await f.api("GET", `/v1/vault/policy-preview?model=${MODEL.name}`);
     expect(res.status, res.text).toBe(200);
     expect(res.json.model).toEqual({

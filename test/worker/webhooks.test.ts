@@ -74,7 +74,7 @@ describe("webhook registration", { timeout: 60_000 }, () => {
     expect(res.json.url).toBe(`${BASE}/hooks/${res.json.id}`);
     expect(res.json).toMatchObject({
       name: "ci",
-      run: { ...TEMPLATE, egress: "direct", on_proxy_failure: "stop" },
+      run: { ...TEMPLATE, egress: "direct", onProxyFailure: "stop" },
       rotatedAt: null,
       previousSecretExpiresAt: null,
     });
@@ -126,7 +126,7 @@ describe("webhook deliveries", { timeout: 60_000 }, () => {
     expect(Object.keys(res.json)).toEqual(["runId"]);
     expect(res.json.runId).toMatch(/^run_/);
     const run = expectStatus(await w.t.api("GET", `/v1/runs/${res.json.runId}`), 200);
-    expect(run.json.spec).toEqual({ ...TEMPLATE, egress: "direct", on_proxy_failure: "stop" });
+    expect(run.json.spec).toEqual({ ...TEMPLATE, egress: "direct", onProxyFailure: "stop" });
     expect(run.json.trace[0]).toMatchObject({ kind: "transition", state: "queued" });
     const rows = await withDb((db) =>
       db.select().from(webhookDeliveries).where(eq(webhookDeliveries.webhookId, w.id)),

@@ -2,15 +2,15 @@ import { type Api, ApiError } from "../api";
 import { api, type Ctx, print, table, UsageError } from "./shared";
 
 // `benchwright vault models ...`: the models a run may declare. The fields go to the API as given
-// (provider, base_url, ...): the API validates them, so the CLI need not change when the set of
+// (provider, baseUrl, ...): the API validates them, so the CLI need not change when the set of
 // providers does. Untyped calls for the same reason: this file reads only the fields it prints.
 
 interface Model {
   id: string;
   name: string;
   provider: string;
-  base_url?: string | null;
-  upstream_model?: string;
+  baseUrl?: string | null;
+  upstreamModel?: string;
   secret: string;
 }
 
@@ -22,18 +22,14 @@ export interface ModelFields {
   secret?: string | undefined;
 }
 
-/** The body: only the fields given, under the API's names. */
+/** The body: only the fields given (the flags' names are the API's). */
 function body(f: ModelFields): Record<string, string> {
   const out: Record<string, string> = {};
-  if (f.name !== undefined) out.name = f.name;
-  if (f.provider !== undefined) out.provider = f.provider;
-  if (f.baseUrl !== undefined) out.base_url = f.baseUrl;
-  if (f.upstreamModel !== undefined) out.upstream_model = f.upstreamModel;
-  if (f.secret !== undefined) out.secret = f.secret;
+  for (const [k, v] of Object.entries(f)) if (v !== undefined) out[k] = v;
   return out;
 }
 
-const row = (m: Model) => [m.id, m.name, m.provider, m.base_url ?? "", m.upstream_model ?? m.name, m.secret];
+const row = (m: Model) => [m.id, m.name, m.provider, m.baseUrl ?? "", m.upstreamModel ?? m.name, m.secret];
 
 /** A model by id (mdl_...) or by name. */
 async function resolve(client: Api, ref: string): Promise<Model> {

@@ -22,7 +22,7 @@ import {
 type Run = Schemas["Run"];
 /**
  * A run spec as the user writes it. The generated type marks fields with a default (egress,
- * on_proxy_failure) as required, since the API's answers always carry them; a request may omit
+ * onProxyFailure) as required, since the API's answers always carry them; a request may omit
  * them and the API fills them in.
  */
 export type SpecInput = RunSpecWithBundle;
@@ -92,7 +92,7 @@ export interface LaunchOptions {
   benchmark?: string;
   from?: string;
   model?: string;
-  /** --budget calls=N,input=N,output=N: the run's model_budget. */
+  /** --budget calls=N,input=N,output=N: the run's modelBudget. */
   budget?: string;
   egress?: string;
   backend?: string;
@@ -141,10 +141,10 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
   const spec: SpecInput = {
     ...base,
     ...(opts.model ? { model: opts.model } : {}),
-    ...(opts.budget !== undefined ? { model_budget: modelBudget(opts.budget) } : {}),
+    ...(opts.budget !== undefined ? { modelBudget: modelBudget(opts.budget) } : {}),
     ...(egress ? { egress } : {}),
     ...(backend ? { backend } : {}),
-    ...(opts.linger !== undefined ? { linger_seconds: seconds(opts.linger, "--linger") } : {}),
+    ...(opts.linger !== undefined ? { lingerSeconds: seconds(opts.linger, "--linger") } : {}),
   };
   // One Idempotency-Key for the launch and its retries: a launch whose answer was lost is
   // answered again by the API, never made twice.
@@ -181,14 +181,13 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
   await follow(ctx, client, run.id);
 }
 
-/** "90", "90s", "15m", "2h" → seconds. */
-const BUDGET_KEYS = { calls: "calls", input: "input_tokens", output: "output_tokens" } as const;
+const BUDGET_KEYS = { calls: "calls", input: "inputTokens", output: "outputTokens" } as const;
 
 /**
- * --budget calls=1000,input=2m,output=200k: the run's model_budget (k and m multiply by a
+ * --budget calls=1000,input=2m,output=200k: the run's modelBudget (k and m multiply by a
  * thousand and a million). The API checks the rest (positive, and only with a model).
  */
-export function modelBudget(text: string): NonNullable<SpecInput["model_budget"]> {
+export function modelBudget(text: string): NonNullable<SpecInput["modelBudget"]> {
   const budget: Record<string, number> = {};
   for (const part of text.split(",")) {
     const m = /^\s*(calls|input|output)\s*=\s*(\d+)([km]?)\s*$/i.exec(part);
@@ -204,6 +203,7 @@ export function modelBudget(text: string): NonNullable<SpecInput["model_budget"]
   return budget;
 }
 
+/** "90", "90s", "15m", "2h" → seconds. */
 export function seconds(text: string, flag: string): number {
   const m = /^(\d+)([smh]?)$/.exec(text.trim());
   if (!m) throw new UsageError(`${flag} takes seconds, or a number with s, m or h (e.g. 15m)`);

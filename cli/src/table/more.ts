@@ -72,7 +72,7 @@ export const MORE_COMMANDS: CommandTable = {
       "benchwright vault models add NAME --provider P --secret SECRET_NAME [--base-url URL] [--upstream-model M]",
     summary: "add a model a run may declare (its key is a vault secret, named, never shown)",
     help:
-      "The fields go to POST /v1/vault/models as given (--base-url as base_url, ...); the API says which\n" +
+      "The fields go to POST /v1/vault/models as given (--base-url as baseUrl, ...); the API says which\n" +
       "providers it knows and when a base URL is needed. --upstream-model defaults to NAME.",
     options: modelFlags,
     run: (ctx, v, p) => models.modelsAdd(ctx, one(p, "model name"), modelFields(v)),

@@ -27,7 +27,7 @@ export const RUNS_COMMANDS: CommandTable = {
       "several commands.\n" +
       "\n" +
       `--from FOLDER reads FOLDER/${SPEC_FILE}, a run spec as POST /v1/runs takes it (commands, setup,\n` +
-      "tasks, model, egress, linger_seconds...), and packs the folder into a .tar.gz that is uploaded\n" +
+      "tasks, model, egress, lingerSeconds...), and packs the folder into a .tar.gz that is uploaded\n" +
       "(POST /v1/bundles, with progress on a terminal) and unpacked into each work and task sandbox's\n" +
       "home before setup; the spec's bundle is set to its sha256. What is packed: every file the\n" +
       `folder's .gitignore files do not exclude, never .git, always ${SPEC_FILE}; with "files" in\n` +

@@ -138,9 +138,7 @@ async function proxyFailed(m: Machine, s: MachineState, error: unknown): Promise
   const why = error instanceof Error ? error.message : String(error);
   const policy = must(s.policy);
   const mayContinue =
-    s.spec?.on_proxy_failure === "continue" &&
-    policy.routing.mode === "default" &&
-    s.network?.created === true;
+    s.spec?.onProxyFailure === "continue" && policy.routing.mode === "default" && s.network?.created === true;
   if (mayContinue) {
     // A proxy that failed its setup may still run, holding the run's credentials and a copy of
     // the vault: stop it and revoke them, so no boundary that is not enforced keeps them.
@@ -152,7 +150,7 @@ async function proxyFailed(m: Machine, s: MachineState, error: unknown): Promise
     await m.ports.note(s.runId, {
       level: "warning",
       code: "proxy_failed_unfiltered",
-      text: `The proxy could not be set up (${why}). The run was launched with on_proxy_failure "continue", so it goes on and its traffic leaves UNFILTERED: no credential is injected and no host is blocked.`,
+      text: `The proxy could not be set up (${why}). The run was launched with onProxyFailure "continue", so it goes on and its traffic leaves UNFILTERED: no credential is injected and no host is blocked.`,
     });
     s.proxy = {
       launches: s.proxy?.launches ?? 0,

@@ -14,7 +14,7 @@ import {
 } from "./common";
 import { wireSandbox } from "./wiring";
 
-// starting_sandboxes: the work (or orchestrator) sandbox and the first max_parallel_tasks task
+// starting_sandboxes: the work (or orchestrator) sandbox and the first maxParallelTasks task
 // sandboxes are made; the other tasks' sandboxes are made while running, each in its turn.
 
 export async function startSandboxes(m: Machine, s: MachineState): Promise<number> {
@@ -39,7 +39,7 @@ export async function startSandboxes(m: Machine, s: MachineState): Promise<numbe
     ];
     await checkpoint(m, s);
   }
-  // The work sandbox and the first max_parallel_tasks tasks now; the rest when a slot frees.
+  // The work sandbox and the first maxParallelTasks tasks now; the rest when a slot frees.
   for (const w of s.workers.slice(0, 1 + parallelTasks(s))) {
     const stopped = await createSandbox(m, s, w);
     if (stopped !== null) return stopped;
@@ -56,7 +56,7 @@ export function resourcesFor(spec: RunSpec | null, kind: Worker["kind"]): Resour
   const asked = spec?.resources;
   if (!asked) return undefined;
   return {
-    memoryMb: asked.memory_mb ?? DEFAULT_RESOURCES[kind].memoryMb,
+    memoryMb: asked.memoryMb ?? DEFAULT_RESOURCES[kind].memoryMb,
     pids: asked.pids ?? DEFAULT_RESOURCES[kind].pids,
     cpus: asked.cpus ?? DEFAULT_RESOURCES[kind].cpus,
   };
@@ -64,7 +64,7 @@ export function resourcesFor(spec: RunSpec | null, kind: Worker["kind"]): Resour
 
 export function parallelTasks(s: MachineState): number {
   const tasks = s.workers.length - 1;
-  return Math.min(tasks, s.spec?.max_parallel_tasks ?? tasks);
+  return Math.min(tasks, s.spec?.maxParallelTasks ?? tasks);
 }
 
 /** Makes a worker's sandbox (idempotent by its id). Null when made; else the stop's next step. */

@@ -221,7 +221,7 @@ export async function exhausted(
   await m.ports.note(s.runId, {
     level: "warning",
     code: "resource_exhausted",
-    text: `${w.name} hit its ${named} in ${what} and was held there, so the run stopped. A run that needs more asks for it in resources.${limit === "memory" ? "memory_mb" : "pids"}.`,
+    text: `${w.name} hit its ${named} in ${what} and was held there, so the run stopped. A run that needs more asks for it in resources.${limit === "memory" ? "memoryMb" : "pids"}.`,
   });
   return stop(m, s, "resource_exhausted", `${w.name} (${w.sandboxId}) hit its ${named} in ${what}`);
 }

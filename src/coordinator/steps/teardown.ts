@@ -14,7 +14,7 @@ export async function tearDown(m: Machine, s: MachineState): Promise<number | nu
   };
   await m.ports.transition(s.runId, { to: "finishing", reason: final.reason, detail: final.detail });
   await collectLeft(m, s);
-  const seconds = s.linger ? 0 : ((await m.storage.lingerRequested()) ?? s.spec?.linger_seconds ?? 0);
+  const seconds = s.linger ? 0 : ((await m.storage.lingerRequested()) ?? s.spec?.lingerSeconds ?? 0);
   if (seconds > 0 && final.to === "finished" && proxyRuns(s)) return startLinger(m, s, final, seconds);
   await m.ports.revokeCapabilities(s.runId);
   await m.ports.endTunnel(s.runId);

@@ -4,7 +4,7 @@ import { type Machine, must, stop } from "./common";
 
 /** How often a run waiting for its egress agent looks again. */
 export const TUNNEL_POLL_MS = 1_000;
-/** How long a run waits for its egress agent by default (egress_agent_wait_seconds). */
+/** How long a run waits for its egress agent by default (egressAgentWaitSeconds). */
 export const DEFAULT_EGRESS_AGENT_WAIT_SECONDS = 600;
 
 /**
@@ -34,7 +34,7 @@ export async function awaitTunnel(m: Machine, s: MachineState): Promise<number |
     });
     return null;
   }
-  const waitMs = (s.spec?.egress_agent_wait_seconds ?? DEFAULT_EGRESS_AGENT_WAIT_SECONDS) * 1000;
+  const waitMs = (s.spec?.egressAgentWaitSeconds ?? DEFAULT_EGRESS_AGENT_WAIT_SECONDS) * 1000;
   if (now - s.tunnel.waitingSince >= waitMs) {
     await m.ports.note(s.runId, {
       level: "warning",
