@@ -140,3 +140,74 @@ it("shows no secret-ish value: no example or default on a secret field, no crede
   };
   expect(secretish(renderApiReference(planted))).toEqual(["sk-or-v1-0123456789abcdef0123"]);
 });
+
+// One casing for the whole API: camelCase for every field and parameter, and an operationId
+// (camelCase verb + noun: listRuns, getRun, createRun, revokeApiKey...) on every operation, unique,
+// so a generated client names its methods from the document. The only names let through are
+// those we do not choose, each with its reason.
+const CAMEL_CASE = /^[a-z][a-zA-Z0-9]*$/;
+const NOT_CAMEL_CASE: Readonly<Record<string, string>> = {
+  "header idempotency-key": "an HTTP header: header names are hyphenated by convention (Idempotency-Key)",
+};
+
+/** What breaks the naming rule (where, and what), and which exceptions the document used. */
+function namingProblems(document: OpenApiDocument): { offenders: string[]; excepted: string[] } {
+  const offenders: string[] = [];
+  const excepted = new Set<string>();
+  const check = (kind: string, name: string, at: string) => {
+    if (CAMEL_CASE.test(name)) return;
+    if (NOT_CAMEL_CASE[`${kind} ${name}`] !== undefined) excepted.add(`${kind} ${name}`);
+    else offenders.push(`${at}: ${kind} ${name}`);
+  };
+  const walk = (v: unknown, at: string): void => {
+    if (Array.isArray(v)) {
+      for (const [i, x] of v.entries()) walk(x, `${at}[${i}]`);
+    } else if (v && typeof v === "object") {
+      const o = v as Record<string, unknown>;
+      if (o.properties && typeof o.properties === "object" && !Array.isArray(o.properties)) {
+        for (const name of Object.keys(o.properties)) check("property", name, at);
+      }
+      for (const [k, x] of Object.entries(o)) walk(x, `${at}.${k}`);
+    }
+  };
+  const ids = new Map<string, string>();
+  for (const [path, item] of Object.entries(document.paths ?? {})) {
+    for (const [method, op] of Object.entries(item)) {
+      if (!METHODS.includes(method)) continue;
+      const o = op as { operationId?: string; parameters?: { name: string; in: string }[] };
+      const at = `${method.toUpperCase()} ${path}`;
+      if (o.operationId === undefined) offenders.push(`${at}: no operationId`);
+      else {
+        check("operationId", o.operationId, at);
+        const other = ids.get(o.operationId);
+        if (other) offenders.push(`${at}: operationId ${o.operationId} is also ${other}'s`);
+        ids.set(o.operationId, at);
+      }
+      for (const p of o.parameters ?? []) check(p.in, p.name, at);
+    }
+    walk(item, path);
+  }
+  walk(document.components, "components");
+  return { offenders, excepted: [...excepted].sort() };
+}
+
+it("names every operation (a unique camelCase operationId) and every field and parameter in camelCase", () => {
+  const { offenders, excepted } = namingProblems(doc);
+  expect(offenders).toEqual([]);
+  // An exception the document no longer needs goes from the list.
+  expect(excepted).toEqual(Object.keys(NOT_CAMEL_CASE).sort());
+
+  // The check itself: a snake_case field however deep, a missing id and a repeated one are caught.
+  const planted = structuredClone(doc);
+  const runSpec = planted.components?.schemas?.RunSpec as { properties: Record<string, unknown> };
+  runSpec.properties.model_budget = { type: "object", properties: { input_tokens: { type: "integer" } } };
+  const ops = planted.paths?.["/v1/runs"] as Record<string, { operationId?: string }>;
+  delete (ops.post as { operationId?: string }).operationId;
+  (ops.get as { operationId?: string }).operationId = "getRun";
+  expect(namingProblems(planted).offenders).toEqual([
+    "POST /v1/runs: no operationId",
+    "GET /v1/runs/{id}: operationId getRun is also GET /v1/runs's",
+    "components.schemas.RunSpec: property model_budget",
+    "components.schemas.RunSpec.properties.model_budget: property input_tokens",
+  ]);
+});
