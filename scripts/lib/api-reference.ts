@@ -47,6 +47,7 @@ interface Content {
 }
 
 interface Operation {
+  operationId?: string;
   tags?: string[];
   summary?: string;
   description?: string;
@@ -524,6 +525,8 @@ function renderOperation(r: Renderer, doc: OpenApiDocument, o: Op): string[] {
   const { op } = o;
   const out: string[] = [`### ${operationHeading(o.method, o.path)}`, ""];
   if (op.summary) out.push(op.summary, "");
+  // The name a generated client gives the method (openapi-typescript's `operations`, say).
+  if (op.operationId) out.push(`Operation ID: \`${op.operationId}\``, "");
   if (op.deprecated) out.push("**Deprecated.**", "");
   if (op.description) out.push(op.description, "");
   if (op.security !== undefined && json(op.security) !== json(doc.security)) {
