@@ -1,5 +1,10 @@
-import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
+import "./test/setup/receiver-ca";
+
+// The test plugin is imported only now, after test/setup/receiver-ca made the notification
+// receiver's CA and named it in NODE_EXTRA_CA_CERTS: Miniflare reads that variable once, when it
+// is first loaded, and a static import would load it first (bundled configs hoist them).
+const { cloudflareTest } = await import("@cloudflare/vitest-plugin");
 
 // Tests reach only loopback: no Request.cf download from Cloudflare, no telemetry.
 process.env.CLOUDFLARE_CF_FETCH_ENABLED = "false";
@@ -37,6 +42,8 @@ export default defineConfig({
                 DATABASE_URL: inject("databaseUrl"),
                 DATABASE_WS_PROXY: inject("databaseWsProxy"),
                 VAULT_KEK: inject("vaultKek"),
+                // The suite's own receiver is https://127.0.0.1:<port> (src/notifications/target.ts).
+                NOTIFICATIONS_ADMIT_LOOPBACK: "true",
               },
             },
           })),
@@ -47,7 +54,7 @@ export default defineConfig({
           // Each test drives real Postgres, Durable Objects and alarms in workerd: on a loaded
           // 2-core CI machine a few take 5-8 s. Nothing here asserts time.
           testTimeout: 20_000,
-          globalSetup: ["./test/setup/database.ts", "./test/setup/contracts.ts"],
+          globalSetup: ["./test/setup/database.ts", "./test/setup/contracts.ts", "./test/setup/receiver.ts"],
         },
       },
       {

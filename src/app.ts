@@ -24,6 +24,7 @@ import { computeImagesRoutes } from "./routes/compute-images";
 import { egressAgentRoutes, egressTokenRoutes } from "./routes/egress-agent";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
+import { notificationsRoutes } from "./routes/notifications";
 import { runArtifactsRoutes } from "./routes/run-artifacts";
 import { runAuditRoutes } from "./routes/run-audit";
 import { runsRoutes } from "./routes/runs";
@@ -119,6 +120,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1", egressTokenRoutes);
   app.route("/v1", blockedHostsRoutes);
   app.route("/v1", webhooksRoutes);
+  app.route("/v1", notificationsRoutes);
   app.route("/v1", bugReportsRoutes);
   app.route("/v1", bundlesRoutes);
   // Outside /v1 and its document: only a run's proxy calls it.

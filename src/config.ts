@@ -2,6 +2,7 @@ import { z } from "zod";
 import type { BundleLimits } from "./bundles/service";
 import { BUNDLE_DEFAULTS } from "./contract/bundle";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
+import { parseDenyList, type TargetPolicy } from "./notifications/target";
 import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "./runs/spec";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
@@ -52,6 +53,10 @@ const EnvSchema = z.object({
     .string()
     .regex(/^$|^\d{1,3}(\.\d{1,2})?$/, "RESOURCES_MAX_CPUS must be a number of CPUs (e.g. 4 or 0.5)")
     .optional(),
+  NOTIFICATIONS_DENY_HOSTS: z.string().max(10_000, "NOTIFICATIONS_DENY_HOSTS is too long").optional(),
+  NOTIFICATIONS_ADMIT_LOOPBACK: z
+    .enum(["", "true", "false"], { error: "NOTIFICATIONS_ADMIT_LOOPBACK must be true or false" })
+    .optional(),
 });
 
 export interface Config {
@@ -68,6 +73,8 @@ export interface Config {
   readonly resourceBounds: ResourceBounds;
   /** A launch is refused (too_many_runs) while the environment has this many runs not ended. */
   readonly maxActiveRuns: number;
+  /** Where run-end notifications may go (src/notifications/target.ts). */
+  readonly notificationTargets: TargetPolicy;
 }
 
 /** Runs at once per environment when RUNS_MAX_ACTIVE_PER_ENVIRONMENT is unset (case K4). */
@@ -90,6 +97,12 @@ export function loadConfig(env: Env): Config {
   } catch (e) {
     throw new ConfigError(`VAULT_KEK: ${(e as Error).message}`);
   }
+  let deny: string[];
+  try {
+    deny = parseDenyList(parsed.data.NOTIFICATIONS_DENY_HOSTS);
+  } catch (e) {
+    throw new ConfigError((e as Error).message);
+  }
   const config: Config = {
     databaseUrl: parsed.data.DATABASE_URL,
     databaseWsProxy: parsed.data.DATABASE_WS_PROXY || undefined,
@@ -107,6 +120,7 @@ export function loadConfig(env: Env): Config {
       cpus: Number(parsed.data.RESOURCES_MAX_CPUS || DEFAULT_RESOURCE_BOUNDS.cpus),
     },
     maxActiveRuns: Number(parsed.data.RUNS_MAX_ACTIVE_PER_ENVIRONMENT || DEFAULT_MAX_ACTIVE_RUNS),
+    notificationTargets: { deny, admitLoopback: parsed.data.NOTIFICATIONS_ADMIT_LOOPBACK === "true" },
   };
   cache.set(env, config);
   return config;

@@ -4,6 +4,7 @@ import { reconcile } from "./reaper/reconcile";
 
 export { SandboxBroker } from "./broker/sandbox-broker";
 export { RunCoordinator } from "./coordinator/run-coordinator";
+export { RunNotifier } from "./notifications/notifier";
 export { TunnelRelay } from "./tunnel/relay";
 
 // A proxy's ready call wakes its run's coordinator instead of waiting for its next poll.

@@ -15,11 +15,13 @@ import { openDb } from "../db/client";
 import { isDatabaseUnavailable, sqlState } from "../db/errors";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
+import { wakeNotifier } from "../notifications/notifier";
 import { revokeEgressToken } from "../runs/egress-token";
 import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-credentials";
 import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
 import { checkLaunchable, type RunSpec, storedSpec } from "../runs/spec";
+import type { Transition } from "../runs/types";
 import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/service";
 import {
@@ -258,12 +260,22 @@ export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): 
  */
 export async function cancelRun(env: Env, db: Db, runId: string): Promise<"asked" | "stopped"> {
   if (await coordinatorStub(env, runId).cancel()) return "asked";
-  await runsService.recordTransition(db, runId, {
+  await endAware(env, db, runId, {
     to: "stopped",
     reason: "cancelled",
     detail: "Cancelled by the user before it started.",
   });
   return "stopped";
+}
+
+/**
+ * Records a transition; when it ended the run, wakes the run's notifier, which sends what the
+ * end owes (the transaction wrote the outbox rows).
+ */
+export async function endAware(env: Env, db: Db, runId: string, t: Transition): Promise<void> {
+  if ((await runsService.recordTransition(db, runId, t)) && runsService.isTerminal(t.to)) {
+    await wakeNotifier(env, runId);
+  }
 }
 
 /**
@@ -317,7 +329,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       const row = await runsService.loadRun(db, runId);
       return row ? { id: row.id, status: row.status, spec: storedSpec(row.spec) } : null;
     },
-    transition: (runId, t) => runsService.recordTransition(db, runId, t),
+    transition: (runId, t) => endAware(env, db, runId, t),
     note: (runId, note) => runsService.addNote(db, runId, note),
     event: (runId, key, kind, detail) => runsService.addEvent(db, runId, key, kind, detail),
     setRunFields: (runId, fields) => runsService.setRunFields(db, runId, fields),

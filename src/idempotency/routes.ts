@@ -23,6 +23,7 @@ export const IDEMPOTENT_POSTS = [
   "/v1/bundles",
   "/v1/webhooks",
   "/v1/webhooks/{id}/rotate-secret",
+  "/v1/notifications",
   "/v1/bug-reports",
 ] as const;
 

@@ -2,11 +2,13 @@ import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
 import { brokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import { consoleLog } from "../contract/log";
-import { coordinatorStub } from "../coordinator/run-coordinator";
+import { coordinatorStub, endAware } from "../coordinator/run-coordinator";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import { purgeExpiredKeys } from "../idempotency/store";
-import { recordTransition, TERMINAL_STATES } from "../runs/service";
+import { wakeNotifier } from "../notifications/notifier";
+import { overdueRuns } from "../notifications/service";
+import { TERMINAL_STATES } from "../runs/service";
 
 // The cron trigger's backstop (wrangler.toml [triggers]). Each run's coordinator drives it with
 // its own alarm; this only catches what an alarm missed, and is idempotent:
@@ -18,6 +20,7 @@ import { recordTransition, TERMINAL_STATES } from "../runs/service";
 //   - a lingering run whose window lapsed more than LINGER_GRACE_MS ago (its own alarm should
 //     have ended it on time): ended through its coordinator (`linger_lapsed`).
 //   - Idempotency-Keys past their day (src/idempotency): forgotten.
+//   - a run-end notification overdue by NOTIFY_GRACE_MS (src/notifications): its notifier woken.
 
 export const STALE_MS = 2 * 60_000;
 export const ORPHAN_MS = 5 * 60_000;
@@ -29,6 +32,8 @@ export const ORPHAN_MS = 5 * 60_000;
 export const STUCK_MS = 15 * 60_000;
 export const MAX_RUN_MS = 24 * 60 * 60_000;
 export const LINGER_GRACE_MS = 5 * 60_000;
+/** A notification attempt this overdue means its notifier never got its wake-up call. */
+export const NOTIFY_GRACE_MS = 2 * 60_000;
 const SETUP_STATES = ["queued", "fetching_vault", "starting_proxy", "starting_sandboxes", "wiring"] as const;
 const BATCH = 100;
 
@@ -40,6 +45,8 @@ export interface ReconcileReport {
   unowned: { destroyed: string[]; errors: string[] } | { skipped: string };
   /** Idempotency-Keys forgotten (past their 24 hours), or -1 if the delete failed. */
   expiredKeys: number;
+  /** Runs whose notifier had an overdue delivery and was woken (its wake-up call was lost). */
+  notifiersWoken: string[];
 }
 
 export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileReport> {
@@ -50,6 +57,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
     tornDown: {},
     unowned: { skipped: "not reached" },
     expiredKeys: 0,
+    notifiersWoken: [],
   };
   try {
     const stuck = await db
@@ -70,7 +78,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
         if (await coordinatorStub(env, id).cancel("reaped")) {
           report.reaped[id] = "stopping";
         } else {
-          await recordTransition(db, id, {
+          await endAware(env, db, id, {
             to: "stopped",
             reason: "reaped",
             detail: "Stopped by the sweeper: the run never reached its coordinator in time.",
@@ -120,6 +128,14 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       report.expiredKeys = -1;
     }
     try {
+      for (const runId of await overdueRuns(db, now, NOTIFY_GRACE_MS, BATCH)) {
+        await wakeNotifier(env, runId);
+        report.notifiersWoken.push(runId);
+      }
+    } catch {
+      // The next sweep looks again.
+    }
+    try {
       report.unowned = await brokerStub(env).sweepUnowned();
     } catch {
       // The backend is away: the next sweep tries again.
@@ -142,6 +158,7 @@ function sweepLevel(report: ReconcileReport): "info" | "warn" | "error" {
   ];
   const unowned = "destroyed" in report.unowned ? report.unowned : null;
   if (outcomes.includes("error") || (unowned?.errors.length ?? 0) > 0) return "error";
-  const acted = Object.keys(report.reaped).length + Object.keys(report.tornDown).length;
+  const acted =
+    Object.keys(report.reaped).length + Object.keys(report.tornDown).length + report.notifiersWoken.length;
   return acted > 0 || (unowned?.destroyed.length ?? 0) > 0 ? "warn" : "info";
 }

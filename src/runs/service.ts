@@ -5,6 +5,7 @@ import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
+import { enqueueRunEnded } from "../notifications/service";
 import { modelLane } from "../vault/models";
 import { type RunSpec, storedSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
@@ -196,11 +197,14 @@ export async function runSandboxes(db: Db, runId: string) {
 
 /**
  * Moves the run to `to` and appends the trace row, in one transaction. The trace key is the state
- * (a run enters each state at most once), so a replay of the same step changes nothing.
+ * (a run enters each state at most once), so a replay of the same step changes nothing. Entering
+ * a terminal state also owes the run's end to the environment's notification URLs (the outbox
+ * of src/notifications), in the same transaction. True when this call made the move; a caller
+ * that ended the run then wakes its notifier (src/notifications/notifier.ts, afterTransition).
  */
-export async function recordTransition(db: Db, runId: string, t: Transition): Promise<void> {
+export async function recordTransition(db: Db, runId: string, t: Transition): Promise<boolean> {
   const terminal = isTerminal(t.to);
-  await db.transaction(async (tx) => {
+  return db.transaction(async (tx) => {
     const inserted = await tx
       .insert(runEvents)
       .values({
@@ -213,7 +217,7 @@ export async function recordTransition(db: Db, runId: string, t: Transition): Pr
       })
       .onConflictDoNothing()
       .returning({ id: runEvents.id });
-    if (inserted.length === 0) return;
+    if (inserted.length === 0) return false;
     await tx
       .update(runs)
       .set({
@@ -223,6 +227,8 @@ export async function recordTransition(db: Db, runId: string, t: Transition): Pr
         ...(terminal ? { reason: t.reason, reasonDetail: t.detail ?? null, endedAt: new Date() } : {}),
       })
       .where(eq(runs.id, runId));
+    if (terminal) await enqueueRunEnded(tx, runId);
+    return true;
   });
 }
 

@@ -1,0 +1,271 @@
+import { and, asc, desc, eq, inArray, isNull, lt, lte, min, sql } from "drizzle-orm";
+import type { Principal } from "../context";
+import { derivedId, randomId } from "../crypto/api-keys";
+import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
+import {
+  type NOTIFICATION_EVENTS,
+  notificationAttempts,
+  notificationDeliveries,
+  notifications,
+  runs,
+} from "../db/schema";
+import type { Db, Q } from "../db/types";
+import { fail, ok, type Result } from "../errors";
+import { newWebhookSecret } from "../webhooks/signature";
+
+// Run-end notifications over Postgres. Management calls are scoped by the caller's environment
+// (another tenant's notification is a 404). The signing secret is in clear only in the response
+// that shows it and, briefly, in the alarm that signs an attempt; the table keeps a ciphertext.
+
+export type NotificationRow = typeof notifications.$inferSelect;
+export type DeliveryRow = typeof notificationDeliveries.$inferSelect;
+export type AttemptRow = typeof notificationAttempts.$inferSelect;
+export type NotificationEvent = (typeof NOTIFICATION_EVENTS)[number];
+
+/** Live notification URLs per environment, at most: each run's end fans out to all of them. */
+export const MAX_NOTIFICATIONS_PER_ENVIRONMENT = 10;
+
+const secretAad = (n: Pick<NotificationRow, "id" | "userId" | "environmentId">): SecretAad => ({
+  userId: n.userId,
+  environmentId: n.environmentId,
+  secretId: `notification:${n.id}`,
+});
+
+const scoped = (p: Principal, id: string) =>
+  and(
+    eq(notifications.id, id),
+    eq(notifications.environmentId, p.environmentId),
+    isNull(notifications.revokedAt),
+  );
+
+export async function createNotification(
+  db: Db,
+  ring: KeyRing,
+  p: Principal,
+  input: { url: string; events: NotificationEvent[]; origin: string },
+): Promise<Result<{ notification: NotificationRow; secret: string }>> {
+  return db.transaction(async (tx) => {
+    // Counted under a lock on the environment's rows, so two concurrent creates cannot both
+    // take the last place.
+    const live = await tx
+      .select({ id: notifications.id })
+      .from(notifications)
+      .where(and(eq(notifications.environmentId, p.environmentId), isNull(notifications.revokedAt)))
+      .for("update");
+    if (live.length >= MAX_NOTIFICATIONS_PER_ENVIRONMENT) {
+      return fail(
+        "too_many_notifications",
+        `An environment may have ${MAX_NOTIFICATIONS_PER_ENVIRONMENT} notification URLs; revoke one first.`,
+      );
+    }
+    const id = randomId("ntf_");
+    const secret = newWebhookSecret();
+    const owner = { id, userId: p.userId, environmentId: p.environmentId };
+    const [row] = await tx
+      .insert(notifications)
+      .values({
+        ...owner,
+        url: input.url,
+        events: input.events,
+        origin: input.origin,
+        secretCiphertext: await encryptSecret(ring, secretAad(owner), secret),
+      })
+      .returning();
+    if (!row) throw new Error("insert returned no notification");
+    return ok({ notification: row, secret });
+  });
+}
+
+export async function listNotifications(db: Db, p: Principal): Promise<NotificationRow[]> {
+  return db
+    .select()
+    .from(notifications)
+    .where(and(eq(notifications.environmentId, p.environmentId), isNull(notifications.revokedAt)))
+    .orderBy(desc(notifications.createdAt), desc(notifications.id));
+}
+
+export async function getNotification(db: Db, p: Principal, id: string): Promise<Result<NotificationRow>> {
+  const [row] = await db.select().from(notifications).where(scoped(p, id));
+  return row ? ok(row) : fail("not_found", `No notification ${id}.`);
+}
+
+/** Revokes: nothing more is sent to it, pending deliveries are cancelled, the secret is dropped. */
+export async function revokeNotification(db: Db, p: Principal, id: string): Promise<Result<void>> {
+  return db.transaction(async (tx) => {
+    const [row] = await tx
+      .update(notifications)
+      .set({ revokedAt: new Date(), secretCiphertext: null })
+      .where(scoped(p, id))
+      .returning({ id: notifications.id });
+    if (!row) return fail("not_found", `No notification ${id}.`);
+    await tx
+      .update(notificationDeliveries)
+      .set({ status: "cancelled", nextAttemptAt: null })
+      .where(
+        and(eq(notificationDeliveries.notificationId, id), eq(notificationDeliveries.status, "pending")),
+      );
+    return ok(undefined);
+  });
+}
+
+export type DeliveryWithAttempts = DeliveryRow & { attemptLog: AttemptRow[] };
+
+/** A notification's deliveries, newest first, each with its attempts in order. */
+export async function listDeliveries(
+  db: Db,
+  p: Principal,
+  id: string,
+  limit = 50,
+): Promise<Result<DeliveryWithAttempts[]>> {
+  const found = await getNotification(db, p, id);
+  if (!found.ok) return found;
+  const rows = await db
+    .select()
+    .from(notificationDeliveries)
+    .where(eq(notificationDeliveries.notificationId, id))
+    .orderBy(desc(notificationDeliveries.createdAt), desc(notificationDeliveries.id))
+    .limit(limit);
+  if (rows.length === 0) return ok([]);
+  const attempts = await db
+    .select()
+    .from(notificationAttempts)
+    .where(
+      inArray(
+        notificationAttempts.deliveryId,
+        rows.map((r) => r.id),
+      ),
+    )
+    .orderBy(asc(notificationAttempts.attempt));
+  return ok(rows.map((r) => ({ ...r, attemptLog: attempts.filter((a) => a.deliveryId === r.id) })));
+}
+
+// ---- the outbox: written when a run ends, read and updated by its RunNotifier ----
+
+/**
+ * Owes a `run.ended` delivery to each live notification of the run's environment that asked for
+ * it. Called inside the transaction that moves the run to its terminal state, so the debt
+ * commits with the end itself; the unique key makes a replay add nothing.
+ */
+export async function enqueueRunEnded(tx: Q, runId: string, now = new Date()): Promise<void> {
+  const owed = await tx
+    .select({ id: notifications.id })
+    .from(notifications)
+    .innerJoin(runs, eq(runs.environmentId, notifications.environmentId))
+    .where(
+      and(
+        eq(runs.id, runId),
+        isNull(notifications.revokedAt),
+        sql`${notifications.events} @> '["run.ended"]'::jsonb`,
+      ),
+    );
+  if (owed.length === 0) return;
+  const values = await Promise.all(
+    owed.map(async (n) => ({
+      // Derived, so the same debt always has the same `webhook-id`.
+      id: await derivedId("msg_", n.id, runId, "run.ended"),
+      notificationId: n.id,
+      runId,
+      event: "run.ended" as const,
+      nextAttemptAt: now,
+    })),
+  );
+  await tx.insert(notificationDeliveries).values(values).onConflictDoNothing();
+}
+
+export interface DueDelivery {
+  delivery: DeliveryRow;
+  notification: NotificationRow;
+}
+
+/** The run's pending deliveries whose next attempt is due, with their (live) notifications. */
+export async function dueDeliveries(db: Db, runId: string, now = new Date()): Promise<DueDelivery[]> {
+  const rows = await db
+    .select({ delivery: notificationDeliveries, notification: notifications })
+    .from(notificationDeliveries)
+    .innerJoin(notifications, eq(notifications.id, notificationDeliveries.notificationId))
+    .where(
+      and(
+        eq(notificationDeliveries.runId, runId),
+        eq(notificationDeliveries.status, "pending"),
+        lte(notificationDeliveries.nextAttemptAt, now),
+      ),
+    )
+    .orderBy(asc(notificationDeliveries.createdAt));
+  return rows;
+}
+
+/** When the run's next pending attempt is due, or null when nothing is pending. */
+export async function nextAttemptAt(db: Db, runId: string): Promise<Date | null> {
+  const [row] = await db
+    .select({ at: min(notificationDeliveries.nextAttemptAt) })
+    .from(notificationDeliveries)
+    .where(and(eq(notificationDeliveries.runId, runId), eq(notificationDeliveries.status, "pending")));
+  return row?.at ?? null;
+}
+
+export interface AttemptOutcome {
+  startedAt: Date;
+  durationMs: number;
+  statusCode: number | null;
+  error: string | null;
+  /** delivered; pending again at `retryAt`; or failed for good. */
+  next: { status: "delivered" } | { status: "pending"; retryAt: Date } | { status: "failed" };
+}
+
+/**
+ * Records one attempt and moves the delivery on, in one transaction. Guarded by the attempt
+ * number, so an alarm retried after a crash cannot record the same attempt twice.
+ */
+export async function recordAttempt(db: Db, d: DeliveryRow, outcome: AttemptOutcome): Promise<void> {
+  const attempt = d.attempts + 1;
+  await db.transaction(async (tx) => {
+    const moved = await tx
+      .update(notificationDeliveries)
+      .set({
+        attempts: attempt,
+        status: outcome.next.status,
+        nextAttemptAt: outcome.next.status === "pending" ? outcome.next.retryAt : null,
+        ...(outcome.next.status === "delivered" ? { deliveredAt: new Date() } : {}),
+      })
+      .where(
+        and(
+          eq(notificationDeliveries.id, d.id),
+          eq(notificationDeliveries.attempts, d.attempts),
+          eq(notificationDeliveries.status, "pending"),
+        ),
+      )
+      .returning({ id: notificationDeliveries.id });
+    if (moved.length === 0) return;
+    await tx.insert(notificationAttempts).values({
+      deliveryId: d.id,
+      attempt,
+      startedAt: outcome.startedAt,
+      durationMs: outcome.durationMs,
+      statusCode: outcome.statusCode,
+      error: outcome.error,
+    });
+  });
+}
+
+/** The secret to sign with now; throws VaultDecryptError when it does not decrypt. */
+export async function signingSecret(ring: KeyRing, n: NotificationRow): Promise<string | null> {
+  return n.secretCiphertext ? decryptSecret(ring, secretAad(n), n.secretCiphertext) : null;
+}
+
+/**
+ * Runs with a pending delivery overdue by `graceMs`: their notifier lost its wake-up (it is woken
+ * after the commit that owes the delivery, and that call can fail), so the reaper wakes them.
+ */
+export async function overdueRuns(db: Db, now: number, graceMs: number, limit: number): Promise<string[]> {
+  const rows = await db
+    .selectDistinct({ runId: notificationDeliveries.runId })
+    .from(notificationDeliveries)
+    .where(
+      and(
+        eq(notificationDeliveries.status, "pending"),
+        lt(notificationDeliveries.nextAttemptAt, new Date(now - graceMs)),
+      ),
+    )
+    .limit(limit);
+  return rows.map((r) => r.runId);
+}
