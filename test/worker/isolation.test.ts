@@ -1,12 +1,13 @@
 import { env } from "cloudflare:workers";
 import { and, eq, isNull } from "drizzle-orm";
-import { describe, expect, it } from "vitest";
+import { describe, expect, inject, it } from "vitest";
 import { provisionApiKey } from "../../src/auth/provision";
 import { loadConfig } from "../../src/config";
 import { generateApiKey } from "../../src/crypto/api-keys";
 import {
   apiKeys,
   bundles,
+  notifications,
   runArtifacts,
   users,
   vaultHosts,
@@ -17,6 +18,7 @@ import {
   webhooks,
 } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
+import * as notify from "../../src/notifications/service";
 import { storeArtifacts } from "../../src/runs/artifacts";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
@@ -24,7 +26,7 @@ import * as models from "../../src/vault/models";
 import * as vault from "../../src/vault/service";
 import * as hooks from "../../src/webhooks/service";
 import { collectArchive, file, tarGz, upload } from "./archives";
-import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { type ApiResponse, BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { findNeedles, leakNeedles, newCanary, responseText } from "./leaks";
 import { auditBatch, auditRows, runWithAudit } from "./run-fixtures";
 
@@ -48,6 +50,8 @@ interface Vault {
   runId: string;
   /** A webhook of this tenant, named after the tag (its signing secret is in `values`). */
   webhookId: string;
+  /** A notification URL of this tenant, naming the tag (its signing secret is in `values`). */
+  notificationId: string;
   /** A bundle of this tenant (its one file names the tag), by its sha256. */
   bundle: string;
   /** An artifact of the run (its path and bytes name the tag), and a cut entry beside it. */
@@ -140,6 +144,17 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     hooks.createWebhook(db, ring, p, { name: `hook-${tag}`, run: RunSpec.parse({ commands: ["true"] }) }),
   );
   values.push(hook.secret);
+  const notification = await withDb(async (db) =>
+    unwrap(
+      await notify.createNotification(db, ring, p, {
+        // The suite's own receiver (loopback): a run of this tenant that ends is sent there.
+        url: `${inject("notificationReceiver")}/hook/iso${tag}`,
+        events: ["run.ended"],
+        origin: BASE,
+      }),
+    ),
+  );
+  values.push(notification.secret);
   const bundle = await upload(t.key, await tarGz([file(`${tag}.txt`, `bundle of ${tag}`)]));
   expectStatus(bundle, 201, "bundle upload");
   const archive = await collectArchive([{ path: `${tag}.json`, body: `{"result":"${tag}"}` }], {
@@ -168,6 +183,7 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     ids: await idsOf(t),
     runId: run.id,
     webhookId: hook.webhook.id,
+    notificationId: notification.notification.id,
     bundle: bundle.json.sha256,
     artifactId: artifact?.id ?? "missing",
   };
@@ -259,6 +275,17 @@ async function webhookRows(v: Vault) {
   );
 }
 
+/** A tenant's notification rows in the database, ciphertexts included. */
+async function notificationRows(v: Vault) {
+  return withDb((db) =>
+    db
+      .select()
+      .from(notifications)
+      .where(eq(notifications.environmentId, v.t.environmentId))
+      .orderBy(notifications.id),
+  );
+}
+
 async function version(t: Tenant): Promise<number> {
   return (await withDb((db) => vault.getSettings(db, principal(t)))).version;
 }
@@ -294,6 +321,13 @@ type Case =
   /** Routes of webhooks: `id` says whether the route takes a webhook id. */
   | {
       kind: "webhook";
+      id: boolean;
+      body?: Body;
+      check: (ctx: Ctx, method: string, path: string) => Promise<void>;
+    }
+  /** Routes of notification URLs: `id` says whether the route takes a notification id. */
+  | {
+      kind: "notification";
       id: boolean;
       body?: Body;
       check: (ctx: Ctx, method: string, path: string) => Promise<void>;
@@ -625,6 +659,69 @@ const CASES: Record<string, Case> = {
       expect(own.json.id).toBe(a.webhookId);
     },
   },
+  "POST /v1/notifications": {
+    kind: "notification",
+    id: false,
+    body: ({ a }) => ({ url: `${inject("notificationReceiver")}/hook/new${a.tag}` }),
+    check: async ({ a, b }, method, path) => {
+      const bBefore = await notificationRows(b);
+      const made = expectStatus(
+        await a.t.api(method, path, { url: `${inject("notificationReceiver")}/hook/new${a.tag}` }),
+        201,
+        "register",
+      );
+      expect((await a.t.api("GET", `/v1/notifications/${made.json.id}`)).status).toBe(200);
+      expectProblem(await b.t.api("GET", `/v1/notifications/${made.json.id}`), 404, "not_found");
+      expect(await notificationRows(b)).toEqual(bBefore);
+    },
+  },
+  "GET /v1/notifications": {
+    kind: "notification",
+    id: false,
+    check: async ({ a, b }, method, path) => {
+      const res = expectStatus(await a.t.api(method, path), 200, "list");
+      expect(res.json.notifications.map((n: { id: string }) => n.id)).toEqual([a.notificationId]);
+      expect(res.text).not.toContain(b.notificationId);
+      expect(res.text).not.toContain(b.tag);
+    },
+  },
+  "GET /v1/notifications/{id}": {
+    kind: "notification",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const res = expectProblem(
+        await a.t.api(method, path.replace("{id}", b.notificationId)),
+        404,
+        "not_found",
+      );
+      expect(res.text).not.toContain(b.tag);
+      const own = expectStatus(await a.t.api(method, path.replace("{id}", a.notificationId)), 200, "read");
+      expect(own.json.url).toContain(a.tag);
+    },
+  },
+  "DELETE /v1/notifications/{id}": {
+    kind: "notification",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const bBefore = await notificationRows(b);
+      expectProblem(await a.t.api(method, path.replace("{id}", b.notificationId)), 404, "not_found");
+      expect(await notificationRows(b)).toEqual(bBefore);
+      expect((await a.t.api(method, path.replace("{id}", a.notificationId))).status).toBe(204);
+    },
+  },
+  "GET /v1/notifications/{id}/deliveries": {
+    kind: "notification",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      expectProblem(await a.t.api(method, path.replace("{id}", b.notificationId)), 404, "not_found");
+      const own = expectStatus(
+        await a.t.api(method, path.replace("{id}", a.notificationId)),
+        200,
+        "deliveries",
+      );
+      expect(own.json).toEqual({ deliveries: [] });
+    },
+  },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
   "GET /v1/runs/{id}/artifacts": {
     kind: "run",
@@ -889,15 +986,18 @@ function sample(op: string, ctx: Ctx, v: Vault): { method: string; path: string;
         ? v.runId
         : c?.kind === "webhook" && c.id
           ? v.webhookId
-          : c?.kind === "apiKey" && c.id
-            ? v.t.keyId
-            : "no_case_for_this_route";
+          : c?.kind === "notification" && c.id
+            ? v.notificationId
+            : c?.kind === "apiKey" && c.id
+              ? v.t.keyId
+              : "no_case_for_this_route";
   const body =
     c &&
     (c.kind === "by-id" ||
       c.kind === "write" ||
       c.kind === "run" ||
       c.kind === "webhook" ||
+      c.kind === "notification" ||
       c.kind === "apiKey")
       ? c.body?.(ctx)
       : undefined;
@@ -930,6 +1030,7 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
         c?.kind === "by-run" ||
         (c?.kind === "run" && c.id) ||
         (c?.kind === "webhook" && c.id) ||
+        (c?.kind === "notification" && c.id) ||
         (c?.kind === "apiKey" && c.id) ||
         (c?.kind === "bundle" && c.id)
       );
@@ -1046,6 +1147,13 @@ describe("C1 tenant isolation: A's key never reaches B's vault", { timeout: 120_
 
     if (c.kind === "webhook") {
       it(`${op}: A's key reaches A's webhooks only`, async () => {
+        const ctx = await twoVaults();
+        await c.check(ctx, method, path);
+      });
+    }
+
+    if (c.kind === "notification") {
+      it(`${op}: A's key reaches A's notification URLs only`, async () => {
         const ctx = await twoVaults();
         await c.check(ctx, method, path);
       });
@@ -1225,9 +1333,11 @@ describe("C4 secret values are never returned by any read", { timeout: 120_000 }
             ? [path.replace("{id}", a.runId).replace("{artifactId}", a.artifactId)]
             : c?.kind === "webhook" && c.id
               ? [path.replace("{id}", a.webhookId)]
-              : c?.kind === "bundle" && c.id
-                ? [path.replace("{sha256}", a.bundle)]
-                : [path];
+              : c?.kind === "notification" && c.id
+                ? [path.replace("{id}", a.notificationId)]
+                : c?.kind === "bundle" && c.id
+                  ? [path.replace("{sha256}", a.bundle)]
+                  : [path];
       if (path === "/v1/vault/policy-preview") paths.push(`${path}?egress=local`);
       expect(paths.length, `${op} has nothing to read`).toBeGreaterThan(0);
       for (const p of paths) responses.push([`GET ${p}`, await t.api("GET", p)]);
