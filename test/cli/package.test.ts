@@ -81,7 +81,7 @@ describe("the CLI as a package", () => {
     expect(res.stdout.trim()).toBe(version);
   });
 
-  it("logs in and works against wrangler dev: webhooks, vault models, bug reports", async () => {
+  it("logs in and works against wrangler dev: webhooks, notifications, vault models, bug reports", async () => {
     const user = await newUser();
     const home = configHome();
     const login = await installed(["login", "--url", apiUrl()], { home, input: `${user.key}\n` });
@@ -123,6 +123,32 @@ describe("the CLI as a package", () => {
     );
     expect((await installed(["webhooks", "delete", hook.id], { home })).code).toBe(0);
     expect((await installed(["webhooks", "show", hook.id], { home })).code).toBe(1);
+
+    // A notification URL (this user starts no run, so nothing is ever sent to it): its secret goes
+    // to a file too; a URL the API refuses is its problem, said on stderr.
+    const ntfFile = join(work, `ntf-${user.userId}`);
+    const url = "https://ci.example.com/benchwright";
+    const ntf = await installed(["notifications", "create", url, "--secret-out", ntfFile, "--json"], {
+      home,
+    });
+    expect(ntf.code, ntf.stderr).toBe(0);
+    const note = JSON.parse(ntf.stdout);
+    expect(note).toMatchObject({ url, events: ["run.ended"], secretFile: ntfFile });
+    expect(ntf.stdout).not.toContain(readFileSync(ntfFile, "utf8").trim());
+    const local = await installed(
+      ["notifications", "create", "https://localhost/x", "--secret-out", `${ntfFile}-2`],
+      {
+        home,
+      },
+    );
+    expect(local.code).toBe(1);
+    expect(local.stderr).toContain("invalid_notification_url");
+    expect((await installed(["notifications", "list"], { home })).stdout).toContain(note.id);
+    expect((await installed(["notifications", "deliveries", note.id], { home })).stdout).toContain(
+      "nothing sent yet",
+    );
+    expect((await installed(["notifications", "delete", note.id], { home })).code).toBe(0);
+    expect((await installed(["notifications", "list"], { home })).stdout).toContain("no notification URLs");
 
     // A model: fields pass through to the API as given.
     const set = await installed(["vault", "secrets", "set", "OPENAI_KEY"], {

@@ -113,3 +113,23 @@ export const nextPage = (cursor: string | null | undefined) => (cursor ? [`more:
 
 /** Exit 1: the API answered, but not with what the command needs (said in the message). */
 export class Failed extends Error {}
+
+/**
+ * Where a secret the API shows once goes: a file of the user's (written 0600 by writeSecretFile,
+ * never an existing one). Checked before anything is sent, so the secret has somewhere to go.
+ */
+export function secretTarget(path: string | undefined): string {
+  if (!path) {
+    throw new UsageError(
+      "--secret-out PATH is required: the signing secret is shown only once, and is written there\n" +
+        "(mode 0600; never printed, so it stays out of terminals and logs)",
+    );
+  }
+  return path;
+}
+
+/** What is printed of an answer that carries a secret: everything but it, and where it went. */
+export function withoutSecret<T extends { secret: string }>(made: T, secretFile: string) {
+  const { secret: _secret, ...rest } = made;
+  return { ...rest, secretFile };
+}

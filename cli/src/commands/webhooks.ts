@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import type { Schemas } from "../api";
 import { writeSecretFile } from "../io";
-import { api, type Ctx, print, table, UsageError } from "./shared";
+import { api, type Ctx, print, secretTarget, table, UsageError, withoutSecret } from "./shared";
 
 // `benchwright webhooks ...`: webhooks that start a run per signed delivery (POST /v1/webhooks).
 // The signing secret is shown by the API once; the CLI writes it to a file of the user's (0600,
@@ -23,23 +23,6 @@ function readSpec(path: string | undefined): Schemas["RunSpec"] {
   } catch {
     throw new UsageError(`${path} is not JSON (a run spec, as POST /v1/runs takes it)`);
   }
-}
-
-/** Checked before anything is sent: a secret the API shows once must have somewhere to go. */
-function secretTarget(path: string | undefined): string {
-  if (!path) {
-    throw new UsageError(
-      "--secret-out PATH is required: the signing secret is shown only once, and is written there\n" +
-        "(mode 0600; never printed, so it stays out of terminals and logs)",
-    );
-  }
-  return path;
-}
-
-/** What is printed of an answer that carries the secret: everything but it. */
-function withoutSecret(hook: WithSecret, secretFile: string) {
-  const { secret: _secret, ...rest } = hook;
-  return { ...rest, secretFile };
 }
 
 function describe(w: Webhook): string[] {

@@ -1,5 +1,6 @@
 import { bugReportsCreate, bugReportsList } from "../commands/bug-reports";
 import * as models from "../commands/models";
+import * as notifications from "../commands/notifications";
 import {
   webhooksCreate,
   webhooksDelete,
@@ -9,7 +10,7 @@ import {
 } from "../commands/webhooks";
 import { type CommandTable, none, type Options, one, page, pageOf, str, type Values } from "../registry";
 
-// Webhooks, the vault's models and bug reports.
+// Webhooks, notification URLs, the vault's models and bug reports.
 
 const modelFlags: Options = {
   provider: { type: "string" },
@@ -58,6 +59,34 @@ export const MORE_COMMANDS: CommandTable = {
     summary: "a new signing secret, written to PATH (the old one verifies for 24 more hours)",
     options: { "secret-out": { type: "string" } },
     run: (ctx, v, p) => webhooksRotate(ctx, one(p, "webhook id"), { secretOut: str(v, "secret-out") }),
+  },
+  "notifications create": {
+    usage: "benchwright notifications create URL --secret-out PATH",
+    summary: "be told at URL (https) when a run of this environment ends: a signed POST per run",
+    help:
+      "Deliveries are Standard Webhooks requests; verify them with the signing secret (whsec_...), which\n" +
+      "the API shows only once: it is written to PATH (a new file, mode 0600), never printed.",
+    options: { "secret-out": { type: "string" } },
+    run: (ctx, v, p) =>
+      notifications.notificationsCreate(ctx, one(p, "URL"), { secretOut: str(v, "secret-out") }),
+  },
+  "notifications list": {
+    usage: "benchwright notifications list",
+    summary: "notification URLs, newest first (never their secrets)",
+    run: async (ctx, _v, p) => {
+      none(p, "notifications list");
+      await notifications.notificationsList(ctx);
+    },
+  },
+  "notifications deliveries": {
+    usage: "benchwright notifications deliveries NOTIFICATION_ID",
+    summary: "what was sent to a notification URL, each with its attempts and how the last went",
+    run: (ctx, _v, p) => notifications.notificationsDeliveries(ctx, one(p, "notification id")),
+  },
+  "notifications delete": {
+    usage: "benchwright notifications delete NOTIFICATION_ID",
+    summary: "revoke a notification URL: nothing more is sent, pending deliveries are cancelled",
+    run: (ctx, _v, p) => notifications.notificationsDelete(ctx, one(p, "notification id")),
   },
   "vault models list": {
     usage: "benchwright vault models list",
