@@ -27,7 +27,7 @@ import {
   brokerSection,
 } from "./lib/broker-report";
 import { publish, summaryLines } from "./lib/page";
-import { num, quantiles, runBench, sectionHead } from "./lib/results";
+import { flatOutWindow, num, quantiles, runBench, sectionHead, type WindowGate } from "./lib/results";
 import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
 
 const CONFIG = {
@@ -63,9 +63,7 @@ interface Window {
 /** `runs` runs flat out through cycles of broker calls; counts what completes inside the window. */
 async function load(workerUrl: string, instances: BrokerInstances, runIds: string[], windowS: number) {
   const w: Window = { samples: [], errors: [], windowS: 0 };
-  let counting = false;
-  let running = true;
-  const call = async (op: BrokerOp, runId: string, args: unknown[]) => {
+  const call = async (gate: WindowGate, op: BrokerOp, runId: string, args: unknown[]) => {
     const t0 = performance.now();
     const res = await fetch(`${workerUrl}/bench/call`, {
       method: "POST",
@@ -74,18 +72,18 @@ async function load(workerUrl: string, instances: BrokerInstances, runIds: strin
     });
     const body = (await res.json()) as { ok: boolean; ms: number; error?: string; result?: unknown };
     const ms = performance.now() - t0;
-    if (!counting) return body;
+    if (!gate.counting) return body;
     if (body.ok) w.samples.push({ op, ms, stubMs: body.ms });
     else w.errors.push(`${op}: ${body.error}`);
     return body;
   };
-  const oneRun = async (runId: string) => {
-    while (running) {
+  const oneRun = async (gate: WindowGate, runId: string) => {
+    while (gate.running) {
       const sandboxId = randomId("sbx_");
       const execId = `proxy-${randomBytes(4).toString("hex")}`;
-      const made = await call("create", runId, [{ id: sandboxId, kind: "proxy" }]);
+      const made = await call(gate, "create", runId, [{ id: sandboxId, kind: "proxy" }]);
       if (made.ok && (made.result as { ok: boolean }).ok) {
-        await call("exec", runId, [
+        await call(gate, "exec", runId, [
           sandboxId,
           {
             id: execId,
@@ -97,23 +95,16 @@ async function load(workerUrl: string, instances: BrokerInstances, runIds: strin
           },
         ]);
         for (let i = 0; i < CONFIG.polls; i++) {
-          await call("poll", runId, [sandboxId, execId, { waitMs: 0, stdoutFrom: 0, stderrFrom: 0 }]);
+          await call(gate, "poll", runId, [sandboxId, execId, { waitMs: 0, stdoutFrom: 0, stderrFrom: 0 }]);
         }
-      } else if (counting) {
+      } else if (gate.counting) {
         w.errors.push(`create: ${JSON.stringify(made.result ?? made.error)}`);
       }
-      await call("destroyRun", runId, [{}]);
+      await call(gate, "destroyRun", runId, [{}]);
     }
   };
-  const all = Promise.all(runIds.map(oneRun));
-  await new Promise((r) => setTimeout(r, CONFIG.warmupS * 1000));
-  const t0 = performance.now();
-  counting = true;
-  await new Promise((r) => setTimeout(r, windowS * 1000));
-  counting = false;
-  w.windowS = (performance.now() - t0) / 1000;
-  running = false;
-  await all;
+  const work = (gate: WindowGate, i: number) => oneRun(gate, runIds[i] as string);
+  w.windowS = await flatOutWindow(runIds.length, work, CONFIG.warmupS, windowS);
   return w;
 }
 
