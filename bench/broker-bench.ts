@@ -34,14 +34,14 @@ const CONFIG = {
   /** Runs at once, each with one broker call in flight. */
   runs: num("BENCH_BROKER_RUNS", 16),
   /** Seconds measured per row, over all rounds. */
-  durationS: num("BENCH_BROKER_DURATION_S", 30),
+  durationS: num("BENCH_BROKER_DURATION_S", 36),
   /** Windows per row, the rows taking turns. */
-  rounds: num("BENCH_BROKER_ROUNDS", 3),
+  rounds: num("BENCH_BROKER_ROUNDS", 6),
   warmupS: num("BENCH_BROKER_WARMUP_S", 2),
   /** Polls of the proxy's exec per cycle. */
   polls: num("BENCH_BROKER_POLLS", 4),
 };
-const SHORT = CONFIG.durationS < 30 || CONFIG.rounds < 3;
+const SHORT = CONFIG.durationS < 36 || CONFIG.rounds < 6;
 const ROWS: BrokerInstances[] = ["shared", "run"];
 const OPS: BrokerOp[] = ["create", "exec", "poll", "destroyRun"];
 const IMAGE = (name: string, digit: string) => `registry.bench.test/${name}@sha256:${digit.repeat(64)}`;
