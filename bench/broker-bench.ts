@@ -9,7 +9,7 @@
 // with a message when PostgreSQL is not installed.
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { nodeDb } from "../scripts/lib/neon-node";
 import { freePort } from "../scripts/lib/postgres";
@@ -148,6 +148,7 @@ async function main(): Promise<number> {
     return 0;
   }
   const started = Date.now();
+  const loadAtStart = loadavg()[0] as number;
   const dir = mkdtempSync(join(tmpdir(), "bw-bench-broker-"));
   onStop(async () => rmSync(dir, { recursive: true, force: true }));
   try {
@@ -222,6 +223,7 @@ async function main(): Promise<number> {
       ...sectionHead("broker", started, SHORT),
       config: { ...CONFIG },
       postgres: db.version,
+      loadAverage: { start: loadAtStart, end: loadavg()[0] as number },
       rows: cells.map((c) => row(c.instances, c.windows)),
     };
     const section = brokerSection(results);

@@ -1,4 +1,4 @@
-import { f, int, ratio, type SectionHead, type SummaryRow, times } from "./results";
+import { f, int, quantiles, ratio, type SectionHead, type SummaryRow, times } from "./results";
 
 // The broker bench's section of the results page (bench/broker-bench.ts).
 
@@ -34,6 +34,8 @@ export interface BrokerRow {
 export interface BrokerResults extends SectionHead {
   config: { runs: number; durationS: number; rounds: number; warmupS: number; polls: number };
   postgres: string;
+  /** The machine's 1-minute load average as the bench started and as it ended (others' work too). */
+  loadAverage: { start: number; end: number };
   rows: BrokerRow[];
 }
 
@@ -44,6 +46,17 @@ const LABEL: Record<BrokerInstances, string> = {
 
 const find = (r: BrokerResults, i: BrokerInstances) => r.rows.find((x) => x.instances === i);
 
+/**
+ * Per-run ÷ shared calls/s of each round (the two windows of a round are back to back, so a
+ * neighbour's load drifts less between them than across the run): their median and range.
+ */
+export function pairedRatios(r: BrokerResults): { median: number; min: number; max: number } {
+  const run = find(r, "run")?.windows ?? [];
+  const shared = find(r, "shared")?.windows ?? [];
+  const each = run.flatMap((w, i) => (shared[i] ? [w / (shared[i] as number)] : []));
+  return { median: quantiles(each).median, min: Math.min(...each), max: Math.max(...each) };
+}
+
 export function brokerSection(r: BrokerResults): BrokerResults {
   const run = find(r, "run");
   const shared = find(r, "shared");
@@ -52,7 +65,7 @@ export function brokerSection(r: BrokerResults): BrokerResults {
       measure: `broker calls/s, ${r.config.runs} runs at once (create, exec, polls, destroyRun on the sandbox0 contract server)`,
       result: `${int(run?.callsPerS ?? Number.NaN)} calls/s (an instance per run)`,
       baseline: `${int(shared?.callsPerS ?? Number.NaN)} calls/s (one shared instance)`,
-      ratio: times(ratio(run?.callsPerS, shared?.callsPerS)),
+      ratio: `${times(pairedRatios(r).median)} (median of per-round ratios)`,
     },
     {
       measure: `broker poll p99, ${r.config.runs} runs at once`,
@@ -72,7 +85,8 @@ export function renderBroker(r: BrokerResults): string {
     "",
     ...(r.short ? ["**Short run**: settings below the defaults, so these numbers say less.", ""] : []),
     `- date: ${r.date}, commit ${r.commit}, whole run ${f(r.wallS, 0)} s`,
-    `- machine: ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.machine.node}, PostgreSQL ${r.postgres} (throwaway cluster)`,
+    `- machine: ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.machine.node}, PostgreSQL ${r.postgres} (throwaway cluster); ` +
+      `load average ${f(r.loadAverage.start, 1)} at the start, ${f(r.loadAverage.end, 1)} at the end`,
     `- ${c.runs} runs at once, each flat out through cycles of create (proxy sandbox), exec (\`bw-proxy\`), ` +
       `${c.polls} polls and destroyRun; ${c.durationS} s measured per row in ${c.rounds} windows, the two rows taking turns, ` +
       `each after ${c.warmupS} s unmeasured`,
@@ -99,7 +113,10 @@ export function renderBroker(r: BrokerResults): string {
         `${x.errors}${x.firstErrors.length ? ` (${x.firstErrors.join("; ")})` : ""} |`,
     );
   }
+  const paired = pairedRatios(r);
   lines.push(
+    "",
+    `Per-run ÷ shared calls/s, round by round: median ${f(paired.median, 2)}×, from ${f(paired.min, 2)}× to ${f(paired.max, 2)}×.`,
     "",
     "What a deployment's single object suffers (one thread in one place, a per-object request limit,",
     "its failure or reset stopping every run) a local workerd does not reproduce: here every instance",
