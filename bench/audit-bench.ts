@@ -24,7 +24,7 @@ import { storeAuditBatch } from "../src/runs/proxy-reports";
 import { RunSpec } from "../src/runs/spec";
 import { type AuditResults, type AuditRow, type AuditTarget, auditSection } from "./lib/audit-report";
 import { publish, summaryLines } from "./lib/page";
-import { num, quantiles, runBench, sectionHead } from "./lib/results";
+import { flatOutWindow, num, quantiles, runBench, sectionHead, type WindowGate } from "./lib/results";
 import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
 
 const CONFIG = {
@@ -97,10 +97,8 @@ interface Window {
 /** `concurrency` senders flat out; counts what completes inside the window after warm-up. */
 async function load(send: Send, run: Run, rows: number, windowS: number): Promise<Window> {
   const w: Window = { latencies: [], batches: 0, rows: 0, errors: 0, statuses: {}, windowS: 0, acked: 0 };
-  let counting = false;
-  let running = true;
-  const sender = async () => {
-    while (running) {
+  const sender = async (gate: WindowGate) => {
+    while (gate.running) {
       const batch = batchOf(run, rows);
       const t0 = performance.now();
       let r: { ok: boolean; status: number };
@@ -110,7 +108,7 @@ async function load(send: Send, run: Run, rows: number, windowS: number): Promis
         r = { ok: false, status: 0 };
       }
       if (r.ok) w.acked += rows;
-      if (!counting) continue;
+      if (!gate.counting) continue;
       if (r.ok) {
         w.batches++;
         w.rows += rows;
@@ -121,15 +119,7 @@ async function load(send: Send, run: Run, rows: number, windowS: number): Promis
       }
     }
   };
-  const senders = Promise.all(Array.from({ length: CONFIG.concurrency }, sender));
-  await new Promise((r) => setTimeout(r, CONFIG.warmupS * 1000));
-  const t0 = performance.now();
-  counting = true;
-  await new Promise((r) => setTimeout(r, windowS * 1000));
-  counting = false;
-  w.windowS = (performance.now() - t0) / 1000;
-  running = false;
-  await senders;
+  w.windowS = await flatOutWindow(CONFIG.concurrency, sender, CONFIG.warmupS, windowS);
   return w;
 }
 

@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { renderAudit } from "./audit-report";
+import { renderBroker } from "./broker-report";
 import { renderFuzz } from "./fuzz-report";
 import { renderMemory } from "./memory-report";
 import { type Results as ProxyResults, proxySection, renderProxy } from "./report";
@@ -17,6 +18,7 @@ const RENDER: Record<BenchName, (section: any) => string> = {
   memory: renderMemory,
   fuzz: renderFuzz,
   audit: renderAudit,
+  broker: renderBroker,
   start: renderStart,
 };
 
@@ -25,6 +27,7 @@ const TITLE: Record<BenchName, string> = {
   memory: "proxy memory",
   fuzz: "fuzz",
   audit: "audit ingest",
+  broker: "broker",
   start: "run start",
 };
 

@@ -68,7 +68,7 @@ export function quantiles(xs: readonly number[]): { n: number; median: number; p
   return { n: s.length, median, p90: at(0.9) };
 }
 
-export const BENCHES = ["proxy", "memory", "fuzz", "audit", "start"] as const;
+export const BENCHES = ["proxy", "memory", "fuzz", "audit", "broker", "start"] as const;
 export type BenchName = (typeof BENCHES)[number];
 
 /** One line of the results page's summary (and of README's Performance table). */
@@ -125,4 +125,33 @@ export function runBench(label: string, main: () => Promise<number>): void {
       process.exit(1);
     },
   );
+}
+
+/** What a flat-out worker looks at: keep going while `running`, count only while `counting`. */
+export interface WindowGate {
+  running: boolean;
+  counting: boolean;
+}
+
+/**
+ * Runs `workers` flat out through warm-up and then the measured window (the gate's `counting` is
+ * true inside it only), stops them and waits for their calls in flight; the window's seconds.
+ */
+export async function flatOutWindow(
+  workers: number,
+  work: (gate: WindowGate, index: number) => Promise<void>,
+  warmupS: number,
+  windowS: number,
+): Promise<number> {
+  const gate: WindowGate = { running: true, counting: false };
+  const all = Promise.all(Array.from({ length: workers }, (_, i) => work(gate, i)));
+  await new Promise((r) => setTimeout(r, warmupS * 1000));
+  const t0 = performance.now();
+  gate.counting = true;
+  await new Promise((r) => setTimeout(r, windowS * 1000));
+  gate.counting = false;
+  const measured = (performance.now() - t0) / 1000;
+  gate.running = false;
+  await all;
+  return measured;
 }

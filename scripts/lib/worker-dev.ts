@@ -19,6 +19,9 @@ export async function startWorkerDev(options: {
   vars: Record<string, string>;
   /** Where wrangler keeps Durable Object state between restarts. */
   persistTo?: string;
+  /** Another entry point than wrangler.toml's `main` (a bench's Worker), with its own ready path. */
+  script?: string;
+  readyPath?: string;
   log?: (line: string) => void;
 }): Promise<WorkerDev> {
   writeFileSync(
@@ -30,6 +33,7 @@ export async function startWorkerDev(options: {
   );
   const args = [
     "dev",
+    ...(options.script ? [options.script] : []),
     "--ip",
     "127.0.0.1",
     "--port",
@@ -81,7 +85,8 @@ export async function startWorkerDev(options: {
   while (Date.now() < deadline) {
     if (child.exitCode !== null) throw new Error(`wrangler dev exited (${child.exitCode}):\n${tail}`);
     try {
-      if ((await fetch(`${url}/v1/openapi.json`)).ok) return { url, stop, process: child };
+      if ((await fetch(`${url}${options.readyPath ?? "/v1/openapi.json"}`)).ok)
+        return { url, stop, process: child };
     } catch {}
     await new Promise((r) => setTimeout(r, 250));
   }

@@ -1,8 +1,8 @@
 import { ApiError } from "../errors";
 import { BackendError, BackendName, type ComputeBackend } from "./backend";
-import { e2bFromEnv } from "./e2b-backend";
+import { e2bFromEnv } from "./e2b/backend";
 import { localFromEnv } from "./local-backend";
-import { sandbox0FromEnv } from "./sandbox0-backend";
+import { sandbox0FromEnv } from "./sandbox0/backend";
 
 // Which compute backends this deployment has, from the Worker's env. A run names one (or takes
 // COMPUTE_BACKEND, the deployment's default); a backend whose settings are missing is refused at

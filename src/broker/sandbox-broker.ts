@@ -21,7 +21,16 @@ import { backendFor, configuredBackends } from "./backends";
 // The sandbox broker: the only code that holds compute-backend credentials and calls a backend.
 // A run's coordinator asks it for sandboxes for that run only; every sandbox is recorded in
 // Postgres *before* the backend is asked for it, so a crash between the two leaves a row the
-// teardown (and the reaper) can find, never an orphan. One instance: `brokerStub(env)`.
+// teardown (and the reaper) can find, never an orphan.
+//
+// Instances (issue 24): one per run, `brokerStub(env, runId)`, serves every call about that run's
+// sandboxes (its coordinator's, and the reaper's teardown of it), so a busy or failed instance
+// holds up one run, not the deployment. The deployment-wide `sweepUnowned` is about no run: it
+// runs on an instance of its own, `sweepBrokerStub(env)`. Per run rather than per environment:
+// the coordinator is already one per run, and an environment's runs (up to its active-run cap)
+// would still share a hotspot. The broker keeps nothing in its own storage (every record is in
+// Postgres), so which instance serves a call changes nothing else; the credential stays in this
+// class's env as before. The old shared instance ("broker") is no longer addressed.
 
 export class SandboxBroker extends DurableObject<Env> {
   /** A sandbox's backend: the one its row names (the run's), whatever the default is now. */
@@ -333,6 +342,17 @@ function failure(error: unknown): CreateResult & { ok: false } {
   return { ok: false, code: "backend_error", message: "the backend call failed", retryable: true };
 }
 
-export function brokerStub(env: Env): DurableObjectStub<SandboxBroker> {
-  return env.SANDBOX_BROKER.get(env.SANDBOX_BROKER.idFromName("broker"));
+/** The instance name of a run's broker: prefixed, so no run id can name the sweep's. */
+export const runBrokerName = (runId: string) => `run:${runId}`;
+/** The instance that sweeps the backends for sandboxes no live record owns. */
+export const SWEEP_BROKER_NAME = "sweep";
+
+/** The run's broker: every call about the run's sandboxes goes to this one instance. */
+export function brokerStub(env: Env, runId: string): DurableObjectStub<SandboxBroker> {
+  return env.SANDBOX_BROKER.get(env.SANDBOX_BROKER.idFromName(runBrokerName(runId)));
+}
+
+/** The broker instance for the deployment-wide sweep (the reaper's `sweepUnowned`). */
+export function sweepBrokerStub(env: Env): DurableObjectStub<SandboxBroker> {
+  return env.SANDBOX_BROKER.get(env.SANDBOX_BROKER.idFromName(SWEEP_BROKER_NAME));
 }

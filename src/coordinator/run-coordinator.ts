@@ -125,7 +125,7 @@ export class RunCoordinator extends DurableObject<Env> {
   async view(): Promise<ViewResult> {
     const woke = await this.serial(() => this.withMachine((m) => m.wake()));
     if (!woke.ok) return { ok: false, code: "proxy_gone", detail: woke.why };
-    const broker = brokerStub(this.env);
+    const broker = brokerStub(this.env, woke.runId);
     const execId = randomId("view_");
     const deadline = Date.now() + VIEW_DEADLINE_MS;
     try {
@@ -186,7 +186,7 @@ export class RunCoordinator extends DurableObject<Env> {
     if (found.env === null) {
       return { ok: false, code: "conflict", why: `environment ${id} is ${found.view.state}` };
     }
-    const exec = await brokerStub(this.env).exec(runId, id, {
+    const exec = await brokerStub(this.env, runId).exec(runId, id, {
       id: request.execId,
       argv: request.argv,
       env: found.env,
@@ -207,7 +207,10 @@ export class RunCoordinator extends DurableObject<Env> {
     if (!found || found.view.state === "deleted")
       return { ok: false, code: "not_found", why: `no environment ${id}` };
     try {
-      return { ok: true, exec: await brokerStub(this.env).poll(runId, id, execId, { ...from, waitMs: 0 }) };
+      return {
+        ok: true,
+        exec: await brokerStub(this.env, runId).poll(runId, id, execId, { ...from, waitMs: 0 }),
+      };
     } catch {
       return { ok: false, code: "not_found", why: `no exec ${execId} in environment ${id}` };
     }
@@ -312,7 +315,8 @@ async function viaBroker<T>(call: () => T): Promise<Awaited<T>> {
 /** The machine's ports over Postgres, the vault and the broker. */
 function workerPorts(env: Env, db: Db): MachinePorts {
   const config = loadConfig(env);
-  const broker = brokerStub(env);
+  // The run's own broker instance for each call (a coordinator only ever asks about its run).
+  const broker = (runId: string) => brokerStub(env, runId);
   const environments = new Map<string, string>();
   const environmentOf = async (runId: string): Promise<string> => {
     const known = environments.get(runId);
@@ -365,25 +369,25 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       return row?.ca && row.at ? { caCertPem: row.ca } : null;
     },
     broker: {
-      create: (runId, request) => broker.create(runId, request),
-      exec: (runId, sandboxId, request) => broker.exec(runId, sandboxId, request),
-      poll: (runId, sandboxId, execId, from) => broker.poll(runId, sandboxId, execId, from),
-      kill: (runId, sandboxId, execId) => broker.kill(runId, sandboxId, execId),
-      freeze: (runId, sandboxId, frozen) => broker.freeze(runId, sandboxId, frozen),
+      create: (runId, request) => broker(runId).create(runId, request),
+      exec: (runId, sandboxId, request) => broker(runId).exec(runId, sandboxId, request),
+      poll: (runId, sandboxId, execId, from) => broker(runId).poll(runId, sandboxId, execId, from),
+      kill: (runId, sandboxId, execId) => broker(runId).kill(runId, sandboxId, execId),
+      freeze: (runId, sandboxId, frozen) => broker(runId).freeze(runId, sandboxId, frozen),
       destroyRun: async (runId, options) => {
-        await broker.destroyRun(runId, options);
+        await broker(runId).destroyRun(runId, options);
       },
-      destroy: (runId, sandboxId) => broker.destroySandbox(runId, sandboxId),
+      destroy: (runId, sandboxId) => broker(runId).destroySandbox(runId, sandboxId),
       putBundle: async (runId, sandboxId, bundle) => {
         const environmentId = await environmentOf(runId);
-        return viaBroker(() => broker.putBundle(runId, sandboxId, { environmentId, ...bundle }));
+        return viaBroker(() => broker(runId).putBundle(runId, sandboxId, { environmentId, ...bundle }));
       },
-      seal: (runId, sandboxId, seal) => viaBroker(() => broker.seal(runId, sandboxId, seal)),
+      seal: (runId, sandboxId, seal) => viaBroker(() => broker(runId).seal(runId, sandboxId, seal)),
       setHosts: (runId, sandboxId, hostsFile) =>
-        viaBroker(() => broker.setHosts(runId, sandboxId, hostsFile)),
+        viaBroker(() => broker(runId).setHosts(runId, sandboxId, hostsFile)),
       collect: async (runId, sandboxId, options) => {
         const environmentId = await environmentOf(runId);
-        return viaBroker(() => broker.collect(runId, sandboxId, { environmentId, ...options }));
+        return viaBroker(() => broker(runId).collect(runId, sandboxId, { environmentId, ...options }));
       },
     },
     issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),

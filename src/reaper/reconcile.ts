@@ -1,5 +1,5 @@
 import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
-import { brokerStub } from "../broker/sandbox-broker";
+import { brokerStub, sweepBrokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import { consoleLog } from "../contract/log";
 import { coordinatorStub, endAware } from "../coordinator/run-coordinator";
@@ -15,7 +15,8 @@ import { TERMINAL_STATES } from "../runs/service";
 //   - a run whose row has not moved for STALE_MS: its coordinator is started (a lost launch call)
 //     or its alarm re-armed. A live run (alarm pending) is left as it is: never reaped here.
 //   - sandboxes still recorded live for a run that ended more than ORPHAN_MS ago: torn down.
-//   - sandboxes the backend has that no live record owns (the broker's sweepUnowned).
+//   - sandboxes the backend has that no live record owns (the broker's sweepUnowned, on the
+//     sweep's own broker instance: a run's teardown goes to that run's broker).
 //   - a run stuck in a setup state past STUCK_MS, or running past MAX_RUN_MS: stopped (`reaped`).
 //   - a lingering run whose window lapsed more than LINGER_GRACE_MS ago (its own alarm should
 //     have ended it on time): ended through its coordinator (`linger_lapsed`).
@@ -116,7 +117,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       .limit(BATCH);
     for (const { runId } of orphaned) {
       try {
-        await brokerStub(env).destroyRun(runId);
+        await brokerStub(env, runId).destroyRun(runId);
         report.tornDown[runId] = "destroyed";
       } catch {
         report.tornDown[runId] = "error";
@@ -136,7 +137,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       // The next sweep looks again.
     }
     try {
-      report.unowned = await brokerStub(env).sweepUnowned();
+      report.unowned = await sweepBrokerStub(env).sweepUnowned();
     } catch {
       // The backend is away: the next sweep tries again.
       report.unowned = { skipped: "backend_unreachable" };

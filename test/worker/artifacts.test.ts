@@ -320,7 +320,7 @@ describe("broker: collect", () => {
       maxBytes: 1000,
       maxFiles: 10,
     };
-    const result = await runInDurableObject(brokerStub(env), async (_i, state) => {
+    const result = await runInDurableObject(brokerStub(env, run.id), async (_i, state) => {
       const broker = new SandboxBroker(state, env);
       Object.defineProperty(broker, "backendOf", { value: () => backend });
       const summary = await broker.collect(run.id, work, options);

@@ -3,12 +3,17 @@ import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import type { BackendError, ComputeBackend, SandboxSpec } from "../../src/broker/backend";
-import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
+import { brokerStub, runBrokerName, SandboxBroker, SWEEP_BROKER_NAME } from "../../src/broker/sandbox-broker";
 import { bundleKey } from "../../src/bundles/service";
+import { loadConfig } from "../../src/config";
 import { DEFAULT_RESOURCES, type Seal } from "../../src/contract/local-agent";
+import { coordinatorStub, RunCoordinator } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
-import { bundles, sandboxes } from "../../src/db/schema";
-import { newTenant, withDb } from "./harness";
+import { bundles, runs, sandboxes } from "../../src/db/schema";
+import { ORPHAN_MS, reconcile } from "../../src/reaper/reconcile";
+import { createRun } from "../../src/runs/service";
+import { RunSpec } from "../../src/runs/spec";
+import { newTenant, type Tenant, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 
 // The sandbox broker addresses a run's own sandboxes only (case C2 for the compute side). The
@@ -31,7 +36,7 @@ describe("sandbox broker", () => {
         .values({ id: theirs, runId: b.id, kind: "proxy", backend: "local", status: "ready" }),
     );
     const mine = randomId("sbx_");
-    const result = await runInDurableObject(brokerStub(env), (_instance, state) =>
+    const result = await runInDurableObject(brokerStub(env, a.id), (_instance, state) =>
       new SandboxBroker(state, { ...env, ...BACKEND }).create(a.id, {
         id: mine,
         kind: "work",
@@ -101,7 +106,9 @@ function recordingBackend() {
 
 /** Runs fn on a broker whose every backend is `backend`. */
 function withBackend<T>(backend: ComputeBackend, fn: (broker: SandboxBroker) => Promise<T>): Promise<T> {
-  return runInDurableObject(brokerStub(env), (_instance, state) => {
+  // An instance of its own: these tests call about several runs through one broker object.
+  const stub = env.SANDBOX_BROKER.get(env.SANDBOX_BROKER.newUniqueId());
+  return runInDurableObject(stub, (_instance, state) => {
     const broker = new SandboxBroker(state, { ...env, ...BACKEND });
     Object.defineProperty(broker, "backendOf", { value: () => backend });
     return fn(broker);
@@ -240,3 +247,114 @@ describe("sandbox broker: bundles, seal, hosts", () => {
 
 const hex = (buf: ArrayBuffer) =>
   [...new Uint8Array(buf)].map((x) => x.toString(16).padStart(2, "0")).join("");
+
+/**
+ * The Worker's env with its broker namespace watched: every call on a broker stub is recorded with
+ * the name of the instance it went to (then made on the real Durable Object, unchanged).
+ */
+function watchedBrokers() {
+  const real = env.SANDBOX_BROKER;
+  const names = new Map<string, string>();
+  const calls: Array<{ instance: string; method: string; runId: unknown }> = [];
+  const namespace = {
+    idFromName: (name: string) => {
+      const id = real.idFromName(name);
+      names.set(id.toString(), name);
+      return id;
+    },
+    get: (id: DurableObjectId) => {
+      const stub = real.get(id);
+      const instance = names.get(id.toString()) ?? `unnamed ${id.toString()}`;
+      return new Proxy(stub, {
+        get(target, prop) {
+          const value = Reflect.get(target, prop);
+          if (typeof prop !== "string" || prop === "then" || typeof value !== "function") return value;
+          return (...args: unknown[]) => {
+            calls.push({ instance, method: prop, runId: args[0] });
+            // Called on the stub itself: an RPC method's own `apply` would be a remote property.
+            return (target as unknown as Record<string, (...a: unknown[]) => unknown>)[prop]?.(...args);
+          };
+        },
+      });
+    },
+  };
+  return { env: { ...env, SANDBOX_BROKER: namespace } as unknown as Env, calls };
+}
+
+/**
+ * A run launched as POST /v1/runs records it, then its real coordinator (given `over` as its env)
+ * driven to its end: with no compute backend here it asks its broker for the proxy sandbox, is
+ * refused, and tears down. Alarms are fired here, inside blockConcurrencyWhile, never by the runtime.
+ */
+async function runThrough(over: Env, t: Tenant): Promise<string> {
+  const owner = { userId: t.userId, environmentId: t.environmentId, keyId: "test" };
+  const run = await withDb((db) =>
+    createRun(db, owner, RunSpec.parse({ commands: ["true"] }), "local", loadConfig(env).maxActiveRuns),
+  );
+  await runInDurableObject(coordinatorStub(env, run.id), (_o, state) =>
+    state.blockConcurrencyWhile(async () => {
+      const coordinator = new RunCoordinator(state, over);
+      await coordinator.start(run.id);
+      for (let i = 0; i < 20 && (await state.storage.getAlarm()) !== null; i++) {
+        await state.storage.deleteAlarm();
+        await coordinator.alarm();
+      }
+      await state.storage.deleteAlarm();
+    }),
+  );
+  return run.id;
+}
+
+describe("broker instances (issue 24)", () => {
+  it("each run's calls go to its own broker instance, all of them to the same one", async () => {
+    const watched = watchedBrokers();
+    const t = await newTenant();
+    const [a, b] = [await runThrough(watched.env, t), await runThrough(watched.env, t)];
+    for (const runId of [a, b]) {
+      const [row] = await withDb((db) => db.select().from(runs).where(eq(runs.id, runId)));
+      expect(row).toMatchObject({ status: "stopped", reason: "backend_not_configured" });
+    }
+    const of = (runId: string) => watched.calls.filter((c) => c.runId === runId);
+    // The coordinator asked for the proxy sandbox, then tore the run down: both on the run's broker.
+    expect(of(a).map((c) => c.method)).toEqual(expect.arrayContaining(["create", "destroyRun"]));
+    expect(of(b).map((c) => c.method)).toEqual(expect.arrayContaining(["create", "destroyRun"]));
+    expect(new Set(of(a).map((c) => c.instance))).toEqual(new Set([runBrokerName(a)]));
+    expect(new Set(of(b).map((c) => c.instance))).toEqual(new Set([runBrokerName(b)]));
+    expect(watched.calls.filter((c) => c.runId !== a && c.runId !== b)).toEqual([]);
+    // Different names are different objects.
+    expect(brokerStub(env, a).id.equals(brokerStub(env, b).id)).toBe(false);
+    expect(brokerStub(env, a).id.equals(brokerStub(env, a).id)).toBe(true);
+  });
+
+  it("the reaper tears a run down on that run's broker, and sweeps on the sweep's own instance", async () => {
+    const watched = watchedBrokers();
+    const t = await newTenant();
+    // An ended run with a sandbox still recorded live, as seen from a sweep 19 days ago (the suite
+    // shares its database; reaper.test.ts ages its rows by nine days, so this sweep misses them).
+    const sweepAt = Date.now() - 19 * 24 * 60 * 60_000;
+    const run = await newRun(t, { status: "stopped" });
+    await withDb(async (db) => {
+      await db
+        .update(runs)
+        .set({ endedAt: new Date(sweepAt - ORPHAN_MS - 60_000), updatedAt: new Date(sweepAt) })
+        .where(eq(runs.id, run.id));
+      await db
+        .insert(sandboxes)
+        .values({ id: randomId("sbx_"), runId: run.id, kind: "proxy", backend: "local" });
+    });
+    const report = await reconcile(watched.env, sweepAt);
+    expect(report.tornDown[run.id]).toBeDefined();
+    expect(watched.calls.filter((c) => c.runId === run.id)).toEqual([
+      { instance: runBrokerName(run.id), method: "destroyRun", runId: run.id },
+    ]);
+    expect(watched.calls.filter((c) => c.method === "sweepUnowned")).toEqual([
+      { instance: SWEEP_BROKER_NAME, method: "sweepUnowned", runId: undefined },
+    ]);
+    // Every call the sweep made went to a run's broker named for that run, or to the sweep's.
+    for (const c of watched.calls) {
+      expect(c.instance).toBe(
+        c.method === "sweepUnowned" ? SWEEP_BROKER_NAME : runBrokerName(String(c.runId)),
+      );
+    }
+  });
+});

@@ -3,8 +3,9 @@ import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, inject, it } from "vitest";
 import { BackendError, type ComputeBackend } from "../../src/broker/backend";
-import { e2bFromEnv, SANDBOX_TTL_MS } from "../../src/broker/e2b-backend";
-import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
+import { e2bFromEnv } from "../../src/broker/e2b/backend";
+import { SANDBOX_TTL_MS } from "../../src/broker/e2b/config";
+import { brokerStub, SandboxBroker, sweepBrokerStub } from "../../src/broker/sandbox-broker";
 import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
 import type { RoutingMode } from "../../src/contract/policy";
 import { PROXY_ENV } from "../../src/coordinator/machine";
@@ -571,7 +572,7 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
     const over = { ...env, ...ENV, COMPUTE_BACKEND: "e2b" };
     const since = await mark();
     const [proxyId, workId, taskId] = [randomId("sbx_"), randomId("sbx_"), randomId("sbx_")];
-    const made = await runInDurableObject(brokerStub(env), async (_i, state) => {
+    const made = await runInDurableObject(brokerStub(env, run.id), async (_i, state) => {
       const broker = new SandboxBroker(state, over);
       const proxy = await broker.create(run.id, { id: proxyId, kind: "proxy" });
       await broker.exec(run.id, proxyId, {
@@ -646,7 +647,7 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
     }
 
     // Teardown through the broker: every sandbox of the run killed, work and task first.
-    const destroyed = await runInDurableObject(brokerStub(env), (_i, state) =>
+    const destroyed = await runInDurableObject(brokerStub(env, run.id), (_i, state) =>
       new SandboxBroker(state, over).destroyRun(run.id),
     );
     expect(destroyed).toBe(3);
@@ -661,12 +662,12 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
     await withDb((db) => db.update(runs).set({ backend: "e2b" }).where(eq(runs.id, run.id)));
     const over = { ...env, ...ENV, COMPUTE_BACKEND: "e2b" };
     const live = randomId("sbx_");
-    await runInDurableObject(brokerStub(env), (_i, state) =>
+    await runInDurableObject(brokerStub(env, run.id), (_i, state) =>
       new SandboxBroker(state, over).create(run.id, { id: live, kind: "proxy" }),
     );
     const orphan = randomId("sbx_");
     await backend().create({ kind: "proxy", id: orphan, runId: randomId("run_") });
-    const swept = await runInDurableObject(brokerStub(env), (_i, state) =>
+    const swept = await runInDurableObject(sweepBrokerStub(env), (_i, state) =>
       new SandboxBroker(state, over).sweepUnowned(),
     );
     expect(swept).toMatchObject({ destroyed: expect.arrayContaining([orphan]) });

@@ -1,9 +1,9 @@
 import { packTar, unpackTar } from "modern-tar";
 import { describe, expect, inject, it } from "vitest";
 import { BackendError, type ComputeBackend } from "../../src/broker/backend";
+import { e2bFromEnv } from "../../src/broker/e2b/backend";
 import { shellQuote } from "../../src/broker/e2b/shell";
 import { collectArgv, unpackArgv } from "../../src/broker/e2b/stages";
-import { e2bFromEnv } from "../../src/broker/e2b-backend";
 import { CollectManifest } from "../../src/contract/bundle";
 import type { ExecInfo } from "../../src/contract/local-agent";
 import { randomId } from "../../src/crypto/api-keys";

@@ -5,8 +5,9 @@ import { describe, expect, inject, it } from "vitest";
 import { tarGzEntries } from "../../src/archive/entries";
 import { BackendError, type ComputeBackend } from "../../src/broker/backend";
 import { objectName, POD_PATHS, proxyPodName, secretName } from "../../src/broker/kubernetes/manifests";
-import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
-import { Sandbox0Env, sandbox0Backend, sandbox0FromEnv } from "../../src/broker/sandbox0-backend";
+import { SandboxBroker } from "../../src/broker/sandbox-broker";
+import { sandbox0Backend, sandbox0FromEnv } from "../../src/broker/sandbox0/backend";
+import { Sandbox0Env } from "../../src/broker/sandbox0/config";
 import { CollectManifest, DEFAULT_OUT_DIR } from "../../src/contract/bundle";
 import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
 import { PROXY_ENV } from "../../src/coordinator/machine";
@@ -1396,8 +1397,10 @@ describe("sandbox0 through the broker", () => {
   }, async () => {
     const ns = newNs();
     const brokerEnv = { ...env, COMPUTE_BACKEND: "sandbox0", ...envFor(ns) };
+    // An instance of its own: this test calls about two runs through one broker object.
+    const stub = env.SANDBOX_BROKER.get(env.SANDBOX_BROKER.newUniqueId());
     const broker = <T>(fn: (b: SandboxBroker) => Promise<T>) =>
-      runInDurableObject(brokerStub(env), (_instance, state) => fn(new SandboxBroker(state, brokerEnv)));
+      runInDurableObject(stub, (_instance, state) => fn(new SandboxBroker(state, brokerEnv)));
 
     const tenant = await newTenant();
     const vaultCanary = `vault-canary-${crypto.randomUUID()}`;
