@@ -1,5 +1,5 @@
 import { defineConfig } from "vitest/config";
-import "./test/setup/receiver-ca";
+import "./test/setup/receiver-ca.ts";
 
 // The test plugin is imported only now, after test/setup/receiver-ca made the notification
 // receiver's CA and named it in NODE_EXTRA_CA_CERTS: Miniflare reads that variable once, when it

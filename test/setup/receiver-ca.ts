@@ -1,7 +1,7 @@
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createTestCa } from "../../scripts/lib/test-ca";
+import { createTestCa } from "../../scripts/lib/test-ca.ts";
 
 // Imported by vitest.config.ts before it loads the test plugin, for its side effect: a throwaway
 // CA and a certificate for 127.0.0.1, for the suite's notification receiver
