@@ -21,7 +21,7 @@ import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
 import { checkLaunchable, type RunSpec, storedSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
-import { previewPolicy } from "../vault/service";
+import { previewPolicy } from "../vault/policy";
 import {
   type EnvironmentAnswer,
   type MachinePorts,

@@ -20,7 +20,7 @@ import {
 } from "../runs/service";
 import { BENCHMARKS, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
-import { allowHosts } from "../vault/service";
+import { allowHosts } from "../vault/hosts";
 import type { PageEnv } from "./context";
 import { Flash, flashQuery, Layout, PostForm, readFlash, When } from "./layout";
 import { MODEL_CALLS_SHOWN } from "./model-card";

@@ -3,7 +3,7 @@ import type { HostAction } from "../contract/policy";
 import type { Result } from "../errors";
 import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../runs/blocked-hosts";
 import type { Page } from "../runs/service";
-import * as vault from "../vault/service";
+import { allowHosts } from "../vault/hosts";
 import type { PageEnv } from "./context";
 import { PostForm } from "./layout";
 import { act, back, type Ctx, form, PAGE, refused, text, who } from "./vault-forms";
@@ -191,7 +191,7 @@ export const vaultBlockedRoutes = new Hono<PageEnv>().post(`${PAGE}/blocked-host
     if (!host) return back(c, { error: "Which host? The form named none." }, "blocked", keep);
     if (host.length > 300)
       return back(c, { error: "A host name is at most 300 characters." }, "blocked", keep);
-    const done = await vault.allowHosts(c.var.db, who(c), [host]);
+    const done = await allowHosts(c.var.db, who(c), [host]);
     if (!done.ok) return refused(c, done.error, "blocked", keep);
     const name = done.value.entries[0]?.pattern ?? host;
     const ok =

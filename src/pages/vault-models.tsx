@@ -1,8 +1,8 @@
 import { Hono } from "hono";
 import { ModelProvider } from "../contract/policy";
 import { ModelName } from "../routes/vault-models";
-import { PROVIDERS } from "../vault/model-providers";
 import * as models from "../vault/models";
+import { PROVIDERS } from "../vault/models";
 import type { PageEnv } from "./context";
 import { PostForm } from "./layout";
 import { act, answer, back, type Ctx, form, PAGE, text, who } from "./vault-forms";

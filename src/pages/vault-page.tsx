@@ -17,8 +17,36 @@ import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 import { blockedPerDay, listBlockedHosts } from "../runs/blocked-hosts";
 import { listRuns } from "../runs/service";
 import { dryRun, type HostOutcome } from "../vault/dry-run";
+import {
+  addStarterPack,
+  deleteHost,
+  getHost,
+  type HostEntry,
+  listHosts,
+  putHost,
+  updateHost,
+} from "../vault/hosts";
 import { listModels } from "../vault/models";
-import * as vault from "../vault/service";
+import { previewPolicy } from "../vault/policy";
+import {
+  createRule,
+  deleteRule,
+  getRule,
+  listRules,
+  type RuleInfo,
+  type RuleInput,
+  reorderRules,
+  updateRule,
+} from "../vault/rules";
+import {
+  createSecret,
+  deleteSecret,
+  getSecret,
+  listSecrets,
+  replaceSecret,
+  type SecretInfo,
+} from "../vault/secrets";
+import { setDefault } from "../vault/settings";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm, readFlash } from "./layout";
 import { BLOCKED_CHART_STYLE, BLOCKED_PAGE, BlockedSection, vaultBlockedRoutes } from "./vault-blocked";
@@ -88,7 +116,7 @@ function Section(props: { id: string; title: string; children?: Child }) {
 function SecretsSection(props: {
   c: Ctx;
   csrf: string;
-  secrets: vault.SecretInfo[];
+  secrets: SecretInfo[];
   usedBy: Map<string, number[]>;
 }) {
   const { c, csrf } = props;
@@ -351,7 +379,7 @@ const SCHEME_TEXT: Record<InjectScheme, string> = {
   query: "query parameter",
 };
 
-function RulesSection(props: { c: Ctx; csrf: string; rules: vault.RuleInfo[]; secrets: string[] }) {
+function RulesSection(props: { c: Ctx; csrf: string; rules: RuleInfo[]; secrets: string[] }) {
   const { c, csrf, rules } = props;
   const page = pageOf(c, rules, "rulesFrom");
   return (
@@ -450,7 +478,7 @@ function RulesSection(props: { c: Ctx; csrf: string; rules: vault.RuleInfo[]; se
 }
 
 /** A rule form's fields, checked as the API checks its body; the service checks the rest. */
-function ruleInput(f: Record<string, string>): Result<vault.RuleInput> {
+function ruleInput(f: Record<string, string>): Result<RuleInput> {
   const host = text(f, "host");
   const secret = text(f, "secret");
   const scheme = InjectScheme.safeParse(text(f, "scheme") ?? "bearer");
@@ -474,10 +502,7 @@ const ruleKeep = (f: Record<string, string>): Keep => ({
 
 async function ruleEditPage(c: Ctx): Promise<Response> {
   const id = c.req.param("id") ?? "";
-  const [rule, secrets] = await Promise.all([
-    vault.getRule(db(c), who(c), id),
-    vault.listSecrets(db(c), who(c)),
-  ]);
+  const [rule, secrets] = await Promise.all([getRule(db(c), who(c), id), listSecrets(db(c), who(c))]);
   const csrf = c.var.session.csrf;
   if (!rule.ok) {
     return c.html(
@@ -516,7 +541,7 @@ async function ruleEditPage(c: Ctx): Promise<Response> {
 
 // ---- host policy ----
 
-function HostsSection(props: { c: Ctx; csrf: string; hosts: vault.HostEntry[]; defaultAction: HostAction }) {
+function HostsSection(props: { c: Ctx; csrf: string; hosts: HostEntry[]; defaultAction: HostAction }) {
   const { c, csrf } = props;
   const page = pageOf(c, props.hosts, "hostsFrom");
   const other = (a: HostAction): HostAction => (a === "allow" ? "block" : "allow");
@@ -775,7 +800,7 @@ function DrySection(props: { c: Ctx; runs: string[] }) {
   );
 }
 
-function Outcome(props: { o: HostOutcome; rules: vault.RuleInfo[] }) {
+function Outcome(props: { o: HostOutcome; rules: RuleInfo[] }) {
   const { o } = props;
   if (o.action === "block") return <strong>block</strong>;
   const rule = o.rule === null ? null : props.rules[o.rule];
@@ -821,7 +846,7 @@ async function dryRunPage(c: Ctx): Promise<Response> {
         hosts: d.pattern && d.action ? { upsert: [{ pattern: d.pattern, action: d.action }] } : undefined,
       },
     }),
-    vault.listRules(db(c), who(c)),
+    listRules(db(c), who(c)),
   ]);
   if (!result.ok) return refused(c, result.error, "dry-run", draftKeep(get));
   const r = result.value;
@@ -918,11 +943,11 @@ async function dryRunPage(c: Ctx): Promise<Response> {
 async function vaultPage(c: Ctx): Promise<Response> {
   const p = who(c);
   const [secrets, rules, hosts, models, doc, blocked, perDay, recent] = await Promise.all([
-    vault.listSecrets(db(c), p),
-    vault.listRules(db(c), p),
-    vault.listHosts(db(c), p),
+    listSecrets(db(c), p),
+    listRules(db(c), p),
+    listHosts(db(c), p),
     listModels(db(c), p),
-    vault.previewPolicy(db(c), p, { egress: "direct" }),
+    previewPolicy(db(c), p, { egress: "direct" }),
     listBlockedHosts(db(c), p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined }),
     blockedPerDay(db(c), p, new Date()),
     listRuns(db(c), p, RECENT_RUNS, undefined),
@@ -974,7 +999,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       }
       const bad = valueProblem(value);
       if (bad) return back(c, { error: bad }, "secrets", { secretName: name });
-      const made = await vault.createSecret(db(c), c.var.config.keyRing, who(c), { name, value });
+      const made = await createSecret(db(c), c.var.config.keyRing, who(c), { name, value });
       return answer(c, made, (s) => `Added ${s.name} (${s.fingerprint}).`, "secrets", { secretName: name });
     }),
   )
@@ -983,7 +1008,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       const value = (await form(c)).value ?? "";
       const bad = valueProblem(value);
       if (bad) return back(c, { error: bad }, "secrets");
-      const done = await vault.replaceSecret(db(c), c.var.config.keyRing, who(c), c.req.param("id"), {
+      const done = await replaceSecret(db(c), c.var.config.keyRing, who(c), c.req.param("id"), {
         value,
       });
       return answer(c, done, (s) => `Replaced the value of ${s.name} (now ${s.fingerprint}).`, "secrets");
@@ -992,9 +1017,9 @@ export const vaultPageRoutes = new Hono<PageEnv>()
   .post(`${PAGE}/secrets/:id/delete`, (c) =>
     act(c, "secrets", async () => {
       const id = c.req.param("id");
-      const secret = await vault.getSecret(db(c), who(c), id);
+      const secret = await getSecret(db(c), who(c), id);
       if (!secret.ok) return refused(c, secret.error, "secrets");
-      const done = await vault.deleteSecret(db(c), who(c), id);
+      const done = await deleteSecret(db(c), who(c), id);
       return answer(c, done, () => `Deleted ${secret.value.name}.`, "secrets");
     }),
   )
@@ -1004,7 +1029,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       const f = await form(c);
       const input = ruleInput(f);
       if (!input.ok) return refused(c, input.error, "rules", ruleKeep(f));
-      const made = await vault.createRule(db(c), who(c), input.value);
+      const made = await createRule(db(c), who(c), input.value);
       return answer(
         c,
         made,
@@ -1022,7 +1047,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       const f = await form(c);
       const input = ruleInput(f);
       if (!input.ok) return refused(c, input.error, edit, ruleKeep(f));
-      const done = await vault.updateRule(db(c), who(c), id, input.value);
+      const done = await updateRule(db(c), who(c), id, input.value);
       // A rule that is not (or no longer) in this vault: back to the vault, not to its edit page.
       if (!done.ok && done.error.code === "not_found") return refused(c, done.error, "rules");
       return done.ok
@@ -1037,23 +1062,23 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       if (direction !== "up" && direction !== "down") {
         return back(c, { error: "Move a rule up or down." }, "rules");
       }
-      const rules = await vault.listRules(db(c), who(c));
+      const rules = await listRules(db(c), who(c));
       const ids = rules.map((r) => r.id);
       const at = ids.indexOf(id);
       if (at < 0) {
-        const missing = await vault.getRule(db(c), who(c), id);
+        const missing = await getRule(db(c), who(c), id);
         return missing.ok ? back(c, {}, "rules") : refused(c, missing.error, "rules");
       }
       const to = direction === "up" ? at - 1 : at + 1;
       if (to < 0 || to >= ids.length) return back(c, { ok: `Rule #${at + 1} stays where it is.` }, "rules");
       [ids[at], ids[to]] = [ids[to] ?? id, id];
-      const done = await vault.reorderRules(db(c), who(c), ids);
+      const done = await reorderRules(db(c), who(c), ids);
       return answer(c, done, () => `Moved rule #${at + 1} to #${to + 1}.`, "rules");
     }),
   )
   .post(`${PAGE}/rules/:id/delete`, (c) =>
     act(c, "rules", async () => {
-      const done = await vault.deleteRule(db(c), who(c), c.req.param("id"));
+      const done = await deleteRule(db(c), who(c), c.req.param("id"));
       return answer(c, done, () => "Deleted the rule.", "rules");
     }),
   )
@@ -1070,7 +1095,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
         return back(c, { error: "A host pattern is at most 300 characters." }, "hosts");
       if (!action) return back(c, { error: "Pick allow or block." }, "hosts", keep);
       if (via === undefined) return back(c, { error: "Pick tunnel, direct or no route." }, "hosts", keep);
-      const done = await vault.putHost(db(c), who(c), { pattern, action, via });
+      const done = await putHost(db(c), who(c), { pattern, action, via });
       return answer(
         c,
         done,
@@ -1088,7 +1113,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       if (f.via !== undefined) {
         const via = hostVia(f.via);
         if (via === undefined) return back(c, { error: "Pick tunnel, direct or no route." }, "hosts");
-        const done = await vault.updateHost(db(c), who(c), c.req.param("id"), { via });
+        const done = await updateHost(db(c), who(c), c.req.param("id"), { via });
         return answer(
           c,
           done,
@@ -1101,16 +1126,16 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       }
       const action = hostAction(f.action);
       if (!action) return back(c, { error: "Pick allow or block." }, "hosts");
-      const done = await vault.updateHost(db(c), who(c), c.req.param("id"), { action });
+      const done = await updateHost(db(c), who(c), c.req.param("id"), { action });
       return answer(c, done, (h) => `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}.`, "hosts");
     }),
   )
   .post(`${PAGE}/hosts/:id/delete`, (c) =>
     act(c, "hosts", async () => {
       const id = c.req.param("id");
-      const entry = await vault.getHost(db(c), who(c), id);
+      const entry = await getHost(db(c), who(c), id);
       if (!entry.ok) return refused(c, entry.error, "hosts");
-      const done = await vault.deleteHost(db(c), who(c), id);
+      const done = await deleteHost(db(c), who(c), id);
       return answer(c, done, () => `Deleted the entry for ${entry.value.pattern}.`, "hosts");
     }),
   )
@@ -1118,7 +1143,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
     act(c, "hosts", async () => {
       const action = hostAction((await form(c)).default);
       if (!action) return back(c, { error: "Pick allow or block as the default." }, "hosts");
-      const done = await vault.setDefault(db(c), who(c), action);
+      const done = await setDefault(db(c), who(c), action);
       return answer(
         c,
         done,
@@ -1132,7 +1157,7 @@ export const vaultPageRoutes = new Hono<PageEnv>()
   )
   .post(`${PAGE}/starter-pack`, (c) =>
     act(c, "hosts", async () => {
-      const done = await vault.addStarterPack(db(c), who(c));
+      const done = await addStarterPack(db(c), who(c));
       return answer(
         c,
         done,
@@ -1158,12 +1183,12 @@ export const vaultPageRoutes = new Hono<PageEnv>()
       // Two vault changes when the draft has both; the entry first, so a refused entry saves nothing.
       const saved: string[] = [];
       if (pattern && action) {
-        const entry = await vault.putHost(db(c), who(c), { pattern, action });
+        const entry = await putHost(db(c), who(c), { pattern, action });
         if (!entry.ok) return refused(c, entry.error, "hosts", { hostPattern: pattern, hostAction: action });
         saved.push(`${entry.value.action === "allow" ? "allowed" : "blocked"} ${entry.value.pattern}`);
       }
       if (def) {
-        const settings = await vault.setDefault(db(c), who(c), def);
+        const settings = await setDefault(db(c), who(c), def);
         if (!settings.ok) {
           const done = saved.length > 0 ? ` (saved: ${saved.join("; ")})` : "";
           return back(c, { error: `${settings.error.detail}${done}` }, "routing");
