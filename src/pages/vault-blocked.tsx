@@ -1,7 +1,7 @@
 import { Hono } from "hono";
 import type { HostAction } from "../contract/policy";
 import type { Result } from "../errors";
-import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../runs/blocked-hosts";
+import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../runs/audit-log";
 import type { Page } from "../runs/service";
 import { allowHosts } from "../vault/hosts";
 import type { PageEnv } from "./context";

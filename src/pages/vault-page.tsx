@@ -14,7 +14,7 @@ import { fail, ok, type Result } from "../errors";
 import { buildPolicyIndex } from "../policy/compile";
 import { isCanonicalIp } from "../policy/host";
 import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
-import { blockedPerDay, listBlockedHosts } from "../runs/blocked-hosts";
+import { blockedPerDay, listBlockedHosts } from "../runs/audit-log";
 import { listRuns } from "../runs/service";
 import { dryRun, type HostOutcome } from "../vault/dry-run";
 import {
