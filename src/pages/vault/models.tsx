@@ -1,11 +1,11 @@
 import { Hono } from "hono";
-import { ModelProvider } from "../contract/policy";
-import { ModelName } from "../routes/vault-models";
-import * as models from "../vault/models";
-import { PROVIDERS } from "../vault/models";
-import type { PageEnv } from "./context";
-import { PostForm } from "./layout";
-import { act, answer, back, type Ctx, form, PAGE, text, who } from "./vault-forms";
+import { ModelProvider } from "../../contract/policy";
+import { ModelName } from "../../routes/vault-models";
+import * as models from "../../vault/models";
+import { PROVIDERS } from "../../vault/models";
+import type { PageEnv } from "../context";
+import { PostForm } from "../layout";
+import { act, answer, ButtonForm, back, type Ctx, form, PAGE, Section, Table, text, who } from "./forms";
 
 // The vault page's models section: the models a run may declare, added and deleted with the same
 // service calls as POST/DELETE /v1/vault/models. A model names its secret; the secret's value is
@@ -26,8 +26,7 @@ export function ModelsSection(props: {
   const { c, csrf, models } = props;
   const kept = (k: string) => c.req.query(k) ?? "";
   return (
-    <section id="models">
-      <h2>Models</h2>
+    <Section id="models" title="Models">
       <p class="muted">
         A model a run may declare (<code>model</code> in the run spec). The run's proxy serves it to the run's
         commands in OpenAI's and Anthropic's formats and calls the provider with the secret's value; the
@@ -37,49 +36,36 @@ export function ModelsSection(props: {
       {models.length === 0 ? (
         <p class="empty">No models yet.</p>
       ) : (
-        <table>
-          <colgroup>
-            <col class="c-name" />
-            <col class="c-name" />
-            <col />
-            <col class="c-name" />
-            <col class="c-name" />
-            <col class="c-btn" />
-          </colgroup>
-          <thead>
+        <Table
+          columns={[
+            ["Name", "c-name"],
+            ["Provider", "c-name"],
+            ["Base URL", ""],
+            ["Upstream model", "c-name"],
+            ["Secret", "c-name"],
+            ["Delete", "c-btn"],
+          ]}
+        >
+          {models.map((m) => (
             <tr>
-              <th>Name</th>
-              <th>Provider</th>
-              <th>Base URL</th>
-              <th>Upstream model</th>
-              <th>Secret</th>
-              <th>Delete</th>
+              <td>
+                <code>{m.name}</code>
+              </td>
+              <td>
+                {m.provider}
+                <div class="muted">{`key as ${PROVIDERS[m.provider].auth}`}</div>
+              </td>
+              <td class="mono">{m.baseUrl}</td>
+              <td class="mono">{m.upstreamModel}</td>
+              <td>
+                <code>{m.secret}</code>
+              </td>
+              <td>
+                <ButtonForm action={`${PAGE}/models/${m.id}/delete`} csrf={csrf} label="Delete" />
+              </td>
             </tr>
-          </thead>
-          <tbody>
-            {models.map((m) => (
-              <tr>
-                <td>
-                  <code>{m.name}</code>
-                </td>
-                <td>
-                  {m.provider}
-                  <div class="muted">{`key as ${PROVIDERS[m.provider].auth}`}</div>
-                </td>
-                <td class="mono">{m.baseUrl}</td>
-                <td class="mono">{m.upstreamModel}</td>
-                <td>
-                  <code>{m.secret}</code>
-                </td>
-                <td>
-                  <PostForm action={`${PAGE}/models/${m.id}/delete`} csrf={csrf}>
-                    <button type="submit">Delete</button>
-                  </PostForm>
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
+          ))}
+        </Table>
       )}
       <h3>Add a model</h3>
       {props.secrets.length === 0 ? (
@@ -132,11 +118,11 @@ export function ModelsSection(props: {
           <button type="submit">Add model</button>
         </PostForm>
       )}
-    </section>
+    </Section>
   );
 }
 
-export const vaultModelRoutes = new Hono<PageEnv>()
+export const modelsRoutes = new Hono<PageEnv>()
   .post(`${PAGE}/models`, (c) =>
     act(c, "models", async () => {
       const f = await form(c);
