@@ -5,20 +5,8 @@ import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../../runs/a
 import type { Page } from "../../runs/service";
 import { allowHosts } from "../../vault/hosts";
 import type { PageEnv } from "../context";
-import {
-  act,
-  ButtonForm,
-  back,
-  type Ctx,
-  form,
-  PAGE,
-  refused,
-  Section,
-  Table,
-  text,
-  when,
-  who,
-} from "./forms";
+import { act, back, type Ctx, form, PAGE, refused, text, who } from "./forms";
+import { ButtonForm, CodeCell, Section, Table, when } from "./section";
 
 // The vault page's "Recent blocked hosts": a chart of refusals per day (a server-rendered SVG:
 // the pages run no script and load nothing), the hosts across all runs of the environment, each
@@ -117,25 +105,15 @@ export function BlockedSection(props: {
         <p class="error">
           {page.error.detail} <a href={`${PAGE}#blocked`}>Back to the first page</a>
         </p>
-      ) : page.value.items.length === 0 ? (
-        <p class="empty">{cursor ? "No more blocked hosts." : "No run has been refused a host yet."}</p>
       ) : (
         <Table
-          columns={[
-            ["Host", ""],
-            ["Seen", "c-num"],
-            ["First seen", "c-date"],
-            ["Last seen", "c-date"],
-            ["Refused by", "c-act"],
-            ["Runs", "c-form"],
-            ["Action", "c-btn"],
-          ]}
-        >
-          {page.value.items.map((h) => (
+          rows={page.value.items}
+          empty={cursor ? "No more blocked hosts." : "No run has been refused a host yet."}
+          head={["Host", "Seen", "First seen", "Last seen", "Refused by", "Runs", "Action"]}
+          widths={["", "c-num", "c-date", "c-date", "c-act", "c-form", "c-btn"]}
+          row={(h) => (
             <tr>
-              <td>
-                <code>{h.host}</code>
-              </td>
+              <CodeCell text={h.host} />
               <td>{h.seenCount}</td>
               <td>{when(h.firstSeen)}</td>
               <td>{when(h.lastSeen)}</td>
@@ -164,8 +142,8 @@ export function BlockedSection(props: {
                 )}
               </td>
             </tr>
-          ))}
-        </Table>
+          )}
+        />
       )}
       {cursor || (page.ok && page.value.nextCursor) ? (
         <p class="muted">

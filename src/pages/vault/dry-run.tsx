@@ -7,23 +7,10 @@ import { listRules, type RuleInfo } from "../../vault/rules";
 import { setDefault } from "../../vault/settings";
 import type { PageEnv } from "../context";
 import { Layout, PostForm } from "../layout";
-import {
-  act,
-  back,
-  type Ctx,
-  form,
-  type Keep,
-  keepQuery,
-  PAGE,
-  plural,
-  refused,
-  Section,
-  Table,
-  text,
-  who,
-} from "./forms";
+import { act, back, type Ctx, form, type Keep, keepQuery, PAGE, refused, text, who } from "./forms";
 import { hostAction } from "./hosts";
 import { CatchAllCosts, RoutingLine } from "./routing";
+import { CodeCell, plural, Section, Table } from "./section";
 
 // The vault page's dry run (src/vault/dry-run.ts): a draft host entry and/or default tried
 // against the hosts a run recorded, on a page of its own, then saved as it was tried or not.
@@ -220,33 +207,24 @@ async function dryRunPage(c: Ctx): Promise<Response> {
           {r.truncated ? ` Showing the first ${r.hosts.length}, changed ones first.` : ""} Only hosts the run
           tried are here; hosts it never reached cannot be replayed.
         </p>
-        {r.hosts.length === 0 ? (
-          <p class="empty">This run recorded no hosts: nothing to replay.</p>
-        ) : (
-          <Table
-            columns={[
-              ["Host", ""],
-              ["Now", "c-form"],
-              ["With the change", "c-form"],
-              ["Changed", "c-act"],
-            ]}
-          >
-            {r.hosts.map((h) => (
-              <tr>
-                <td>
-                  <code>{h.host}</code>
-                </td>
-                <td>
-                  <Outcome o={h.current} rules={rules} />
-                </td>
-                <td>
-                  <Outcome o={h.draft} rules={rules} />
-                </td>
-                <td>{h.changed ? <strong>changed</strong> : "—"}</td>
-              </tr>
-            ))}
-          </Table>
-        )}
+        <Table
+          rows={r.hosts}
+          empty="This run recorded no hosts: nothing to replay."
+          head={["Host", "Now", "With the change", "Changed"]}
+          widths={["", "c-form", "c-form", "c-act"]}
+          row={(h) => (
+            <tr>
+              <CodeCell text={h.host} />
+              <td>
+                <Outcome o={h.current} rules={rules} />
+              </td>
+              <td>
+                <Outcome o={h.draft} rules={rules} />
+              </td>
+              <td>{h.changed ? <strong>changed</strong> : "—"}</td>
+            </tr>
+          )}
+        />
       </Section>
       <PostForm action={`${PAGE}/dry-run/save`} csrf={csrf} class="fields">
         {d.pattern ? <input type="hidden" name="pattern" value={d.pattern} /> : null}

@@ -5,23 +5,8 @@ import { addStarterPack, deleteHost, getHost, type HostEntry, putHost, updateHos
 import { setDefault } from "../../vault/settings";
 import type { PageEnv } from "../context";
 import { PostForm } from "../layout";
-import {
-  act,
-  answer,
-  ButtonForm,
-  back,
-  type Ctx,
-  form,
-  PAGE,
-  Pager,
-  pageOf,
-  plural,
-  refused,
-  Section,
-  Table,
-  text,
-  who,
-} from "./forms";
+import { act, answer, back, type Ctx, form, PAGE, refused, text, who } from "./forms";
+import { ButtonForm, CodeCell, DeleteCell, Pager, pageOf, plural, Section, Table } from "./section";
 
 // The vault page's host policy: the default for hosts no entry names (a vault setting,
 // src/vault/settings.ts), the starter pack, and the host entries with their routes
@@ -53,52 +38,40 @@ export function HostsSection(props: { c: Ctx; csrf: string; hosts: HostEntry[]; 
           crates, Go, Maven, ...); entries you have are left as they are.
         </span>
       </div>
-      {page.total === 0 ? (
-        <p class="empty">No host entries: every host gets the default.</p>
-      ) : (
-        <Table
-          columns={[
-            ["Pattern", ""],
-            ["Action", "c-name"],
-            ["Route", "c-name"],
-            ["Change", "c-btn"],
-            ["Delete", "c-btn"],
-          ]}
-        >
-          {page.rows.map((h) => (
-            <tr>
-              <td>
-                <code>{h.pattern}</code>
-              </td>
-              <td>
-                {h.action}
-                {h.implicit ? <span class="muted"> (for a rule)</span> : null}
-              </td>
-              <td>
-                {h.action === "block" ? (
-                  <span class="muted">—</span>
-                ) : (
-                  <PostForm action={`${PAGE}/hosts/${h.id}`} csrf={csrf}>
-                    <ViaSelect selected={h.via} label={`Route of ${h.pattern}`} />{" "}
-                    <button type="submit">Set</button>
-                  </PostForm>
-                )}
-              </td>
-              <td>
-                <ButtonForm
-                  action={`${PAGE}/hosts/${h.id}`}
-                  csrf={csrf}
-                  label={other(h.action) === "allow" ? "Allow" : "Block"}
-                  hidden={{ action: other(h.action) }}
-                />
-              </td>
-              <td>
-                <ButtonForm action={`${PAGE}/hosts/${h.id}/delete`} csrf={csrf} label="Delete" />
-              </td>
-            </tr>
-          ))}
-        </Table>
-      )}
+      <Table
+        rows={page.rows}
+        empty="No host entries: every host gets the default."
+        head={["Pattern", "Action", "Route", "Change", "Delete"]}
+        widths={["", "c-name", "c-name", "c-btn", "c-btn"]}
+        row={(h) => (
+          <tr>
+            <CodeCell text={h.pattern} />
+            <td>
+              {h.action}
+              {h.implicit ? <span class="muted"> (for a rule)</span> : null}
+            </td>
+            <td>
+              {h.action === "block" ? (
+                <span class="muted">—</span>
+              ) : (
+                <PostForm action={`${PAGE}/hosts/${h.id}`} csrf={csrf}>
+                  <ViaSelect selected={h.via} label={`Route of ${h.pattern}`} />{" "}
+                  <button type="submit">Set</button>
+                </PostForm>
+              )}
+            </td>
+            <td>
+              <ButtonForm
+                action={`${PAGE}/hosts/${h.id}`}
+                csrf={csrf}
+                label={other(h.action) === "allow" ? "Allow" : "Block"}
+                hidden={{ action: other(h.action) }}
+              />
+            </td>
+            <DeleteCell action={`${PAGE}/hosts/${h.id}/delete`} csrf={csrf} />
+          </tr>
+        )}
+      />
       <Pager {...page} anchor="hosts" />
       <h3>Allow or block a host</h3>
       <PostForm action={`${PAGE}/hosts`} csrf={csrf} class="fields">

@@ -5,7 +5,8 @@ import * as models from "../../vault/models";
 import { PROVIDERS } from "../../vault/models";
 import type { PageEnv } from "../context";
 import { PostForm } from "../layout";
-import { act, answer, ButtonForm, back, type Ctx, form, PAGE, Section, Table, text, who } from "./forms";
+import { act, answer, back, type Ctx, form, PAGE, text, who } from "./forms";
+import { CodeCell, DeleteCell, Section, Table } from "./section";
 
 // The vault page's models section: the models a run may declare, added and deleted with the same
 // service calls as POST/DELETE /v1/vault/models. A model names its secret; the secret's value is
@@ -33,40 +34,25 @@ export function ModelsSection(props: {
         commands get placeholders only. The declared model stays outside host policy by design: it is what the
         run evaluates.
       </p>
-      {models.length === 0 ? (
-        <p class="empty">No models yet.</p>
-      ) : (
-        <Table
-          columns={[
-            ["Name", "c-name"],
-            ["Provider", "c-name"],
-            ["Base URL", ""],
-            ["Upstream model", "c-name"],
-            ["Secret", "c-name"],
-            ["Delete", "c-btn"],
-          ]}
-        >
-          {models.map((m) => (
-            <tr>
-              <td>
-                <code>{m.name}</code>
-              </td>
-              <td>
-                {m.provider}
-                <div class="muted">{`key as ${PROVIDERS[m.provider].auth}`}</div>
-              </td>
-              <td class="mono">{m.baseUrl}</td>
-              <td class="mono">{m.upstreamModel}</td>
-              <td>
-                <code>{m.secret}</code>
-              </td>
-              <td>
-                <ButtonForm action={`${PAGE}/models/${m.id}/delete`} csrf={csrf} label="Delete" />
-              </td>
-            </tr>
-          ))}
-        </Table>
-      )}
+      <Table
+        rows={models}
+        empty="No models yet."
+        head={["Name", "Provider", "Base URL", "Upstream model", "Secret", "Delete"]}
+        widths={["c-name", "c-name", "", "c-name", "c-name", "c-btn"]}
+        row={(m) => (
+          <tr>
+            <CodeCell text={m.name} />
+            <td>
+              {m.provider}
+              <div class="muted">{`key as ${PROVIDERS[m.provider].auth}`}</div>
+            </td>
+            <td class="mono">{m.baseUrl}</td>
+            <td class="mono">{m.upstreamModel}</td>
+            <CodeCell text={m.secret} />
+            <DeleteCell action={`${PAGE}/models/${m.id}/delete`} csrf={csrf} />
+          </tr>
+        )}
+      />
       <h3>Add a model</h3>
       {props.secrets.length === 0 ? (
         <p class="empty">Add the provider's key as a secret first.</p>

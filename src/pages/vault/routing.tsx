@@ -1,6 +1,7 @@
 import type { PolicyDocument, PolicyRouting, RoutingReason } from "../../contract/policy";
 import { isCanonicalIp } from "../../policy/host";
-import { ButtonForm, PAGE, Section } from "./forms";
+import { PAGE } from "./forms";
+import { ButtonForm, Section } from "./section";
 
 // The vault page's routing mode: what a run started now gets (the compiled policy,
 // src/vault/policy.ts), why, and what catch-all routing costs (also said by the dry run).

@@ -15,23 +15,8 @@ import {
 import { listSecrets } from "../../vault/secrets";
 import type { PageEnv } from "../context";
 import { Flash, Layout, PostForm, readFlash } from "../layout";
-import {
-  act,
-  answer,
-  ButtonForm,
-  back,
-  type Ctx,
-  form,
-  type Keep,
-  PAGE,
-  Pager,
-  pageOf,
-  refused,
-  Section,
-  Table,
-  text,
-  who,
-} from "./forms";
+import { act, answer, back, type Ctx, form, type Keep, PAGE, refused, text, who } from "./forms";
+import { ButtonForm, CodeCell, DeleteCell, Pager, pageOf, Section, Table } from "./section";
 
 // The vault page's rules, in order (src/vault/rules.ts): added, edited on a page of their own,
 // moved up or down and deleted. A refused form keeps its fields.
@@ -104,65 +89,49 @@ export function RulesSection(props: { c: Ctx; csrf: string; rules: RuleInfo[]; s
         For a request to a host, the first rule whose host matches injects its secret. A rule's host is
         allowed for as long as the rule exists.
       </p>
-      {page.total === 0 ? (
-        <p class="empty">No rules yet: no credential is injected anywhere.</p>
-      ) : (
-        <Table
-          columns={[
-            ["#", "c-num"],
-            ["Host", ""],
-            ["Secret", "c-name"],
-            ["Inject", "c-name"],
-            ["Order", "c-btn"],
-            ["Edit", "c-act"],
-            ["Delete", "c-act"],
-          ]}
-        >
-          {page.rows.map((r, i) => {
-            const at = page.from + i;
-            return (
-              <tr>
-                <td>{at + 1}</td>
-                <td>
-                  <code>{r.host}</code>
-                </td>
-                <td>
-                  <code>{r.secret}</code>
-                </td>
-                <td>{injectText(r.inject)}</td>
-                <td>
-                  {at > 0 ? (
-                    <ButtonForm
-                      action={`${PAGE}/rules/${r.id}/move`}
-                      csrf={csrf}
-                      label="Up"
-                      hidden={{ direction: "up" }}
-                      title="Move up"
-                      inline
-                    />
-                  ) : null}{" "}
-                  {at < rules.length - 1 ? (
-                    <ButtonForm
-                      action={`${PAGE}/rules/${r.id}/move`}
-                      csrf={csrf}
-                      label="Down"
-                      hidden={{ direction: "down" }}
-                      title="Move down"
-                      inline
-                    />
-                  ) : null}
-                </td>
-                <td>
-                  <a href={`${PAGE}/rules/${r.id}/edit`}>Edit</a>
-                </td>
-                <td>
-                  <ButtonForm action={`${PAGE}/rules/${r.id}/delete`} csrf={csrf} label="Delete" />
-                </td>
-              </tr>
-            );
-          })}
-        </Table>
-      )}
+      <Table
+        rows={page.rows}
+        empty="No rules yet: no credential is injected anywhere."
+        head={["#", "Host", "Secret", "Inject", "Order", "Edit", "Delete"]}
+        widths={["c-num", "", "c-name", "c-name", "c-btn", "c-act", "c-act"]}
+        row={(r, i) => {
+          const at = page.from + i;
+          return (
+            <tr>
+              <td>{at + 1}</td>
+              <CodeCell text={r.host} />
+              <CodeCell text={r.secret} />
+              <td>{injectText(r.inject)}</td>
+              <td>
+                {at > 0 ? (
+                  <ButtonForm
+                    action={`${PAGE}/rules/${r.id}/move`}
+                    csrf={csrf}
+                    label="Up"
+                    hidden={{ direction: "up" }}
+                    title="Move up"
+                    inline
+                  />
+                ) : null}{" "}
+                {at < rules.length - 1 ? (
+                  <ButtonForm
+                    action={`${PAGE}/rules/${r.id}/move`}
+                    csrf={csrf}
+                    label="Down"
+                    hidden={{ direction: "down" }}
+                    title="Move down"
+                    inline
+                  />
+                ) : null}
+              </td>
+              <td>
+                <a href={`${PAGE}/rules/${r.id}/edit`}>Edit</a>
+              </td>
+              <DeleteCell action={`${PAGE}/rules/${r.id}/delete`} csrf={csrf} />
+            </tr>
+          );
+        }}
+      />
       <Pager {...page} anchor="rules" />
       <h3>Add a rule</h3>
       {props.secrets.length === 0 ? (

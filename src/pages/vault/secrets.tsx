@@ -3,23 +3,8 @@ import { SecretName } from "../../contract/proxy-wire";
 import { createSecret, deleteSecret, getSecret, replaceSecret, type SecretInfo } from "../../vault/secrets";
 import type { PageEnv } from "../context";
 import { PostForm } from "../layout";
-import {
-  act,
-  answer,
-  ButtonForm,
-  back,
-  type Ctx,
-  form,
-  PAGE,
-  Pager,
-  pageOf,
-  refused,
-  Section,
-  Table,
-  text,
-  when,
-  who,
-} from "./forms";
+import { act, answer, back, type Ctx, form, PAGE, refused, text, who } from "./forms";
+import { CodeCell, DeleteCell, Pager, pageOf, Section, Table, when } from "./section";
 
 // The vault page's secrets: names and fingerprints, never a value. A value is only ever read
 // from a password field and handed to the service (src/vault/secrets.ts): it is never put in a
@@ -42,53 +27,41 @@ export function SecretsSection(props: {
         Values are write-only: they are encrypted in the vault and reach only a run's proxy. This page shows
         each secret's name and fingerprint, never its value.
       </p>
-      {page.total === 0 ? (
-        <p class="empty">No secrets yet. Add one below, then a rule that injects it.</p>
-      ) : (
-        <Table
-          columns={[
-            ["Name", "c-name"],
-            ["Fingerprint", ""],
-            ["Updated", "c-date"],
-            ["Replace value", "c-form"],
-            ["Delete", "c-btn"],
-          ]}
-        >
-          {page.rows.map((s) => {
-            const used = props.usedBy.get(s.name) ?? [];
-            return (
-              <tr>
-                <td>
-                  <code>{s.name}</code>
-                  {used.length > 0 ? (
-                    <div class="muted">{`used by rule ${used.map((n) => `#${n}`).join(", ")}`}</div>
-                  ) : null}
-                </td>
-                <td>
-                  <code>{s.fingerprint}</code>
-                </td>
-                <td>{when(s.updatedAt)}</td>
-                <td>
-                  <PostForm action={`${PAGE}/secrets/${s.id}/replace`} csrf={csrf}>
-                    <input
-                      type="password"
-                      name="value"
-                      autocomplete="new-password"
-                      required
-                      aria-label={`New value for ${s.name}`}
-                      size={16}
-                    />{" "}
-                    <button type="submit">Replace</button>
-                  </PostForm>
-                </td>
-                <td>
-                  <ButtonForm action={`${PAGE}/secrets/${s.id}/delete`} csrf={csrf} label="Delete" />
-                </td>
-              </tr>
-            );
-          })}
-        </Table>
-      )}
+      <Table
+        rows={page.rows}
+        empty="No secrets yet. Add one below, then a rule that injects it."
+        head={["Name", "Fingerprint", "Updated", "Replace value", "Delete"]}
+        widths={["c-name", "", "c-date", "c-form", "c-btn"]}
+        row={(s) => {
+          const used = props.usedBy.get(s.name) ?? [];
+          return (
+            <tr>
+              <td>
+                <code>{s.name}</code>
+                {used.length > 0 ? (
+                  <div class="muted">{`used by rule ${used.map((n) => `#${n}`).join(", ")}`}</div>
+                ) : null}
+              </td>
+              <CodeCell text={s.fingerprint} />
+              <td>{when(s.updatedAt)}</td>
+              <td>
+                <PostForm action={`${PAGE}/secrets/${s.id}/replace`} csrf={csrf}>
+                  <input
+                    type="password"
+                    name="value"
+                    autocomplete="new-password"
+                    required
+                    aria-label={`New value for ${s.name}`}
+                    size={16}
+                  />{" "}
+                  <button type="submit">Replace</button>
+                </PostForm>
+              </td>
+              <DeleteCell action={`${PAGE}/secrets/${s.id}/delete`} csrf={csrf} />
+            </tr>
+          );
+        }}
+      />
       <Pager {...page} anchor="secrets" />
       <h3>Add a secret</h3>
       <PostForm action={`${PAGE}/secrets`} csrf={csrf} class="fields">
