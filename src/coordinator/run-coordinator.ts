@@ -23,7 +23,7 @@ import * as runsService from "../runs/service";
 import { checkLaunchable, type RunSpec, storedSpec } from "../runs/spec";
 import type { Transition } from "../runs/types";
 import { relayStub } from "../tunnel/relay";
-import { previewPolicy } from "../vault/service";
+import { previewPolicy } from "../vault/policy";
 import {
   type EnvironmentAnswer,
   type MachinePorts,

@@ -3,7 +3,7 @@ import { API_KEY_SCOPES, type ApiKeyScope } from "../auth/scope";
 import * as keys from "../keys/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm, readFlash, When } from "./layout";
-import { act, answer, back, type Ctx, form, refused, text, who } from "./vault-forms";
+import { act, answer, back, type Ctx, form, refused, text, who } from "./vault/forms";
 
 // The keys page (case K3): the environment's API keys, a form to make one, a button to revoke
 // each. A new key is shown on the answer to its form and nowhere else: not in a redirect (a URL

@@ -17,7 +17,7 @@ import { keysPageRoutes } from "./keys-page";
 import { Layout } from "./layout";
 import { runPageRoutes } from "./run-pages";
 import { sameOriginForms } from "./same-origin";
-import { vaultPageRoutes } from "./vault-page";
+import { vaultPageRoutes } from "./vault/page";
 
 // The pages a user reads the boundary through: log in with an API key (a session cookie), the
 // vault page and the run pages. Server-rendered; forms post back and redirect (no script). Every

@@ -1,8 +1,8 @@
 import type { Child } from "hono/jsx";
 import { WiringProof } from "../contract/wiring";
-import type { blockedHostLog, egressRouteLog } from "../db/schema";
 import type { Result } from "../errors";
 import type { ArtifactRow } from "../runs/artifacts";
+import type { BlockedRow, RouteRow } from "../runs/audit-log";
 import type { BugReport } from "../runs/bug-reports";
 import type { ModelCall, ModelUse } from "../runs/model-calls";
 import {
@@ -29,8 +29,6 @@ import { Trace } from "./run-trace";
 // values never reach the run's rows) and never an unescaped string (JSX escapes every value).
 
 export type SandboxRow = Awaited<ReturnType<typeof runSandboxes>>[number];
-type BlockedRow = typeof blockedHostLog.$inferSelect;
-type RouteRow = typeof egressRouteLog.$inferSelect;
 
 export interface RunView {
   run: RunRow;

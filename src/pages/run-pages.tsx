@@ -3,8 +3,8 @@ import { type Context, Hono } from "hono";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { ApiError } from "../errors";
 import { agentCommand, publicUrl } from "../routes/egress-agent";
-import { listBlockedHosts, listEgressRoutes } from "../routes/run-audit";
 import { artifactDownload, listArtifacts } from "../runs/artifacts";
+import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
 import { listModelCalls, runModelUse } from "../runs/model-calls";
@@ -20,7 +20,7 @@ import {
 } from "../runs/service";
 import { BENCHMARKS, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
-import { allowHosts } from "../vault/service";
+import { allowHosts } from "../vault/hosts";
 import type { PageEnv } from "./context";
 import { Flash, flashQuery, Layout, PostForm, readFlash, When } from "./layout";
 import { MODEL_CALLS_SHOWN } from "./model-card";
@@ -172,7 +172,7 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
   const [trace, sandboxes, blocked, routes, reports, model, modelCalls, artifacts] = await Promise.all([
     runTrace(db, run.id),
     runSandboxes(db, run.id),
-    listBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
+    listRunBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
     listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
     listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
     runModelUse(db, p, run.id),

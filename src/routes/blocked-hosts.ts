@@ -1,7 +1,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
 import { jsonOk, newRouter, problems } from "../router";
-import { listBlockedHosts, MAX_LIMIT, RUNS_PER_HOST } from "../runs/blocked-hosts";
+import { listBlockedHosts, MAX_LIMIT, RUNS_PER_HOST } from "../runs/audit-log";
 
 // Blocked hosts across the caller's environment (every run of it), most recently seen first.
 // Hosts and counts only, as the proxies reported them.

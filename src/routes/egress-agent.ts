@@ -10,7 +10,7 @@ import { type EgressRun, findRunByEgressToken, issueEgressToken } from "../runs/
 import * as runs from "../runs/service";
 import { storedSpec } from "../runs/spec";
 import { ROLE_HEADER, RUN_HEADER, relayStub, type TunnelRole } from "../tunnel/relay";
-import { previewPolicy } from "../vault/service";
+import { previewPolicy } from "../vault/policy";
 
 // The egress tunnel's doors (src/contract/tunnel.ts):
 // - POST /v1/runs/{id}/egress-agent-token (API key): a fresh token for the user's agent, shown once;

@@ -1,14 +1,9 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import { and, asc, desc, eq, gt, lt, or } from "drizzle-orm";
-import type { Principal } from "../context";
 import { MODEL_ENDPOINTS } from "../contract/model-lane";
-import { blockedHostLog, egressRouteLog } from "../db/schema";
-import type { Db } from "../db/types";
-import { ok, type Result, unwrap } from "../errors";
+import { unwrap } from "../errors";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
-import { badCursor, decodeCursor, encodeCursor } from "../runs/cursor";
+import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
 import { listModelCalls, MINUTES_SHOWN, runModelUse } from "../runs/model-calls";
-import { ownRun, type Page } from "../runs/service";
 
 // A run's audit, as its proxy reported it: hosts refused (with counts), the route each host
 // was reached by, and the model lane's calls (model, provider, status, tokens). Paths, queries,
@@ -124,106 +119,6 @@ const NextCursor = z
   .nullable()
   .openapi({ description: "Cursor of the next page; null on the last" });
 
-// ---- service ----
-
-type BlockedRow = typeof blockedHostLog.$inferSelect;
-type RouteRow = typeof egressRouteLog.$inferSelect;
-
-/** Keyset position: the last item's (lastSeen, host[, route]); newest first, then by name. */
-interface Position {
-  lastSeen: Date;
-  host: string;
-  route?: RouteRow["route"] | undefined;
-}
-
-// Timestamps are written from JS Dates only (milliseconds), so an ISO string keeps them exactly.
-const CursorShape = z.union([
-  z.tuple([z.iso.datetime(), z.string().max(1024)]),
-  z.tuple([z.iso.datetime(), z.string().max(1024), z.enum(["direct", "tunnel", "refused"])]),
-]);
-
-const encodePosition = (p: Position) =>
-  encodeCursor([p.lastSeen.toISOString(), p.host, ...(p.route ? [p.route] : [])]);
-
-function decodePosition(cursor: string, withRoute: boolean): Position | null {
-  const parsed = decodeCursor(cursor, CursorShape);
-  if (!parsed || parsed.length !== (withRoute ? 3 : 2)) return null;
-  const [at, host, route] = parsed;
-  return { lastSeen: new Date(at), host, route };
-}
-
-export async function listBlockedHosts(
-  db: Db,
-  p: Principal,
-  runId: string,
-  limit: number,
-  cursor: string | undefined,
-): Promise<Result<Page<BlockedRow>>> {
-  const run = await ownRun(db, p, runId);
-  if (!run.ok) return run;
-  const at = cursor === undefined ? null : decodePosition(cursor, false);
-  if (cursor !== undefined && !at) return badCursor();
-  const rows = await db
-    .select()
-    .from(blockedHostLog)
-    .where(
-      and(
-        eq(blockedHostLog.runId, run.value),
-        eq(blockedHostLog.environmentId, p.environmentId),
-        at
-          ? or(
-              lt(blockedHostLog.lastSeen, at.lastSeen),
-              and(eq(blockedHostLog.lastSeen, at.lastSeen), gt(blockedHostLog.host, at.host)),
-            )
-          : undefined,
-      ),
-    )
-    .orderBy(desc(blockedHostLog.lastSeen), asc(blockedHostLog.host))
-    .limit(limit + 1);
-  const items = rows.slice(0, limit);
-  const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodePosition(last) : null });
-}
-
-export async function listEgressRoutes(
-  db: Db,
-  p: Principal,
-  runId: string,
-  limit: number,
-  cursor: string | undefined,
-): Promise<Result<Page<RouteRow>>> {
-  const run = await ownRun(db, p, runId);
-  if (!run.ok) return run;
-  const at = cursor === undefined ? null : decodePosition(cursor, true);
-  if (cursor !== undefined && !at) return badCursor();
-  const rows = await db
-    .select()
-    .from(egressRouteLog)
-    .where(
-      and(
-        eq(egressRouteLog.runId, run.value),
-        eq(egressRouteLog.environmentId, p.environmentId),
-        at?.route
-          ? or(
-              lt(egressRouteLog.lastSeen, at.lastSeen),
-              and(
-                eq(egressRouteLog.lastSeen, at.lastSeen),
-                or(
-                  gt(egressRouteLog.host, at.host),
-                  and(eq(egressRouteLog.host, at.host), gt(egressRouteLog.route, at.route)),
-                ),
-              ),
-            )
-          : undefined,
-      ),
-    )
-    .orderBy(desc(egressRouteLog.lastSeen), asc(egressRouteLog.host), asc(egressRouteLog.route))
-    .limit(limit + 1);
-  const items = rows.slice(0, limit);
-  const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodePosition(last) : null });
-}
-
 // ---- routes ----
 
 const tags = ["runs"];
@@ -246,7 +141,7 @@ export const runAuditRoutes = newRouter()
     async (c) => {
       const { limit, cursor } = c.req.valid("query");
       const page = unwrap(
-        await listBlockedHosts(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+        await listRunBlockedHosts(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
       );
       return c.json(
         {
@@ -335,20 +230,7 @@ export const runAuditRoutes = newRouter()
       return c.json(
         {
           model: use.model,
-          calls: page.items.map((r) => ({
-            callId: r.callId,
-            at: r.at.toISOString(),
-            model: r.model,
-            provider: r.provider,
-            endpoint: r.endpoint,
-            stream: r.stream,
-            status: r.status,
-            inputTokens: r.inputTokens,
-            outputTokens: r.outputTokens,
-            cachedInputTokens: r.cachedInputTokens,
-            refused: r.refused,
-            ms: r.ms,
-          })),
+          calls: page.items.map((r) => ({ ...r, at: r.at.toISOString() })),
           totals: use.totals,
           budget: use.budget,
           tokensPerMinute: use.perMinute.map((m) => ({ ...m, minute: m.minute.toISOString() })),

@@ -10,7 +10,7 @@ import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import { issueEgressToken } from "../runs/egress-token";
 import * as runs from "../runs/service";
 import { checkLinger, LingerSeconds, RunSpec, storedSpec } from "../runs/spec";
-import { previewPolicy } from "../vault/service";
+import { previewPolicy } from "../vault/policy";
 import { agentCommand, EgressAgentToken, publicUrl } from "./egress-agent";
 
 const Note = z

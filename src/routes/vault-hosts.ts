@@ -2,7 +2,8 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { EgressVia, HostAction } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import * as vault from "../vault/service";
+import * as vault from "../vault/hosts";
+import * as settings from "../vault/settings";
 
 // The contract's enum rebuilt with this module's z, which carries .openapi() whatever the order
 // in which modules were loaded.
@@ -206,7 +207,7 @@ export const hostsRoutes = newRouter()
       summary: "The default action for hosts no entry names, and the vault version",
       responses: { 200: jsonOk(Settings), ...problems(401) },
     }),
-    async (c) => c.json(await vault.getSettings(c.var.db, c.var.principal), 200),
+    async (c) => c.json(await settings.getSettings(c.var.db, c.var.principal), 200),
   )
   .openapi(
     createRoute({
@@ -219,5 +220,5 @@ export const hostsRoutes = newRouter()
       responses: { 200: jsonOk(Settings), ...problems(400, 401) },
     }),
     async (c) =>
-      c.json(unwrap(await vault.setDefault(c.var.db, c.var.principal, c.req.valid("json").default)), 200),
+      c.json(unwrap(await settings.setDefault(c.var.db, c.var.principal, c.req.valid("json").default)), 200),
   );

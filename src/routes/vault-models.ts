@@ -2,8 +2,8 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { ModelProvider } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import { PROVIDERS } from "../vault/model-providers";
 import * as models from "../vault/models";
+import { PROVIDERS } from "../vault/models";
 import { SecretName } from "./vault-secrets";
 
 // Models a run may declare (`model` in the run spec): the run's proxy serves them to the work

@@ -1,7 +1,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { PolicyDocument } from "../contract/policy";
 import { jsonOk, newRouter, problems } from "../router";
-import * as vault from "../vault/service";
+import * as vault from "../vault/policy";
 
 // The policy a run started now would get: routing mode and why, hosts-file entries, rules by
 // secret name. Secret values never appear; they reach only the run's proxy, on another channel.

@@ -2,7 +2,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { InjectScheme } from "../contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import * as vault from "../vault/service";
+import * as vault from "../vault/rules";
 import { SecretName } from "./vault-secrets";
 
 const Inject = z

@@ -2,7 +2,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { SecretName as ContractSecretName } from "../contract/proxy-wire";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
-import * as vault from "../vault/service";
+import * as vault from "../vault/secrets";
 
 // Secrets are write-only: no response schema here has a field that could carry a value.
 export const SecretName = ContractSecretName.openapi({ example: "OPENROUTER_API_KEY" });

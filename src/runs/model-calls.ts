@@ -1,4 +1,4 @@
-import { and, asc, desc, eq, gt, gte, lt, or, sql } from "drizzle-orm";
+import { and, asc, desc, eq, getTableColumns, gt, gte, lt, or, sql } from "drizzle-orm";
 import { z } from "zod";
 import type { Principal } from "../context";
 import { auditBatches, modelCallLog, runEvents, runs } from "../db/schema";
@@ -13,7 +13,10 @@ import { budgetOf, storedSpec } from "./spec";
 // and the spend against the run's modelBudget. Never a prompt or an output (none is recorded). Scoped by the caller's
 // environment: another tenant's run is 404, as no run at all.
 
-export type ModelCall = typeof modelCallLog.$inferSelect;
+// A call as it is read back: every column but the scoping ones, so a reader lists no fields.
+const { environmentId: _environmentId, runId: _runId, ...callColumns } = getTableColumns(modelCallLog);
+
+export type ModelCall = Omit<typeof modelCallLog.$inferSelect, "environmentId" | "runId">;
 
 export interface RunModel {
   /** The name the run declared (or, for a run without a launch record, the calls sent). */
@@ -214,7 +217,7 @@ export async function listModelCalls(
   const at = cursor === undefined ? null : decodeCursor(cursor, CursorShape);
   if (cursor !== undefined && !at) return badCursor();
   const rows = await db
-    .select()
+    .select(callColumns)
     .from(modelCallLog)
     .where(
       and(

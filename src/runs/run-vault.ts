@@ -5,7 +5,7 @@ import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { readPolicy } from "../vault/service";
+import { readPolicy } from "../vault/policy";
 import type { RunOwner } from "./proxy-credentials";
 import { budgetOf, storedSpec } from "./spec";
 

@@ -1,11 +1,13 @@
 import { eq, sql } from "drizzle-orm";
 import { vaultSettings } from "../db/schema";
 import type { Db, Tx } from "../db/types";
-import { type Failure, fail, type Result } from "../errors";
+import { type Failure, fail, ok, type Result } from "../errors";
+import { parseHostPattern } from "../policy/host";
 
-// One vault change, the way every writer of a vault makes it (service.ts, models.ts): the
-// version bumped first, which locks the vault's settings row, so writers of one vault are
-// serialised and a run's compile sees rows and version agree.
+// What every writer of a vault shares (secrets.ts, rules.ts, hosts.ts, models.ts, settings.ts):
+// one vault change, made the same way by all, the version bumped first, which locks the vault's
+// settings row, so writers of one vault are serialised and a run's compile sees rows and version
+// agree; and the not-found and host-pattern answers.
 
 class Abort extends Error {
   constructor(readonly failure: Failure) {
@@ -42,3 +44,11 @@ async function bumpVersion(tx: Tx, environmentId: string): Promise<void> {
 }
 
 export const notFound = (what: string, id: string) => fail("not_found", `No ${what} ${id} in this vault.`);
+
+/** A host pattern as the user wrote it, canonical, or invalid_host_pattern quoting it. */
+export function checkPattern(input: string, use: "host-entry" | "rule"): Result<string> {
+  const parsed = parseHostPattern(input, use);
+  return parsed.ok
+    ? ok(parsed.pattern)
+    : fail("invalid_host_pattern", `${JSON.stringify(input)}: ${parsed.message}`);
+}

@@ -14,7 +14,11 @@ import { fail, ok, type Result } from "../errors";
 import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "../policy/compile";
 import { parseHostPattern, patternCovers } from "../policy/host";
 import { storedSpec } from "../runs/spec";
-import { compileVault, getSettings, listHosts, listSecrets, previewPolicy, type RuleInput } from "./service";
+import { listHosts } from "./hosts";
+import { compileVault, previewPolicy } from "./policy";
+import type { RuleInput } from "./rules";
+import { listSecrets } from "./secrets";
+import { getSettings } from "./settings";
 
 // Dry run: replays the hosts a run reached or was refused (its egress_route_log and
 // blocked_host_log) against a draft vault and against the vault as it is now, with the code the

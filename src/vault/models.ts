@@ -7,11 +7,33 @@ import type { Db, Q, Tx } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { splitHostPort } from "../policy/host";
 import { change, notFound } from "./change";
-import { PROVIDERS } from "./model-providers";
+import { secretIdByName } from "./secrets";
 
 // Models a run may declare (the model lane), in the vault: one per name, each naming a provider
 // (PROVIDERS), its base URL and the secret it authenticates with (by name; the value stays in
 // vault_secrets). Every write is a vault change (change.ts), so a run's compile sees it whole.
+
+// The control plane's side of each model provider (the proxy's side, how a call authenticates
+// and which format it speaks, is proxy-image/src/model/providers.ts): where its API is when the
+// vault model names no base URL, and how to say to a person what the lane does with the key.
+// One row per provider, so a new provider is a row here and one there.
+
+export interface ProviderFacts {
+  /** The API base used when the model gives none; null: the model must give one. */
+  defaultBaseUrl: string | null;
+  /** How the lane sends the model's secret, for people (the vault page, the docs). */
+  auth: string;
+}
+
+export const PROVIDERS: Readonly<Record<ModelProvider, ProviderFacts>> = {
+  openai: { defaultBaseUrl: "https://api.openai.com/v1", auth: "Authorization: Bearer" },
+  // OpenRouter, vLLM, a gateway...: nothing to default to.
+  "openai-compatible": { defaultBaseUrl: null, auth: "Authorization: Bearer" },
+  anthropic: {
+    defaultBaseUrl: "https://api.anthropic.com/v1",
+    auth: "x-api-key, with anthropic-version",
+  },
+};
 
 export interface ModelInfo {
   id: string;
@@ -143,17 +165,14 @@ async function resolveModelInput(tx: Tx, p: Principal, input: ModelInput) {
   }
   const baseUrl = canonicalBaseUrl(given);
   if (!baseUrl.ok) return baseUrl;
-  const [secret] = await tx
-    .select({ id: vaultSecrets.id })
-    .from(vaultSecrets)
-    .where(and(eq(vaultSecrets.environmentId, p.environmentId), eq(vaultSecrets.name, input.secret)));
-  if (!secret) return fail("unknown_secret", `No secret named ${input.secret}; create it first.`);
+  const secretId = await secretIdByName(tx, p.environmentId, input.secret);
+  if (!secretId.ok) return secretId;
   return ok({
     name: input.name,
     provider: input.provider,
     baseUrl: baseUrl.value,
     upstreamModel: input.upstreamModel ?? input.name,
-    secretId: secret.id,
+    secretId: secretId.value,
   });
 }
 

@@ -5,7 +5,7 @@ import { call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { auditBatch, newRun, postBatch, type TestRun } from "./run-fixtures";
 
 // GET /v1/blocked-hosts: blocked hosts across every run of the caller's environment, one row per
-// host (src/runs/blocked-hosts.ts). The aggregation tests store their rows the honest way, as
+// host (src/runs/audit-log.ts). The aggregation tests store their rows the honest way, as
 // signed audit batches through the internal API with each run's own proxy token; the paging
 // tests insert rows straight into blocked_host_log for volume (130 hosts, 12 runs).
 

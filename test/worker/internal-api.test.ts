@@ -14,7 +14,10 @@ import { generateApiKey } from "../../src/crypto/api-keys";
 import { runEvents, runs, vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
 import { issueProxyCredentials, revokeProxyCredentials } from "../../src/runs/proxy-credentials";
-import * as vault from "../../src/vault/service";
+import { putHost } from "../../src/vault/hosts";
+import { createRule } from "../../src/vault/rules";
+import { createSecret } from "../../src/vault/secrets";
+import { getSettings } from "../../src/vault/settings";
 import { type ApiResponse, BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 import {
@@ -46,22 +49,22 @@ async function tenantWithVault() {
   const unused = newCanary("unused");
   await withDb(async (db) => {
     const p = principal(t);
-    unwrap(await vault.createSecret(db, ring(), p, { name: "API_KEY", value: used }));
-    unwrap(await vault.createSecret(db, ring(), p, { name: "SPARE_KEY", value: unused }));
+    unwrap(await createSecret(db, ring(), p, { name: "API_KEY", value: used }));
+    unwrap(await createSecret(db, ring(), p, { name: "SPARE_KEY", value: unused }));
     unwrap(
-      await vault.createRule(db, p, {
+      await createRule(db, p, {
         host: `api.${tag}.example`,
         secret: "API_KEY",
         inject: { scheme: "bearer" },
       }),
     );
-    unwrap(await vault.putHost(db, p, { pattern: `evil.${tag}.example`, action: "block" }));
+    unwrap(await putHost(db, p, { pattern: `evil.${tag}.example`, action: "block" }));
   });
   return { t, tag, used, unused };
 }
 
 async function vaultVersion(t: Tenant): Promise<number> {
-  return (await withDb((db) => vault.getSettings(db, principal(t)))).version;
+  return (await withDb((db) => getSettings(db, principal(t)))).version;
 }
 
 afterEach(() => {
@@ -103,7 +106,7 @@ describe("GET /internal/runs/{runId}/policy", { timeout: 60_000 }, () => {
       expect(same.headers.get("cache-control")).toBe("no-store");
     }
     await withDb(async (db) =>
-      unwrap(await vault.putHost(db, principal(t), { pattern: `*.blocked.${tag}.example`, action: "block" })),
+      unwrap(await putHost(db, principal(t), { pattern: `*.blocked.${tag}.example`, action: "block" })),
     );
     const changed = await run.proxy("GET", paths.policy(run), undefined, { "if-none-match": etag });
     expect(changed.status).toBe(200);

@@ -22,8 +22,11 @@ import * as notify from "../../src/notifications/service";
 import { storeArtifacts } from "../../src/runs/artifacts";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { RunSpec } from "../../src/runs/spec";
+import { listHosts, putHost } from "../../src/vault/hosts";
 import * as models from "../../src/vault/models";
-import * as vault from "../../src/vault/service";
+import { createRule, listRules } from "../../src/vault/rules";
+import { createSecret, listSecrets } from "../../src/vault/secrets";
+import { getSettings, setDefault } from "../../src/vault/settings";
 import * as hooks from "../../src/webhooks/service";
 import { collectArchive, file, tarGz, upload } from "./archives";
 import { type ApiResponse, BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
@@ -84,9 +87,9 @@ const principal = (t: Tenant) => ({ userId: t.userId, environmentId: t.environme
 async function idsOf(t: Tenant): Promise<Record<Resource, string[]>> {
   const p = principal(t);
   return withDb(async (db) => ({
-    secret: (await vault.listSecrets(db, p)).map((s) => s.id),
-    rule: (await vault.listRules(db, p)).map((r) => r.id),
-    host: (await vault.listHosts(db, p)).map((h) => h.id),
+    secret: (await listSecrets(db, p)).map((s) => s.id),
+    rule: (await listRules(db, p)).map((r) => r.id),
+    host: (await listHosts(db, p)).map((h) => h.id),
     model: (await models.listModels(db, p)).map((m) => m.id),
   }));
 }
@@ -103,30 +106,30 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
     for (const name of ["API_KEY", only]) {
       const value = newCanary(`${role}${name}`);
       values.push(value);
-      unwrap(await vault.createSecret(db, ring, p, { name, value }));
+      unwrap(await createSecret(db, ring, p, { name, value }));
     }
     unwrap(
-      await vault.createRule(db, p, {
+      await createRule(db, p, {
         host: `api.${tag}.example`,
         secret: "API_KEY",
         inject: { scheme: "bearer" },
       }),
     );
     unwrap(
-      await vault.createRule(db, p, {
+      await createRule(db, p, {
         host: `upload.${tag}.example`,
         secret: only,
         inject: { scheme: "raw", name: "X-Api-Key" },
         position: 0,
       }),
     );
-    unwrap(await vault.putHost(db, p, { pattern: `*.evil-${tag}.example`, action: "block" }));
-    unwrap(await vault.putHost(db, p, { pattern: `${role}-only.shared.example`, action: "allow" }));
-    unwrap(await vault.putHost(db, p, { pattern: `home.${tag}.example`, action: "allow", via: "tunnel" }));
+    unwrap(await putHost(db, p, { pattern: `*.evil-${tag}.example`, action: "block" }));
+    unwrap(await putHost(db, p, { pattern: `${role}-only.shared.example`, action: "allow" }));
+    unwrap(await putHost(db, p, { pattern: `home.${tag}.example`, action: "allow", via: "tunnel" }));
     // Models: a name both vaults have, and one only this vault has; the key is a canary too.
     const modelKey = newCanary(`${role}model`);
     values.push(modelKey);
-    unwrap(await vault.createSecret(db, ring, p, { name: "MODEL_KEY", value: modelKey }));
+    unwrap(await createSecret(db, ring, p, { name: "MODEL_KEY", value: modelKey }));
     for (const name of ["shared-model", `${role}-only-model`]) {
       unwrap(
         await models.createModel(db, p, {
@@ -137,7 +140,7 @@ async function fullVault(role: "a" | "b"): Promise<Vault> {
         }),
       );
     }
-    unwrap(await vault.setDefault(db, p, "block"));
+    unwrap(await setDefault(db, p, "block"));
   });
   const run = await runWithAudit(t, [`blocked.${tag}.example`, `other.${tag}.example`]);
   const hook = await withDb((db) =>
@@ -201,13 +204,11 @@ async function fresh(v: Vault, resource: Resource): Promise<string> {
   const ring = loadConfig(env).keyRing;
   return withDb(async (db) => {
     if (resource === "secret") {
-      return unwrap(await vault.createSecret(db, ring, p, { name: `FRESH_${n}`, value: newCanary("fresh") }))
-        .id;
+      return unwrap(await createSecret(db, ring, p, { name: `FRESH_${n}`, value: newCanary("fresh") })).id;
     }
     if (resource === "rule") {
       const host = `fresh${n}.${v.tag}.example`;
-      return unwrap(await vault.createRule(db, p, { host, secret: "API_KEY", inject: { scheme: "bearer" } }))
-        .id;
+      return unwrap(await createRule(db, p, { host, secret: "API_KEY", inject: { scheme: "bearer" } })).id;
     }
     if (resource === "model") {
       const baseUrl = `https://fresh${n}.${v.tag}.example/v1`;
@@ -220,7 +221,7 @@ async function fresh(v: Vault, resource: Resource): Promise<string> {
         }),
       ).id;
     }
-    return unwrap(await vault.putHost(db, p, { pattern: `fresh${n}.${v.tag}.example`, action: "allow" })).id;
+    return unwrap(await putHost(db, p, { pattern: `fresh${n}.${v.tag}.example`, action: "allow" })).id;
   });
 }
 
@@ -287,7 +288,7 @@ async function notificationRows(v: Vault) {
 }
 
 async function version(t: Tenant): Promise<number> {
-  return (await withDb((db) => vault.getSettings(db, principal(t)))).version;
+  return (await withDb((db) => getSettings(db, principal(t)))).version;
 }
 
 // ---- the table: one case per operation of the OpenAPI document ----

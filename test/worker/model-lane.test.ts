@@ -12,7 +12,8 @@ import { modelCallLog, runs, sandboxes, vaultSecrets } from "../../src/db/schema
 import { unwrap } from "../../src/errors";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import * as models from "../../src/vault/models";
-import * as vault from "../../src/vault/service";
+import { createRule } from "../../src/vault/rules";
+import { createSecret } from "../../src/vault/secrets";
 import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 import { auditBatch, driveToEnd, newRun, paths, postBatch } from "./run-fixtures";
@@ -34,11 +35,11 @@ async function tenantWithModel() {
   const spare = newCanary("spare");
   await withDb(async (db) => {
     const p = principal(t);
-    unwrap(await vault.createSecret(db, ring(), p, { name: "API_KEY", value: ruleKey }));
-    unwrap(await vault.createSecret(db, ring(), p, { name: "MODEL_KEY", value: modelKey }));
-    unwrap(await vault.createSecret(db, ring(), p, { name: "SPARE_KEY", value: spare }));
+    unwrap(await createSecret(db, ring(), p, { name: "API_KEY", value: ruleKey }));
+    unwrap(await createSecret(db, ring(), p, { name: "MODEL_KEY", value: modelKey }));
+    unwrap(await createSecret(db, ring(), p, { name: "SPARE_KEY", value: spare }));
     unwrap(
-      await vault.createRule(db, p, {
+      await createRule(db, p, {
         host: `api.${tag}.example`,
         secret: "API_KEY",
         inject: { scheme: "bearer" },
@@ -95,7 +96,7 @@ describe("the policy envelope of a run that declares a model", { timeout: 60_000
     const t = await newTenant();
     const key = newCanary("solo");
     await withDb(async (db) => {
-      unwrap(await vault.createSecret(db, ring(), principal(t), { name: "K", value: key }));
+      unwrap(await createSecret(db, ring(), principal(t), { name: "K", value: key }));
       unwrap(
         await models.createModel(db, principal(t), {
           name: "m",

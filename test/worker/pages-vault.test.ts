@@ -4,7 +4,7 @@ import { newTenant, type Tenant } from "./harness";
 import { findNeedles, leakNeedles, newCanary } from "./leaks";
 import { auditBatch, newRun, postBatch, runWithAudit } from "./run-fixtures";
 
-// The vault page (/manage/vault, src/pages/vault-page.tsx) through the real Worker and Postgres:
+// The vault page (/manage/vault, src/pages/vault/) through the real Worker and Postgres:
 // every form, the flash it answers with, case B5 (a secret's value never appears in any page,
 // redirect or flash) and C1 (one tenant's session never reads or changes another's vault).
 

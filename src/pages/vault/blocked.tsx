@@ -1,18 +1,17 @@
 import { Hono } from "hono";
-import type { HostAction } from "../contract/policy";
-import type { Result } from "../errors";
-import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../runs/blocked-hosts";
-import type { Page } from "../runs/service";
-import * as vault from "../vault/service";
-import type { PageEnv } from "./context";
-import { PostForm } from "./layout";
-import { act, back, type Ctx, form, PAGE, refused, text, who } from "./vault-forms";
+import type { HostAction } from "../../contract/policy";
+import type { Result } from "../../errors";
+import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../../runs/audit-log";
+import type { Page } from "../../runs/service";
+import { allowHosts } from "../../vault/hosts";
+import type { PageEnv } from "../context";
+import { act, back, type Ctx, form, PAGE, refused, text, who } from "./forms";
+import { ButtonForm, CodeCell, Section, Table, when } from "./section";
 
 // The vault page's "Recent blocked hosts": a chart of refusals per day (a server-rendered SVG:
 // the pages run no script and load nothing), the hosts across all runs of the environment, each
 // with "Allow this host", which posts here and adds an allow entry as POST /v1/vault/hosts would.
 
-const when = (d: Date) => `${d.toISOString().slice(0, 16).replace("T", " ")} UTC`;
 const n = (v: number) => v.toLocaleString("en-US");
 
 export const BLOCKED_CHART_STYLE = `
@@ -96,8 +95,7 @@ export function BlockedSection(props: {
   const { c, csrf, page } = props;
   const cursor = c.req.query("blockedCursor");
   return (
-    <section id="blocked">
-      <h2>Recent blocked hosts</h2>
+    <Section id="blocked" title="Recent blocked hosts">
       <p class="muted">
         Hosts your runs were refused, across all runs, most recently seen first. Hosts and counts only: paths,
         queries and bodies are never recorded.
@@ -107,66 +105,45 @@ export function BlockedSection(props: {
         <p class="error">
           {page.error.detail} <a href={`${PAGE}#blocked`}>Back to the first page</a>
         </p>
-      ) : page.value.items.length === 0 ? (
-        <p class="empty">{cursor ? "No more blocked hosts." : "No run has been refused a host yet."}</p>
       ) : (
-        <table>
-          <colgroup>
-            <col />
-            <col class="c-num" />
-            <col class="c-date" />
-            <col class="c-date" />
-            <col class="c-act" />
-            <col class="c-form" />
-            <col class="c-btn" />
-          </colgroup>
-          <thead>
+        <Table
+          rows={page.value.items}
+          empty={cursor ? "No more blocked hosts." : "No run has been refused a host yet."}
+          head={["Host", "Seen", "First seen", "Last seen", "Refused by", "Runs", "Action"]}
+          widths={["", "c-num", "c-date", "c-date", "c-act", "c-form", "c-btn"]}
+          row={(h) => (
             <tr>
-              <th>Host</th>
-              <th>Seen</th>
-              <th>First seen</th>
-              <th>Last seen</th>
-              <th>Refused by</th>
-              <th>Runs</th>
-              <th>Action</th>
+              <CodeCell text={h.host} />
+              <td>{h.seenCount}</td>
+              <td>{when(h.firstSeen)}</td>
+              <td>{when(h.lastSeen)}</td>
+              <td>{SOURCE_TEXT[h.source]}</td>
+              <td>
+                {h.runs.map((id, i) => (
+                  <>
+                    {i > 0 ? ", " : ""}
+                    <a href={`/runs/${encodeURIComponent(id)}`} class="mono">
+                      {id}
+                    </a>
+                  </>
+                ))}
+                {h.runCount > h.runs.length ? ` and ${h.runCount - h.runs.length} more` : ""}
+              </td>
+              <td>
+                {props.decide(h.host) === "allow" ? (
+                  <span class="muted">allowed now</span>
+                ) : (
+                  <ButtonForm
+                    action={`${PAGE}/blocked-hosts/allow`}
+                    csrf={csrf}
+                    label="Allow this host"
+                    hidden={{ host: h.host, blockedCursor: cursor }}
+                  />
+                )}
+              </td>
             </tr>
-          </thead>
-          <tbody>
-            {page.value.items.map((h) => (
-              <tr>
-                <td>
-                  <code>{h.host}</code>
-                </td>
-                <td>{h.seenCount}</td>
-                <td>{when(h.firstSeen)}</td>
-                <td>{when(h.lastSeen)}</td>
-                <td>{SOURCE_TEXT[h.source]}</td>
-                <td>
-                  {h.runs.map((id, i) => (
-                    <>
-                      {i > 0 ? ", " : ""}
-                      <a href={`/runs/${encodeURIComponent(id)}`} class="mono">
-                        {id}
-                      </a>
-                    </>
-                  ))}
-                  {h.runCount > h.runs.length ? ` and ${h.runCount - h.runs.length} more` : ""}
-                </td>
-                <td>
-                  {props.decide(h.host) === "allow" ? (
-                    <span class="muted">allowed now</span>
-                  ) : (
-                    <PostForm action={`${PAGE}/blocked-hosts/allow`} csrf={csrf}>
-                      <input type="hidden" name="host" value={h.host} />
-                      {cursor ? <input type="hidden" name="blockedCursor" value={cursor} /> : null}
-                      <button type="submit">Allow this host</button>
-                    </PostForm>
-                  )}
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
+          )}
+        />
       )}
       {cursor || (page.ok && page.value.nextCursor) ? (
         <p class="muted">
@@ -178,11 +155,11 @@ export function BlockedSection(props: {
           ) : null}
         </p>
       ) : null}
-    </section>
+    </Section>
   );
 }
 
-export const vaultBlockedRoutes = new Hono<PageEnv>().post(`${PAGE}/blocked-hosts/allow`, (c) =>
+export const blockedRoutes = new Hono<PageEnv>().post(`${PAGE}/blocked-hosts/allow`, (c) =>
   act(c, "blocked", async () => {
     const f = await form(c);
     const host = text(f, "host");
@@ -191,7 +168,7 @@ export const vaultBlockedRoutes = new Hono<PageEnv>().post(`${PAGE}/blocked-host
     if (!host) return back(c, { error: "Which host? The form named none." }, "blocked", keep);
     if (host.length > 300)
       return back(c, { error: "A host name is at most 300 characters." }, "blocked", keep);
-    const done = await vault.allowHosts(c.var.db, who(c), [host]);
+    const done = await allowHosts(c.var.db, who(c), [host]);
     if (!done.ok) return refused(c, done.error, "blocked", keep);
     const name = done.value.entries[0]?.pattern ?? host;
     const ok =

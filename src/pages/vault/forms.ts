@@ -1,11 +1,12 @@
 import type { Context } from "hono";
-import { ApiError, type Failure, type Result } from "../errors";
-import type { PageEnv } from "./context";
-import { flashQuery } from "./layout";
+import { ApiError, type Failure, type Result } from "../../errors";
+import type { PageEnv } from "../context";
+import { flashQuery } from "../layout";
 
-// How the vault page's forms are answered (src/pages/vault-page.tsx and the sections in modules
-// of their own, vault-models.tsx): a 303 back to the page's section with a flash (the service's
-// own detail on failure) and the fields worth keeping (never a secret's value).
+// How the vault page's forms are answered (every section module in this folder; the keys page
+// answers its forms the same way): a 303 back to the page's section with a flash (the service's
+// own detail on failure) and the fields worth keeping (never a secret's value). What a section
+// is drawn with is section.tsx.
 
 export type Ctx = Context<PageEnv>;
 

@@ -1,11 +1,12 @@
 import { Hono } from "hono";
-import { ModelProvider } from "../contract/policy";
-import { ModelName } from "../routes/vault-models";
-import { PROVIDERS } from "../vault/model-providers";
-import * as models from "../vault/models";
-import type { PageEnv } from "./context";
-import { PostForm } from "./layout";
-import { act, answer, back, type Ctx, form, PAGE, text, who } from "./vault-forms";
+import { ModelProvider } from "../../contract/policy";
+import { ModelName } from "../../routes/vault-models";
+import * as models from "../../vault/models";
+import { PROVIDERS } from "../../vault/models";
+import type { PageEnv } from "../context";
+import { PostForm } from "../layout";
+import { act, answer, back, type Ctx, form, PAGE, text, who } from "./forms";
+import { CodeCell, DeleteCell, Section, Table } from "./section";
 
 // The vault page's models section: the models a run may declare, added and deleted with the same
 // service calls as POST/DELETE /v1/vault/models. A model names its secret; the secret's value is
@@ -26,61 +27,32 @@ export function ModelsSection(props: {
   const { c, csrf, models } = props;
   const kept = (k: string) => c.req.query(k) ?? "";
   return (
-    <section id="models">
-      <h2>Models</h2>
+    <Section id="models" title="Models">
       <p class="muted">
         A model a run may declare (<code>model</code> in the run spec). The run's proxy serves it to the run's
         commands in OpenAI's and Anthropic's formats and calls the provider with the secret's value; the
         commands get placeholders only. The declared model stays outside host policy by design: it is what the
         run evaluates.
       </p>
-      {models.length === 0 ? (
-        <p class="empty">No models yet.</p>
-      ) : (
-        <table>
-          <colgroup>
-            <col class="c-name" />
-            <col class="c-name" />
-            <col />
-            <col class="c-name" />
-            <col class="c-name" />
-            <col class="c-btn" />
-          </colgroup>
-          <thead>
-            <tr>
-              <th>Name</th>
-              <th>Provider</th>
-              <th>Base URL</th>
-              <th>Upstream model</th>
-              <th>Secret</th>
-              <th>Delete</th>
-            </tr>
-          </thead>
-          <tbody>
-            {models.map((m) => (
-              <tr>
-                <td>
-                  <code>{m.name}</code>
-                </td>
-                <td>
-                  {m.provider}
-                  <div class="muted">{`key as ${PROVIDERS[m.provider].auth}`}</div>
-                </td>
-                <td class="mono">{m.baseUrl}</td>
-                <td class="mono">{m.upstreamModel}</td>
-                <td>
-                  <code>{m.secret}</code>
-                </td>
-                <td>
-                  <PostForm action={`${PAGE}/models/${m.id}/delete`} csrf={csrf}>
-                    <button type="submit">Delete</button>
-                  </PostForm>
-                </td>
-              </tr>
-            ))}
-          </tbody>
-        </table>
-      )}
+      <Table
+        rows={models}
+        empty="No models yet."
+        head={["Name", "Provider", "Base URL", "Upstream model", "Secret", "Delete"]}
+        widths={["c-name", "c-name", "", "c-name", "c-name", "c-btn"]}
+        row={(m) => (
+          <tr>
+            <CodeCell text={m.name} />
+            <td>
+              {m.provider}
+              <div class="muted">{`key as ${PROVIDERS[m.provider].auth}`}</div>
+            </td>
+            <td class="mono">{m.baseUrl}</td>
+            <td class="mono">{m.upstreamModel}</td>
+            <CodeCell text={m.secret} />
+            <DeleteCell action={`${PAGE}/models/${m.id}/delete`} csrf={csrf} />
+          </tr>
+        )}
+      />
       <h3>Add a model</h3>
       {props.secrets.length === 0 ? (
         <p class="empty">Add the provider's key as a secret first.</p>
@@ -132,11 +104,11 @@ export function ModelsSection(props: {
           <button type="submit">Add model</button>
         </PostForm>
       )}
-    </section>
+    </Section>
   );
 }
 
-export const vaultModelRoutes = new Hono<PageEnv>()
+export const modelsRoutes = new Hono<PageEnv>()
   .post(`${PAGE}/models`, (c) =>
     act(c, "models", async () => {
       const f = await form(c);

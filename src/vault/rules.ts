@@ -1,0 +1,254 @@
+import { and, asc, eq } from "drizzle-orm";
+import type { Principal } from "../context";
+import { type InjectScheme, InjectSpec } from "../contract/policy";
+import { randomId } from "../crypto/api-keys";
+import { vaultHosts, vaultRules, vaultSecrets } from "../db/schema";
+import type { Db, Q, Tx } from "../db/types";
+import { fail, ok, type Result } from "../errors";
+import { patternCovers } from "../policy/host";
+import { change, checkPattern, notFound } from "./change";
+import { secretIdByName } from "./secrets";
+
+// The vault's rules over Postgres, in order: for a request to a host, the first rule whose host
+// matches injects its secret (named; the value stays in vault_secrets). A rule's host gets an
+// implicit allow entry for as long as a rule names it. Every change is one vault change
+// (change.ts), scoped by the principal's environment.
+
+export interface RuleInfo {
+  id: string;
+  position: number;
+  host: string;
+  secret: string;
+  inject: InjectSpec;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export interface RuleInput {
+  host: string;
+  secret: string;
+  inject: { scheme: InjectScheme; name?: string | undefined };
+}
+
+/** The vault's rules in order, alone or inside a caller's transaction (the policy read's). */
+export async function readRules(q: Q, environmentId: string): Promise<RuleInfo[]> {
+  const rows = await q
+    .select({
+      id: vaultRules.id,
+      position: vaultRules.position,
+      host: vaultRules.hostPattern,
+      secret: vaultSecrets.name,
+      scheme: vaultRules.scheme,
+      target: vaultRules.target,
+      createdAt: vaultRules.createdAt,
+      updatedAt: vaultRules.updatedAt,
+    })
+    .from(vaultRules)
+    .innerJoin(vaultSecrets, eq(vaultSecrets.id, vaultRules.secretId))
+    .where(eq(vaultRules.environmentId, environmentId))
+    .orderBy(asc(vaultRules.position), asc(vaultRules.createdAt));
+  return rows.map(({ scheme, target, ...r }) => ({ ...r, inject: { scheme, name: target } }));
+}
+
+export async function listRules(db: Db, p: Principal): Promise<RuleInfo[]> {
+  return readRules(db, p.environmentId);
+}
+
+export async function getRule(db: Db, p: Principal, id: string): Promise<Result<RuleInfo>> {
+  const rows = await listRules(db, p);
+  const rule = rows.find((r) => r.id === id);
+  return rule ? ok(rule) : notFound("rule", id);
+}
+
+function injectTarget(inject: RuleInput["inject"]): Result<string> {
+  if (!inject.name && (inject.scheme === "raw" || inject.scheme === "query")) {
+    return fail(
+      "invalid_request",
+      inject.scheme === "raw"
+        ? "Scheme raw needs inject.name, the header to set."
+        : "Scheme query needs inject.name, the query parameter to set.",
+    );
+  }
+  // The contract's own check (header token, no framing headers, query-safe names; lowercases
+  // header names): a rule the policy document would refuse must not be saved, or every compile
+  // of this vault would fail — and a CR/LF in a header name could split the proxied request.
+  const spec = InjectSpec.safeParse(
+    inject.name ? { scheme: inject.scheme, name: inject.name } : { scheme: inject.scheme },
+  );
+  if (!spec.success) {
+    return fail("invalid_request", `inject.name: ${spec.error.issues.map((i) => i.message).join("; ")}`);
+  }
+  return ok(spec.data.name);
+}
+
+/** A rule's host must not be blocked by an entry: the credential would never be used. */
+async function blockingEntry(tx: Tx, environmentId: string, host: string): Promise<string | null> {
+  const blocks = await tx
+    .select({ pattern: vaultHosts.pattern })
+    .from(vaultHosts)
+    .where(and(eq(vaultHosts.environmentId, environmentId), eq(vaultHosts.action, "block")));
+  return blocks.find((b) => b.pattern === host || patternCovers(b.pattern, host))?.pattern ?? null;
+}
+
+async function ensureImplicitAllow(tx: Tx, environmentId: string, host: string): Promise<void> {
+  await tx
+    .insert(vaultHosts)
+    .values({ id: randomId("hst_"), environmentId, pattern: host, action: "allow", implicit: true })
+    .onConflictDoNothing();
+}
+
+/** Removes the implicit entry of a host no rule names any more. */
+async function dropImplicitIfUnused(tx: Tx, environmentId: string, host: string): Promise<void> {
+  const still = await tx
+    .select({ id: vaultRules.id })
+    .from(vaultRules)
+    .where(and(eq(vaultRules.environmentId, environmentId), eq(vaultRules.hostPattern, host)));
+  if (still.length > 0) return;
+  await tx
+    .delete(vaultHosts)
+    .where(
+      and(
+        eq(vaultHosts.environmentId, environmentId),
+        eq(vaultHosts.pattern, host),
+        eq(vaultHosts.implicit, true),
+      ),
+    );
+}
+
+async function resolveRuleInput(tx: Tx, p: Principal, input: RuleInput) {
+  const host = checkPattern(input.host, "rule");
+  if (!host.ok) return host;
+  const target = injectTarget(input.inject);
+  if (!target.ok) return target;
+  const secretId = await secretIdByName(tx, p.environmentId, input.secret);
+  if (!secretId.ok) return secretId;
+  const blocked = await blockingEntry(tx, p.environmentId, host.value);
+  if (blocked) {
+    return fail(
+      "rule_host_blocked",
+      `${host.value} is blocked by the host entry ${blocked}; a credential for it would never be sent. Remove or change that entry first.`,
+    );
+  }
+  return ok({
+    host: host.value,
+    secretId: secretId.value,
+    scheme: input.inject.scheme,
+    target: target.value,
+  });
+}
+
+export async function createRule(
+  db: Db,
+  p: Principal,
+  input: RuleInput & { position?: number | undefined },
+): Promise<Result<RuleInfo>> {
+  const id = randomId("rul_");
+  const created = await change(db, p.environmentId, async (tx) => {
+    const resolved = await resolveRuleInput(tx, p, input);
+    if (!resolved.ok) return resolved;
+    const existing = await readRules(tx, p.environmentId);
+    const order = existing.map((r) => r.id);
+    const at = Math.min(Math.max(input.position ?? order.length, 0), order.length);
+    order.splice(at, 0, id);
+    await tx.insert(vaultRules).values({
+      id,
+      environmentId: p.environmentId,
+      position: at,
+      hostPattern: resolved.value.host,
+      secretId: resolved.value.secretId,
+      scheme: resolved.value.scheme,
+      target: resolved.value.target,
+    });
+    await writeOrder(tx, p.environmentId, order);
+    await ensureImplicitAllow(tx, p.environmentId, resolved.value.host);
+    return ok(null);
+  });
+  return created.ok ? getRule(db, p, id) : created;
+}
+
+export async function updateRule(
+  db: Db,
+  p: Principal,
+  id: string,
+  patch: Partial<RuleInput> & { position?: number | undefined },
+): Promise<Result<RuleInfo>> {
+  const updated = await change(db, p.environmentId, async (tx) => {
+    const rows = await readRules(tx, p.environmentId);
+    const current = rows.find((r) => r.id === id);
+    if (!current) return notFound("rule", id);
+    const resolved = await resolveRuleInput(tx, p, {
+      host: patch.host ?? current.host,
+      secret: patch.secret ?? current.secret,
+      inject: patch.inject ?? current.inject,
+    });
+    if (!resolved.ok) return resolved;
+    await tx
+      .update(vaultRules)
+      .set({
+        hostPattern: resolved.value.host,
+        secretId: resolved.value.secretId,
+        scheme: resolved.value.scheme,
+        target: resolved.value.target,
+        updatedAt: new Date(),
+      })
+      .where(and(eq(vaultRules.environmentId, p.environmentId), eq(vaultRules.id, id)));
+    if (resolved.value.host !== current.host) {
+      await ensureImplicitAllow(tx, p.environmentId, resolved.value.host);
+      await dropImplicitIfUnused(tx, p.environmentId, current.host);
+    }
+    if (patch.position !== undefined) {
+      const order = rows.map((r) => r.id).filter((r) => r !== id);
+      order.splice(Math.min(Math.max(patch.position, 0), order.length), 0, id);
+      await writeOrder(tx, p.environmentId, order);
+    }
+    return ok(null);
+  });
+  return updated.ok ? getRule(db, p, id) : updated;
+}
+
+export async function deleteRule(db: Db, p: Principal, id: string): Promise<Result<null>> {
+  return change(db, p.environmentId, async (tx) => {
+    const [deleted] = await tx
+      .delete(vaultRules)
+      .where(and(eq(vaultRules.environmentId, p.environmentId), eq(vaultRules.id, id)))
+      .returning({ host: vaultRules.hostPattern });
+    if (!deleted) return notFound("rule", id);
+    await dropImplicitIfUnused(tx, p.environmentId, deleted.host);
+    const rest = await readRules(tx, p.environmentId);
+    await writeOrder(
+      tx,
+      p.environmentId,
+      rest.map((r) => r.id),
+    );
+    return ok(null);
+  });
+}
+
+/** Sets the whole order at once: `ids` must be exactly this vault's rule ids, each once. */
+export async function reorderRules(db: Db, p: Principal, ids: string[]): Promise<Result<RuleInfo[]>> {
+  const done = await change(db, p.environmentId, async (tx) => {
+    const current = (await readRules(tx, p.environmentId)).map((r) => r.id);
+    const same =
+      ids.length === current.length &&
+      new Set(ids).size === ids.length &&
+      ids.every((i) => current.includes(i));
+    if (!same) {
+      return fail(
+        "invalid_order",
+        `Send every rule id of this vault exactly once (${current.length} rules).`,
+      );
+    }
+    await writeOrder(tx, p.environmentId, ids);
+    return ok(null);
+  });
+  return done.ok ? ok(await listRules(db, p)) : done;
+}
+
+async function writeOrder(tx: Tx, environmentId: string, ids: string[]): Promise<void> {
+  for (const [position, id] of ids.entries()) {
+    await tx
+      .update(vaultRules)
+      .set({ position })
+      .where(and(eq(vaultRules.environmentId, environmentId), eq(vaultRules.id, id)));
+  }
+}
