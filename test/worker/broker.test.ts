@@ -356,5 +356,12 @@ describe("broker instances (issue 24)", () => {
         c.method === "sweepUnowned" ? SWEEP_BROKER_NAME : runBrokerName(String(c.runId)),
       );
     }
+    // The teardown failed (no backend here): leave no live sandbox for other files' sweeps.
+    await withDb((db) =>
+      db
+        .update(sandboxes)
+        .set({ status: "destroyed", destroyedAt: new Date() })
+        .where(eq(sandboxes.runId, run.id)),
+    );
   });
 });

@@ -1,6 +1,6 @@
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
-import { afterEach, describe, expect, it, vi } from "vitest";
+import { afterEach, describe, expect, inject, it, vi } from "vitest";
 import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
 import { storeArtifacts } from "../../src/runs/artifacts";
@@ -334,6 +334,20 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("DELETE", `/v1/webhooks/${hook.json.id}`, undefined, [204]);
     await api("GET", `/v1/webhooks/${hook.json.id}`, undefined, [404, "not_found"]);
 
+    // Notification URLs (the suite's loopback receiver): registered (its secret is shown there,
+    // once), read, listed, its deliveries, revoked; refused bodies.
+    const ntfUrl = `${inject("notificationReceiver")}/hook/canary${tag}`;
+    const ntf = await api("POST", "/v1/notifications", { url: ntfUrl }, [201]);
+    await api("POST", "/v1/notifications", { url: ntfUrl, secret: canary("ntf") }, [400, "unknown_field"]);
+    await api("POST", "/v1/notifications", { url: `https://localhost/${canary("ntfurl")}` }, [
+      400,
+      "invalid_notification_url",
+    ]);
+    await api("GET", "/v1/notifications", undefined, [200]);
+    await api("GET", `/v1/notifications/${ntf.json.id}`, undefined, [200]);
+    await api("GET", `/v1/notifications/${ntf.json.id}/deliveries`, undefined, [200]);
+    await api("DELETE", `/v1/notifications/${ntf.json.id}`, undefined, [204]);
+
     // API keys: made (the new key is shown there, once; api-keys.test.ts checks it is nowhere
     // else), listed, revoked; a refused body. None of it may carry a vault value.
     const made = await api("POST", "/v1/api-keys", { name: `key ${tag}`, scope: "read" }, [201]);
@@ -427,6 +441,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
           .replace(/\/artifacts\/[^/]+$/, "/artifacts/{artifactId}")
           .replace(/\/bundles\/[0-9a-f]{64}$/, "/bundles/{sha256}")
           .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}")
+          .replace(/\/notifications\/ntf_[^/]+/, "/notifications/{id}")
           .replace(/\/api-keys\/key_[^/]+$/, "/api-keys/{id}"),
       ),
     );
