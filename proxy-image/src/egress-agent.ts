@@ -36,7 +36,7 @@ import {
   splitHostPort,
 } from "../../src/policy/host";
 import { createAddressPolicy } from "./address";
-import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "./tunnel-client";
+import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "./tunnel-wire";
 
 // The local egress agent: what the user runs on their own machine so that a run's hosts routed
 // "via tunnel" leave from there (src/contract/tunnel.ts). It dials the control plane's relay (the

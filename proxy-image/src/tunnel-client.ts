@@ -18,6 +18,7 @@ import {
   TunnelRefusal,
   tunnelPath,
 } from "../../src/contract/tunnel";
+import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "./tunnel-wire";
 
 // The proxy's end of the egress tunnel (src/contract/tunnel.ts): it dials the control plane's
 // relay, waits for PAIRED, and speaks HTTP/2 as the client over the WebSocket's bytes; each
@@ -57,28 +58,7 @@ export interface TunnelClientOptions {
 
 /** The authority of the tunnel's HTTP/2 connection: a placeholder, nothing resolves it. */
 const SESSION_AUTHORITY = "http://egress-agent.benchwright.invalid";
-/**
- * Largest WebSocket message accepted. Node's HTTP/2 writes frames of at most 16 KiB of payload
- * plus headers, so a message is small; the limit only bounds what a broken peer can make us hold.
- */
-export const MAX_TUNNEL_MESSAGE = 4 * 1024 * 1024;
-/**
- * Receive windows. Larger than HTTP/2's 64 KiB default, which over a relay would cap a stream at
- * 64 KiB per round trip; still bounded: at most SESSION_WINDOW bytes are in flight toward us.
- */
-export const STREAM_WINDOW = 1024 * 1024;
-export const SESSION_WINDOW = 8 * 1024 * 1024;
 const KEEPALIVE_MS = 30_000;
-
-export function toWebSocketUrl(base: string, path: string): string {
-  const url = new URL(base);
-  if (url.protocol === "http:") url.protocol = "ws:";
-  else if (url.protocol === "https:") url.protocol = "wss:";
-  else if (url.protocol !== "ws:" && url.protocol !== "wss:") {
-    throw new Error(`the control plane URL must be http(s) or ws(s), not ${url.protocol}`);
-  }
-  return `${url.origin}${url.pathname.replace(/\/+$/, "")}${path}`;
-}
 
 /** `host:port` with an IPv6 literal in brackets, as `:authority` wants it. */
 export function authorityOf(host: string, port: number): string {
