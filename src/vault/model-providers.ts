@@ -1,7 +1,7 @@
 import type { ModelProvider } from "../contract/policy";
 
 // The control plane's side of each model provider (the proxy's side, how a call authenticates
-// and which format it speaks, is proxy-image/src/model/providers.ts): where its API is when the
+// and which format it speaks, is proxy-image/src/proxy/model/providers.ts): where its API is when the
 // vault model names no base URL, and how to say to a person what the lane does with the key.
 // One row per provider, so a new provider is a row here and one there.
 

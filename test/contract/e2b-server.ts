@@ -18,8 +18,8 @@ import { dirname, join, relative, resolve } from "node:path";
 import type { components } from "e2b";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
-import { recordedExecs } from "../../proxy-image/src/exec-runner";
-import { cgroup2Mount } from "../../proxy-image/src/exec-seal";
+import { recordedExecs } from "../../proxy-image/src/exec-runner/exec-runner";
+import { cgroup2Mount } from "../../proxy-image/src/exec-runner/exec-seal";
 import { E2B_TEMPLATES } from "../../scripts/lib/e2b-templates";
 import { HttpError, id20, templateBuilds } from "./e2b-builds";
 import type {
@@ -70,14 +70,14 @@ import type {
 // Process model (documented, not E2B's): a command arrives as `/bin/bash -l -c <string>`; the
 // string is split as the shell would split the backend's quoted words (no other shell syntax is
 // accepted) and run by program name:
-//   bw-exec          the REAL runner (proxy-image/src/exec-runner-main.ts, built here), as a real
+//   bw-exec          the REAL runner (proxy-image/src/exec-runner/main.ts, built here), as a real
 //                    process, with its state under this sandbox's directory. The commands it runs
 //                    are real processes too: `sh -c ...` from the tests runs on this machine, and
 //                    the images' programs are stand-ins on PATH: bw-proxy and bw-tunnel print a
 //                    line and sleep, bw-wiring reads its stdin and prints {"ok":true,"standIn":true}
 //                    (`bw-wiring reinstall`: {"ok":true,"hostsEntries":[]}),
 //                    bw-proxy-view prints {}.
-//                    bw-unpack and bw-collect are the REAL programs (unpack-main.ts, collect-main.ts,
+//                    bw-unpack and bw-collect are the REAL programs (unpack/main.ts, collect/main.ts,
 //                    built here). `bw-exec seal` runs for real too, on a cgroup of the sandbox's
 //                    own under this machine's cgroup v2 (BW_EXEC_SETUP_CGROUP, when there is one),
 //                    but without --sweep, which is recorded and dropped: the sweep takes every
@@ -111,10 +111,10 @@ export async function buildE2bPrograms(
     collect: join(outDir, "collect.cjs"),
   };
   for (const [entry, file] of [
-    ["proxy-image/src/exec-runner-main.ts", out.exec],
-    ["proxy-image/src/e2b-tunnel-main.ts", out.tunnel],
-    ["proxy-image/src/unpack-main.ts", out.unpack],
-    ["proxy-image/src/collect-main.ts", out.collect],
+    ["proxy-image/src/exec-runner/main.ts", out.exec],
+    ["proxy-image/src/e2b-bridge/main.ts", out.tunnel],
+    ["proxy-image/src/unpack/main.ts", out.unpack],
+    ["proxy-image/src/collect/main.ts", out.collect],
   ] as const) {
     await build({
       entryPoints: [join(root, entry)],

@@ -2,10 +2,10 @@ import { randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createAddressPolicy } from "../../proxy-image/src/address";
-import { modelLane } from "../../proxy-image/src/model/lane";
-import { needlesFor } from "../../proxy-image/src/redact";
-import { createUpstream } from "../../proxy-image/src/upstream";
+import { modelLane } from "../../proxy-image/src/proxy/model/lane";
+import { needlesFor } from "../../proxy-image/src/proxy/redact";
+import { createUpstream } from "../../proxy-image/src/proxy/upstream";
+import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { ModelLaneSpec } from "../../src/contract/policy";
 import {
   createTestCa,

@@ -18,7 +18,7 @@ import {
   portOf,
   serve,
   TUNNEL_TOKEN_HEADER,
-} from "../../proxy-image/src/e2b-tunnel";
+} from "../../proxy-image/src/e2b-bridge/bridge";
 import {
   createTestCa,
   curl,

@@ -11,16 +11,16 @@ import { createServer as createHttpsServer, type Server as HttpsServer } from "n
 import { type AddressInfo, isIPv4, isIPv6, type Server as NetServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createAddressPolicy } from "../../proxy-image/src/address";
-import { createRunCa } from "../../proxy-image/src/ca";
+import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import {
   type AuditSink,
   createProxy,
   type DecisionRecord,
   type PolicyState,
   type ProxyOptions,
-} from "../../proxy-image/src/proxy";
-import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/upstream";
+} from "../../proxy-image/src/proxy/handler";
+import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/proxy/upstream";
+import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { TestCa } from "../../scripts/lib/test-ca";
 import type { ModelLaneSpec } from "../../src/contract/policy";
 import type { ModelCallRow } from "../../src/contract/proxy-wire";

@@ -1,6 +1,6 @@
 import Anthropic from "@anthropic-ai/sdk";
 import { describe, expect, it } from "vitest";
-import type { Refusal } from "../../proxy-image/src/model/translate";
+import type { Refusal } from "../../proxy-image/src/proxy/model/translate";
 import {
   at,
   CHAT_COMPLETION,

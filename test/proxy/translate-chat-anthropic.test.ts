@@ -1,6 +1,6 @@
 import OpenAI from "openai";
 import { describe, expect, it } from "vitest";
-import type { Refusal } from "../../proxy-image/src/model/translate";
+import type { Refusal } from "../../proxy-image/src/proxy/model/translate";
 import {
   ANTHROPIC_MESSAGE,
   anthropicTextStream,

@@ -5,14 +5,14 @@
 // empty choices under include_usage, `data: [DONE]`).
 import type Anthropic from "@anthropic-ai/sdk";
 import type OpenAI from "openai";
-import { formatSse, SseParser } from "../../proxy-image/src/model/sse";
+import { formatSse, SseParser } from "../../proxy-image/src/proxy/model/sse";
 import {
   type SseEvent,
   type StreamTranslator,
   type Translation,
   translation,
   type WireFormat,
-} from "../../proxy-image/src/model/translate";
+} from "../../proxy-image/src/proxy/model/translate";
 
 export function ev(event: string, data: unknown): SseEvent {
   return { event, data: JSON.stringify(data) };

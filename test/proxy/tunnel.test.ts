@@ -13,8 +13,8 @@ import {
   type EgressAgent,
   type EgressAgentOptions,
   startEgressAgent,
-} from "../../proxy-image/src/egress-agent";
-import { TunnelClient, TunnelError, tunnelConnect } from "../../proxy-image/src/tunnel-client";
+} from "../../proxy-image/src/egress-agent/egress-agent";
+import { TunnelClient, TunnelError, tunnelConnect } from "../../proxy-image/src/proxy/tunnel-client";
 import type { AgentPolicy } from "../../src/contract/tunnel";
 import { createTestCa, selfSignedCert, startProxy, vault } from "./harness";
 import { startTestRelay, type TestRelay } from "./tunnel-relay";
