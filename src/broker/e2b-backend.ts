@@ -36,7 +36,7 @@ import {
 import type { RoutingMode } from "../contract/policy";
 import { ReinstallResult } from "../contract/wiring";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
-import { egressOf, networkDrift, proxyNetwork, TUNNEL_PORT, workNetwork } from "./e2b/network";
+import { BRIDGE_PORT, egressOf, networkDrift, proxyNetwork, workNetwork } from "./e2b/network";
 import { runnerCommand } from "./e2b/shell";
 import {
   collectArgv,
@@ -51,12 +51,12 @@ import {
 // Durable Object (the SDK runs in workerd with nodejs_compat). docs/e2b.md says what it makes,
 // what it guarantees and how to set it up; in short:
 //
-// - proxy sandbox: the proxy template, public traffic off; `bw-tunnel serve` is started in it at
+// - proxy sandbox: the proxy template, public traffic off; `bw-bridge serve` is started in it at
 //   create, the only way in for the run's work sandboxes. The proxy process (`bw-proxy`) gets the
 //   run's proxy credentials as that one process's environment, never as sandbox settings.
 // - work/task/orchestrator: the work template, public traffic off; catch-all routing is E2B's
-//   firewall (deny everything but the proxy's tunnel host), checked after create. In each, the
-//   backend starts `bw-tunnel connect` (root) so that 127.0.0.1:443/80 lead to the proxy, and
+//   firewall (deny everything but the proxy's bridge host), checked after create. In each, the
+//   backend starts `bw-bridge connect` (root) so that 127.0.0.1:443/80 lead to the proxy, and
 //   under catch-all installs the redirect of every 80/443 connection to it. Setup-stage execs
 //   run as root, execute-stage ones as `user`, who must not be able to become root (checked).
 // - the two stages (e2b/stages.ts): setup-stage commands run in the runner's setup cgroup, and
@@ -131,10 +131,10 @@ const TRANSFER_DEADLINE_MS = 10 * 60_000;
 /** Longest the wiring's rewrite may take. */
 const REINSTALL_DEADLINE_MS = 60_000;
 const STDIN_CHUNK = 256 * 1024;
-/** The tunnel's local end in a work sandbox: what the hosts file and the redirect point at. */
+/** The bridge's local end in a work sandbox: what the hosts file and the redirect point at. */
 export const WORK_PROXY_ADDRESS = "127.0.0.1";
-/** The runner's exec id for the tunnel in each sandbox (one per sandbox, idempotent). */
-export const TUNNEL_EXEC_ID = "bw-tunnel";
+/** The runner's exec id for the bridge in each sandbox (one per sandbox, idempotent). */
+export const BRIDGE_EXEC_ID = "bw-bridge";
 
 type Meta = Record<string, string>;
 interface Held {
@@ -322,7 +322,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     return answer.data;
   }
 
-  /** Starts a long-running program (the tunnel) under the runner and waits for its first line. */
+  /** Starts a long-running program (the bridge) under the runner and waits for its first line. */
   async function startService(
     id: string,
     argv: string[],
@@ -330,7 +330,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     user: string,
     what: string,
   ) {
-    const started = await runner(id, runnerCommand(startInlineArgs(TUNNEL_EXEC_ID, argv, null, 0)), what, {
+    const started = await runner(id, runnerCommand(startInlineArgs(BRIDGE_EXEC_ID, argv, null, 0)), what, {
       user,
       envs,
     });
@@ -343,7 +343,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       }
       if (Date.now() >= deadline)
         throw new BackendError("sandbox_starting", `sandbox ${id}: ${what}: not ready`, true);
-      status = await runner(id, runnerCommand(pollArgs(TUNNEL_EXEC_ID, 0, 0, 1_000)), what, {
+      status = await runner(id, runnerCommand(pollArgs(BRIDGE_EXEC_ID, 0, 0, 1_000)), what, {
         user: "root",
         waitMs: 1_000,
       });
@@ -423,7 +423,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     }
   }
 
-  /** catch-all: every 80/443 connection of anyone but root to the tunnel's local end. */
+  /** catch-all: every 80/443 connection of anyone but root to the bridge's local end. */
   async function installRedirect(id: string): Promise<void> {
     const redirect = await call("install the redirect", () =>
       withSandbox(id, (s) => run(s, "bw-redirect", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
@@ -459,8 +459,8 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     }
   }
 
-  /** The tunnel token of a run's proxy: HMAC of its id under the API key, so no state keeps it. */
-  async function tunnelToken(proxyId: string): Promise<string> {
+  /** The bridge token of a run's proxy: HMAC of its id under the API key, so no state keeps it. */
+  async function bridgeToken(proxyId: string): Promise<string> {
     const key = await crypto.subtle.importKey(
       "raw",
       new TextEncoder().encode(config.E2B_API_KEY),
@@ -471,6 +471,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     const mac = await crypto.subtle.sign(
       "HMAC",
       key,
+      // The label predates the bridge's name; kept, so a run's token is the same across the rename.
       new TextEncoder().encode(`benchwright e2b tunnel v1\0${proxyId}`),
     );
     return [...new Uint8Array(mac)].map((b) => b.toString(16).padStart(2, "0")).join("");
@@ -510,7 +511,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       throw new BackendError("not_found", `run ${spec.runId} has no proxy sandbox ${spec.proxySandboxId}`);
     }
     const proxy = await attach(spec.proxySandboxId);
-    return { proxy, host: proxy.sandbox.getHost(TUNNEL_PORT) };
+    return { proxy, host: proxy.sandbox.getHost(BRIDGE_PORT) };
   }
 
   /** Our sandbox `id` on E2B: the one already there (an earlier, interrupted create), or a new one. */
@@ -573,14 +574,14 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
             `E2B does not keep the proxy sandbox private (${drift.join("; ")})`,
           );
         }
-        const token = await tunnelToken(spec.id);
+        const token = await bridgeToken(spec.id);
         hidden = [config.E2B_API_KEY, token];
         await startService(
           spec.id,
-          ["bw-tunnel", "serve"],
-          { BW_TUNNEL_TOKEN: token, BW_TUNNEL_PORT: String(TUNNEL_PORT) },
+          ["bw-bridge", "serve"],
+          { BW_BRIDGE_TOKEN: token, BW_BRIDGE_PORT: String(BRIDGE_PORT) },
           "user",
-          "start the tunnel's proxy end",
+          "start the bridge's proxy end",
         );
         return {
           id: spec.id,
@@ -627,20 +628,20 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
           `the working directory could not be made: ${scrub(lastLine(workdir.stderr))}`,
         );
       }
-      const token = await tunnelToken(spec.proxySandboxId);
+      const token = await bridgeToken(spec.proxySandboxId);
       const edge = proxy.sandbox.trafficAccessToken ?? "";
       hidden = [config.E2B_API_KEY, token, edge];
       await startService(
         spec.id,
-        ["bw-tunnel", "connect"],
+        ["bw-bridge", "connect"],
         {
-          BW_TUNNEL_URL: `https://${host}`,
-          BW_TUNNEL_TOKEN: token,
-          ...(edge ? { BW_TUNNEL_EDGE_TOKEN: edge } : {}),
-          BW_TUNNEL_LISTEN: WORK_PROXY_ADDRESS,
+          BW_BRIDGE_URL: `https://${host}`,
+          BW_BRIDGE_TOKEN: token,
+          ...(edge ? { BW_BRIDGE_EDGE_TOKEN: edge } : {}),
+          BW_BRIDGE_LISTEN: WORK_PROXY_ADDRESS,
         },
         "root",
-        "start the tunnel to the proxy",
+        "start the bridge to the proxy",
       );
       if (spec.routing === "catch-all") await installRedirect(spec.id);
       return {
@@ -669,7 +670,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       const kind = h.meta[META.kind] ?? "";
       let envs = request.env;
       if (kind === "proxy" && request.argv[0] === "bw-proxy") {
-        // Where the control plane is, and listeners on loopback only: the tunnel is the way in.
+        // Where the control plane is, and listeners on loopback only: the bridge is the way in.
         envs = { ...envs, BW_CONTROL_PLANE_URL: config.PUBLIC_URL, BW_LISTEN_HOST: "127.0.0.1" };
       }
       hidden = [config.E2B_API_KEY, ...Object.values(request.env)];

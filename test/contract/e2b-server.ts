@@ -73,7 +73,7 @@ import type {
 //   bw-exec          the REAL runner (proxy-image/src/exec-runner/main.ts, built here), as a real
 //                    process, with its state under this sandbox's directory. The commands it runs
 //                    are real processes too: `sh -c ...` from the tests runs on this machine, and
-//                    the images' programs are stand-ins on PATH: bw-proxy and bw-tunnel print a
+//                    the images' programs are stand-ins on PATH: bw-proxy and bw-bridge print a
 //                    line and sleep, bw-wiring reads its stdin and prints {"ok":true,"standIn":true}
 //                    (`bw-wiring reinstall`: {"ok":true,"hostsEntries":[]}),
 //                    bw-proxy-view prints {}.
@@ -102,17 +102,17 @@ const PAGE_MAX = 100;
 
 export async function buildE2bPrograms(
   outDir: string,
-): Promise<{ exec: string; tunnel: string; unpack: string; collect: string }> {
+): Promise<{ exec: string; bridge: string; unpack: string; collect: string }> {
   const root = resolve(import.meta.dirname, "../..");
   const out = {
     exec: join(outDir, "exec.cjs"),
-    tunnel: join(outDir, "tunnel.cjs"),
+    bridge: join(outDir, "e2b-bridge.cjs"),
     unpack: join(outDir, "unpack.cjs"),
     collect: join(outDir, "collect.cjs"),
   };
   for (const [entry, file] of [
     ["proxy-image/src/exec-runner/main.ts", out.exec],
-    ["proxy-image/src/e2b-bridge/main.ts", out.tunnel],
+    ["proxy-image/src/e2b-bridge/main.ts", out.bridge],
     ["proxy-image/src/unpack/main.ts", out.unpack],
     ["proxy-image/src/collect/main.ts", out.collect],
   ] as const) {
@@ -229,7 +229,7 @@ export function splitWords(text: string): string[] {
 
 const STAND_INS: Record<string, string> = {
   "bw-proxy": `#!/bin/sh\necho "bw-proxy stand-in"\nexec sleep 3600\n`,
-  "bw-tunnel": `#!/bin/sh\nprintf '{"event":"listening","standIn":true}\\n'\nexec sleep 3600\n`,
+  "bw-bridge": `#!/bin/sh\nprintf '{"event":"listening","standIn":true}\\n'\nexec sleep 3600\n`,
   // `bw-wiring reinstall` answers a ReinstallResult (its stdin is what the tests assert).
   "bw-wiring": `#!/bin/sh\ncat >/dev/null\nif [ "$1" = reinstall ]; then printf '{"ok":true,"hostsEntries":[]}\\n'; exit 0; fi\nprintf '{"ok":true,"standIn":true}\\n'\n`,
   "bw-proxy-view": `#!/bin/sh\nprintf '{}\\n'\n`,

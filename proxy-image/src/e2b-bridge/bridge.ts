@@ -16,18 +16,18 @@ import {
 } from "node:net";
 import type { Duplex } from "node:stream";
 
-// `bw-tunnel`: how a work sandbox on E2B reaches its run's proxy sandbox. E2B lets nothing into a
+// `bw-bridge`: how a work sandbox on E2B reaches its run's proxy sandbox. E2B lets nothing into a
 // sandbox but HTTP(S) and WebSocket through its edge (`https://<port>-<sandboxId>.<domain>`), so
 // each TCP connection a work sandbox makes to the proxy (to 127.0.0.1:443 or :80, where the hosts
 // file or the catch-all redirect sends it) is carried as one WebSocket to the proxy sandbox:
 //
 //   work sandbox                                       proxy sandbox
-//   client → 127.0.0.1:443 → bw-tunnel connect ══wss══> bw-tunnel serve /tls → 127.0.0.1:8443 (proxy)
-//   client → 127.0.0.1:80  → bw-tunnel connect ══wss══> bw-tunnel serve /http → 127.0.0.1:8080
+//   client → 127.0.0.1:443 → bw-bridge connect ══wss══> bw-bridge serve /tls → 127.0.0.1:8443 (proxy)
+//   client → 127.0.0.1:80  → bw-bridge connect ══wss══> bw-bridge serve /http → 127.0.0.1:8080
 //
 // The bytes inside are the client's own (its TLS, with its SNI), so the proxy sees what it would
 // see on a direct connection. The edge admits the WebSocket only with the proxy sandbox's traffic
-// token (it is created with public traffic off), and `serve` admits it only with the run's tunnel
+// token (it is created with public traffic off), and `serve` admits it only with the run's bridge
 // token on top. Neither token is anything but a key to this one door: neither controls compute
 // nor unlocks a credential (those stay in the proxy process's memory).
 //
@@ -35,10 +35,10 @@ import type { Duplex } from "node:stream";
 // frames, masking, ping/pong and close are all a byte pipe needs, in fewer lines than a
 // dependency's audit. Tests talk to it with the `ws` package as the independent implementation.
 
-export const TUNNEL_TOKEN_HEADER = "x-benchwright-tunnel";
+export const BRIDGE_TOKEN_HEADER = "x-benchwright-bridge";
 /** The E2B edge's header for a sandbox created with public traffic off. */
 export const EDGE_TOKEN_HEADER = "e2b-traffic-access-token";
-export const TUNNEL_PATHS = { tls: "/tls", http: "/http" } as const;
+export const BRIDGE_PATHS = { tls: "/tls", http: "/http" } as const;
 const WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /** Largest frame accepted; a byte pipe's frames are at most a socket read (64 KiB) in practice. */
 const MAX_FRAME = 4 * 1024 * 1024;
@@ -198,7 +198,7 @@ export interface ServeOptions {
   log?: (record: Record<string, unknown>) => void;
 }
 
-/** The proxy sandbox's end: WebSocket upgrades with the tunnel token become TCP to the proxy. */
+/** The proxy sandbox's end: WebSocket upgrades with the bridge token become TCP to the proxy. */
 export function serve(o: ServeOptions): Promise<HttpServer> {
   const server = createHttpServer((_req, res) => {
     res.writeHead(404, { "content-length": "0" }).end();
@@ -207,11 +207,11 @@ export function serve(o: ServeOptions): Promise<HttpServer> {
     socket.on("error", () => socket.destroy());
     const path = (req.url ?? "").split("?")[0];
     const target =
-      path === TUNNEL_PATHS.tls ? o.targets.tls : path === TUNNEL_PATHS.http ? o.targets.http : null;
+      path === BRIDGE_PATHS.tls ? o.targets.tls : path === BRIDGE_PATHS.http ? o.targets.http : null;
     const key = req.headers["sec-websocket-key"];
     if (target === null) return refuse(socket, "404 Not Found");
-    if (!tokenMatches(req.headers[TUNNEL_TOKEN_HEADER], o.token)) {
-      o.log?.({ event: "tunnel_refused", reason: "token" });
+    if (!tokenMatches(req.headers[BRIDGE_TOKEN_HEADER], o.token)) {
+      o.log?.({ event: "bridge_refused", reason: "token" });
       return refuse(socket, "403 Forbidden");
     }
     if (
@@ -240,7 +240,7 @@ export function serve(o: ServeOptions): Promise<HttpServer> {
 }
 
 export interface ConnectOptions {
-  /** The proxy sandbox's tunnel, e.g. https://8090-<sandboxId>.e2b.app */
+  /** The proxy sandbox's bridge, e.g. https://8090-<sandboxId>.e2b.app */
   url: string;
   token: string;
   /** The proxy sandbox's E2B traffic token, when its public traffic is off. */
@@ -256,7 +256,7 @@ export interface ConnectOptions {
 export async function forward(o: ConnectOptions): Promise<{ tls: Server; http: Server }> {
   const base = new URL(o.url);
   if (base.protocol !== "https:" && base.protocol !== "http:")
-    throw new Error("the tunnel URL is not http(s)");
+    throw new Error("the bridge URL is not http(s)");
   const open = (path: string, local: Socket) => {
     local.pause();
     const key = randomBytes(16).toString("base64");
@@ -265,7 +265,7 @@ export async function forward(o: ConnectOptions): Promise<{ tls: Server; http: S
       upgrade: "websocket",
       "sec-websocket-version": "13",
       "sec-websocket-key": key,
-      [TUNNEL_TOKEN_HEADER]: o.token,
+      [BRIDGE_TOKEN_HEADER]: o.token,
     };
     if (o.edgeToken) headers[EDGE_TOKEN_HEADER] = o.edgeToken;
     const req = (base.protocol === "https:" ? httpsRequest : httpRequest)(new URL(path, base), {
@@ -300,8 +300,8 @@ export async function forward(o: ConnectOptions): Promise<{ tls: Server; http: S
       server.once("error", reject);
       server.listen(port, o.host, () => resolve(server));
     });
-  const tls = await listen(o.ports.tls, TUNNEL_PATHS.tls);
-  const http = await listen(o.ports.http, TUNNEL_PATHS.http);
+  const tls = await listen(o.ports.tls, BRIDGE_PATHS.tls);
+  const http = await listen(o.ports.http, BRIDGE_PATHS.http);
   return { tls, http };
 }
 

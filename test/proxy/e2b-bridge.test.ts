@@ -11,13 +11,13 @@ import {
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket, WebSocketServer } from "ws";
 import {
+  BRIDGE_TOKEN_HEADER,
   EDGE_TOKEN_HEADER,
   encodeFrame,
   FrameReader,
   forward,
   portOf,
   serve,
-  TUNNEL_TOKEN_HEADER,
 } from "../../proxy-image/src/e2b-bridge/bridge";
 import {
   createTestCa,
@@ -30,13 +30,13 @@ import {
   vault,
 } from "./harness";
 
-// bw-tunnel between a work sandbox and its run's proxy sandbox on E2B, for real: the real proxy
+// bw-bridge between a work sandbox and its run's proxy sandbox on E2B, for real: the real proxy
 // (credential injection, block list) behind `serve`, the work sandbox's clients (curl) in front of
 // `forward`, and between them an HTTPS stand-in for E2B's edge, which admits a WebSocket upgrade
 // only with the sandbox's traffic token and then passes bytes through (what E2B's public URL of a
 // sandbox with public traffic off does). The framing is also checked against the `ws` package.
 
-const CANARY = "sk-canary-tunnel-5e4d3c2b1a";
+const CANARY = "sk-canary-bridge-5e4d3c2b1a";
 const TOKEN = randomBytes(32).toString("hex");
 const EDGE_TOKEN = randomBytes(16).toString("hex");
 const EDGE_HOST = "8090-sbxproxy.e2b.test";
@@ -47,7 +47,7 @@ const toLoopback: LookupFunction = (_host, options, callback) => {
 };
 
 /** The edge stand-in: TLS with a certificate for the sandbox host, token check, then a byte pipe. */
-async function startEdge(ca: TestCa, tunnelPort: number) {
+async function startEdge(ca: TestCa, bridgePort: number) {
   const { certPem, keyPem } = await ca.issue([EDGE_HOST]);
   const seen: Array<{ path: string; token: boolean }> = [];
   const server: HttpsServer = createHttpsServer({ cert: certPem, key: keyPem }, (_req, res) => {
@@ -60,7 +60,7 @@ async function startEdge(ca: TestCa, tunnelPort: number) {
       socket.end("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
       return;
     }
-    const up = connect(tunnelPort, "127.0.0.1", () => {
+    const up = connect(bridgePort, "127.0.0.1", () => {
       // The edge consumes its own token; everything else goes on as it came.
       const lines = [`${req.method} ${req.url} HTTP/1.1`];
       for (let i = 0; i < req.rawHeaders.length; i += 2) {
@@ -78,11 +78,11 @@ async function startEdge(ca: TestCa, tunnelPort: number) {
   return { server, port: (server.address() as AddressInfo).port, seen };
 }
 
-describe("bw-tunnel: a work sandbox's connections to its run's proxy, through E2B's edge", () => {
+describe("bw-bridge: a work sandbox's connections to its run's proxy, through E2B's edge", () => {
   let ca: TestCa;
   let api: Upstream;
   let proxy: RunningProxy;
-  let tunnel: Server;
+  let bridge: Server;
   let edge: Awaited<ReturnType<typeof startEdge>>;
   let local: { tls: Server; http: Server };
   const logs: Array<Record<string, unknown>> = [];
@@ -107,15 +107,15 @@ describe("bw-tunnel: a work sandbox's connections to its run's proxy, through E2
       routes: { "api.test": api },
       upstreamCa: ca,
     });
-    tunnel = await serve({
+    bridge = await serve({
       host: "127.0.0.1",
       port: 0,
       token: TOKEN,
       targets: { tls: proxy.tlsPort, http: proxy.httpPort },
       log: (r) => void logs.push(r),
     });
-    track(tunnel);
-    edge = await startEdge(ca, portOf(tunnel));
+    track(bridge);
+    edge = await startEdge(ca, portOf(bridge));
     track(edge.server as unknown as Server);
     local = await forward({
       url: `https://${EDGE_HOST}:${edge.port}`,
@@ -131,7 +131,7 @@ describe("bw-tunnel: a work sandbox's connections to its run's proxy, through E2
   });
   afterAll(async () => {
     // Spliced connections end on their own within seconds; the suite does not wait for them.
-    for (const s of [local.tls, local.http, tunnel, edge.server]) {
+    for (const s of [local.tls, local.http, bridge, edge.server]) {
       const closed = new Promise<void>((r) => s.close(() => r()));
       for (const socket of sockets.get(s) ?? []) socket.destroy();
       await closed;
@@ -160,7 +160,7 @@ describe("bw-tunnel: a work sandbox's connections to its run's proxy, through E2
     expect(edge.seen.at(-1)).toEqual({ path: "/tls", token: true });
   });
 
-  it("the proxy's block list applies through the tunnel, on the HTTP path too", async () => {
+  it("the proxy's block list applies through the bridge, on the HTTP path too", async () => {
     const tls = await curl([
       "--cacert",
       proxy.caFile,
@@ -174,9 +174,9 @@ describe("bw-tunnel: a work sandbox's connections to its run's proxy, through E2
     expect(proxy.audit.blocked).toContain("evil.test");
   });
 
-  it("without the tunnel token nothing reaches the proxy; without the traffic token nothing passes the edge", async () => {
+  it("without the bridge token nothing reaches the proxy; without the traffic token nothing passes the edge", async () => {
     const before = api.counts.connections;
-    const wrongTunnel = await forward({
+    const wrongBridge = await forward({
       url: `https://${EDGE_HOST}:${edge.port}`,
       token: "x".repeat(64),
       edgeToken: EDGE_TOKEN,
@@ -194,7 +194,7 @@ describe("bw-tunnel: a work sandbox's connections to its run's proxy, through E2
       lookup: toLoopback,
     });
     try {
-      for (const f of [wrongTunnel, noEdge]) {
+      for (const f of [wrongBridge, noEdge]) {
         const res = await curl([
           "--cacert",
           proxy.caFile,
@@ -204,16 +204,16 @@ describe("bw-tunnel: a work sandbox's connections to its run's proxy, through E2
         expect(res.code).not.toBe(0);
         expect(res.status).toBe(0);
       }
-      expect(logs).toContainEqual({ event: "tunnel_refused", reason: "token" });
+      expect(logs).toContainEqual({ event: "bridge_refused", reason: "token" });
       expect(edge.seen.at(-1)).toEqual({ path: "/tls", token: false });
       expect(api.counts.connections).toBe(before);
     } finally {
-      for (const s of [wrongTunnel.tls, wrongTunnel.http, noEdge.tls, noEdge.http]) s.close();
+      for (const s of [wrongBridge.tls, wrongBridge.http, noEdge.tls, noEdge.http]) s.close();
     }
   });
 });
 
-describe("bw-tunnel framing (RFC 6455), against the ws package", () => {
+describe("bw-bridge framing (RFC 6455), against the ws package", () => {
   let echo: Server;
   beforeAll(async () => {
     echo = createServer((s) => s.pipe(s));
@@ -230,7 +230,7 @@ describe("bw-tunnel framing (RFC 6455), against the ws package", () => {
     });
     try {
       const ws = new WebSocket(`ws://127.0.0.1:${portOf(server)}/tls`, {
-        headers: { [TUNNEL_TOKEN_HEADER]: TOKEN },
+        headers: { [BRIDGE_TOKEN_HEADER]: TOKEN },
       });
       await new Promise((r, j) => ws.once("open", r).once("error", j));
       const big = randomBytes(1024 * 1024);
@@ -247,7 +247,7 @@ describe("bw-tunnel framing (RFC 6455), against the ws package", () => {
       expect(Buffer.concat(got).equals(Buffer.concat([Buffer.from("hello"), big]))).toBe(true);
       ws.close();
       const refused = new WebSocket(`ws://127.0.0.1:${portOf(server)}/tls`, {
-        headers: { [TUNNEL_TOKEN_HEADER]: "no" },
+        headers: { [BRIDGE_TOKEN_HEADER]: "no" },
       });
       const status = await new Promise<number>((r) =>
         refused.once("unexpected-response", (_q, res) => r(res.statusCode ?? 0)),
@@ -281,7 +281,7 @@ describe("bw-tunnel framing (RFC 6455), against the ws package", () => {
         client.write("ping through");
       });
       expect(reply).toBe("PING THROUGH");
-      expect(headers[0]?.[TUNNEL_TOKEN_HEADER]).toBe(TOKEN);
+      expect(headers[0]?.[BRIDGE_TOKEN_HEADER]).toBe(TOKEN);
       expect(headers[0]?.[EDGE_TOKEN_HEADER]).toBe(EDGE_TOKEN);
       client.destroy();
     } finally {
