@@ -14,6 +14,21 @@ export interface LogLines {
   close(): void;
 }
 
+/**
+ * The ISO 8601 time of now, formatted once per millisecond: a busy proxy logs many lines in the
+ * same millisecond, and toISOString() on each was a measurable share of a line's cost.
+ */
+export function isoNow(): string {
+  const ms = Date.now();
+  if (ms !== cachedMs) {
+    cachedMs = ms;
+    cachedIso = new Date(ms).toISOString();
+  }
+  return cachedIso;
+}
+let cachedMs = -1;
+let cachedIso = "";
+
 export function logLines(out: NodeJS.WritableStream = process.stdout): LogLines {
   let queued: string[] = [];
   let scheduled = false;

@@ -14,7 +14,7 @@ import { computeLane } from "./compute-lane";
 import { loadProxyConfig } from "./config";
 import { type CatchAllResolver, startCatchAllResolver } from "./dns";
 import { type AuditSink, createProxy } from "./handler";
-import { logLines } from "./log-lines";
+import { isoNow, logLines } from "./log-lines";
 import { modelLane } from "./model/lane";
 import { loadOriginalDst } from "./original-dst";
 import { PolicyClient } from "./policy-client";
@@ -36,7 +36,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   // Every JSON line on stdout goes through one batch, so they keep their order (log-lines.ts).
   const lines = logLines();
   // Each with its level (by event) and a timestamp first, then the record as it was.
-  const logLine = (record: object) => lines.write(formatLine(levelOf(record), record));
+  const logLine = (record: object) => lines.write(formatLine(levelOf(record), record, isoNow()));
   // The egress tunnel is dialled once the policy routes anything through the user's machine
   // (egress local, or a host via tunnel), and then kept: a later edit may route through it again.
   const tunnel = new TunnelClient({

@@ -7,9 +7,10 @@ import type { Dispatcher } from "undici";
 // lives in them, so this dispatches with a handler of its own: the raw trailers it is handed are
 // a flat list of Buffers from HTTP/1.1 and an object from HTTP/2; both are read here.
 
+/** An upstream's answer, on the main path and (without trailers) the model lane alike. */
 export interface UpstreamAnswer {
   status: number;
-  headers: Record<string, string | string[]>;
+  headers: Record<string, string | string[] | undefined>;
   /** The response body; backpressure reaches the upstream (undici pauses the socket or stream). */
   body: Readable;
   /** Filled in before `body` ends. */

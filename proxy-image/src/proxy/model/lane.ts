@@ -287,7 +287,7 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       return { ...failed, call: row(502, NO_USAGE, null) };
     }
     const relayed = await relay({
-      answer: upstream,
+      answer: { status: upstream.statusCode, headers: upstream.headers, body: upstream.body },
       decoders,
       res,
       needles,

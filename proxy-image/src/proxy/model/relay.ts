@@ -1,6 +1,14 @@
 import type { ServerResponse } from "node:http";
-import { type Readable, Transform, type TransformCallback, Writable } from "node:stream";
+import {
+  pipeline as pipelineCb,
+  type Readable,
+  Transform,
+  type TransformCallback,
+  Writable,
+} from "node:stream";
 import { pipeline } from "node:stream/promises";
+import { relayBody } from "../body-relay";
+import type { UpstreamAnswer } from "../handler/send";
 import { filterResponseHeaders } from "../http-rules";
 import { maskAll, maskString, RedactStream } from "../redact";
 import { MAX_EVENT_BYTES, SseFilter, type Verdict } from "./sse-relay";
@@ -34,14 +42,8 @@ const TRANSLATED_HEADERS = new Set([
   "x-request-id",
 ]);
 
-export interface UpstreamAnswer {
-  statusCode: number;
-  headers: Record<string, string | string[] | undefined>;
-  body: Readable;
-}
-
 export interface RelayInput {
-  answer: UpstreamAnswer;
+  answer: Pick<UpstreamAnswer, "status" | "headers" | "body">;
   /** Decoders for the answer's Content-Encoding (the scrubber reads plain bytes). */
   decoders: Transform[];
   res: ServerResponse;
@@ -69,7 +71,7 @@ export interface Relayed {
 export async function relay(input: RelayInput): Promise<Relayed> {
   const { answer, res, needles } = input;
   const contentType = String(answer.headers["content-type"] ?? "").toLowerCase();
-  const sse = input.stream && answer.statusCode < 300 && contentType.startsWith("text/event-stream");
+  const sse = input.stream && answer.status < 300 && contentType.startsWith("text/event-stream");
   const headers = filterResponseHeaders(answer.headers).filter(([k]) => !input.droppedHeaders.has(k));
   const mask = (h: Array<[string, string]>) => h.flatMap(([k, v]) => [k, maskString(v, needles)]);
 
@@ -85,9 +87,9 @@ export async function relay(input: RelayInput): Promise<Relayed> {
     if (kept === null)
       stages.push(new SseFilter(needles, usageReader(input.upstream, usage, input.hideUsage)));
     else stages.push(kept, new RedactStream(needles));
-    res.writeHead(answer.statusCode, mask(passed));
-    const problem = await piped([answer.body, ...stages, res]);
-    if (kept !== null && answer.statusCode < 300) Object.assign(usage, usageOf(input.upstream, kept.body()));
+    res.writeHead(answer.status, mask(passed));
+    const problem = await piped(answer.body, stages, res);
+    if (kept !== null && answer.status < 300) Object.assign(usage, usageOf(input.upstream, kept.body()));
     return { usage, problem };
   }
 
@@ -105,10 +107,10 @@ export async function relay(input: RelayInput): Promise<Relayed> {
     };
     const filter = new SseFilter(needles, onEvent, () => translator.end());
     res.writeHead(
-      answer.statusCode,
+      answer.status,
       mask([...kept, ["content-type", "text/event-stream"], ["cache-control", "no-cache"]]),
     );
-    const problem = await piped([answer.body, ...input.decoders, new RedactStream(needles), filter, res]);
+    const problem = await piped(answer.body, [...input.decoders, new RedactStream(needles), filter], res);
     return { usage: translator.usage(), problem };
   }
 
@@ -119,7 +121,7 @@ export async function relay(input: RelayInput): Promise<Relayed> {
   let usage: Usage = { ...NO_USAGE };
   let problem: string | null = raw === null ? "answer unreadable or too large" : null;
   try {
-    if (answer.statusCode >= 300) body = translation.error(answer.statusCode, parsed);
+    if (answer.status >= 300) body = translation.error(answer.status, parsed);
     else {
       const out = translation.response(parsed, { model: input.model });
       body = out.body;
@@ -128,10 +130,10 @@ export async function relay(input: RelayInput): Promise<Relayed> {
   } catch {
     problem = "answer could not be translated";
     // What the provider reported is still the spend, whatever became of the answer.
-    usage = answer.statusCode < 300 ? readUsage(input.upstream, parsed) : usage;
+    usage = answer.status < 300 ? readUsage(input.upstream, parsed) : usage;
     body = translation.error(502, null);
   }
-  const status = problem === "answer could not be translated" ? 502 : answer.statusCode;
+  const status = problem === "answer could not be translated" ? 502 : answer.status;
   const text = maskAll(Buffer.from(JSON.stringify(body), "utf8"), needles);
   res.writeHead(
     status,
@@ -141,11 +143,13 @@ export async function relay(input: RelayInput): Promise<Relayed> {
   return { usage, problem };
 }
 
-async function piped(
-  stages: ReadonlyArray<NodeJS.ReadableStream | NodeJS.WritableStream>,
-): Promise<string | null> {
+/** The answer through its stages (decoders, scrubber, filter) and on to the client by relayBody. */
+async function piped(body: Readable, stages: Transform[], res: ServerResponse): Promise<string | null> {
+  const last = stages[stages.length - 1] ?? null;
+  // A stage's error or abort reaches the relay through the last stage (as on the main path).
+  if (last !== null) pipelineCb([body, ...stages], () => {});
   try {
-    await pipeline(stages);
+    await relayBody(last ?? body, res, null, { bytesOut: 0 });
     return null;
   } catch (error) {
     return `response stream failed: ${error instanceof Error ? ((error as { code?: string }).code ?? error.name) : "unknown"}`;
