@@ -14,19 +14,15 @@ import {
   num,
   onlyKnown,
   openaiError,
-  Refused,
   str,
   textOf,
   unsupported,
 } from "./translate-common";
 import {
+  anthropicRequest,
   anthropicTool,
-  anthropicToolChoice,
-  endUser,
   imageBlock,
-  maxTokens,
-  noMetadata,
-  sampling,
+  SHARED_FIELDS,
   Turns,
   toolInput,
 } from "./translate-to-anthropic";
@@ -34,21 +30,11 @@ import type { RequestOptions, RequestResult, Usage } from "./translate-types";
 
 // Fields read below; any other top-level field is refused by name.
 const KNOWN = new Set([
-  "model",
+  ...SHARED_FIELDS,
   "messages",
   "max_tokens",
   "max_completion_tokens",
-  "temperature",
-  "top_p",
   "stop",
-  "stream",
-  "stream_options",
-  "tools",
-  "tool_choice",
-  "parallel_tool_calls",
-  "user",
-  "safety_identifier",
-  "metadata",
   // Accepted only at their defaults (checked in defaults()).
   "n",
   "logprobs",
@@ -90,31 +76,15 @@ const MESSAGE_KEYS: Record<string, Set<string>> = {
 };
 
 export function chatToAnthropicRequest(body: Json, opts: RequestOptions): RequestResult {
-  try {
-    onlyKnown(body, KNOWN);
-    defaults(body);
-    noMetadata(body.metadata);
-    const out: Json = { model: opts.upstreamModel };
-    const { system, turns } = messages(body.messages);
-    out.max_tokens = maxTokens(body, ["max_completion_tokens", "max_tokens"], opts.maxTokensDefault);
-    if (system.length > 0) out.system = system;
-    out.messages = turns;
-    sampling(body, out);
-    stops(body.stop, out);
-    const stream = streamFlags(body);
-    if (stream) out.stream = true;
-    const tools = chatTools(body.tools);
-    if (tools) out.tools = tools;
-    const choice = anthropicToolChoice(body.tool_choice, body.parallel_tool_calls, !!tools, (c) =>
-      c.type === "function" && isObj(c.function) ? str(c.function.name) : undefined,
-    );
-    if (choice) out.tool_choice = choice;
-    endUser(body, out);
-    return { ok: true, body: out, stream };
-  } catch (e) {
-    if (e instanceof Refused) return { ok: false, refusal: e.refusal };
-    throw e;
-  }
+  return anthropicRequest(body, opts, {
+    known: KNOWN,
+    defaults,
+    conversation: (b) => messages(b.messages),
+    maxTokensFields: ["max_completion_tokens", "max_tokens"],
+    extra: (b, out) => stops(b.stop, out),
+    tools: chatTools,
+    choiceName: (c) => (c.type === "function" && isObj(c.function) ? str(c.function.name) : undefined),
+  });
 }
 
 function stops(stop: unknown, out: Json): void {
@@ -123,24 +93,6 @@ function stops(stop: unknown, out: Json): void {
   if (!Array.isArray(list) || !list.every((s) => typeof s === "string")) invalid("stop", "string or strings");
   if (list.length > 0) out.stop_sequences = list;
 }
-
-/** `stream` and `stream_options`; include_usage is honoured by the stream translator. */
-export function streamFlags(body: Json): boolean {
-  if (!isDefault(body.stream, false, true)) invalid("stream", "must be a boolean");
-  const stream = body.stream === true;
-  const so = body.stream_options;
-  if (!isDefault(so)) {
-    if (!isObj(so)) return invalid("stream_options", "must be an object");
-    if (!stream) invalid("stream_options", "is only allowed when stream is true");
-    onlyKnown(so, STREAM_OPTION_KEYS, "stream_options.");
-    // Obfuscation pads deltas against a side channel of OpenAI's own; asking for it and not
-    // getting it must not pass unnoticed.
-    if (!isDefault(so.include_obfuscation, false))
-      unsupported("stream_options.include_obfuscation", "padding");
-  }
-  return stream;
-}
-const STREAM_OPTION_KEYS = new Set(["include_usage", "include_obfuscation"]);
 
 function chatTools(tools: unknown): Json[] | undefined {
   if (isDefault(tools)) return undefined;

@@ -1,7 +1,6 @@
 // OpenAI responses (the caller) → Anthropic Messages (the provider, 2023-06-01): the request,
 // the whole answer as a Response object. The lane is stateless, so everything that needs
 // OpenAI's stored state (previous_response_id, conversation, store, background) is refused.
-import { streamFlags } from "./translate-chat-anthropic";
 import {
   anthropicUsage,
   invalid,
@@ -11,40 +10,26 @@ import {
   nowSeconds,
   num,
   onlyKnown,
-  Refused,
   responsesUsageBody,
   str,
   textOf,
   unsupported,
 } from "./translate-common";
 import {
+  anthropicRequest,
   anthropicTool,
-  anthropicToolChoice,
-  endUser,
   imageBlock,
-  maxTokens,
-  noMetadata,
-  sampling,
+  SHARED_FIELDS,
   Turns,
   toolInput,
 } from "./translate-to-anthropic";
 import type { RequestOptions, RequestResult, Usage } from "./translate-types";
 
 const KNOWN = new Set([
-  "model",
+  ...SHARED_FIELDS,
   "input",
   "instructions",
   "max_output_tokens",
-  "temperature",
-  "top_p",
-  "stream",
-  "stream_options",
-  "tools",
-  "tool_choice",
-  "parallel_tool_calls",
-  "user",
-  "safety_identifier",
-  "metadata",
   // Accepted only at their defaults (checked in defaults()).
   "store",
   "text",
@@ -74,35 +59,21 @@ function defaults(body: Json): void {
 const TEXT_KEYS = new Set(["format", "verbosity"]);
 
 export function responsesToAnthropicRequest(body: Json, opts: RequestOptions): RequestResult {
-  try {
-    onlyKnown(body, KNOWN);
-    defaults(body);
-    noMetadata(body.metadata);
-    const out: Json = { model: opts.upstreamModel };
-    const system: Json[] = [];
-    if (!isDefault(body.instructions, "")) {
-      if (typeof body.instructions !== "string") invalid("instructions", "must be a string");
-      system.push({ type: "text", text: body.instructions });
-    }
-    const turns = input(body.input, system);
-    out.max_tokens = maxTokens(body, ["max_output_tokens"], opts.maxTokensDefault);
-    if (system.length > 0) out.system = system;
-    out.messages = turns;
-    sampling(body, out);
-    const stream = streamFlags(body);
-    if (stream) out.stream = true;
-    const tools = responsesTools(body.tools);
-    if (tools) out.tools = tools;
-    const choice = anthropicToolChoice(body.tool_choice, body.parallel_tool_calls, !!tools, (c) =>
-      c.type === "function" ? str(c.name) : undefined,
-    );
-    if (choice) out.tool_choice = choice;
-    endUser(body, out);
-    return { ok: true, body: out, stream };
-  } catch (e) {
-    if (e instanceof Refused) return { ok: false, refusal: e.refusal };
-    throw e;
-  }
+  return anthropicRequest(body, opts, {
+    known: KNOWN,
+    defaults,
+    conversation: (b) => {
+      const system: Json[] = [];
+      if (!isDefault(b.instructions, "")) {
+        if (typeof b.instructions !== "string") invalid("instructions", "must be a string");
+        system.push({ type: "text", text: b.instructions });
+      }
+      return { system, turns: input(b.input, system) };
+    },
+    maxTokensFields: ["max_output_tokens"],
+    tools: responsesTools,
+    choiceName: (c) => (c.type === "function" ? str(c.name) : undefined),
+  });
 }
 
 function responsesTools(tools: unknown): Json[] | undefined {

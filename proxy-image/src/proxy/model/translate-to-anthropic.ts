@@ -8,9 +8,11 @@ import {
   isObj,
   type Json,
   onlyKnown,
+  Refused,
   str,
   unsupported,
 } from "./translate-common";
+import type { RequestOptions, RequestResult } from "./translate-types";
 
 /** Anthropic turns being built: consecutive blocks of the same role land in one turn. */
 export class Turns {
@@ -134,3 +136,79 @@ export function maxTokens(body: Json, names: string[], fallback: number): number
   }
   return value ?? fallback;
 }
+
+/** The top-level fields both OpenAI formats read the same way. */
+export const SHARED_FIELDS = [
+  "model",
+  "temperature",
+  "top_p",
+  "stream",
+  "stream_options",
+  "tools",
+  "tool_choice",
+  "parallel_tool_calls",
+  "user",
+  "safety_identifier",
+  "metadata",
+] as const;
+
+/** What differs between chat completions and responses in building an Anthropic request. */
+export interface RequestShape {
+  known: ReadonlySet<string>;
+  /** Fields accepted only at values that change nothing. */
+  defaults(body: Json): void;
+  /** The caller's conversation → Anthropic's top-level system blocks and turns. */
+  conversation(body: Json): { system: Json[]; turns: Turns["list"] };
+  /** The caller's names for the output bound, first found wins. */
+  maxTokensFields: string[];
+  /** Fields of one format only, after sampling (chat's stop sequences). */
+  extra?(body: Json, out: Json): void;
+  tools(tools: unknown): Json[] | undefined;
+  /** The function a named tool_choice names. */
+  choiceName(choice: Json): string | undefined;
+}
+
+/** A request in either OpenAI format → Anthropic's, or the refusal of what it cannot carry. */
+export function anthropicRequest(body: Json, opts: RequestOptions, shape: RequestShape): RequestResult {
+  try {
+    onlyKnown(body, shape.known);
+    shape.defaults(body);
+    noMetadata(body.metadata);
+    const out: Json = { model: opts.upstreamModel };
+    const { system, turns } = shape.conversation(body);
+    out.max_tokens = maxTokens(body, shape.maxTokensFields, opts.maxTokensDefault);
+    if (system.length > 0) out.system = system;
+    out.messages = turns;
+    sampling(body, out);
+    shape.extra?.(body, out);
+    const stream = streamFlags(body);
+    if (stream) out.stream = true;
+    const tools = shape.tools(body.tools);
+    if (tools) out.tools = tools;
+    const choice = anthropicToolChoice(body.tool_choice, body.parallel_tool_calls, !!tools, shape.choiceName);
+    if (choice) out.tool_choice = choice;
+    endUser(body, out);
+    return { ok: true, body: out, stream };
+  } catch (e) {
+    if (e instanceof Refused) return { ok: false, refusal: e.refusal };
+    throw e;
+  }
+}
+
+/** `stream` and `stream_options`; include_usage is honoured by the stream translator. */
+export function streamFlags(body: Json): boolean {
+  if (!isDefault(body.stream, false, true)) invalid("stream", "must be a boolean");
+  const stream = body.stream === true;
+  const so = body.stream_options;
+  if (!isDefault(so)) {
+    if (!isObj(so)) return invalid("stream_options", "must be an object");
+    if (!stream) invalid("stream_options", "is only allowed when stream is true");
+    onlyKnown(so, STREAM_OPTION_KEYS, "stream_options.");
+    // Obfuscation pads deltas against a side channel of OpenAI's own; asking for it and not
+    // getting it must not pass unnoticed.
+    if (!isDefault(so.include_obfuscation, false))
+      unsupported("stream_options.include_obfuscation", "padding");
+  }
+  return stream;
+}
+const STREAM_OPTION_KEYS = new Set(["include_usage", "include_obfuscation"]);
