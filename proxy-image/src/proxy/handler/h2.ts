@@ -12,8 +12,8 @@ import type { Dialed } from "../original-dst";
 import type { Upstream } from "../upstream";
 import { type DecideContext, decideRequest } from "./decide";
 import { type Exchange, forward } from "./forward";
-import { type DecisionRecord, type RecordConn, record } from "./record";
-import { bad, misdirected, type RefusalAudit, toRefusal } from "./refusal";
+import { type DecisionRecord, type Ending, type RecordConn, requestRecord } from "./record";
+import { bad, misdirected, toRefusal } from "./refusal";
 import { type Target, type TargetConn, targetOfStream } from "./target";
 
 // HTTP/2 on a terminated TLS connection (I1): the connection's ALPN chose h2, and every stream on
@@ -110,29 +110,12 @@ async function handleStream(
   let target: Target | null = null;
   let rule: number | null = null;
   const exchange: Exchange = { bytesIn: 0, bytesOut: 0, route: null };
-  const finish = (
-    decision: DecisionRecord["decision"],
-    reason: string,
-    status: number,
-    audit: RefusalAudit = {},
-  ) =>
+  const finish = (...end: Ending) =>
     ctx.emit(
-      record({
-        conn: at.conn,
-        method,
-        host: target?.host ?? null,
-        port: target?.port ?? null,
-        decision,
-        reason,
-        status,
-        rule,
-        bytesIn: exchange.bytesIn,
-        bytesOut: exchange.bytesOut,
-        started,
-        policyVersion: ctx.versionNow(),
-        route: audit.route ?? exchange.route,
-        ...(audit.blockedBy ? { blockedBy: audit.blockedBy } : {}),
-      }),
+      requestRecord(
+        { conn: at.conn, method, started, target, rule, exchange, policyVersion: ctx.versionNow() },
+        ...end,
+      ),
     );
   try {
     const framing = checkFraming(rawHeaders);

@@ -16,8 +16,16 @@ import type { Upstream } from "../upstream";
 import { type DecideContext, decideRequest } from "./decide";
 import { type Exchange, forwardHttp1 } from "./forward";
 import { createStreamServer } from "./h2";
-import { type AuditSink, auditRows, type DecisionRecord, type Listener, record } from "./record";
-import { bad, blockedRefusal, Refusal, type RefusalAudit, toRefusal } from "./refusal";
+import {
+  type AuditSink,
+  auditRows,
+  type DecisionRecord,
+  type Ending,
+  type Listener,
+  record,
+  requestRecord,
+} from "./record";
+import { bad, blockedRefusal, Refusal, toRefusal } from "./refusal";
 import { connectTarget, explicitPortRefusal, type Target, targetOf } from "./target";
 import { type ConnInfo, tlsWaysIn } from "./tls-in";
 import { handleUpgrade, type UpgradeContext, upgradeWanted } from "./upgrade";
@@ -294,29 +302,12 @@ export function createProxy(options: ProxyOptions) {
     let target: Target | null = null;
     let rule: number | null = null;
     const exchange: Exchange = { bytesIn: 0, bytesOut: 0, route: null };
-    const finish = (
-      decision: DecisionRecord["decision"],
-      reason: string,
-      status: number,
-      audit: RefusalAudit = {},
-    ) =>
+    const finish = (...end: Ending) =>
       emit(
-        record({
-          conn,
-          method: req.method ?? "?",
-          host: target?.host ?? null,
-          port: target?.port ?? null,
-          decision,
-          reason,
-          status,
-          rule,
-          bytesIn: exchange.bytesIn,
-          bytesOut: exchange.bytesOut,
-          started,
-          policyVersion: versionNow(),
-          route: audit.route ?? exchange.route,
-          ...(audit.blockedBy ? { blockedBy: audit.blockedBy } : {}),
-        }),
+        requestRecord(
+          { conn, method: req.method ?? "?", started, target, rule, exchange, policyVersion: versionNow() },
+          ...end,
+        ),
       );
     try {
       const framing = checkFraming(req.rawHeaders);

@@ -1,5 +1,6 @@
 import type { ProxyListener } from "../../../../src/contract/proxy-view";
 import type { AuditSource, EgressRoute, ModelCallRow } from "../../../../src/contract/proxy-wire";
+import type { RefusalAudit } from "./refusal";
 
 // One canonical record per decided request (and per CONNECT refusal, and per spliced
 // connection), as smokescreen keeps one per connection: what was asked, what was decided, how it
@@ -91,6 +92,47 @@ export function record(input: RecordInput): DecisionRecord {
     blockedBy: input.blockedBy ?? null,
     mode: input.mode ?? "terminate",
   };
+}
+
+/** A request's record as it stands when it ends, from the HTTP/1.1 and HTTP/2 handlers alike. */
+export interface RequestSoFar {
+  conn: RecordConn | undefined;
+  method: string;
+  started: number;
+  target: { host: string; port: number } | null;
+  rule: number | null;
+  exchange: { bytesIn: number; bytesOut: number; route: EgressRoute | null };
+  policyVersion: number | null;
+}
+
+/** How a request ended: its decision, why, the status sent, and the refusal's audit source. */
+export type Ending = [
+  decision: DecisionRecord["decision"],
+  reason: string,
+  status: number,
+  audit?: RefusalAudit,
+];
+
+export function requestRecord(
+  r: RequestSoFar,
+  ...[decision, reason, status, audit = {}]: Ending
+): DecisionRecord {
+  return record({
+    conn: r.conn,
+    method: r.method,
+    host: r.target?.host ?? null,
+    port: r.target?.port ?? null,
+    decision,
+    reason,
+    status,
+    rule: r.rule,
+    bytesIn: r.exchange.bytesIn,
+    bytesOut: r.exchange.bytesOut,
+    started: r.started,
+    policyVersion: r.policyVersion,
+    route: audit.route ?? r.exchange.route,
+    ...(audit.blockedBy ? { blockedBy: audit.blockedBy } : {}),
+  });
 }
 
 /** The audit rows a final record stands for: a blocked-host row and a route row, each if any. */
