@@ -9,11 +9,11 @@ import {
   bearer,
   type EgressRoute,
   JSON_CONTENT_TYPE,
-  MAX_AUDIT_ENTRIES,
   ModelCallRow,
   signAuditBatch,
 } from "../../../src/contract/proxy-wire";
 import { canonicalHost } from "../../../src/policy/host";
+import { HeldRows } from "./audit-rows";
 import type { FetchFn, LogFn } from "./policy-client";
 
 // Audit rows (blocked hosts, egress routes: host and counts only; model calls: one row per call,
@@ -64,30 +64,14 @@ export interface AuditStats {
   batchesRejected: number;
 }
 
-interface Seen {
-  count: number;
-  first: number;
-  last: number;
-}
-
 interface Spooled {
   name: string;
   batchId: string;
   bytes: number;
 }
 
-type Entry =
-  | { kind: "blocked"; host: string; seen: Seen }
-  | { kind: "route"; host: string; route: EgressRoute; seen: Seen }
-  | { kind: "model"; row: ModelCallRow };
-
 const SPOOL_FILE = /^(\d{12})-([A-Za-z0-9_-]{1,64})\.json$/;
 const REJECTED = "rejected";
-// Distinct (host, route) keys and model call rows held in memory while the spool is full: rows
-// for hosts already held are still counted, a new host or call beyond this is refused (and the
-// proxy refuses its egress).
-const MAX_MEMORY_KEYS = 100_000;
-
 const defaultLog: LogFn = (level, message, fields) => {
   console.error(logLine(level, { component: "audit", message, ...fields }));
 };
@@ -95,10 +79,7 @@ const defaultLog: LogFn = (level, message, fields) => {
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref());
 
 export class AuditReporter {
-  private readonly blocked = new Map<string, Seen>();
-  private readonly routes = new Map<string, { host: string; route: EgressRoute; seen: Seen }>();
-  // One entry per call, oldest first: each call is its own row (its callId de-duplicates it).
-  private modelCalls: ModelCallRow[] = [];
+  private readonly rows: HeldRows;
   private readonly queue: Spooled[] = [];
   private spoolBytes = 0;
   private nextSeq = 1;
@@ -135,6 +116,7 @@ export class AuditReporter {
   };
 
   constructor(private readonly options: AuditReporterOptions) {
+    this.rows = new HeldRows(options.runId, options.source ?? "proxy");
     this.url = new URL(auditPath(options.runId), options.controlPlaneUrl).toString();
     this.rejectedDir = join(options.spoolDir, REJECTED);
     this.maxSpoolBytes = options.maxSpoolBytes ?? 8 * 1024 * 1024;
@@ -165,19 +147,16 @@ export class AuditReporter {
 
   /** Rows counted in memory, not yet spooled. */
   get heldRows(): number {
-    let rows = 0;
-    for (const seen of this.blocked.values()) rows += seen.count;
-    for (const { seen } of this.routes.values()) rows += seen.count;
-    return rows + this.modelCalls.length;
+    return this.rows.count;
   }
 
   /** A request to `host` was refused by host policy. False when the row could not be kept. */
   recordBlocked(host: string): boolean {
     const canonical = this.admit(host);
     if (canonical === null) return false;
-    const seen = this.blocked.get(canonical);
-    if (seen === undefined && this.memoryFull()) return this.refuse("too many distinct hosts held in memory");
-    this.bump(seen, (fresh) => this.blocked.set(canonical, fresh));
+    if (!this.rows.addBlocked(canonical, this.now()))
+      return this.refuse("too many distinct hosts held in memory");
+    this.stats.rowsRecorded++;
     return true;
   }
 
@@ -185,10 +164,9 @@ export class AuditReporter {
   recordRoute(host: string, route: EgressRoute): boolean {
     const canonical = this.admit(host);
     if (canonical === null) return false;
-    const key = `${route} ${canonical}`;
-    const held = this.routes.get(key);
-    if (held === undefined && this.memoryFull()) return this.refuse("too many distinct hosts held in memory");
-    this.bump(held?.seen, (seen) => this.routes.set(key, { host: canonical, route, seen }));
+    if (!this.rows.addRoute(canonical, route, this.now()))
+      return this.refuse("too many distinct hosts held in memory");
+    this.stats.rowsRecorded++;
     return true;
   }
 
@@ -198,9 +176,8 @@ export class AuditReporter {
     // The row is not logged: only that it did not fit the contract.
     const parsed = ModelCallRow.safeParse(row);
     if (!parsed.success) return this.refuse("not a valid model call row");
-    if (this.memoryFull()) return this.refuse("too many rows held in memory");
+    if (!this.rows.addModelCall(parsed.data)) return this.refuse("too many rows held in memory");
     this.stats.rowsRecorded++;
-    this.modelCalls.push(parsed.data);
     return true;
   }
 
@@ -272,26 +249,6 @@ export class AuditReporter {
     return false;
   }
 
-  private memoryFull(): boolean {
-    return this.heldKeys() >= MAX_MEMORY_KEYS;
-  }
-
-  private heldKeys(): number {
-    return this.blocked.size + this.routes.size + this.modelCalls.length;
-  }
-
-  private bump(seen: Seen | undefined, create: (seen: Seen) => void): void {
-    const at = this.now();
-    this.stats.rowsRecorded++;
-    if (seen === undefined) {
-      create({ count: 1, first: at, last: at });
-      return;
-    }
-    seen.count++;
-    if (at < seen.first) seen.first = at;
-    if (at > seen.last) seen.last = at;
-  }
-
   // ---- spooling ----
 
   private ready(): Promise<void> {
@@ -335,7 +292,7 @@ export class AuditReporter {
 
   private async spoolOnce(force: boolean): Promise<void> {
     await this.ready();
-    while (this.heldKeys() > 0) {
+    while (this.rows.keys > 0) {
       // Room left under the bound; a lone batch is always allowed, or a tiny bound could never drain.
       const room = force
         ? this.maxBatchBytes
@@ -343,7 +300,7 @@ export class AuditReporter {
       const taken = this.take(room, force || this.queue.length === 0);
       // Rows that arrive while this batch is written wait for the next flush: looping on them
       // sent a stream of one-row batches under steady traffic (seen in the bench).
-      const more = force || this.heldKeys() > 0;
+      const more = force || this.rows.keys > 0;
       if (taken === null) {
         if (!this.held) {
           this.log("warn", "audit spool full; refusing new egress until it drains", {
@@ -357,7 +314,7 @@ export class AuditReporter {
       try {
         await this.writeBatch(taken.name, taken.body);
       } catch (error) {
-        this.restore(taken.entries);
+        this.rows.restore(taken.entries);
         if (!this.writeFailed) this.log("error", "cannot write the audit spool", { error: errorName(error) });
         this.writeFailed = true;
         this.held = true;
@@ -372,103 +329,13 @@ export class AuditReporter {
     this.writeFailed = false;
   }
 
-  /**
-   * Detaches the first entries of the aggregate that fit in `room` bytes as one batch. Null when
-   * not even one fits (and `oneAlways` is false). Synchronous, so no record lands in between.
-   */
+  /** The next batch of what is held, named for the spool; null when none fits in `room`. */
   private take(room: number, oneAlways: boolean) {
-    const entries: Entry[] = [];
-    for (const [host, seen] of this.blocked) {
-      if (entries.length >= MAX_AUDIT_ENTRIES) break;
-      entries.push({ kind: "blocked", host, seen });
-    }
-    const routesFrom = entries.length;
-    for (const { host, route, seen } of this.routes.values()) {
-      if (entries.length - routesFrom >= MAX_AUDIT_ENTRIES) break;
-      entries.push({ kind: "route", host, route, seen });
-    }
-    const modelsFrom = entries.length;
-    for (const row of this.modelCalls) {
-      if (entries.length - modelsFrom >= MAX_AUDIT_ENTRIES) break;
-      entries.push({ kind: "model", row });
-    }
     const batchId = randomUUID();
-    const createdAt = new Date(this.now()).toISOString();
-    let n = entries.length;
-    let body = this.serialize(batchId, createdAt, entries.slice(0, n));
-    // Hosts are canonical (ASCII), a model's name need not be: count bytes.
-    let bytes = Buffer.byteLength(body);
-    while (bytes > room && n > 1) {
-      n = Math.max(1, Math.min(n - 1, Math.floor((n * room) / bytes)));
-      body = this.serialize(batchId, createdAt, entries.slice(0, n));
-      bytes = Buffer.byteLength(body);
-    }
-    if (bytes > room && !oneAlways) return null;
-    const chosen = entries.slice(0, n);
-    let calls = 0;
-    for (const entry of chosen) {
-      if (entry.kind === "blocked") this.blocked.delete(entry.host);
-      else if (entry.kind === "route") this.routes.delete(`${entry.route} ${entry.host}`);
-      else calls++;
-    }
-    // Model rows are taken from the front, in order.
-    if (calls > 0) this.modelCalls = this.modelCalls.slice(calls);
+    const taken = this.rows.take(room, oneAlways, batchId, new Date(this.now()).toISOString());
+    if (taken === null) return null;
     const name = `${String(this.nextSeq++).padStart(12, "0")}-${batchId}.json`;
-    return { name, batchId, body, bytes, entries: chosen };
-  }
-
-  private serialize(batchId: string, createdAt: string, entries: readonly Entry[]): string {
-    const iso = (ms: number) => new Date(ms).toISOString();
-    const batch: AuditBatch = {
-      schema: 1,
-      runId: this.options.runId,
-      batchId,
-      source: this.options.source ?? "proxy",
-      createdAt,
-      blockedHosts: [],
-      egressRoutes: [],
-      modelCalls: [],
-    };
-    for (const e of entries) {
-      if (e.kind === "model") {
-        batch.modelCalls.push(e.row);
-        continue;
-      }
-      const times = { count: e.seen.count, firstSeen: iso(e.seen.first), lastSeen: iso(e.seen.last) };
-      if (e.kind === "blocked") batch.blockedHosts.push({ host: e.host, ...times });
-      else batch.egressRoutes.push({ host: e.host, route: e.route, ...times });
-    }
-    return JSON.stringify(batch);
-  }
-
-  /** Puts detached entries back (a failed write); merging is commutative, so order does not matter. */
-  private restore(entries: readonly Entry[]): void {
-    const calls: ModelCallRow[] = [];
-    for (const entry of entries) {
-      if (entry.kind === "model") {
-        calls.push(entry.row);
-        continue;
-      }
-      const current =
-        entry.kind === "blocked"
-          ? this.blocked.get(entry.host)
-          : this.routes.get(`${entry.route} ${entry.host}`)?.seen;
-      if (current === undefined) {
-        if (entry.kind === "blocked") this.blocked.set(entry.host, entry.seen);
-        else
-          this.routes.set(`${entry.route} ${entry.host}`, {
-            host: entry.host,
-            route: entry.route,
-            seen: entry.seen,
-          });
-        continue;
-      }
-      current.count += entry.seen.count;
-      current.first = Math.min(current.first, entry.seen.first);
-      current.last = Math.max(current.last, entry.seen.last);
-    }
-    // Back in front of the calls recorded since, so they still go out oldest first.
-    if (calls.length > 0) this.modelCalls = [...calls, ...this.modelCalls];
+    return { name, batchId, ...taken };
   }
 
   /** Atomic: temp file, fsync, rename, fsync of the directory. */
