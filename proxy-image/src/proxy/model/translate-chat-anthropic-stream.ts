@@ -4,11 +4,10 @@
 
 import { chatId } from "./translate-chat-anthropic";
 import {
+  AnthropicStream,
   anthropicErrorType,
   chatUsageBody,
-  eventJson,
   finishReasonOf,
-  foldAnthropicUsage,
   isObj,
   type Json,
   nowSeconds,
@@ -16,16 +15,12 @@ import {
   openaiErrorType,
   str,
 } from "./translate-common";
-import type { SseEvent, StreamTranslator, Usage } from "./translate-types";
+import type { SseEvent, StreamTranslator } from "./translate-types";
 
 export function anthropicToChatStream(opts: { model: string; includeUsage?: boolean }): StreamTranslator {
   let id = chatId(undefined);
   const created = nowSeconds();
-  const usage: Usage = { input: 0, output: 0, cached: 0 };
-  let cacheWrite = 0;
-  let started = false;
-  let finished = false;
-  let failed = false;
+  const s = new AnthropicStream();
   // Anthropic's content-block index → chat's tool_calls index (only tool_use blocks have one).
   const toolIndex = new Map<number, number>();
   let finishReason: string | null = null;
@@ -40,30 +35,20 @@ export function anthropicToChatStream(opts: { model: string; includeUsage?: bool
     }),
   });
 
-  const readUsage = (u: unknown): void => {
-    cacheWrite = foldAnthropicUsage(usage, u, cacheWrite);
-  };
-
   const error = (type: string, message: string, status: number): SseEvent => {
-    failed = true;
+    s.failed = true;
     return {
       data: JSON.stringify({ error: { message, type: openaiErrorType(status), param: null, code: type } }),
     };
   };
 
-  return {
-    usage: () => ({ ...usage }),
-    push(e: SseEvent): SseEvent[] {
-      const ev = eventJson(e);
-      if (!ev || failed || finished) return [];
+  return s.translator({
+    start(msg) {
+      id = chatId(msg.id);
+      return [chunk({ role: "assistant", content: "" })];
+    },
+    event(ev) {
       switch (ev.type) {
-        case "message_start": {
-          const msg = isObj(ev.message) ? ev.message : {};
-          id = chatId(msg.id);
-          readUsage(msg.usage);
-          started = true;
-          return [chunk({ role: "assistant", content: "" })];
-        }
         case "content_block_start": {
           const block = isObj(ev.content_block) ? ev.content_block : {};
           // A text block normally starts empty; text it starts with is the answer's too.
@@ -98,14 +83,14 @@ export function anthropicToChatStream(opts: { model: string; includeUsage?: bool
           return [];
         }
         case "message_delta": {
-          readUsage(ev.usage);
+          s.readUsage(ev.usage);
           const delta = isObj(ev.delta) ? ev.delta : {};
           if (delta.stop_reason == null) return [];
           finishReason = finishReasonOf(delta.stop_reason);
           return [chunk({}, finishReason)];
         }
         case "message_stop": {
-          finished = true;
+          s.finished = true;
           const out: SseEvent[] = [];
           if (finishReason === null) out.push(chunk({}, "stop"));
           if (opts.includeUsage)
@@ -116,7 +101,7 @@ export function anthropicToChatStream(opts: { model: string; includeUsage?: bool
                 created,
                 model: opts.model,
                 choices: [],
-                usage: chatUsageBody(usage, cacheWrite),
+                usage: chatUsageBody(s.usage, s.cacheWrite),
               }),
             });
           return out;
@@ -132,14 +117,8 @@ export function anthropicToChatStream(opts: { model: string; includeUsage?: bool
           return [];
       }
     },
-    end(): SseEvent[] {
-      if (failed) return [];
-      if (!finished) {
-        // A stream cut short must not look complete: OpenAI's SDK raises on an error chunk.
-        const why = started ? "ended before the message was complete" : "ended before it started";
-        return [error(anthropicErrorType(502), `the provider's stream ${why}`, 502)];
-      }
-      return [{ data: "[DONE]" }];
-    },
-  };
+    // A stream cut short must not look complete: OpenAI's SDK raises on an error chunk.
+    cut: (why) => [error(anthropicErrorType(502), `the provider's stream ${why}`, 502)],
+    done: () => [{ data: "[DONE]" }],
+  });
 }

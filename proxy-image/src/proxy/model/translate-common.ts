@@ -1,6 +1,6 @@
 // Helpers shared by the per-pair translations: reading loosely typed JSON, refusing, mapping
 // stop reasons, error types and usage. Pure: no I/O.
-import type { Refusal, SseEvent, Usage } from "./translate-types";
+import type { Refusal, SseEvent, StreamTranslator, Usage } from "./translate-types";
 
 export type Json = Record<string, unknown>;
 
@@ -296,4 +296,53 @@ export function parseArguments(args: unknown): unknown {
 
 export function nowSeconds(): number {
   return Math.floor(Date.now() / 1000);
+}
+
+/** What a translation of an Anthropic stream says at each turn that is its own. */
+export interface AnthropicStreamHandlers {
+  /** message_start's message (its usage read already). */
+  start(msg: Json): SseEvent[];
+  /** Every later event, while the stream has neither finished nor failed. */
+  event(ev: Json): SseEvent[];
+  /** The stream ended after message_stop. */
+  done(): SseEvent[];
+  /** The stream ended short; `why` says where. */
+  cut(why: string): SseEvent[];
+}
+
+/**
+ * The part of translating an Anthropic stream that every caller format shares: the usage (folded
+ * from message_start and message_delta), whether the stream started, finished or failed, and that
+ * nothing is read after it finished or failed.
+ */
+export class AnthropicStream {
+  readonly usage: Usage = { input: 0, output: 0, cached: 0 };
+  cacheWrite = 0;
+  started = false;
+  finished = false;
+  failed = false;
+
+  readUsage(u: unknown): void {
+    this.cacheWrite = foldAnthropicUsage(this.usage, u, this.cacheWrite);
+  }
+
+  translator(h: AnthropicStreamHandlers): StreamTranslator {
+    return {
+      usage: () => ({ ...this.usage }),
+      push: (e) => {
+        const ev = eventJson(e);
+        if (!ev || this.failed || this.finished) return [];
+        if (ev.type !== "message_start") return h.event(ev);
+        const msg = isObj(ev.message) ? ev.message : {};
+        this.readUsage(msg.usage);
+        this.started = true;
+        return h.start(msg);
+      },
+      end: () => {
+        if (this.failed) return [];
+        if (this.finished) return h.done();
+        return h.cut(this.started ? "ended before the message was complete" : "ended before it started");
+      },
+    };
+  }
 }

@@ -5,8 +5,7 @@
 // text of each block is kept until its block ends, and finished items until the answer ends:
 // memory is bounded by the answer (itself bounded by max_output_tokens), never by the stream.
 import {
-  eventJson,
-  foldAnthropicUsage,
+  AnthropicStream,
   isObj,
   type Json,
   nowSeconds,
@@ -21,7 +20,7 @@ import {
   responseObject,
   responseStatus,
 } from "./translate-responses-anthropic";
-import type { SseEvent, StreamTranslator, Usage } from "./translate-types";
+import type { SseEvent, StreamTranslator } from "./translate-types";
 
 interface Open {
   kind: "text" | "tool";
@@ -35,13 +34,9 @@ interface Open {
 export function anthropicToResponsesStream(opts: { model: string }): StreamTranslator {
   let ids = responseIds(undefined);
   const createdAt = nowSeconds();
-  const usage: Usage = { input: 0, output: 0, cached: 0 };
-  let cacheWrite = 0;
+  const s = new AnthropicStream();
   let seq = 0;
   let stopReason: unknown = null;
-  let started = false;
-  let finished = false;
-  let failed = false;
   const open = new Map<number, Open>();
   const done: Json[] = [];
 
@@ -50,29 +45,19 @@ export function anthropicToResponsesStream(opts: { model: string }): StreamTrans
     data: JSON.stringify({ type, sequence_number: seq++, ...fields }),
   });
 
-  const readUsage = (u: unknown): void => {
-    cacheWrite = foldAnthropicUsage(usage, u, cacheWrite);
-  };
-
   const fail = (code: string, message: string): SseEvent[] => {
-    failed = true;
+    s.failed = true;
     return [emit("error", { code, message, param: null })];
   };
 
-  return {
-    usage: () => ({ ...usage }),
-    push(e: SseEvent): SseEvent[] {
-      const ev = eventJson(e);
-      if (!ev || failed || finished) return [];
+  return s.translator({
+    start(msg) {
+      ids = responseIds(msg.id);
+      const response = responseObject(ids.response, opts.model, createdAt, [], inProgress, null);
+      return [emit("response.created", { response }), emit("response.in_progress", { response })];
+    },
+    event(ev) {
       switch (ev.type) {
-        case "message_start": {
-          const msg = isObj(ev.message) ? ev.message : {};
-          ids = responseIds(msg.id);
-          readUsage(msg.usage);
-          started = true;
-          const response = responseObject(ids.response, opts.model, createdAt, [], inProgress, null);
-          return [emit("response.created", { response }), emit("response.in_progress", { response })];
-        }
         case "content_block_start": {
           const block = isObj(ev.content_block) ? ev.content_block : {};
           const index = num(ev.index);
@@ -180,13 +165,13 @@ export function anthropicToResponsesStream(opts: { model: string }): StreamTrans
           ];
         }
         case "message_delta": {
-          readUsage(ev.usage);
+          s.readUsage(ev.usage);
           const delta = isObj(ev.delta) ? ev.delta : {};
           if (delta.stop_reason != null) stopReason = delta.stop_reason;
           return [];
         }
         case "message_stop": {
-          finished = true;
+          s.finished = true;
           const status = responseStatus(stopReason);
           const response = responseObject(
             ids.response,
@@ -194,7 +179,7 @@ export function anthropicToResponsesStream(opts: { model: string }): StreamTrans
             createdAt,
             done,
             status,
-            responsesUsageBody(usage, cacheWrite),
+            responsesUsageBody(s.usage, s.cacheWrite),
           );
           const type = status.status === "completed" ? "response.completed" : "response.incomplete";
           return [emit(type, { response })];
@@ -207,12 +192,9 @@ export function anthropicToResponsesStream(opts: { model: string }): StreamTrans
           return [];
       }
     },
-    end(): SseEvent[] {
-      if (failed || finished) return [];
-      const why = started ? "ended before the message was complete" : "ended before it started";
-      return fail("api_error", `the provider's stream ${why}`);
-    },
-  };
+    cut: (why) => fail("api_error", `the provider's stream ${why}`),
+    done: () => [],
+  });
 }
 
 const inProgress = { status: "in_progress", incomplete_details: null };
