@@ -3,7 +3,7 @@ import { brotliCompressSync, deflateSync, gzipSync } from "node:zlib";
 import { afterAll, beforeAll, expect } from "vitest";
 import {
   createTestCa,
-  curl,
+  curlTls,
   echo,
   type RunningProxy,
   selfSignedCert,
@@ -11,7 +11,6 @@ import {
   startProxy,
   startTlsUpstream,
   type TestCa,
-  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -150,7 +149,7 @@ export let proxy: RunningProxy;
 
 /** curl through the transparent TLS listener, as a work sandbox whose hosts file points at it. */
 export const viaTls = (host: string, path = "/", extra: string[] = []) =>
-  curl([...tlsArgs(proxy, host), ...extra, `https://${host}${path}`]);
+  curlTls(proxy, `https://${host}${path}`, extra);
 
 /** The file's upstreams and proxy (before all), and its closing checks (after all). */
 export function useCredentialsWorld(): void {

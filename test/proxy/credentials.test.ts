@@ -15,7 +15,7 @@ import {
   useCredentialsWorld,
   viaTls,
 } from "./credentials-world";
-import { curl, tlsArgs } from "./harness";
+import { curl, curlTls, tlsArgs } from "./harness";
 import { exchange, wire } from "./raw";
 
 // Cases B1–B4 (B5–B7 are in credential-scrub.test.ts, over the same world: credentials-world.ts):
@@ -78,7 +78,7 @@ describe("case B1: a secret is injected only for hosts its rule matches", () => 
 describe("case B2: a redirect is passed back, never followed with the credential", () => {
   it("302 to another origin reaches the client as is; the second host sees nothing", async () => {
     const before = other.counts.requests;
-    const res = await curl([...tlsArgs(proxy, "redirect.test"), "-D", "-", "https://redirect.test/start"]);
+    const res = await curlTls(proxy, "https://redirect.test/start", ["-D", "-"]);
     expect(res.status).toBe(302);
     expect(res.body).toMatch(/^location: https:\/\/other\.test\/landing\r?$/im);
     expect(other.counts.requests).toBe(before);

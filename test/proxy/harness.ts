@@ -393,6 +393,15 @@ export function tlsArgs(proxy: { caFile: string; tlsPort: number }, host: string
   return ["--cacert", proxy.caFile, "--connect-to", `${host}:443:127.0.0.1:${proxy.tlsPort}`];
 }
 
+/** curl to an https URL through the proxy's transparent TLS listener, as a sandbox would reach it. */
+export function curlTls(
+  proxy: { caFile: string; tlsPort: number },
+  url: string,
+  extra: readonly string[] = [],
+): ReturnType<typeof curl> {
+  return curl([...extra, ...tlsArgs(proxy, new URL(url).hostname), url]);
+}
+
 /** A vault snapshot from a short description (patterns must already be canonical). */
 export function vault(v: Partial<VaultSnapshot>): VaultSnapshot {
   return { version: 1, default: "allow", hosts: [], rules: [], ...v };

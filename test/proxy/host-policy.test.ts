@@ -1,6 +1,6 @@
 import { Client } from "undici";
 import { describe, expect, it } from "vitest";
-import { curl, tlsArgs } from "./harness";
+import { curl, curlTls } from "./harness";
 import {
   api,
   CANARY,
@@ -115,7 +115,7 @@ describe("case A8: TLS SNI differs from Host (domain fronting) → 421, in the d
 
   it("with curl as the client", async () => {
     const nothing = quiet();
-    const res = await curl([...tlsArgs(proxy, "api.test"), "-H", "Host: other.test", "https://api.test/"]);
+    const res = await curlTls(proxy, "https://api.test/", ["-H", "Host: other.test"]);
     expect(res.status).toBe(421);
     expect(res.body).not.toContain(CANARY);
     nothing();
