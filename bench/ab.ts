@@ -53,7 +53,11 @@ try {
   const cps: FakeControlPlane[] = [];
   for (const [name, root] of checkouts) {
     const bundle = join(dir, `${name}.cjs`);
-    await build({ ...PROXY_BUILD, entryPoints: [join(root, "proxy-image/src/main.ts")], outfile: bundle });
+    await build({
+      ...PROXY_BUILD,
+      entryPoints: [join(root, "proxy-image/src/proxy/main.ts")],
+      outfile: bundle,
+    });
     const cp = new FakeControlPlane(
       `run_ab_${name}`,
       vaultOf({

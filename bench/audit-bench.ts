@@ -1,5 +1,5 @@
 // The audit ingest bench: `npm run bench:audit`. Signed audit batches, as a run's proxy sends
-// them (proxy-image/src/audit.ts), posted to the control plane's real ingest route
+// them (proxy-image/src/proxy/audit.ts), posted to the control plane's real ingest route
 // (POST /internal/runs/{id}/audit, src/routes/internal.ts) on a local `wrangler dev` over a real
 // PostgreSQL (a throwaway cluster of the machine's own, through the Neon driver and the
 // WebSocket bridge, as the tests run it). Baselines in the same run: the same batches stored by

@@ -5,7 +5,7 @@
 //                  comments with characters above U+00FF, so V8 holds the source as a two-byte
 //                  string) and undici's whole index loaded
 //   minified       the shipped build flags (lib/bundle.ts), undici's whole index still loaded
-//   undici lib     unminified, undici's Pool and connector from its lib files (proxy-image/src/undici.ts)
+//   undici lib     unminified, undici's Pool and connector from its lib files (proxy-image/src/proxy/undici.ts)
 //   shipped        both: what `npm run build:proxy` builds now
 // and the minimal Node MITM (lib/minimal-mitm.ts, the shipped flags) as Node's own floor. Each
 // build runs in several rounds, builds taking turns, a fresh process each time; medians. Loopback
@@ -88,7 +88,7 @@ async function main(): Promise<number> {
     const bundles = new Map<string, string>();
     for (const v of VARIANTS) {
       const entry = join(dir, `entry-${bundles.size}.ts`);
-      const main = join(ROOT, "proxy-image/src/main.ts");
+      const main = join(ROOT, "proxy-image/src/proxy/main.ts");
       const undici = join(ROOT, "proxy-image/node_modules/undici/index.js");
       writeFileSync(
         entry,

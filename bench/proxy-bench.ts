@@ -96,7 +96,7 @@ async function main(): Promise<void> {
   try {
     // The proxy as shipped: the image's bundle (PROXY_BUILD, the options of `npm run build:proxy`),
     // written to a scratch directory so a parallel build of proxy-image/dist is not disturbed.
-    // The minimal MITM is bundled the same way, with the proxy's own undici (proxy-image/src/undici.ts).
+    // The minimal MITM is bundled the same way, with the proxy's own undici (proxy-image/src/proxy/undici.ts).
     const drift = buildScriptDrift(readFileSync(join(ROOT, "package.json"), "utf8"));
     if (drift.length > 0)
       log(`warning: build:proxy lacks ${drift.join(" ")}: this bench's bundle is not the image's`);
@@ -108,7 +108,7 @@ async function main(): Promise<void> {
     const nodeArgs = (process.env.BENCH_PROXY_NODE_ARGS ?? "").split(" ").filter(Boolean);
     await build({
       ...PROXY_BUILD,
-      entryPoints: [join(ROOT, "proxy-image/src/main.ts")],
+      entryPoints: [join(ROOT, "proxy-image/src/proxy/main.ts")],
       outfile: bundle,
       sourcemap: "external",
     });

@@ -31,7 +31,7 @@ const proxyCpu = { seconds: 0, requests: 0 };
 const dir = mkdtempSync(join(tmpdir(), "bw-splice-bench-"));
 const bundle = join(dir, "proxy.cjs");
 await build({
-  entryPoints: [join(ROOT, "proxy-image/src/main.ts")],
+  entryPoints: [join(ROOT, "proxy-image/src/proxy/main.ts")],
   bundle: true,
   platform: "node",
   target: "node24",

@@ -4,7 +4,7 @@
 #   npm run e2b:templates    (E2B_API_KEY in the environment; docs/e2b.md)
 # scripts/lib/e2b-templates.ts runs the build stage here and gives E2B the final stage as steps.
 # What the e2b backend needs in it (docs/e2b.md): node (its programs), the wiring program, the exec
-# runner, the tunnel's local end, bw-unpack and bw-collect (bundles in, artifacts out), iptables
+# runner, the bridge's local end, bw-unpack and bw-collect (bundles in, artifacts out), iptables
 # (catch-all's redirect), prlimit (util-linux: the execute stage's pids limit), and the four
 # scripts below.
 # The agent's own toolchain is python3 (with pip and venv), git and curl; add what your benchmarks
@@ -35,13 +35,13 @@ FROM ${BASE_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends \
       ca-certificates iptables python3 python3-pip python3-venv git curl \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/tunnel.cjs /src/proxy-image/dist/unpack.cjs /src/proxy-image/dist/collect.cjs /opt/benchwright/
+COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/e2b-bridge.cjs /src/proxy-image/dist/unpack.cjs /src/proxy-image/dist/collect.cjs /opt/benchwright/
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
  && printf '#!/bin/sh\nexec node /opt/benchwright/exec-runner.cjs "$@"\n' > /usr/local/bin/bw-exec \
- && printf '#!/bin/sh\nexec node /opt/benchwright/tunnel.cjs "$@"\n' > /usr/local/bin/bw-tunnel \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/e2b-bridge.cjs "$@"\n' > /usr/local/bin/bw-bridge \
  && printf '#!/bin/sh\nexec node /opt/benchwright/unpack.cjs "$@"\n' > /usr/local/bin/bw-unpack \
  && printf '#!/bin/sh\nexec node /opt/benchwright/collect.cjs "$@"\n' > /usr/local/bin/bw-collect \
- && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-tunnel /usr/local/bin/bw-unpack /usr/local/bin/bw-collect \
+ && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-bridge /usr/local/bin/bw-unpack /usr/local/bin/bw-collect \
  && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
 
 # Run as root at create: takes every way to root away from `user`.
@@ -79,8 +79,8 @@ echo ok
 EOF
 
 # Run as root at create under catch-all routing: every TCP connection to 80 or 443 that anyone but
-# root makes goes to the tunnel's local end (127.0.0.1:443/80, root's own), wherever it was meant
-# to go. This only routes: E2B's firewall is what lets nothing but the proxy's tunnel host out.
+# root makes goes to the bridge's local end (127.0.0.1:443/80, root's own), wherever it was meant
+# to go. This only routes: E2B's firewall is what lets nothing but the proxy's bridge host out.
 COPY --chmod=755 <<'EOF' /usr/local/bin/bw-redirect
 #!/bin/sh
 set -eu
@@ -97,4 +97,4 @@ if command -v ip6tables >/dev/null; then
 fi
 echo ok
 EOF
-# No start command: the broker starts the tunnel (as root, at create) itself.
+# No start command: the broker starts the bridge (as root, at create) itself.

@@ -12,7 +12,7 @@ import { createServer } from "node:https";
 import type { AddressInfo } from "node:net";
 import { pipeline } from "node:stream/promises";
 import { createSecureContext, rootCertificates } from "node:tls";
-import { buildConnector, Pool } from "../../proxy-image/src/undici";
+import { buildConnector, Pool } from "../../proxy-image/src/proxy/undici";
 
 interface Start {
   kind: "start";
@@ -35,7 +35,7 @@ function start(msg: Start): void {
     rejectUnauthorized: true,
     timeout: 10_000,
   });
-  // The same limits as the proxy's pools (proxy-image/src/upstream.ts).
+  // The same limits as the proxy's pools (proxy-image/src/proxy/upstream.ts).
   const pool = new Pool(`https://${up.address}:${up.port}`, {
     connections: 64,
     pipelining: 1,

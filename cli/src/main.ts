@@ -33,7 +33,7 @@ const COMMANDS: CommandTable = {
   },
 };
 
-/** The egress agent's flags, for completion (proxy-image/src/egress-agent-main.ts parses them). */
+/** The egress agent's flags, for completion (proxy-image/src/egress-agent/main.ts parses them). */
 const AGENT_FLAGS = {
   "egress-agent": [
     "--url",
@@ -176,7 +176,7 @@ export async function main(argv: string[], env: NodeJS.ProcessEnv = process.env)
 // The agent reads process.argv itself: drop the word that chose it, then load it (bundled in).
 if (process.argv[2] === "egress-agent") {
   process.argv.splice(2, 1);
-  void import("../../proxy-image/src/egress-agent-main");
+  void import("../../proxy-image/src/egress-agent/main");
 } else {
   main(process.argv.slice(2)).then(
     (code) => {

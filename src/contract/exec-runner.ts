@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { ExecInfo } from "./local-agent";
 
-// The wire contract of `bw-exec`, the exec runner (proxy-image/src/exec-runner.ts, shipped as
+// The wire contract of `bw-exec`, the exec runner (proxy-image/src/exec-runner/exec-runner.ts, shipped as
 // exec-runner.cjs) that the sandbox0 backend (Kubernetes pods: copied into each work pod by its
 // init container) and the e2b backend (E2B microVMs: in both templates) run every command through.
 // Pure zod: workerd loads it too.

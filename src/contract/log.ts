@@ -8,10 +8,10 @@ export type LogLevel = "debug" | "info" | "warn" | "error";
 
 /**
  * The line for a record. A record that already says its own `level` (the proxy's audit and policy
- * clients pass one) keeps it.
+ * clients pass one) keeps it. `now` may be the ISO string already (the proxy caches it: log-lines.ts).
  */
-export function logLine(level: LogLevel, record: object, now: Date = new Date()): string {
-  return JSON.stringify({ level, ts: now.toISOString(), ...record });
+export function logLine(level: LogLevel, record: object, now: Date | string = new Date()): string {
+  return JSON.stringify({ level, ts: typeof now === "string" ? now : now.toISOString(), ...record });
 }
 
 /** Where a Worker's line goes: the console method of its level, so Workers Logs agrees with it. */

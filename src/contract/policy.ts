@@ -102,7 +102,7 @@ export type RunEgress = z.infer<typeof RunEgress>;
 
 /**
  * The providers the model lane can call, a closed set. Each has one wire format and one way to
- * authenticate (the proxy's table in proxy-image/src/model/providers.ts):
+ * authenticate (the proxy's table in proxy-image/src/proxy/model/providers.ts):
  * - openai: OpenAI's API (Bearer key), base https://api.openai.com/v1 unless given;
  * - openai-compatible: any API speaking OpenAI's format with a Bearer key (OpenRouter, vLLM...),
  *   its base URL required;

@@ -3,7 +3,7 @@ import { isCanonicalHostName } from "../policy/host";
 import { RoutingMode } from "./policy";
 import { ProxyReady } from "./proxy-wire";
 
-// The contract of the wiring program (proxy-image/src/wiring.ts, shipped as wiring.cjs), which
+// The contract of the wiring program (proxy-image/src/wiring/wiring.ts, shipped as wiring.cjs), which
 // runs in a work or task sandbox's setup stage: it reads one WiringInput as JSON on stdin, trusts
 // the run CA, writes the hosts-file redirect, proves both work, and prints one WiringProof as
 // JSON on stdout. With `installed` it writes nothing and proves what was installed from outside

@@ -14,7 +14,7 @@ import { secretIdByName } from "./secrets";
 // vault_secrets). Every write is a vault change (change.ts), so a run's compile sees it whole.
 
 // The control plane's side of each model provider (the proxy's side, how a call authenticates
-// and which format it speaks, is proxy-image/src/model/providers.ts): where its API is when the
+// and which format it speaks, is proxy-image/src/proxy/model/providers.ts): where its API is when the
 // vault model names no base URL, and how to say to a person what the lane does with the key.
 // One row per provider, so a new provider is a row here and one there.
 

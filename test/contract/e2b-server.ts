@@ -18,8 +18,8 @@ import { dirname, join, relative, resolve } from "node:path";
 import type { components } from "e2b";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
-import { recordedExecs } from "../../proxy-image/src/exec-runner";
-import { cgroup2Mount } from "../../proxy-image/src/exec-seal";
+import { recordedExecs } from "../../proxy-image/src/exec-runner/exec-runner";
+import { cgroup2Mount } from "../../proxy-image/src/exec-runner/exec-seal";
 import { E2B_TEMPLATES } from "../../scripts/lib/e2b-templates";
 import { HttpError, id20, templateBuilds } from "./e2b-builds";
 import type {
@@ -70,14 +70,14 @@ import type {
 // Process model (documented, not E2B's): a command arrives as `/bin/bash -l -c <string>`; the
 // string is split as the shell would split the backend's quoted words (no other shell syntax is
 // accepted) and run by program name:
-//   bw-exec          the REAL runner (proxy-image/src/exec-runner-main.ts, built here), as a real
+//   bw-exec          the REAL runner (proxy-image/src/exec-runner/main.ts, built here), as a real
 //                    process, with its state under this sandbox's directory. The commands it runs
 //                    are real processes too: `sh -c ...` from the tests runs on this machine, and
-//                    the images' programs are stand-ins on PATH: bw-proxy and bw-tunnel print a
+//                    the images' programs are stand-ins on PATH: bw-proxy and bw-bridge print a
 //                    line and sleep, bw-wiring reads its stdin and prints {"ok":true,"standIn":true}
 //                    (`bw-wiring reinstall`: {"ok":true,"hostsEntries":[]}),
 //                    bw-proxy-view prints {}.
-//                    bw-unpack and bw-collect are the REAL programs (unpack-main.ts, collect-main.ts,
+//                    bw-unpack and bw-collect are the REAL programs (unpack/main.ts, collect/main.ts,
 //                    built here). `bw-exec seal` runs for real too, on a cgroup of the sandbox's
 //                    own under this machine's cgroup v2 (BW_EXEC_SETUP_CGROUP, when there is one),
 //                    but without --sweep, which is recorded and dropped: the sweep takes every
@@ -102,19 +102,19 @@ const PAGE_MAX = 100;
 
 export async function buildE2bPrograms(
   outDir: string,
-): Promise<{ exec: string; tunnel: string; unpack: string; collect: string }> {
+): Promise<{ exec: string; bridge: string; unpack: string; collect: string }> {
   const root = resolve(import.meta.dirname, "../..");
   const out = {
     exec: join(outDir, "exec.cjs"),
-    tunnel: join(outDir, "tunnel.cjs"),
+    bridge: join(outDir, "e2b-bridge.cjs"),
     unpack: join(outDir, "unpack.cjs"),
     collect: join(outDir, "collect.cjs"),
   };
   for (const [entry, file] of [
-    ["proxy-image/src/exec-runner-main.ts", out.exec],
-    ["proxy-image/src/e2b-tunnel-main.ts", out.tunnel],
-    ["proxy-image/src/unpack-main.ts", out.unpack],
-    ["proxy-image/src/collect-main.ts", out.collect],
+    ["proxy-image/src/exec-runner/main.ts", out.exec],
+    ["proxy-image/src/e2b-bridge/main.ts", out.bridge],
+    ["proxy-image/src/unpack/main.ts", out.unpack],
+    ["proxy-image/src/collect/main.ts", out.collect],
   ] as const) {
     await build({
       entryPoints: [join(root, entry)],
@@ -229,7 +229,7 @@ export function splitWords(text: string): string[] {
 
 const STAND_INS: Record<string, string> = {
   "bw-proxy": `#!/bin/sh\necho "bw-proxy stand-in"\nexec sleep 3600\n`,
-  "bw-tunnel": `#!/bin/sh\nprintf '{"event":"listening","standIn":true}\\n'\nexec sleep 3600\n`,
+  "bw-bridge": `#!/bin/sh\nprintf '{"event":"listening","standIn":true}\\n'\nexec sleep 3600\n`,
   // `bw-wiring reinstall` answers a ReinstallResult (its stdin is what the tests assert).
   "bw-wiring": `#!/bin/sh\ncat >/dev/null\nif [ "$1" = reinstall ]; then printf '{"ok":true,"hostsEntries":[]}\\n'; exit 0; fi\nprintf '{"ok":true,"standIn":true}\\n'\n`,
   "bw-proxy-view": `#!/bin/sh\nprintf '{}\\n'\n`,

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { build } from "esbuild";
 import type { TestProject } from "vitest/node";
-import { recordedExecs } from "../../proxy-image/src/exec-runner";
+import { recordedExecs } from "../../proxy-image/src/exec-runner/exec-runner";
 import { type WebSocket, WebSocketServer } from "../../scripts/lib/node-ws";
 import type { ContractOptions, KubernetesContractInfo, RecordedRequest } from "./kubernetes-contract";
 
@@ -26,7 +26,7 @@ import type { ContractOptions, KubernetesContractInfo, RecordedRequest } from ".
 //   every container running (options: stay Pending for n reads; an init container that fails).
 //   A deleted pod is Terminating (deletionTimestamp) for one more GET, then gone.
 // - Containers: a work pod's `/bw/tools/bin/bw-exec ...` exec RUNS THE REAL EXEC RUNNER
-//   (proxy-image/src/exec-runner-main.ts, bundled at start) with node on this machine against a
+//   (proxy-image/src/exec-runner/main.ts, bundled at start) with node on this machine against a
 //   per-pod temporary directory as its BW_EXEC_DIR, so commands really run (on this machine, as
 //   the test user: tests run only commands they chose); so do `/bw/tools/bin/bw-unpack` and
 //   `bw-collect` (the real programs, binary stdin closed by v5's CLOSE, binary stdout), with
@@ -167,10 +167,10 @@ export async function startKubernetesServer(
   // The real exec runner, bundled from its source (the worker tests do not build the proxy image).
   // So are bw-unpack and bw-collect, which a pod runs from its tools (/bw/tools/bin) as its uid.
   const programs: Record<string, string> = {
-    [RUNNER_COMMAND]: "exec-runner-main.ts",
-    "/bw/tools/bin/bw-unpack": "unpack-main.ts",
-    "/bw/tools/bin/bw-collect": "collect-main.ts",
-    "bw-wiring": "wiring-main.ts",
+    [RUNNER_COMMAND]: "exec-runner/main.ts",
+    "/bw/tools/bin/bw-unpack": "unpack/main.ts",
+    "/bw/tools/bin/bw-collect": "collect/main.ts",
+    "bw-wiring": "wiring/main.ts",
   };
   const bundled: Record<string, string> = {};
   for (const [command, source] of Object.entries(programs)) {

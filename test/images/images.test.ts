@@ -8,7 +8,7 @@ import { FakeControlPlane } from "../proxy/control-plane";
 // The images of proxy-image/ as `npm run images` builds them (the same function; a built image
 // is reused from the layer cache in seconds), and their programs run from the built image: the
 // proxy starts against the contract double of the control plane and answers its view, the
-// wiring, exec-runner and tunnel programs print their usage. A build that fails fails its image's
+// wiring, exec-runner and bridge programs print their usage. A build that fails fails its image's
 // tests with the end of the build's output.
 //
 // The programs run under `buildah run --isolation chroot`: a container of the image with the
@@ -127,11 +127,11 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
     expect(r.stderr).toContain("bad wiring input: (stdin): not a JSON object");
   };
 
-  // The tunnel checks its token before its verb: with one and no verb, it names its verbs.
-  const tunnelUsage = (id: string) => exec(id, ["bw-tunnel"], { env: { BW_TUNNEL_TOKEN: "t".repeat(32) } });
-  const expectTunnelUsage = (r: Output) => {
+  // The bridge checks its token before its verb: with one and no verb, it names its verbs.
+  const bridgeUsage = (id: string) => exec(id, ["bw-bridge"], { env: { BW_BRIDGE_TOKEN: "t".repeat(32) } });
+  const expectBridgeUsage = (r: Output) => {
     expect(r.code).toBe(2);
-    expect(r.stderr).toContain("usage: bw-tunnel serve|connect");
+    expect(r.stderr).toContain("usage: bw-bridge serve|connect");
   };
 
   describe("proxy (proxy-image/Dockerfile)", () => {
@@ -186,19 +186,19 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
       expectView(view);
     });
 
-    it("bw-exec and bw-tunnel print their usage", async () => {
+    it("bw-exec and bw-bridge print their usage", async () => {
       const id = await container("e2b-proxy");
       expectRunnerUsage(await exec(id, ["bw-exec"]));
-      expectTunnelUsage(await tunnelUsage(id));
+      expectBridgeUsage(await bridgeUsage(id));
     });
   });
 
   describe("e2b work (proxy-image/e2b-work.Dockerfile)", () => {
-    it("bw-wiring, bw-exec and bw-tunnel print their usage", async () => {
+    it("bw-wiring, bw-exec and bw-bridge print their usage", async () => {
       const id = await container("e2b-work");
       expectWiringUsage(await exec(id, ["bw-wiring"]));
       expectRunnerUsage(await exec(id, ["bw-exec"]));
-      expectTunnelUsage(await tunnelUsage(id));
+      expectBridgeUsage(await bridgeUsage(id));
     });
 
     it("has the heredoc scripts, executable, and the agent's toolchain", async () => {

@@ -5,9 +5,9 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { AuditReporter, type AuditReporterOptions } from "../../proxy-image/src/audit";
-import type { LogFn } from "../../proxy-image/src/policy-client";
-import type { AuditSink } from "../../proxy-image/src/proxy";
+import { AuditReporter, type AuditReporterOptions } from "../../proxy-image/src/proxy/audit";
+import type { AuditSink } from "../../proxy-image/src/proxy/handler";
+import type { LogFn } from "../../proxy-image/src/proxy/policy-client";
 import {
   type AuditBatch,
   AuditVerificationError,

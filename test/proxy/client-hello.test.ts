@@ -1,7 +1,7 @@
 import { createServer, type Socket } from "node:net";
 import { connect as tlsConnect } from "node:tls";
 import { beforeAll, describe, expect, it } from "vitest";
-import { parseClientHello, readClientHello } from "../../proxy-image/src/proxy/client-hello";
+import { parseClientHello, readClientHello } from "../../proxy-image/src/proxy/handler/client-hello";
 
 // The splice decision's parser (case I3): the first flight of real clients, and hand-built
 // ClientHellos for each way one can be malformed or misleading. Anything not accepted is

@@ -2,19 +2,18 @@ import { randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createAddressPolicy } from "../../proxy-image/src/address";
-import { modelLane } from "../../proxy-image/src/model/lane";
-import { needlesFor } from "../../proxy-image/src/redact";
-import { createUpstream } from "../../proxy-image/src/upstream";
+import { modelLane } from "../../proxy-image/src/proxy/model/lane";
+import { needlesFor } from "../../proxy-image/src/proxy/redact";
+import { createUpstream } from "../../proxy-image/src/proxy/upstream";
+import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { ModelLaneSpec } from "../../src/contract/policy";
 import {
   createTestCa,
-  curl,
+  curlTls,
   type RunningProxy,
   startProxy,
   startTlsUpstream,
   type TestCa,
-  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -136,7 +135,7 @@ describe("case I9: every form of the credential is masked, on both paths", () =>
   });
 
   it("case I9: the main path masks each form in the body and headers, across 1-byte chunks", async () => {
-    const res = await curl(["-i", ...tlsArgs(proxy, "forms.test"), "https://forms.test/"]);
+    const res = await curlTls(proxy, "https://forms.test/", ["-i"]);
     expect(res.status).toBe(200);
     expectMasked(res.body, "main path");
     const body = res.body.slice(res.body.indexOf("\r\n\r\n") + 4);
@@ -151,7 +150,7 @@ describe("case I9: every form of the credential is masked, on both paths", () =>
     const plain = await viaModelLane(false);
     expect(plain.status).toBe(200);
     expectMasked(`${plain.headers}\n${plain.body}`, "model lane body");
-    const main = await curl([...tlsArgs(proxy, "forms.test"), "https://forms.test/"]);
+    const main = await curlTls(proxy, "https://forms.test/");
     // One function: the two paths turn the same bytes into the same bytes.
     expect(plain.body).toBe(main.body);
     const streamed = await viaModelLane(true);

@@ -5,8 +5,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type ConnectionOptions, type TLSSocket, connect as tlsConnect } from "node:tls";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Dialed } from "../../proxy-image/src/original-dst";
-import { loadOriginalDst } from "../../proxy-image/src/original-dst";
+import type { Dialed } from "../../proxy-image/src/proxy/original-dst";
+import { loadOriginalDst } from "../../proxy-image/src/proxy/original-dst";
 import {
   createTestCa,
   curl,

@@ -3,8 +3,8 @@ import { Resolver } from "node:dns/promises";
 import { connect, type Socket } from "node:net";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ConfigError, loadProxyConfig } from "../../proxy-image/src/config";
-import { answerQuery, type CatchAllResolver, startCatchAllResolver } from "../../proxy-image/src/dns";
+import { ConfigError, loadProxyConfig } from "../../proxy-image/src/proxy/config";
+import { answerQuery, type CatchAllResolver, startCatchAllResolver } from "../../proxy-image/src/proxy/dns";
 
 // The catch-all resolver over real UDP and TCP sockets on loopback. Node's own resolver (c-ares)
 // is the client where it can be; hand-built packets check the exact bytes and the drops.

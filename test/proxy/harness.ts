@@ -11,16 +11,16 @@ import { createServer as createHttpsServer, type Server as HttpsServer } from "n
 import { type AddressInfo, isIPv4, isIPv6, type Server as NetServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createAddressPolicy } from "../../proxy-image/src/address";
-import { createRunCa } from "../../proxy-image/src/ca";
+import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import {
   type AuditSink,
   createProxy,
   type DecisionRecord,
   type PolicyState,
   type ProxyOptions,
-} from "../../proxy-image/src/proxy";
-import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/upstream";
+} from "../../proxy-image/src/proxy/handler";
+import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/proxy/upstream";
+import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { TestCa } from "../../scripts/lib/test-ca";
 import type { ModelLaneSpec } from "../../src/contract/policy";
 import type { ModelCallRow } from "../../src/contract/proxy-wire";
@@ -391,6 +391,15 @@ export function curl(args: string[]): Promise<CurlResult> {
 /** curl arguments that reach `host`:443 through the proxy's transparent TLS listener, trusting the run CA. */
 export function tlsArgs(proxy: { caFile: string; tlsPort: number }, host: string): string[] {
   return ["--cacert", proxy.caFile, "--connect-to", `${host}:443:127.0.0.1:${proxy.tlsPort}`];
+}
+
+/** curl to an https URL through the proxy's transparent TLS listener, as a sandbox would reach it. */
+export function curlTls(
+  proxy: { caFile: string; tlsPort: number },
+  url: string,
+  extra: readonly string[] = [],
+): ReturnType<typeof curl> {
+  return curl([...extra, ...tlsArgs(proxy, new URL(url).hostname), url]);
 }
 
 /** A vault snapshot from a short description (patterns must already be canonical). */

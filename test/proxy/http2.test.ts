@@ -12,6 +12,7 @@ import { WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import {
   createTestCa,
   curl,
+  curlTls,
   type RunningProxy,
   startProxy,
   startTlsUpstream,
@@ -299,7 +300,7 @@ describe("case I1: each HTTP/2 stream is decided, injected and masked on its own
   });
 
   it("curl --http2 negotiates h2 with the proxy; an HTTP/1.1 client still gets HTTP/1.1", async () => {
-    const h2 = await curl([...tlsArgs(proxy, "api.test"), "--http2", "-D", "-", "https://api.test/v1/curl"]);
+    const h2 = await curlTls(proxy, "https://api.test/v1/curl", ["--http2", "-D", "-"]);
     expect(h2.code).toBe(0);
     expect(h2.body).toMatch(/^HTTP\/2 200/);
     expect(api.seen.find((r) => r.url === "/v1/curl")?.headers.authorization).toBe(`Bearer ${CANARY}`);

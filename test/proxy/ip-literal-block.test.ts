@@ -5,11 +5,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   createTestCa,
   curl,
+  curlTls,
   type RunningProxy,
   startProxy,
   startTlsUpstream,
   type TestCa,
-  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -94,7 +94,7 @@ describe("case I5: an IP-literal block entry refuses the names that resolve to i
   ])("case I5: %s (resolves to %s) is refused by the entry %s", async (name, address, entry) => {
     const before = total();
     const blockedBefore = proxy.audit.blocked.length;
-    const res = await curl([...tlsArgs(proxy, name), `https://${name}/`]);
+    const res = await curlTls(proxy, `https://${name}/`);
     expect(res.status).toBe(403);
     expect(res.body).toContain(`Blocked by Benchwright: ${name} is not reachable`);
     expect(res.body).toContain("resolves to an address this run's policy blocks");
@@ -110,7 +110,7 @@ describe("case I5: an IP-literal block entry refuses the names that resolve to i
   });
 
   it("case I5: refuses a name whose DNS answer is another spelling (NAT64) of a blocked address", async () => {
-    const res = await curl([...tlsArgs(proxy, "reverse.test"), "https://reverse.test/"]);
+    const res = await curlTls(proxy, "https://reverse.test/");
     expect(res.status).toBe(403);
     expect(proxy.dials.filter((d) => d.host === "reverse.test")).toEqual([]);
     expect(proxy.logs.findLast((r) => r.event === "decision" && r.host === "reverse.test")).toMatchObject({

@@ -154,39 +154,35 @@ describe("case F2: deadlines", () => {
 });
 
 describe("case F2: connections are released", () => {
-  it("100 concurrent keep-alive connections on the plain listener, then all gone", async () => {
+  /** n keep-alive connections, each answered once and held open; then closed, all released. */
+  async function holdThenRelease(
+    n: number,
+    target: Parameters<typeof openSocket>[0],
+    request: (i: number) => Buffer | string,
+    server: Server,
+  ): Promise<void> {
     const open = await Promise.all(
-      Array.from({ length: 100 }, async (_, i) => {
-        const s = await openSocket({ port: roomy.httpPort });
-        const r = await exchange(s, [wire(`GET /many-${i} HTTP/1.1`, ["Host: plain.test"])], {
-          expect: 1,
-          keepOpen: true,
-        });
+      Array.from({ length: n }, async (_, i) => {
+        const s = await openSocket(target);
+        const r = await exchange(s, [request(i)], { expect: 1, keepOpen: true });
         return { s, status: r.responses[0]?.status };
       }),
     );
     expect(open.filter((o) => o.status !== 200)).toEqual([]);
-    expect(await connections(roomy.proxy.http)).toBe(100);
+    expect(await connections(server)).toBe(n);
     for (const { s } of open) s.destroy();
-    expect(await settlesTo(() => connections(roomy.proxy.http), 0)).toBe(0);
+    expect(await settlesTo(() => connections(server), 0)).toBe(0);
+  }
+
+  it("100 concurrent keep-alive connections on the plain listener, then all gone", async () => {
+    const request = (i: number) => wire(`GET /many-${i} HTTP/1.1`, ["Host: plain.test"]);
+    await holdThenRelease(100, { port: roomy.httpPort }, request, roomy.proxy.http);
   });
 
   it("30 concurrent TLS keep-alive connections, then all gone", async () => {
     const target = { port: roomy.tlsPort, tls: { servername: "api.test", ca: roomy.caPem } };
-    const open = await Promise.all(
-      Array.from({ length: 30 }, async () => {
-        const s = await openSocket(target);
-        const r = await exchange(s, [wire("GET /tls-many HTTP/1.1", ["Host: api.test"])], {
-          expect: 1,
-          keepOpen: true,
-        });
-        return { s, status: r.responses[0]?.status };
-      }),
-    );
-    expect(open.filter((o) => o.status !== 200)).toEqual([]);
-    expect(await connections(roomy.proxy.tls)).toBe(30);
-    for (const { s } of open) s.destroy();
-    expect(await settlesTo(() => connections(roomy.proxy.tls), 0)).toBe(0);
+    const request = () => wire("GET /tls-many HTTP/1.1", ["Host: api.test"]);
+    await holdThenRelease(30, target, request, roomy.proxy.tls);
   });
 
   it("half-closed connections (request sent, then FIN; or FIN at once) are released", async () => {

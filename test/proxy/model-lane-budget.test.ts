@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { askedOutput, capOutput, Spend } from "../../proxy-image/src/model/budget";
+import { askedOutput, capOutput, Spend } from "../../proxy-image/src/proxy/model/budget";
 
 // The budget's arithmetic on its own (case J3); the SDK tests (model-lane-cases.test.ts) show it
 // through the proxy.

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createAddressPolicy } from "../../proxy-image/src/address";
-import { modelLane } from "../../proxy-image/src/model/lane";
-import { createUpstream } from "../../proxy-image/src/upstream";
+import { modelLane } from "../../proxy-image/src/proxy/model/lane";
+import { createUpstream } from "../../proxy-image/src/proxy/upstream";
+import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { startLoopbackUpstream } from "../../scripts/lib/demo-upstream";
 import type { ModelProvider } from "../../src/contract/policy";
 import { bundleModelSdkClient } from "../fixtures/model-sdk-bundle";

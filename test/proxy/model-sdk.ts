@@ -4,9 +4,9 @@ import { connect } from "node:net";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
-import { createAddressPolicy } from "../../proxy-image/src/address";
-import { modelLane } from "../../proxy-image/src/model/lane";
-import { createUpstream } from "../../proxy-image/src/upstream";
+import { modelLane } from "../../proxy-image/src/proxy/model/lane";
+import { createUpstream } from "../../proxy-image/src/proxy/upstream";
+import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../../src/contract/policy";
 import {
   MODEL_LANE_BASE_URL,

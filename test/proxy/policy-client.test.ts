@@ -1,9 +1,9 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { createRunCa } from "../../proxy-image/src/ca";
-import { type LogFn, PolicyClient, type PolicyState } from "../../proxy-image/src/policy-client";
-import type { PolicySource } from "../../proxy-image/src/proxy";
+import { createRunCa } from "../../proxy-image/src/proxy/ca";
+import type { PolicySource } from "../../proxy-image/src/proxy/handler";
+import { type LogFn, PolicyClient, type PolicyState } from "../../proxy-image/src/proxy/policy-client";
 import {
   PolicyEnvelope,
   ProxyReady,

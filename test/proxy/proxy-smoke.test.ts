@@ -2,10 +2,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   createTestCa,
   curl,
+  curlTls,
   type RunningProxy,
   startProxy,
   startTlsUpstream,
-  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -37,7 +37,7 @@ describe("proxy smoke: transparent TLS, injection, block", () => {
   });
 
   it("injects the credential upstream and never shows it to the client", async () => {
-    const res = await curl([...tlsArgs(proxy, "api.test"), "https://api.test/v1/models?x=1"]);
+    const res = await curlTls(proxy, "https://api.test/v1/models?x=1");
     expect(res.stderr).toBe("");
     expect(res.status).toBe(200);
     expect(api.seen.at(-1)?.headers.authorization).toBe(`Bearer ${CANARY}`);
@@ -46,7 +46,7 @@ describe("proxy smoke: transparent TLS, injection, block", () => {
   });
 
   it("refuses a blocked host with 403 and records it", async () => {
-    const res = await curl([...tlsArgs(proxy, "evil.test"), "https://evil.test/"]);
+    const res = await curlTls(proxy, "https://evil.test/");
     expect(res.status).toBe(403);
     expect(res.body).toContain("evil.test");
     expect(proxy.audit.blocked).toContain("evil.test");

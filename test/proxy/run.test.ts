@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { runProxy } from "../../proxy-image/src/run";
+import { runProxy } from "../../proxy-image/src/proxy/run";
 import { until } from "../until";
 import { FakeControlPlane } from "./control-plane";
 import { createTestCa, curl, startTlsUpstream, tlsArgs, type Upstream, vault } from "./harness";
@@ -120,7 +120,7 @@ describe("proxy start-up configuration", () => {
     const result = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
       execFile(
         "npx",
-        ["tsx", "proxy-image/src/main.ts", "--run-id", "bad id!"],
+        ["tsx", "proxy-image/src/proxy/main.ts", "--run-id", "bad id!"],
         { env: { PATH: process.env.PATH ?? "" } },
         (err, _out, stderr) => resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stderr }),
       );

@@ -9,11 +9,11 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   createTestCa,
   curl,
+  curlTls,
   type RunningProxy,
   startProxy,
   startTlsUpstream,
   type TestCa,
-  tlsArgs,
   type Upstream,
   vault,
 } from "./harness";
@@ -254,7 +254,7 @@ describe("case I3: an allowed host without a rule is spliced", () => {
 describe("case I3: what is never spliced", () => {
   it("case I3: a rule host is still terminated: the client sees the run CA and the header is injected", async () => {
     const from = proxy.logs.length;
-    const res = await curl([...tlsArgs(proxy, "api.test"), "https://api.test/injected"]);
+    const res = await curlTls(proxy, "https://api.test/injected");
     expect(res.status).toBe(200);
     expect(api.seen.at(-1)?.headers.authorization).toBe(`Bearer ${SECRET}`);
     expect(res.body).not.toContain(SECRET);
@@ -267,7 +267,7 @@ describe("case I3: what is never spliced", () => {
 
   it("case I3: a blocked SNI is terminated and refused with a readable 403", async () => {
     const dialsBefore = proxy.dials.length;
-    const res = await curl([...tlsArgs(proxy, "evil.test"), "https://evil.test/"]);
+    const res = await curlTls(proxy, "https://evil.test/");
     expect(res.status).toBe(403);
     expect(res.body).toContain("Blocked by Benchwright: evil.test");
     expect(proxy.audit.blocked).toContain("evil.test");
@@ -321,7 +321,7 @@ describe("case I3: what is never spliced", () => {
 
   it("case I3: an allowed host that resolves to a private address is not dialled: terminated, 403", async () => {
     const dialsBefore = proxy.dials.length;
-    const res = await curl([...tlsArgs(proxy, "private.test"), "https://private.test/"]);
+    const res = await curlTls(proxy, "https://private.test/");
     expect(res.status).toBe(403);
     expect(res.body).toContain("private or reserved address");
     expect(proxy.audit.blocked).toContain("private.test");
@@ -329,7 +329,7 @@ describe("case I3: what is never spliced", () => {
   });
 
   it("case I3: an allowed host that does not resolve is not spliced: terminated, 502", async () => {
-    const res = await curl([...tlsArgs(proxy, "nodns.test"), "https://nodns.test/"]);
+    const res = await curlTls(proxy, "https://nodns.test/");
     expect(res.status).toBe(502);
     expect(proxy.audit.routes).toContainEqual(["nodns.test", "refused"]);
   });

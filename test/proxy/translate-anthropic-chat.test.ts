@@ -1,6 +1,5 @@
 import Anthropic from "@anthropic-ai/sdk";
 import { describe, expect, it } from "vitest";
-import type { Refusal } from "../../proxy-image/src/model/translate";
 import {
   at,
   CHAT_COMPLETION,
@@ -11,6 +10,7 @@ import {
   fakeFetch,
   jsonResponse,
   pair,
+  requests,
   run,
   sseResponse,
 } from "./translate-fixtures";
@@ -20,17 +20,7 @@ import {
 const t = pair("anthropic-messages", "openai-chat");
 const opts = { upstreamModel: "gpt-4o-mini", maxTokensDefault: 4096 };
 
-function ok(body: Record<string, unknown>) {
-  const r = t.request(body, opts);
-  if (!r.ok) throw new Error(`refused: ${r.refusal.message}`);
-  return r;
-}
-
-function refusal(body: Record<string, unknown>): Refusal {
-  const r = t.request(body, opts);
-  if (r.ok) throw new Error(`not refused: ${JSON.stringify(r.body)}`);
-  return r.refusal;
-}
+const { ok, refusal } = requests(t, opts);
 
 const hi = [{ role: "user", content: "hi" }];
 

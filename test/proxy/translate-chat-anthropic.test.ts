@@ -1,16 +1,19 @@
 import OpenAI from "openai";
 import { describe, expect, it } from "vitest";
-import type { Refusal } from "../../proxy-image/src/model/translate";
 import {
   ANTHROPIC_MESSAGE,
   anthropicTextStream,
   anthropicToolStream,
   at,
+  blockDelta,
+  blockStart,
+  blockStop,
   datas,
   ev,
   fakeFetch,
   jsonResponse,
   pair,
+  requests,
   run,
   sseResponse,
 } from "./translate-fixtures";
@@ -20,17 +23,7 @@ import {
 const t = pair("openai-chat", "anthropic-messages");
 const opts = { upstreamModel: "claude-sonnet-4-5", maxTokensDefault: 4096 };
 
-function ok(body: Record<string, unknown>) {
-  const r = t.request(body, opts);
-  if (!r.ok) throw new Error(`refused: ${r.refusal.message}`);
-  return r;
-}
-
-function refusal(body: Record<string, unknown>): Refusal {
-  const r = t.request(body, opts);
-  if (r.ok) throw new Error(`not refused: ${JSON.stringify(r.body)}`);
-  return r.refusal;
-}
+const { ok, refusal } = requests(t, opts);
 
 const hi = [{ role: "user", content: "hi" }];
 
@@ -428,22 +421,10 @@ describe("Anthropic stream → chat chunks", () => {
     const start = at(events, 0);
     const rest = events.slice(1);
     const thinking = [
-      ev("content_block_start", {
-        type: "content_block_start",
-        index: 0,
-        content_block: { type: "thinking", thinking: "", signature: "" },
-      }),
-      ev("content_block_delta", {
-        type: "content_block_delta",
-        index: 0,
-        delta: { type: "thinking_delta", thinking: "secret plan" },
-      }),
-      ev("content_block_delta", {
-        type: "content_block_delta",
-        index: 0,
-        delta: { type: "signature_delta", signature: "sig" },
-      }),
-      ev("content_block_stop", { type: "content_block_stop", index: 0 }),
+      blockStart(0, { type: "thinking", thinking: "", signature: "" }),
+      blockDelta(0, { type: "thinking_delta", thinking: "secret plan" }),
+      blockDelta(0, { type: "signature_delta", signature: "sig" }),
+      blockStop(0),
     ];
     const shifted = rest.map((e) => ({
       ...e,

@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { readdirSync, readFileSync } from "node:fs";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { formatSse, SseParser } from "../../proxy-image/src/model/sse";
+import { formatSse, SseParser } from "../../proxy-image/src/proxy/model/sse";
 import {
   errorBody,
   readUsage,
@@ -10,7 +10,7 @@ import {
   translation,
   usageMeter,
   type WireFormat,
-} from "../../proxy-image/src/model/translate";
+} from "../../proxy-image/src/proxy/model/translate";
 import { anthropicToolStream, at, chatToolStream, ev, pair, run } from "./translate-fixtures";
 
 // What every pair shares: passthrough, the lane's own errors, usage reading, the SSE codec, and
@@ -37,7 +37,7 @@ describe("translation()", () => {
 });
 
 describe("the module stays pure and small", () => {
-  const dir = new URL("../../proxy-image/src/model/", import.meta.url);
+  const dir = new URL("../../proxy-image/src/proxy/model/", import.meta.url);
   const files = readdirSync(dir).filter((f) => f.startsWith("translate") || f === "sse.ts");
 
   it.each(files)("%s imports neither Node nor an SDK, and is under 600 lines", (f) => {

@@ -5,18 +5,28 @@
 // empty choices under include_usage, `data: [DONE]`).
 import type Anthropic from "@anthropic-ai/sdk";
 import type OpenAI from "openai";
-import { formatSse, SseParser } from "../../proxy-image/src/model/sse";
+import { formatSse, SseParser } from "../../proxy-image/src/proxy/model/sse";
 import {
+  type Refusal,
+  type RequestOptions,
   type SseEvent,
   type StreamTranslator,
   type Translation,
   translation,
   type WireFormat,
-} from "../../proxy-image/src/model/translate";
+} from "../../proxy-image/src/proxy/model/translate";
 
 export function ev(event: string, data: unknown): SseEvent {
   return { event, data: JSON.stringify(data) };
 }
+
+/** Anthropic's content block events, each named as its own `type`. */
+export const blockStart = (index: number, block: Record<string, unknown>): SseEvent =>
+  ev("content_block_start", { type: "content_block_start", index, content_block: block });
+export const blockDelta = (index: number, delta: Record<string, unknown>): SseEvent =>
+  ev("content_block_delta", { type: "content_block_delta", index, delta });
+export const blockStop = (index: number): SseEvent =>
+  ev("content_block_stop", { type: "content_block_stop", index });
 
 /** Anthropic: text, then a tool call whose input arrives in fragments; cache counts included. */
 export function anthropicToolStream(): SseEvent[] {
@@ -39,38 +49,18 @@ export function anthropicToolStream(): SseEvent[] {
         },
       },
     }),
-    ev("content_block_start", {
-      type: "content_block_start",
-      index: 0,
-      content_block: { type: "text", text: "" },
-    }),
+    blockStart(0, { type: "text", text: "" }),
     ev("ping", { type: "ping" }),
-    ev("content_block_delta", {
-      type: "content_block_delta",
-      index: 0,
-      delta: { type: "text_delta", text: "Okay, let's check" },
+    blockDelta(0, { type: "text_delta", text: "Okay, let's check" }),
+    blockDelta(0, { type: "text_delta", text: " the weather." }),
+    blockStop(0),
+    blockStart(1, {
+      type: "tool_use",
+      id: "toolu_01T1x1fJ34qAmk2tNTrN7Up6",
+      name: "get_weather",
+      input: {},
     }),
-    ev("content_block_delta", {
-      type: "content_block_delta",
-      index: 0,
-      delta: { type: "text_delta", text: " the weather." },
-    }),
-    ev("content_block_stop", { type: "content_block_stop", index: 0 }),
-    ev("content_block_start", {
-      type: "content_block_start",
-      index: 1,
-      content_block: {
-        type: "tool_use",
-        id: "toolu_01T1x1fJ34qAmk2tNTrN7Up6",
-        name: "get_weather",
-        input: {},
-      },
-    }),
-    ev("content_block_delta", {
-      type: "content_block_delta",
-      index: 1,
-      delta: { type: "input_json_delta", partial_json: "" },
-    }),
+    blockDelta(1, { type: "input_json_delta", partial_json: "" }),
     ev("content_block_delta", {
       type: "content_block_delta",
       index: 1,
@@ -81,7 +71,7 @@ export function anthropicToolStream(): SseEvent[] {
       index: 1,
       delta: { type: "input_json_delta", partial_json: 'ncisco, CA"}' },
     }),
-    ev("content_block_stop", { type: "content_block_stop", index: 1 }),
+    blockStop(1),
     ev("message_delta", {
       type: "message_delta",
       delta: { stop_reason: "tool_use", stop_sequence: null },
@@ -107,23 +97,11 @@ export function anthropicTextStream(stopReason = "end_turn"): SseEvent[] {
         usage: { input_tokens: 25, output_tokens: 1 },
       },
     }),
-    ev("content_block_start", {
-      type: "content_block_start",
-      index: 0,
-      content_block: { type: "text", text: "" },
-    }),
+    blockStart(0, { type: "text", text: "" }),
     ev("ping", { type: "ping" }),
-    ev("content_block_delta", {
-      type: "content_block_delta",
-      index: 0,
-      delta: { type: "text_delta", text: "Hello" },
-    }),
-    ev("content_block_delta", {
-      type: "content_block_delta",
-      index: 0,
-      delta: { type: "text_delta", text: "!" },
-    }),
-    ev("content_block_stop", { type: "content_block_stop", index: 0 }),
+    blockDelta(0, { type: "text_delta", text: "Hello" }),
+    blockDelta(0, { type: "text_delta", text: "!" }),
+    blockStop(0),
     ev("message_delta", {
       type: "message_delta",
       delta: { stop_reason: stopReason, stop_sequence: null },
@@ -308,6 +286,22 @@ export function pair(from: WireFormat, to: WireFormat): Translation {
   const t = translation(from, to);
   if (!t) throw new Error(`${from} → ${to} must translate`);
   return t;
+}
+
+/** A pair's request translation with fixed options: `ok` must translate, `refusal` must refuse. */
+export function requests(t: Translation, opts: RequestOptions) {
+  return {
+    ok(body: Record<string, unknown>) {
+      const r = t.request(body, opts);
+      if (!r.ok) throw new Error(`refused: ${r.refusal.message}`);
+      return r;
+    },
+    refusal(body: Record<string, unknown>): Refusal {
+      const r = t.request(body, opts);
+      if (r.ok) throw new Error(`not refused: ${JSON.stringify(r.body)}`);
+      return r.refusal;
+    },
+  };
 }
 
 /** list[i], which the test knows is there. */

@@ -1,6 +1,5 @@
 import OpenAI from "openai";
 import { describe, expect, it } from "vitest";
-import type { Refusal } from "../../proxy-image/src/model/translate";
 import {
   ANTHROPIC_MESSAGE,
   anthropicTextStream,
@@ -11,6 +10,7 @@ import {
   fakeFetch,
   jsonResponse,
   pair,
+  requests,
   run,
   sseResponse,
 } from "./translate-fixtures";
@@ -20,17 +20,7 @@ import {
 const t = pair("openai-responses", "anthropic-messages");
 const opts = { upstreamModel: "claude-sonnet-4-5", maxTokensDefault: 2048 };
 
-function ok(body: Record<string, unknown>) {
-  const r = t.request(body, opts);
-  if (!r.ok) throw new Error(`refused: ${r.refusal.message}`);
-  return r;
-}
-
-function refusal(body: Record<string, unknown>): Refusal {
-  const r = t.request(body, opts);
-  if (r.ok) throw new Error(`not refused: ${JSON.stringify(r.body)}`);
-  return r.refusal;
-}
+const { ok, refusal } = requests(t, opts);
 
 describe("responses → Anthropic request", () => {
   it("takes a string input, instructions and max_output_tokens", () => {

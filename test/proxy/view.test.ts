@@ -5,7 +5,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { runProxy } from "../../proxy-image/src/run";
+import { runProxy } from "../../proxy-image/src/proxy/run";
 import { ProxyView } from "../../src/contract/proxy-view";
 import { until } from "../until";
 import { FakeControlPlane } from "./control-plane";

@@ -3,6 +3,7 @@ import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import {
   createTestCa,
   curl,
+  curlTls,
   type RunningProxy,
   startProxy,
   startTlsUpstream,
@@ -109,7 +110,7 @@ describe("the wiring probe host", () => {
 
   it("a blocked host's refusal does not carry the probe header (only the probe host does)", async () => {
     proxy.policy.setVault(vault({ hosts: [{ pattern: "evil.test", action: "block" }] }), {});
-    const res = await curl(["-i", ...tlsArgs(proxy, "evil.test"), "https://evil.test/"]);
+    const res = await curlTls(proxy, "https://evil.test/", ["-i"]);
     expect(res.status).toBe(403);
     expect(probeHeader(res.body)).toBeNull();
     expect(proxy.audit.blocked).toEqual(["evil.test"]);

@@ -5,8 +5,8 @@ import { type AddressInfo, createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { createRunCa } from "../../proxy-image/src/ca";
-import { wire } from "../../proxy-image/src/wiring";
+import { createRunCa } from "../../proxy-image/src/proxy/ca";
+import { wire } from "../../proxy-image/src/wiring/wiring";
 import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
 import { type WiringInput, WiringProof } from "../../src/contract/wiring";
 import { renderHostsFile, withCertificate } from "../../src/policy/hosts-file";
@@ -24,7 +24,7 @@ import {
 // /run/benchwright, and the real proxy on loopback standing in for the redirect's far end.
 
 const PROBE = WIRING_PROBE_HOST;
-const PROGRAM = "proxy-image/src/wiring-main.ts";
+const PROGRAM = "proxy-image/src/wiring/main.ts";
 const HOSTS_BEFORE = [
   "127.0.0.1\tlocalhost",
   "::1\tlocalhost ip6-localhost ip6-loopback",

@@ -1,7 +1,7 @@
 import { BlockList } from "node:net";
 import { describe, expect, it } from "vitest";
 import { proxyRuleset } from "../../local-agent/network";
-import { createAddressPolicy } from "../../proxy-image/src/address";
+import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { proxyNetworkPolicy, workNetworkPolicy } from "../../src/broker/kubernetes/manifests";
 import { addressKey, embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "../../src/policy/addresses";
 

@@ -153,7 +153,7 @@ describe("npm run e2b:templates against the E2B contract server", { timeout: 120
         ]),
       ]);
       expect(stage.bundles).toContain("proxy-image/dist/exec-runner.cjs");
-      expect(stage.bundles).toContain("proxy-image/dist/tunnel.cjs");
+      expect(stage.bundles).toContain("proxy-image/dist/e2b-bridge.cjs");
       // Each COPY's archive arrived, holds exactly that file with the host's bytes, and hashes to
       // the files hash the SDK sent (recomputed by the server).
       for (const copy of copies) {

@@ -15,7 +15,7 @@ import {
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { recordedExecs } from "../../proxy-image/src/exec-runner";
+import { recordedExecs } from "../../proxy-image/src/exec-runner/exec-runner";
 import { RUNNER_EXIT, RunnerStatus } from "../../src/contract/exec-runner";
 
 // bw-exec, the exec runner of sandbox0 work pods and E2B sandboxes (proxy-image/dist/

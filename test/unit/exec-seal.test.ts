@@ -14,11 +14,11 @@ import {
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { recordedExecs } from "../../proxy-image/src/exec-runner";
-import { cgroup2Mount, procEntry } from "../../proxy-image/src/exec-seal";
+import { recordedExecs } from "../../proxy-image/src/exec-runner/exec-runner";
+import { cgroup2Mount, procEntry } from "../../proxy-image/src/exec-runner/exec-seal";
 import { RUNNER_EXIT, type RunnerSeal, type RunnerStatus } from "../../src/contract/exec-runner";
 
-// The end of the setup stage in the exec runner (proxy-image/src/exec-seal.ts, as bw-exec seal),
+// The end of the setup stage in the exec runner (proxy-image/src/exec-runner/exec-seal.ts, as bw-exec seal),
 // for real: real processes, a real cgroup v2 (this machine mounts one; the test makes a cgroup of
 // its own under it and points the runner at it with BW_EXEC_SETUP_CGROUP, so nothing else on the
 // machine is touched), real sessions and signals. The sweep is run as a dry run only: for real it

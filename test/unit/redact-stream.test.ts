@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { needlesFor, RedactStream } from "../../proxy-image/src/redact";
+import { needlesFor, RedactStream } from "../../proxy-image/src/proxy/redact";
 
 // Case B7 for streamed bodies: a secret split across chunks at any point is still masked, and
 // only an end that could start a secret form is held back, so what cannot be a secret flows at

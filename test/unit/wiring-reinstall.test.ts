@@ -3,8 +3,8 @@ import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createRunCa } from "../../proxy-image/src/ca";
-import { filesFirst } from "../../proxy-image/src/wiring";
+import { createRunCa } from "../../proxy-image/src/proxy/ca";
+import { filesFirst } from "../../proxy-image/src/wiring/wiring";
 import { PLATFORM_HOSTS } from "../../src/contract/proxy-wire";
 import { ReinstallResult, type WiringReinstall } from "../../src/contract/wiring";
 

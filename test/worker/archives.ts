@@ -61,7 +61,7 @@ export interface CollectedFile {
 }
 
 /**
- * An archive as bw-collect writes it (proxy-image/src/collect.ts): a `files/<path>` entry per
+ * An archive as bw-collect writes it (proxy-image/src/collect/collect.ts): a `files/<path>` entry per
  * file, then `manifest.json` listing them (with their sha256) and what was cut. `manifest`
  * overrides fields of the manifest; `extra` entries go after the files (a tampered archive).
  */

@@ -132,7 +132,7 @@ describe("e2b configuration", () => {
 });
 
 describe("e2b backend: what E2B is asked", SLOW, () => {
-  it("proxy sandbox: the exact create request, the tunnel started as a process of its own", async () => {
+  it("proxy sandbox: the exact create request, the bridge started as a process of its own", async () => {
     const b = backend();
     const runId = randomId("run_");
     const since = await mark();
@@ -166,15 +166,15 @@ describe("e2b backend: what E2B is asked", SLOW, () => {
     const [box] = await contractSandboxes(runId);
     expect(info.address).toBe(box?.sandboxID);
     expect(box?.envVars).toEqual({});
-    // The tunnel's proxy end, under the runner, as the unprivileged user, its token as its env.
-    const [tunnel, ...more] = starts(rs, info.address);
-    expect(commandOf(tunnel as RecordedE2bRequest)).toBe("bw-exec start bw-tunnel - 0 -- bw-tunnel serve");
-    expect(tunnel?.user).toBe("user");
-    expect(tunnel?.accessToken).toBe("ok");
-    expect(Object.keys(body(tunnel).process.envs).sort()).toEqual(["BW_TUNNEL_PORT", "BW_TUNNEL_TOKEN"]);
-    expect(body(tunnel).process.envs.BW_TUNNEL_TOKEN).toMatch(/^[0-9a-f]{64}$/);
-    expect(body(tunnel).process.envs.BW_TUNNEL_PORT).toBe("8090");
-    expect(more.map(commandOf).every((c) => c.startsWith("bw-exec poll bw-tunnel "))).toBe(true);
+    // The bridge's proxy end, under the runner, as the unprivileged user, its token as its env.
+    const [bridge, ...more] = starts(rs, info.address);
+    expect(commandOf(bridge as RecordedE2bRequest)).toBe("bw-exec start bw-bridge - 0 -- bw-bridge serve");
+    expect(bridge?.user).toBe("user");
+    expect(bridge?.accessToken).toBe("ok");
+    expect(Object.keys(body(bridge).process.envs).sort()).toEqual(["BW_BRIDGE_PORT", "BW_BRIDGE_TOKEN"]);
+    expect(body(bridge).process.envs.BW_BRIDGE_TOKEN).toMatch(/^[0-9a-f]{64}$/);
+    expect(body(bridge).process.envs.BW_BRIDGE_PORT).toBe("8090");
+    expect(more.map(commandOf).every((c) => c.startsWith("bw-exec poll bw-bridge "))).toBe(true);
     // envd never sees the API key; the platform API always does, and nothing else sends it.
     expect(rs.filter((r) => r.api === "envd").every((r) => r.apiKey === "absent")).toBe(true);
     await b.destroy(proxyId);
@@ -211,7 +211,7 @@ describe("e2b backend: what E2B is asked", SLOW, () => {
     await b.destroy(proxyId);
   });
 
-  it("work sandbox, default routing: exact create, the user check, the tunnel to the proxy", async () => {
+  it("work sandbox, default routing: exact create, the user check, the bridge to the proxy", async () => {
     const b = backend();
     const runId = randomId("run_");
     const { proxyId, info: proxy } = await proxyOf(b, runId);
@@ -243,7 +243,7 @@ describe("e2b backend: what E2B is asked", SLOW, () => {
       wiring: null,
       controlPlaneUrl: null,
     });
-    const [drop, check, workdir, tunnel] = starts(rs, info.address);
+    const [drop, check, workdir, bridge] = starts(rs, info.address);
     // Root taken away from the execute user (as root), then checked as that user, before anything.
     expect(commandOf(drop as RecordedE2bRequest)).toBe("bw-drop-root");
     expect(drop?.user).toBe("root");
@@ -252,17 +252,17 @@ describe("e2b backend: what E2B is asked", SLOW, () => {
     // The working directory (/home/sandbox), the execute user's.
     expect(commandOf(workdir as RecordedE2bRequest)).toBe("bw-workdir");
     expect(workdir?.user).toBe("root");
-    expect(commandOf(tunnel as RecordedE2bRequest)).toBe("bw-exec start bw-tunnel - 0 -- bw-tunnel connect");
-    expect(tunnel?.user).toBe("root");
+    expect(commandOf(bridge as RecordedE2bRequest)).toBe("bw-exec start bw-bridge - 0 -- bw-bridge connect");
+    expect(bridge?.user).toBe("root");
     const proxyStarts = starts(await requests(0), proxy.address);
-    const serveToken = body(proxyStarts.find((r) => commandOf(r).endsWith("bw-tunnel serve"))).process.envs
-      .BW_TUNNEL_TOKEN;
-    const envs = body(tunnel).process.envs;
+    const serveToken = body(proxyStarts.find((r) => commandOf(r).endsWith("bw-bridge serve"))).process.envs
+      .BW_BRIDGE_TOKEN;
+    const envs = body(bridge).process.envs;
     expect(envs).toEqual({
-      BW_TUNNEL_URL: `https://8090-${proxy.address}.${e2b.domain}`,
-      BW_TUNNEL_TOKEN: serveToken,
-      BW_TUNNEL_EDGE_TOKEN: expect.stringMatching(/^ta_[0-9a-f]{32}$/),
-      BW_TUNNEL_LISTEN: "127.0.0.1",
+      BW_BRIDGE_URL: `https://8090-${proxy.address}.${e2b.domain}`,
+      BW_BRIDGE_TOKEN: serveToken,
+      BW_BRIDGE_EDGE_TOKEN: expect.stringMatching(/^ta_[0-9a-f]{32}$/),
+      BW_BRIDGE_LISTEN: "127.0.0.1",
     });
     // Default routing installs no redirect: the hosts file (the wiring, as root) does the work.
     expect(starts(rs, info.address).map(commandOf)).not.toContain("bw-redirect");
@@ -270,7 +270,7 @@ describe("e2b backend: what E2B is asked", SLOW, () => {
     await b.destroy(proxyId);
   });
 
-  it("catch-all: E2B's firewall lets out only the proxy's tunnel host; the redirect is installed", async () => {
+  it("catch-all: E2B's firewall lets out only the proxy's bridge host; the redirect is installed", async () => {
     const b = backend();
     const runId = randomId("run_");
     const { proxyId, info: proxy } = await proxyOf(b, runId);

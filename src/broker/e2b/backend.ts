@@ -27,7 +27,7 @@ import {
   TRANSFER_DEADLINE_MS,
   WORK_PROXY_ADDRESS,
 } from "./config";
-import { networkDrift, proxyNetwork, TUNNEL_PORT, workNetwork } from "./network";
+import { BRIDGE_PORT, networkDrift, proxyNetwork, workNetwork } from "./network";
 import { e2bSandboxes, held, type Meta } from "./sandboxes";
 import { runnerCommand } from "./shell";
 import { collectArgv, EXECUTE_USER, resourcesMisfit, TRANSFER_DIR, unpackArgv } from "./stages";
@@ -36,12 +36,12 @@ import { collectArgv, EXECUTE_USER, resourcesMisfit, TRANSFER_DIR, unpackArgv } 
 // Durable Object (the SDK runs in workerd with nodejs_compat). docs/e2b.md says what it makes,
 // what it guarantees and how to set it up; in short:
 //
-// - proxy sandbox: the proxy template, public traffic off; `bw-tunnel serve` is started in it at
+// - proxy sandbox: the proxy template, public traffic off; `bw-bridge serve` is started in it at
 //   create, the only way in for the run's work sandboxes. The proxy process (`bw-proxy`) gets the
 //   run's proxy credentials as that one process's environment, never as sandbox settings.
 // - work/task/orchestrator: the work template, public traffic off; catch-all routing is E2B's
-//   firewall (deny everything but the proxy's tunnel host), checked after create. In each, the
-//   backend starts `bw-tunnel connect` (root) so that 127.0.0.1:443/80 lead to the proxy, and
+//   firewall (deny everything but the proxy's bridge host), checked after create. In each, the
+//   backend starts `bw-bridge connect` (root) so that 127.0.0.1:443/80 lead to the proxy, and
 //   under catch-all installs the redirect of every 80/443 connection to it. Setup-stage execs
 //   run as root, execute-stage ones as `user`, who must not be able to become root (checked).
 // - the two stages (stages.ts): setup-stage commands run in the runner's setup cgroup, and
@@ -88,7 +88,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     takeRootAway,
     installRedirect,
     reinstall,
-    tunnelToken,
+    bridgeToken,
     ensureNetwork,
     proxyOf,
     ensureSandbox,
@@ -118,14 +118,14 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
             `E2B does not keep the proxy sandbox private (${drift.join("; ")})`,
           );
         }
-        const token = await tunnelToken(spec.id);
+        const token = await bridgeToken(spec.id);
         hide([config.E2B_API_KEY, token]);
         await startService(
           spec.id,
-          ["bw-tunnel", "serve"],
-          { BW_TUNNEL_TOKEN: token, BW_TUNNEL_PORT: String(TUNNEL_PORT) },
+          ["bw-bridge", "serve"],
+          { BW_BRIDGE_TOKEN: token, BW_BRIDGE_PORT: String(BRIDGE_PORT) },
           "user",
-          "start the tunnel's proxy end",
+          "start the bridge's proxy end",
         );
         return {
           id: spec.id,
@@ -172,20 +172,20 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
           `the working directory could not be made: ${scrub(lastLine(workdir.stderr))}`,
         );
       }
-      const token = await tunnelToken(spec.proxySandboxId);
+      const token = await bridgeToken(spec.proxySandboxId);
       const edge = proxy.sandbox.trafficAccessToken ?? "";
       hide([config.E2B_API_KEY, token, edge]);
       await startService(
         spec.id,
-        ["bw-tunnel", "connect"],
+        ["bw-bridge", "connect"],
         {
-          BW_TUNNEL_URL: `https://${host}`,
-          BW_TUNNEL_TOKEN: token,
-          ...(edge ? { BW_TUNNEL_EDGE_TOKEN: edge } : {}),
-          BW_TUNNEL_LISTEN: WORK_PROXY_ADDRESS,
+          BW_BRIDGE_URL: `https://${host}`,
+          BW_BRIDGE_TOKEN: token,
+          ...(edge ? { BW_BRIDGE_EDGE_TOKEN: edge } : {}),
+          BW_BRIDGE_LISTEN: WORK_PROXY_ADDRESS,
         },
         "root",
-        "start the tunnel to the proxy",
+        "start the bridge to the proxy",
       );
       if (spec.routing === "catch-all") await installRedirect(spec.id);
       return {
@@ -214,7 +214,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       const kind = h.meta[META.kind] ?? "";
       let envs = request.env;
       if (kind === "proxy" && request.argv[0] === "bw-proxy") {
-        // Where the control plane is, and listeners on loopback only: the tunnel is the way in.
+        // Where the control plane is, and listeners on loopback only: the bridge is the way in.
         envs = { ...envs, BW_CONTROL_PLANE_URL: config.PUBLIC_URL, BW_LISTEN_HOST: "127.0.0.1" };
       }
       hide([config.E2B_API_KEY, ...Object.values(request.env)]);

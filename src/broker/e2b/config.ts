@@ -51,7 +51,7 @@ export const TRANSFER_DEADLINE_MS = 10 * 60_000;
 /** Longest the wiring's rewrite may take. */
 export const REINSTALL_DEADLINE_MS = 60_000;
 export const STDIN_CHUNK = 256 * 1024;
-/** The tunnel's local end in a work sandbox: what the hosts file and the redirect point at. */
+/** The bridge's local end in a work sandbox: what the hosts file and the redirect point at. */
 export const WORK_PROXY_ADDRESS = "127.0.0.1";
-/** The runner's exec id for the tunnel in each sandbox (one per sandbox, idempotent). */
-export const TUNNEL_EXEC_ID = "bw-tunnel";
+/** The runner's exec id for the bridge in each sandbox (one per sandbox, idempotent). */
+export const BRIDGE_EXEC_ID = "bw-bridge";

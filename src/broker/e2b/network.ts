@@ -6,14 +6,14 @@ import type { RoutingMode } from "../../contract/policy";
 // of an update is cleared, and a cleared denyOut is a sandbox that goes anywhere).
 //
 // - proxy: egress open (it forwards upstream), public traffic off: its one public port, the
-//   tunnel, is reachable only with its traffic token.
+//   bridge, is reachable only with its traffic token.
 // - work/task/orchestrator, default routing: egress open (only the hosts file's names go to the
 //   proxy, as on every backend), public traffic off.
-// - catch-all: E2B's firewall denies everything (ALL_TRAFFIC) but the run's proxy tunnel host,
+// - catch-all: E2B's firewall denies everything (ALL_TRAFFIC) but the run's proxy bridge host,
 //   matched by SNI on 443: the sandbox, root included, can reach nothing else over TCP.
 
-/** The proxy sandbox's tunnel port (bw-tunnel serve), reached through E2B's edge. */
-export const TUNNEL_PORT = 8090;
+/** The proxy sandbox's bridge port (bw-bridge serve), reached through E2B's edge. */
+export const BRIDGE_PORT = 8090;
 
 export function workNetwork(routing: RoutingMode, proxyHost: string): SandboxNetworkOpts {
   if (routing === "default") return { allowPublicTraffic: false };

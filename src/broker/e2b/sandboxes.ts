@@ -17,6 +17,7 @@ import { lastJson, pollArgs, RunnerStatus, runnerAnswer, startInlineArgs } from 
 import { ReinstallResult } from "../../contract/wiring";
 import { BackendError } from "../backend";
 import {
+  BRIDGE_EXEC_ID,
   type E2bEnv,
   KEEPALIVE_EVERY_MS,
   MAX_POLL_WAIT_MS,
@@ -26,10 +27,9 @@ import {
   RUNNER_DEADLINE_MS,
   SANDBOX_TTL_MS,
   STDIN_CHUNK,
-  TUNNEL_EXEC_ID,
   WORK_PROXY_ADDRESS,
 } from "./config";
-import { egressOf, networkDrift, TUNNEL_PORT } from "./network";
+import { BRIDGE_PORT, egressOf, networkDrift } from "./network";
 import { runnerCommand } from "./shell";
 import { EXECUTE_USER, reinstallInput } from "./stages";
 
@@ -50,7 +50,7 @@ export const held = new Map<string, Held>();
 
 /**
  * The backend's E2B side: its SDK errors turned into BackendErrors (never a credential in a
- * message), which E2B sandbox is ours, the runner, the tunnel and the network, as the calls of
+ * message), which E2B sandbox is ours, the runner, the bridge and the network, as the calls of
  * e2bBackend (backend.ts) use them.
  */
 export function e2bSandboxes(config: E2bEnv) {
@@ -227,7 +227,7 @@ export function e2bSandboxes(config: E2bEnv) {
     return answer.data;
   }
 
-  /** Starts a long-running program (the tunnel) under the runner and waits for its first line. */
+  /** Starts a long-running program (the bridge) under the runner and waits for its first line. */
   async function startService(
     id: string,
     argv: string[],
@@ -235,7 +235,7 @@ export function e2bSandboxes(config: E2bEnv) {
     user: string,
     what: string,
   ) {
-    const started = await runner(id, runnerCommand(startInlineArgs(TUNNEL_EXEC_ID, argv, null, 0)), what, {
+    const started = await runner(id, runnerCommand(startInlineArgs(BRIDGE_EXEC_ID, argv, null, 0)), what, {
       user,
       envs,
     });
@@ -248,7 +248,7 @@ export function e2bSandboxes(config: E2bEnv) {
       }
       if (Date.now() >= deadline)
         throw new BackendError("sandbox_starting", `sandbox ${id}: ${what}: not ready`, true);
-      status = await runner(id, runnerCommand(pollArgs(TUNNEL_EXEC_ID, 0, 0, 1_000)), what, {
+      status = await runner(id, runnerCommand(pollArgs(BRIDGE_EXEC_ID, 0, 0, 1_000)), what, {
         user: "root",
         waitMs: 1_000,
       });
@@ -328,7 +328,7 @@ export function e2bSandboxes(config: E2bEnv) {
     }
   }
 
-  /** catch-all: every 80/443 connection of anyone but root to the tunnel's local end. */
+  /** catch-all: every 80/443 connection of anyone but root to the bridge's local end. */
   async function installRedirect(id: string): Promise<void> {
     const redirect = await call("install the redirect", () =>
       withSandbox(id, (s) => run(s, "bw-redirect", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
@@ -364,8 +364,8 @@ export function e2bSandboxes(config: E2bEnv) {
     }
   }
 
-  /** The tunnel token of a run's proxy: HMAC of its id under the API key, so no state keeps it. */
-  async function tunnelToken(proxyId: string): Promise<string> {
+  /** The bridge token of a run's proxy: HMAC of its id under the API key, so no state keeps it. */
+  async function bridgeToken(proxyId: string): Promise<string> {
     const key = await crypto.subtle.importKey(
       "raw",
       new TextEncoder().encode(config.E2B_API_KEY),
@@ -376,6 +376,7 @@ export function e2bSandboxes(config: E2bEnv) {
     const mac = await crypto.subtle.sign(
       "HMAC",
       key,
+      // The label predates the bridge's name; kept, so a run's token is the same across the rename.
       new TextEncoder().encode(`benchwright e2b tunnel v1\0${proxyId}`),
     );
     return [...new Uint8Array(mac)].map((b) => b.toString(16).padStart(2, "0")).join("");
@@ -415,7 +416,7 @@ export function e2bSandboxes(config: E2bEnv) {
       throw new BackendError("not_found", `run ${spec.runId} has no proxy sandbox ${spec.proxySandboxId}`);
     }
     const proxy = await attach(spec.proxySandboxId);
-    return { proxy, host: proxy.sandbox.getHost(TUNNEL_PORT) };
+    return { proxy, host: proxy.sandbox.getHost(BRIDGE_PORT) };
   }
 
   /** Our sandbox `id` on E2B: the one already there (an earlier, interrupted create), or a new one. */
@@ -481,7 +482,7 @@ export function e2bSandboxes(config: E2bEnv) {
     takeRootAway,
     installRedirect,
     reinstall,
-    tunnelToken,
+    bridgeToken,
     ensureNetwork,
     proxyOf,
     ensureSandbox,

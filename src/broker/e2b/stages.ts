@@ -50,7 +50,7 @@ export const collectArgv = (dir: string, name: string, bounds: { maxBytes: numbe
 
 /**
  * The wiring's files for `bw-wiring reinstall`, in the places the wiring program writes them by
- * default (SandboxInfo.wiring is null on e2b): the hosts block to the tunnel's local end, and
+ * default (SandboxInfo.wiring is null on e2b): the hosts block to the bridge's local end, and
  * at seal the run CA; `caCertPem` null (setHosts) leaves the CA files alone.
  */
 export function reinstallInput(

@@ -1,0 +1,127 @@
+import "reflect-metadata"; // @peculiar/x509 resolves its ASN.1 providers through tsyringe, which needs it
+import { webcrypto } from "node:crypto";
+import { createSecureContext, type SecureContext } from "node:tls";
+import * as x509 from "@peculiar/x509";
+import { isIpLiteral } from "../../../src/policy/host";
+
+x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
+
+// The per-run CA. Made when the proxy starts; its private key exists only in this process's
+// memory and dies with it. The work sandbox trusts its certificate, so the proxy can terminate
+// TLS for any host the sandbox dials and apply policy to the plain request inside.
+
+const EC = { name: "ECDSA", namedCurve: "P-256" } as const;
+const SIGN = { name: "ECDSA", hash: "SHA-256" } as const;
+const HOUR = 3_600_000;
+// A run lasts at most a day and a lingering proxy another day; a little margin on both ends.
+const CA_LIFETIME_MS = 3 * 24 * HOUR;
+const CLOCK_SKEW_MS = HOUR;
+
+export interface RunCa {
+  /** PEM of the CA certificate: what the work sandbox is told to trust. */
+  readonly certPem: string;
+  /** SHA-256 of the CA certificate's DER, hex, colon-free lowercase. */
+  readonly fingerprint256: string;
+  /** A TLS context with a leaf certificate for `host` (canonical), minted on first use. */
+  contextFor(host: string): Promise<SecureContext>;
+  /** Number of leaf contexts currently cached (bounded by `maxLeaves`). */
+  readonly cachedLeaves: number;
+}
+
+function pem(label: string, der: ArrayBuffer): string {
+  const b64 = Buffer.from(der).toString("base64");
+  return `-----BEGIN ${label}-----\n${b64.replace(/.{64}/g, "$&\n").replace(/\n?$/, "\n")}-----END ${label}-----\n`;
+}
+
+function serial(): string {
+  const bytes = webcrypto.getRandomValues(new Uint8Array(16));
+  bytes[0] = (bytes[0] ?? 0) & 0x7f; // positive
+  return Buffer.from(bytes).toString("hex");
+}
+
+export async function createRunCa(options: { runId: string; maxLeaves?: number }): Promise<RunCa> {
+  const maxLeaves = options.maxLeaves ?? 1024;
+  const now = Date.now();
+  const notBefore = new Date(now - CLOCK_SKEW_MS);
+  const notAfter = new Date(now + CA_LIFETIME_MS);
+  const caKeys = (await webcrypto.subtle.generateKey(EC, false, [
+    "sign",
+    "verify",
+  ])) as webcrypto.CryptoKeyPair;
+  const caCert = await x509.X509CertificateGenerator.createSelfSigned({
+    serialNumber: serial(),
+    name: `CN=Benchwright run ${options.runId.replace(/[^A-Za-z0-9_-]/g, "")} CA, O=Benchwright`,
+    notBefore,
+    notAfter,
+    keys: caKeys,
+    signingAlgorithm: SIGN,
+    extensions: [
+      new x509.BasicConstraintsExtension(true, 0, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign | x509.KeyUsageFlags.cRLSign, true),
+      await x509.SubjectKeyIdentifierExtension.create(caKeys.publicKey),
+    ],
+  });
+  const certPem = caCert.toString("pem");
+  const fingerprint256 = Buffer.from(await caCert.getThumbprint("SHA-256")).toString("hex");
+
+  // One leaf key for every host: minting stays cheap (one signature), and the key is as
+  // short-lived and memory-only as the CA's.
+  const leafKeys = (await webcrypto.subtle.generateKey(EC, true, [
+    "sign",
+    "verify",
+  ])) as webcrypto.CryptoKeyPair;
+  const leafKeyPem = pem("PRIVATE KEY", await webcrypto.subtle.exportKey("pkcs8", leafKeys.privateKey));
+  const authorityKeyId = await x509.AuthorityKeyIdentifierExtension.create(caKeys.publicKey);
+
+  // Bounded: the proxy mints a certificate for any SNI a client sends. Map order = recency.
+  const cache = new Map<string, Promise<SecureContext>>();
+
+  async function mint(host: string): Promise<SecureContext> {
+    const name = isIpLiteral(host)
+      ? { type: "ip" as const, value: host.replace(/^\[|\]$/g, "") }
+      : { type: "dns" as const, value: host };
+    const leaf = await x509.X509CertificateGenerator.create({
+      serialNumber: serial(),
+      subject: `CN=${host.length <= 64 ? host : "benchwright-leaf"}`,
+      issuer: caCert.subject,
+      notBefore,
+      notAfter,
+      publicKey: leafKeys.publicKey,
+      signingKey: caKeys.privateKey,
+      signingAlgorithm: SIGN,
+      extensions: [
+        new x509.BasicConstraintsExtension(false, undefined, true),
+        new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
+        new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
+        new x509.SubjectAlternativeNameExtension([name]),
+        authorityKeyId,
+      ],
+    });
+    return createSecureContext({ key: leafKeyPem, cert: `${leaf.toString("pem")}\n${certPem}` });
+  }
+
+  return {
+    certPem,
+    fingerprint256,
+    get cachedLeaves() {
+      return cache.size;
+    },
+    contextFor(host: string) {
+      const hit = cache.get(host);
+      if (hit) {
+        cache.delete(host);
+        cache.set(host, hit);
+        return hit;
+      }
+      const made = mint(host);
+      made.catch(() => cache.delete(host));
+      cache.set(host, made);
+      while (cache.size > maxLeaves) {
+        const oldest = cache.keys().next().value;
+        if (oldest === undefined) break;
+        cache.delete(oldest);
+      }
+      return made;
+    },
+  };
+}
