@@ -71,7 +71,7 @@ export function quantiles(xs: readonly number[]): { n: number; median: number; p
 export const BENCHES = ["proxy", "memory", "fuzz", "audit", "broker", "start"] as const;
 export type BenchName = (typeof BENCHES)[number];
 
-/** One line of the results page's summary (and of README's Performance table). */
+/** One line of the results page's summary (and of docs/performance.md's table). */
 export interface SummaryRow {
   measure: string;
   /** The measured value, as a person reads it. */

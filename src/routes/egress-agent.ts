@@ -54,8 +54,8 @@ export const egressTokenRoutes = newRouter().openapi(
 );
 
 /**
- * The command the user runs (the README's two-terminal example), from a checkout of this
- * repository or with the CLI package installed. `--no`: npx must never fetch a package of that
+ * The command the user runs (the two-terminal example of docs/user-guide.md), from a checkout of
+ * this repository or with the CLI package installed. `--no`: npx must never fetch a package of that
  * name from the registry instead. The token is in the command's environment, not its arguments
  * (K5): an argument shows in every process list on the machine; the agent refuses `--token`.
  */

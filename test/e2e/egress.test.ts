@@ -114,7 +114,7 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
     removeUserMachine();
   });
 
-  /** The user's agent, run in the user's namespace as the README says (plain http: test only). */
+  /** The user's agent, run in the user's namespace as the user guide says (plain http: test only). */
   function startAgent(token: string, extra: string[] = []): Agent {
     const child = spawn(
       "ip",

@@ -10,7 +10,8 @@ import { type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness"
 // and a real local run: a new user logs in with an API key, adds a secret (its value never shown
 // again), a rule and a block entry, sees the routing mode change, runs the demo, sees the denied
 // host on the run page and in the recent blocked hosts, promotes it to allow and sees the entry.
-// Screenshots go to test-results/screenshots/pages/ (the README's come from there).
+// Screenshots go to test-results/screenshots/pages/ (those of docs/user-guide.md, "The pages",
+// come from there).
 
 const SHOTS = join("test-results", "screenshots", "pages");
 
