@@ -2,11 +2,12 @@ import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
 import { brokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import { consoleLog } from "../contract/log";
+import { TERMINAL_STATES } from "../contract/run-states";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import { purgeExpiredKeys } from "../idempotency/store";
-import { recordTransition, TERMINAL_STATES } from "../runs/service";
+import { recordTransition } from "../runs/service";
 
 // The cron trigger's backstop (wrangler.toml [triggers]). Each run's coordinator drives it with
 // its own alarm; this only catches what an alarm missed, and is idempotent:
