@@ -1,4 +1,5 @@
 import type { AgentErrorCode } from "../src/contract/local-agent";
+import { type ProblemTable, problemBodyOf } from "../src/contract/problem";
 
 // The agent's failures: a closed set of codes (the contract's), one status each, one body shape
 // (problem+json). Services throw AgentError; the server renders it.
@@ -31,12 +32,6 @@ export class AgentError extends Error {
   }
 }
 
-export function problemBody(code: AgentErrorCode, detail: string) {
-  return {
-    type: `https://benchwright.dev/problems/${code}`,
-    title: TITLES[code],
-    status: AGENT_ERROR_STATUS[code],
-    detail,
-    code,
-  };
-}
+const PROBLEMS: ProblemTable<AgentErrorCode> = { status: AGENT_ERROR_STATUS, title: TITLES };
+
+export const problemBody = (code: AgentErrorCode, detail: string) => problemBodyOf(PROBLEMS, code, detail);

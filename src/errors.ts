@@ -1,6 +1,7 @@
 import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import type { BundleCode } from "./contract/bundle";
+import { type ProblemTable, problemBodyOf } from "./contract/problem";
 
 // One problem+json shape (RFC 9457) for the whole API, a closed set of codes, one status map.
 export const ErrorCode = z.enum([
@@ -244,15 +245,10 @@ export class ApiError extends Error {
   }
 }
 
+const PROBLEMS: ProblemTable<ErrorCode> = { status: ERROR_STATUS, title: TITLES };
+
 export function problemBody(code: ErrorCode, detail: string, requestId: string) {
-  return {
-    type: `https://benchwright.dev/problems/${code}`,
-    title: TITLES[code],
-    status: ERROR_STATUS[code],
-    detail,
-    code,
-    requestId,
-  };
+  return { ...problemBodyOf(PROBLEMS, code, detail), requestId };
 }
 
 export function problem(c: Context, code: ErrorCode, detail: string, retryAfter?: number): Response {

@@ -1,8 +1,9 @@
 import { and, eq, isNull } from "drizzle-orm";
+import { isTerminal } from "../contract/run-states";
 import { encodeBase64Url, hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
 import { computeCapabilities, runs } from "../db/schema";
 import type { Db } from "../db/types";
-import { ENDED_STATES, type RunOwner } from "../runs/proxy-credentials";
+import type { RunOwner } from "../runs/proxy-credentials";
 
 // The compute-control capability: what a run's work (or Harbor orchestrator) sandbox holds
 // instead of a backend credential. It lets the holder ask the broker, through /v1/compute, for
@@ -60,7 +61,7 @@ export async function findCapability(db: Db, token: string, now = new Date()): P
     .where(eq(computeCapabilities.tokenHash, hash));
   if (!row || !timingSafeEqualHex(row.hash, hash)) return null;
   if (row.revokedAt !== null || row.expiresAt.getTime() <= now.getTime()) return null;
-  if (ENDED_STATES.includes(row.status)) return null;
+  if (isTerminal(row.status)) return null;
   return {
     id: row.id,
     run: { id: row.runId, userId: row.userId, environmentId: row.environmentId },

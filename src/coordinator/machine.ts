@@ -2,12 +2,13 @@ import { BackendError } from "../broker/backend";
 import type { UnpackResult } from "../contract/bundle";
 import type { ExecInfo, Resources, SandboxInfo, Seal, SealResult } from "../contract/local-agent";
 import type { PolicyDocument, RoutingMode } from "../contract/policy";
+import { isTerminal, type TerminalState } from "../contract/run-states";
 import type { WiringProof } from "../contract/wiring";
 import type { RunState } from "../db/schema";
 import type { RunSpec } from "../runs/spec";
 import type { RunNote, Transition } from "../runs/types";
 import { run } from "./steps/commands";
-import { finish, isOver, type Machine } from "./steps/common";
+import { finish, type Machine } from "./steps/common";
 import * as environments from "./steps/environments";
 import { LINGER_IDLE_MS, lingerStep, wake } from "./steps/linger";
 import { startProxy } from "./steps/proxy";
@@ -54,7 +55,7 @@ export const MAX_FAULTS = 5;
 /** Longest wait between two attempts at a teardown that keeps failing. */
 export const MAX_TEARDOWN_BACKOFF_MS = 60_000;
 
-export type Final = { to: "finished" | "stopped" | "failed"; reason: string; detail?: string };
+export type Final = { to: TerminalState; reason: string; detail?: string };
 
 export interface Worker {
   sandboxId: string;
@@ -108,8 +109,11 @@ export interface Worker {
 
 export type WorkerStage = "bundle" | "setup" | "seal" | "rewire" | "execute" | "collect";
 
-/** A lingering proxy: the window (from startedAt), the last time someone looked, and pauses. */
-export interface Linger {
+/**
+ * The coordinator's own record of a lingering proxy (the API's view is Linger, runs/service.ts):
+ * the window (from startedAt), the last time someone looked, and pauses.
+ */
+export interface LingerWindow {
   seconds: number;
   startedAt: number;
   lastActivity: number;
@@ -167,7 +171,7 @@ export interface MachineState {
   /** Halts so far (keys the trace events of each halt and resume). */
   halts?: number;
   /** Set once the run lingers (its commands ended and it asked to keep its proxy). */
-  linger?: Linger;
+  linger?: LingerWindow;
   /** Vault edits put onto running sandboxes' hosts files (steps/hosts.ts): the last look, edits so far. */
   hostsCheckedAt?: number;
   hostsEdits?: number;
@@ -372,7 +376,7 @@ export class RunMachine {
 
   async cancel(reason: StopRequest = "cancelled"): Promise<boolean> {
     const s = await this.storage.load();
-    if (!s || isOver(s.state)) return false;
+    if (!s || isTerminal(s.state)) return false;
     await this.storage.requestCancel(reason);
     await this.storage.setAlarm(this.ports.now());
     return true;
@@ -389,7 +393,7 @@ export class RunMachine {
       await this.start(runId);
       return "started";
     }
-    if (isOver(s.state)) return "over";
+    if (isTerminal(s.state)) return "over";
     if (alarmPending) return "alive";
     await this.storage.setAlarm(this.ports.now());
     return "rearmed";
@@ -401,7 +405,7 @@ export class RunMachine {
    */
   async halt(halt: boolean): Promise<boolean> {
     const s = await this.storage.load();
-    if (s && (isOver(s.state) || s.state === "finishing" || s.state === "lingering")) return false;
+    if (s && (isTerminal(s.state) || s.state === "finishing" || s.state === "lingering")) return false;
     // Kept even before the run has started: it halts when its commands are about to run.
     await this.storage.requestHalt(halt);
     if (s) await this.storage.setAlarm(this.ports.now());
@@ -414,7 +418,7 @@ export class RunMachine {
    */
   async linger(seconds: number): Promise<boolean> {
     const s = await this.storage.load();
-    if (s && (isOver(s.state) || s.state === "finishing")) return false;
+    if (s && (isTerminal(s.state) || s.state === "finishing")) return false;
     await this.storage.requestLinger(seconds);
     if (s?.state === "lingering") await this.storage.setAlarm(this.ports.now());
     return true;
@@ -431,7 +435,7 @@ export class RunMachine {
   /** The proxy said it is ready: look now instead of at the next poll. */
   async poke(): Promise<void> {
     const s = await this.storage.load();
-    if (s && !isOver(s.state)) await this.storage.setAlarm(this.ports.now());
+    if (s && !isTerminal(s.state)) await this.storage.setAlarm(this.ports.now());
   }
 
   async state(): Promise<MachineState | undefined> {
@@ -456,7 +460,7 @@ export class RunMachine {
   /** One step. Called by the alarm; schedules the next alarm itself unless the run is over. */
   async step(): Promise<void> {
     const s = await this.storage.load();
-    if (!s || isOver(s.state)) return;
+    if (!s || isTerminal(s.state)) return;
     if (!s.cancel) {
       const asked = await this.storage.cancelRequested();
       if (asked) {

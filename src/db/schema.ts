@@ -17,6 +17,7 @@ import { API_KEY_SCOPES } from "../auth/scope";
 import type { CutReason } from "../contract/bundle";
 import { MODEL_ENDPOINTS, MODEL_PROVIDERS } from "../contract/model-lane";
 import { ROUTING_MODES } from "../contract/routing";
+import { RUN_STATES } from "../contract/run-states";
 import type { RunSpec } from "../runs/spec";
 
 // Ids are opaque prefixed strings (usr_..., env_..., sec_...) made by randomId().
@@ -206,20 +207,8 @@ export const vaultModels = pgTable(
 
 // ---- runs ----
 
-export const RUN_STATES = [
-  "queued",
-  "fetching_vault",
-  "starting_proxy",
-  "starting_sandboxes",
-  "wiring",
-  "running",
-  "finishing",
-  "lingering",
-  "finished",
-  "stopped",
-  "failed",
-] as const;
-export type RunState = (typeof RUN_STATES)[number];
+// The status column holds one of the run states (contract/run-states.ts).
+export { RUN_STATES, type RunState } from "../contract/run-states";
 
 // A run: what was asked (spec), where it is (status), why it ended (reason), and what the
 // boundary looked like (routing, notes, proof). The coordinator Durable Object is the only

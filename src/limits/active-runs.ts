@@ -1,8 +1,8 @@
 import { and, count, eq, notInArray } from "drizzle-orm";
+import { TERMINAL_STATES } from "../contract/run-states";
 import { environments, runs } from "../db/schema";
 import type { Q } from "../db/types";
 import { ApiError } from "../errors";
-import { TERMINAL_STATES } from "../runs/service";
 
 // Runs at once per environment (case K4): a launch is refused while the environment has
 // RUNS_MAX_ACTIVE_PER_ENVIRONMENT runs that have not ended (a lingering run counts: it holds a

@@ -114,7 +114,7 @@ export function StatusPill(props: { run: Pick<RunRow, "status" | "reason"> }) {
   const tone =
     status === "finished" && (reason === "completed" || reason === "linger_lapsed")
       ? "good"
-      : status === "finished" || status === "stopped" || status === "failed"
+      : isTerminal(status)
         ? "bad"
         : "live";
   return <span class={`pill ${tone}`}>{status}</span>;

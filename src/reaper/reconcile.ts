@@ -2,13 +2,13 @@ import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
 import { brokerStub, sweepBrokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import { consoleLog } from "../contract/log";
+import { TERMINAL_STATES } from "../contract/run-states";
 import { coordinatorStub, endAware } from "../coordinator/run-coordinator";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import { purgeExpiredKeys } from "../idempotency/store";
 import { wakeNotifier } from "../notifications/notifier";
 import { overdueRuns } from "../notifications/service";
-import { TERMINAL_STATES } from "../runs/service";
 
 // The cron trigger's backstop (wrangler.toml [triggers]). Each run's coordinator drives it with
 // its own alarm; this only catches what an alarm missed, and is idempotent:

@@ -1,9 +1,10 @@
 import { eq } from "drizzle-orm";
+import { isTerminal } from "../contract/run-states";
 import { EGRESS_TOKEN_PREFIX, EgressToken } from "../contract/tunnel";
 import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
-import { ENDED_STATES, type ProxyRun } from "./proxy-credentials";
+import type { ProxyRun } from "./proxy-credentials";
 
 // A run's egress agent token (bwe_): what the user's local egress agent authenticates with, to the
 // run's relay and to its copy of the run's host policy. One live token per run: minting another
@@ -23,7 +24,7 @@ export async function issueEgressToken(db: Db, runId: string): Promise<string | 
   const token =
     EGRESS_TOKEN_PREFIX + encodeBase64Url(crypto.getRandomValues(new Uint8Array(TOKEN_RANDOM_BYTES)));
   const [row] = await db.select({ status: runs.status }).from(runs).where(eq(runs.id, runId));
-  if (!row || ENDED_STATES.includes(row.status)) return null;
+  if (!row || isTerminal(row.status)) return null;
   await db
     .update(runs)
     .set({ egressTokenHash: await hashApiKey(token), updatedAt: new Date() })
@@ -49,7 +50,7 @@ export async function findRunByEgressToken(db: Db, token: string): Promise<Egres
   // Looked up by hash; compared again in constant time so no timing depends on the token.
   if (!row?.hash || !timingSafeEqualHex(row.hash, hash)) return null;
   const { hash: _, ...run } = row;
-  return { ...run, ended: ENDED_STATES.includes(row.status) };
+  return { ...run, ended: isTerminal(row.status) };
 }
 
 /** Clears the run's token (its end). Idempotent. */

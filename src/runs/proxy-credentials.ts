@@ -1,8 +1,9 @@
 import { eq } from "drizzle-orm";
 import { newAuditKey } from "../contract/proxy-wire";
+import { isTerminal, type RunState } from "../contract/run-states";
 import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
-import { type RunState, runs } from "../db/schema";
+import { runs } from "../db/schema";
 import type { Db } from "../db/types";
 
 // A run's two proxy credentials. The proxy token authenticates every internal API call of the
@@ -15,9 +16,6 @@ const TOKEN_PREFIX = "bwp_";
 const TOKEN_RANDOM_BYTES = 32;
 // 32 bytes = 43 base64url characters; the last one carries 4 bits, so its low 2 bits are zero.
 const TOKEN_PATTERN = /^bwp_[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
-
-/** States after which a run has no valid proxy token for policy and ready calls. */
-export const ENDED_STATES: readonly RunState[] = ["finished", "stopped", "failed"];
 
 export interface RunOwner {
   id: string;
@@ -104,7 +102,7 @@ export async function findRunByProxyToken(db: Db, token: string): Promise<ProxyR
     userId: row.userId,
     environmentId: row.environmentId,
     status: row.status,
-    ended: ENDED_STATES.includes(row.status),
+    ended: isTerminal(row.status),
   };
 }
 

@@ -1,7 +1,8 @@
 import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
 import type { Principal } from "../context";
+import { isTerminal } from "../contract/run-states";
 import { randomId } from "../crypto/api-keys";
-import { type RunState, runEvents, runs, sandboxes } from "../db/schema";
+import { runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
@@ -15,8 +16,7 @@ export type { RunNote, Transition } from "./types";
 // Runs over Postgres. Reads are scoped by the caller's environment (another tenant's run is a
 // 404). Writes of status, trace and notes come from the run coordinator only.
 
-export const TERMINAL_STATES: readonly RunState[] = ["finished", "stopped", "failed"];
-export const isTerminal = (s: RunState) => TERMINAL_STATES.includes(s);
+export { isTerminal };
 
 export type RunRow = typeof runs.$inferSelect;
 

@@ -1,17 +1,8 @@
 import { mkdirSync, writeFileSync } from "node:fs";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import { ProxyView } from "../../src/contract/proxy-view";
 import { until } from "../until";
-import {
-  demoVault,
-  type E2e,
-  lastJson,
-  newUser,
-  nodeScript,
-  SKIP_REASON,
-  startE2e,
-  stdoutOf,
-} from "./harness";
+import { demoVault, describeE2e, lastJson, newUser, nodeScript, stdoutOf } from "./harness";
 
 // case F1, on real parts: a local run's command drives concurrent requests through its proxy to
 // an injected host, an allowed host and a blocked host, while the whole control plane
@@ -57,15 +48,9 @@ Promise.all(Array.from({ length: ${CONCURRENCY} }, worker)).then(() => {
 });
 `;
 
-describe.skipIf(SKIP_REASON !== null)("audit completeness under load, across a control-plane outage", () => {
-  let e: E2e;
-  beforeAll(async () => {
-    e = await startE2e({ name: "bwt-e2a", index: 86 });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
+const STACK = { name: "bwt-e2a", index: 86 };
 
+describeE2e("audit completeness under load, across a control-plane outage", { start: STACK }, (e) => {
   it("stores every audit row the proxy recorded exactly once, and they match the sandbox's own counts", {
     timeout: LOAD_MS + 300_000,
   }, async () => {

@@ -1,10 +1,10 @@
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import { buildCli, cli as runCli } from "../cli/harness";
 import { until } from "../until";
-import { type E2e, newUser, SKIP_REASON, startE2e } from "./harness";
+import { describeE2e, type E2eOptions, newUser } from "./harness";
 
 // Issue 9's "done when", on real parts: from a fresh login to a blocked host promoted to allow,
 // using only the CLI (a child process of its bundle, over real HTTP) and a real run on the local
@@ -22,20 +22,17 @@ const get = async (url) => {
 })();
 `;
 
-describe.skipIf(SKIP_REASON !== null)("the CLI walk: clone to a blocked host promoted to allow", () => {
-  let e: E2e;
-  let bin: string;
-  const outputs: string[] = [];
-  beforeAll(async () => {
-    // The CLI's own bundle, built from the current sources for this file alone (the cli project
-    // builds cli/dist at the same time; neither reads the other's half-written file).
-    bin = await buildCli("bw-cli-walk-");
-    e = await startE2e({ name: "bwt-e2w", index: 99 });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
+let bin: string;
 
+async function start(): Promise<E2eOptions> {
+  // The CLI's own bundle, built from the current sources for this file alone (the cli project
+  // builds cli/dist at the same time; neither reads the other's half-written file).
+  bin = await buildCli("bw-cli-walk-");
+  return { name: "bwt-e2w", index: 99 };
+}
+
+describeE2e("the CLI walk: clone to a blocked host promoted to allow", { start }, (e) => {
+  const outputs: string[] = [];
   it("logs in, sets the vault, sees the refusal, dry-runs, promotes, and the next run reaches the host", async () => {
     const user = await newUser(e.stack.apiUrl);
     const home = mkdtempSync(join(tmpdir(), "bw-cli-walk-home-"));

@@ -1,14 +1,12 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import {
   type Api,
   CLIENT_HELPERS,
   demoVault,
-  type E2e,
+  describeE2e,
   lastJson,
   newUser,
   nodeScript,
-  SKIP_REASON,
-  startE2e,
   waitForEnd,
 } from "./harness";
 
@@ -68,15 +66,7 @@ const run = async (id, execId, argv) => {
 })().catch((e) => { console.log(JSON.stringify({ error: String(e) })); process.exit(1); });
 `;
 
-describe.skipIf(SKIP_REASON !== null)("compute control from inside a run", () => {
-  let e: E2e;
-  beforeAll(async () => {
-    e = await startE2e({ name: "bwt-e2c", index: 98 });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
-
+describeE2e("compute control from inside a run", { start: { name: "bwt-e2c", index: 98 } }, (e) => {
   it("gives a Harbor orchestrator a task environment through its proxy: wired, filtered, no capability, deleted", async () => {
     const api: Api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);

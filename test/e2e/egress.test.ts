@@ -1,7 +1,7 @@
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, expect, it } from "vitest";
 import { type HostListener, startRelay } from "../../local-agent/relay";
 import { type DemoUpstream, startDemoUpstream } from "../../scripts/lib/demo-upstream";
 import { randomId } from "../../src/crypto/api-keys";
@@ -9,12 +9,12 @@ import { until } from "../until";
 import {
   type Api,
   CLIENT_HELPERS,
-  type E2e,
+  describeE2e,
+  type E2eOptions,
   lastJson,
   newUser,
   nodeScript,
   SKIP_REASON,
-  startE2e,
   stdoutOf,
   waitForEnd,
 } from "./harness";
@@ -76,28 +76,33 @@ interface Agent {
   exited: Promise<number | null>;
 }
 
-describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and the model lane", () => {
-  let e: E2e;
-  let lan: DemoUpstream;
+let lan: DemoUpstream;
+
+async function start(): Promise<E2eOptions> {
+  // Started first: its own test CA, which the proxy must trust for TLS inside the tunnel. It
+  // expects the same canary as the suite's upstream (the run's vault holds it).
+  const canary = `canary-${randomId("e2g_")}`;
+  lan = await startDemoUpstream({
+    name: LAN_NS,
+    index: LAN_INDEX,
+    hosts: LAN_HOSTS,
+    expectedKey: canary,
+  });
+  // lan.demo.test is on the user's LAN; loop.demo.test points at the user's own loopback,
+  // which the agent must refuse to dial.
+  makeUserMachine(
+    `127.0.0.1 localhost\n${lan.address} lan.demo.test\n${lan.address} lan2.demo.test\n127.0.0.1 loop.demo.test\n`,
+  );
+  return { name: "bwt-e2g", index: 90, extraCaPem: lan.caPem, canary };
+}
+
+const BLOCK = { start, after: removeUserMachine };
+
+describeE2e("egress through the user's machine, and the model lane", BLOCK, (e) => {
   let relay: HostListener;
   const agents: Agent[] = [];
 
   beforeAll(async () => {
-    // Started first: its own test CA, which the proxy must trust for TLS inside the tunnel. It
-    // expects the same canary as the suite's upstream (the run's vault holds it).
-    const canary = `canary-${randomId("e2g_")}`;
-    lan = await startDemoUpstream({
-      name: LAN_NS,
-      index: LAN_INDEX,
-      hosts: LAN_HOSTS,
-      expectedKey: canary,
-    });
-    // lan.demo.test is on the user's LAN; loop.demo.test points at the user's own loopback,
-    // which the agent must refuse to dial.
-    makeUserMachine(
-      `127.0.0.1 localhost\n${lan.address} lan.demo.test\n${lan.address} lan2.demo.test\n127.0.0.1 loop.demo.test\n`,
-    );
-    e = await startE2e({ name: "bwt-e2g", index: 90, extraCaPem: lan.caPem, canary });
     const api = new URL(e.stack.apiUrl);
     relay = await startRelay({
       host: `10.240.${USER_INDEX}.1`,
@@ -110,8 +115,6 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
     for (const a of agents) a.child.kill("SIGKILL");
     await relay?.close();
     await lan?.stop();
-    await e?.stop();
-    removeUserMachine();
   });
 
   /** The user's agent, run in the user's namespace as the user guide says (plain http: test only). */
@@ -177,7 +180,10 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
     blocked: await get("https://blocked.demo.test/"),
   }));
 })();`;
-    const launched = await api.call("POST", "/v1/runs", { commands: [nodeScript(script)], egress: "local" });
+    const launched = await api.call("POST", "/v1/runs", {
+      commands: [nodeScript(script)],
+      egress: "local",
+    });
     expect(launched.status, launched.text).toBe(202);
     const { token, command } = launched.json.egressAgent;
     expect(command).toContain("npx --no benchwright egress-agent");
@@ -253,7 +259,10 @@ describe.skipIf(SKIP_REASON !== null)("egress through the user's machine, and th
   }
   console.log(JSON.stringify({ first, after, failedInFlight }));
 })();`;
-    const launched = await api.call("POST", "/v1/runs", { commands: [nodeScript(script)], egress: "local" });
+    const launched = await api.call("POST", "/v1/runs", {
+      commands: [nodeScript(script)],
+      egress: "local",
+    });
     expect(launched.status, launched.text).toBe(202);
     const agent = startAgent(launched.json.egressAgent.token);
     await until(

@@ -1,11 +1,11 @@
 import { mkdtempSync, readdirSync, readFileSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import { BENCH_PACKAGE, benchIndexRoutes, buildWheel, INDEX_HOST } from "../../scripts/lib/pip-index";
 import { buildCli, cli as runCli } from "../cli/harness";
 import { until } from "../until";
-import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
+import { demoVault, describeE2e, type E2eOptions, newUser, waitForEnd } from "./harness";
 
 // Issue 20's example benchmark end to end, on real parts: examples/qa-bench launched with the
 // real CLI (`runs launch --from ... --follow`: packed, uploaded as a bundle, launched), on the
@@ -19,19 +19,16 @@ import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from 
 const EXAMPLE = join(import.meta.dirname, "..", "..", "examples", "qa-bench");
 const TASKS = ["goodbye", "hello", "hello-there"];
 
-describe.skipIf(SKIP_REASON !== null)("the example benchmark: bundle, setup, tasks, artifacts", () => {
-  let e: E2e;
-  let bin: string;
-  const outputs: string[] = [];
-  beforeAll(async () => {
-    // The CLI's bundle, built from the current sources for this file alone (as cli-walk does).
-    bin = await buildCli("bw-example-cli-");
-    e = await startE2e({ name: "bwt-e2x", index: 84, static: benchIndexRoutes() });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
+let bin: string;
 
+async function start(): Promise<E2eOptions> {
+  // The CLI's bundle, built from the current sources for this file alone (as cli-walk does).
+  bin = await buildCli("bw-example-cli-");
+  return { name: "bwt-e2x", index: 84, static: benchIndexRoutes() };
+}
+
+describeE2e("the example benchmark: bundle, setup, tasks, artifacts", { start }, (e) => {
+  const outputs: string[] = [];
   it("installs its package through the proxy, fans out three tasks, and its results come back", async () => {
     const user = await newUser(e.stack.apiUrl);
     // The API host gets the canary as its key; a block default makes the run catch-all, so the

@@ -1,13 +1,11 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import {
   CLIENT_HELPERS,
   demoVault,
-  type E2e,
+  describeE2e,
   lastJson,
   newUser,
   nodeScript,
-  SKIP_REASON,
-  startE2e,
   stdoutOf,
   waitForEnd,
 } from "./harness";
@@ -16,15 +14,7 @@ import {
 // user edits host policy, the run resumes, and the proxy, which kept running and polling, already
 // enforces the edit. The deadline is the proxy's own policy poll, measured by the sandbox itself.
 
-describe.skipIf(SKIP_REASON !== null)("halting a run for review", () => {
-  let e: E2e;
-  beforeAll(async () => {
-    e = await startE2e({ name: "bwt-e2h", index: 94 });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
-
+describeE2e("halting a run for review", { start: { name: "bwt-e2h", index: 94 } }, (e) => {
   it("picks up a host policy edit made while halted, within seconds of resuming", async () => {
     const api = await newUser(e.stack.apiUrl);
     // Catch-all (block default), other.demo.test allowed for now.

@@ -1,13 +1,14 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { inject } from "vitest";
+import { afterAll, beforeAll, describe, inject } from "vitest";
 import { type ApiClient, apiClient } from "../../scripts/lib/api-client";
 import { type DemoUpstream, startDemoUpstream } from "../../scripts/lib/demo-upstream";
 import { type LocalStack, startLocalStack } from "../../scripts/lib/local-stack";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import type { StaticRoute } from "../../scripts/lib/pip-index";
 import { provisionApiKey } from "../../src/auth/provision";
+import { TERMINAL_STATES } from "../../src/contract/run-states";
 import { randomId } from "../../src/crypto/api-keys";
 import { whyNotRunnable } from "../local/harness";
 
@@ -27,7 +28,7 @@ export interface E2e {
   stop: () => Promise<void>;
 }
 
-export async function startE2e(options: {
+export interface E2eOptions {
   name: string;
   index: number;
   nft?: string;
@@ -42,7 +43,9 @@ export async function startE2e(options: {
   canary?: string;
   /** Files the upstream serves as they are (a pip index), on hosts of their own it also serves. */
   static?: StaticRoute[];
-}): Promise<E2e> {
+}
+
+export async function startE2e(options: E2eOptions): Promise<E2e> {
   const databaseUrl = inject("databaseUrl");
   configureNeonForNode(inject("databaseWsProxy"));
   // The vault's secret: a canary nothing but the upstream (through the proxy) may ever see.
@@ -95,6 +98,37 @@ export async function startE2e(options: {
   };
 }
 
+export interface E2eBlock {
+  /** The stack's options, or a function that first makes what they need (in the same hook). */
+  start: E2eOptions | (() => Promise<E2eOptions>);
+  /** Undoes what `start` made, once the stack has stopped. */
+  after?: () => unknown;
+  /** A reason beside SKIP_REASON to skip the block (a missing browser). */
+  skip?: string | null;
+  /** The start hook's own timeout, where it builds more than the stack. */
+  timeout?: number;
+}
+
+/**
+ * A describe block around one stack: skipped where this machine cannot run whole runs
+ * (SKIP_REASON), the stack started before its tests and stopped after them. `body` gets the stack
+ * as one object, filled in once it has started; its own afterAll hooks run before the stack stops.
+ */
+export function describeE2e(title: string, block: E2eBlock, body: (e: E2e) => void): void {
+  describe.skipIf(SKIP_REASON !== null || (block.skip ?? null) !== null)(title, () => {
+    const e = {} as E2e;
+    beforeAll(async () => {
+      const options = typeof block.start === "function" ? await block.start() : block.start;
+      Object.assign(e, await startE2e(options));
+    }, block.timeout);
+    afterAll(async () => {
+      await e.stop?.();
+      await block.after?.();
+    });
+    body(e);
+  });
+}
+
 /** Test-only proxy settings: trust the upstream's test CA, route the demo hosts (and its others) to it. */
 export function proxyTestEnv(upstream: DemoUpstream): Record<string, string> {
   return {
@@ -116,7 +150,7 @@ export async function newUser(apiUrl: string): Promise<Api> {
   return apiClient(apiUrl, made.key);
 }
 
-const TERMINAL = new Set(["finished", "stopped", "failed"]);
+const TERMINAL: ReadonlySet<string> = new Set(TERMINAL_STATES);
 
 /** Polls the run until it has ended (the coordinator's alarms drive it; we only look). */
 export async function waitForEnd(api: Api, runId: string, timeoutMs = 90_000) {

@@ -1,17 +1,7 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import { ProxyView } from "../../src/contract/proxy-view";
 import { until } from "../until";
-import {
-  type Api,
-  CLIENT_HELPERS,
-  demoVault,
-  type E2e,
-  newUser,
-  nodeScript,
-  SKIP_REASON,
-  startE2e,
-  waitForEnd,
-} from "./harness";
+import { type Api, CLIENT_HELPERS, demoVault, describeE2e, newUser, nodeScript, waitForEnd } from "./harness";
 
 // A lingering proxy on real parts: the run's commands end, its work sandbox goes, its proxy
 // sandbox stays with the run's credentials; the user reads the proxy's own view through the
@@ -25,19 +15,9 @@ const IDLE_SECONDS = 2;
 
 const runOf = async (api: Api, id: string) => (await api.call("GET", `/v1/runs/${id}`)).json;
 
-describe.skipIf(SKIP_REASON !== null)("a lingering proxy", () => {
-  let e: E2e;
-  beforeAll(async () => {
-    e = await startE2e({
-      name: "bwt-e2l",
-      index: 95,
-      workerVars: { LINGER_IDLE_SECONDS: String(IDLE_SECONDS) },
-    });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
+const LINGERING = { name: "bwt-e2l", index: 95, workerVars: { LINGER_IDLE_SECONDS: String(IDLE_SECONDS) } };
 
+describeE2e("a lingering proxy", { start: LINGERING }, (e) => {
   it("keeps only the proxy after the commands end, shows its view, pauses when idle, resumes on a look, and lapses", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);
@@ -134,15 +114,7 @@ describe.skipIf(SKIP_REASON !== null)("a lingering proxy", () => {
   });
 });
 
-describe.skipIf(SKIP_REASON !== null)("the sweeper and the backend", () => {
-  let e: E2e;
-  beforeAll(async () => {
-    e = await startE2e({ name: "bwt-e2s", index: 96 });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
-
+describeE2e("the sweeper and the backend", { start: { name: "bwt-e2s", index: 96 } }, (e) => {
   it("destroys a backend sandbox that no record owns", async () => {
     const agent = (path: string, init: RequestInit = {}) =>
       fetch(`${e.stack.agent.url}${path}`, {

@@ -3,10 +3,10 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { build } from "esbuild";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import { MODEL_LANE_PLACEHOLDER_KEY } from "../../src/contract/proxy-wire";
 import { until } from "../until";
-import { type E2e, lastJson, newUser, SKIP_REASON, startE2e, stdoutOf, waitForEnd } from "./harness";
+import { describeE2e, type E2eOptions, lastJson, newUser, stdoutOf, waitForEnd } from "./harness";
 
 // The declared model's translating lane with the official SDKs, inside real local sandboxes:
 // model-sdk-client.ts (the `openai` and `@anthropic-ai/sdk` packages, bundled into one file by
@@ -31,33 +31,32 @@ const UPSTREAM_USAGE: Record<string, { input: number; output: number }> = {
 const CALLS_BEFORE_BUDGET = 11;
 const BUDGET_CALLS = 14;
 
-describe.skipIf(SKIP_REASON !== null)(
-  "the official SDKs in a real sandbox, through the translating lane",
-  () => {
-    let e: E2e;
-    let dir: string;
-    let bundle: Buffer;
-    beforeAll(async () => {
-      dir = mkdtempSync(join(tmpdir(), "bw-model-sdks-"));
-      // One file with both SDKs in it: the sandbox has node but no npm registry to install from.
-      await build({
-        entryPoints: [join(import.meta.dirname, "model-sdk-client.ts")],
-        bundle: true,
-        platform: "node",
-        target: "node20",
-        format: "cjs",
-        outfile: join(dir, "bundle", "model-sdk-client.cjs"),
-        logLevel: "warning",
-      });
-      execFileSync("tar", ["-czf", join(dir, "bundle.tar.gz"), "-C", join(dir, "bundle"), "."]);
-      bundle = readFileSync(join(dir, "bundle.tar.gz"));
-      e = await startE2e({ name: "bwt-e2m", index: 85 });
-    }, 120_000);
-    afterAll(async () => {
-      await e?.stop();
-      rmSync(dir, { recursive: true, force: true });
-    });
+let dir: string;
+let bundle: Buffer;
 
+async function start(): Promise<E2eOptions> {
+  dir = mkdtempSync(join(tmpdir(), "bw-model-sdks-"));
+  // One file with both SDKs in it: the sandbox has node but no npm registry to install from.
+  await build({
+    entryPoints: [join(import.meta.dirname, "model-sdk-client.ts")],
+    bundle: true,
+    platform: "node",
+    target: "node20",
+    format: "cjs",
+    outfile: join(dir, "bundle", "model-sdk-client.cjs"),
+    logLevel: "warning",
+  });
+  execFileSync("tar", ["-czf", join(dir, "bundle.tar.gz"), "-C", join(dir, "bundle"), "."]);
+  bundle = readFileSync(join(dir, "bundle.tar.gz"));
+  return { name: "bwt-e2m", index: 85 };
+}
+
+const after = () => rmSync(dir, { recursive: true, force: true });
+
+describeE2e(
+  "the official SDKs in a real sandbox, through the translating lane",
+  { start, after, timeout: 120_000 },
+  (e) => {
     for (const provider of ["openai", "anthropic"] as const) {
       // case J2
       it(`case J2: both SDKs against a ${provider} provider, plain, streamed, with tools; the key stays in the proxy`, async () => {

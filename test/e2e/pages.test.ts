@@ -1,10 +1,10 @@
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Browser, Page } from "playwright-core";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, expect, it } from "vitest";
 import { until } from "../until";
 import { CHROMIUM_SKIP, launchChromium } from "./chromium";
-import { type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
+import { describeE2e, type E2eOptions, newUser, waitForEnd } from "./harness";
 
 // The pages in a real browser (Debian's Chromium through playwright-core) against the local Worker
 // and a real local run: a new user logs in with an API key, adds a secret (its value never shown
@@ -15,17 +15,18 @@ import { type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness"
 
 const SHOTS = join("test-results", "screenshots", "pages");
 
-describe.skipIf(SKIP_REASON !== null || CHROMIUM_SKIP !== null)("the pages, in a browser", () => {
-  let e: E2e;
+async function start(): Promise<E2eOptions> {
+  mkdirSync(SHOTS, { recursive: true });
+  return { name: "bwt-e2p", index: 97 };
+}
+
+describeE2e("the pages, in a browser", { start, skip: CHROMIUM_SKIP }, (e) => {
   let browser: Browser;
   beforeAll(async () => {
-    mkdirSync(SHOTS, { recursive: true });
-    e = await startE2e({ name: "bwt-e2p", index: 97 });
     browser = await launchChromium();
   });
   afterAll(async () => {
     await browser?.close();
-    await e?.stop();
   });
 
   /** Everything the browser was shown so far, to hunt for the canary in. */

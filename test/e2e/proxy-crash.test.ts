@@ -1,7 +1,7 @@
 import { readdirSync, readFileSync } from "node:fs";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import { until } from "../until";
-import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, waitForEnd } from "./harness";
+import { demoVault, describeE2e, newUser, waitForEnd } from "./harness";
 
 // Fault injection on real parts: the run's proxy is killed (SIGKILL, as the OOM killer would)
 // while its commands run. The run must fail closed and say so: it stops with proxy_lost, its
@@ -23,15 +23,7 @@ function proxyPids(runId: string): number[] {
   return pids;
 }
 
-describe.skipIf(SKIP_REASON !== null)("the proxy dying mid-run", () => {
-  let e: E2e;
-  beforeAll(async () => {
-    e = await startE2e({ name: "bwt-e2k", index: 87 });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
-
+describeE2e("the proxy dying mid-run", { start: { name: "bwt-e2k", index: 87 } }, (e) => {
   it("stops the run with proxy_lost, removes its sandboxes, and the page says why", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);

@@ -1,13 +1,11 @@
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import {
   CLIENT_HELPERS,
   demoVault,
-  type E2e,
+  describeE2e,
   lastJson,
   newUser,
   nodeScript,
-  SKIP_REASON,
-  startE2e,
   stdoutOf,
   waitForEnd,
 } from "./harness";
@@ -18,15 +16,9 @@ import {
 // it was launched with onProxyFailure "continue" under default routing: then it goes on, and
 // the warning says its traffic left unfiltered. Never under catch-all.
 
-describe.skipIf(SKIP_REASON !== null)("a proxy that cannot be set up", () => {
-  let e: E2e;
-  beforeAll(async () => {
-    e = await startE2e({ name: "bwt-e2p", index: 93, proxyEnv: { BW_TEST_ROUTES: "not-a-route" } });
-  });
-  afterAll(async () => {
-    await e?.stop();
-  });
+const STACK = { name: "bwt-e2p", index: 93, proxyEnv: { BW_TEST_ROUTES: "not-a-route" } };
 
+describeE2e("a proxy that cannot be set up", { start: STACK }, (e) => {
   it("stops the run before any command, with a warning and the reason", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);

@@ -1,27 +1,25 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expect, it } from "vitest";
 import { nftFailingCatchAll } from "../local/harness";
-import { demoVault, type E2e, newUser, SKIP_REASON, startE2e, stdoutOf, waitForEnd } from "./harness";
+import { demoVault, describeE2e, type E2eOptions, newUser, stdoutOf, waitForEnd } from "./harness";
 
 // case E2 on real parts: the host agent's nft fails exactly on the catch-all rules (an injected
 // fault in the redirect command), so a catch-all run cannot be put inside its boundary. It must
 // stop before any benchmark command, with the reason and a warning, and leave no sandbox.
 
-describe.skipIf(SKIP_REASON !== null)("a catch-all redirect that cannot be installed (E2)", () => {
-  let e: E2e;
-  let dir: string;
-  beforeAll(async () => {
-    dir = mkdtempSync(join(tmpdir(), "bw-e2e-nft-"));
-    const nft = nftFailingCatchAll(dir);
-    e = await startE2e({ name: "bwt-e2f", index: 92, nft });
-  });
-  afterAll(async () => {
-    await e?.stop();
-    rmSync(dir, { recursive: true, force: true });
-  });
+let dir: string;
 
+async function start(): Promise<E2eOptions> {
+  dir = mkdtempSync(join(tmpdir(), "bw-e2e-nft-"));
+  const nft = nftFailingCatchAll(dir);
+  return { name: "bwt-e2f", index: 92, nft };
+}
+
+const after = () => rmSync(dir, { recursive: true, force: true });
+
+describeE2e("a catch-all redirect that cannot be installed (E2)", { start, after }, (e) => {
   it("stops the run before any command, with the reason, and tears down what was made", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary, { default: "block" });

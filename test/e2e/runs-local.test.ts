@@ -1,5 +1,5 @@
 import { eq } from "drizzle-orm";
-import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
+import { expect, inject, it } from "vitest";
 import { nodeDb } from "../../scripts/lib/neon-node";
 import { startWsBridge, type WsBridge } from "../../scripts/lib/ws-bridge";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
@@ -8,12 +8,12 @@ import { until } from "../until";
 import {
   CLIENT_HELPERS,
   demoVault,
-  type E2e,
+  describeE2e,
+  type E2eOptions,
   lastJson,
   newUser,
   nodeScript,
   SKIP_REASON,
-  startE2e,
   stdoutOf,
   type TraceEvent,
   waitForEnd,
@@ -26,26 +26,22 @@ import {
 
 if (SKIP_REASON) console.warn(`end-to-end runs skipped: ${SKIP_REASON} (CI runs them as root)`);
 
-describe.skipIf(SKIP_REASON !== null)("runs on the local backend", () => {
-  let e: E2e;
-  // The Worker's own bridge to the database, which a test takes down (E1).
-  let workerBridge: WsBridge;
-  beforeAll(async () => {
-    const url = new URL(inject("databaseUrl"));
-    workerBridge = await startWsBridge({ host: url.hostname, port: Number(url.port) });
-    // A short vault read timeout, so the test of a slow database waits one second, not ten.
-    e = await startE2e({
-      name: "bwt-e2e",
-      index: 91,
-      wsProxy: workerBridge.address,
-      workerVars: { VAULT_READ_TIMEOUT_SECONDS: "1" },
-    });
-  });
-  afterAll(async () => {
-    await e?.stop();
-    await workerBridge?.close();
-  });
+// The Worker's own bridge to the database, which a test takes down (E1).
+let workerBridge: WsBridge;
 
+async function start(): Promise<E2eOptions> {
+  const url = new URL(inject("databaseUrl"));
+  workerBridge = await startWsBridge({ host: url.hostname, port: Number(url.port) });
+  // A short vault read timeout, so the test of a slow database waits one second, not ten.
+  return {
+    name: "bwt-e2e",
+    index: 91,
+    wsProxy: workerBridge.address,
+    workerVars: { VAULT_READ_TIMEOUT_SECONDS: "1" },
+  };
+}
+
+describeE2e("runs on the local backend", { start, after: () => workerBridge?.close() }, (e) => {
   it("default routing: injects the key for the API host, refuses and records the blocked host", async () => {
     const api = await newUser(e.stack.apiUrl);
     await demoVault(api, e.canary);

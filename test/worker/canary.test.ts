@@ -1,6 +1,7 @@
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, inject, it, vi } from "vitest";
+import { isTerminal } from "../../src/contract/run-states";
 import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
 import { storeArtifacts } from "../../src/runs/artifacts";
@@ -15,7 +16,7 @@ import {
   scanBucket,
   scanDatabase,
 } from "./leaks";
-import { newRun } from "./run-fixtures";
+import { driveUntil, newRun } from "./run-fixtures";
 
 // Case B5: a canary secret appears 0 times in logs, response bodies and headers (error bodies
 // included) and database plaintext, however the vault routes are driven; case B8 at the
@@ -277,15 +278,9 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("POST", `/v1/runs/${runId}/cancel`, undefined, [202]);
     await api("GET", `/v1/runs/${runId}`, undefined, [200]);
     // Once it has ended (no compute backend here: it stops at its proxy), nothing lingers.
-    for (
-      let i = 0;
-      i < 100 &&
-      !["stopped", "finished", "failed"].includes(
-        (await api("GET", `/v1/runs/${runId}`, undefined, [200])).json.status,
-      );
-      i++
-    )
-      await new Promise((r) => setTimeout(r, 50));
+    await driveUntil(runId, async () =>
+      isTerminal((await api("GET", `/v1/runs/${runId}`, undefined, [200])).json.status),
+    );
     await api("POST", `/v1/runs/${runId}/linger`, { seconds: 60 }, [409, "run_ended"]);
     await api("GET", `/v1/runs/${runId}/proxy`, undefined, [409, "proxy_gone"]);
     await api("POST", `/v1/runs/${runId}/egress-agent-token`, undefined, [409, "run_ended"]);

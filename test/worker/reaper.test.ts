@@ -1,13 +1,13 @@
 import {
   createExecutionContext,
   createScheduledController,
-  runDurableObjectAlarm,
   runInDurableObject,
   waitOnExecutionContext,
 } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it, vi } from "vitest";
+import { isTerminal, type RunState } from "../../src/contract/run-states";
 import type { Final, MachineState } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs } from "../../src/db/schema";
@@ -15,7 +15,7 @@ import worker from "../../src/index";
 import { LINGER_GRACE_MS, reconcile, STALE_MS, STUCK_MS } from "../../src/reaper/reconcile";
 import { newTenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { captureLogs } from "./leaks";
-import { newRun } from "./run-fixtures";
+import { driveUntil, newRun } from "./run-fixtures";
 
 // The cron backstop, driven explicitly (createScheduledController, no waiting for a schedule):
 // it starts a run whose launch never reached its coordinator, re-arms nothing that is alive,
@@ -49,9 +49,7 @@ describe("reaper (cron backstop)", () => {
     const state = await coordinatorStub(env, run.id).snapshot();
     expect(state?.runId).toBe(run.id);
     // Its coordinator now drives it (here it stops: no compute backend in workerd).
-    for (let i = 0; i < 50 && !["stopped", "finished", "failed"].includes((await snap(run.id)) ?? ""); i++) {
-      await runDurableObjectAlarm(coordinatorStub(env, run.id));
-    }
+    await driveUntil(run.id, async () => isTerminal(await snap(run.id)));
     expect(await snap(run.id)).toBe("stopped");
   });
 
@@ -61,8 +59,7 @@ describe("reaper (cron backstop)", () => {
     // A live run: its coordinator retries the vault with backoff (alarm pending), and its row has
     // not moved since it entered fetching_vault.
     const live = (await t.api("POST", "/v1/runs", { commands: ["true"] })).json.id as string;
-    for (let i = 0; i < 100 && (await snap(live)) !== "fetching_vault"; i++)
-      await new Promise((r) => setTimeout(r, 20));
+    await driveUntil(live, async () => (await snap(live)) === "fetching_vault", "fetch its vault");
     await age(live, 9 * DAY + STALE_MS + 60_000);
     const report = await reconcile(env, SWEEP_AT());
     expect(report.nudged[fresh.id]).toBeUndefined();
@@ -152,14 +149,7 @@ describe("reaper: lingering runs", () => {
     expect(report.reaped[lapsed.id]).toBe("stopping");
     expect(report.reaped[live.id]).toBeUndefined();
     expect(report.nudged[live.id]).toBe("alive");
-    for (
-      let i = 0;
-      i < 50 && !["stopped", "finished", "failed"].includes((await snap(lapsed.id)) ?? "");
-      i++
-    ) {
-      if (!(await runDurableObjectAlarm(coordinatorStub(env, lapsed.id))))
-        await new Promise((r) => setTimeout(r, 20));
-    }
+    await driveUntil(lapsed.id, async () => isTerminal(await snap(lapsed.id)));
     const ended = await t.api("GET", `/v1/runs/${lapsed.id}`);
     expect(ended.json).toMatchObject({ status: "finished", reason: "linger_lapsed" });
     expect(ended.json.reasonDetail).toContain("completed");
@@ -173,7 +163,8 @@ describe("reaper: lingering runs", () => {
   });
 });
 
-async function snap(runId: string): Promise<string | undefined> {
+async function snap(runId: string): Promise<RunState> {
   const [row] = await withDb((db) => db.select({ status: runs.status }).from(runs).where(eq(runs.id, runId)));
-  return row?.status;
+  if (!row) throw new Error(`no run ${runId}`);
+  return row.status;
 }

@@ -9,6 +9,7 @@ import {
   readyPath,
   signAuditBatch,
 } from "../../src/contract/proxy-wire";
+import { isTerminal } from "../../src/contract/run-states";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
 import { blockedHostLog, egressRouteLog, type RunState, runs } from "../../src/db/schema";
@@ -69,7 +70,7 @@ export async function setRunStatus(runId: string, status: RunState): Promise<voi
   await withDb((db) =>
     db
       .update(runs)
-      .set({ status, endedAt: ["finished", "stopped", "failed"].includes(status) ? new Date() : null })
+      .set({ status, endedAt: isTerminal(status) ? new Date() : null })
       .where(eq(runs.id, runId)),
   );
 }
@@ -174,16 +175,27 @@ export async function runWithAudit(tenant: Tenant, hosts: readonly string[]): Pr
   return run;
 }
 
-const TERMINAL = new Set(["finished", "stopped", "failed"]);
-
-/** Drives the run's alarms (no sleeping on timers) until it ends; returns GET /v1/runs/{id}. */
-export async function driveToEnd(t: Tenant, runId: string) {
+/**
+ * Drives the run's coordinator alarm by alarm (runDurableObjectAlarm, no waiting on its timers)
+ * until `done` says so. A turn with no alarm to run means one fired by itself and is still in its
+ * handler; that turn gives it a moment to finish.
+ */
+export async function driveUntil(runId: string, done: () => Promise<boolean>, what = "end"): Promise<void> {
   const stub = coordinatorStub(env, runId);
   for (let i = 0; i < 200; i++) {
-    const run = await t.api("GET", `/v1/runs/${runId}`);
-    if (TERMINAL.has(run.json.status)) return run;
+    if (await done()) return;
     const fired = await runDurableObjectAlarm(stub);
     if (!fired) await new Promise((r) => setTimeout(r, 50));
   }
-  throw new Error(`run ${runId} did not end`);
+  throw new Error(`run ${runId} did not ${what}`);
+}
+
+/** Drives the run's alarms until it ends; returns GET /v1/runs/{id}. */
+export async function driveToEnd(t: Tenant, runId: string): Promise<ApiResponse> {
+  let run = await t.api("GET", `/v1/runs/${runId}`);
+  await driveUntil(runId, async () => {
+    run = await t.api("GET", `/v1/runs/${runId}`);
+    return isTerminal(run.json.status);
+  });
+  return run;
 }

@@ -1,6 +1,8 @@
 import { exports } from "cloudflare:workers";
+import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import { BASE, call, expectProblem, newTenant, type Tenant } from "./harness";
+import { vaultSecrets } from "../../src/db/schema";
+import { BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 
 // Secrets over the API: write-only values, names, the bad-input matrix. Every test has its own
 // tenant. Bad input asserts the exact problem code.
@@ -8,12 +10,17 @@ import { BASE, call, expectProblem, newTenant, type Tenant } from "./harness";
 const FINGERPRINT = /^fp_[A-Za-z0-9_-]{1,32}_[0-9a-f]{16}$/;
 const SECRET_FIELDS = ["createdAt", "fingerprint", "id", "name", "updatedAt"];
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
 async function createSecret(t: Tenant, name: string, value: string) {
   const res = await t.api("POST", "/v1/vault/secrets", { name, value });
   expect(res.status, res.text).toBe(201);
   return res.json;
+}
+
+/** Moves the secret's updatedAt `ms` into the past; returns it as it reads now. */
+async function backdated<S extends { id: string; updatedAt: string }>(secret: S, ms: number): Promise<S> {
+  const updatedAt = new Date(Date.parse(secret.updatedAt) - ms);
+  await withDb((db) => db.update(vaultSecrets).set({ updatedAt }).where(eq(vaultSecrets.id, secret.id)));
+  return { ...secret, updatedAt: updatedAt.toISOString() };
 }
 
 describe("secrets: create, read, replace, delete", () => {
@@ -102,8 +109,8 @@ describe("secrets: create, read, replace, delete", () => {
 
   it("replaces a value: fingerprint changes, updatedAt moves, id/name/createdAt stay", async () => {
     const t = await newTenant();
-    const before = await createSecret(t, "ROTATE_ME", "old-value-canary");
-    await sleep(20);
+    // Its last change a minute back (the row's clock moved, not the test's).
+    const before = await backdated(await createSecret(t, "ROTATE_ME", "old-value-canary"), 60_000);
     const res = await t.api("PUT", `/v1/vault/secrets/${before.id}`, { value: "new-value-canary" });
     expect(res.status).toBe(200);
     expect(Object.keys(res.json).sort()).toEqual(SECRET_FIELDS);

@@ -91,8 +91,6 @@ export function worker(
   };
 }
 
-export const isOver = (state: RunState) => state === "finished" || state === "stopped" || state === "failed";
-
 export function must<T>(value: T | null | undefined): T {
   if (value === null || value === undefined) throw new Error("coordinator state is missing a field");
   return value;

@@ -1,5 +1,6 @@
-import type { Final, Linger, MachineState, WakeResult } from "../machine";
-import { finish, isOver, type Machine, move, must, proxyRuns } from "./common";
+import { isTerminal } from "../../contract/run-states";
+import type { Final, LingerWindow, MachineState, WakeResult } from "../machine";
+import { finish, type Machine, move, must, proxyRuns } from "./common";
 
 // lingering: a run whose commands ended may keep its proxy sandbox for a while (at most 24 h):
 // its work and task sandboxes are gone, the proxy keeps the run's credentials and its view, is
@@ -81,7 +82,7 @@ export async function lingerStep(m: Machine, s: MachineState): Promise<number> {
  */
 export async function wake(m: Machine): Promise<WakeResult> {
   const s = await m.storage.load();
-  if (!s || isOver(s.state) || s.state === "finishing")
+  if (!s || isTerminal(s.state) || s.state === "finishing")
     return { ok: false, why: `the run is ${s?.state ?? "unknown"}` };
   if (!proxyRuns(s)) return { ok: false, why: `no proxy runs for this run (it is ${s.state})` };
   const sandboxId = must(s.network).sandboxId;
@@ -111,9 +112,9 @@ function endLinger(m: Machine, s: MachineState, why: { reason: string; detail: s
 }
 
 /** When a lingering run next needs a step: its window's end, or its pause when awake. */
-function lingerAlarm(m: Machine, linger: Linger): number {
+function lingerAlarm(m: Machine, linger: LingerWindow): number {
   const until = lingerUntil(linger);
   return linger.paused ? until : Math.min(until, linger.lastActivity + m.lingerIdleMs);
 }
 
-const lingerUntil = (l: Linger) => l.startedAt + l.seconds * 1000;
+const lingerUntil = (l: LingerWindow) => l.startedAt + l.seconds * 1000;

@@ -1,5 +1,6 @@
+import { isTerminal } from "../../contract/run-states";
 import type { MachineState } from "../machine";
-import { isOver, type Machine, move, stop } from "./common";
+import { type Machine, move, stop } from "./common";
 
 // queued → fetching_vault → starting_proxy: the run's row is read, then its vault (retried with
 // backoff; a vault that stays unreadable stops the run before any sandbox is made).
@@ -13,7 +14,7 @@ export async function enterQueued(m: Machine, s: MachineState): Promise<number> 
     s.state = "failed"; // no row: nothing to record it on
     return m.ports.now();
   }
-  if (isOver(run.status)) {
+  if (isTerminal(run.status)) {
     s.state = run.status; // ended before it started (cancelled): never start it now
     return m.ports.now();
   }
