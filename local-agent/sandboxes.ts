@@ -526,28 +526,20 @@ export class Registry {
       const resolvConf = this.resolvConf(hostNameservers());
       const { process, resources } = await this.startProcess(request, run.net.proxyNetns, uid, resolvConf);
       const path = cp.pathname === "/" ? "" : cp.pathname.replace(/\/$/, "");
-      const sandbox: Sandbox = {
+      return this.register(run, {
         id: request.id,
         runId: request.runId,
         kind: "proxy",
         routing: null,
         proxySandboxId: null,
-        state: "ready",
-        frozen: false,
         netns: run.net.proxyNetns,
         work: null,
         address: run.net.upAddress,
         controlPlaneUrl: `${cp.protocol}//${run.net.hostAddress}:${relay.port}${path}`,
         process,
-        execs: new Map(),
         resources,
-        sealed: false,
-        sealKilled: 0,
         resolvConf,
-      };
-      this.sandboxes.set(sandbox.id, sandbox);
-      run.members.add(sandbox.id);
-      return sandbox;
+      });
     } catch (error) {
       await this.dismantleRunNetwork(run);
       run.proxyId = null;
@@ -599,34 +591,44 @@ export class Registry {
         request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers(),
       );
       const { process, resources } = await this.startProcess(request, net.netns, uid, resolvConf);
-      const sandbox: Sandbox = {
+      return this.register(run, {
         id: request.id,
         runId: request.runId,
         kind: request.kind,
         routing: request.routing,
         proxySandboxId: request.proxySandboxId,
-        state: "ready",
-        frozen: false,
         netns: net.netns,
         work: net,
         address: net.address,
         controlPlaneUrl: null,
         process,
-        execs: new Map(),
         resources,
-        sealed: false,
-        sealKilled: 0,
         resolvConf,
-      };
-      this.sandboxes.set(sandbox.id, sandbox);
-      run.members.add(sandbox.id);
-      return sandbox;
+      });
     } catch (error) {
       run.slots.delete(i);
       await this.dismantleWorkNetwork(run, net);
       this.o.state.removeSandboxDir(request.id);
       throw new AgentError("sandbox_failed", message(error));
     }
+  }
+
+  /** A new sandbox of `run`, ready, not frozen or sealed, with no execs yet. */
+  private register(
+    run: Run,
+    s: Omit<Sandbox, "state" | "frozen" | "execs" | "sealed" | "sealKilled">,
+  ): Sandbox {
+    const sandbox: Sandbox = {
+      ...s,
+      state: "ready",
+      frozen: false,
+      execs: new Map(),
+      sealed: false,
+      sealKilled: 0,
+    };
+    this.sandboxes.set(sandbox.id, sandbox);
+    run.members.add(sandbox.id);
+    return sandbox;
   }
 
   private hostServices(run: Run): Array<{ address: string; port: number }> {
