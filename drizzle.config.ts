@@ -4,6 +4,6 @@ import { defineConfig } from "drizzle-kit";
 // dev, tests and CI alike; never `drizzle-kit push`.
 export default defineConfig({
   dialect: "postgresql",
-  schema: "./src/db/schema.ts",
+  schema: "./src/db/schema/index.ts",
   out: "./migrations",
 });

@@ -1,5 +1,5 @@
 // A run's states, in the order a run moves through them, and the three it ends in. The database
-// enum (db/schema.ts), the API and the coordinator read them from here.
+// enum (db/schema/runs.ts), the API and the coordinator read them from here.
 
 export const RUN_STATES = [
   "queued",
