@@ -72,3 +72,15 @@ export const sessions = pgTable(
   },
   (t) => [index("sessions_api_key").on(t.apiKeyId)],
 );
+
+/** An owner column: the environment a row belongs to; the row goes with the environment. */
+export const environmentRef = () =>
+  text("environment_id")
+    .notNull()
+    .references(() => environments.id, { onDelete: "cascade" });
+
+/** An owner column: the user a row belongs to; the row goes with the user. */
+export const userRef = () =>
+  text("user_id")
+    .notNull()
+    .references(() => users.id, { onDelete: "cascade" });

@@ -1,18 +1,14 @@
 import { bigint, boolean, index, integer, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
 import { MODEL_ENDPOINTS } from "../../contract/model-lane";
-import { environments, users } from "./accounts";
+import { environmentRef, userRef } from "./accounts";
 import { runs } from "./runs";
 
 // Audit (rows from the run's proxy; counts per host, never paths, queries or bodies).
 export const blockedHostLog = pgTable(
   "blocked_host_log",
   {
-    userId: text("user_id")
-      .notNull()
-      .references(() => users.id, { onDelete: "cascade" }),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    userId: userRef(),
+    environmentId: environmentRef(),
     runId: text("run_id")
       .notNull()
       .references(() => runs.id, { onDelete: "cascade" }),
@@ -31,9 +27,7 @@ export const blockedHostLog = pgTable(
 export const egressRouteLog = pgTable(
   "egress_route_log",
   {
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     runId: text("run_id")
       .notNull()
       .references(() => runs.id, { onDelete: "cascade" }),
@@ -51,9 +45,7 @@ export const egressRouteLog = pgTable(
 export const modelCallLog = pgTable(
   "model_call_log",
   {
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     runId: text("run_id")
       .notNull()
       .references(() => runs.id, { onDelete: "cascade" }),

@@ -1,5 +1,5 @@
 import { index, pgTable, text, timestamp, uniqueIndex } from "drizzle-orm/pg-core";
-import { environments } from "./accounts";
+import { environmentRef } from "./accounts";
 import { createdAt } from "./columns";
 import { runs } from "./runs";
 
@@ -33,9 +33,7 @@ export const imageBuilds = pgTable(
   "image_builds",
   {
     id: text("id").primaryKey(),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     // sha256 hex of the recipe (Dockerfile and context), as the requester computed it.
     contentHash: text("content_hash").notNull(),
     repository: text("repository").notNull(),

@@ -1,7 +1,7 @@
 import { sql } from "drizzle-orm";
 import { bigint, check, integer, pgTable, primaryKey, text, uniqueIndex } from "drizzle-orm/pg-core";
 import type { CutReason } from "../../contract/bundle";
-import { environments } from "./accounts";
+import { environmentRef } from "./accounts";
 import { createdAt } from "./columns";
 import { runs } from "./runs";
 
@@ -12,9 +12,7 @@ import { runs } from "./runs";
 export const bundles = pgTable(
   "bundles",
   {
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     sha256: text("sha256").notNull(),
     size: bigint("size", { mode: "number" }).notNull(),
     files: integer("files").notNull(),
@@ -38,9 +36,7 @@ export const runArtifacts = pgTable(
     runId: text("run_id")
       .notNull()
       .references(() => runs.id, { onDelete: "cascade" }),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     sandboxId: text("sandbox_id").notNull(),
     // The sandbox as the run names it: "work", or the task's name.
     sandboxName: text("sandbox_name").notNull(),

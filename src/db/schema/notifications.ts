@@ -8,7 +8,7 @@ import {
   timestamp,
   uniqueIndex,
 } from "drizzle-orm/pg-core";
-import { environments, users } from "./accounts";
+import { environmentRef, userRef } from "./accounts";
 import { createdAt } from "./columns";
 import { runs } from "./runs";
 
@@ -24,12 +24,8 @@ export const notifications = pgTable(
   "notifications",
   {
     id: text("id").primaryKey(),
-    userId: text("user_id")
-      .notNull()
-      .references(() => users.id, { onDelete: "cascade" }),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    userId: userRef(),
+    environmentId: environmentRef(),
     url: text("url").notNull(),
     events: jsonb("events").$type<(typeof NOTIFICATION_EVENTS)[number][]>().notNull(),
     origin: text("origin").notNull(),

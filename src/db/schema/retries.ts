@@ -1,5 +1,5 @@
 import { index, integer, jsonb, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
-import { environments } from "./accounts";
+import { environmentRef } from "./accounts";
 import { createdAt } from "./columns";
 
 // Retries (issue 23).
@@ -13,9 +13,7 @@ export type ReplayHeaders = Record<string, string>;
 export const idempotencyKeys = pgTable(
   "idempotency_keys",
   {
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     key: text("key").notNull(),
     requestDigest: text("request_digest").notNull(),
     responseStatus: integer("response_status"),

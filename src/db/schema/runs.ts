@@ -14,7 +14,7 @@ import {
 import { ROUTING_MODES } from "../../contract/routing";
 import { RUN_STATES } from "../../contract/run-states";
 import type { RunSpec } from "../../runs/spec";
-import { environments, users } from "./accounts";
+import { environmentRef, userRef } from "./accounts";
 import { createdAt, updatedAt } from "./columns";
 
 // The status column holds one of the run states (contract/run-states.ts).
@@ -27,12 +27,8 @@ export const runs = pgTable(
   "runs",
   {
     id: text("id").primaryKey(),
-    userId: text("user_id")
-      .notNull()
-      .references(() => users.id, { onDelete: "cascade" }),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    userId: userRef(),
+    environmentId: environmentRef(),
     status: text("status", { enum: RUN_STATES }).notNull().default("queued"),
     // Stable code of why the run ended (finished, cancelled, vault_unreadable, ...), and a sentence.
     reason: text("reason"),

@@ -1,7 +1,7 @@
 import { sql } from "drizzle-orm";
 import { bigint, boolean, check, index, integer, pgTable, text, uniqueIndex } from "drizzle-orm/pg-core";
 import { MODEL_PROVIDERS } from "../../contract/model-lane";
-import { environments } from "./accounts";
+import { environmentRef, environments } from "./accounts";
 import { createdAt, updatedAt } from "./columns";
 
 // The vault: settings, secrets, rules, host entries and models, per environment.
@@ -26,9 +26,7 @@ export const vaultSecrets = pgTable(
   "vault_secrets",
   {
     id: text("id").primaryKey(),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     name: text("name").notNull(),
     // Envelope-encrypted value (see src/crypto/vault-crypto.ts); bound to owner and id.
     ciphertext: text("ciphertext").notNull(),
@@ -44,9 +42,7 @@ export const vaultRules = pgTable(
   "vault_rules",
   {
     id: text("id").primaryKey(),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     // The user's order; first matching rule wins.
     position: integer("position").notNull(),
     hostPattern: text("host_pattern").notNull(),
@@ -69,9 +65,7 @@ export const vaultHosts = pgTable(
   "vault_hosts",
   {
     id: text("id").primaryKey(),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     pattern: text("pattern").notNull(),
     action: text("action", { enum: ["allow", "block"] }).notNull(),
     // Added because a rule names this host; removed with the last such rule unless the user
@@ -100,9 +94,7 @@ export const vaultModels = pgTable(
   "vault_models",
   {
     id: text("id").primaryKey(),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    environmentId: environmentRef(),
     name: text("name").notNull(),
     provider: text("provider", { enum: MODEL_PROVIDERS }).notNull(),
     baseUrl: text("base_url").notNull(),

@@ -1,6 +1,6 @@
 import { index, integer, jsonb, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
 import type { RunSpec } from "../../runs/spec";
-import { environments, users } from "./accounts";
+import { environmentRef, userRef } from "./accounts";
 import { createdAt } from "./columns";
 import { runs } from "./runs";
 
@@ -13,12 +13,8 @@ export const webhooks = pgTable(
   "webhooks",
   {
     id: text("id").primaryKey(),
-    userId: text("user_id")
-      .notNull()
-      .references(() => users.id, { onDelete: "cascade" }),
-    environmentId: text("environment_id")
-      .notNull()
-      .references(() => environments.id, { onDelete: "cascade" }),
+    userId: userRef(),
+    environmentId: environmentRef(),
     name: text("name").notNull(),
     // A RunSpec as validated when the webhook was registered. Never holds a secret.
     runTemplate: jsonb("run_template").$type<RunSpec>().notNull(),
