@@ -295,11 +295,13 @@ describe("AuditReporter", () => {
     const r = reporter({ flushIntervalMs: 1000 });
     await r.start();
     r.recordBlocked("first.example");
-    // Steady traffic: a row lands on every turn of the event loop while the flush writes and fsyncs.
+    // Steady traffic: a row lands on every turn of the event loop while the flush writes and fsyncs,
+    // up to 200 rows: unbounded, a slow fsync let it feed past one batch's bytes (maxBatchBytes),
+    // and the next flush then rightly wrote two batches.
     let feeding = true;
     let fed = 0;
     const feed = () => {
-      if (!feeding) return;
+      if (!feeding || fed >= 200) return;
       r.recordRoute(`h${fed++}.example`, "direct");
       setImmediate(feed);
     };
