@@ -1,10 +1,10 @@
 import { DurableObject } from "cloudflare:workers";
-import { loadConfig } from "../config";
+import { type Config, loadConfig } from "../config";
 import { consoleLog } from "../contract/log";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { openDb } from "../db/client";
 import type { Db } from "../db/types";
-import { loadRun } from "../runs/service";
+import { loadRun, type RunRow } from "../runs/service";
 import { runEndedPayload, sendAttempt } from "./delivery";
 import { type DueDelivery, dueDeliveries, nextAttemptAt, recordAttempt, signingSecret } from "./service";
 import { checkTarget } from "./target";
@@ -50,7 +50,9 @@ export class RunNotifier extends DurableObject<Env> {
     const { db, close } = openDb(config);
     try {
       const due = await dueDeliveries(db, runId);
-      await Promise.all(due.map((d) => this.attempt(db, runId, d)));
+      // One read of the run for every delivery it owes: they all describe the same end.
+      const run = due.length > 0 ? await loadRun(db, runId) : null;
+      await Promise.all(due.map((d) => this.attempt(db, config, runId, run, d)));
       const next = await nextAttemptAt(db, runId);
       if (next === null) await this.ctx.storage.deleteAll();
       else await this.ctx.storage.setAlarm(Math.max(next.getTime(), Date.now() + 1000));
@@ -59,8 +61,13 @@ export class RunNotifier extends DurableObject<Env> {
     }
   }
 
-  private async attempt(db: Db, runId: string, { delivery, notification }: DueDelivery): Promise<void> {
-    const config = loadConfig(this.env);
+  private async attempt(
+    db: Db,
+    config: Config,
+    runId: string,
+    run: RunRow | null,
+    { delivery, notification }: DueDelivery,
+  ): Promise<void> {
     const attempt = delivery.attempts + 1;
     const refuse = (error: string) =>
       recordAttempt(db, delivery, {
@@ -86,7 +93,6 @@ export class RunNotifier extends DurableObject<Env> {
       return refuse("not sent: the signing secret could not be read");
     }
     if (secret === null) return refuse("not sent: the notification was revoked");
-    const run = await loadRun(db, runId);
     if (!run) return refuse("not sent: the run is gone");
     const outcome = await sendAttempt({
       url: target.url,
