@@ -1,13 +1,14 @@
 import { z } from "zod";
-import { isCanonicalHostName, isCanonicalIp, isCanonicalPattern } from "../policy/host";
+import { isCanonicalHostName, isCanonicalPattern } from "./host-name";
 import { MODEL_PROVIDERS } from "./model-lane";
 import { ROUTING_MODES } from "./routing";
 
 // The policy wire contract: what the control plane compiles from a vault and the run's proxy
 // enforces. Imported by both sides, so they cannot drift. Objects are strict (an unknown field is
-// an error, case C3/E4), and a document whose derived fields (routing, enforce, hostsFile)
-// disagree with its entries is refused too: the proxy denies everything rather than guess (E4).
-// Secret values are not part of it; they travel on another channel.
+// an error, case C3/E4). Which routing the entries call for is policy (policy/routing.ts), which
+// also refuses a document whose derived fields disagree with its entries: the proxy denies
+// everything rather than guess (E4). Secret values are not part of it; they travel on another
+// channel.
 
 export const HostAction = z.enum(["allow", "block"]);
 export type HostAction = z.infer<typeof HostAction>;
@@ -170,7 +171,12 @@ export type PolicyRule = z.infer<typeof PolicyRule>;
 export const PolicyRouting = z.object({ mode: RoutingMode, reasons: z.array(RoutingReason) }).strict();
 export type PolicyRouting = z.infer<typeof PolicyRouting>;
 
-export const PolicyDocument = z
+/**
+ * A policy document's shape: its fields, strict, with each rule at its own index. That the
+ * derived fields (routing, enforce, note, hostsFile) follow from the entries is policy, checked by
+ * policy/routing.ts's PolicyDocument, which is what every parse site uses.
+ */
+export const PolicyDocumentShape = z
   .object({
     schema: z.literal(1),
     version: z.number().int().min(0),
@@ -195,90 +201,5 @@ export const PolicyDocument = z
         ctx.addIssue({ code: "custom", path: ["rules", i, "index"], message: `must be ${i}, its position` });
       }
     });
-    const expected = deriveFields(doc, doc.egress, doc.model !== null);
-    const same = (a: readonly string[], b: readonly string[]) =>
-      a.length === b.length && a.every((x, i) => x === b[i]);
-    if (!same(doc.routing.reasons, expected.routing.reasons) || doc.routing.mode !== expected.routing.mode) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["routing"],
-        message: `does not follow from the entries (expected ${expected.routing.mode})`,
-      });
-    }
-    if (doc.enforce !== expected.enforce) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["enforce"],
-        message: `must be ${expected.enforce} for these entries`,
-      });
-    }
-    if ((doc.note === null) !== doc.enforce) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["note"],
-        message: "a note is given exactly when enforce is false",
-      });
-    }
-    if (!same(doc.hostsFile, expected.hostsFile)) {
-      ctx.addIssue({ code: "custom", path: ["hostsFile"], message: "does not follow from the entries" });
-    }
   });
-export type PolicyDocument = z.infer<typeof PolicyDocument>;
-
-/** Whether a policy sends any traffic through the user's machine (so needs the egress tunnel). */
-export function usesTunnel(routing: PolicyRouting): boolean {
-  return routing.reasons.some((r) => r === "local_egress" || r === "tunnel_host");
-}
-
-export interface DerivedFields {
-  routing: PolicyRouting;
-  enforce: boolean;
-  hostsFile: string[];
-}
-
-/**
- * The fields of a policy document that follow from its entries (canonical patterns) and the
- * run's egress. Shared by the compiler and the schema check so that the two cannot disagree.
- */
-export function deriveFields(
-  entries: {
-    default: HostAction;
-    hosts: readonly { pattern: string; action: HostAction; via?: EgressVia | undefined }[];
-    rules: readonly { host: string }[];
-  },
-  egress: RunEgress,
-  model = false,
-): DerivedFields {
-  const wild = (p: string) => p.startsWith("*.");
-  const blocks = entries.hosts.filter((h) => h.action === "block");
-  const reasons: RoutingReason[] = [];
-  if (entries.default === "block") reasons.push("block_default");
-  if (blocks.some((h) => wild(h.pattern))) reasons.push("wildcard_block");
-  if (entries.rules.some((r) => wild(r.host))) reasons.push("wildcard_rule");
-  // A connection to an IP literal never consults the hosts file, so only catch-all routing
-  // brings it to the proxy: without it the block would not hold and the rule never apply.
-  if (blocks.some((h) => isCanonicalIp(h.pattern)) || entries.rules.some((r) => isCanonicalIp(r.host))) {
-    reasons.push("ip_literal");
-  }
-  // Traffic through the user's machine is catch-all, whether the whole run's or some hosts'.
-  const tunnelHost = entries.hosts.some((h) => h.action === "allow" && h.via === "tunnel");
-  if (egress === "local") reasons.push("local_egress");
-  else if (tunnelHost) reasons.push("tunnel_host");
-  const mode: RoutingMode = reasons.length > 0 ? "catch-all" : "default";
-  // Under local egress the proxy is the way into the tunnel, and a declared model's lane lives in
-  // the proxy: either makes it run even for an empty vault.
-  const enforce =
-    entries.rules.length > 0 ||
-    blocks.length > 0 ||
-    entries.default === "block" ||
-    egress === "local" ||
-    tunnelHost ||
-    model;
-  const hostsFile =
-    mode === "default"
-      ? [...new Set([...entries.rules.map((r) => r.host), ...blocks.map((h) => h.pattern)])]
-          .filter((h) => !wild(h) && !isCanonicalIp(h))
-          .sort()
-      : [];
-  return { routing: { mode, reasons }, enforce, hostsFile };
-}
+export type PolicyDocument = z.infer<typeof PolicyDocumentShape>;

@@ -1,8 +1,8 @@
 import { Webhook, WebhookVerificationError } from "standardwebhooks";
 import { z } from "zod";
-import { canonicalHost } from "../policy/host";
+import { canonicalHost } from "./host-name";
 import { MODEL_ENDPOINTS } from "./model-lane";
-import { PolicyDocument } from "./policy";
+import { PolicyDocumentShape } from "./policy";
 
 // The wire contract between a run's proxy and the control plane (the Worker). Imported by both
 // sides, so they cannot drift; pure (zod + standardwebhooks, no node: imports) because workerd
@@ -105,9 +105,12 @@ export const SecretValue = z
   .max(16_384, "at most 16 KiB")
   .regex(/^[\x20-\x7e]+$/, "printable ASCII only");
 
-/** Body of `GET policyPath(runId)`: the document plus the values of exactly the secrets it names. */
-export const PolicyEnvelope = z
-  .strictObject({ policy: PolicyDocument, secrets: z.record(SecretName, SecretValue) })
+/**
+ * Body of `GET policyPath(runId)`: the document plus the values of exactly the secrets it names.
+ * Parse it with policy/routing.ts's PolicyEnvelope, which also checks the document's routing.
+ */
+export const PolicyEnvelopeShape = z
+  .strictObject({ policy: PolicyDocumentShape, secrets: z.record(SecretName, SecretValue) })
   .superRefine((envelope, ctx) => {
     const named = new Set(envelope.policy.rules.map((r) => r.secret));
     if (envelope.policy.model) named.add(envelope.policy.model.secret);
@@ -124,7 +127,7 @@ export const PolicyEnvelope = z
       }
     }
   });
-export type PolicyEnvelope = z.infer<typeof PolicyEnvelope>;
+export type PolicyEnvelope = z.infer<typeof PolicyEnvelopeShape>;
 
 // ---- audit ----
 

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { isCanonicalHostName } from "../policy/host";
+import { isCanonicalHostName } from "./host-name";
 import { RoutingMode } from "./policy";
 import { ProxyReady } from "./proxy-wire";
 

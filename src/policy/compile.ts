@@ -1,15 +1,15 @@
-import {
-  deriveFields,
-  type EgressVia,
-  type HostAction,
-  type InjectSpec,
-  type ModelLaneSpec,
-  PolicyDocument,
-  type PolicyRule,
-  type RunEgress,
+import { canonicalHost, isCanonicalIp } from "../contract/host-name";
+import type {
+  EgressVia,
+  HostAction,
+  InjectSpec,
+  ModelLaneSpec,
+  PolicyRule,
+  RunEgress,
 } from "../contract/policy";
 import { addressKey } from "./addresses";
-import { canonicalHost, isCanonicalIp, parseHostPattern, wildcardRemainders } from "./host";
+import { parseHostPattern, wildcardRemainders } from "./host";
+import { deriveFields, PolicyDocument } from "./routing";
 
 // Vault → policy document, and the per-request lookups the proxy runs over a document. Pure.
 

@@ -1,11 +1,11 @@
 import { and, asc, eq, type SQL } from "drizzle-orm";
 import type { Principal } from "../context";
+import { splitHostPort } from "../contract/host-name";
 import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../contract/policy";
 import { randomId } from "../crypto/api-keys";
 import { vaultModels, vaultSecrets } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { splitHostPort } from "../policy/host";
 import { change, notFound } from "./change";
 import { secretIdByName } from "./secrets";
 

@@ -1,8 +1,10 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { type HostAction, InjectSpec, PolicyDocument } from "../../src/contract/policy";
+import { canonicalHost } from "../../src/contract/host-name";
+import { type HostAction, InjectSpec } from "../../src/contract/policy";
 import { buildPolicyIndex, compilePolicy, refusedRule, type VaultSnapshot } from "../../src/policy/compile";
-import { canonicalHost, hostMatches } from "../../src/policy/host";
+import { hostMatches } from "../../src/policy/host";
+import { PolicyDocument } from "../../src/policy/routing";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;
 

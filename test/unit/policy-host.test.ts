@@ -3,14 +3,12 @@ import { parse as parseDomain } from "tldts";
 import { describe, expect, it } from "vitest";
 import {
   canonicalHost,
-  hostMatches,
   isCanonicalPattern,
   isIpLiteral,
-  parseHostPattern,
   parseHostPatternSyntax,
-  patternCovers,
   splitHostPort,
-} from "../../src/policy/host";
+} from "../../src/contract/host-name";
+import { hostMatches, parseHostPattern, patternCovers } from "../../src/policy/host";
 import { suffixEntryBelow } from "../../src/policy/public-suffix";
 import { STARTER_PACK_HOSTS } from "../../src/policy/starter-pack";
 

@@ -5,7 +5,6 @@ import {
   auditPath,
   MAX_AUDIT_ENTRIES,
   newAuditKey,
-  PolicyEnvelope,
   ProxyReady,
   policyEtag,
   policyPath,
@@ -15,6 +14,7 @@ import {
   verifyAuditBatch,
 } from "../../src/contract/proxy-wire";
 import { compilePolicy } from "../../src/policy/compile";
+import { PolicyEnvelope } from "../../src/policy/routing";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;
 

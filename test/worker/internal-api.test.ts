@@ -4,15 +4,11 @@ import { and, eq, sql } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { createApp } from "../../src/app";
 import { loadConfig } from "../../src/config";
-import {
-  MAX_AUDIT_BODY_BYTES,
-  PolicyEnvelope,
-  policyEtag,
-  signAuditBatch,
-} from "../../src/contract/proxy-wire";
+import { MAX_AUDIT_BODY_BYTES, policyEtag, signAuditBatch } from "../../src/contract/proxy-wire";
 import { generateApiKey } from "../../src/crypto/api-keys";
 import { runEvents, runs, vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
+import { PolicyEnvelope } from "../../src/policy/routing";
 import { issueProxyCredentials, revokeProxyCredentials } from "../../src/runs/proxy-credentials";
 import { putHost } from "../../src/vault/hosts";
 import { createRule } from "../../src/vault/rules";

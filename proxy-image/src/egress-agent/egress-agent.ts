@@ -10,6 +10,12 @@ import { connect as netConnect, type Socket } from "node:net";
 import { networkInterfaces } from "node:os";
 import { pipeline } from "node:stream";
 import { createWebSocketStream, WebSocket } from "ws";
+import {
+  type HostPatternResult,
+  isCanonicalIp,
+  isCanonicalPattern,
+  splitHostPort,
+} from "../../../src/contract/host-name";
 import { levelOf, logLine } from "../../../src/contract/log";
 import { bearer } from "../../../src/contract/proxy-wire";
 import {
@@ -27,14 +33,7 @@ import {
   type TunnelRefusal,
 } from "../../../src/contract/tunnel";
 import { buildAddressBlocker, buildHostDecider, type HostDecision } from "../../../src/policy/compile";
-import {
-  type HostPatternResult,
-  isCanonicalIp,
-  isCanonicalPattern,
-  matchesCanonical,
-  parseHostPattern,
-  splitHostPort,
-} from "../../../src/policy/host";
+import { matchesCanonical, parseHostPattern } from "../../../src/policy/host";
 import { createAddressPolicy } from "../shared/address";
 import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 

@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { mkdir, open, readdir, readFile, rename, stat, unlink } from "node:fs/promises";
 import { join } from "node:path";
+import { canonicalHost } from "../../../src/contract/host-name";
 import { logLine } from "../../../src/contract/log";
 import {
   AuditBatch,
@@ -12,7 +13,6 @@ import {
   ModelCallRow,
   signAuditBatch,
 } from "../../../src/contract/proxy-wire";
-import { canonicalHost } from "../../../src/policy/host";
 import { HeldRows } from "./audit-rows";
 import type { FetchFn, LogFn } from "./policy-client";
 

@@ -5,8 +5,8 @@
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
 import { logLine as formatLine, levelOf } from "../../../src/contract/log";
-import { usesTunnel } from "../../../src/contract/policy";
 import { bearer, ProxyReady, readyPath } from "../../../src/contract/proxy-wire";
+import { usesTunnel } from "../../../src/policy/routing";
 import { createAddressPolicy } from "../shared/address";
 import { AuditReporter } from "./audit";
 import { createRunCa } from "./ca";
