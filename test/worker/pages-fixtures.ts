@@ -2,12 +2,12 @@ import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { expect } from "vitest";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
-import type { PageResponse } from "./browser";
+import type { Browser, PageResponse } from "./browser";
 import type { Tenant } from "./harness";
 
-// What the page tests (pages-run*.test.ts) read pages with, on top of the browser (browser.ts):
-// the run pages' text and assertions. Apart from the tests so each section's file stays about
-// its page.
+// What the page tests (pages-run*.test.ts, pages-vault-*.test.ts) read pages with, on top of the
+// browser (browser.ts): the run pages' text and assertions, and the vault page's recording
+// browser and API read-backs. Apart from the tests so each section's file stays about its page.
 
 // --- The run pages ---
 
@@ -67,4 +67,83 @@ export function expectPage(res: PageResponse, status = 200): string {
   lacks(res.html, /<script/i);
   lacks(res.html, /\n\s+at .*\(.*:\d+:\d+\)/);
   return textOf(res.html);
+}
+
+// --- The vault page ---
+
+export const VAULT = "/manage/vault";
+
+/** Everything a browser was sent: status, headers, body. */
+const seen = (res: PageResponse) =>
+  `${res.status}\n${[...res.headers].map(([k, v]) => `${k}: ${v}`).join("\n")}\n\n${res.html}`;
+
+/** A browser that keeps every response it got, for the leak scan at the end. */
+export function recording(b: Browser) {
+  const log: string[] = [];
+  return {
+    log,
+    async get(path: string) {
+      const res = await b.get(path);
+      log.push(`GET ${path}\n${seen(res)}`);
+      return res;
+    },
+    async post(path: string, fields: Record<string, string | string[]>) {
+      const res = await b.post(path, fields);
+      log.push(`POST ${path}\n${seen(res)}`);
+      return res;
+    },
+    /** Posts, expects a 303 back to the vault page, follows it; returns the page and the flash. */
+    async submit(path: string, fields: Record<string, string | string[]>) {
+      const res = await this.post(path, fields);
+      expect(res.status, res.html).toBe(303);
+      expect(res.location ?? "").toMatch(/^\/manage\/vault(\?|$)/);
+      const url = new URL(res.location ?? "", "http://x");
+      const page = await this.get(`${url.pathname}${url.search}`);
+      expect(page.status).toBe(200);
+      return { page, ok: url.searchParams.get("ok"), error: url.searchParams.get("error") };
+    },
+  };
+}
+
+/** The vault's secrets, read back over the API. */
+export const api = {
+  secrets: async (t: Tenant) =>
+    (await t.api("GET", "/v1/vault/secrets")).json.secrets as {
+      id: string;
+      name: string;
+      fingerprint: string;
+    }[],
+};
+
+/** The id in a form action on the page, e.g. the secret whose row shows `name`. */
+export function actionIds(html: string, kind: string): string[] {
+  return [...html.matchAll(new RegExp(`action="/manage/vault/${kind}/([a-z]+_[A-Za-z0-9]+)/`, "g"))].map(
+    (m) => m[1] ?? "",
+  );
+}
+
+/** The vault's rules, host entries and settings, read back over the API. */
+export const apiOf = (t: Tenant) => ({
+  rules: async () =>
+    (await t.api("GET", "/v1/vault/rules")).json.rules as {
+      id: string;
+      host: string;
+      secret: string;
+      inject: { scheme: string; name: string };
+    }[],
+  hosts: async () =>
+    (await t.api("GET", "/v1/vault/hosts")).json.hosts as {
+      id: string;
+      pattern: string;
+      action: string;
+      implicit: boolean;
+    }[],
+  settings: async () =>
+    (await t.api("GET", "/v1/vault/settings")).json as { default: string; version: number },
+});
+
+/** The routing section's text, tags dropped. */
+export function routing(html: string): string {
+  const m = /<section id="routing">([\s\S]*?)<\/section>/.exec(html);
+  return (m?.[1] ?? "").replace(/<[^>]+>/g, "").replace(/\s+/g, " ");
 }
