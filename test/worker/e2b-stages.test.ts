@@ -1,14 +1,14 @@
 import { packTar, unpackTar } from "modern-tar";
-import { describe, expect, inject, it } from "vitest";
-import { BackendError, type ComputeBackend } from "../../src/broker/backend";
-import { e2bFromEnv } from "../../src/broker/e2b/backend";
+import { describe, expect, it } from "vitest";
+import type { ComputeBackend } from "../../src/broker/backend";
 import { shellQuote } from "../../src/broker/e2b/shell";
 import { collectArgv, unpackArgv } from "../../src/broker/e2b/stages";
 import { CollectManifest } from "../../src/contract/bundle";
 import type { ExecInfo } from "../../src/contract/local-agent";
 import { randomId } from "../../src/crypto/api-keys";
-import type { ContractSandbox, RecordedE2bRequest } from "../contract/e2b-contract";
+import type { RecordedE2bRequest } from "../contract/e2b-contract";
 import { proxyOf } from "./backend-fixtures";
+import { body, commandOf, e2b, e2bDeployment, expectBackendError, homeOf, starts } from "./e2b-fixtures";
 
 // The e2b backend's two stages, in workerd, with the real `e2b` SDK against the E2B CONTRACT
 // SERVER (test/contract/e2b-server.ts): bundles in through envd's files API and the REAL bw-unpack,
@@ -17,61 +17,19 @@ import { proxyOf } from "./backend-fixtures";
 // the backend sends for what the contract server only stands in for (bw-wiring, the template's
 // scripts). Every process runs as this machine's test user: the users are asserted as recorded.
 
-const e2b = inject("e2b");
-const ENV = {
-  E2B_API_KEY: e2b.apiKey,
-  // A deployment of its own: test/worker/e2b-backend.test.ts, which may run meanwhile, tells its
-  // requests from these by it.
-  PUBLIC_URL: "https://stages.contract.test",
-  E2B_PROXY_TEMPLATE: e2b.templates.proxy,
-  E2B_WORK_TEMPLATE: e2b.templates.work,
-  E2B_API_URL: e2b.url,
-  E2B_DOMAIN: e2b.domain,
-  E2B_SANDBOX_URL: e2b.url,
-};
+// A deployment of its own: the other e2b-*.test.ts files, which may run meanwhile, tell their
+// requests from these by it.
+const { backend, requests, mark } = e2bDeployment("https://stages.contract.test");
 const SLOW = { timeout: 90_000 };
 // A stand-in certificate: bw-wiring is the contract server's stand-in, which takes any stdin.
 const CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBstandin\n-----END CERTIFICATE-----\n";
 
-function backend(): ComputeBackend {
-  const made = e2bFromEnv(ENV);
-  if (typeof made === "string") throw new Error(made);
-  return made;
-}
-
-async function requests(since = 0): Promise<RecordedE2bRequest[]> {
-  const all = (await (
-    await fetch(`${e2b.url}/_contract/requests?since=${since}`)
-  ).json()) as RecordedE2bRequest[];
-  return all.filter((r) => r.deployment === ENV.PUBLIC_URL);
-}
-const mark = async () => (await requests()).at(-1)?.seq ?? 0;
-async function homeOf(e2bId: string): Promise<string> {
-  const all = (await (await fetch(`${e2b.url}/_contract/sandboxes`)).json()) as ContractSandbox[];
-  return all.find((s) => s.sandboxID === e2bId)?.home as string;
-}
-
-// biome-ignore lint/suspicious/noExplicitAny: recorded bodies are read field by field
-const body = (r: RecordedE2bRequest | undefined): any => r?.body;
-const commandOf = (r: RecordedE2bRequest) => (body(r)?.process?.args?.[2] as string | undefined) ?? "";
-const starts = (rs: RecordedE2bRequest[], e2bId: string) =>
-  rs.filter((r) => r.api === "envd" && r.path === "/process.Process/Start" && r.sandboxId === e2bId);
 const line = (words: string[]) => words.map(shellQuote).join(" ");
 const stdinOf = (rs: RecordedE2bRequest[], e2bId: string) =>
   rs
     .filter((r) => r.path === "/process.Process/SendInput" && r.sandboxId === e2bId)
     .map((r) => atob(body(r).input.stdin))
     .join("");
-
-async function expectBackendError(p: Promise<unknown>, code: string): Promise<BackendError> {
-  const error = await p.then(
-    () => null,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(BackendError);
-  expect((error as BackendError).code).toBe(code);
-  return error as BackendError;
-}
 
 async function run(b: ComputeBackend, id: string, script: string, stage: "setup" | "execute" = "execute") {
   const execId = randomId("x_");
