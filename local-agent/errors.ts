@@ -32,6 +32,9 @@ export class AgentError extends Error {
   }
 }
 
+/** An error's message, for a detail or a log line (a thrown non-Error as text). */
+export const message = (e: unknown) => (e instanceof Error ? e.message : String(e));
+
 const PROBLEMS: ProblemTable<AgentErrorCode> = { status: AGENT_ERROR_STATUS, title: TITLES };
 
 export const problemBody = (code: AgentErrorCode, detail: string) => problemBodyOf(PROBLEMS, code, detail);

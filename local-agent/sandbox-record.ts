@@ -7,9 +7,9 @@ import type { WorkNet } from "./network";
 import { EXEC_BASE_ENV, SANDBOX_HOME, type SandboxProcess } from "./sandbox";
 import type { SandboxProgram } from "./transfer";
 
-// What the agent holds of one sandbox (sandboxes.ts makes and lists them), and the two ways a
-// process is started in it: an exec (its own cgroup leaf) and a program of the image whose
-// stdio the agent streams (bundles, artifacts).
+// What the agent holds of one sandbox (sandbox-create.ts makes them, sandboxes.ts lists them),
+// and the two ways a process is started in it: an exec (its own cgroup leaf) and a program of
+// the image whose stdio the agent streams (bundles, artifacts).
 
 export interface Sandbox {
   id: string;

@@ -1,13 +1,11 @@
 import { X509Certificate } from "node:crypto";
 import type { Seal, SealResult } from "../src/contract/local-agent";
-import { AgentError } from "./errors";
+import { AgentError, message } from "./errors";
 import type { Sandbox, WorkSandbox } from "./sandbox-record";
 import { installHosts, installSealed, type WiredFiles } from "./wiring-files";
 
 // The end of a sandbox's setup stage, and the hosts-file rewrites after it: the agent's part,
 // from the host side (wiring-files.ts writes the files).
-
-const message = (e: unknown) => (e instanceof Error ? e.message : String(e));
 
 function wiredFiles(sandbox: Sandbox): WiredFiles {
   return { dir: sandbox.process.dir, setupUid: sandbox.process.setupUid, sealed: sandbox.sealed };

@@ -22,8 +22,9 @@ import { type CgroupHost, detectCgroups } from "./cgroups";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";
 import { checkHealth } from "./health";
+import type { AgentLog } from "./registry-options";
 import { ensureRootfs, ROOTFS_DIR, WORK_IMAGE } from "./rootfs";
-import { type AgentLog, Registry } from "./sandboxes";
+import { Registry } from "./sandboxes";
 import { StateDir } from "./state-dir";
 
 // The host agent's HTTP surface (src/contract/local-agent.ts): loopback only, every call

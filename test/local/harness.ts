@@ -6,6 +6,8 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { detectCgroups } from "../../local-agent/cgroups";
+import type { AgentLog } from "../../local-agent/registry-options";
+import { type RunningAgent, startAgent } from "../../local-agent/server";
 import { ensureWorkImage } from "../../scripts/lib/images";
 import { ExecInfo, type ExecRequest, type ListedSandbox, SandboxInfo } from "../../src/contract/local-agent";
 
@@ -197,8 +199,15 @@ Promise.all(targets.map((t) => new Promise((done) => {
 }))).then((r) => console.log(JSON.stringify(r)));
 `;
 
+/** What startControlPlane started: its URL, the paths it was asked, and how to stop it. */
+export interface TestControlPlane {
+  url: string;
+  paths: string[];
+  close(): Promise<void>;
+}
+
 /** A tiny control plane on loopback: answers `control-plane:<path>`, and keeps the paths asked. */
-export async function startControlPlane(): Promise<{ url: string; paths: string[]; close(): Promise<void> }> {
+export async function startControlPlane(): Promise<TestControlPlane> {
   const paths: string[] = [];
   const server: Server = createServer((req, res) => {
     paths.push(req.url ?? "");
@@ -296,6 +305,59 @@ setTimeout(() => console.log("ready"), 50);
 `;
 
 export { until } from "../until";
+
+/** An agent of a suite's own, with the suite's control plane and test upstream (startTestAgent). */
+export interface TestAgent {
+  agent: RunningAgent;
+  api: AgentClient;
+  controlPlane: TestControlPlane;
+  upstream: TestUpstream;
+  /** The agent closed, then the upstream and the control plane. */
+  close(): Promise<void>;
+}
+
+/**
+ * The control plane, the test upstream and an agent relaying to that control plane, whose
+ * sandboxes take uids from `uidBase`; on a failure, what was started is stopped again.
+ */
+export async function startTestAgent(o: {
+  secret: string;
+  stateDir: string;
+  uidBase: number;
+  log: AgentLog;
+}): Promise<TestAgent> {
+  const controlPlane = await startControlPlane();
+  let upstream: TestUpstream | undefined;
+  try {
+    upstream = await TestUpstream.start();
+    const agent = await startAgent({
+      secret: o.secret,
+      port: 0,
+      controlPlane: controlPlane.url,
+      stateDir: o.stateDir,
+      uidBase: o.uidBase,
+      log: o.log,
+      // The suite's upstream is on a private address: direct traffic may reach it, as a test host.
+      proxyTestEnv: { BW_TEST_ALLOW_CIDRS: "10.240.0.0/30" },
+    });
+    const started = upstream;
+    return {
+      agent,
+      api: new AgentClient(agent.url, o.secret),
+      controlPlane,
+      upstream,
+      close: async () => {
+        await agent.close();
+        await started.stop();
+        await controlPlane.close();
+      },
+    };
+  } catch (error) {
+    await upstream?.stop();
+    await controlPlane.close();
+    throw error;
+  }
+}
 
 /** What the agent made that still exists on this machine. */
 export async function leftovers(uidRange: [number, number]): Promise<string[]> {

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups } from "../../local-agent/cgroups";
 import { ROOTFS_DIR } from "../../local-agent/rootfs";
-import { REPO_ROOT, type RunningAgent, startAgent } from "../../local-agent/server";
+import { REPO_ROOT, type RunningAgent } from "../../local-agent/server";
 import { StateDir } from "../../local-agent/state-dir";
 import { BASE_HOSTS } from "../../local-agent/wiring-files";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
@@ -16,11 +16,12 @@ import { WiringProof } from "../../src/contract/wiring";
 import { renderHostsFile } from "../../src/policy/hosts-file";
 import { BAD_BUNDLES, gnuTar } from "../unit/archive-fixtures";
 import {
-  AgentClient,
+  type AgentClient,
   ensureWorkImageBuilt,
   leftovers,
   secret,
-  startControlPlane,
+  startTestAgent,
+  type TestAgent,
   TestUpstream,
   whyNotRunnable,
 } from "./harness";
@@ -40,9 +41,9 @@ const RUN = "run-s";
 const HOSTS = ["api.example.test"];
 
 describe.skipIf(whyNot !== null)("local agent: the setup stage and the sandbox's own filesystem", () => {
+  let testAgent: TestAgent;
   let agent: RunningAgent;
   let api: AgentClient;
-  let controlPlane: Awaited<ReturnType<typeof startControlPlane>>;
   let upstream: TestUpstream;
   let stateDir: string;
   let scratch: string;
@@ -101,18 +102,8 @@ describe.skipIf(whyNot !== null)("local agent: the setup stage and the sandbox's
     stateDir = mkdtempSync(join(tmpdir(), "bw-setup-test-"));
     scratch = mkdtempSync(join(tmpdir(), "bw-setup-scratch-"));
     ca = await createTestCa("Benchwright setup-stage test run CA");
-    controlPlane = await startControlPlane();
-    upstream = await TestUpstream.start();
-    agent = await startAgent({
-      secret: agentSecret,
-      port: 0,
-      controlPlane: controlPlane.url,
-      stateDir,
-      uidBase: UIDS[0],
-      log: () => {},
-      proxyTestEnv: { BW_TEST_ALLOW_CIDRS: "10.240.0.0/30" },
-    });
-    api = new AgentClient(agent.url, agentSecret);
+    testAgent = await startTestAgent({ secret: agentSecret, stateDir, uidBase: UIDS[0], log: () => {} });
+    ({ agent, api, upstream } = testAgent);
     await api.create({ kind: "proxy", id: "px", runId: RUN });
     // A stand-in for the proxy's TLS listener: the wiring probe's answer (403 with the probe
     // header, a certificate for the probe host from the "run CA"), and "proxy:<port>" on 8080.
@@ -130,9 +121,7 @@ describe.skipIf(whyNot !== null)("local agent: the setup stage and the sandbox's
   }, 300_000);
 
   afterAll(async () => {
-    await agent?.close();
-    await upstream?.stop();
-    await controlPlane?.close();
+    await testAgent?.close();
     for (const m of markers) rmSync(m, { force: true });
     for (const d of [stateDir, scratch]) if (d) rmSync(d, { recursive: true, force: true });
     expect(await leftovers(UIDS)).toEqual([]);
