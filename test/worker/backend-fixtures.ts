@@ -1,4 +1,5 @@
-import type { ComputeBackend } from "../../src/broker/backend";
+import { expect } from "vitest";
+import { BackendError, type ComputeBackend } from "../../src/broker/backend";
 import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 
@@ -20,4 +21,15 @@ export async function proxyOf(
     timeoutMs: null,
   });
   return { proxyId, info, launch, creds };
+}
+
+/** Awaits `p`, expecting it to fail with a BackendError of `code`; returns that error. */
+export async function expectBackendError(p: Promise<unknown>, code: string): Promise<BackendError> {
+  const error = await p.then(
+    () => null,
+    (e: unknown) => e,
+  );
+  expect(error).toBeInstanceOf(BackendError);
+  expect((error as BackendError).code).toBe(code);
+  return error as BackendError;
 }

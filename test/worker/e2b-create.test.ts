@@ -8,14 +8,13 @@ import { SANDBOX_TTL_MS } from "../../src/broker/e2b/config";
 import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedE2bRequest } from "../contract/e2b-contract";
-import { proxyOf } from "./backend-fixtures";
+import { expectBackendError, proxyOf } from "./backend-fixtures";
 import {
   body,
   commandOf,
   contractSandboxes,
   e2b,
   e2bDeployment,
-  expectBackendError,
   faults,
   META,
   SLOW,

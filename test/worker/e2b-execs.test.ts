@@ -3,8 +3,8 @@ import type { ComputeBackend } from "../../src/broker/backend";
 import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedE2bRequest } from "../contract/e2b-contract";
-import { proxyOf } from "./backend-fixtures";
-import { body, commandOf, e2bDeployment, expectBackendError, SLOW, starts, workOf } from "./e2b-fixtures";
+import { expectBackendError, proxyOf } from "./backend-fixtures";
+import { body, commandOf, e2bDeployment, SLOW, starts, workOf } from "./e2b-fixtures";
 
 // The e2b backend's execs, inside workerd, with the real `e2b` SDK against the E2B CONTRACT
 // SERVER (test/contract/e2b-server.ts), where they run the REAL exec runner as real processes:

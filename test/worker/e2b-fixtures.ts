@@ -67,16 +67,6 @@ export async function faults(f: E2bFaults): Promise<void> {
   expect(res.status).toBe(204);
 }
 
-export async function expectBackendError(p: Promise<unknown>, code: string): Promise<BackendError> {
-  const error = await p.then(
-    () => null,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(BackendError);
-  expect((error as BackendError).code).toBe(code);
-  return error as BackendError;
-}
-
 // biome-ignore lint/suspicious/noExplicitAny: recorded bodies are read field by field
 type Body = any;
 export const body = (r: RecordedE2bRequest | undefined): Body => r?.body;

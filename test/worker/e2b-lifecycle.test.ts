@@ -1,17 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { randomId } from "../../src/crypto/api-keys";
-import { proxyOf } from "./backend-fixtures";
-import {
-  body,
-  contractSandboxes,
-  e2b,
-  e2bDeployment,
-  expectBackendError,
-  faults,
-  META,
-  SLOW,
-  workOf,
-} from "./e2b-fixtures";
+import { expectBackendError, proxyOf } from "./backend-fixtures";
+import { body, contractSandboxes, e2b, e2bDeployment, faults, META, SLOW, workOf } from "./e2b-fixtures";
 
 // The e2b backend's sandbox lifecycle, inside workerd, with the real `e2b` SDK against the E2B
 // CONTRACT SERVER (test/contract/e2b-server.ts): freeze as E2B's pause and connect (the network

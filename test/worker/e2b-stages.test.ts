@@ -7,8 +7,8 @@ import { CollectManifest } from "../../src/contract/bundle";
 import type { ExecInfo } from "../../src/contract/local-agent";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedE2bRequest } from "../contract/e2b-contract";
-import { proxyOf } from "./backend-fixtures";
-import { body, commandOf, e2b, e2bDeployment, expectBackendError, homeOf, starts } from "./e2b-fixtures";
+import { expectBackendError, proxyOf } from "./backend-fixtures";
+import { body, commandOf, e2b, e2bDeployment, homeOf, starts } from "./e2b-fixtures";
 
 // The e2b backend's two stages, in workerd, with the real `e2b` SDK against the E2B CONTRACT
 // SERVER (test/contract/e2b-server.ts): bundles in through envd's files API and the REAL bw-unpack,

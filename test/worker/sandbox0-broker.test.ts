@@ -7,21 +7,10 @@ import { SandboxBroker } from "../../src/broker/sandbox-broker";
 import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs, sandboxes } from "../../src/db/schema";
+import { expectBackendError } from "./backend-fixtures";
 import { newTenant, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
-import {
-  api,
-  b64,
-  envFor,
-  expectBackendError,
-  k8s,
-  LABEL,
-  line,
-  newNs,
-  type Obj,
-  objects,
-  recorded,
-} from "./sandbox0-fixtures";
+import { api, b64, envFor, k8s, LABEL, line, newNs, type Obj, objects, recorded } from "./sandbox0-fixtures";
 
 // The sandbox0 backend through the SandboxBroker Durable Object: no credential reaches a work pod,
 // another run's sandbox is refused before any Kubernetes call, and a run's teardown touches only

@@ -9,16 +9,8 @@ import { CollectManifest } from "../../src/contract/bundle";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedRequest } from "../contract/kubernetes-contract";
 import { file, streamOf, tarGz } from "./archives";
-import {
-  api,
-  contractOptions,
-  expectBackendError,
-  line,
-  newNs,
-  proxyAndWorkIn,
-  recorded,
-  run,
-} from "./sandbox0-fixtures";
+import { expectBackendError } from "./backend-fixtures";
+import { api, contractOptions, line, newNs, proxyAndWorkIn, recorded, run } from "./sandbox0-fixtures";
 
 // Bundles into and artifacts out of a sandbox0 work pod: the REAL bw-unpack and bw-collect over
 // pods/exec (binary stdin closed by v5's CLOSE, binary stdout), and the v4 refusal.

@@ -1,10 +1,10 @@
 import { describe, expect, it } from "vitest";
 import { objectName } from "../../src/broker/kubernetes/manifests";
 import type { RecordedRequest } from "../contract/kubernetes-contract";
+import { expectBackendError } from "./backend-fixtures";
 import {
   api,
   contractOptions,
-  expectBackendError,
   k8s,
   line,
   newNs,

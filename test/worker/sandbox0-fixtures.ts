@@ -119,16 +119,6 @@ export const line = (r: RecordedRequest) => `${r.method} ${r.path}${r.status ? `
 export const api = (ns: string, resource: string, name?: string) =>
   `${resource === "networkpolicies" ? "/apis/networking.k8s.io/v1" : "/api/v1"}/namespaces/${ns}/${resource}${name ? `/${name}` : ""}`;
 
-export async function expectBackendError(p: Promise<unknown>, code: string): Promise<BackendError> {
-  const error = await p.then(
-    () => null,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(BackendError);
-  expect((error as BackendError).code).toBe(code);
-  return error as BackendError;
-}
-
 export const b64 = (s: string) => btoa(s);
 
 /** Polls an exec until it exits (real processes: each poll waits up to 2 s for the exit). */

@@ -1,9 +1,9 @@
 import { describe, expect, it } from "vitest";
 import { objectName, secretName } from "../../src/broker/kubernetes/manifests";
 import { randomId } from "../../src/crypto/api-keys";
+import { expectBackendError } from "./backend-fixtures";
 import {
   api,
-  expectBackendError,
   k8s,
   LABEL,
   line,

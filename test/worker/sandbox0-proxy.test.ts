@@ -2,13 +2,12 @@ import { describe, expect, it } from "vitest";
 import { objectName, proxyPodName, secretName } from "../../src/broker/kubernetes/manifests";
 import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
-import { proxyOf } from "./backend-fixtures";
+import { expectBackendError, proxyOf } from "./backend-fixtures";
 import {
   api,
   b64,
   backendIn,
   contractOptions,
-  expectBackendError,
   k8s,
   LABEL,
   line,

@@ -1,17 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { sandbox0FromEnv } from "../../src/broker/sandbox0/backend";
 import { randomId } from "../../src/crypto/api-keys";
-import { proxyOf } from "./backend-fixtures";
-import {
-  backendIn,
-  contractOptions,
-  envFor,
-  expectBackendError,
-  newNs,
-  proxyIn,
-  recorded,
-  workOn,
-} from "./sandbox0-fixtures";
+import { expectBackendError, proxyOf } from "./backend-fixtures";
+import { backendIn, contractOptions, envFor, newNs, proxyIn, recorded, workOn } from "./sandbox0-fixtures";
 
 // What the sandbox0 backend refuses: a deployment's missing or unsafe settings (before any
 // request), and what the Kubernetes contract server refuses (a wrong token, an API that does not

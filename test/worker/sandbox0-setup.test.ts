@@ -6,12 +6,11 @@ import { DEFAULT_OUT_DIR } from "../../src/contract/bundle";
 import { WORK_DIR } from "../../src/coordinator/steps/stages";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedRequest } from "../contract/kubernetes-contract";
-import { proxyOf } from "./backend-fixtures";
+import { expectBackendError, proxyOf } from "./backend-fixtures";
 import {
   api,
   contractOptions,
   envFor,
-  expectBackendError,
   k8s,
   line,
   newNs,
