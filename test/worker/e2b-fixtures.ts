@@ -1,5 +1,5 @@
 import { expect, inject } from "vitest";
-import { BackendError, type ComputeBackend } from "../../src/broker/backend";
+import type { ComputeBackend } from "../../src/broker/backend";
 import { e2bFromEnv } from "../../src/broker/e2b/backend";
 import type { RoutingMode } from "../../src/contract/policy";
 import { randomId } from "../../src/crypto/api-keys";

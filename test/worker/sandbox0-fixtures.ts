@@ -1,5 +1,5 @@
 import { expect, inject } from "vitest";
-import { BackendError, type ComputeBackend, type SandboxSpec } from "../../src/broker/backend";
+import type { ComputeBackend, SandboxSpec } from "../../src/broker/backend";
 import { sandbox0FromEnv } from "../../src/broker/sandbox0/backend";
 import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
 import type { RoutingMode } from "../../src/contract/policy";
