@@ -55,6 +55,7 @@ export default defineConfig({
           // 2-core CI machine a few take 5-8 s. Nothing here asserts time.
           testTimeout: 20_000,
           globalSetup: ["./test/setup/database.ts", "./test/setup/contracts.ts", "./test/setup/receiver.ts"],
+          setupFiles: ["./test/setup/zod-openapi.ts"],
         },
       },
       {

@@ -1,6 +1,4 @@
 import { describe, expect, it } from "vitest";
-// The app first: its routes extend zod with .openapi before any shared contract schema is built.
-import "../../src/app";
 import { issueCapability, revokeRunCapabilities } from "../../src/compute/capability";
 import { call, expectProblem, newTenant, withDb } from "./harness";
 import { scanDatabase } from "./leaks";

@@ -1,7 +1,3 @@
-// First: the routes' zod-openapi schemas extend contract schemas, which must be made after
-// @hono/zod-openapi has extended zod (as in every other file that reaches the app): PROXY_ENV's
-// module reaches them, and nothing here loads the app before it.
-import "../../src/app";
 import { describe, expect, it } from "vitest";
 import { e2bFromEnv } from "../../src/broker/e2b/backend";
 import { SANDBOX_TTL_MS } from "../../src/broker/e2b/config";

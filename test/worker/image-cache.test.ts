@@ -1,8 +1,6 @@
 import { env } from "cloudflare:workers";
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, inject, it, vi } from "vitest";
-// The app first: its routes extend zod with .openapi before any shared contract schema is built.
-import "../../src/app";
 import { issueCapability, revokeCapability } from "../../src/compute/capability";
 import { imageBuilds } from "../../src/db/schema";
 import type { RecordedRequest } from "../contract/registry-contract";

@@ -1,6 +1,3 @@
-// First: the routes' zod-openapi schemas extend contract schemas, which must be made after
-// @hono/zod-openapi has extended zod (as in every other file that reaches the app).
-import "../../src/app";
 import { eq } from "drizzle-orm";
 import { describe, expect, it, vi } from "vitest";
 import { type RunState, runs } from "../../src/db/schema";

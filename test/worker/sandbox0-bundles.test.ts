@@ -1,6 +1,3 @@
-// The app first: its routes extend zod with .openapi before any shared contract schema is built
-// (the other sandbox0 files import the backend or the broker first, which load @hono/zod-openapi).
-import "../../src/app";
 import { describe, expect, it } from "vitest";
 import { tarGzEntries } from "../../src/archive/entries";
 import type { ComputeBackend } from "../../src/broker/backend";
