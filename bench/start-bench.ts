@@ -14,6 +14,7 @@ import { proxyNamespaces } from "../local-agent/network";
 import { type ApiClient as Api, apiClient as client } from "../scripts/lib/api-client";
 import { whyNotRunnable } from "../scripts/lib/can-isolate";
 import { startLocalStack } from "../scripts/lib/local-stack";
+import { isTerminal } from "../src/contract/run-states";
 import { publish, summaryLines } from "./lib/page";
 import { f, num, runBench, sectionHead } from "./lib/results";
 import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
@@ -27,7 +28,6 @@ const CONFIG = {
 };
 const SHORT = CONFIG.runs < 5;
 const MARK = "bench-start-output";
-const TERMINAL = new Set(["finished", "stopped", "failed"]);
 
 const log = (s: string) => process.stderr.write(`${s}\n`);
 
@@ -46,7 +46,7 @@ async function oneRun(api: Api, kind: StartKind): Promise<StartSample> {
   let run: any;
   for (;;) {
     run = (await api.call("GET", `/v1/runs/${id}`)).json;
-    if (TERMINAL.has(run?.status)) break;
+    if (isTerminal(run?.status)) break;
     if (Date.now() > deadline) throw new Error(`run ${id} did not end in 120 s: ${JSON.stringify(run)}`);
     await new Promise((r) => setTimeout(r, CONFIG.pollMs));
   }

@@ -11,6 +11,7 @@ import { join } from "node:path";
 import { eq } from "drizzle-orm";
 import { packFolder } from "../cli/src/pack";
 import { provisionApiKey } from "../src/auth/provision";
+import { isTerminal } from "../src/contract/run-states";
 import { hashApiKey } from "../src/crypto/api-keys";
 import { apiKeys } from "../src/db/schema";
 import { whyNotRunnable } from "./lib/can-isolate";
@@ -207,7 +208,7 @@ async function waitForEnd(api: Api, id: string, timeoutMs: number): Promise<any>
   const started = Date.now();
   for (;;) {
     const run = (await api("GET", `/runs/${id}`)).json;
-    if (["finished", "stopped", "failed"].includes(run.status)) return run;
+    if (isTerminal(run.status)) return run;
     if (Date.now() - started > timeoutMs) throw new Error(`run ${id} did not end: ${run.status}`);
     await new Promise((r) => setTimeout(r, 300));
   }

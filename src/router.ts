@@ -51,3 +51,6 @@ export const jsonOk = <T extends z.ZodType>(schema: T, description = "OK") => ({
   description,
   content: { "application/json": { schema } },
 });
+
+/** A stored time as the API writes it: ISO 8601 in UTC, or null. */
+export const iso = (d: Date | null) => (d ? d.toISOString() : null);

@@ -4,10 +4,10 @@ import type { Result } from "../errors";
 import type { ArtifactRow } from "../runs/artifacts";
 import type { BlockedRow, RouteRow } from "../runs/audit-log";
 import type { BugReport } from "../runs/bug-reports";
+import type { Linger } from "../runs/linger";
 import type { ModelCall, ModelUse } from "../runs/model-calls";
 import {
   isTerminal,
-  type Linger,
   type Page,
   type RunNote,
   type RunRow,

@@ -7,12 +7,12 @@ import { artifactDownload, listArtifacts } from "../runs/artifacts";
 import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
+import { lingerOf } from "../runs/linger";
 import { listModelCalls, runModelUse } from "../runs/model-calls";
 import {
   getRun,
   haltedNow,
   isTerminal,
-  lingerOf,
   listRuns,
   type RunRow,
   runSandboxes,

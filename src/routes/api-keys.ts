@@ -3,7 +3,7 @@ import { API_KEY_SCOPES } from "../auth/scope";
 import { unwrap } from "../errors";
 import { DURATION_PATTERN } from "../keys/expiry";
 import * as keys from "../keys/service";
-import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
 
 // Self-served API keys (case K3). The key is in POST's answer and nowhere else: not in the list,
 // not in a log, not in a replay (the idempotency store keeps the answer without it, see
@@ -56,7 +56,6 @@ const ApiKeyWithSecret = ApiKey.extend({
   }),
 }).openapi("ApiKeyWithSecret");
 
-const iso = (d: Date | null) => (d ? d.toISOString() : null);
 const view = (k: keys.KeyInfo): z.infer<typeof ApiKey> => ({
   id: k.id,
   name: k.name,

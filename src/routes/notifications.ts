@@ -6,7 +6,7 @@ import { ApiError, unwrap } from "../errors";
 import { ATTEMPT_TIMEOUT_MS, MAX_ATTEMPTS, RETRY_SCHEDULE_MS } from "../notifications/delivery";
 import * as notify from "../notifications/service";
 import { checkTarget } from "../notifications/target";
-import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
 
 // Run-end notifications: a user registers an https URL and is sent a Standard Webhooks-signed
 // POST each time a run of their environment ends (src/notifications). Environment-scoped like
@@ -75,8 +75,6 @@ const Delivery = z
     attempts: z.array(Attempt),
   })
   .openapi("NotificationDelivery");
-
-const iso = (d: Date | null) => (d ? d.toISOString() : null);
 
 const view = (n: notify.NotificationRow): z.infer<typeof Notification> => ({
   id: n.id,

@@ -6,8 +6,9 @@ import { ProxyView } from "../contract/proxy-view";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
-import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
 import { issueEgressToken } from "../runs/egress-token";
+import { Linger, lingerOf } from "../runs/linger";
 import * as runs from "../runs/service";
 import { checkLinger, LingerSeconds, RunSpec, storedSpec } from "../runs/spec";
 import { previewPolicy } from "../vault/policy";
@@ -54,22 +55,6 @@ const RunSummary = z
   })
   .openapi("RunSummary");
 
-const Linger = z
-  .object({
-    seconds: z
-      .number()
-      .int()
-      .nullable()
-      .openapi({ description: "Asked for; null: the proxy does not linger" }),
-    until: z
-      .string()
-      .datetime()
-      .nullable()
-      .openapi({ description: "When the window lapses (set once the run lingers)" }),
-    paused: z.boolean().openapi({ description: "Paused for idleness; the next look resumes it" }),
-  })
-  .openapi("Linger");
-
 const RunDetail = RunSummary.extend({
   spec: RunSpec.openapi({ description: "The run spec as launched" }),
   policyVersion: z.number().int().nullable(),
@@ -81,8 +66,6 @@ const RunDetail = RunSummary.extend({
   sandboxes: z.array(Sandbox),
   trace: z.array(Event),
 }).openapi("Run");
-
-const iso = (d: Date | null) => (d ? d.toISOString() : null);
 
 const summary = (r: runs.RunRow): z.infer<typeof RunSummary> => ({
   id: r.id,
@@ -221,7 +204,7 @@ export const runsRoutes = newRouter()
           proof: run.proof,
           proxy: { caFingerprint: run.caFingerprint, readyAt: iso(run.proxyReadyAt) },
           halted: runs.haltedNow(run, trace),
-          linger: (({ until, ...rest }) => ({ ...rest, until: iso(until) }))(runs.lingerOf(run)),
+          linger: lingerOf(run),
           sandboxes: boxes.map((b) => ({
             ...b,
             createdAt: b.createdAt.toISOString(),

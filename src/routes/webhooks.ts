@@ -8,7 +8,7 @@ import { consoleLog } from "../contract/log";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
-import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
 import { checkLaunchable, RunSpec, storedSpec } from "../runs/spec";
 import * as hooks from "../webhooks/service";
 import { MAX_DELIVERY_BODY_BYTES, verifyDelivery } from "../webhooks/signature";
@@ -43,8 +43,6 @@ const WebhookWithSecret = Webhook.extend({
     description: "The signing secret (`whsec_...`). Shown only in this response: store it now.",
   }),
 }).openapi("WebhookWithSecret");
-
-const iso = (d: Date | null) => (d ? d.toISOString() : null);
 
 const view = (c: Context, w: hooks.WebhookRow): z.infer<typeof Webhook> => ({
   id: w.id,

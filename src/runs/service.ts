@@ -283,20 +283,3 @@ export function haltedNow(run: RunRow, trace: TraceRow[]): boolean {
   );
   return (last?.detail as { halted: boolean } | undefined)?.halted === true;
 }
-
-export interface Linger {
-  /** Asked for; null: the proxy does not linger. */
-  seconds: number | null;
-  /** When the window lapses (set once the run lingers). */
-  until: Date | null;
-  /** Paused for idleness; the next look resumes it. */
-  paused: boolean;
-}
-
-export function lingerOf(run: RunRow): Linger {
-  return {
-    seconds: run.lingerSeconds ?? storedSpec(run.spec).lingerSeconds ?? null,
-    until: run.lingerUntil,
-    paused: run.status === "lingering" && run.lingerPausedAt !== null,
-  };
-}

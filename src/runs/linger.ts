@@ -1,0 +1,31 @@
+import { z } from "@hono/zod-openapi";
+import type { RunRow } from "./service";
+import { storedSpec } from "./spec";
+
+// A run's linger, as the API and the run page show it: the one view of it. (The coordinator keeps
+// its own running record of the window, LingerWindow in coordinator/machine.ts.)
+
+export const Linger = z
+  .object({
+    seconds: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: "Asked for; null: the proxy does not linger" }),
+    until: z
+      .string()
+      .datetime()
+      .nullable()
+      .openapi({ description: "When the window lapses (set once the run lingers)" }),
+    paused: z.boolean().openapi({ description: "Paused for idleness; the next look resumes it" }),
+  })
+  .openapi("Linger");
+export type Linger = z.infer<typeof Linger>;
+
+export function lingerOf(run: RunRow): Linger {
+  return {
+    seconds: run.lingerSeconds ?? storedSpec(run.spec).lingerSeconds ?? null,
+    until: run.lingerUntil?.toISOString() ?? null,
+    paused: run.status === "lingering" && run.lingerPausedAt !== null,
+  };
+}
