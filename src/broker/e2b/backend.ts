@@ -69,48 +69,22 @@ export function e2bFromEnv(
 }
 
 export function e2bBackend(config: E2bEnv): ComputeBackend {
-  const {
-    deployment,
-    opts,
-    cacheKey,
-    scrub,
-    call,
-    findAll,
-    resolve,
-    attach,
-    withSandbox,
-    run,
-    runner,
-    startService,
-    runToEnd,
-    lastLine,
-    workSandbox,
-    takeRootAway,
-    installRedirect,
-    reinstall,
-    bridgeToken,
-    ensureNetwork,
-    proxyOf,
-    ensureSandbox,
-    asOwner,
-    userFor,
-    hide,
-  } = e2bSandboxes(config);
+  const box = e2bSandboxes(config);
 
   return {
     name: "e2b",
 
     async create(spec: SandboxSpec): Promise<SandboxInfo> {
       const meta: Meta = {
-        [META.deployment]: deployment,
+        [META.deployment]: box.deployment,
         [META.run]: spec.runId,
         [META.kind]: spec.kind,
         [META.sandbox]: spec.id,
       };
       if (spec.kind === "proxy") {
         const network = proxyNetwork();
-        const h = await ensureSandbox(spec.id, config.E2B_PROXY_TEMPLATE, meta, network);
-        const info = await call("read the sandbox", () => Sandbox.getInfo(h.e2bId, opts));
+        const h = await box.ensureSandbox(spec.id, config.E2B_PROXY_TEMPLATE, meta, network);
+        const info = await box.call("read the sandbox", () => Sandbox.getInfo(h.e2bId, box.opts));
         const drift = networkDrift(network, info.network);
         if (drift.length > 0) {
           throw new BackendError(
@@ -118,9 +92,9 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
             `E2B does not keep the proxy sandbox private (${drift.join("; ")})`,
           );
         }
-        const token = await bridgeToken(spec.id);
-        hide([config.E2B_API_KEY, token]);
-        await startService(
+        const token = await box.bridgeToken(spec.id);
+        box.hide([config.E2B_API_KEY, token]);
+        await box.startService(
           spec.id,
           ["bw-bridge", "serve"],
           { BW_BRIDGE_TOKEN: token, BW_BRIDGE_PORT: String(BRIDGE_PORT) },
@@ -141,9 +115,9 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         };
       }
 
-      const { proxy, host } = await proxyOf(spec);
+      const { proxy, host } = await box.proxyOf(spec);
       const network = workNetwork(spec.routing, host);
-      const h = await ensureSandbox(
+      const h = await box.ensureSandbox(
         spec.id,
         config.E2B_WORK_TEMPLATE,
         {
@@ -154,28 +128,30 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         },
         network,
       );
-      const made = await ensureNetwork(spec.id, h.e2bId, network);
+      const made = await box.ensureNetwork(spec.id, h.e2bId, network);
       // E2B sizes a sandbox by its template: a run that needs more is refused, not shrunk.
       const misfit = spec.resources ? resourcesMisfit(spec.resources, made, config.E2B_WORK_TEMPLATE) : null;
       if (misfit) throw new BackendError("resources_unavailable", misfit);
       // The execute stage's user must not become root: root could undo the hosts file. E2B's
       // template build gives `user` sudo after the Dockerfile ran, so it is taken away here, in
       // each sandbox, then checked as that user.
-      await takeRootAway(spec.id);
+      await box.takeRootAway(spec.id);
       // The working directory of every backend ($BW_OUT is under it), the execute user's.
-      const workdir = await call("make the working directory", () =>
-        withSandbox(spec.id, (s) => run(s, "bw-workdir", { user: "root", timeoutMs: RUNNER_DEADLINE_MS })),
+      const workdir = await box.call("make the working directory", () =>
+        box.withSandbox(spec.id, (s) =>
+          box.run(s, "bw-workdir", { user: "root", timeoutMs: RUNNER_DEADLINE_MS }),
+        ),
       );
       if (workdir.exitCode !== 0) {
         throw new BackendError(
           "sandbox_failed",
-          `the working directory could not be made: ${scrub(lastLine(workdir.stderr))}`,
+          `the working directory could not be made: ${box.scrub(box.lastLine(workdir.stderr))}`,
         );
       }
-      const token = await bridgeToken(spec.proxySandboxId);
+      const token = await box.bridgeToken(spec.proxySandboxId);
       const edge = proxy.sandbox.trafficAccessToken ?? "";
-      hide([config.E2B_API_KEY, token, edge]);
-      await startService(
+      box.hide([config.E2B_API_KEY, token, edge]);
+      await box.startService(
         spec.id,
         ["bw-bridge", "connect"],
         {
@@ -187,7 +163,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         "root",
         "start the bridge to the proxy",
       );
-      if (spec.routing === "catch-all") await installRedirect(spec.id);
+      if (spec.routing === "catch-all") await box.installRedirect(spec.id);
       return {
         id: spec.id,
         runId: spec.runId,
@@ -210,14 +186,14 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         throw new BackendError("invalid_request", "the exec request is outside its contract");
       const request = parsed.data;
       const execId = request.id ?? `x_${crypto.randomUUID().replaceAll("-", "")}`;
-      const h = await resolve(sandboxId);
+      const h = await box.resolve(sandboxId);
       const kind = h.meta[META.kind] ?? "";
       let envs = request.env;
       if (kind === "proxy" && request.argv[0] === "bw-proxy") {
         // Where the control plane is, and listeners on loopback only: the bridge is the way in.
         envs = { ...envs, BW_CONTROL_PLANE_URL: config.PUBLIC_URL, BW_LISTEN_HOST: "127.0.0.1" };
       }
-      hide([config.E2B_API_KEY, ...Object.values(request.env)]);
+      box.hide([config.E2B_API_KEY, ...Object.values(request.env)]);
       const stdin = new TextEncoder().encode(request.stdin ?? "");
       // A work sandbox's setup commands go into the setup cgroup (seal kills what they leave);
       // its execute commands run under the run's pids limit.
@@ -230,12 +206,12 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
             : Number.isInteger(pids)
               ? { pids }
               : {};
-      const status = await runner(
+      const status = await box.runner(
         sandboxId,
         runnerCommand(startInlineArgs(execId, request.argv, request.timeoutMs, stdin.length, stageOptions)),
         `start ${request.argv[0]}`,
         {
-          user: userFor(kind, request.stage),
+          user: box.userFor(kind, request.stage),
           envs,
           ...(request.cwd === undefined ? {} : { cwd: request.cwd }),
           stdin,
@@ -247,33 +223,33 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     async poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
       const waitMs = Math.min(Math.max(poll.waitMs ?? 0, 0), MAX_POLL_WAIT_MS);
       const command = runnerCommand(pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs));
-      const status = await asOwner(sandboxId, (user) =>
-        runner(sandboxId, command, "poll the command", { user, waitMs }),
+      const status = await box.asOwner(sandboxId, (user) =>
+        box.runner(sandboxId, command, "poll the command", { user, waitMs }),
       );
       return toExecInfo(sandboxId, status);
     },
 
     async kill(sandboxId: string, execId: string): Promise<ExecInfo> {
       const command = runnerCommand(killArgs(execId));
-      const status = await asOwner(sandboxId, (user) =>
-        runner(sandboxId, command, "kill the command", { user }),
+      const status = await box.asOwner(sandboxId, (user) =>
+        box.runner(sandboxId, command, "kill the command", { user }),
       );
       return toExecInfo(sandboxId, status);
     },
 
     async destroy(sandboxId: string): Promise<void> {
-      held.delete(cacheKey(sandboxId));
-      const found = await call("find the sandbox", () => findAll(sandboxId));
+      held.delete(box.cacheKey(sandboxId));
+      const found = await box.call("find the sandbox", () => box.findAll(sandboxId));
       for (const s of found) {
-        await call("kill the sandbox", () => Sandbox.kill(s.sandboxId, opts)); // false: already gone
+        await box.call("kill the sandbox", () => Sandbox.kill(s.sandboxId, box.opts)); // false: already gone
       }
     },
 
     async freeze(sandboxId: string, frozen: boolean): Promise<void> {
-      const h = await resolve(sandboxId);
+      const h = await box.resolve(sandboxId);
       if (frozen) {
         // A pause keeps memory: processes continue where they were on resume.
-        await call("pause the sandbox", () => Sandbox.pause(h.e2bId, opts)); // false: already paused
+        await box.call("pause the sandbox", () => Sandbox.pause(h.e2bId, box.opts)); // false: already paused
         h.sandbox = null;
         return;
       }
@@ -281,16 +257,16 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       const routing = h.meta[META.routing] as RoutingMode | undefined;
       // A work sandbox's network is its proxy: that one runs first (it may have timed out into pause).
       const proxy = proxyId
-        ? await proxyOf({ runId: h.meta[META.run] ?? "", proxySandboxId: proxyId })
+        ? await box.proxyOf({ runId: h.meta[META.run] ?? "", proxySandboxId: proxyId })
         : null;
       h.sandbox = null;
-      await attach(sandboxId); // connect: resumes
+      await box.attach(sandboxId); // connect: resumes
       if (proxy && routing) {
         try {
-          await ensureNetwork(sandboxId, h.e2bId, workNetwork(routing, proxy.host));
+          await box.ensureNetwork(sandboxId, h.e2bId, workNetwork(routing, proxy.host));
         } catch (e) {
           // Never leave it running outside its boundary.
-          await Sandbox.pause(h.e2bId, opts).catch(() => {});
+          await Sandbox.pause(h.e2bId, box.opts).catch(() => {});
           h.sandbox = null;
           throw e;
         }
@@ -299,12 +275,12 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
 
     async list() {
       const pages = Sandbox.list({
-        ...opts,
-        query: { metadata: { [META.deployment]: deployment } },
+        ...box.opts,
+        query: { metadata: { [META.deployment]: box.deployment } },
         limit: 100,
       });
       const all: E2bSandboxInfo[] = [];
-      while (pages.hasNext) all.push(...(await call("list the sandboxes", () => pages.nextItems())));
+      while (pages.hasNext) all.push(...(await box.call("list the sandboxes", () => pages.nextItems())));
       const seen = new Map<string, { id: string; runId: string; kind: SandboxKind }>();
       for (const s of all) {
         const id = s.metadata[META.sandbox];
@@ -317,17 +293,17 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     },
 
     async putBundle(sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string) {
-      await workSandbox(sandboxId, "a bundle");
+      await box.workSandbox(sandboxId, "a bundle");
       // Written by envd's files API as the execute user, into its home; unpacked by bw-unpack as
       // that user (it re-checks every entry); removed either way.
       const file = `${TRANSFER_DIR}/bundle-${crypto.randomUUID()}.tar.gz`;
-      await call("write the bundle into the sandbox", () =>
-        withSandbox(sandboxId, (s) =>
+      await box.call("write the bundle into the sandbox", () =>
+        box.withSandbox(sandboxId, (s) =>
           s.files.write(file, bundle, { user: EXECUTE_USER, requestTimeoutMs: TRANSFER_DEADLINE_MS }),
         ),
       );
       const bounds = { maxBytes: BUNDLE_DEFAULTS.maxUnpackedBytes, maxFiles: BUNDLE_DEFAULTS.maxFiles };
-      const done = await runToEnd(sandboxId, unpackArgv(dir, file, bounds), "unpack the bundle", {
+      const done = await box.runToEnd(sandboxId, unpackArgv(dir, file, bounds), "unpack the bundle", {
         user: EXECUTE_USER,
         deadlineMs: TRANSFER_DEADLINE_MS,
       });
@@ -335,8 +311,8 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       const expected =
         done.exitCode === UNPACK_EXIT.ok ? true : done.exitCode === UNPACK_EXIT.refused ? false : null;
       if (!result.success || expected === null || result.data.ok !== expected) {
-        const why = lastLine(done.stderr) || `exit ${done.exitCode ?? done.signal}`;
-        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-unpack: ${scrub(why)}`);
+        const why = box.lastLine(done.stderr) || `exit ${done.exitCode ?? done.signal}`;
+        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-unpack: ${box.scrub(why)}`);
       }
       return result.data;
     },
@@ -345,7 +321,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       const parsed = Seal.safeParse(input);
       if (!parsed.success) throw new BackendError("invalid_request", "the seal is outside its contract");
       const seal = parsed.data;
-      const h = await workSandbox(sandboxId, "seal");
+      const h = await box.workSandbox(sandboxId, "seal");
       if (seal.caCertPem === null) {
         throw new BackendError(
           "invalid_request",
@@ -361,7 +337,7 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
       // 1. What the setup stage left running dies: the setup cgroup, the setup execs' sessions,
       // and every process started since the first setup command (the sweep). Setup starts are
       // refused from now on.
-      const sealed = await runner(
+      const sealed = await box.runner(
         sandboxId,
         runnerCommand(sealArgs({ sweep: true })),
         "end the setup stage",
@@ -369,18 +345,18 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         RunnerSeal,
       );
       // 2. Root may have given the execute user a way back: take it away again, and check.
-      await takeRootAway(sandboxId);
+      await box.takeRootAway(sandboxId);
       // 3. The routing and the wiring's files again, from the control plane's copy.
-      if (seal.routing === "catch-all") await installRedirect(sandboxId);
-      await reinstall(sandboxId, seal, "write the wiring again");
+      if (seal.routing === "catch-all") await box.installRedirect(sandboxId);
+      await box.reinstall(sandboxId, seal, "write the wiring again");
       return { killed: sealed.killed };
     },
 
     async setHosts(sandboxId: string, hostsFile: string[]): Promise<void> {
-      const h = await workSandbox(sandboxId, "setHosts");
+      const h = await box.workSandbox(sandboxId, "setHosts");
       // Under catch-all the redirect takes every host: the hosts block names only the platform's.
       if (h.meta[META.routing] !== "default") return;
-      await reinstall(
+      await box.reinstall(
         sandboxId,
         { routing: "default", hostsFile, caCertPem: null },
         "rewrite the hosts file",
@@ -388,13 +364,13 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
     },
 
     async collect(sandboxId: string, options: { dir: string; maxBytes: number; maxFiles: number }) {
-      await workSandbox(sandboxId, "collect");
+      await box.workSandbox(sandboxId, "collect");
       const name = `collect-${crypto.randomUUID()}.tar.gz`;
       const bounds = {
         maxBytes: Math.min(options.maxBytes, ARTIFACT_DEFAULTS.maxBytes),
         maxFiles: Math.min(options.maxFiles, ARTIFACT_DEFAULTS.maxFiles),
       };
-      const done = await runToEnd(
+      const done = await box.runToEnd(
         sandboxId,
         collectArgv(options.dir, name, bounds),
         "collect the artifacts",
@@ -404,12 +380,12 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         },
       );
       if (done.exitCode !== 0) {
-        const why = lastLine(done.stderr) || `exit ${done.exitCode ?? done.signal}`;
-        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-collect: ${scrub(why)}`);
+        const why = box.lastLine(done.stderr) || `exit ${done.exitCode ?? done.signal}`;
+        throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-collect: ${box.scrub(why)}`);
       }
       // Read back as the execute user: the archive is that user's, and nothing more is readable.
-      return call("read the artifacts", () =>
-        withSandbox(sandboxId, (s) =>
+      return box.call("read the artifacts", () =>
+        box.withSandbox(sandboxId, (s) =>
           s.files.read(`${TRANSFER_DIR}/${name}`, {
             format: "stream",
             user: EXECUTE_USER,

@@ -66,48 +66,24 @@ export function sandbox0FromEnv(env: Partial<Record<keyof Sandbox0Env, unknown>>
 }
 
 export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}): ComputeBackend {
-  const {
-    kube,
-    ns,
-    NO_POD,
-    ownedSelector,
-    checkId,
-    ensurePolicy,
-    proxyServiceOf,
-    sandboxPods,
-    liveProxyPod,
-    containerOf,
-    containerNames,
-    waitRunning,
-    runner,
-    workOrProxy,
-    inWorkOrSetup,
-    workPodOf,
-    routingOf,
-    setupStageContainer,
-    waitSetupEnded,
-    rewriteHosts,
-    proxyExecInfo,
-    launchProxy,
-    proxyCommand,
-    waitGone,
-    podMeaning,
-    noStages,
-  } = sandbox0Pods(config, timing);
+  const cluster = sandbox0Pods(config, timing);
 
   return {
     name: "sandbox0",
 
     async create(spec: SandboxSpec): Promise<SandboxInfo> {
-      checkId(spec.id, "sandbox_failed");
-      checkId(spec.runId, "sandbox_failed");
+      cluster.checkId(spec.id, "sandbox_failed");
+      cluster.checkId(spec.runId, "sandbox_failed");
       if (spec.kind === "proxy") {
         // The policy before the Service: nothing of the run exists unguarded.
-        await ensurePolicy(proxyNetworkPolicy(ns, spec.runId, spec.id), "create the proxy's NetworkPolicy");
-        const body = proxyService(ns, spec.runId, spec.id);
+        await cluster.ensurePolicy(
+          proxyNetworkPolicy(cluster.ns, spec.runId, spec.id),
+          "create the proxy's NetworkPolicy",
+        );
+        const body = proxyService(cluster.ns, spec.runId, spec.id);
         const svc =
-          (await kube.create("services", body, { what: "create the proxy's Service" })) ??
-          (await proxyServiceOf(spec.id));
+          (await cluster.kube.create("services", body, { what: "create the proxy's Service" })) ??
+          (await cluster.proxyServiceOf(spec.id));
         return {
           id: spec.id,
           runId: spec.runId,
@@ -121,8 +97,8 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
           wiring: null,
         };
       }
-      checkId(spec.proxySandboxId, "not_found");
-      const svc = await proxyServiceOf(spec.proxySandboxId);
+      cluster.checkId(spec.proxySandboxId, "not_found");
+      const svc = await cluster.proxyServiceOf(spec.proxySandboxId);
       if (svc.metadata?.labels?.[LABELS.run] !== spec.runId) {
         throw new BackendError("not_found", `run ${spec.runId} has no proxy sandbox ${spec.proxySandboxId}`);
       }
@@ -130,7 +106,7 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
       if (spec.routing === "catch-all") {
         // The redirect sends to the proxy pod itself: a DNAT to a Service address would rely on
         // the CNI translating packets after the pod's own NAT, which not every datapath does.
-        const proxy = await liveProxyPod(spec.proxySandboxId);
+        const proxy = await cluster.liveProxyPod(spec.proxySandboxId);
         if (!proxy?.status?.podIP) {
           throw new BackendError(
             "sandbox_failed",
@@ -139,9 +115,9 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         }
         proxyAddress = proxy.status.podIP;
       }
-      await ensurePolicy(
+      await cluster.ensurePolicy(
         workNetworkPolicy({
-          ns,
+          ns: cluster.ns,
           runId: spec.runId,
           sandboxId: spec.id,
           kind: spec.kind,
@@ -150,7 +126,7 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         "create the sandbox's NetworkPolicy",
       );
       const pod = workPod({
-        ns,
+        ns: cluster.ns,
         runId: spec.runId,
         sandboxId: spec.id,
         kind: spec.kind,
@@ -163,8 +139,11 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         ...(spec.setup ? { setup: true } : {}),
       });
       // 409: made by an earlier call for this id; it is waited for like a new one.
-      await kube.create("pods", pod, { what: "create the sandbox's pod", forbidden: "cannot_isolate" });
-      const running = await waitRunning(pod.metadata.name);
+      await cluster.kube.create("pods", pod, {
+        what: "create the sandbox's pod",
+        forbidden: "cannot_isolate",
+      });
+      const running = await cluster.waitRunning(pod.metadata.name);
       const aliases = (running.spec as { hostAliases?: Array<{ ip?: string }> } | undefined)?.hostAliases;
       return {
         id: spec.id,
@@ -182,20 +161,20 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
     },
 
     async exec(sandboxId: string, input: ExecRequest): Promise<ExecInfo> {
-      checkId(sandboxId);
+      cluster.checkId(sandboxId);
       const parsed = ExecRequest.safeParse(input);
       if (!parsed.success)
         throw new BackendError("invalid_request", "the exec request is outside its contract");
       const request = parsed.data;
       const execId = request.id ?? `x_${crypto.randomUUID().replaceAll("-", "")}`;
       const program = request.argv[0] as string;
-      if (program === "bw-proxy") return launchProxy(sandboxId, execId, request);
-      if (PROXY_PROGRAMS.has(program)) return proxyCommand(sandboxId, execId, request);
+      if (program === "bw-proxy") return cluster.launchProxy(sandboxId, execId, request);
+      if (PROXY_PROGRAMS.has(program)) return cluster.proxyCommand(sandboxId, execId, request);
       // Setup-stage commands run as root in the pod's setup container; the wiring (ours, needing
       // no root) and the execute stage in `work` as the sandbox's uid (docs/sandbox0.md).
       const container =
         request.stage === "setup" && program !== "bw-wiring"
-          ? await setupStageContainer(sandboxId)
+          ? await cluster.setupStageContainer(sandboxId)
           : CONTAINERS.work;
       const start = {
         argv: request.argv,
@@ -204,7 +183,7 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         ...(request.stdin === undefined ? {} : { stdin: request.stdin }),
         timeoutMs: request.timeoutMs,
       };
-      const status = await runner(
+      const status = await cluster.runner(
         sandboxId,
         startArgs(execId),
         RunnerStatus,
@@ -217,14 +196,14 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
     },
 
     async poll(sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
-      checkId(sandboxId);
+      cluster.checkId(sandboxId);
       const waitMs = Math.min(Math.max(poll.waitMs ?? 0, 0), MAX_POLL_WAIT_MS);
-      return workOrProxy(
+      return cluster.workOrProxy(
         () =>
-          inWorkOrSetup(sandboxId, async (container) =>
+          cluster.inWorkOrSetup(sandboxId, async (container) =>
             toExecInfo(
               sandboxId,
-              await runner(
+              await cluster.runner(
                 sandboxId,
                 pollArgs(execId, poll.stdoutFrom ?? 0, poll.stderrFrom ?? 0, waitMs),
                 RunnerStatus,
@@ -236,21 +215,23 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
             ),
           ),
         async () => {
-          const pod = await kube.get("pods", proxyPodName(sandboxId, execId), { what: "read the proxy pod" });
+          const pod = await cluster.kube.get("pods", proxyPodName(sandboxId, execId), {
+            what: "read the proxy pod",
+          });
           if (!pod) throw new BackendError("not_found", `sandbox ${sandboxId} has no exec ${execId}`);
-          return proxyExecInfo(sandboxId, execId, pod, poll);
+          return cluster.proxyExecInfo(sandboxId, execId, pod, poll);
         },
       );
     },
 
     async kill(sandboxId: string, execId: string): Promise<ExecInfo> {
-      checkId(sandboxId);
-      return workOrProxy(
+      cluster.checkId(sandboxId);
+      return cluster.workOrProxy(
         () =>
-          inWorkOrSetup(sandboxId, async (container) =>
+          cluster.inWorkOrSetup(sandboxId, async (container) =>
             toExecInfo(
               sandboxId,
-              await runner(
+              await cluster.runner(
                 sandboxId,
                 killArgs(execId),
                 RunnerStatus,
@@ -263,8 +244,15 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
           ),
         async () => {
           // The launch's pod and the credentials it held: a relaunch makes both anew.
-          const had = await kube.remove("pods", proxyPodName(sandboxId, execId), podMeaning, 0);
-          await kube.remove("secrets", secretName(sandboxId), { what: "delete the proxy's credentials" });
+          const had = await cluster.kube.remove(
+            "pods",
+            proxyPodName(sandboxId, execId),
+            cluster.podMeaning,
+            0,
+          );
+          await cluster.kube.remove("secrets", secretName(sandboxId), {
+            what: "delete the proxy's credentials",
+          });
           if (!had) throw new BackendError("not_found", `sandbox ${sandboxId} has no exec ${execId}`);
           return ExecInfo.parse({
             execId,
@@ -282,14 +270,16 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
     },
 
     async freeze(sandboxId: string, frozen: boolean): Promise<void> {
-      checkId(sandboxId);
-      await workOrProxy(
+      cluster.checkId(sandboxId);
+      await cluster.workOrProxy(
         async () => {
-          await runner(sandboxId, freezeArgs(frozen), RunnerFreeze, "freeze the sandbox");
+          await cluster.runner(sandboxId, freezeArgs(frozen), RunnerFreeze, "freeze the sandbox");
           // A halt during the setup stage stops (and continues) its commands too.
-          const pod = await kube.get("pods", objectName(sandboxId), { what: "read the sandbox's pod" });
-          if (pod && containerOf(pod, CONTAINERS.setup)?.state?.running) {
-            await runner(
+          const pod = await cluster.kube.get("pods", objectName(sandboxId), {
+            what: "read the sandbox's pod",
+          });
+          if (pod && cluster.containerOf(pod, CONTAINERS.setup)?.state?.running) {
+            await cluster.runner(
               sandboxId,
               freezeArgs(frozen),
               RunnerFreeze,
@@ -303,18 +293,18 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         async () => {
           // A proxy is paused by shrinking its CPU in place: it keeps its memory (its CA key and
           // policy), its connections and its node slot; it is not stopped (docs/sandbox0.md).
-          const pods = (await sandboxPods(sandboxId)).filter(
+          const pods = (await cluster.sandboxPods(sandboxId)).filter(
             (p) => p.metadata?.labels?.[LABELS.kind] === "proxy" && !p.metadata.deletionTimestamp,
           );
           if (pods.length === 0) {
-            await proxyServiceOf(sandboxId); // not_found when there is no such sandbox at all
+            await cluster.proxyServiceOf(sandboxId); // not_found when there is no such sandbox at all
             return;
           }
           for (const p of pods) {
             const name = p.metadata?.name as string;
-            await kube.call(
+            await cluster.kube.call(
               "PATCH",
-              kube.path("pods", name, "resize"),
+              cluster.kube.path("pods", name, "resize"),
               { what: "resize the proxy pod", notFound: "sandbox_failed" },
               { body: proxyResize(frozen), contentType: "application/strategic-merge-patch+json" },
             );
@@ -325,24 +315,28 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
 
     async destroy(sandboxId: string): Promise<void> {
       if (!isLabelValue(sandboxId)) return; // never one of ours
-      const pods = await sandboxPods(sandboxId);
+      const pods = await cluster.sandboxPods(sandboxId);
       const names = pods.map((p) => p.metadata?.name as string);
-      for (const name of names) await kube.remove("pods", name, podMeaning, 0);
+      for (const name of names) await cluster.kube.remove("pods", name, cluster.podMeaning, 0);
       // The policy goes only once its pods are gone: a terminating pod is still fenced in.
-      await waitGone(names);
-      await kube.remove("networkpolicies", objectName(sandboxId), { what: "delete the NetworkPolicy" });
+      await cluster.waitGone(names);
+      await cluster.kube.remove("networkpolicies", objectName(sandboxId), {
+        what: "delete the NetworkPolicy",
+      });
       const proxy = pods.length === 0 || pods.some((p) => p.metadata?.labels?.[LABELS.kind] === "proxy");
       if (proxy) {
-        await kube.remove("secrets", secretName(sandboxId), { what: "delete the proxy's credentials" });
-        await kube.remove("services", objectName(sandboxId), { what: "delete the proxy's Service" });
+        await cluster.kube.remove("secrets", secretName(sandboxId), {
+          what: "delete the proxy's credentials",
+        });
+        await cluster.kube.remove("services", objectName(sandboxId), { what: "delete the proxy's Service" });
       }
     },
 
     async list() {
       const meaning = { what: "list the sandboxes" };
       const objects = [
-        ...(await kube.list("pods", ownedSelector, meaning)),
-        ...(await kube.list("services", ownedSelector, meaning)),
+        ...(await cluster.kube.list("pods", cluster.ownedSelector, meaning)),
+        ...(await cluster.kube.list("services", cluster.ownedSelector, meaning)),
       ];
       const seen = new Map<string, { id: string; runId: string; kind: SandboxKind }>();
       for (const o of objects) {
@@ -360,11 +354,11 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
     // container as its uid, the archive going in on the exec's stdin (v5 closes it) and coming
     // out on its stdout.
     async putBundle(sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string) {
-      checkId(sandboxId);
+      cluster.checkId(sandboxId);
       const bounds = { maxBytes: BUNDLE_DEFAULTS.maxUnpackedBytes, maxFiles: BUNDLE_DEFAULTS.maxFiles };
-      const res = await workOrProxy(
+      const res = await cluster.workOrProxy(
         () =>
-          kube.execBytes(
+          cluster.kube.execBytes(
             objectName(sandboxId),
             "work",
             [
@@ -376,9 +370,9 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
               String(bounds.maxFiles),
             ],
             { stdin: bundle, timeoutMs: TRANSFER_MS, maxStdoutBytes: LOG_LIMIT },
-            { what: "unpack the bundle", notFound: NO_POD },
+            { what: "unpack the bundle", notFound: cluster.NO_POD },
           ),
-        () => noStages(sandboxId, bundle),
+        () => cluster.noStages(sandboxId, bundle),
       );
       const stdout = new TextDecoder().decode(res.stdout);
       const result = UnpackResult.safeParse(lastJson(stdout));
@@ -394,21 +388,21 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
     // container ended (its runtime kills the rest of its cgroup), then the sealer writes the hosts
     // block again. The run CA needs nothing: setup mounts it read-only.
     async seal(sandboxId: string, input: Seal): Promise<SealResult> {
-      checkId(sandboxId);
+      cluster.checkId(sandboxId);
       const parsed = Seal.safeParse(input);
       if (!parsed.success) throw new BackendError("invalid_request", "the seal is outside its contract");
       const seal = parsed.data;
-      const pod = await workPodOf(sandboxId);
+      const pod = await cluster.workPodOf(sandboxId);
       const name = pod.metadata?.name as string;
-      if (seal.routing !== routingOf(pod)) {
+      if (seal.routing !== cluster.routingOf(pod)) {
         throw new BackendError(
           "invalid_request",
-          `sandbox ${sandboxId} was made for ${routingOf(pod)} routing`,
+          `sandbox ${sandboxId} was made for ${cluster.routingOf(pod)} routing`,
         );
       }
       let killed = 0;
-      if (containerNames(pod).includes(CONTAINERS.setup)) {
-        const setup = containerOf(pod, CONTAINERS.setup);
+      if (cluster.containerNames(pod).includes(CONTAINERS.setup)) {
+        const setup = cluster.containerOf(pod, CONTAINERS.setup);
         if (setup?.state?.running) {
           const id = /^[a-z0-9-]+:\/\/([0-9a-f]{12,128})$/.exec(setup.containerID ?? "")?.[1];
           if (!id) {
@@ -417,7 +411,7 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
               `sandbox ${sandboxId}: the setup container has no runtime id`,
             );
           }
-          const res = await kube.exec(
+          const res = await cluster.kube.exec(
             name,
             CONTAINERS.seal,
             ["bw-init", "seal", id],
@@ -434,30 +428,30 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
           }
           killed = answer.data.killed;
         }
-        await waitSetupEnded(sandboxId, name);
+        await cluster.waitSetupEnded(sandboxId, name);
       }
-      await rewriteHosts(sandboxId, pod, seal.routing, seal.hostsFile, "write the hosts file again");
+      await cluster.rewriteHosts(sandboxId, pod, seal.routing, seal.hostsFile, "write the hosts file again");
       return { killed };
     },
 
     async setHosts(sandboxId: string, hostsFile: string[]): Promise<void> {
-      checkId(sandboxId);
-      const pod = await workPodOf(sandboxId);
+      cluster.checkId(sandboxId);
+      const pod = await cluster.workPodOf(sandboxId);
       // Under catch-all the redirect takes every host: the hosts block names only the platform's.
-      if (routingOf(pod) !== "default") return;
-      await rewriteHosts(sandboxId, pod, "default", hostsFile, "rewrite the hosts file");
+      if (cluster.routingOf(pod) !== "default") return;
+      await cluster.rewriteHosts(sandboxId, pod, "default", hostsFile, "rewrite the hosts file");
     },
     async collect(sandboxId: string, options: { dir: string; maxBytes: number; maxFiles: number }) {
-      checkId(sandboxId);
+      cluster.checkId(sandboxId);
       const bounds = {
         maxBytes: Math.min(options.maxBytes, ARTIFACT_DEFAULTS.maxBytes),
         maxFiles: Math.min(options.maxFiles, ARTIFACT_DEFAULTS.maxFiles),
       };
       // Buffered, bounded: the archive is whole (and bw-collect said so by its exit) before any
       // of it is handed on, so a failed collect is never a half-read stream.
-      const res = await workOrProxy(
+      const res = await cluster.workOrProxy(
         () =>
-          kube.execBytes(
+          cluster.kube.execBytes(
             objectName(sandboxId),
             "work",
             [
@@ -469,9 +463,9 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
               String(bounds.maxFiles),
             ],
             { timeoutMs: TRANSFER_MS, maxStdoutBytes: collectStdoutBound(bounds) },
-            { what: "collect the artifacts", notFound: NO_POD },
+            { what: "collect the artifacts", notFound: cluster.NO_POD },
           ),
-        () => noStages(sandboxId),
+        () => cluster.noStages(sandboxId),
       );
       if (res.exitCode !== 0) {
         const why = lastLine(res.stderr) || `exit ${res.exitCode}`;
