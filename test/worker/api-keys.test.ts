@@ -12,7 +12,7 @@ import { leakNeedles, scanDatabase } from "./leaks";
 
 // Self-served API keys (POST/GET/DELETE /v1/api-keys, the keys page), through the real Worker
 // and Postgres. Case K3: a revoked or expired key is refused at once, on the API and the pages;
-// the every-route sweep is in isolation.test.ts, driven by the OpenAPI document.
+// the every-route sweep is in isolation-routes.test.ts, driven by the OpenAPI document.
 
 const KEYS = "/manage/keys";
 
