@@ -3,7 +3,8 @@ import { join, relative } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { build } from "esbuild";
 import openapiTS, { astToString } from "openapi-typescript";
-import { type OpenApiDocument, renderApiReference } from "./lib/api-reference";
+import { renderApiReference } from "./lib/api-reference";
+import type { OpenApiDocument } from "./lib/api-reference-schema";
 
 // `npm run openapi`: the API's OpenAPI document, built from createApp() exactly as the Worker
 // serves it at GET /v1/openapi.json, turned into the CLI's client types (cli/src/api-types.ts)

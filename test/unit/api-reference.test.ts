@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { beforeAll, expect, it } from "vitest";
-import { type OpenApiDocument, renderApiReference } from "../../scripts/lib/api-reference";
+import { renderApiReference } from "../../scripts/lib/api-reference";
+import type { OpenApiDocument } from "../../scripts/lib/api-reference-schema";
 import { API_REFERENCE, openApiDocument } from "../../scripts/openapi";
 
 // docs/api-reference.md is generated from the OpenAPI document createApp() serves and committed;
