@@ -15,7 +15,7 @@ import { drizzle } from "drizzle-orm/neon-serverless";
 import { configureNeonForNode, nodeDb } from "../scripts/lib/neon-node";
 import { freePort } from "../scripts/lib/postgres";
 import { startWorkerDev } from "../scripts/lib/worker-dev";
-import { type AuditBatch, auditPath, signAuditBatch } from "../src/contract/proxy-wire";
+import { type AuditBatch, auditPath, signAuditBatch } from "../shared/contract/proxy-wire";
 import { randomId } from "../src/crypto/api-keys";
 import { parseKeyRing } from "../src/crypto/vault-crypto";
 import * as schema from "../src/db/schema";

@@ -1,5 +1,5 @@
-import type { AgentErrorCode } from "../src/contract/local-agent";
-import { type ProblemTable, problemBodyOf } from "../src/contract/problem";
+import type { AgentErrorCode } from "../shared/contract/local-agent";
+import { type ProblemTable, problemBodyOf } from "../shared/contract/problem";
 
 // The agent's failures: a closed set of codes (the contract's), one status each, one body shape
 // (problem+json). Services throw AgentError; the server renders it.

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { z } from "zod";
-import type { ExecInfo, ExecRequest } from "../src/contract/local-agent";
+import type { ExecInfo, ExecRequest } from "../shared/contract/local-agent";
 import { AgentError, message } from "./errors";
 import { Exec } from "./exec";
 import type { RegistryOptions } from "./registry-options";

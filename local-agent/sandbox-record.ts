@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import type { Resources, SandboxKind } from "../src/contract/local-agent";
-import type { RoutingMode } from "../src/contract/policy";
+import type { Resources, SandboxKind } from "../shared/contract/local-agent";
+import type { RoutingMode } from "../shared/contract/policy";
 import type { Exec, ExecCgroup } from "./exec";
 import type { WorkNet } from "./network";
 import { EXEC_BASE_ENV, SANDBOX_HOME, type SandboxProcess } from "./sandbox";

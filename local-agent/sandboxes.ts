@@ -2,7 +2,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Readable } from "node:stream";
 import type { z } from "zod";
-import type { UnpackResult } from "../src/contract/bundle";
+import type { UnpackResult } from "../shared/contract/bundle";
 import type {
   CreateSandbox,
   ExecInfo,
@@ -11,7 +11,7 @@ import type {
   SandboxInfo,
   Seal,
   SealResult,
-} from "../src/contract/local-agent";
+} from "../shared/contract/local-agent";
 import { removeParents } from "./cgroups";
 import { AgentError, message } from "./errors";
 import type { Exec } from "./exec";

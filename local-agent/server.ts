@@ -5,7 +5,7 @@ import { dirname, join } from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { z } from "zod";
-import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS } from "../src/contract/bundle";
+import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS } from "../shared/contract/bundle";
 import {
   AgentHealth,
   CreateSandbox,
@@ -16,8 +16,8 @@ import {
   Seal,
   SealResult,
   SetHosts,
-} from "../src/contract/local-agent";
-import { levelOf, logLine } from "../src/contract/log";
+} from "../shared/contract/local-agent";
+import { levelOf, logLine } from "../shared/contract/log";
 import { type CgroupHost, detectCgroups } from "./cgroups";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";
@@ -27,7 +27,7 @@ import { ensureRootfs, ROOTFS_DIR, WORK_IMAGE } from "./rootfs";
 import { Registry } from "./sandboxes";
 import { StateDir } from "./state-dir";
 
-// The host agent's HTTP surface (src/contract/local-agent.ts): loopback only, every call
+// The host agent's HTTP surface (shared/contract/local-agent.ts): loopback only, every call
 // authenticated with the shared secret, every body parsed with the contract's schemas.
 
 export interface AgentOptions {

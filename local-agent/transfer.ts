@@ -1,13 +1,13 @@
 import type { ChildProcess } from "node:child_process";
 import type { Readable } from "node:stream";
-import { UNPACK_EXIT, UnpackResult } from "../src/contract/bundle";
+import { UNPACK_EXIT, UnpackResult } from "../shared/contract/bundle";
 import { AgentError } from "./errors";
 import { IMAGE_MOUNT, NODE_MOUNT } from "./sandbox";
 import { programIn, type WorkSandbox } from "./sandbox-record";
 
 // Bundles in and artifacts out: the image's bw-unpack and bw-collect run in a sandbox as the
 // execute stage's uid, their stdin or stdout streamed to the agent's caller. The programs check
-// every entry themselves (src/archive); the agent only bounds the bytes and the time.
+// every entry themselves (shared/archive); the agent only bounds the bytes and the time.
 
 /** How long an unpack or a collect may take before it is killed. */
 const TRANSFER_TIMEOUT_MS = 10 * 60_000;

@@ -13,8 +13,8 @@ import {
   writeSync,
 } from "node:fs";
 import { join } from "node:path";
-import type { RoutingMode } from "../src/contract/policy";
-import { renderHostsFile, withCertificate } from "../src/policy/hosts-file";
+import type { RoutingMode } from "../shared/contract/policy";
+import { renderHostsFile, withCertificate } from "../shared/policy/hosts-file";
 
 // A sandbox's wiring files, written from the host side: the bind sources in its root-only
 // directory (sandbox.ts), never a path resolved inside the sandbox. The setup stage is root of the

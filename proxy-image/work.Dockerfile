@@ -16,9 +16,9 @@ COPY package.json package-lock.json ./
 COPY proxy-image/package.json proxy-image/
 # Only the proxy workspace's dependencies (esbuild is one), not the whole lockfile's.
 RUN npm ci --workspace=proxy-image --ignore-scripts --no-audit --no-fund
-COPY src/policy src/policy
-COPY src/contract src/contract
-COPY src/archive src/archive
+COPY shared/policy shared/policy
+COPY shared/contract shared/contract
+COPY shared/archive shared/archive
 COPY proxy-image/src proxy-image/src
 COPY proxy-image/copy-koffi.mjs proxy-image/
 RUN npm run build:proxy

@@ -10,8 +10,8 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "n
 import { join } from "node:path";
 import { eq } from "drizzle-orm";
 import { packFolder } from "../cli/src/pack";
+import { isTerminal } from "../shared/contract/run-states";
 import { provisionApiKey } from "../src/auth/provision";
-import { isTerminal } from "../src/contract/run-states";
 import { hashApiKey } from "../src/crypto/api-keys";
 import { apiKeys } from "../src/db/schema";
 import { whyNotRunnable } from "./lib/can-isolate";

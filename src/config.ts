@@ -1,6 +1,6 @@
 import { z } from "zod";
+import { BUNDLE_DEFAULTS } from "../shared/contract/bundle";
 import type { BundleLimits } from "./bundles/service";
-import { BUNDLE_DEFAULTS } from "./contract/bundle";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
 import { parseDenyList, type TargetPolicy } from "./notifications/target";
 import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "./runs/spec";

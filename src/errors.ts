@@ -1,7 +1,7 @@
 import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import type { BundleCode } from "./contract/bundle";
-import { type ProblemTable, problemBodyOf } from "./contract/problem";
+import type { BundleCode } from "../shared/contract/bundle";
+import { type ProblemTable, problemBodyOf } from "../shared/contract/problem";
 
 // One problem+json shape (RFC 9457) for the whole API, a closed set of codes, one status map.
 export const ErrorCode = z.enum([
@@ -48,7 +48,7 @@ export const ErrorCode = z.enum([
   "bundle_upload_too_large",
   "unsupported_media_type",
   "bundle_not_found",
-  // A refused bundle: the BundleCode (src/contract/bundle.ts) that says why.
+  // A refused bundle: the BundleCode (shared/contract/bundle.ts) that says why.
   "bundle_invalid",
   "bundle_path_traversal",
   "bundle_absolute_path",

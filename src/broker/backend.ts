@@ -1,5 +1,5 @@
 import { z } from "zod";
-import type { UnpackResult } from "../contract/bundle";
+import type { UnpackResult } from "../../shared/contract/bundle";
 import type {
   ExecInfo,
   ExecRequest,
@@ -7,8 +7,8 @@ import type {
   SandboxInfo,
   SandboxKind,
   Seal,
-} from "../contract/local-agent";
-import type { RoutingMode } from "../contract/policy";
+} from "../../shared/contract/local-agent";
+import type { RoutingMode } from "../../shared/contract/policy";
 
 // A compute backend as the broker sees it: `sandbox0` (Kubernetes pods on DOKS, the default on
 // the platform), `e2b` (microVMs, the fallback) and `local` (Linux namespaces through the host

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { UnpackResult } from "../contract/bundle";
+import { UnpackResult } from "../../shared/contract/bundle";
 import {
   ExecInfo,
   type ExecRequest,
@@ -8,7 +8,7 @@ import {
   type Seal,
   SealResult,
   type SetHosts,
-} from "../contract/local-agent";
+} from "../../shared/contract/local-agent";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 
 // The `local` backend: the host agent on this machine (local-agent/), over HTTP on loopback with

@@ -1,15 +1,15 @@
 import { DurableObject } from "cloudflare:workers";
 import { and, eq, inArray, ne } from "drizzle-orm";
-import { bundleKey, findBundle } from "../bundles/rows";
-import { loadConfig } from "../config";
-import type { UnpackResult } from "../contract/bundle";
+import type { UnpackResult } from "../../shared/contract/bundle";
 import {
   DEFAULT_RESOURCES,
   type ExecInfo,
   type ExecRequest,
   type Resources,
   type Seal,
-} from "../contract/local-agent";
+} from "../../shared/contract/local-agent";
+import { bundleKey, findBundle } from "../bundles/rows";
+import { loadConfig } from "../config";
 import type { CreateResult, SandboxRequest } from "../coordinator/machine";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";

@@ -1,9 +1,9 @@
+import type { UnpackResult } from "../../shared/contract/bundle";
+import type { ExecInfo, Resources, SandboxInfo, Seal, SealResult } from "../../shared/contract/local-agent";
+import type { PolicyDocument, RoutingMode } from "../../shared/contract/policy";
+import { isTerminal, type TerminalState } from "../../shared/contract/run-states";
+import type { WiringProof } from "../../shared/contract/wiring";
 import { BackendError } from "../broker/backend";
-import type { UnpackResult } from "../contract/bundle";
-import type { ExecInfo, Resources, SandboxInfo, Seal, SealResult } from "../contract/local-agent";
-import type { PolicyDocument, RoutingMode } from "../contract/policy";
-import { isTerminal, type TerminalState } from "../contract/run-states";
-import type { WiringProof } from "../contract/wiring";
 import type { RunState } from "../db/schema";
 import type { RunSpec } from "../runs/spec";
 import type { RunNote, Transition } from "../runs/types";

@@ -1,8 +1,8 @@
 import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
+import { consoleLog } from "../../shared/contract/log";
 import type { AppEnv } from "../context";
-import { consoleLog } from "../contract/log";
 import type { ReplayHeaders } from "../db/schema";
 import { ApiError } from "../errors";
 import {

@@ -1,7 +1,7 @@
 import { and, eq } from "drizzle-orm";
 import { z } from "zod";
+import { consoleLog } from "../../shared/contract/log";
 import type { Capability } from "../compute/capability";
-import { consoleLog } from "../contract/log";
 import { randomId } from "../crypto/api-keys";
 import { imageBuilds } from "../db/schema";
 import type { Db } from "../db/types";

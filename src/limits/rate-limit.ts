@@ -1,7 +1,7 @@
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import { createMiddleware } from "hono/factory";
+import { consoleLog } from "../../shared/contract/log";
 import type { AppEnv } from "../context";
-import { consoleLog } from "../contract/log";
 import { ApiError, Problem } from "../errors";
 
 // Per-API-key request rate on /v1 (case K4), counted by Cloudflare's Workers rate-limiting

@@ -1,6 +1,6 @@
 import { DurableObject } from "cloudflare:workers";
+import { consoleLog } from "../../shared/contract/log";
 import { type Config, loadConfig } from "../config";
-import { consoleLog } from "../contract/log";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { openDb } from "../db/client";
 import type { Db } from "../db/types";

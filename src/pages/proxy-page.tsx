@@ -1,4 +1,4 @@
-import type { ProxyView } from "../contract/proxy-view";
+import type { ProxyView } from "../../shared/contract/proxy-view";
 import type { RunRow } from "../runs/service";
 
 import { Layout, When } from "./layout";
@@ -6,7 +6,7 @@ import { RUN_PAGE_STYLE, StatusPill } from "./run-page";
 
 // The run's proxy as it sees itself (/runs/{id}/proxy): what GET /v1/runs/{id}/proxy returns,
 // read through the same coordinator call. Host, method and decision only; the view never holds a
-// header value, a path or a secret (src/contract/proxy-view.ts), and this page shows no more.
+// header value, a path or a secret (shared/contract/proxy-view.ts), and this page shows no more.
 
 /** Decisions shown, newest first; the proxy keeps at most 100 (VIEW_RECENT_LIMIT). */
 export const DECISIONS_SHOWN = 100;

@@ -1,8 +1,8 @@
 import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
+import { consoleLog } from "../../shared/contract/log";
+import { TERMINAL_STATES } from "../../shared/contract/run-states";
 import { brokerStub, sweepBrokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
-import { consoleLog } from "../contract/log";
-import { TERMINAL_STATES } from "../contract/run-states";
 import { coordinatorStub, endAware } from "../coordinator/run-coordinator";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";

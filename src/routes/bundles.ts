@@ -1,11 +1,11 @@
 import { createRoute, z } from "@hono/zod-openapi";
+import { BundleHash } from "../../shared/contract/bundle";
 import { type BundleRow, findBundle, readUpload, storeBundle } from "../bundles/service";
-import { BundleHash } from "../contract/bundle";
 import { ApiError } from "../errors";
 import { jsonOk, newRouter, problems } from "../router";
 
 // Benchmark code in: a bundle is a .tar.gz of the benchmark's folder, uploaded once and named by
-// its sha256 in run specs (`bundle`). The upload is checked entry by entry (src/archive) before
+// its sha256 in run specs (`bundle`). The upload is checked entry by entry (shared/archive) before
 // it is stored: path traversal, absolute paths, links out of the tree, device files and
 // decompression bombs are each refused with their own code (cases H1, H2). Bundles are per
 // environment: another environment's hash is 404 (case H3).

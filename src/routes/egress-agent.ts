@@ -1,9 +1,9 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
+import { readBearer } from "../../shared/contract/proxy-wire";
+import { AgentPolicy, EGRESS_AGENT_PATH, EGRESS_AGENT_POLICY_PATH } from "../../shared/contract/tunnel";
 import type { AppEnv } from "../context";
-import { readBearer } from "../contract/proxy-wire";
-import { AgentPolicy, EGRESS_AGENT_PATH, EGRESS_AGENT_POLICY_PATH } from "../contract/tunnel";
 import { ApiError, unwrap } from "../errors";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
 import { type EgressRun, findRunByEgressToken, issueEgressToken } from "../runs/egress-token";
@@ -12,7 +12,7 @@ import { storedSpec } from "../runs/spec";
 import { ROLE_HEADER, RUN_HEADER, relayStub, type TunnelRole } from "../tunnel/relay";
 import { previewPolicy } from "../vault/policy";
 
-// The egress tunnel's doors (src/contract/tunnel.ts):
+// The egress tunnel's doors (shared/contract/tunnel.ts):
 // - POST /v1/runs/{id}/egress-agent-token (API key): a fresh token for the user's agent, shown once;
 // - GET /egress-agent/tunnel and /egress-agent/policy (the run's egress token): the agent's end of
 //   the relay, and its copy of the run's host policy (no rules, no secret names, no model);

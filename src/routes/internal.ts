@@ -2,8 +2,7 @@ import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { createMiddleware } from "hono/factory";
 import type { z } from "zod";
-import type { AppEnv } from "../context";
-import { consoleLog } from "../contract/log";
+import { consoleLog } from "../../shared/contract/log";
 import {
   type AuditBatch,
   AuditVerificationError,
@@ -13,7 +12,8 @@ import {
   policyEtag,
   readBearer,
   verifyAuditBatch,
-} from "../contract/proxy-wire";
+} from "../../shared/contract/proxy-wire";
+import type { AppEnv } from "../context";
 import { type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import type { Db } from "../db/types";
 import { ApiError, type ErrorCode, problem } from "../errors";
@@ -23,7 +23,7 @@ import { runPolicyEnvelope, vaultVersion } from "../runs/run-vault";
 import { relayTo } from "./egress-agent";
 
 // The control plane's internal API for a run's proxy (the wire contract in
-// src/contract/proxy-wire.ts; test/proxy/control-plane.ts is its contract double). Not part of
+// shared/contract/proxy-wire.ts; test/proxy/control-plane.ts is its contract double). Not part of
 // /v1 nor of the public OpenAPI document. Every call carries the run's proxy token; the run in
 // the path must be the token's run, else 404 as for a run that does not exist (case C2).
 
@@ -70,7 +70,7 @@ export function internalRoutes(options: InternalOptions = {}) {
           return c.body(null, 204);
         },
       )
-      // The proxy's end of the egress tunnel (src/contract/tunnel.ts): handed to the run's relay.
+      // The proxy's end of the egress tunnel (shared/contract/tunnel.ts): handed to the run's relay.
       .get("/runs/:runId/tunnel", proxyAuth({ endedRun: "refuse" }), (c) =>
         relayTo(c.env, c.req.raw, c.var.proxyRun.id, "proxy"),
       )

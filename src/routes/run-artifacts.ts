@@ -1,5 +1,5 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import { CutReason } from "../contract/bundle";
+import { CutReason } from "../../shared/contract/bundle";
 import { unwrap } from "../errors";
 import { jsonOk, newRouter, problems } from "../router";
 import { type ArtifactRow, artifactDownload, listArtifacts } from "../runs/artifacts";

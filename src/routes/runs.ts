@@ -1,8 +1,8 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
+import { RoutingMode } from "../../shared/contract/policy";
+import { ProxyView } from "../../shared/contract/proxy-view";
 import type { AppEnv } from "../context";
-import { RoutingMode } from "../contract/policy";
-import { ProxyView } from "../contract/proxy-view";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";

@@ -1,5 +1,5 @@
 import { createRoute, z } from "@hono/zod-openapi";
-import { PolicyDocument } from "../policy/routing";
+import { PolicyDocument } from "../../shared/policy/routing";
 import { jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/policy";
 

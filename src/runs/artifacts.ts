@@ -1,8 +1,8 @@
 import { and, asc, eq, isNotNull, isNull } from "drizzle-orm";
-import { ArchiveError, tarGzEntries } from "../archive/entries";
-import { entrySegments } from "../archive/paths";
+import { ArchiveError, tarGzEntries } from "../../shared/archive/entries";
+import { entrySegments } from "../../shared/archive/paths";
+import { ARTIFACT_DEFAULTS, CollectManifest } from "../../shared/contract/bundle";
 import type { Principal } from "../context";
-import { ARTIFACT_DEFAULTS, CollectManifest } from "../contract/bundle";
 import { derivedId } from "../crypto/api-keys";
 import { runArtifacts, runs } from "../db/schema";
 import type { Db } from "../db/types";

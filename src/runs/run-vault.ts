@@ -1,11 +1,11 @@
 import { and, eq, inArray } from "drizzle-orm";
-import { consoleLog } from "../contract/log";
-import { describeIssues } from "../contract/proxy-wire";
+import { consoleLog } from "../../shared/contract/log";
+import { describeIssues } from "../../shared/contract/proxy-wire";
+import { PolicyEnvelope } from "../../shared/policy/routing";
 import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { PolicyEnvelope } from "../policy/routing";
 import { readPolicy } from "../vault/policy";
 import type { RunOwner } from "./proxy-credentials";
 import { budgetOf, storedSpec } from "./spec";

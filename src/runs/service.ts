@@ -1,6 +1,6 @@
 import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
+import { isTerminal } from "../../shared/contract/run-states";
 import type { Principal } from "../context";
-import { isTerminal } from "../contract/run-states";
 import { randomId } from "../crypto/api-keys";
 import { runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";

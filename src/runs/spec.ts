@@ -1,8 +1,8 @@
 import { z } from "@hono/zod-openapi";
+import { BundleHash } from "../../shared/contract/bundle";
+import { DEFAULT_RESOURCES, Resources, type SandboxKind } from "../../shared/contract/local-agent";
+import type { ModelBudget } from "../../shared/contract/policy";
 import { findBundle } from "../bundles/rows";
-import { BundleHash } from "../contract/bundle";
-import { DEFAULT_RESOURCES, Resources, type SandboxKind } from "../contract/local-agent";
-import type { ModelBudget } from "../contract/policy";
 import type { Q } from "../db/types";
 import { ApiError } from "../errors";
 

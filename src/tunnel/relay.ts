@@ -1,18 +1,18 @@
 import { DurableObject } from "cloudflare:workers";
-import { loadConfig } from "../config";
-import { consoleLog } from "../contract/log";
+import { consoleLog } from "../../shared/contract/log";
 import {
   CLOSE_PEER_GONE,
   CLOSE_REPLACED,
   CLOSE_RUN_ENDED,
   CLOSE_TOKEN_REVOKED,
   PAIRED,
-} from "../contract/tunnel";
+} from "../../shared/contract/tunnel";
+import { loadConfig } from "../config";
 import { openDb } from "../db/client";
 import * as runsService from "../runs/service";
 
 // The egress tunnel's relay: one Durable Object per run (named by the run id) that joins the run's
-// proxy and the user's egress agent, both of which dialled in (src/contract/tunnel.ts). It carries
+// proxy and the user's egress agent, both of which dialled in (shared/contract/tunnel.ts). It carries
 // their bytes unchanged and reads none of them: inside is one HTTP/2 connection between the two
 // ends, with TLS to each upstream inside that, so the relay could not see a request if it tried.
 //

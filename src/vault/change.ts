@@ -1,8 +1,8 @@
 import { eq, sql } from "drizzle-orm";
+import { parseHostPattern } from "../../shared/policy/host";
 import { vaultSettings } from "../db/schema";
 import type { Db, Tx } from "../db/types";
 import { type Failure, fail, ok, type Result } from "../errors";
-import { parseHostPattern } from "../policy/host";
 
 // What every writer of a vault shares (secrets.ts, rules.ts, hosts.ts, models.ts, settings.ts):
 // one vault change, made the same way by all, the version bumped first, which locks the vault's

@@ -1,5 +1,4 @@
 import { and, eq } from "drizzle-orm";
-import type { Principal } from "../context";
 import {
   type EgressVia,
   type HostAction,
@@ -7,12 +6,13 @@ import {
   type PolicyDocument,
   type PolicyRouting,
   type PolicyRule,
-} from "../contract/policy";
+} from "../../shared/contract/policy";
+import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "../../shared/policy/compile";
+import { parseHostPattern, patternCovers } from "../../shared/policy/host";
+import type { Principal } from "../context";
 import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "../policy/compile";
-import { parseHostPattern, patternCovers } from "../policy/host";
 import { storedSpec } from "../runs/spec";
 import { listHosts } from "./hosts";
 import { compileVault, previewPolicy } from "./policy";

@@ -1,12 +1,12 @@
 import { and, asc, eq, inArray } from "drizzle-orm";
+import type { EgressVia, HostAction } from "../../shared/contract/policy";
+import { patternCovers } from "../../shared/policy/host";
+import { STARTER_PACK_HOSTS } from "../../shared/policy/starter-pack";
 import type { Principal } from "../context";
-import type { EgressVia, HostAction } from "../contract/policy";
 import { randomId } from "../crypto/api-keys";
 import { vaultHosts, vaultRules } from "../db/schema";
 import type { Db, Tx } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { patternCovers } from "../policy/host";
-import { STARTER_PACK_HOSTS } from "../policy/starter-pack";
 import { change, checkPattern, notFound } from "./change";
 
 // The vault's host entries over Postgres: a pattern allowed or blocked, and an allowed host's

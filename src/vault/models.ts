@@ -1,7 +1,7 @@
 import { and, asc, eq, type SQL } from "drizzle-orm";
+import { splitHostPort } from "../../shared/contract/host-name";
+import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../../shared/contract/policy";
 import type { Principal } from "../context";
-import { splitHostPort } from "../contract/host-name";
-import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../contract/policy";
 import { randomId } from "../crypto/api-keys";
 import { vaultModels, vaultSecrets } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";

@@ -1,10 +1,10 @@
 import { asc, eq } from "drizzle-orm";
+import type { ModelBudget, PolicyDocument, RunEgress } from "../../shared/contract/policy";
+import { compilePolicy, type RunOptions, refusedRule, type VaultSnapshot } from "../../shared/policy/compile";
 import type { Principal } from "../context";
-import type { ModelBudget, PolicyDocument, RunEgress } from "../contract/policy";
 import { vaultHosts } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { fail, ok, type Result, unwrap } from "../errors";
-import { compilePolicy, type RunOptions, refusedRule, type VaultSnapshot } from "../policy/compile";
 import { modelLane } from "./models";
 import { readRules } from "./rules";
 import { readSettings } from "./settings";

@@ -1,11 +1,11 @@
 import { and, asc, eq } from "drizzle-orm";
+import { type InjectScheme, InjectSpec } from "../../shared/contract/policy";
+import { patternCovers } from "../../shared/policy/host";
 import type { Principal } from "../context";
-import { type InjectScheme, InjectSpec } from "../contract/policy";
 import { randomId } from "../crypto/api-keys";
 import { vaultHosts, vaultRules, vaultSecrets } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { patternCovers } from "../policy/host";
 import { change, checkPattern, notFound } from "./change";
 import { secretIdByName } from "./secrets";
 

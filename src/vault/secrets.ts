@@ -1,6 +1,6 @@
 import { and, asc, eq } from "drizzle-orm";
+import { SecretValue } from "../../shared/contract/proxy-wire";
 import type { Principal } from "../context";
-import { SecretValue } from "../contract/proxy-wire";
 import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
 import { vaultModels, vaultRules, vaultSecrets } from "../db/schema";

@@ -1,6 +1,6 @@
 import { eq } from "drizzle-orm";
+import type { HostAction } from "../../shared/contract/policy";
 import type { Principal } from "../context";
-import type { HostAction } from "../contract/policy";
 import { vaultSettings } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ok, type Result } from "../errors";

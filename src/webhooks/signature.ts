@@ -4,7 +4,7 @@ import { Webhook, WebhookVerificationError } from "standardwebhooks";
 // `id.timestamp.body` with the webhook's secret, compared in constant time by the
 // `standardwebhooks` library, timestamp within 5 minutes either way, several `v1,` signatures in
 // one header. Pure (no Workers or Node imports), with the same care as verifyAuditBatch in
-// src/contract/proxy-wire.ts: the library is lenient where it reads headers, so they are checked
+// shared/contract/proxy-wire.ts: the library is lenient where it reads headers, so they are checked
 // here first.
 
 export const DELIVERY_ID_HEADER = "webhook-id";

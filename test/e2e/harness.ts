@@ -7,8 +7,8 @@ import { type DemoUpstream, startDemoUpstream } from "../../scripts/lib/demo-ups
 import { type LocalStack, startLocalStack } from "../../scripts/lib/local-stack";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import type { StaticRoute } from "../../scripts/lib/pip-index";
+import { TERMINAL_STATES } from "../../shared/contract/run-states";
 import { provisionApiKey } from "../../src/auth/provision";
-import { TERMINAL_STATES } from "../../src/contract/run-states";
 import { randomId } from "../../src/crypto/api-keys";
 import { whyNotRunnable } from "../local/harness";
 

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { build } from "esbuild";
 import { expect, it } from "vitest";
-import { MODEL_LANE_PLACEHOLDER_KEY } from "../../src/contract/proxy-wire";
+import { MODEL_LANE_PLACEHOLDER_KEY } from "../../shared/contract/proxy-wire";
 import { until } from "../until";
 import { describeE2e, type E2eOptions, lastJson, newUser, stdoutOf, waitForEnd } from "./harness";
 

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOTFS_UID_BASE } from "../../local-agent/rootfs";
 import { type RunningAgent, startAgent } from "../../local-agent/server";
-import type { SandboxInfo } from "../../src/contract/local-agent";
+import type { SandboxInfo } from "../../shared/contract/local-agent";
 import { whyNot } from "./agent-suite";
 import { AgentClient, ensureWorkImageBuilt, host, leftovers, nftFailingCatchAll, secret } from "./harness";
 

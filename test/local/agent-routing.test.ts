@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { SandboxInfo } from "../../src/contract/local-agent";
+import type { SandboxInfo } from "../../shared/contract/local-agent";
 import { type AgentSuite, startAgentSuite, whyNot } from "./agent-suite";
 import { type AgentClient, TestUpstream } from "./harness";
 

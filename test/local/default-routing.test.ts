@@ -5,8 +5,8 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningAgent, startAgent } from "../../local-agent/server";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
-import { PROXY_PORTS, type SandboxInfo } from "../../src/contract/local-agent";
-import { compilePolicy } from "../../src/policy/compile";
+import { PROXY_PORTS, type SandboxInfo } from "../../shared/contract/local-agent";
+import { compilePolicy } from "../../shared/policy/compile";
 import { FakeControlPlane } from "../proxy/control-plane";
 import { AgentClient, ensureWorkImageBuilt, host, leftovers, secret, until, whyNotRunnable } from "./harness";
 

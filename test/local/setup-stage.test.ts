@@ -9,11 +9,11 @@ import { REPO_ROOT, type RunningAgent } from "../../local-agent/server";
 import { StateDir } from "../../local-agent/state-dir";
 import { BASE_HOSTS } from "../../local-agent/wiring-files";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
-import { CollectManifest, UnpackResult } from "../../src/contract/bundle";
-import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
-import type { WiringInput } from "../../src/contract/wiring";
-import { WiringProof } from "../../src/contract/wiring";
-import { renderHostsFile } from "../../src/policy/hosts-file";
+import { CollectManifest, UnpackResult } from "../../shared/contract/bundle";
+import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
+import type { WiringInput } from "../../shared/contract/wiring";
+import { WiringProof } from "../../shared/contract/wiring";
+import { renderHostsFile } from "../../shared/policy/hosts-file";
 import { BAD_BUNDLES, gnuTar } from "../unit/archive-fixtures";
 import {
   type AgentClient,

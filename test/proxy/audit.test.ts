@@ -21,7 +21,7 @@ import {
   readBearer,
   signAuditBatch,
   verifyAuditBatch,
-} from "../../src/contract/proxy-wire";
+} from "../../shared/contract/proxy-wire";
 
 // The audit channel against a real HTTP server on 127.0.0.1 that plays the control plane's side
 // of the contract with the contract's own code: bearer token, verifyAuditBatch, de-duplication by

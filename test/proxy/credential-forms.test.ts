@@ -6,7 +6,7 @@ import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { needlesFor } from "../../proxy-image/src/proxy/redact";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
-import type { ModelLaneSpec } from "../../src/contract/policy";
+import type { ModelLaneSpec } from "../../shared/contract/policy";
 import {
   createTestCa,
   curlTls,

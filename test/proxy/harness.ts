@@ -22,14 +22,14 @@ import {
 import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { TestCa } from "../../scripts/lib/test-ca";
-import type { ModelLaneSpec } from "../../src/contract/policy";
-import type { ModelCallRow } from "../../src/contract/proxy-wire";
+import type { ModelLaneSpec } from "../../shared/contract/policy";
+import type { ModelCallRow } from "../../shared/contract/proxy-wire";
 import {
   buildPolicyIndex,
   compilePolicy,
   type RunOptions,
   type VaultSnapshot,
-} from "../../src/policy/compile";
+} from "../../shared/policy/compile";
 
 export { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
 

@@ -8,7 +8,7 @@ import {
 import type { AddressInfo, Socket } from "node:net";
 import { type TLSSocket, connect as tlsConnect } from "node:tls";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
+import { WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
 import {
   createTestCa,
   curl,

@@ -3,7 +3,7 @@ import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { startLoopbackUpstream } from "../../scripts/lib/demo-upstream";
-import type { ModelProvider } from "../../src/contract/policy";
+import type { ModelProvider } from "../../shared/contract/policy";
 import { bundleModelSdkClient } from "../fixtures/model-sdk-bundle";
 import { type RunningProxy, startProxy, vault } from "./harness";
 import { CANARY, MODEL, runSdkClient, sdkClients, WEATHER_TOOL } from "./model-sdk";

@@ -8,8 +8,8 @@ import { SseFilter } from "../../proxy-image/src/proxy/model/sse-relay";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
-import type { ModelLaneSpec } from "../../src/contract/policy";
-import { MODEL_LANE_PLACEHOLDER_KEY, ModelCallRow } from "../../src/contract/proxy-wire";
+import type { ModelLaneSpec } from "../../shared/contract/policy";
+import { MODEL_LANE_PLACEHOLDER_KEY, ModelCallRow } from "../../shared/contract/proxy-wire";
 import {
   type ContractServer,
   type ContractServerOptions,

@@ -7,12 +7,12 @@ import { Agent, fetch as undiciFetch } from "undici";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
-import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../../src/contract/policy";
+import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../../shared/contract/policy";
 import {
   MODEL_LANE_BASE_URL,
   MODEL_LANE_HOST,
   MODEL_LANE_PLACEHOLDER_KEY,
-} from "../../src/contract/proxy-wire";
+} from "../../shared/contract/proxy-wire";
 import { startAnthropicContractServer } from "../fixtures/anthropic-contract-server";
 import type { ContractServer, ContractServerOptions } from "../fixtures/contract-server";
 import { startOpenAiContractServer } from "../fixtures/openai-contract-server";

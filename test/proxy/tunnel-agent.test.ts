@@ -135,7 +135,7 @@ describe("egress agent: the command", () => {
     expect(lines.map((l) => l.event)).toEqual(
       expect.arrayContaining(["connected", "policy", "paired", "refused", "disconnected", "stopped"]),
     );
-    // Every line has a level and a timestamp (src/contract/log.ts).
+    // Every line has a level and a timestamp (shared/contract/log.ts).
     for (const l of lines as Array<LogRecord & { level?: unknown; ts?: unknown }>) {
       expect(["debug", "info", "warn", "error"]).toContain(l.level);
       expect(Number.isNaN(Date.parse(String(l.ts)))).toBe(false);

@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import { type RawData, type WebSocket, WebSocketServer } from "ws";
-import { readBearer } from "../../src/contract/proxy-wire";
+import { readBearer } from "../../shared/contract/proxy-wire";
 import {
   type AgentPolicy,
   CLOSE_PEER_GONE,
@@ -12,11 +12,11 @@ import {
   EGRESS_AGENT_POLICY_PATH,
   PAIRED,
   tunnelPath,
-} from "../../src/contract/tunnel";
+} from "../../shared/contract/tunnel";
 
 // A test double of our own relay (src/tunnel/relay.ts, a Durable Object; the real one and its
 // Worker routes are tested in workerd elsewhere), for the proxy's and the agent's ends on Node:
-// the same contract (src/contract/tunnel.ts) on a `ws` server on 127.0.0.1 — the proxy's door
+// the same contract (shared/contract/tunnel.ts) on a `ws` server on 127.0.0.1 — the proxy's door
 // (tunnelPath, proxy token) and the agent's (EGRESS_AGENT_PATH, egress token), 401 otherwise; a
 // newer socket of one end replaces the older (CLOSE_REPLACED) and closes a peer paired with it;
 // PAIRED to both when both are there; binary messages carried unchanged; when one end leaves the

@@ -13,7 +13,7 @@ import {
   startEgressAgent,
 } from "../../proxy-image/src/egress-agent/egress-agent";
 import { TunnelClient, TunnelError, tunnelConnect } from "../../proxy-image/src/proxy/tunnel-client";
-import type { AgentPolicy } from "../../src/contract/tunnel";
+import type { AgentPolicy } from "../../shared/contract/tunnel";
 import { createTestCa, selfSignedCert } from "./harness";
 import { startTestRelay, type TestRelay } from "./tunnel-relay";
 

@@ -6,12 +6,12 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runProxy } from "../../proxy-image/src/proxy/run";
-import { ProxyView } from "../../src/contract/proxy-view";
+import { ProxyView } from "../../shared/contract/proxy-view";
 import { until } from "../until";
 import { FakeControlPlane } from "./control-plane";
 import { createTestCa, curl, startTlsUpstream, tlsArgs, type Upstream, vault } from "./harness";
 
-// The proxy's view (view.ts, src/contract/proxy-view.ts): the real proxy (run.ts) against the
+// The proxy's view (view.ts, shared/contract/proxy-view.ts): the real proxy (run.ts) against the
 // contract double of the control plane, real TLS upstreams on loopback, curl as the client; the
 // view read over loopback and through `node proxy.cjs view` (bw-proxy-view).
 

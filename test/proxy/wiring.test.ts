@@ -7,9 +7,9 @@ import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import { wire } from "../../proxy-image/src/wiring/wiring";
-import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "../../src/contract/proxy-wire";
-import { type WiringInput, WiringProof } from "../../src/contract/wiring";
-import { renderHostsFile, withCertificate } from "../../src/policy/hosts-file";
+import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
+import { type WiringInput, WiringProof } from "../../shared/contract/wiring";
+import { renderHostsFile, withCertificate } from "../../shared/policy/hosts-file";
 import {
   createTestCa,
   type RunningProxy,

@@ -2,10 +2,10 @@ import { BlockList } from "node:net";
 import { describe, expect, it } from "vitest";
 import { proxyRuleset } from "../../local-agent/network";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
+import { addressKey, embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "../../shared/policy/addresses";
 import { proxyNetworkPolicy, workNetworkPolicy } from "../../src/broker/kubernetes/manifests";
-import { addressKey, embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "../../src/policy/addresses";
 
-// One table of non-public destinations (src/policy/addresses.ts) and its three consumers: the
+// One table of non-public destinations (shared/policy/addresses.ts) and its three consumers: the
 // proxy's resolved-address check, the local agent's nftables and the Kubernetes NetworkPolicy.
 // Each consumer's output must hold every entry, so a range added to the table reaches all three.
 

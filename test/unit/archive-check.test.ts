@@ -14,9 +14,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { packTar } from "modern-tar";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { checkBundle, maxTarBytes } from "../../src/archive/bundle";
-import { ArchiveError, tarGzEntries } from "../../src/archive/entries";
-import { BUNDLE_DEFAULTS } from "../../src/contract/bundle";
+import { checkBundle, maxTarBytes } from "../../shared/archive/bundle";
+import { ArchiveError, tarGzEntries } from "../../shared/archive/entries";
+import { BUNDLE_DEFAULTS } from "../../shared/contract/bundle";
 import {
   BAD_BUNDLES,
   countedStreamOf,
@@ -28,7 +28,7 @@ import {
   zeroBomb,
 } from "./archive-fixtures";
 
-// The bundle check of src/archive (the Worker's upload check; bw-unpack runs the same walk), on
+// The bundle check of shared/archive (the Worker's upload check; bw-unpack runs the same walk), on
 // archives GNU tar made from real files and on crafted ones: every BundleCode, PAX and GNU long
 // names read as modern-tar reads them, and decompression bombs stopped at their bound without
 // the rest of the archive being read.

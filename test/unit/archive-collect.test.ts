@@ -15,12 +15,12 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { gunzipSync } from "node:zlib";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { tarGzEntries } from "../../src/archive/entries";
-import { COLLECT_EXIT, CollectManifest } from "../../src/contract/bundle";
+import { tarGzEntries } from "../../shared/archive/entries";
+import { COLLECT_EXIT, CollectManifest } from "../../shared/contract/bundle";
 import { streamOf } from "./archive-fixtures";
 
 // bw-collect (proxy-image/dist/collect.cjs, built by the unit project's global setup) run as a
-// child process over real directories, its archive read back with src/archive's decoder the way
+// child process over real directories, its archive read back with shared/archive's decoder the way
 // the Worker reads it: `files/<path>` entries, then manifest.json.
 
 const COLLECT = resolve(import.meta.dirname, "../../proxy-image/dist/collect.cjs");

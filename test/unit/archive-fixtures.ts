@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { gzipSync } from "node:zlib";
 import { createTarPacker, packTar, type TarEntry } from "modern-tar";
-import type { BundleCode } from "../../src/contract/bundle";
+import type { BundleCode } from "../../shared/contract/bundle";
 
 // The archives the bundle tests feed the check (archive-check.test.ts) and bw-unpack
 // (archive-unpack.test.ts): made by GNU tar from real files where GNU tar can make them, and by

@@ -5,8 +5,8 @@ import { dirname, join } from "node:path";
 import { unpackTar } from "modern-tar";
 import { afterAll, describe, expect, it } from "vitest";
 import { CREDENTIAL_PATTERNS, credentialPattern, PackRefused, packFolder } from "../../cli/src/pack";
-import { checkBundle } from "../../src/archive/bundle";
-import { BUNDLE_DEFAULTS } from "../../src/contract/bundle";
+import { checkBundle } from "../../shared/archive/bundle";
+import { BUNDLE_DEFAULTS } from "../../shared/contract/bundle";
 
 // `runs launch --from FOLDER`'s packing (cli/src/pack.ts), on real folders: what goes in (as git
 // would add it, `files` narrowing it), what stops the pack (credential-looking names, symlinks
@@ -163,7 +163,7 @@ describe("what is packed", () => {
 });
 
 describe("what the API will take", () => {
-  it("a packed folder passes the bundle check the Worker and bw-unpack run (src/archive)", async () => {
+  it("a packed folder passes the bundle check the Worker and bw-unpack run (shared/archive)", async () => {
     const root = folder({
       ...SPEC,
       "run.sh": "#!/bin/sh\n",

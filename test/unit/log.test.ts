@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { levelOf, logLine } from "../../src/contract/log";
+import { levelOf, logLine } from "../../shared/contract/log";
 
-// Every log line of the Worker, the proxy and the agents (src/contract/log.ts): level and
+// Every log line of the Worker, the proxy and the agents (shared/contract/log.ts): level and
 // timestamp first, the event's own fields unchanged, one table of which events are above info.
 
 describe("log lines", () => {

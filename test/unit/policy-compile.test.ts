@@ -1,10 +1,15 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { canonicalHost } from "../../src/contract/host-name";
-import { type HostAction, InjectSpec } from "../../src/contract/policy";
-import { buildPolicyIndex, compilePolicy, refusedRule, type VaultSnapshot } from "../../src/policy/compile";
-import { hostMatches } from "../../src/policy/host";
-import { PolicyDocument } from "../../src/policy/routing";
+import { canonicalHost } from "../../shared/contract/host-name";
+import { type HostAction, InjectSpec } from "../../shared/contract/policy";
+import {
+  buildPolicyIndex,
+  compilePolicy,
+  refusedRule,
+  type VaultSnapshot,
+} from "../../shared/policy/compile";
+import { hostMatches } from "../../shared/policy/host";
+import { PolicyDocument } from "../../shared/policy/routing";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;
 

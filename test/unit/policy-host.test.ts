@@ -7,10 +7,10 @@ import {
   isIpLiteral,
   parseHostPatternSyntax,
   splitHostPort,
-} from "../../src/contract/host-name";
-import { hostMatches, parseHostPattern, patternCovers } from "../../src/policy/host";
-import { suffixEntryBelow } from "../../src/policy/public-suffix";
-import { STARTER_PACK_HOSTS } from "../../src/policy/starter-pack";
+} from "../../shared/contract/host-name";
+import { hostMatches, parseHostPattern, patternCovers } from "../../shared/policy/host";
+import { suffixEntryBelow } from "../../shared/policy/public-suffix";
+import { STARTER_PACK_HOSTS } from "../../shared/policy/starter-pack";
 
 describe("canonicalHost", () => {
   // case A11: every spelling of loopback gets one name, so a pattern for it cannot be dodged.

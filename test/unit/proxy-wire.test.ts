@@ -12,9 +12,9 @@ import {
   readyPath,
   signAuditBatch,
   verifyAuditBatch,
-} from "../../src/contract/proxy-wire";
-import { compilePolicy } from "../../src/policy/compile";
-import { PolicyEnvelope } from "../../src/policy/routing";
+} from "../../shared/contract/proxy-wire";
+import { compilePolicy } from "../../shared/policy/compile";
+import { PolicyEnvelope } from "../../shared/policy/routing";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;
 

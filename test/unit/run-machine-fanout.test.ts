@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
+import { compilePolicy } from "../../shared/policy/compile";
 import { COMPUTE_URL } from "../../src/coordinator/machine";
-import { compilePolicy } from "../../src/policy/compile";
 import type { RunSpec } from "../../src/runs/spec";
 import { EMPTY_POLICY, type Policy, SPEC, world } from "./run-machine-world";
 

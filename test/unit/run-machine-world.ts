@@ -1,14 +1,14 @@
+import type { ExecInfo, SandboxInfo, Seal } from "../../shared/contract/local-agent";
+import type { PolicyDocument } from "../../shared/contract/policy";
+import type { WiringProof } from "../../shared/contract/wiring";
+import { compilePolicy } from "../../shared/policy/compile";
 import { BackendError } from "../../src/broker/backend";
-import type { ExecInfo, SandboxInfo, Seal } from "../../src/contract/local-agent";
-import type { PolicyDocument } from "../../src/contract/policy";
-import type { WiringProof } from "../../src/contract/wiring";
 import {
   type MachinePorts,
   type MachineState,
   RunMachine,
   type SandboxRequest,
 } from "../../src/coordinator/machine";
-import { compilePolicy } from "../../src/policy/compile";
 import type { RunSpec } from "../../src/runs/spec";
 import type { RunNote } from "../../src/runs/types";
 

@@ -5,8 +5,8 @@ import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import { filesFirst } from "../../proxy-image/src/wiring/wiring";
-import { PLATFORM_HOSTS } from "../../src/contract/proxy-wire";
-import { ReinstallResult, type WiringReinstall } from "../../src/contract/wiring";
+import { PLATFORM_HOSTS } from "../../shared/contract/proxy-wire";
+import { ReinstallResult, type WiringReinstall } from "../../shared/contract/wiring";
 
 // `bw-wiring reinstall` (proxy-image/dist/wiring.cjs), run as a process on temporary files laid
 // out as a sandbox's: what the e2b backend's seal and setHosts write from the control plane's

@@ -8,7 +8,7 @@ import { file, gzip, sha256Hex, tarGz, upload } from "./archives";
 import { expectProblem, newTenant, type Tenant, withDb } from "./harness";
 
 // POST /v1/bundles and GET /v1/bundles/{sha256} inside workerd, with the real local R2 of the
-// test plugin and real Postgres: real .tar.gz archives, checked entry by entry (src/archive).
+// test plugin and real Postgres: real .tar.gz archives, checked entry by entry (shared/archive).
 
 const rows = (t: Tenant) =>
   withDb((db) => db.select().from(bundles).where(eq(bundles.environmentId, t.environmentId)));

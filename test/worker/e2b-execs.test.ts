@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
+import type { ExecInfo, ExecRequest } from "../../shared/contract/local-agent";
 import type { ComputeBackend } from "../../src/broker/backend";
-import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedE2bRequest } from "../contract/e2b-contract";
 import { expectBackendError, proxyOf } from "./backend-fixtures";

@@ -1,7 +1,7 @@
 import { expect, inject } from "vitest";
+import type { RoutingMode } from "../../shared/contract/policy";
 import type { ComputeBackend } from "../../src/broker/backend";
 import { e2bFromEnv } from "../../src/broker/e2b/backend";
-import type { RoutingMode } from "../../src/contract/policy";
 import { randomId } from "../../src/crypto/api-keys";
 import type { ContractSandbox, E2bFaults, RecordedE2bRequest } from "../contract/e2b-contract";
 

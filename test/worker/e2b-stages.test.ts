@@ -1,10 +1,10 @@
 import { packTar, unpackTar } from "modern-tar";
 import { describe, expect, it } from "vitest";
+import { CollectManifest } from "../../shared/contract/bundle";
+import type { ExecInfo } from "../../shared/contract/local-agent";
 import type { ComputeBackend } from "../../src/broker/backend";
 import { shellQuote } from "../../src/broker/e2b/shell";
 import { collectArgv, unpackArgv } from "../../src/broker/e2b/stages";
-import { CollectManifest } from "../../src/contract/bundle";
-import type { ExecInfo } from "../../src/contract/local-agent";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedE2bRequest } from "../contract/e2b-contract";
 import { expectBackendError, proxyOf } from "./backend-fixtures";

@@ -12,7 +12,7 @@ import {
   EGRESS_AGENT_POLICY_PATH,
   PAIRED,
   tunnelPath,
-} from "../../src/contract/tunnel";
+} from "../../shared/contract/tunnel";
 import { runEvents, runs } from "../../src/db/schema";
 import worker from "../../src/index";
 import { relayStub } from "../../src/tunnel/relay";
@@ -21,7 +21,7 @@ import { BASE, call, expectProblem, newTenant, withDb } from "./harness";
 import { newRun, setRunStatus } from "./run-fixtures";
 
 // The egress tunnel's control-plane side, in workerd: the agent's token, its copy of the host
-// policy, and the relay joining a run's proxy and the user's agent (src/contract/tunnel.ts).
+// policy, and the relay joining a run's proxy and the user's agent (shared/contract/tunnel.ts).
 // Both ends are real WebSockets through the Worker's own fetch, as the proxy and agent dial it.
 
 interface Peer {

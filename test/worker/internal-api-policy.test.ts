@@ -1,9 +1,9 @@
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { policyEtag } from "../../src/contract/proxy-wire";
+import { policyEtag } from "../../shared/contract/proxy-wire";
+import { PolicyEnvelope } from "../../shared/policy/routing";
 import { vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
-import { PolicyEnvelope } from "../../src/policy/routing";
 import { putHost } from "../../src/vault/hosts";
 import { getSettings } from "../../src/vault/settings";
 import { expectProblem, newTenant, type Tenant, withDb } from "./harness";

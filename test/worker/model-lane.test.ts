@@ -1,13 +1,13 @@
 import { env } from "cloudflare:workers";
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
+import type { ModelCallRow } from "../../shared/contract/proxy-wire";
+import { PolicyEnvelope } from "../../shared/policy/routing";
 import { loadConfig } from "../../src/config";
-import type { ModelCallRow } from "../../src/contract/proxy-wire";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { modelCallLog, runs, sandboxes, vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
-import { PolicyEnvelope } from "../../src/policy/routing";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import * as models from "../../src/vault/models";
 import { createRule } from "../../src/vault/rules";

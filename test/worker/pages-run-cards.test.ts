@@ -1,5 +1,5 @@
 import { describe, expect, it, vi } from "vitest";
-import type { ModelCallRow } from "../../src/contract/proxy-wire";
+import type { ModelCallRow } from "../../shared/contract/proxy-wire";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { loggedIn } from "./browser";
 import { call, newTenant, withDb } from "./harness";

@@ -7,7 +7,7 @@ import {
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it, vi } from "vitest";
-import { isTerminal, type RunState } from "../../src/contract/run-states";
+import { isTerminal, type RunState } from "../../shared/contract/run-states";
 import type { Final, MachineState } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs } from "../../src/db/schema";

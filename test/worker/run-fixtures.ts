@@ -1,15 +1,15 @@
 import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
-import { loadConfig } from "../../src/config";
 import {
   type AuditBatch,
   auditPath,
   policyPath,
   readyPath,
   signAuditBatch,
-} from "../../src/contract/proxy-wire";
-import { isTerminal } from "../../src/contract/run-states";
+} from "../../shared/contract/proxy-wire";
+import { isTerminal } from "../../shared/contract/run-states";
+import { loadConfig } from "../../src/config";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
 import { blockedHostLog, egressRouteLog, type RunState, runs } from "../../src/db/schema";

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { tarGzEntries } from "../../src/archive/entries";
+import { tarGzEntries } from "../../shared/archive/entries";
+import { CollectManifest } from "../../shared/contract/bundle";
 import type { ComputeBackend } from "../../src/broker/backend";
 import { objectName } from "../../src/broker/kubernetes/manifests";
-import { CollectManifest } from "../../src/contract/bundle";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedRequest } from "../contract/kubernetes-contract";
 import { file, streamOf, tarGz } from "./archives";

@@ -1,8 +1,8 @@
 import { expect, inject } from "vitest";
+import type { ExecInfo, ExecRequest } from "../../shared/contract/local-agent";
+import type { RoutingMode } from "../../shared/contract/policy";
 import type { ComputeBackend, SandboxSpec } from "../../src/broker/backend";
 import { sandbox0FromEnv } from "../../src/broker/sandbox0/backend";
-import type { ExecInfo, ExecRequest } from "../../src/contract/local-agent";
-import type { RoutingMode } from "../../src/contract/policy";
 import { randomId } from "../../src/crypto/api-keys";
 import type { ContractOptions, RecordedRequest } from "../contract/kubernetes-contract";
 import { proxyOf } from "./backend-fixtures";

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
+import { DEFAULT_OUT_DIR } from "../../shared/contract/bundle";
 import { objectName, POD_PATHS } from "../../src/broker/kubernetes/manifests";
 import { sandbox0Backend } from "../../src/broker/sandbox0/backend";
 import { Sandbox0Env } from "../../src/broker/sandbox0/config";
-import { DEFAULT_OUT_DIR } from "../../src/contract/bundle";
 import { WORK_DIR } from "../../src/coordinator/steps/stages";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedRequest } from "../contract/kubernetes-contract";

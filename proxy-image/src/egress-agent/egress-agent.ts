@@ -15,9 +15,9 @@ import {
   isCanonicalIp,
   isCanonicalPattern,
   splitHostPort,
-} from "../../../src/contract/host-name";
-import { levelOf, logLine } from "../../../src/contract/log";
-import { bearer } from "../../../src/contract/proxy-wire";
+} from "../../../shared/contract/host-name";
+import { levelOf, logLine } from "../../../shared/contract/log";
+import { bearer } from "../../../shared/contract/proxy-wire";
 import {
   AgentPolicy,
   CLOSE_REPLACED,
@@ -31,14 +31,14 @@ import {
   REFUSAL_STATUS,
   TUNNEL_PORTS,
   type TunnelRefusal,
-} from "../../../src/contract/tunnel";
-import { buildAddressBlocker, buildHostDecider, type HostDecision } from "../../../src/policy/compile";
-import { matchesCanonical, parseHostPattern } from "../../../src/policy/host";
+} from "../../../shared/contract/tunnel";
+import { buildAddressBlocker, buildHostDecider, type HostDecision } from "../../../shared/policy/compile";
+import { matchesCanonical, parseHostPattern } from "../../../shared/policy/host";
 import { createAddressPolicy } from "../shared/address";
 import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 
 // The local egress agent: what the user runs on their own machine so that a run's hosts routed
-// "via tunnel" leave from there (src/contract/tunnel.ts). It dials the control plane's relay (the
+// "via tunnel" leave from there (shared/contract/tunnel.ts). It dials the control plane's relay (the
 // user's machine accepts no connection), and serves HTTP/2 (node:http2: in Node core, its flow
 // control is the back-pressure) over the WebSocket's bytes once the relay says PAIRED. Each
 // CONNECT stream is one TCP connection it dials for the run's proxy, which then speaks TLS with

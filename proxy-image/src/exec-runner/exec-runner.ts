@@ -15,13 +15,18 @@ import {
   writeFileSync,
 } from "node:fs";
 import { dirname, join } from "node:path";
-import type { RunnerError, RunnerFreeze, RunnerSeal, RunnerStatus } from "../../../src/contract/exec-runner";
-import { RunnerExecId } from "../../../src/contract/exec-runner";
-import { EXEC_OUTPUT_LIMIT, outputPage } from "../../../src/contract/local-agent";
+import type {
+  RunnerError,
+  RunnerFreeze,
+  RunnerSeal,
+  RunnerStatus,
+} from "../../../shared/contract/exec-runner";
+import { RunnerExecId } from "../../../shared/contract/exec-runner";
+import { EXEC_OUTPUT_LIMIT, outputPage } from "../../../shared/contract/local-agent";
 import { isSealing, joinCgroup, recordBaseline, seal as sealSetup } from "./exec-seal";
 
 // `bw-exec`, the exec runner of the sandbox0 work pods and the E2B templates (contract:
-// src/contract/exec-runner.ts; command: main.ts). Each command runs detached from the
+// shared/contract/exec-runner.ts; command: main.ts). Each command runs detached from the
 // call that started it, under a supervisor process, in a session of its own; its output and exit
 // status go to files, so any later short call can read them whatever happened to the broker.
 //

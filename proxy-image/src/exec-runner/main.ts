@@ -1,12 +1,12 @@
 // `bw-exec`, the exec runner (exec-runner.ts), as a command; the calls and answers are in
-// src/contract/exec-runner.ts. Besides those, `bw-exec supervise <dir> <node>` is start's own
+// shared/contract/exec-runner.ts. Besides those, `bw-exec supervise <dir> <node>` is start's own
 // detached supervisor.
 import {
   EXEC_DIR_DEFAULT,
   RUNNER_EXIT_OF,
   type RunnerError,
   RunnerStart,
-} from "../../../src/contract/exec-runner";
+} from "../../../shared/contract/exec-runner";
 import { freeze, kill, poll, Refusal, type RunnerHost, seal, start, supervise } from "./exec-runner";
 import { setupCgroupPath } from "./exec-seal";
 

@@ -2,7 +2,7 @@ import "reflect-metadata"; // @peculiar/x509 resolves its ASN.1 providers throug
 import { webcrypto } from "node:crypto";
 import { createSecureContext, type SecureContext } from "node:tls";
 import * as x509 from "@peculiar/x509";
-import { isIpLiteral } from "../../../src/contract/host-name";
+import { isIpLiteral } from "../../../shared/contract/host-name";
 
 x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
 

@@ -2,10 +2,10 @@
 // in config.ts. Exit 2 on a bad configuration, 1 on any other failure to start.
 //
 // `node proxy.cjs view` (bw-proxy-view) instead prints the running proxy's view (GET /view on
-// 127.0.0.1:BW_VIEW_PORT, src/contract/proxy-view.ts) as one JSON line and exits 0; on any
+// 127.0.0.1:BW_VIEW_PORT, shared/contract/proxy-view.ts) as one JSON line and exits 0; on any
 // failure it prints one line on stderr and exits 1. It never starts a proxy.
-import { logLine } from "../../../src/contract/log";
-import { ProxyView, VIEW_PATH } from "../../../src/contract/proxy-view";
+import { logLine } from "../../../shared/contract/log";
+import { ProxyView, VIEW_PATH } from "../../../shared/contract/proxy-view";
 import { ConfigError, viewPort } from "./config";
 import { runProxy } from "./run";
 

@@ -1,14 +1,14 @@
-import { logLine } from "../../../src/contract/log";
-import type { PolicyDocument } from "../../../src/contract/policy";
+import { logLine } from "../../../shared/contract/log";
+import type { PolicyDocument } from "../../../shared/contract/policy";
 import {
   bearer,
   describeIssues,
   IF_NONE_MATCH_HEADER,
   policyEtag,
   policyPath,
-} from "../../../src/contract/proxy-wire";
-import { buildPolicyIndex, type PolicyIndex } from "../../../src/policy/compile";
-import { PolicyEnvelope } from "../../../src/policy/routing";
+} from "../../../shared/contract/proxy-wire";
+import { buildPolicyIndex, type PolicyIndex } from "../../../shared/policy/compile";
+import { PolicyEnvelope } from "../../../shared/policy/routing";
 
 // Keeps the run's policy (and the secret values it names) current by polling the control plane.
 // Fail closed (case E4): until a valid document has arrived, and whenever the control plane hands

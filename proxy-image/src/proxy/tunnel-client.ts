@@ -9,7 +9,7 @@ import { isIP, type Socket } from "node:net";
 import type { Duplex } from "node:stream";
 import { type SecureContext, connect as tlsConnect } from "node:tls";
 import { createWebSocketStream, WebSocket } from "ws";
-import { bearer } from "../../../src/contract/proxy-wire";
+import { bearer } from "../../../shared/contract/proxy-wire";
 import {
   CLOSE_REPLACED,
   CLOSE_RUN_ENDED,
@@ -17,10 +17,10 @@ import {
   REFUSAL_HEADER,
   TunnelRefusal,
   tunnelPath,
-} from "../../../src/contract/tunnel";
+} from "../../../shared/contract/tunnel";
 import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 
-// The proxy's end of the egress tunnel (src/contract/tunnel.ts): it dials the control plane's
+// The proxy's end of the egress tunnel (shared/contract/tunnel.ts): it dials the control plane's
 // relay, waits for PAIRED, and speaks HTTP/2 as the client over the WebSocket's bytes; each
 // upstream connection is one CONNECT stream that the user's egress agent answers. HTTP/2 is
 // node:http2 — maintained, in Node core, no extra dependency — and its per-stream and

@@ -5,11 +5,11 @@ import {
   VIEW_PATH,
   VIEW_RECENT_LIMIT,
   type ViewDecision,
-} from "../../../src/contract/proxy-view";
+} from "../../../shared/contract/proxy-view";
 import type { AuditStats } from "./audit";
 import type { DecisionRecord, PolicySource } from "./handler";
 
-// The proxy's view of itself (src/contract/proxy-view.ts): every decision record passes through
+// The proxy's view of itself (shared/contract/proxy-view.ts): every decision record passes through
 // here on its way to the log. Served on 127.0.0.1 only, the loopback of the proxy sandbox's own
 // network namespace, so no work sandbox can reach it; the control plane reads it by running
 // `proxy.cjs view` in the proxy sandbox. A row keeps the record's fields that name no value of

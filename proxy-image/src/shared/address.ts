@@ -1,10 +1,10 @@
 import { BlockList, isIPv4, isIPv6 } from "node:net";
-import { embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "../../../src/policy/addresses";
+import { embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "../../../shared/policy/addresses";
 
 // Which resolved addresses the proxy may connect to (case A12). Checked on the address actually
 // dialled, after resolution, so neither a hostname nor a spelling of an IP can smuggle a
 // connection into private space, the metadata service or the proxy itself. The ranges are the
-// platform's one table (src/policy/addresses.ts), shared with the firewalls of the backends.
+// platform's one table (shared/policy/addresses.ts), shared with the firewalls of the backends.
 
 export type AddressVerdict = { allowed: true } | { allowed: false; reason: string };
 

@@ -1,4 +1,4 @@
-// What both ends of the egress tunnel's WebSocket agree on besides src/contract/tunnel.ts: the
+// What both ends of the egress tunnel's WebSocket agree on besides shared/contract/tunnel.ts: the
 // proxy's client (tunnel-client.ts) and the user's egress agent (egress-agent.ts).
 
 /**

@@ -1,11 +1,16 @@
 import { constants, linkSync, lstatSync, mkdirSync, symlinkSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { join, resolve } from "node:path";
-import { type BundleEntry, type BundleLimits, type FileSink, readBundle } from "../../../src/archive/bundle";
-import type { UnpackResult } from "../../../src/contract/bundle";
+import {
+  type BundleEntry,
+  type BundleLimits,
+  type FileSink,
+  readBundle,
+} from "../../../shared/archive/bundle";
+import type { UnpackResult } from "../../../shared/contract/bundle";
 
 // bw-unpack: a bundle's .tar.gz into a sandbox's working directory, as the execute stage's uid.
-// Every entry passes the Worker's own check (src/archive) before it is written, and the writing
+// Every entry passes the Worker's own check (shared/archive) before it is written, and the writing
 // does not rely on the check alone: files are created O_CREAT|O_EXCL|O_NOFOLLOW (never through a
 // symlink, never over anything), every directory on a path is made or found and then lstat'ed to
 // be a real directory (so neither a symlink an entry made nor one already in <dir> is ever

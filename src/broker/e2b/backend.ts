@@ -1,5 +1,10 @@
 import { type SandboxInfo as E2bSandboxInfo, Sandbox } from "e2b";
-import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS, UNPACK_EXIT, UnpackResult } from "../../contract/bundle";
+import {
+  ARTIFACT_DEFAULTS,
+  BUNDLE_DEFAULTS,
+  UNPACK_EXIT,
+  UnpackResult,
+} from "../../../shared/contract/bundle";
 import {
   killArgs,
   lastJson,
@@ -8,7 +13,7 @@ import {
   sealArgs,
   startInlineArgs,
   toExecInfo,
-} from "../../contract/exec-runner";
+} from "../../../shared/contract/exec-runner";
 import {
   type ExecInfo,
   ExecRequest,
@@ -16,8 +21,8 @@ import {
   SandboxKind,
   Seal,
   type SealResult,
-} from "../../contract/local-agent";
-import type { RoutingMode } from "../../contract/policy";
+} from "../../../shared/contract/local-agent";
+import type { RoutingMode } from "../../../shared/contract/policy";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
 import {
   E2bEnv,

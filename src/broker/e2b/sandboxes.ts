@@ -13,8 +13,14 @@ import {
   TimeoutError,
 } from "e2b";
 import type { z } from "zod";
-import { lastJson, pollArgs, RunnerStatus, runnerAnswer, startInlineArgs } from "../../contract/exec-runner";
-import { ReinstallResult } from "../../contract/wiring";
+import {
+  lastJson,
+  pollArgs,
+  RunnerStatus,
+  runnerAnswer,
+  startInlineArgs,
+} from "../../../shared/contract/exec-runner";
+import { ReinstallResult } from "../../../shared/contract/wiring";
 import { BackendError } from "../backend";
 import {
   BRIDGE_EXEC_ID,

@@ -1,7 +1,7 @@
-import { PROXY_PORTS, type Resources } from "../../contract/local-agent";
-import type { RoutingMode } from "../../contract/policy";
-import { PLATFORM_HOSTS } from "../../contract/proxy-wire";
-import { NON_PUBLIC_V4 as NON_PUBLIC_TABLE } from "../../policy/addresses";
+import { PROXY_PORTS, type Resources } from "../../../shared/contract/local-agent";
+import type { RoutingMode } from "../../../shared/contract/policy";
+import { PLATFORM_HOSTS } from "../../../shared/contract/proxy-wire";
+import { NON_PUBLIC_V4 as NON_PUBLIC_TABLE } from "../../../shared/policy/addresses";
 
 // The Kubernetes objects of the sandbox0 backend, as plain JSON (core/v1 and networking.k8s.io/v1).
 // Pure functions of what the broker asked for: the contract tests compare them field by field.
@@ -104,7 +104,7 @@ export function labels(runId: string, sandboxId: string, kind: SandboxKindLabel)
   };
 }
 
-/** Never a destination of a sandbox: the platform's one table (src/policy/addresses.ts). */
+/** Never a destination of a sandbox: the platform's one table (shared/policy/addresses.ts). */
 export const NON_PUBLIC_V4 = NON_PUBLIC_TABLE.map((r) => r.cidr);
 
 const PROXY_POD_PORTS = [

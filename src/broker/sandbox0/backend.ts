@@ -1,5 +1,10 @@
 import { z } from "zod";
-import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS, UNPACK_EXIT, UnpackResult } from "../../contract/bundle";
+import {
+  ARTIFACT_DEFAULTS,
+  BUNDLE_DEFAULTS,
+  UNPACK_EXIT,
+  UnpackResult,
+} from "../../../shared/contract/bundle";
 import {
   freezeArgs,
   killArgs,
@@ -8,7 +13,7 @@ import {
   RunnerStatus,
   startArgs,
   toExecInfo,
-} from "../../contract/exec-runner";
+} from "../../../shared/contract/exec-runner";
 import {
   ExecInfo,
   ExecRequest,
@@ -16,7 +21,7 @@ import {
   type SandboxKind,
   Seal,
   type SealResult,
-} from "../../contract/local-agent";
+} from "../../../shared/contract/local-agent";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
 import {
   CONTAINERS,

@@ -1,7 +1,7 @@
 import type { z } from "zod";
-import { runnerAnswer } from "../../contract/exec-runner";
-import { ExecInfo, type ExecRequest } from "../../contract/local-agent";
-import { ReinstallResult, type WiringReinstall } from "../../contract/wiring";
+import { runnerAnswer } from "../../../shared/contract/exec-runner";
+import { ExecInfo, type ExecRequest } from "../../../shared/contract/local-agent";
+import { ReinstallResult, type WiringReinstall } from "../../../shared/contract/wiring";
 import { BackendError, type ExecPoll, notSupported } from "../backend";
 import { type CallMeaning, KubeClient, type KubeObject } from "../kubernetes/client";
 import {

@@ -1,5 +1,5 @@
+import type { PolicyDocument } from "../../../shared/contract/policy";
 import { BackendError } from "../../broker/backend";
-import type { PolicyDocument } from "../../contract/policy";
 import type { MachineState, Worker } from "../machine";
 import { type Machine, must, proxyRuns } from "./common";
 

@@ -1,10 +1,10 @@
-import { DEFAULT_OUT_DIR } from "../../contract/bundle";
-import type { ExecInfo } from "../../contract/local-agent";
+import { DEFAULT_OUT_DIR } from "../../../shared/contract/bundle";
+import type { ExecInfo } from "../../../shared/contract/local-agent";
 import {
   MODEL_LANE_ANTHROPIC_BASE_URL,
   MODEL_LANE_BASE_URL,
   MODEL_LANE_PLACEHOLDER_KEY,
-} from "../../contract/proxy-wire";
+} from "../../../shared/contract/proxy-wire";
 import type { MachineState, Worker } from "../machine";
 import type { Machine } from "./common";
 

@@ -1,6 +1,11 @@
+import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "../../../shared/contract/bundle";
+import {
+  DEFAULT_RESOURCES,
+  type ExecInfo,
+  type ResourceLimit,
+  type Seal,
+} from "../../../shared/contract/local-agent";
 import { BackendError } from "../../broker/backend";
-import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "../../contract/bundle";
-import { DEFAULT_RESOURCES, type ExecInfo, type ResourceLimit, type Seal } from "../../contract/local-agent";
 import type { MachineState, Worker, WorkerStage } from "../machine";
 import { checkpoint, type Machine, must, stop } from "./common";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";

@@ -11,14 +11,14 @@ import {
   timestamp,
   uniqueIndex,
 } from "drizzle-orm/pg-core";
-import { ROUTING_MODES } from "../../contract/routing";
-import { RUN_STATES } from "../../contract/run-states";
+import { ROUTING_MODES } from "../../../shared/contract/routing";
+import { RUN_STATES } from "../../../shared/contract/run-states";
 import type { RunSpec } from "../../runs/spec";
 import { environmentRef, userRef } from "./accounts";
 import { createdAt, updatedAt } from "./columns";
 
 // The status column holds one of the run states (contract/run-states.ts).
-export { RUN_STATES, type RunState } from "../../contract/run-states";
+export { RUN_STATES, type RunState } from "../../../shared/contract/run-states";
 
 // A run: what was asked (spec), where it is (status), why it ended (reason), and what the
 // boundary looked like (routing, notes, proof). The coordinator Durable Object is the only

@@ -1,5 +1,5 @@
 import { Hono } from "hono";
-import { ModelProvider } from "../../contract/policy";
+import { ModelProvider } from "../../../shared/contract/policy";
 import { ModelName } from "../../routes/vault-models";
 import * as models from "../../vault/models";
 import { PROVIDERS } from "../../vault/models";

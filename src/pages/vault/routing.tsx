@@ -1,5 +1,5 @@
-import { isCanonicalIp } from "../../contract/host-name";
-import type { PolicyDocument, PolicyRouting, RoutingReason } from "../../contract/policy";
+import { isCanonicalIp } from "../../../shared/contract/host-name";
+import type { PolicyDocument, PolicyRouting, RoutingReason } from "../../../shared/contract/policy";
 import { PAGE } from "./forms";
 import { ButtonForm, Section } from "./section";
 

@@ -1,6 +1,6 @@
 import { Hono } from "hono";
-import { InjectScheme, type InjectSpec } from "../../contract/policy";
-import { SecretName } from "../../contract/proxy-wire";
+import { InjectScheme, type InjectSpec } from "../../../shared/contract/policy";
+import { SecretName } from "../../../shared/contract/proxy-wire";
 import { fail, ok, type Result } from "../../errors";
 import {
   createRule,

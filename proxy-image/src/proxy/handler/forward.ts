@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { pipeline as pipelineCb, type Readable, Transform, type Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { Dispatcher } from "undici";
-import type { EgressRoute } from "../../../../src/contract/proxy-wire";
+import type { EgressRoute } from "../../../../shared/contract/proxy-wire";
 import { relayBody } from "../body-relay";
 import { decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
 import { maskString, needlesFor, Redactor } from "../redact";
