@@ -1,26 +1,18 @@
 import type { AgentErrorCode } from "../shared/contract/local-agent";
-import { type ProblemTable, problemBodyOf } from "../shared/contract/problem";
+import { problemBodyOf, problemTable } from "../shared/contract/problem";
 
 // The agent's failures: a closed set of codes (the contract's), one status each, one body shape
 // (problem+json). Services throw AgentError; the server renders it.
 
-export const AGENT_ERROR_STATUS = {
-  unauthorized: 401,
-  invalid_request: 400,
-  not_found: 404,
-  cannot_isolate: 503,
-  sandbox_failed: 500,
-  sealed: 409,
-} as const satisfies Record<AgentErrorCode, number>;
-
-const TITLES: Record<AgentErrorCode, string> = {
-  unauthorized: "Missing or invalid agent secret",
-  invalid_request: "Invalid request",
-  not_found: "Not found",
-  cannot_isolate: "This machine cannot isolate a sandbox",
-  sandbox_failed: "The sandbox could not be made or used",
-  sealed: "The sandbox's setup stage has ended",
-};
+// Each code with its status and title, side by side: six codes, one line each.
+const PROBLEMS = problemTable<AgentErrorCode>({
+  unauthorized: [401, "Missing or invalid agent secret"],
+  invalid_request: [400, "Invalid request"],
+  not_found: [404, "Not found"],
+  cannot_isolate: [503, "This machine cannot isolate a sandbox"],
+  sandbox_failed: [500, "The sandbox could not be made or used"],
+  sealed: [409, "The sandbox's setup stage has ended"],
+});
 
 export class AgentError extends Error {
   constructor(
@@ -34,7 +26,5 @@ export class AgentError extends Error {
 
 /** An error's message, for a detail or a log line (a thrown non-Error as text). */
 export const message = (e: unknown) => (e instanceof Error ? e.message : String(e));
-
-const PROBLEMS: ProblemTable<AgentErrorCode> = { status: AGENT_ERROR_STATUS, title: TITLES };
 
 export const problemBody = (code: AgentErrorCode, detail: string) => problemBodyOf(PROBLEMS, code, detail);

@@ -7,6 +7,17 @@ export interface ProblemTable<C extends string> {
   title: Record<C, string>;
 }
 
+/** A ProblemTable from one entry per code: `code: [status, title]`. */
+export function problemTable<C extends string>(
+  entries: Record<C, readonly [number, string]>,
+): ProblemTable<C> {
+  const rows = Object.entries(entries) as [C, readonly [number, string]][];
+  return {
+    status: Object.fromEntries(rows.map(([c, [status]]) => [c, status])) as Record<C, number>,
+    title: Object.fromEntries(rows.map(([c, [, title]]) => [c, title])) as Record<C, string>,
+  };
+}
+
 export interface ProblemBody<C extends string> {
   type: string;
   title: string;
