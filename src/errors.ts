@@ -1,6 +1,6 @@
 import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import type { BundleCode } from "../shared/contract/bundle";
+import { BundleCode } from "../shared/contract/bundle";
 import { type ProblemTable, problemBodyOf } from "../shared/contract/problem";
 
 // One problem+json shape (RFC 9457) for the whole API, a closed set of codes, one status map.
@@ -49,13 +49,7 @@ export const ErrorCode = z.enum([
   "unsupported_media_type",
   "bundle_not_found",
   // A refused bundle: the BundleCode (shared/contract/bundle.ts) that says why.
-  "bundle_invalid",
-  "bundle_path_traversal",
-  "bundle_absolute_path",
-  "bundle_link_escape",
-  "bundle_special_file",
-  "bundle_too_large",
-  "bundle_too_many_files",
+  ...BundleCode.options,
   "resources_out_of_bounds",
   // API keys (POST /v1/api-keys).
   "invalid_expiry",

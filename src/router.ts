@@ -54,3 +54,9 @@ export const jsonOk = <T extends z.ZodType>(schema: T, description = "OK") => ({
 
 /** A stored time as the API writes it: ISO 8601 in UTC, or null. */
 export const iso = (d: Date | null) => (d ? d.toISOString() : null);
+
+/** The `nextCursor` of a page of a list. */
+export const NextCursor = z
+  .string()
+  .nullable()
+  .openapi({ description: "Cursor of the next page; null on the last" });

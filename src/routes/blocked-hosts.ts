@@ -1,6 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
-import { jsonOk, newRouter, problems } from "../router";
+import { jsonOk, NextCursor, newRouter, problems } from "../router";
 import { listBlockedHosts, MAX_LIMIT, RUNS_PER_HOST } from "../runs/audit-log";
 
 // Blocked hosts across the caller's environment (every run of it), most recently seen first.
@@ -54,10 +54,7 @@ export const blockedHostsRoutes = newRouter().openapi(
       200: jsonOk(
         z.object({
           blockedHosts: z.array(AccountBlockedHost),
-          nextCursor: z
-            .string()
-            .nullable()
-            .openapi({ description: "Cursor of the next page; null on the last" }),
+          nextCursor: NextCursor,
         }),
       ),
       ...problems(400, 401, 404),

@@ -1,6 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
-import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, jsonBody, jsonOk, NextCursor, newRouter, problems } from "../router";
 import * as reports from "../runs/bug-reports";
 
 // Bug reports on a run: stored in the run's trace (see src/runs/bug-reports.ts), so the run's
@@ -72,10 +72,7 @@ export const bugReportsRoutes = newRouter()
         200: jsonOk(
           z.object({
             bugReports: z.array(BugReport),
-            nextCursor: z
-              .string()
-              .nullable()
-              .openapi({ description: "Cursor of the next page; null on the last" }),
+            nextCursor: NextCursor,
           }),
         ),
         ...problems(400, 401, 404),

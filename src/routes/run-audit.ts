@@ -1,7 +1,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { MODEL_ENDPOINTS } from "../../shared/contract/model-lane";
 import { unwrap } from "../errors";
-import { IdParam, jsonOk, newRouter, problems } from "../router";
+import { IdParam, jsonOk, NextCursor, newRouter, problems } from "../router";
 import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
 import { listModelCalls, MINUTES_SHOWN, runModelUse } from "../runs/model-calls";
 
@@ -113,11 +113,6 @@ const PageQuery = z
       .openapi({ description: "nextCursor of the previous page; opaque" }),
   })
   .strict();
-
-const NextCursor = z
-  .string()
-  .nullable()
-  .openapi({ description: "Cursor of the next page; null on the last" });
 
 // ---- routes ----
 
