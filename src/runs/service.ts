@@ -8,7 +8,7 @@ import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
 import { enqueueRunEnded } from "../notifications/service";
 import { modelLane } from "../vault/models";
-import { type RunSpec, storedSpec } from "./spec";
+import type { RunSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
 
 export type { RunNote, Transition } from "./types";

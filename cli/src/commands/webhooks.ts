@@ -8,7 +8,6 @@ import { api, type Ctx, print, secretTarget, table, UsageError, withoutSecret } 
 // never an existing one) and never prints it, so it stays out of terminals, logs and CI output.
 
 type Webhook = Schemas["Webhook"];
-type WithSecret = Schemas["WebhookWithSecret"];
 
 function readSpec(path: string | undefined): Schemas["RunSpec"] {
   if (!path) throw new UsageError("--from FILE.json is required: the run spec each delivery starts");
