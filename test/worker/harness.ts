@@ -71,6 +71,13 @@ export interface Tenant {
   api: (method: string, path: string, body?: unknown) => Promise<ApiResponse>;
 }
 
+/** The tenant as a service function's caller, the way an API key of theirs would make it. */
+export const principal = (t: Tenant) => ({
+  userId: t.userId,
+  environmentId: t.environmentId,
+  keyId: "key_fixture",
+});
+
 export function withDb<T>(fn: (db: ReturnType<typeof openDb>["db"]) => Promise<T>): Promise<T> {
   const { db, close } = openDb(loadConfig(env));
   return fn(db).finally(close);

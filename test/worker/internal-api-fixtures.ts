@@ -4,7 +4,7 @@ import { unwrap } from "../../src/errors";
 import { putHost } from "../../src/vault/hosts";
 import { createRule } from "../../src/vault/rules";
 import { createSecret } from "../../src/vault/secrets";
-import { newTenant, type Tenant, withDb } from "./harness";
+import { newTenant, principal, withDb } from "./harness";
 import { newCanary } from "./leaks";
 
 // What the tests of the internal API a run's proxy calls (src/routes/internal.ts) set up: a
@@ -13,11 +13,6 @@ import { newCanary } from "./leaks";
 // canary files set up the same vault.
 
 export const ring = () => loadConfig(env).keyRing;
-export const principal = (t: Tenant) => ({
-  userId: t.userId,
-  environmentId: t.environmentId,
-  keyId: "key_fixture",
-});
 
 /** A tenant whose vault has a rule for `api.<tag>.example` and a secret no rule uses. */
 export async function tenantWithVault() {

@@ -6,8 +6,8 @@ import { vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
 import { putHost } from "../../src/vault/hosts";
 import { getSettings } from "../../src/vault/settings";
-import { expectProblem, newTenant, type Tenant, withDb } from "./harness";
-import { principal, tenantWithVault } from "./internal-api-fixtures";
+import { expectProblem, newTenant, principal, type Tenant, withDb } from "./harness";
+import { tenantWithVault } from "./internal-api-fixtures";
 import { captureLogs, findNeedles, leakNeedles, responseText } from "./leaks";
 import { newRun, paths } from "./run-fixtures";
 

@@ -22,7 +22,7 @@ import { createSecret, listSecrets } from "../../src/vault/secrets";
 import { getSettings, setDefault } from "../../src/vault/settings";
 import * as hooks from "../../src/webhooks/service";
 import { collectArchive, file, tarGz, upload } from "./archives";
-import { type ApiResponse, BASE, expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { type ApiResponse, BASE, expectProblem, newTenant, principal, type Tenant, withDb } from "./harness";
 import { newCanary } from "./leaks";
 import { runWithAudit } from "./run-fixtures";
 
@@ -77,8 +77,6 @@ export function expectStatus(res: ApiResponse, status: number, what: string): Ap
 // encryption, same transactions), not over HTTP: every call through the harness's entrypoint
 // costs a little more than the one before it within a test file, and the route calls under test
 // are what this file's budget is for.
-const principal = (t: Tenant) => ({ userId: t.userId, environmentId: t.environmentId, keyId: "key_fixture" });
-
 export async function idsOf(t: Tenant): Promise<Record<Resource, string[]>> {
   const p = principal(t);
   return withDb(async (db) => ({

@@ -12,7 +12,7 @@ import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import * as models from "../../src/vault/models";
 import { createRule } from "../../src/vault/rules";
 import { createSecret } from "../../src/vault/secrets";
-import { type ApiResponse, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { type ApiResponse, call, expectProblem, newTenant, principal, withDb } from "./harness";
 import { captureLogs, findNeedles, leakNeedles, newCanary, responseText, scanDatabase } from "./leaks";
 import { auditBatch, driveToEnd, newRun, paths, postBatch } from "./run-fixtures";
 
@@ -22,8 +22,6 @@ import { auditBatch, driveToEnd, newRun, paths, postBatch } from "./run-fixtures
 // GET /v1/runs/{id}/model-calls. The model's key is a canary throughout.
 
 const ring = () => loadConfig(env).keyRing;
-const principal = (t: Tenant) => ({ userId: t.userId, environmentId: t.environmentId, keyId: "key_fixture" });
-
 /** A vault with a rule (API_KEY for api.<tag>.example), a model (MODEL_KEY) and a spare secret. */
 async function tenantWithModel() {
   const t = await newTenant();
