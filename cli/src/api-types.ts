@@ -2246,6 +2246,7 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
+                        /** @description Cursor of the next page; null on the last */
                         nextCursor: string | null;
                         runs: components["schemas"]["RunSummary"][];
                     };

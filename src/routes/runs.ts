@@ -6,7 +6,7 @@ import type { AppEnv } from "../context";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
-import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, NextCursor, newRouter, problems } from "../router";
 import { issueEgressToken } from "../runs/egress-token";
 import { Linger, lingerOf } from "../runs/linger";
 import * as runs from "../runs/service";
@@ -169,7 +169,7 @@ export const runsRoutes = newRouter()
         }),
       },
       responses: {
-        200: jsonOk(z.object({ runs: z.array(RunSummary), nextCursor: z.string().nullable() })),
+        200: jsonOk(z.object({ runs: z.array(RunSummary), nextCursor: NextCursor })),
         ...problems(400, 401),
       },
     }),
