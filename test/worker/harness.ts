@@ -31,6 +31,25 @@ export function call(
   return callWith(env, key, method, path, body, headers);
 }
 
+/**
+ * `call` for a sweep that sends more requests with one key than the per-key rate limit admits in
+ * a period (wrangler.toml [[ratelimits]]: 300 in 10 s): a 429 did nothing, so it waits the
+ * Retry-After the answer names and asks again. The limit itself has its own test (case K4).
+ */
+export async function callPaced(
+  key: string,
+  method: string,
+  path: string,
+  body?: unknown,
+): Promise<ApiResponse> {
+  for (;;) {
+    const res = await call(key, method, path, body);
+    if (res.status !== 429 || res.json?.code !== "rate_limited") return res;
+    const seconds = Number(res.headers.get("retry-after")) || 1;
+    await new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+  }
+}
+
 /** `call` with other bindings (a test that configures something the test env lacks). */
 export async function callWith(
   bindings: Env,

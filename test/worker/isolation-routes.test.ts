@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { provisionApiKey } from "../../src/auth/provision";
 import { generateApiKey } from "../../src/crypto/api-keys";
 import { apiKeys, users } from "../../src/db/schema";
-import { type ApiResponse, call, expectProblem, withDb } from "./harness";
+import { type ApiResponse, call, callPaced, expectProblem, withDb } from "./harness";
 import { CASES, documentOperations, jsonBodyOperations, pathFor, sample, split } from "./isolation-cases";
 import {
   COLLECTIONS,
@@ -103,7 +103,7 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
         // A field the route itself takes (POST /v1/bug-reports names its run) is no override;
         // its cross-tenant use is in that route's isolation case.
         if (typeof body === "object" && body !== null && Object.hasOwn(body, field)) continue;
-        const res = await call(a.t.key, method, path, withField(body, field, value));
+        const res = await callPaced(a.t.key, method, path, withField(body, field, value));
         if (res.status !== 400 || res.json?.code !== "unknown_field" || !res.json.detail.includes(field)) {
           failures.push(`${op} +${field}: ${res.status} ${res.text.slice(0, 200)}`);
         }
@@ -112,7 +112,7 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
       const inject = (body as { inject?: object } | undefined)?.inject;
       if (inject) {
         const nested = { ...(body as object), inject: { ...inject, userId: b.t.userId } };
-        const res = await call(a.t.key, method, path, nested);
+        const res = await callPaced(a.t.key, method, path, nested);
         if (res.json?.code !== "unknown_field")
           failures.push(`${op} inject.userId: ${res.status} ${res.text}`);
       }
@@ -129,7 +129,7 @@ describe("C3 bodies cannot override the authenticated user or environment", { ti
       const c = CASES[op];
       const { method, path, body } = sample(op, ctx, a);
       const target = c?.kind === "by-id" ? path.replace(/[^/]+$/, await fresh(a, c.resource)) : path;
-      const res = await call(a.t.key, method, target, body ?? {});
+      const res = await callPaced(a.t.key, method, target, body ?? {});
       expect(res.status, `${op}: ${res.text}`).toBeLessThan(300);
     }
     expect(await snapshot(b.t)).toEqual(bBefore);
