@@ -23,6 +23,17 @@ const AbsolutePath = z
 const IPV4 =
   /^(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(?:\.(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$/;
 
+/** Both the wiring and its re-install: under catch-all the redirect takes every host. */
+function noHostsFileUnderCatchAll(input: { mode: RoutingMode; hostsFile: string[] }, ctx: z.RefinementCtx) {
+  if (input.mode === "catch-all" && input.hostsFile.length > 0) {
+    ctx.addIssue({
+      code: "custom",
+      path: ["hostsFile"],
+      message: "must be empty under catch-all routing (the redirect takes every host)",
+    });
+  }
+}
+
 /**
  * An IPv4 `address:port` outside the sandbox that catch-all routing must make unreachable. Not
  * port 80 or 443: those are redirected to the proxy by design, so a connect would succeed.
@@ -79,13 +90,7 @@ export const WiringInput = z
     probeResolver: z.enum(["system", "hosts-file"]).default("system"),
   })
   .superRefine((input, ctx) => {
-    if (input.mode === "catch-all" && input.hostsFile.length > 0) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["hostsFile"],
-        message: "must be empty under catch-all routing (the redirect takes every host)",
-      });
-    }
+    noHostsFileUnderCatchAll(input, ctx);
     if (input.mode === "default" && input.probe.directTarget !== null) {
       ctx.addIssue({
         code: "custom",
@@ -169,15 +174,7 @@ export const WiringReinstall = z
      */
     nsswitchPath: AbsolutePath.nullable().default("/etc/nsswitch.conf"),
   })
-  .superRefine((input, ctx) => {
-    if (input.mode === "catch-all" && input.hostsFile.length > 0) {
-      ctx.addIssue({
-        code: "custom",
-        path: ["hostsFile"],
-        message: "must be empty under catch-all routing (the redirect takes every host)",
-      });
-    }
-  });
+  .superRefine(noHostsFileUnderCatchAll);
 export type WiringReinstall = z.input<typeof WiringReinstall>;
 
 export const ReinstallResult = z.strictObject({
