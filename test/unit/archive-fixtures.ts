@@ -1,8 +1,7 @@
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, renameSync, symlinkSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { gzipSync } from "node:zlib";
+import { constants, crc32, createDeflateRaw, gzipSync } from "node:zlib";
 import { createTarPacker, packTar, type TarEntry } from "modern-tar";
 import type { BundleCode } from "../../shared/contract/bundle";
 
@@ -88,29 +87,90 @@ export async function countingInflation<T>(fn: () => Promise<T>): Promise<{ resu
 const FIXED_TIME = new Date("2026-01-01T00:00:00Z");
 
 /**
- * A decompression bomb: one entry of 1 GiB of zeros, about 1 MiB gzipped. Made once per machine
- * (about 4 s) and kept in the temporary directory.
+ * A decompression bomb: one entry of 1 GiB of zeros, about 1 MiB gzipped, as one gzip member.
+ * Deflating 1 GiB takes seconds (more on a busy machine), so it is assembled instead: after a full
+ * flush a deflate stream starts afresh, so 1 MiB of zeros deflated after one is the same bytes
+ * every time, and the body is that piece 1024 times between the tar header's and the end
+ * marker's. Only the CRC walks the whole gigabyte (a fraction of a second). Kept once made.
  */
-export async function zeroBomb(): Promise<Uint8Array> {
-  const dir = join(tmpdir(), "bw-archive-fixtures");
-  const path = join(dir, "zeros-1g.tar.gz");
-  if (existsSync(path)) return new Uint8Array(readFileSync(path));
-  mkdirSync(dir, { recursive: true });
-  const { readable, controller } = createTarPacker();
-  const parts: Uint8Array[] = [];
-  const done = readable
-    .pipeThrough(new CompressionStream("gzip"))
-    .pipeTo(new WritableStream({ write: (c) => void parts.push(c) }));
-  const body = controller.add({ name: "zeros.bin", size: 1 << 30, mtime: FIXED_TIME }).getWriter();
+let zeroBombMade: Promise<Uint8Array> | undefined;
+export function zeroBomb(): Promise<Uint8Array> {
+  zeroBombMade ??= makeZeroBomb();
+  // A copy each: a test may consume or change what it was given.
+  return zeroBombMade.then((bytes) => bytes.slice());
+}
+
+async function makeZeroBomb(): Promise<Uint8Array> {
+  const size = 1 << 30;
+  const header = await tarHeader({ name: "zeros.bin", size, mtime: FIXED_TIME });
   const zeros = new Uint8Array(1 << 20);
-  for (let i = 0; i < 1024; i++) await body.write(zeros);
-  await body.close();
-  controller.finalize();
-  await done;
-  const bytes = Buffer.concat(parts);
-  writeFileSync(`${path}.part`, bytes);
-  renameSync(`${path}.part`, path);
-  return new Uint8Array(bytes);
+  const endMarker = new Uint8Array(1024);
+  const deflater = new FlushedDeflate();
+  const head = await deflater.flushed(header);
+  const piece = await deflater.flushed(zeros);
+  if (!Buffer.from(piece).equals(await deflater.flushed(zeros))) {
+    throw new Error("a full flush did not reset the deflate stream");
+  }
+  const tail = await deflater.finish(endMarker);
+  let crc = crc32(header);
+  for (let i = 0; i < size / zeros.length; i++) crc = crc32(zeros, crc);
+  crc = crc32(endMarker, crc);
+  const trailer = Buffer.alloc(8);
+  trailer.writeUInt32LE(crc >>> 0, 0);
+  trailer.writeUInt32LE((header.length + size + endMarker.length) % 2 ** 32, 4);
+  // The gzip header: magic, deflate, no flags, no mtime, no extra flags, OS "Unix".
+  const gzipHeader = Buffer.from([0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3]);
+  return new Uint8Array(
+    Buffer.concat([
+      gzipHeader,
+      head,
+      ...Array.from({ length: size / zeros.length }, () => piece),
+      tail,
+      trailer,
+    ]),
+  );
+}
+
+/** A raw deflate stream written in fully flushed pieces: each piece's output comes back alone. */
+class FlushedDeflate {
+  private readonly deflate = createDeflateRaw({ level: 9 });
+  private out: Buffer[] = [];
+  constructor() {
+    this.deflate.on("data", (c: Buffer) => void this.out.push(c));
+  }
+  flushed(bytes: Uint8Array): Promise<Buffer> {
+    this.deflate.write(bytes);
+    return new Promise((resolve) => this.deflate.flush(constants.Z_FULL_FLUSH, () => resolve(this.take())));
+  }
+  finish(bytes: Uint8Array): Promise<Buffer> {
+    return new Promise((resolve, reject) => {
+      this.deflate.once("error", reject);
+      // The last output arrives before the readable side's "end", not the writable side's "finish".
+      this.deflate.once("end", () => resolve(this.take()));
+      this.deflate.end(bytes);
+    });
+  }
+  private take(): Buffer {
+    const piece = Buffer.concat(this.out);
+    this.out = [];
+    return piece;
+  }
+}
+
+/** The 512-byte header modern-tar's packer writes for an entry of `header.size` bytes. */
+async function tarHeader(header: { name: string; size: number; mtime: Date }): Promise<Uint8Array> {
+  const { readable, controller } = createTarPacker();
+  const reader = readable.getReader();
+  controller.add(header);
+  const parts: Uint8Array[] = [];
+  for (let n = 0; n < 512; ) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    parts.push(value);
+    n += value.length;
+  }
+  await reader.cancel();
+  return new Uint8Array(Buffer.concat(parts).subarray(0, 512));
 }
 
 /**
