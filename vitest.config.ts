@@ -30,6 +30,11 @@ export default defineConfig({
           environment: "node",
           globalSetup: ["./test/setup/build-proxy.ts"],
           maxWorkers: 1,
+          // Real processes, TLS handshakes and fixtures made at run time: on an idle machine the
+          // slowest take 2-4 s, and twice that with both cores busy, past vitest's default 5 s.
+          // Nothing here asserts time, so the bound only catches a test that hangs.
+          testTimeout: 30_000,
+          hookTimeout: 60_000,
         },
       },
       {
@@ -45,15 +50,22 @@ export default defineConfig({
                 // The suite's own receiver is https://127.0.0.1:<port> (src/notifications/target.ts).
                 NOTIFICATIONS_ADMIT_LOOPBACK: "true",
               },
+              // The per-key limit's test (case K4) floods through this one: the same local
+              // limiter as wrangler.toml's API_RATE_LIMIT, at a bound a busy machine reaches
+              // within one 10 s window (300 requests there may take longer than the window).
+              ratelimits: {
+                API_RATE_LIMIT_FLOOD: { namespace_id: "1002", simple: { limit: 20, period: 10 } },
+              },
             },
           })),
         ],
         test: {
           name: "worker",
           include: ["test/worker/**/*.test.ts"],
-          // Each test drives real Postgres, Durable Objects and alarms in workerd: on a loaded
-          // 2-core CI machine a few take 5-8 s. Nothing here asserts time.
-          testTimeout: 20_000,
+          // Each test drives real Postgres, Durable Objects and alarms in workerd: on an idle 2-core
+          // machine a few take 5-8 s, and several times that with both cores busy. Nothing here
+          // asserts time, so the bound only catches a test that hangs.
+          testTimeout: 60_000,
           globalSetup: ["./test/setup/database.ts", "./test/setup/contracts.ts", "./test/setup/receiver.ts"],
           setupFiles: ["./test/setup/zod-openapi.ts"],
         },

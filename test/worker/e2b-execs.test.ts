@@ -53,10 +53,12 @@ describe("e2b backend: execs", SLOW, () => {
     expect(input).toHaveLength(1);
     expect(atob(body(input[0]).input.stdin)).toBe(stdin);
 
-    // An execute-stage command: as `user`, paged by offsets while it runs.
+    // An execute-stage command: as `user`, paged by offsets while it runs. It waits for a file the
+    // test makes once it has seen "one" running, not for a time: on a busy machine a sleep can end
+    // before the first poll.
     const cmd: ExecRequest = {
       id: "cmd-0",
-      argv: ["sh", "-c", "printf one; sleep 1; printf two"],
+      argv: ["sh", "-c", "printf one; until [ -e go ]; do sleep 0.05; done; printf two"],
       env: { NODE_EXTRA_CA_CERTS: "/run/benchwright/run-ca.pem" },
       stage: "execute",
       timeoutMs: 600_000,
@@ -66,8 +68,12 @@ describe("e2b backend: execs", SLOW, () => {
     const execStart = starts(await requests(mark2), info.address)[0] as RecordedE2bRequest;
     expect(execStart.user).toBe("user");
     expect(body(execStart).process.envs).toEqual(cmd.env);
-    const first = await b.poll(id, "cmd-0", { waitMs: 800 });
+    let first = await b.poll(id, "cmd-0", { waitMs: 800 });
+    for (let i = 0; i < 20 && first.stdoutEnd < 3; i++) first = await b.poll(id, "cmd-0", { waitMs: 800 });
     expect(first).toMatchObject({ state: "running", stdout: "one", stdoutEnd: 3 });
+    const gate = { ...cmd, id: "go", argv: ["touch", "go"] };
+    await b.exec(id, gate);
+    expect(await waitExit(b, id, "go")).toMatchObject({ exitCode: 0 });
     const rest = await waitExit(b, id, "cmd-0", first.stdoutEnd);
     expect(rest).toMatchObject({ exitCode: 0, stdout: "two", stdoutEnd: 6 });
     const polls = starts(await requests(mark2), info.address).filter((r) =>
