@@ -236,8 +236,8 @@ export async function startProxy(options: {
   originalDst?: ProxyOptions["originalDst"];
   splice?: boolean;
   /**
-   * Port the proxy dials → port actually dialled, for names resolved by `upstream.lookup` (routes
-   * replace the port already): the suite's upstreams listen on free ports, while plain http
+   * Port the proxy dials → port actually dialled (pooled and Upgrade dials alike), for names
+   * resolved by `upstream.lookup` (routes replace the port already): the suite's upstreams listen on free ports, while plain http
    * leaves for port 80 only (case I6). The checked address is dialled unchanged.
    */
   dialPorts?: Record<number, number>;
@@ -304,7 +304,12 @@ export async function startProxy(options: {
         if (!isLoopbackAddress(address)) throw new Error(`test harness: refusing to dial ${address}`);
         dials.push({ protocol: `upgrade ${protocol}`, host, address, port });
       }
-      return upstream.dialOnce(protocol, host, address, port);
+      return upstream.dialOnce(
+        protocol,
+        host,
+        address,
+        address === null ? port : (options.dialPorts?.[port] ?? port),
+      );
     },
   };
   const proxy = createProxy({

@@ -6,7 +6,7 @@ import type { PolicyState } from "../policy-client";
 import type { AddressBlocker, Upstream } from "../upstream";
 import { type Injection, inject } from "./inject";
 import { blockedBody, blockedRefusal, probeRefusal, Refusal, spoolFull, tunnelDownBody } from "./refusal";
-import type { Target } from "./target";
+import { explicitPortRefusal, type Target, type TargetConn } from "./target";
 
 // The decision for one target, as a plain value: which lane answers it, or the host policy's
 // verdict, the first matching rule and its injection, and the route out. decide() does no I/O;
@@ -164,13 +164,17 @@ export function decideDialed(
 /**
  * The decision for one request on any way in (an HTTP/1.1 request, an HTTP/2 stream, an Upgrade
  * handshake): decideDialed() when its connection was dialled by address (I4), else decide().
- * `target` is the request's, with the host the decision is about.
+ * `target` is the request's, with the host the decision is about. The explicit port's own rule
+ * (plain http to port 80 only, I6) is applied here, first, so that no way in can skip it (an
+ * Upgrade handshake did, L4).
  */
 export function decideRequest(
   target: Target,
-  conn: { dialed?: Dialed },
+  conn: TargetConn & { dialed?: Dialed },
   ctx: DecideContext,
 ): { target: Target; decided: Decision } {
+  const portRefusal = explicitPortRefusal(conn, target);
+  if (portRefusal) return { target, decided: refuse(portRefusal) };
   if (!conn.dialed) return { target, decided: decide(target, ctx) };
   const { host, decided } = decideDialed(target, conn.dialed, ctx);
   return { target: { ...target, host }, decided };

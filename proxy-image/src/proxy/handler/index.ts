@@ -26,7 +26,7 @@ import {
   requestRecord,
 } from "./record";
 import { bad, blockedRefusal, Refusal, toRefusal } from "./refusal";
-import { connectTarget, explicitPortRefusal, type Target, targetOf } from "./target";
+import { connectTarget, type Target, targetOf } from "./target";
 import { type ConnInfo, tlsWaysIn } from "./tls-in";
 import { handleUpgrade, type UpgradeContext, upgradeWanted } from "./upgrade";
 
@@ -313,8 +313,6 @@ export function createProxy(options: ProxyOptions) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
-      const portRefusal = explicitPortRefusal(conn, target);
-      if (portRefusal) throw portRefusal;
       const request = decideRequest(target, conn, decideContext());
       target = request.target;
       const decided = request.decided;

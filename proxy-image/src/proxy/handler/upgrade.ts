@@ -76,7 +76,7 @@ export async function handleUpgrade(
     if (req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0)
       throw bad(400, "an Upgrade request with a body");
     target = targetOf(req, conn ?? { listener: "http" });
-    const request = decideRequest(target, conn ?? {}, ctx.decideContext());
+    const request = decideRequest(target, conn ?? { listener: "http" }, ctx.decideContext());
     target = request.target;
     const decided = request.decided;
     if (decided.kind === "refuse") {

@@ -6,7 +6,7 @@ import { ModelCallRow, type ModelEndpoint } from "../../../../shared/contract/pr
 import { decodersFor } from "../http-rules";
 import { needlesFor } from "../redact";
 import type { Upstream } from "../upstream";
-import { askedOutput, capOutput, Spend } from "./budget";
+import { askedOutput, capOutput, choicesOf, type Settlement, Spend } from "./budget";
 import { CALLER_FORMAT, routeFor } from "./providers";
 import { formatOfRequest, laneRefusal, type ModelLaneErrorCode, refuse } from "./refuse";
 import { isObject, NO_USAGE, relay } from "./relay";
@@ -21,7 +21,9 @@ export type { ModelLaneErrorCode } from "./refuse";
 // host policy by design (the model is what the run evaluates), but through the same resolve,
 // address checks (A12, A13) and verified TLS (B3) as every other upstream, with the key scrubbed
 // from everything that comes back (B7, J2), only the declared model (J1) and within the run's
-// budget (J3, budget.ts). Per call it yields one row of counts (no prompt, no output).
+// budget (J3, budget.ts), which a client cannot slip by hanging up, asking for many choices or a
+// background response (L3: a sent call is read to its end for its usage). Per call it yields one
+// row of counts (no prompt, no output).
 
 /** A model request is a JSON document; a larger body is refused (413). */
 export const MAX_MODEL_BODY_BYTES = 16 * 1024 * 1024;
@@ -38,11 +40,12 @@ const ENDPOINTS = new Map<string, ModelEndpoint>([
   ["/v1/responses", "responses"],
   ["/v1/messages", "messages"],
 ]);
-// Errors after which the request may well have reached the provider: still a call to record.
+// Errors after which the request may well have reached the provider: still a call to record,
+// and to charge (its usage unknown).
 const SENT_ERRORS = new Set(["UND_ERR_HEADERS_TIMEOUT", "UND_ERR_SOCKET", "ECONNRESET"]);
 
 export interface ModelLaneOutcome {
-  /** The status sent to the sandbox; 499 when the sandbox went away before an answer. */
+  /** The status sent to the sandbox; 499 when the sandbox went away before the whole answer. */
   status: number;
   /** Why the lane answered itself, or null when the answer is the provider's (or the model list). */
   code: ModelLaneErrorCode | null;
@@ -178,6 +181,24 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       out = done.body;
       stream = done.stream;
     }
+    // L3: what the budget cannot count is refused: a background response (its usage, and its
+    // answer, come later from an endpoint the lane does not serve) and an `n` that is not a
+    // whole number (a provider might read "3" as 3 choices). A whole `n` is counted (budget.ts).
+    if (
+      route.upstream === "openai-responses" &&
+      out.background !== undefined &&
+      out.background !== null &&
+      out.background !== false
+    ) {
+      const why =
+        "The model lane does not serve background responses: it could not follow their usage or fetch their answer.";
+      return refused("unsupported_parameter", laneRefusal(400, "unsupported_parameter", why, "background"));
+    }
+    const choices = choicesOf(route.upstream, out);
+    if (choices === null) {
+      const why = "`n` must be a whole number of at least 1.";
+      return refused("unsupported_parameter", laneRefusal(400, "unsupported_parameter", why, "n"));
+    }
     // Chat streams carry usage only when asked: ask, and hide the answer from a sandbox that did not.
     let hideUsage = false;
     if (route.upstream === "openai-chat" && stream) {
@@ -202,11 +223,14 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
     }
 
     // J3: admitted within the budget, or refused in the caller's format (budget.ts says when).
-    const admission = spend.admit(
-      spec.budget,
-      askedOutput(route.upstream, out),
-      route.provider.leastOutput[route.upstream],
-    );
+    // The input estimate is the body's size in bytes: no less than its tokens for text (a token
+    // is at least one byte), which is what the budget's bound on input needs (budget.ts).
+    const admission = spend.admit(spec.budget, {
+      asked: askedOutput(route.upstream, out),
+      least: route.provider.leastOutput[route.upstream] ?? 1,
+      choices,
+      inputEstimate: Buffer.byteLength(JSON.stringify(out)),
+    });
     if (!admission.ok) {
       const retry = admission.code === "budget_in_flight";
       const message = retry
@@ -246,11 +270,8 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       ...route.provider.auth(secret).flat(),
     ];
 
-    // The sandbox going away before the answer ends the upstream call too.
-    const abort = new AbortController();
-    res.once("close", () => {
-      if (!res.writableFinished) abort.abort();
-    });
+    // L3: the sandbox going away does not end the upstream call: once sent, a call is read to
+    // its end for its usage (relay.ts), which the provider bills whether anyone reads it or not.
     const pool = options.upstream.poolFor("https:", target.host, resolved.address, resolved.port);
     let upstream: Awaited<ReturnType<typeof pool.request>>;
     try {
@@ -259,20 +280,18 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
         path: upstreamPath,
         headers,
         body: payload,
-        signal: abort.signal,
         headersTimeout: UPSTREAM_TIMEOUT_MS,
         bodyTimeout: UPSTREAM_TIMEOUT_MS,
       });
     } catch (error) {
       const code = errorCode(error);
       log({ event: "model_lane", problem: "upstream failed", error: code });
-      const sent = abort.signal.aborted || SENT_ERRORS.has(code);
-      // Usage unknown: no tokens to count, but a call that may have reached the provider stays counted.
-      admission.settle(sent ? NO_USAGE : null);
-      if (abort.signal.aborted)
-        return { status: 499, code: "upstream_failed", call: row(499, NO_USAGE, null) };
+      // A call that may have reached the provider is charged what it held (its usage unknown).
+      const sent = SENT_ERRORS.has(code);
+      const charged = admission.settle(sent ? { unreported: NO_USAGE } : null);
+      if (res.destroyed) return { status: 499, code: "upstream_failed", call: row(499, charged, null) };
       const failed = answer(502, "upstream_failed", "The declared model's provider did not answer.");
-      return { ...failed, call: sent ? row(502, NO_USAGE, null) : null };
+      return { ...failed, call: sent ? row(502, charged, null) : null };
     }
 
     // The same forms the main path masks (case I9), of the key as this provider is sent it.
@@ -281,10 +300,12 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
     if (decoders === null) {
       // An encoding the scrubber cannot read could carry the key past it (same rule as proxy.ts).
       upstream.body.on("error", () => {}).destroy();
-      admission.settle(NO_USAGE);
+      const charged = admission.settle(
+        upstream.statusCode >= 300 ? { reported: NO_USAGE } : { unreported: NO_USAGE },
+      );
       log({ event: "model_lane", problem: "response encoding cannot be scrubbed" });
       const failed = answer(502, "upstream_failed", "The provider's answer cannot be passed on.");
-      return { ...failed, call: row(502, NO_USAGE, null) };
+      return { ...failed, call: row(502, charged, null) };
     }
     const relayed = await relay({
       answer: { status: upstream.statusCode, headers: upstream.headers, body: upstream.body },
@@ -300,10 +321,14 @@ export function modelLane(options: ModelLaneOptions): ModelLane {
       includeUsage: isObject(body.stream_options) && body.stream_options.include_usage === true,
     });
     if (relayed.problem !== null) log({ event: "model_lane", problem: relayed.problem });
-    // The spend is what the provider reported, whatever became of the answer on the way back.
-    admission.settle(relayed.usage);
-    const status = res.statusCode;
-    return { status, code: null, call: row(status, relayed.usage, null) };
+    // The spend is what the provider reported, whatever became of the answer on the way back;
+    // what it held when the report never came.
+    const settlement: Settlement = relayed.reported
+      ? { reported: relayed.usage }
+      : { unreported: relayed.usage };
+    const charged = admission.settle(settlement);
+    const status = relayed.clientGone ? 499 : res.statusCode;
+    return { status, code: null, call: row(status, charged, null) };
   };
 }
 

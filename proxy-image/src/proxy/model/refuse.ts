@@ -10,6 +10,7 @@ export type ModelLaneErrorCode =
   | "not_found"
   | "invalid_request"
   | "untranslatable"
+  | "unsupported_parameter"
   | "payload_too_large"
   | "over_budget"
   | "budget_in_flight"
@@ -19,8 +20,13 @@ export type ModelLaneErrorCode =
  * The lane's own refusal: its code goes where the caller's format has room for one (OpenAI's
  * `code`); the error type follows the status in both formats (errorBody).
  */
-export function laneRefusal(status: number, code: ModelLaneErrorCode, message: string): Refusal {
-  return { status, type: code, message };
+export function laneRefusal(
+  status: number,
+  code: ModelLaneErrorCode,
+  message: string,
+  param?: string,
+): Refusal {
+  return param === undefined ? { status, type: code, message } : { status, type: code, message, param };
 }
 
 /** Writes the error (or ends a response already under way); returns the status. */

@@ -12,8 +12,9 @@ import type { UpstreamAnswer } from "../handler/send";
 import { filterResponseHeaders } from "../http-rules";
 import { maskAll, maskString, RedactStream } from "../redact";
 import { MAX_EVENT_BYTES, SseFilter, type Verdict } from "./sse-relay";
+import { ToClient } from "./to-client";
 import {
-  readUsage,
+  reportedUsage,
   type SseEvent,
   type Translation,
   type Usage,
@@ -24,7 +25,9 @@ import {
 // The provider's answer, on its way back to the sandbox: passed through when the caller spoke
 // the provider's format (bytes as they came, streams untouched but for the usage chunk the lane
 // asked for), translated otherwise (a JSON body whole, a stream event by event as it arrives).
-// Either way every byte is scrubbed of the key (B7, J2) and the provider's usage is read. A
+// Either way every byte is scrubbed of the key (B7, J2) and the provider's usage is read, from
+// the provider's own events or body whatever the caller's format. The answer is read to its end
+// even when the sandbox hangs up (to-client.ts), so that usage is not lost (case L3). A
 // translated answer is scrubbed twice: as the provider wrote it, before anything can cut,
 // split or re-escape a key in it (a bounded error message, a re-chunked delta), and as the
 // caller gets it.
@@ -63,7 +66,12 @@ export interface RelayInput {
 }
 
 export interface Relayed {
+  /** The provider's usage when `reported`; else what of it was seen before the answer ended. */
   usage: Usage;
+  /** Whether the provider's final count came (an error status counts as reported: not billed). */
+  reported: boolean;
+  /** Whether the sandbox went away before it had the whole answer. */
+  clientGone: boolean;
   /** Why the answer could not be handed on whole (a log reason, never content), or null. */
   problem: string | null;
 }
@@ -81,23 +89,27 @@ export async function relay(input: RelayInput): Promise<Relayed> {
         !(k === "content-length" && (sse || input.decoders.length > 0)) &&
         !(k === "content-encoding" && input.decoders.length > 0),
     );
-    const usage: Usage = { ...NO_USAGE };
+    const meter = usageMeter(input.upstream);
     const stages: Transform[] = [...input.decoders];
     const kept = sse ? null : new BodyTap(MAX_EVENT_BYTES);
-    if (kept === null)
-      stages.push(new SseFilter(needles, usageReader(input.upstream, usage, input.hideUsage)));
+    if (kept === null) stages.push(new SseFilter(needles, usageReader(meter, input.hideUsage)));
     else stages.push(kept, new RedactStream(needles));
     res.writeHead(answer.status, mask(passed));
-    const problem = await piped(answer.body, stages, res);
-    if (kept !== null && answer.status < 300) Object.assign(usage, usageOf(input.upstream, kept.body()));
-    return { usage, problem };
+    const { problem, clientGone } = await piped(answer.body, stages, res);
+    if (answer.status >= 300) return { usage: { ...NO_USAGE }, reported: true, clientGone, problem };
+    if (kept === null) return { usage: meter.usage(), reported: meter.reported(), clientGone, problem };
+    const body = kept.body();
+    const usage = body === null ? null : reportedUsage(input.upstream, parseJson(body));
+    return { usage: usage ?? { ...NO_USAGE }, reported: usage !== null, clientGone, problem };
   }
 
   const translation = input.translation;
   const kept = headers.filter(([k]) => TRANSLATED_HEADERS.has(k));
   if (sse) {
     const translator = translation.stream({ model: input.model, includeUsage: input.includeUsage });
+    const meter = usageMeter(input.upstream);
     const onEvent = (e: SseEvent): Verdict => {
+      meter.push(e);
       try {
         return translator.push(e);
       } catch {
@@ -110,49 +122,61 @@ export async function relay(input: RelayInput): Promise<Relayed> {
       answer.status,
       mask([...kept, ["content-type", "text/event-stream"], ["cache-control", "no-cache"]]),
     );
-    const problem = await piped(answer.body, [...input.decoders, new RedactStream(needles), filter], res);
-    return { usage: translator.usage(), problem };
+    const { problem, clientGone } = await piped(
+      answer.body,
+      [...input.decoders, new RedactStream(needles), filter],
+      res,
+    );
+    return { usage: meter.usage(), reported: meter.reported(), clientGone, problem };
   }
 
   // A whole JSON body: an answer or the provider's error, read (bounded) and translated.
   const raw = await readAll(answer.body, [...input.decoders, new RedactStream(needles)]);
   const parsed = raw === null ? null : parseJson(raw);
   let body: Record<string, unknown>;
-  let usage: Usage = { ...NO_USAGE };
   let problem: string | null = raw === null ? "answer unreadable or too large" : null;
   try {
-    if (answer.status >= 300) body = translation.error(answer.status, parsed);
-    else {
-      const out = translation.response(parsed, { model: input.model });
-      body = out.body;
-      usage = out.usage;
-    }
+    body =
+      answer.status >= 300
+        ? translation.error(answer.status, parsed)
+        : translation.response(parsed, { model: input.model }).body;
   } catch {
     problem = "answer could not be translated";
-    // What the provider reported is still the spend, whatever became of the answer.
-    usage = answer.status < 300 ? readUsage(input.upstream, parsed) : usage;
     body = translation.error(502, null);
   }
+  // What the provider reported is the spend, whatever became of the answer.
+  const usage = answer.status >= 300 ? { ...NO_USAGE } : reportedUsage(input.upstream, parsed);
   const status = problem === "answer could not be translated" ? 502 : answer.status;
   const text = maskAll(Buffer.from(JSON.stringify(body), "utf8"), needles);
+  // Gone while the provider answered: the answer was read all the same, for its usage.
+  const clientGone = res.destroyed;
   res.writeHead(
     status,
     mask([...kept, ["content-type", "application/json"], ["content-length", String(text.length)]]),
   );
   res.end(text);
-  return { usage, problem };
+  return { usage: usage ?? { ...NO_USAGE }, reported: usage !== null, clientGone, problem };
 }
 
-/** The answer through its stages (decoders, scrubber, filter) and on to the client by relayBody. */
-async function piped(body: Readable, stages: Transform[], res: ServerResponse): Promise<string | null> {
+/**
+ * The answer through its stages (decoders, scrubber, filter) and on to the client by relayBody,
+ * to its end even when the client goes away (ToClient).
+ */
+async function piped(
+  body: Readable,
+  stages: Transform[],
+  res: ServerResponse,
+): Promise<{ problem: string | null; clientGone: boolean }> {
   const last = stages[stages.length - 1] ?? null;
   // A stage's error or abort reaches the relay through the last stage (as on the main path).
   if (last !== null) pipelineCb([body, ...stages], () => {});
+  const client = new ToClient(res);
   try {
-    await relayBody(last ?? body, res, null, { bytesOut: 0 });
-    return null;
+    await relayBody(last ?? body, client, null, { bytesOut: 0 });
+    return { problem: null, clientGone: client.clientGone };
   } catch (error) {
-    return `response stream failed: ${error instanceof Error ? ((error as { code?: string }).code ?? error.name) : "unknown"}`;
+    const why = error instanceof Error ? ((error as { code?: string }).code ?? error.name) : "unknown";
+    return { problem: `response stream failed: ${why}`, clientGone: client.clientGone };
   }
 }
 
@@ -160,23 +184,16 @@ async function piped(body: Readable, stages: Transform[], res: ServerResponse): 
  * A passthrough stream's usage, followed event by event (usageMeter), and for chat the
  * usage-only chunk dropped when the lane asked for it and the caller did not.
  */
-function usageReader(format: WireFormat, usage: Usage, hideUsage: boolean): (e: SseEvent) => Verdict {
-  const meter = usageMeter(format);
+function usageReader(meter: ReturnType<typeof usageMeter>, hideUsage: boolean): (e: SseEvent) => Verdict {
   return (e) => {
     if (!e.data.includes("usage")) return "keep";
     meter.push(e);
-    Object.assign(usage, meter.usage());
     if (!hideUsage) return "keep";
     const event = parseJson(Buffer.from(e.data, "utf8"));
     const usageOnly =
       isObject(event) && isObject(event.usage) && Array.isArray(event.choices) && event.choices.length === 0;
     return usageOnly ? "drop" : "keep";
   };
-}
-
-function usageOf(format: WireFormat, body: Buffer | null): Usage {
-  const parsed = body === null ? null : parseJson(body);
-  return parsed === null ? { ...NO_USAGE } : readUsage(format, parsed);
 }
 
 function parseJson(raw: Buffer): unknown {

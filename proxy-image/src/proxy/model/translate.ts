@@ -181,18 +181,41 @@ export function readUsage(format: WireFormat, body: unknown): Usage {
   return anthropicUsage(body.usage);
 }
 
-/** Follows the usage of a passthrough stream in its own format, event by event. */
-export function usageMeter(format: WireFormat): { push(e: SseEvent): void; usage(): Usage } {
+/**
+ * The usage a whole answer in the provider's format reports, or null when it reports none (an
+ * answer without a usage object: the lane then charges what the call held, budget.ts).
+ */
+export function reportedUsage(format: WireFormat, body: unknown): Usage | null {
+  if (!isObj(body)) return null;
+  const u = format === "openai-responses" && isObj(body.response) ? body.response.usage : body.usage;
+  return isObj(u) ? readUsage(format, body) : null;
+}
+
+/**
+ * Follows the usage of a stream in the provider's format, event by event. `reported()`: the
+ * final count came (chat's usage chunk, a responses event whose response carries usage,
+ * Anthropic's message_delta); before it, `usage()` is only what was seen so far.
+ */
+export function usageMeter(format: WireFormat): {
+  push(e: SseEvent): void;
+  usage(): Usage;
+  reported(): boolean;
+} {
   let usage: Usage = { input: 0, output: 0, cached: 0 };
+  let reported = false;
   return {
     usage: () => ({ ...usage }),
+    reported: () => reported,
     push(e: SseEvent): void {
       const ev = eventJson(e);
       if (!ev) return;
       if (format !== "anthropic-messages") {
         const hasUsage =
           format === "openai-chat" ? isObj(ev.usage) : isObj(ev.response) && isObj(ev.response.usage);
-        if (hasUsage) usage = readUsage(format, ev);
+        if (hasUsage) {
+          usage = readUsage(format, ev);
+          reported = true;
+        }
         return;
       }
       // message_start has the input, message_delta the cumulative output (and, lately, the
@@ -200,6 +223,7 @@ export function usageMeter(format: WireFormat): { push(e: SseEvent): void; usage
       const u = ev.type === "message_start" && isObj(ev.message) ? ev.message.usage : ev.usage;
       if (!isObj(u) || (ev.type !== "message_start" && ev.type !== "message_delta")) return;
       foldAnthropicUsage(usage, u);
+      if (ev.type === "message_delta") reported = true;
     },
   };
 }
