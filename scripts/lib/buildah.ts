@@ -1,5 +1,6 @@
 import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
 
 // Every buildah call of the image builds and their test goes through here, with the one storage
 // the images live in: overlay where this machine lets root mount it (each layer a diff), else
@@ -99,4 +100,36 @@ export async function imageLabels(ref: string): Promise<Record<string, string> |
   if (r.code !== 0) return null;
   const info = JSON.parse(r.stdout) as { OCIv1?: { config?: { Labels?: Record<string, string> } } };
   return info.OCIv1?.config?.Labels ?? {};
+}
+
+/**
+ * Runs `fn` holding the machine's image-build lock (flock(1) on a file in STORE_ROOT), so that two
+ * builds of the same images (CI's early build in the background and a test's, two clones, `npm
+ * start` beside `npm test`) never run at once: the second waits, then finds the first's layers in
+ * the cache. The holder is a flock child that keeps the lock while its stdin is open; it ends with
+ * this process, so a crashed build never leaves the lock held.
+ */
+export async function withBuildLock<T>(fn: () => Promise<T>): Promise<T> {
+  mkdirSync(STORE_ROOT, { recursive: true });
+  const holder = spawn(
+    "flock",
+    ["--exclusive", join(STORE_ROOT, "build.lock"), "sh", "-c", "echo held; exec cat"],
+    {
+      stdio: ["pipe", "pipe", "ignore"],
+      env: { PATH: SAFE_PATH },
+    },
+  );
+  await new Promise<void>((resolve, reject) => {
+    holder.on("error", reject);
+    holder.on("exit", (code) =>
+      reject(new Error(`flock exited (${code}) before taking the image-build lock`)),
+    );
+    holder.stdout.setEncoding("utf8").once("data", () => resolve());
+  });
+  holder.removeAllListeners("exit");
+  try {
+    return await fn();
+  } finally {
+    holder.stdin.end();
+  }
 }

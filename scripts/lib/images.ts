@@ -2,7 +2,7 @@ import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { buildah, buildahMissing, tail } from "./buildah";
+import { buildah, buildahMissing, tail, withBuildLock } from "./buildah";
 import { expandCopyHeredocs } from "./heredoc";
 import { ensureNodeBase } from "./node-base";
 
@@ -71,10 +71,19 @@ function writeIfChanged(path: string, content: string): void {
 /**
  * Builds the base if the store lacks it, then each image (all four, or `only`), one at a time:
  * one result per image, a failed build's with the end of its output. `log` gets progress lines.
+ * Holds the machine's build lock meanwhile (withBuildLock), waiting for another build first.
  */
 export async function buildImages(
   opts: { only?: readonly ImageName[]; log?: (line: string) => void; verbose?: boolean } = {},
 ): Promise<{ base: { ref: string; built: boolean; seconds: number }; images: ImageBuild[] }> {
+  return withBuildLock(() => buildUnlocked(opts));
+}
+
+async function buildUnlocked(opts: {
+  only?: readonly ImageName[];
+  log?: (line: string) => void;
+  verbose?: boolean;
+}): Promise<{ base: { ref: string; built: boolean; seconds: number }; images: ImageBuild[] }> {
   const log = opts.log ?? (() => {});
   const started = Date.now();
   const base = await ensureNodeBase((step) => log(`base: ${step}`));
