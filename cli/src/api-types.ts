@@ -771,7 +771,7 @@ export interface components {
             state: "active" | "expired" | "revoked";
         };
         ApiKeyWithSecret: components["schemas"]["ApiKey"] & {
-            /** @description The key itself, shown only in this answer: store it now. Absent from a replay (Idempotent-Replayed: true): revoke that key and make another */
+            /** @description The key itself, shown only in this answer: store it now. Absent from a replay (`Idempotent-Replayed: true`, `Idempotent-Withheld` names it): it is never stored. Lost: revoke that key and make another */
             key?: string;
         };
         Artifact: {
@@ -919,12 +919,12 @@ export interface components {
             runId: string;
             truncated: boolean;
         };
-        /** @description When the run egresses through your machine (egress local, or a host via tunnel): the token and command for its egress agent, shown once */
+        /** @description When the run egresses through your machine (egress local, or a host via tunnel): the token and command for its egress agent, shown once. Absent from a replay (`Idempotent-Replayed: true`, `Idempotent-Withheld` names it): it is never stored. Lost: ask for a new one, POST /v1/runs/{id}/egress-agent-token (it replaces this one) */
         EgressAgentToken: {
-            /** @description What to run on your machine: the token in its environment (BENCHWRIGHT_EGRESS_TOKEN), never an argument */
-            command: string;
-            /** @description bwe_...: shown once; a new one replaces it */
-            token: string;
+            /** @description What to run on your machine: the token in its environment (BENCHWRIGHT_EGRESS_TOKEN), never an argument. Absent from a replay (`Idempotent-Replayed: true`, `Idempotent-Withheld` names it): it is never stored. Lost: ask for a new one, POST /v1/runs/{id}/egress-agent-token (it replaces this one) */
+            command?: string;
+            /** @description bwe_...: shown once; a new one replaces it. Absent from a replay (`Idempotent-Replayed: true`, `Idempotent-Withheld` names it): it is never stored. Lost: ask for a new one, POST /v1/runs/{id}/egress-agent-token (it replaces this one) */
+            token?: string;
         };
         EgressRoute: {
             count: number;
@@ -1104,8 +1104,8 @@ export interface components {
             status: "pending" | "delivered" | "failed" | "cancelled";
         };
         NotificationWithSecret: components["schemas"]["Notification"] & {
-            /** @description The signing secret (`whsec_...`) to verify deliveries with, e.g. the `standardwebhooks` library. Shown only in this response: store it now. */
-            secret: string;
+            /** @description The signing secret (`whsec_...`) to verify deliveries with, e.g. the `standardwebhooks` library. Shown only in this response: store it now. Absent from a replay (`Idempotent-Replayed: true`, `Idempotent-Withheld` names it): it is never stored. Lost: delete the URL (DELETE /v1/notifications/{id}) and register it again */
+            secret?: string;
         };
         PolicyDocument: {
             /** @enum {string} */
@@ -1415,8 +1415,8 @@ export interface components {
             url: string;
         };
         WebhookWithSecret: components["schemas"]["Webhook"] & {
-            /** @description The signing secret (`whsec_...`). Shown only in this response: store it now. */
-            secret: string;
+            /** @description The signing secret (`whsec_...`). Shown only in this response: store it now. Absent from a replay (`Idempotent-Replayed: true`, `Idempotent-Withheld` names it): it is never stored. Lost: rotate it, POST /v1/webhooks/{id}/rotate-secret */
+            secret?: string;
         };
     };
     responses: never;
@@ -1486,6 +1486,10 @@ export interface operations {
             /** @description Created; the key is shown only here */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description On a replay whose first answer showed a credential once: the fields left out (of `key`), comma-separated. They are never stored */
+                    "Idempotent-Withheld"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1688,6 +1692,8 @@ export interface operations {
             /** @description Created */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -1770,6 +1776,8 @@ export interface operations {
             /** @description Already stored in this environment (the same bytes) */
             200: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -1779,6 +1787,8 @@ export interface operations {
             /** @description Stored */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -2018,6 +2028,10 @@ export interface operations {
             /** @description Registered; the secret is shown only here */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description On a replay whose first answer showed a credential once: the fields left out (of `secret`), comma-separated. They are never stored */
+                    "Idempotent-Withheld"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2300,6 +2314,10 @@ export interface operations {
             /** @description Accepted: the run is queued */
             202: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description On a replay whose first answer showed a credential once: the fields left out (of `egressAgent`), comma-separated. They are never stored */
+                    "Idempotent-Withheld"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2718,6 +2736,10 @@ export interface operations {
             /** @description Created */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description On a replay whose first answer showed a credential once: the fields left out (of `token`, `command`), comma-separated. They are never stored */
+                    "Idempotent-Withheld"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -3440,6 +3462,8 @@ export interface operations {
             /** @description OK */
             200: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -3716,6 +3740,8 @@ export interface operations {
             /** @description OK */
             200: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -3795,6 +3821,8 @@ export interface operations {
             /** @description OK */
             200: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -3934,6 +3962,8 @@ export interface operations {
             /** @description Created */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -4323,6 +4353,8 @@ export interface operations {
             /** @description Created */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -4704,6 +4736,8 @@ export interface operations {
             /** @description Created */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
                     [name: string]: unknown;
                 };
                 content: {
@@ -5104,6 +5138,10 @@ export interface operations {
             /** @description Created; the secret is shown only here */
             201: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description On a replay whose first answer showed a credential once: the fields left out (of `secret`), comma-separated. They are never stored */
+                    "Idempotent-Withheld"?: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -5283,6 +5321,10 @@ export interface operations {
             /** @description Rotated; the new secret is shown only here */
             200: {
                 headers: {
+                    /** @description `true` when this is the kept answer of an earlier request with the same Idempotency-Key */
+                    "Idempotent-Replayed"?: "true";
+                    /** @description On a replay whose first answer showed a credential once: the fields left out (of `secret`), comma-separated. They are never stored */
+                    "Idempotent-Withheld"?: string;
                     [name: string]: unknown;
                 };
                 content: {

@@ -83,6 +83,8 @@ export class Api {
       query?: Query;
       body?: Body<Op<P, M>>;
       headers?: Record<string, string>;
+      /** Shown the answer's headers (a replay's Idempotent-* ones, say). */
+      seen?: (headers: Headers) => void;
     } = {},
   ): Promise<Success<Op<P, M>>> {
     return this.json(method, path, options);
@@ -100,6 +102,7 @@ export class Api {
       query?: Query;
       body?: unknown;
       headers?: Record<string, string>;
+      seen?: (headers: Headers) => void;
     } = {},
   ): Promise<T> {
     const res = await this.send(this.urlOf(path, options.params, options.query), {
@@ -111,6 +114,7 @@ export class Api {
       },
       body: options.body === undefined ? undefined : JSON.stringify(options.body),
     });
+    options.seen?.(res.headers);
     return answer<T>(res.status, res.statusText, await res.text());
   }
 

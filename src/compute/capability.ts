@@ -1,4 +1,4 @@
-import { and, eq, isNull } from "drizzle-orm";
+import { and, eq, isNull, sql } from "drizzle-orm";
 import { isTerminal } from "../../shared/contract/run-states";
 import { encodeBase64Url, hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
 import { computeCapabilities, runs } from "../db/schema";
@@ -9,7 +9,7 @@ import type { RunOwner } from "../runs/proxy-credentials";
 // instead of a backend credential. It lets the holder ask the broker, through /v1/compute, for
 // sandbox lifecycle of its own run only. Each is one random token (`bwc_`, stored as SHA-256),
 // valid for CAPABILITY_TTL_MS and renewable while the run lives (the renewal revokes the old
-// one), revoked one by one or all at once when the run ends. Task sandboxes are never given one.
+// one, atomically: one successor at most), revoked one by one or all at once when the run ends. Task sandboxes are never given one.
 
 export const CAPABILITY_TTL_MS = 15 * 60_000;
 const TOKEN_PATTERN = /^bwc_[A-Za-z0-9_-]{43}$/;
@@ -28,13 +28,16 @@ export async function issueCapability(
   holderSandboxId: string,
   now = new Date(),
 ): Promise<{ id: string; token: string; expiresAt: Date }> {
-  const token = `bwc_${encodeBase64Url(crypto.getRandomValues(new Uint8Array(32)))}`;
+  const { token, hash } = await newToken();
   const id = randomId("cap_");
   const expiresAt = new Date(now.getTime() + CAPABILITY_TTL_MS);
-  await db
-    .insert(computeCapabilities)
-    .values({ id, runId, holderSandboxId, tokenHash: await hashApiKey(token), expiresAt });
+  await db.insert(computeCapabilities).values({ id, runId, holderSandboxId, tokenHash: hash, expiresAt });
   return { id, token, expiresAt };
+}
+
+async function newToken(): Promise<{ token: string; hash: string }> {
+  const token = `bwc_${encodeBase64Url(crypto.getRandomValues(new Uint8Array(32)))}`;
+  return { token, hash: await hashApiKey(token) };
 }
 
 /**
@@ -70,11 +73,30 @@ export async function findCapability(db: Db, token: string, now = new Date()): P
   };
 }
 
-/** Exchanges a live capability for a new one (same run and holder); the old one is revoked. */
+/**
+ * Exchanges a live capability for a new one (same run and holder), or null if it is no longer
+ * live. One statement: the old row is revoked only if it still is unrevoked and unexpired, and
+ * the new row is made only from the row that update returned. Postgres locks the old row for the
+ * update, so of any number of renewals at once (from any isolates: the lock is in the database
+ * they share) one revokes it and mints; the others wait for it, find it revoked, and mint
+ * nothing (case L6). `renewed_from` is unique as well: a capability has one successor at most.
+ */
 export async function renewCapability(db: Db, cap: Capability, now = new Date()) {
-  const fresh = await issueCapability(db, cap.run.id, cap.holderSandboxId, now);
-  await revokeCapability(db, cap.id, now);
-  return fresh;
+  const { token, hash } = await newToken();
+  const id = randomId("cap_");
+  const expiresAt = new Date(now.getTime() + CAPABILITY_TTL_MS);
+  // Raw SQL: drizzle's insert-from-select wants every column in table order, which hides the point.
+  const made = await db.execute(sql`
+    with old as (
+      update compute_capabilities set revoked_at = ${now.toISOString()}::timestamptz
+      where id = ${cap.id} and revoked_at is null and expires_at > ${now.toISOString()}::timestamptz
+      returning run_id, holder_sandbox_id
+    )
+    insert into compute_capabilities (id, run_id, holder_sandbox_id, token_hash, expires_at, renewed_from)
+    select ${id}, run_id, holder_sandbox_id, ${hash}, ${expiresAt.toISOString()}::timestamptz, ${cap.id}
+    from old
+    returning id`);
+  return made.rows.length === 1 ? { id, token, expiresAt } : null;
 }
 
 export async function revokeCapability(db: Db, id: string, now = new Date()): Promise<void> {

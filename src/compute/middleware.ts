@@ -11,15 +11,17 @@ export type ComputeEnv = {
   Variables: AppEnv["Variables"] & { capability: Capability };
 };
 
+/** The one refusal for a token that is not (or no longer) a live capability. */
+export const unauthorized = () =>
+  new ApiError(
+    "unauthorized",
+    "Send the run's compute capability as `Authorization: Bearer <token>` (it may have expired or been revoked).",
+  );
+
 export const requireCapability = createMiddleware<ComputeEnv>(async (c, next) => {
   const token = /^Bearer ([^\s]+)$/.exec(c.req.header("authorization") ?? "")?.[1];
   const capability = token ? await findCapability(c.var.db, token) : null;
-  if (!capability) {
-    throw new ApiError(
-      "unauthorized",
-      "Send the run's compute capability as `Authorization: Bearer <token>` (it may have expired or been revoked).",
-    );
-  }
+  if (!capability) throw unauthorized();
   c.set("capability", capability);
   await next();
 });

@@ -15,6 +15,7 @@ import {
   sameRequest,
   storedAnswer,
 } from "./store";
+import { WITHHELD_HEADER, withhold } from "./withheld";
 
 // `Idempotency-Key` on the POSTs that create something (IDEMPOTENT_POSTS in ./routes.ts), with
 // Stripe's semantics (docs/user-guide.md, "Retries and limits"):
@@ -132,7 +133,7 @@ async function answerHeld(c: Context<AppEnv>, row: KeyRow, hash: Uint8Array<Arra
 /**
  * The middleware (app.ts applies it to IDEMPOTENT_POSTS, after the API key is known).
  * `maxBodyBytes`: the largest body a covered route takes (a bundle); `withheld`: top-level fields
- * of the answer never stored, so never replayed (WITHHELD_FROM_REPLAY in ./routes.ts).
+ * of the answer never stored, so never replayed (WITHHELD_FROM_REPLAY in ./routes.ts, case L5).
  */
 export function idempotency(maxBodyBytes: (c: Context<AppEnv>) => number, withheld: readonly string[] = []) {
   return createMiddleware<AppEnv>(async (c, next) => {
@@ -169,15 +170,6 @@ export function idempotency(maxBodyBytes: (c: Context<AppEnv>) => number, withhe
   });
 }
 
-/** The answer's JSON without the withheld top-level fields (a problem body has none of them). */
-function withhold(text: string, withheld: readonly string[]): string {
-  if (withheld.length === 0 || text === "") return text;
-  const body: unknown = JSON.parse(text);
-  if (typeof body !== "object" || body === null || Array.isArray(body)) return text;
-  const kept = Object.fromEntries(Object.entries(body).filter(([k]) => !withheld.includes(k)));
-  return JSON.stringify(kept);
-}
-
 /** Keeps the route's answer for the key, or gives the key up. Never changes the answer. */
 async function settle(c: Context<AppEnv>, key: string, withheld: readonly string[]): Promise<void> {
   const { db, principal, config } = c.var;
@@ -192,7 +184,8 @@ async function settle(c: Context<AppEnv>, key: string, withheld: readonly string
       const value = res.headers.get(name);
       if (value !== null) headers[name] = value;
     }
-    const text = withhold(await res.clone().text(), withheld);
+    const { text, left } = withhold(await res.clone().text(), withheld);
+    if (left.length > 0) headers[WITHHELD_HEADER] = left.join(", ");
     await recordAnswer(db, config.keyRing, principal, key, { status: res.status, headers, body: text });
   } catch (error) {
     // The answer stands; the key stays claimed and unanswered (a retry gets in_use, never a

@@ -29,15 +29,22 @@ export const IDEMPOTENT_POSTS = [
 
 /**
  * Top-level fields of a covered POST's answer that are kept out of the store, so a replay shows
- * everything but them. Stripe replays the whole answer, and so do the others here (a webhook's
- * secret is stored sealed anyway). A new API key is the exception: it is stored only as a hash,
- * and keeping the answer would put a recoverable copy of a live key in the database for a day
- * (sealed, but open to anyone with the database and the KEK), and show it a second time. The
- * creation stays exactly-once; a client that lost the first answer revokes that key and makes
- * another (docs/user-guide.md, "API keys").
+ * everything but them (case L5): every credential an answer shows once. Stripe replays the whole
+ * answer; here the store would then hold a recoverable copy of a live credential for a day
+ * (sealed, but open to anyone with the database and the KEK) where otherwise only its hash
+ * exists, or none, and a replay would show it a second time. The creation stays exactly-once;
+ * a client that lost the first answer gets a new credential the way each field's description
+ * says (revoke the key and make another, a new agent token, a rotation). The fields are marked
+ * `shownOnce` (./withheld.ts) in the routes' schemas, and test/worker/idempotency-credentials.test.ts
+ * fails when the document shows a credential in a covered answer that is not withheld here.
  */
 export const WITHHELD_FROM_REPLAY: Partial<Record<(typeof IDEMPOTENT_POSTS)[number], readonly string[]>> = {
   "/v1/api-keys": ["key"],
+  "/v1/runs": ["egressAgent"],
+  "/v1/runs/{id}/egress-agent-token": ["token", "command"],
+  "/v1/webhooks": ["secret"],
+  "/v1/webhooks/{id}/rotate-secret": ["secret"],
+  "/v1/notifications": ["secret"],
 };
 
 /** POSTs that create nothing, and why a retry of one is already safe. */
@@ -74,5 +81,30 @@ export function describeIdempotency(app: OpenAPIHono<AppEnv>): void {
       409: { description: "Problem details", content: problemContent },
       ...route.responses,
     };
+    const withheld = WITHHELD_FROM_REPLAY[route.path as (typeof IDEMPOTENT_POSTS)[number]] ?? [];
+    for (const [status, res] of Object.entries(route.responses)) {
+      if (!status.startsWith("2") || "$ref" in res) continue;
+      if (res.headers) throw new Error(`${route.path} ${status} has headers of its own; merge them here`);
+      route.responses[status] = { ...res, headers: replayHeaders(withheld) };
+    }
   }
+}
+
+/** The headers a replay adds to the first answer (on the covered operations' successes). */
+function replayHeaders(withheld: readonly string[]) {
+  const string = { type: "string" } as const;
+  return {
+    "Idempotent-Replayed": {
+      description: "`true` when this is the kept answer of an earlier request with the same Idempotency-Key",
+      schema: { ...string, enum: ["true"] },
+    },
+    ...(withheld.length > 0
+      ? {
+          "Idempotent-Withheld": {
+            description: `On a replay whose first answer showed a credential once: the fields left out (of ${withheld.map((f) => `\`${f}\``).join(", ")}), comma-separated. They are never stored`,
+            schema: string,
+          },
+        }
+      : {}),
+  };
 }

@@ -1,13 +1,13 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { API_KEY_SCOPES } from "../auth/scope";
 import { unwrap } from "../errors";
+import { shownOnce } from "../idempotency/withheld";
 import { DURATION_PATTERN } from "../keys/expiry";
 import * as keys from "../keys/service";
 import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
 
 // Self-served API keys (case K3). The key is in POST's answer and nowhere else: not in the list,
-// not in a log, not in a replay (the idempotency store keeps the answer without it, see
-// src/idempotency/routes.ts).
+// not in a log, not in a replay (the idempotency store keeps the answer without it, case L5).
 
 const Scope = z.enum(API_KEY_SCOPES).openapi({
   description: "`full`: everything; `read`: GET and HEAD only (anything else is 403 read_only_key)",
@@ -50,10 +50,11 @@ const ApiKey = z
   .openapi("ApiKey");
 
 const ApiKeyWithSecret = ApiKey.extend({
-  key: z.string().optional().openapi({
-    description:
-      "The key itself, shown only in this answer: store it now. Absent from a replay (Idempotent-Replayed: true): revoke that key and make another",
-  }),
+  key: shownOnce(
+    z.string(),
+    "The key itself, shown only in this answer: store it now.",
+    "revoke that key and make another",
+  ),
 }).openapi("ApiKeyWithSecret");
 
 const view = (k: keys.KeyInfo): z.infer<typeof ApiKey> => ({

@@ -1,7 +1,7 @@
 import { Hono } from "hono";
 import { z } from "zod";
 import { renewCapability } from "../compute/capability";
-import { type ComputeEnv, requireCapability } from "../compute/middleware";
+import { type ComputeEnv, requireCapability, unauthorized } from "../compute/middleware";
 import type { EnvironmentAnswer } from "../coordinator/machine";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { ApiError } from "../errors";
@@ -56,8 +56,10 @@ export const computeRoutes = new Hono<ComputeEnv>()
     return c.json({ runId: cap.run.id, holder: cap.holderSandboxId, expiresAt: cap.expiresAt.toISOString() });
   })
   // A capability lives 15 minutes; a longer orchestration renews it (the old one stops working).
+  // A renewal that lost a race with another of the same token finds it revoked: the same 401.
   .post("/capability/renew", async (c) => {
     const fresh = await renewCapability(c.var.db, c.var.capability);
+    if (fresh === null) throw unauthorized();
     return c.json({ token: fresh.token, expiresAt: fresh.expiresAt.toISOString() }, 200, {
       "cache-control": "no-store",
     });

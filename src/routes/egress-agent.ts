@@ -5,6 +5,7 @@ import { readBearer } from "../../shared/contract/proxy-wire";
 import { AgentPolicy, EGRESS_AGENT_PATH, EGRESS_AGENT_POLICY_PATH } from "../../shared/contract/tunnel";
 import type { AppEnv } from "../context";
 import { ApiError, unwrap } from "../errors";
+import { shownOnce } from "../idempotency/withheld";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
 import { type EgressRun, findRunByEgressToken, issueEgressToken } from "../runs/egress-token";
 import * as runs from "../runs/service";
@@ -19,13 +20,18 @@ import { previewPolicy } from "../vault/policy";
 // - the proxy's end, GET /internal/runs/{id}/tunnel, is checked by the internal API's proxy auth
 //   and handed here (relayTo).
 
+/** What a client that lost an answer with an agent token does (a new token replaces the old). */
+export const LOST_AGENT_TOKEN =
+  "ask for a new one, POST /v1/runs/{id}/egress-agent-token (it replaces this one)";
+
 export const EgressAgentToken = z
   .object({
-    token: z.string().openapi({ description: "bwe_...: shown once; a new one replaces it" }),
-    command: z.string().openapi({
-      description:
-        "What to run on your machine: the token in its environment (BENCHWRIGHT_EGRESS_TOKEN), never an argument",
-    }),
+    token: shownOnce(z.string(), "bwe_...: shown once; a new one replaces it.", LOST_AGENT_TOKEN),
+    command: shownOnce(
+      z.string(),
+      "What to run on your machine: the token in its environment (BENCHWRIGHT_EGRESS_TOKEN), never an argument.",
+      LOST_AGENT_TOKEN,
+    ),
   })
   .openapi("EgressAgentToken");
 

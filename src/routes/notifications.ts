@@ -3,6 +3,7 @@ import type { Context } from "hono";
 import type { AppEnv } from "../context";
 import { NOTIFICATION_EVENTS } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
+import { shownOnce } from "../idempotency/withheld";
 import { ATTEMPT_TIMEOUT_MS, MAX_ATTEMPTS, RETRY_SCHEDULE_MS } from "../notifications/delivery";
 import * as notify from "../notifications/service";
 import { checkTarget } from "../notifications/target";
@@ -43,10 +44,11 @@ const Notification = z
   .openapi("Notification");
 
 const NotificationWithSecret = Notification.extend({
-  secret: z.string().openapi({
-    description:
-      "The signing secret (`whsec_...`) to verify deliveries with, e.g. the `standardwebhooks` library. Shown only in this response: store it now.",
-  }),
+  secret: shownOnce(
+    z.string(),
+    "The signing secret (`whsec_...`) to verify deliveries with, e.g. the `standardwebhooks` library. Shown only in this response: store it now.",
+    "delete the URL (DELETE /v1/notifications/{id}) and register it again",
+  ),
 }).openapi("NotificationWithSecret");
 
 const Attempt = z

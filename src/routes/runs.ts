@@ -6,13 +6,14 @@ import type { AppEnv } from "../context";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
+import { shownOnce } from "../idempotency/withheld";
 import { IdParam, iso, jsonBody, jsonOk, NextCursor, newRouter, problems } from "../router";
 import { issueEgressToken } from "../runs/egress-token";
 import { Linger, lingerOf } from "../runs/linger";
 import * as runs from "../runs/service";
 import { checkLinger, LingerSeconds, RunSpec, storedSpec } from "../runs/spec";
 import { previewPolicy } from "../vault/policy";
-import { agentCommand, EgressAgentToken, publicUrl } from "./egress-agent";
+import { agentCommand, EgressAgentToken, LOST_AGENT_TOKEN, publicUrl } from "./egress-agent";
 
 const Note = z
   .object({ level: z.enum(["note", "warning"]), code: z.string(), text: z.string() })
@@ -138,10 +139,11 @@ export const runsRoutes = newRouter()
       responses: {
         202: jsonOk(
           RunSummary.extend({
-            egressAgent: EgressAgentToken.optional().openapi({
-              description:
-                "When the run egresses through your machine (egress local, or a host via tunnel): the token and command for its egress agent, shown once",
-            }),
+            egressAgent: shownOnce(
+              EgressAgentToken,
+              "When the run egresses through your machine (egress local, or a host via tunnel): the token and command for its egress agent, shown once.",
+              LOST_AGENT_TOKEN,
+            ),
           }),
           "Accepted: the run is queued",
         ),

@@ -8,6 +8,7 @@ import type { AppEnv } from "../context";
 import { coordinatorStub } from "../coordinator/run-coordinator";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
+import { shownOnce } from "../idempotency/withheld";
 import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
 import { checkLaunchable, RunSpec, storedSpec } from "../runs/spec";
 import * as hooks from "../webhooks/service";
@@ -39,9 +40,11 @@ const Webhook = z
   .openapi("Webhook");
 
 const WebhookWithSecret = Webhook.extend({
-  secret: z.string().openapi({
-    description: "The signing secret (`whsec_...`). Shown only in this response: store it now.",
-  }),
+  secret: shownOnce(
+    z.string(),
+    "The signing secret (`whsec_...`). Shown only in this response: store it now.",
+    "rotate it, POST /v1/webhooks/{id}/rotate-secret",
+  ),
 }).openapi("WebhookWithSecret");
 
 const view = (c: Context, w: hooks.WebhookRow): z.infer<typeof Webhook> => ({

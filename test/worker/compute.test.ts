@@ -1,5 +1,8 @@
+import { and, eq, gt, isNull } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { issueCapability, revokeRunCapabilities } from "../../src/compute/capability";
+import { hashApiKey } from "../../src/crypto/api-keys";
+import { computeCapabilities } from "../../src/db/schema";
 import { call, expectProblem, newTenant, withDb } from "./harness";
 import { scanDatabase } from "./leaks";
 import { newRun, setRunStatus } from "./run-fixtures";
@@ -118,5 +121,41 @@ describe("compute API: environments", () => {
       );
       expectProblem(await call(token, "GET", `/compute/environments/${id}/exec/e1`), 404, "not_found");
     }
+  });
+});
+
+describe("compute API: renewal is atomic", () => {
+  // case L6: many renewals of one capability at once, each through the real Worker entrypoint
+  // with its own database connection (as separate isolates would be), against real Postgres.
+  it("case L6: concurrent renewals → exactly one live capability for the holder, the rest refused", async () => {
+    const run = await newRun(await newTenant(), { status: "running" });
+    const cap = await capabilityFor(run.id);
+    const all = await Promise.all(
+      Array.from({ length: 12 }, () => call(cap.token, "POST", "/compute/capability/renew")),
+    );
+    const won = all.filter((r) => r.status === 200);
+    expect(won, all.map((r) => `${r.status} ${r.text}`).join("\n")).toHaveLength(1);
+    // The others lost the race: the same answer as any revoked token, and no token in it.
+    for (const r of all.filter((r) => r.status !== 200)) expectProblem(r, 401, "unauthorized");
+    const live = await withDb((db) =>
+      db
+        .select({ tokenHash: computeCapabilities.tokenHash, renewedFrom: computeCapabilities.renewedFrom })
+        .from(computeCapabilities)
+        .where(
+          and(
+            eq(computeCapabilities.runId, run.id),
+            eq(computeCapabilities.holderSandboxId, "sbx_holder"),
+            isNull(computeCapabilities.revokedAt),
+            gt(computeCapabilities.expiresAt, new Date()),
+          ),
+        ),
+    );
+    expect(live).toHaveLength(1);
+    const token: string = won[0]?.json.token;
+    expect(live[0]).toEqual({ tokenHash: await hashApiKey(token), renewedFrom: cap.id });
+    expect((await call(token, "GET", "/compute/capability")).json.runId).toBe(run.id);
+    expectProblem(await call(cap.token, "GET", "/compute/capability"), 401, "unauthorized");
+    // And a renewal of a renewed token stays refused: the old one can never mint again.
+    expectProblem(await call(cap.token, "POST", "/compute/capability/renew"), 401, "unauthorized");
   });
 });

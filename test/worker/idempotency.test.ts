@@ -228,18 +228,30 @@ describe("Idempotency-Key", () => {
     expectProblem(await send(other), 409, "idempotency_key_reused");
   });
 
-  it("case K2: a kept answer is sealed: the webhook secret it shows once is in no database column", async () => {
+  it("case K2: a kept answer is sealed, and the secret it showed once is not in it (L5)", async () => {
     const t = await newTenant();
     const key = newKey();
     const body = { name: "sealed", run: { commands: ["echo hook"] } };
     const first = await post(t, "/v1/webhooks", body, key);
     expect(first.status, first.text).toBe(201);
-    const secret: string = first.json.secret;
     const again = await post(t, "/v1/webhooks", body, key);
     expect(replayed(again)).toBe(true);
-    expect(again.json.secret).toBe(secret);
+    expect(again.json.id).toBe(first.json.id);
+    expect(again.json).not.toHaveProperty("secret");
     expect((await t.api("GET", "/v1/webhooks")).json.webhooks).toHaveLength(1);
-    const scan = await scanDatabase(await leakNeedles(secret));
+    // What was kept is sealed: even the webhook's id is in no column of the row in clear.
+    const row = await withDb(async (db) =>
+      JSON.stringify(
+        (
+          await db.execute(
+            sql`select r::text from idempotency_keys r where environment_id = ${t.environmentId} and key = ${key}`,
+          )
+        ).rows,
+      ),
+    );
+    expect(row).toContain("v1.");
+    expect(row).not.toContain(first.json.id);
+    const scan = await scanDatabase(await leakNeedles(first.json.secret));
     expect(scan.columns).toContain("public.idempotency_keys.response_ciphertext");
     expect(scan.hits).toEqual([]);
   });

@@ -1,6 +1,6 @@
 import type { Schemas } from "../api";
 import { writeSecretFile } from "../io";
-import { api, type Ctx, print, secretTarget, table, withoutSecret } from "./shared";
+import { api, type Ctx, print, secretOf, secretTarget, table, withoutSecret } from "./shared";
 
 // `benchwright notifications ...`: URLs told when a run of this environment ends (POST
 // /v1/notifications), and what was sent to them. The signing secret is written to a file of the
@@ -19,7 +19,7 @@ export async function notificationsCreate(
 ): Promise<void> {
   const out = secretTarget(opts.secretOut);
   const made = await api(ctx).call("post", "/v1/notifications", { body: { url } });
-  writeSecretFile(out, made.secret);
+  writeSecretFile(out, secretOf(made, "delete it and register the URL again"));
   print(ctx, withoutSecret(made, out), () => [
     ...describe(made),
     `signing secret written to ${out} (shown only this once; verify deliveries with it)`,

@@ -150,9 +150,13 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
   // answered again by the API, never made twice.
   const launch = { body: asSpec(spec), headers: { "idempotency-key": crypto.randomUUID() } };
   let run: Awaited<ReturnType<typeof client.call<"/v1/runs", "post">>>;
+  let withheld = "";
+  const seen = (h: Headers) => {
+    withheld = h.get("idempotent-withheld") ?? "";
+  };
   for (let attempt = 1; ; attempt++) {
     try {
-      run = await client.call("post", "/v1/runs", launch);
+      run = await client.call("post", "/v1/runs", { ...launch, seen });
       break;
     } catch (error) {
       const again =
@@ -160,6 +164,17 @@ export async function runsLaunch(ctx: Ctx, opts: LaunchOptions): Promise<void> {
         (error instanceof ApiError && (error.status >= 500 || error.code === "idempotency_key_in_use"));
       if (!again || attempt === 3) throw error;
       await new Promise((r) => setTimeout(r, attempt * 1000));
+    }
+  }
+  // A retry answered by the replay of a launch whose answer was lost: the API keeps no copy of
+  // the agent's token (case L5), so ask for a new one (it replaces the lost one). A run that has
+  // ended since needs no agent.
+  if (!run.egressAgent && withheld.split(", ").includes("egressAgent")) {
+    try {
+      const fresh = await client.call("post", "/v1/runs/{id}/egress-agent-token", { params: { id: run.id } });
+      run = { ...run, egressAgent: fresh };
+    } catch (error) {
+      if (!(error instanceof ApiError && error.code === "run_ended")) throw error;
     }
   }
   const agent = run.egressAgent

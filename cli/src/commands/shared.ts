@@ -129,7 +129,16 @@ export function secretTarget(path: string | undefined): string {
 }
 
 /** What is printed of an answer that carries a secret: everything but it, and where it went. */
-export function withoutSecret<T extends { secret: string }>(made: T, secretFile: string) {
+/**
+ * The signing secret of an answer that shows one. Absent only from a replay of an Idempotency-Key
+ * (the API never stores it), which these commands do not send: then there is none to write.
+ */
+export function secretOf(made: { id: string; secret?: string }, lost: string): string {
+  if (!made.secret) throw new Failed(`the API did not send ${made.id}'s signing secret; ${lost}`);
+  return made.secret;
+}
+
+export function withoutSecret<T extends { secret?: string }>(made: T, secretFile: string) {
   const { secret: _secret, ...rest } = made;
   return { ...rest, secretFile };
 }

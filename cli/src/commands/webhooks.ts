@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import type { Schemas } from "../api";
 import { writeSecretFile } from "../io";
-import { api, type Ctx, print, secretTarget, table, UsageError, withoutSecret } from "./shared";
+import { api, type Ctx, print, secretOf, secretTarget, table, UsageError, withoutSecret } from "./shared";
 
 // `benchwright webhooks ...`: webhooks that start a run per signed delivery (POST /v1/webhooks).
 // The signing secret is shown by the API once; the CLI writes it to a file of the user's (0600,
@@ -43,7 +43,7 @@ export async function webhooksCreate(
   const run = readSpec(opts.from);
   const client = api(ctx);
   const made = await client.call("post", "/v1/webhooks", { body: { name, run } });
-  writeSecretFile(out, made.secret);
+  writeSecretFile(out, secretOf(made, "rotate it (benchwright webhooks rotate-secret)"));
   print(ctx, withoutSecret(made, out), () => [
     ...describe(made),
     `signing secret written to ${out} (shown only this once; senders sign with it)`,
@@ -78,7 +78,7 @@ export async function webhooksRotate(ctx: Ctx, id: string, opts: { secretOut?: s
     params: { id },
     body: {},
   });
-  writeSecretFile(out, rotated.secret);
+  writeSecretFile(out, secretOf(rotated, "rotate it again"));
   print(ctx, withoutSecret(rotated, out), () => [
     ...describe(rotated),
     `new signing secret written to ${out} (the previous one keeps verifying for 24 hours)`,

@@ -21,6 +21,9 @@ export const computeCapabilities = pgTable(
     tokenHash: text("token_hash").notNull().unique(),
     expiresAt: timestamp("expires_at", { withTimezone: true }).notNull(),
     revokedAt: timestamp("revoked_at", { withTimezone: true }),
+    // The capability this one renewed (revoked in the same statement). Unique: a capability has
+    // at most one successor, however many renewals of it race (case L6).
+    renewedFrom: text("renewed_from").unique(),
     createdAt: createdAt(),
   },
   (t) => [index("compute_capabilities_run").on(t.runId)],

@@ -1,0 +1,2 @@
+ALTER TABLE "compute_capabilities" ADD COLUMN "renewed_from" text;--> statement-breakpoint
+ALTER TABLE "compute_capabilities" ADD CONSTRAINT "compute_capabilities_renewed_from_unique" UNIQUE("renewed_from");
