@@ -27,6 +27,17 @@ afterAll(async () => {
   await upstream.close();
 });
 
+/** The decision record of the I6 refusal of `host:port` on the explicit port. */
+const refusedOnExplicit = (host: string, port: number) => ({
+  listener: "explicit",
+  host,
+  port,
+  decision: "refuse",
+  reason: `plain http to port ${port}`,
+  status: 403,
+});
+const lastDecision = (p: { logs: { event?: unknown }[] }) => p.logs.findLast((r) => r.event === "decision");
+
 const viaExplicit = (url: string) => curl(["--proxy", `http://127.0.0.1:${proxy.explicitPort}`, url]);
 
 describe("case I6: plain http through the explicit proxy port", () => {
@@ -50,14 +61,7 @@ describe("case I6: plain http through the explicit proxy port", () => {
       expect(upstream.counts.connections).toBe(before);
       expect(proxy.dials.filter((d) => d.port === port)).toEqual([]);
       expect(proxy.audit.routes.slice(routes)).toEqual([["plain.test", "refused"]]);
-      expect(proxy.logs.findLast((r) => r.event === "decision")).toMatchObject({
-        listener: "explicit",
-        host: "plain.test",
-        port,
-        decision: "refuse",
-        reason: `plain http to port ${port}`,
-        status: 403,
-      });
+      expect(lastDecision(proxy)).toMatchObject(refusedOnExplicit("plain.test", port));
     },
   );
 });
@@ -164,14 +168,7 @@ describe("case L4: Upgrade on the explicit proxy port", () => {
       expect(reached.redis).toBe(0);
       expect(l4.dials.slice(dials)).toEqual([]);
       expect(l4.audit.routes.slice(routes)).toEqual([["allowed.test", "refused"]]);
-      expect(l4.logs.findLast((rec) => rec.event === "decision")).toMatchObject({
-        listener: "explicit",
-        host: "allowed.test",
-        port,
-        decision: "refuse",
-        reason: `plain http to port ${port}`,
-        status: 403,
-      });
+      expect(lastDecision(l4)).toMatchObject(refusedOnExplicit("allowed.test", port));
     },
   );
 });
