@@ -6,7 +6,7 @@ import { Exec } from "./exec";
 import type { RegistryOptions } from "./registry-options";
 import type { Run, Runs } from "./runs";
 import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, NODE_MOUNT, SANDBOX_HOME } from "./sandbox";
-import { execCgroup, type Sandbox } from "./sandbox-record";
+import { execCgroup, refuseUnsealed, type Sandbox } from "./sandbox-record";
 
 // Starting an exec in a sandbox (exec.ts runs it): what a request may ask of a sandbox in its
 // state, the image's programs by name, and how many exited execs a sandbox keeps. Apart from the
@@ -32,6 +32,7 @@ export function startExec(
   const texts = [...request.argv, ...Object.values(request.env), request.cwd ?? ""];
   if (texts.some((t) => t.includes("\0")))
     throw new AgentError("invalid_request", "NUL bytes are not allowed in argv, env or cwd");
+  refuseUnsealed(sandbox);
   if (request.stage === "setup" && sandbox.sealed) {
     throw new AgentError("sealed", `sandbox ${sandboxId} is sealed: its setup stage has ended`);
   }

@@ -269,5 +269,11 @@ export const AgentErrorCode = z.enum([
   "sandbox_failed",
   /** A setup-stage exec after the sandbox was sealed. */
   "sealed",
+  /**
+   * The seal could not end the setup stage (its processes outlived the kill rounds, or its
+   * namespace limits or wiring files could not be held): what is left is frozen, and the
+   * sandbox runs nothing more; destroy it.
+   */
+  "setup_not_sealed",
 ]);
 export type AgentErrorCode = z.infer<typeof AgentErrorCode>;
