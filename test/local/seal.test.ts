@@ -32,7 +32,7 @@ if (whyNot) console.warn(`seal suites skipped: ${whyNot} (they need root on Linu
 const UIDS: [number, number] = [350_000, 350_400];
 const RUN = "run-l";
 const HOSTS = ["api.example.test"];
-const LIMITS = "cd /proc/sys/user && for f in max_*; do echo \"$f=$(cat $f)\"; done";
+const LIMITS = 'cd /proc/sys/user && for f in max_*; do echo "$f=$(cat $f)"; done';
 
 /** `name=value` lines as a map. */
 const parse = (text: string) =>
