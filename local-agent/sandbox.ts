@@ -122,7 +122,7 @@ exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- sh -c 'sleep 
 `;
 
 /** Joins every cgroup.procs file given before `--`, then execs the rest (on the host side). */
-const CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"';
+export const CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"';
 
 export interface SandboxFiles {
   hosts: string;

@@ -249,3 +249,41 @@ export function installNsswitch(root: string, setupUid: number, image: ImageFile
     closeSync(parent);
   }
 }
+
+/**
+ * A file of the sandbox's own tree read from the host side, from `root` (PID 1's root), never
+ * following a link (each directory opened with O_NOFOLLOW, as openParent does, but nothing
+ * changed on the way): at most `max` bytes of a regular file. Throws saying what is there instead.
+ */
+export function readInTree(root: string, path: string, max: number): string {
+  let fd = openSync(root, constants.O_RDONLY | constants.O_DIRECTORY);
+  try {
+    const parts = path.split("/");
+    for (const part of parts.slice(0, -1)) {
+      const next = openSync(
+        `/proc/self/fd/${fd}/${part}`,
+        constants.O_RDONLY | constants.O_DIRECTORY | NO_FOLLOW,
+      );
+      closeSync(fd);
+      fd = next;
+    }
+    const file = openSync(`/proc/self/fd/${fd}/${parts.at(-1)}`, constants.O_RDONLY | NO_FOLLOW);
+    try {
+      if (!fstatSync(file).isFile()) throw new Error(`/${path} is not a regular file`);
+      const buffer = Buffer.alloc(max);
+      let size = 0;
+      for (let n = 1; n > 0 && size < max; size += n) n = readSync(file, buffer, size, max - size, size);
+      return buffer.subarray(0, size).toString("utf8");
+    } finally {
+      closeSync(file);
+    }
+  } catch (error) {
+    const code = (error as { code?: string }).code;
+    // ELOOP: O_NOFOLLOW met a link; ENOTDIR: a directory on the way is not one.
+    if (code === "ELOOP") throw new Error(`/${path} or a directory above it is a link`);
+    if (code !== undefined) throw new Error(`/${path}: ${code}`);
+    throw error;
+  } finally {
+    closeSync(fd);
+  }
+}

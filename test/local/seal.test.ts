@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups } from "../../local-agent/cgroups";
+import { IMAGE_MOUNT, NODE_MOUNT } from "../../local-agent/sandbox";
 import { StateDir } from "../../local-agent/state-dir";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
 import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
@@ -12,7 +13,9 @@ import { filesFirst } from "../../shared/policy/hosts-file";
 import {
   type AgentClient,
   ensureWorkImageBuilt,
+  host,
   leftovers,
+  onPath,
   secret,
   startTestAgent,
   type TestAgent,
@@ -24,7 +27,8 @@ import {
 // setup stage that writes its own namespace limits back up, rewrites the name service's
 // configuration, or leaves processes the kill rounds cannot empty. After a seal the execute
 // stage must find the limits held, the wiring's files the agent's again and the run's redirect
-// proved; or the seal refuses (`setup_not_sealed`) and nothing runs beside what setup left.
+// proved; or the seal refuses (`setup_not_sealed`) and nothing runs beside what setup left. And
+// the re-proof after the seal is not the setup stage's to forge (G5): it runs in a clean root.
 
 const whyNot = whyNotRunnable();
 if (whyNot) console.warn(`seal suites skipped: ${whyNot} (they need root on Linux)`);
@@ -33,6 +37,29 @@ const UIDS: [number, number] = [350_000, 350_400];
 const RUN = "run-l";
 const HOSTS = ["api.example.test"];
 const LIMITS = 'cd /proc/sys/user && for f in max_*; do echo "$f=$(cat $f)"; done';
+
+// A library the setup stage preloads into every program of the sandbox (/etc/ld.so.preload):
+// in one that runs the wiring program, it prints the proof kept in /etc/bw-lie.json and exits 0
+// before node starts. What a setup stage that owns the sandbox's loader can make any proof say.
+const LYING_PRELOAD = `#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+__attribute__((constructor)) static void lie(void) {
+  static char cmd[8192], proof[65536];
+  int fd = open("/proc/self/cmdline", O_RDONLY);
+  if (fd < 0) return;
+  ssize_t n = read(fd, cmd, sizeof cmd - 1);
+  close(fd);
+  if (n <= 0) return;
+  for (ssize_t i = 0; i < n; i++) if (cmd[i] == 0) cmd[i] = ' ';
+  cmd[n] = 0;
+  if (!strstr(cmd, "wiring.cjs")) return;
+  fd = open("/etc/bw-lie.json", O_RDONLY);
+  n = fd < 0 ? 0 : read(fd, proof, sizeof proof);
+  if (n > 0) write(1, proof, n);
+  _exit(0);
+}
+`;
 
 /** `name=value` lines as a map. */
 const parse = (text: string) =>
@@ -227,6 +254,73 @@ describe.skipIf(whyNot !== null)("local agent: what the seal owns", () => {
     expect(proof.info.exitCode, proof.info.stdout + proof.info.stderr).toBe(0);
     expect(proof.proof?.probes.map((p) => [p.name, p.ok])).toEqual([["tls_probe", true]]);
   }, 180_000);
+
+  it.skipIf(!onPath("cc"))(
+    "case G5: a preload setup plants to make the wiring program lie does not fool the re-proof, which runs in a clean root",
+    async () => {
+      await work("g5");
+      const first = await wiring("g5", "setup", wiringInput("g5"));
+      expect(first.proof?.ok, first.info.stdout + first.info.stderr).toBe(true);
+      const source = join(scratch, "lie.c");
+      const library = join(scratch, "lie.so");
+      writeFileSync(source, LYING_PRELOAD);
+      const cc = await host(["cc", "-shared", "-fPIC", "-O2", "-o", library, source]);
+      expect(cc.code, cc.stderr).toBe(0);
+      // Setup's root plants it, with a true proof (the first wiring's) to replay.
+      const plant = await api.run("g5", {
+        argv: [
+          "sh",
+          "-c",
+          'base64 -d > /usr/local/lib/bw-lie.so && printf %s "$LIE" > /etc/bw-lie.json && echo /usr/local/lib/bw-lie.so > /etc/ld.so.preload',
+        ],
+        stage: "setup",
+        stdin: readFileSync(library).toString("base64"),
+        env: { LIE: first.info.stdout },
+      });
+      expect(plant.exitCode, plant.stderr).toBe(0);
+
+      // Sealed with a CA the run's proxy does not chain to: the redirect is not what the proof
+      // is asked to find, so a true re-proof must fail.
+      const other = await createTestCa("Benchwright seal test: a CA the proxy does not hold");
+      const sealed = await api.call("POST", "/v1/sandboxes/g5/seal", {
+        ...sealBody,
+        caCertPem: other.certPem,
+      });
+      expect(sealed.status, JSON.stringify(sealed.body)).toBe(200);
+      const input = wiringInput("g5", { caCertPem: other.certPem, installed: true });
+      // On the sandbox's own loader (what the re-proof ran on before), the preload answers for
+      // the wiring program: a passing proof, exit 0. So the lie works where it is in force.
+      const lied = await api.run("g5", {
+        argv: [NODE_MOUNT, `${IMAGE_MOUNT}/wiring.cjs`],
+        stage: "execute",
+        stdin: JSON.stringify(input),
+      });
+      expect(lied.exitCode).toBe(0);
+      expect(WiringProof.parse(JSON.parse(lied.stdout)).ok).toBe(true);
+      // The re-proof (bw-wiring in the execute stage) runs in the clean root: no preload, and the
+      // probe finds the proxy's chain ending at another CA than the one it was asked for.
+      const honest = await wiring("g5", "execute", input);
+      expect(honest.info.exitCode, honest.info.stdout + honest.info.stderr).toBe(1);
+      expect(honest.proof?.probes).toEqual([expect.objectContaining({ name: "tls_probe", ok: false })]);
+      expect(honest.info.stdout).not.toBe(first.info.stdout);
+
+      // Sealed with the run's CA, the same sandbox (preload still in force inside) proves again.
+      expect((await seal("g5")).status).toBe(200);
+      expect((await api.sh("g5", "cat /etc/ld.so.preload")).stdout).toBe("/usr/local/lib/bw-lie.so\n");
+      const proof = await wiring("g5", "execute", wiringInput("g5", { installed: true }));
+      expect(proof.info.exitCode, proof.info.stdout + proof.info.stderr).toBe(0);
+      expect(proof.proof?.probes.map((p) => [p.name, p.ok])).toEqual([["tls_probe", true]]);
+      // The clean root takes nothing of the caller's environment (LD_PRELOAD would be a way in).
+      const withEnv = await api.call("POST", "/v1/sandboxes/g5/exec", {
+        argv: ["bw-wiring"],
+        stage: "execute",
+        env: { LD_PRELOAD: "/usr/local/lib/bw-lie.so" },
+        stdin: JSON.stringify(input),
+      });
+      expect([withEnv.status, withEnv.body.code]).toEqual([400, "invalid_request"]);
+    },
+    180_000,
+  );
 
   it("case L7: a fork storm setup leaves is frozen and killed at seal; none of it runs beside execute", async () => {
     await work("l7", { resources: { memoryMb: 256, pids: 512, cpus: 0.5 } });
