@@ -258,33 +258,82 @@ export class SandboxCgroup {
     return { memory: c.oomKills > 0, pids: c.pidsMax > 0 };
   }
 
+  /** Every process in `rel` and below, in any hierarchy (one mid-way through joining them too). */
+  allPids(rel = ""): number[] {
+    return [...new Set(this.all.flatMap((d) => subtree(join(d, rel)).flatMap(procsOf)))];
+  }
+
   /**
-   * SIGKILL to every process in `rel` and below, frozen first where a freezer is there so that
-   * nothing forks meanwhile; repeated until none is left. The pids it killed for which `count`
-   * holds are counted.
+   * SIGKILL to every process in `rel` and below, until none is left (at most 50 rounds). Each
+   * round freezes `rel` first where a freezer is there and waits until it is frozen, so that
+   * nothing forks meanwhile and the list is whole; then every process is killed and the subtree
+   * thawed (a v1-frozen process dies only once thawed). The pids it killed for which `count`
+   * holds are counted. Whoever needs `rel` empty checks allPids() after.
    */
   async kill(rel: string, count: (pid: number) => boolean = () => true): Promise<number> {
     const killed = new Set<number>();
-    const freezer = this.host.version === 2 ? null : this.dirs.freezer;
     for (let round = 0; round < 50; round++) {
-      const pids = this.pids(rel);
+      const pids = this.allPids(rel);
       if (pids.length === 0) break;
+      const frozen = await this.freeze(rel);
       if (this.host.version === 2) {
         const file = join(this.dirs.unified as string, rel, "cgroup.kill");
         if (existsSync(file)) write(file, "1");
       }
-      const state = freezer ? join(freezer, rel, "freezer.state") : null;
-      if (state && existsSync(state)) write(state, "FROZEN");
-      for (const pid of this.pids(rel)) {
+      for (const pid of this.allPids(rel)) {
         if (!killed.has(pid) && count(pid)) killed.add(pid);
         try {
           process.kill(pid, "SIGKILL");
         } catch {}
       }
-      if (state && existsSync(state)) write(state, "THAWED");
+      if (frozen) this.thaw(rel);
       await sleep(round < 5 ? 20 : 100);
     }
     return killed.size;
+  }
+
+  /**
+   * Freezes `rel` and below (v1 freezer, v2 cgroup.freeze) and waits, a bounded while, until the
+   * kernel says every process there is frozen. Whether this machine has a freezer for it; a
+   * cgroup that does not freeze in time is left freezing (what is frozen stays so).
+   */
+  async freeze(rel: string): Promise<boolean> {
+    const file = this.freezeFile(rel);
+    if (file === null) return false;
+    write(file, this.host.version === 2 ? "1" : "FROZEN");
+    for (let i = 0; i < 200 && !this.isFrozen(rel); i++) await sleep(10);
+    return true;
+  }
+
+  /** Whether every process in `rel` and below is frozen (false where there is no freezer). */
+  isFrozen(rel: string): boolean {
+    if (this.host.version === 2) {
+      return /^frozen 1$/m.test(readOr(join(this.dirs.unified as string, rel, "cgroup.events"), ""));
+    }
+    const freezer = this.dirs.freezer;
+    return freezer !== undefined && readOr(join(freezer, rel, "freezer.state"), "").trim() === "FROZEN";
+  }
+
+  /** Thaws `rel` and every cgroup below it (each may have been frozen on its own). */
+  private thaw(rel: string): void {
+    const top = this.host.version === 2 ? this.dirs.unified : this.dirs.freezer;
+    if (top === undefined) return;
+    for (const dir of subtree(join(top, rel))) {
+      const file = join(dir, this.host.version === 2 ? "cgroup.freeze" : "freezer.state");
+      try {
+        write(file, this.host.version === 2 ? "0" : "THAWED");
+      } catch {}
+    }
+  }
+
+  private freezeFile(rel: string): string | null {
+    const file =
+      this.host.version === 2
+        ? join(this.dirs.unified as string, rel, "cgroup.freeze")
+        : this.dirs.freezer
+          ? join(this.dirs.freezer, rel, "freezer.state")
+          : null;
+    return file !== null && existsSync(file) ? file : null;
   }
 
   /** Removes `rel` and below where empty (an exec's leaf once its processes are gone). */

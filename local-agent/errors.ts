@@ -4,7 +4,7 @@ import { problemBodyOf, problemTable } from "../shared/contract/problem";
 // The agent's failures: a closed set of codes (the contract's), one status each, one body shape
 // (problem+json). Services throw AgentError; the server renders it.
 
-// Each code with its status and title, side by side: six codes, one line each.
+// Each code with its status and title, side by side: seven codes, one line each.
 const PROBLEMS = problemTable<AgentErrorCode>({
   unauthorized: [401, "Missing or invalid agent secret"],
   invalid_request: [400, "Invalid request"],
@@ -12,6 +12,7 @@ const PROBLEMS = problemTable<AgentErrorCode>({
   cannot_isolate: [503, "This machine cannot isolate a sandbox"],
   sandbox_failed: [500, "The sandbox could not be made or used"],
   sealed: [409, "The sandbox's setup stage has ended"],
+  setup_not_sealed: [409, "The sandbox's setup stage could not be sealed"],
 });
 
 export class AgentError extends Error {

@@ -1,12 +1,13 @@
 import { randomUUID } from "node:crypto";
 import type { z } from "zod";
 import type { ExecInfo, ExecRequest } from "../shared/contract/local-agent";
+import { cleanRootCommand } from "./clean-root";
 import { AgentError, message } from "./errors";
 import { Exec } from "./exec";
 import type { RegistryOptions } from "./registry-options";
 import type { Run, Runs } from "./runs";
 import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, NODE_MOUNT, SANDBOX_HOME } from "./sandbox";
-import { execCgroup, type Sandbox } from "./sandbox-record";
+import { execCgroup, refuseUnsealed, type Sandbox } from "./sandbox-record";
 
 // Starting an exec in a sandbox (exec.ts runs it): what a request may ask of a sandbox in its
 // state, the image's programs by name, and how many exited execs a sandbox keeps. Apart from the
@@ -32,18 +33,31 @@ export function startExec(
   const texts = [...request.argv, ...Object.values(request.env), request.cwd ?? ""];
   if (texts.some((t) => t.includes("\0")))
     throw new AgentError("invalid_request", "NUL bytes are not allowed in argv, env or cwd");
+  refuseUnsealed(sandbox);
   if (request.stage === "setup" && sandbox.sealed) {
     throw new AgentError("sealed", `sandbox ${sandboxId} is sealed: its setup stage has ended`);
   }
   const execId = request.id ?? randomUUID();
-  const { argv, env } = program(o, runs, sandbox, request.argv, request.env);
+  const { argv, env, cleanRoot } = program(o, runs, sandbox, request.argv, request.env, request.stage);
+  if (cleanRoot && (Object.keys(env).length > 0 || request.cwd !== undefined)) {
+    throw new AgentError(
+      "invalid_request",
+      "bw-wiring in the execute stage (the re-proof) runs in a clean root: it takes no env and no cwd",
+    );
+  }
   let exec: Exec;
   try {
     const { rel, cgroup } = execCgroup(sandbox, request.stage, `e-${execId}`);
+    const command = cleanRoot
+      ? cleanRootCommand(sandbox.process, rel, o.imageDir, argv)
+      : {
+          argv: sandbox.process.execArgv(request.stage, rel, request.cwd ?? SANDBOX_HOME, argv),
+          fd3: envScript(env),
+        };
     exec = new Exec(execId, sandboxId, request.stage, {
-      argv: sandbox.process.execArgv(request.stage, rel, request.cwd ?? SANDBOX_HOME, argv),
+      argv: command.argv,
       env: EXEC_BASE_ENV,
-      fd3: envScript(env),
+      fd3: command.fd3,
       stdin: request.stdin,
       timeoutMs: request.timeoutMs,
       cgroup,
@@ -62,7 +76,9 @@ export function startExec(
  * `bw-proxy` (proxy sandboxes only; the agent adds where the control plane is reachable from
  * the sandbox, and the test-only settings), `bw-proxy-view` (proxy sandboxes only: prints the
  * running proxy's view, reading nothing of the caller's environment but BW_VIEW_PORT) and
- * `bw-wiring` (work and task sandboxes only).
+ * `bw-wiring` (work and task sandboxes only). `bw-wiring` in the execute stage is the re-proof
+ * after the seal (it only checks): it runs in the clean root (clean-root.ts), not on the
+ * sandbox's own loader and libraries.
  */
 function program(
   o: RegistryOptions,
@@ -70,7 +86,8 @@ function program(
   sandbox: Sandbox,
   argv: readonly string[],
   env: Record<string, string>,
-): { argv: string[]; env: Record<string, string> } {
+  stage: ParsedExec["stage"],
+): { argv: string[]; env: Record<string, string>; cleanRoot?: true } {
   const [name, ...rest] = argv;
   const node = NODE_MOUNT;
   if (name === "bw-proxy") {
@@ -98,7 +115,8 @@ function program(
   if (name === "bw-wiring") {
     if (sandbox.kind === "proxy")
       throw new AgentError("invalid_request", "bw-wiring runs in a work or task sandbox");
-    return { argv: [node, `${IMAGE_MOUNT}/wiring.cjs`, ...rest], env };
+    const wiring = [node, `${IMAGE_MOUNT}/wiring.cjs`, ...rest];
+    return stage === "execute" ? { argv: wiring, env, cleanRoot: true } : { argv: wiring, env };
   }
   return { argv: [...argv], env };
 }

@@ -194,7 +194,7 @@ export class SandboxMaker {
   /** A new sandbox of `run`, ready, not frozen or sealed, with no execs yet. */
   private register(
     run: Run,
-    s: Omit<Sandbox, "state" | "frozen" | "execs" | "sealed" | "sealKilled">,
+    s: Omit<Sandbox, "state" | "frozen" | "execs" | "sealed" | "sealKilled" | "notSealed">,
   ): Sandbox {
     const sandbox: Sandbox = {
       ...s,
@@ -203,6 +203,7 @@ export class SandboxMaker {
       execs: new Map(),
       sealed: false,
       sealKilled: 0,
+      notSealed: null,
     };
     this.sandboxes.set(sandbox.id, sandbox);
     run.members.add(sandbox.id);

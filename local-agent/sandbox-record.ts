@@ -2,6 +2,7 @@ import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import type { Resources, SandboxKind } from "../shared/contract/local-agent";
 import type { RoutingMode } from "../shared/contract/policy";
+import { AgentError } from "./errors";
 import type { Exec, ExecCgroup } from "./exec";
 import type { WorkNet } from "./network";
 import { EXEC_BASE_ENV, SANDBOX_HOME, type SandboxProcess } from "./sandbox";
@@ -31,11 +32,26 @@ export interface Sandbox {
   sealed: boolean;
   /** Processes seal killed (all seals of this sandbox). */
   sealKilled: number;
+  /**
+   * Why a seal could not end the setup stage: the sandbox runs nothing more (every exec, bundle,
+   * collect and seal is refused `setup_not_sealed`) and is only destroyed.
+   */
+  notSealed: string | null;
   resolvConf: string;
 }
 
 /** A work, task or orchestrator sandbox: on a work link of its run. */
 export type WorkSandbox = Sandbox & { work: WorkNet; routing: RoutingMode };
+
+/** Throws `setup_not_sealed` for a sandbox whose seal failed: nothing runs beside what setup left. */
+export function refuseUnsealed(sandbox: Sandbox): void {
+  if (sandbox.notSealed !== null) {
+    throw new AgentError(
+      "setup_not_sealed",
+      `sandbox ${sandbox.id} runs nothing more: its setup stage could not be sealed (${sandbox.notSealed})`,
+    );
+  }
+}
 
 /** A cgroup leaf of its own for one exec (cgroups.ts), as the exec uses it. */
 export function execCgroup(

@@ -14,7 +14,7 @@ import type { SandboxKind } from "../shared/contract/local-agent";
 import type { SandboxCgroup } from "./cgroups";
 import { BASE_ENV } from "./command";
 import { ROOTFS_UID_BASE } from "./rootfs";
-import { idMap, makeUserNamespace, releaseUserNamespace } from "./userns";
+import { holdUserLimits, idMap, makeUserNamespace, releaseUserNamespace, type UserLimits } from "./userns";
 
 // A sandbox's processes (docs/local-backend.md, "What a sandbox is").
 //
@@ -122,7 +122,7 @@ exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- sh -c 'sleep 
 `;
 
 /** Joins every cgroup.procs file given before `--`, then execs the rest (on the host side). */
-const CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"';
+export const CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"';
 
 export interface SandboxFiles {
   hosts: string;
@@ -186,6 +186,8 @@ export class SandboxProcess {
     readonly dir: string,
     private readonly ns: NsIds,
     private readonly userNs: string,
+    /** Its user namespace's limits as made (every namespace count 0), held again at seal. */
+    private readonly userLimits: UserLimits,
     readonly cgroup: SandboxCgroup,
   ) {
     this.exited = new Promise<void>((resolve) => {
@@ -219,7 +221,11 @@ export class SandboxProcess {
   }): Promise<SandboxProcess> {
     const rootUid = options.kind === "proxy" ? options.uid : ROOTFS_UID_BASE;
     writeSandboxFiles(options.dir, rootUid, options.files, options.rootfs);
-    const userNs = await makeUserNamespace(options.dir, idMap(options.kind, options.uid), options.binDir);
+    const { id: userNs, limits } = await makeUserNamespace(
+      options.dir,
+      idMap(options.kind, options.uid),
+      options.binDir,
+    );
     const child = spawn(
       "sh",
       [
@@ -290,6 +296,7 @@ export class SandboxProcess {
         options.dir,
         ns,
         userNs,
+        limits,
         options.cgroup,
       );
     } catch (error) {
@@ -304,6 +311,19 @@ export class SandboxProcess {
       await releaseUserNamespace(options.dir);
       throw error;
     }
+  }
+
+  /**
+   * Writes its user namespace's limits again from the host side (no process of the sandbox runs
+   * for it) and reads them back; throws naming any that does not hold.
+   */
+  holdUserLimits(): Promise<void> {
+    return holdUserLimits(this.userNsFile, this.userLimits);
+  }
+
+  /** Host path of PID 1's root: the sandbox's root directory, which nothing inside can move. */
+  get rootPath(): string {
+    return `/proc/${this.initPid}/root`;
   }
 
   /** Still running, in the namespaces it started in (a PID reused by another process is not). */

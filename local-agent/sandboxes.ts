@@ -1,5 +1,3 @@
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import type { Readable } from "node:stream";
 import type { z } from "zod";
 import type { UnpackResult } from "../shared/contract/bundle";
@@ -21,9 +19,10 @@ import { Runs } from "./runs";
 import { CA_BUNDLE } from "./sandbox";
 import { SandboxMaker } from "./sandbox-create";
 import { destroySandbox } from "./sandbox-destroy";
-import type { Sandbox, WorkSandbox } from "./sandbox-record";
+import { refuseUnsealed, type Sandbox, type WorkSandbox } from "./sandbox-record";
 import { rewriteHostsOf, sealSandbox } from "./sealing";
 import { collectArtifacts, unpackBundle } from "./transfer";
+import { type ImageFiles, readImageFiles } from "./wiring-files";
 
 // The sandboxes this agent made and the runs they belong to. Creation and destruction are
 // serialized (one at a time: they share the run's network and its ruleset); execs are not.
@@ -38,13 +37,13 @@ export class Registry {
   private readonly maker: SandboxMaker;
   private queue: Promise<unknown> = Promise.resolve();
   private closing = false;
-  /** The work image's CA bundle, as it was when this agent started (seal restores it). */
-  private readonly imageBundle: string | null;
+  /** The work image's CA bundle and nsswitch.conf, as when this agent started (seal restores them). */
+  private readonly imageFiles: ImageFiles | null;
 
   constructor(private readonly o: RegistryOptions) {
     this.runs = new Runs(o);
     this.maker = new SandboxMaker(o, this.sandboxes, this.runs);
-    this.imageBundle = o.rootfs ? readFileSync(join(o.rootfs, CA_BUNDLE), "utf8") : null;
+    this.imageFiles = o.rootfs ? readImageFiles(o.rootfs, CA_BUNDLE) : null;
   }
 
   private serial<T>(fn: () => Promise<T>): Promise<T> {
@@ -148,13 +147,14 @@ export class Registry {
       throw new AgentError("invalid_request", `${what} is for work, task and orchestrator sandboxes`);
     if (sandbox.state !== "ready" || !sandbox.process.isolated())
       throw new AgentError("sandbox_failed", `sandbox ${sandboxId} is destroyed`);
+    refuseUnsealed(sandbox);
     return sandbox as WorkSandbox;
   }
 
   /** Ends a work or task sandbox's setup stage (sealing.ts). */
   async seal(sandboxId: string, body: Seal): Promise<SealResult> {
     const sandbox = this.workSandbox(sandboxId, "seal");
-    const result = await sealSandbox(sandbox, body, this.imageBundle as string);
+    const result = await sealSandbox(sandbox, body, this.imageFiles as ImageFiles);
     this.o.log({ event: "sandbox_sealed", id: sandboxId, runId: sandbox.runId, killed: result.killed });
     return result;
   }

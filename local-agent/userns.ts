@@ -28,9 +28,14 @@ export function idMap(kind: SandboxKind, uid: number): string {
 /**
  * Makes the sandbox's user namespace and keeps it by a bind mount on `dir/userns`; its ns id. A
  * holder process makes it (unshare, the helpers writing its maps), the agent binds its nsfs file,
- * then the holder goes. Its `max_user_namespaces` is set to 0 from inside it.
+ * then the holder goes. Every namespace count of it is set to 0 from inside it (UserLimits); its
+ * limits are returned, to be held again at seal.
  */
-export async function makeUserNamespace(dir: string, map: string, binDir: string): Promise<string> {
+export async function makeUserNamespace(
+  dir: string,
+  map: string,
+  binDir: string,
+): Promise<{ id: string; limits: UserLimits }> {
   mkdirSync(binDir, { recursive: true, mode: 0o700 });
   chmodSync(binDir, 0o700);
   for (const name of ["newuidmap", "newgidmap"]) writeFileSync(join(binDir, name), MAP_SHIM, { mode: 0o700 });
@@ -73,16 +78,77 @@ export async function makeUserNamespace(dir: string, map: string, binDir: string
   } finally {
     holder.kill("SIGKILL");
   }
+  let limits: UserLimits;
+  try {
+    limits = await forbidNamespaces(file);
+  } catch (error) {
+    throw new Error(
+      `could not forbid namespaces in the sandbox's user namespace: ${(error as Error).message}`,
+    );
+  }
+  return { id: `user:[${statSync(file).ino}]`, limits };
+}
+
+/**
+ * The limits of the sandbox's user namespace as the agent holds them (`user.max_*` as seen from
+ * inside it): each namespace count 0, every other limit as the kernel made it. The setup stage is
+ * root of that namespace and may write any of them (the only sysctls it may write: the mount,
+ * PID, IPC and network namespaces are the host root's), so seal writes them all again.
+ */
+export type UserLimits = Record<string, string>;
+
+/** The namespace counts: no process of the sandbox may make a namespace of any kind. */
+const NAMESPACE_COUNT = /^max_[a-z]+_namespaces$/;
+
+// Run by the host's sh and cat (nsenter --user enters no mount namespace): writes each
+// name=value given, then prints every limit as name=value.
+const LIMITS_SCRIPT = `cd /proc/sys/user || exit 1
+for kv; do printf '%s\\n' "\${kv#*=}" > "\${kv%%=*}" || exit 1; done
+for f in max_*; do printf '%s=%s\\n' "$f" "$(cat "$f")"; done`;
+
+async function writeLimits(file: string, values: UserLimits): Promise<UserLimits> {
+  const assignments = Object.entries(values).map(([k, v]) => `${k}=${v}`);
   const out = await must([
     "nsenter",
     `--user=${file}`,
     "--",
     "sh",
     "-c",
-    "echo 0 > /proc/sys/user/max_user_namespaces && cat /proc/sys/user/max_user_namespaces",
+    LIMITS_SCRIPT,
+    "bw-limits",
+    ...assignments,
   ]);
-  if (out.trim() !== "0") throw new Error("could not forbid user namespaces in the sandbox's");
-  return `user:[${statSync(file).ino}]`;
+  const read: UserLimits = {};
+  for (const line of out.trim().split("\n")) {
+    const m = /^(max_[a-z_]+)=(\d+)$/.exec(line);
+    if (!m) throw new Error(`unexpected limits line: ${line.slice(0, 80)}`);
+    read[m[1] as string] = m[2] as string;
+  }
+  return read;
+}
+
+async function forbidNamespaces(file: string): Promise<UserLimits> {
+  const made = await writeLimits(file, {});
+  if (made.max_user_namespaces === undefined) throw new Error("no user.max_user_namespaces here");
+  const held = Object.fromEntries(
+    Object.entries(made).map(([k, v]) => [k, NAMESPACE_COUNT.test(k) ? "0" : v]),
+  );
+  await holdUserLimits(file, held);
+  return held;
+}
+
+/**
+ * Writes `held` into the user namespace kept by `file` again, from the host side, and reads every
+ * limit back; throws naming each that does not read as held.
+ */
+export async function holdUserLimits(file: string, held: UserLimits): Promise<void> {
+  const now = await writeLimits(file, held);
+  const wrong = [...new Set([...Object.keys(held), ...Object.keys(now)])].filter((k) => now[k] !== held[k]);
+  if (wrong.length > 0) {
+    throw new Error(
+      wrong.map((k) => `user.${k} reads ${now[k] ?? "nothing"}, not ${held[k] ?? "nothing"}`).join("; "),
+    );
+  }
 }
 
 /** Unmounts the user namespace's file (the namespace goes once nothing is in it). */

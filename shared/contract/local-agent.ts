@@ -150,6 +150,12 @@ export type SandboxList = z.infer<typeof SandboxList>;
 export const ExecStage = z.enum(["setup", "execute"]);
 export type ExecStage = z.infer<typeof ExecStage>;
 
+/**
+ * An exec in a sandbox. The image's programs run by name (`bw-proxy`, `bw-proxy-view`,
+ * `bw-wiring`). On the local agent `bw-wiring` in the execute stage is the re-proof after the
+ * seal and runs beside the sandbox, in a clean root of host files with the sandbox's network and
+ * seal-owned files (docs/local-backend.md): it takes no `env` and no `cwd`.
+ */
 export const ExecRequest = z.strictObject({
   /**
    * Idempotency key chosen by the caller: an exec whose id this sandbox has already started
@@ -269,5 +275,11 @@ export const AgentErrorCode = z.enum([
   "sandbox_failed",
   /** A setup-stage exec after the sandbox was sealed. */
   "sealed",
+  /**
+   * The seal could not end the setup stage (its processes outlived the kill rounds, or its
+   * namespace limits or wiring files could not be held): what is left is frozen, and the
+   * sandbox runs nothing more; destroy it.
+   */
+  "setup_not_sealed",
 ]);
 export type AgentErrorCode = z.infer<typeof AgentErrorCode>;

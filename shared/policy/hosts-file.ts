@@ -88,3 +88,25 @@ export function withCertificate(bundle: string, pem: string): string {
   if (bundleHas(bundle, cert)) return bundle;
   return `${bundle}${bundle === "" || bundle.endsWith("\n") ? "" : "\n"}${cert}`;
 }
+
+const HOSTS_LINE = /^\s*hosts\s*:/i;
+const FILES_DNS = /^\s*hosts\s*:\s*files\s+dns\s*$/;
+
+/**
+ * nsswitch.conf with one hosts line, `files dns`: the hosts file first, as the wiring needs. Any
+ * later hosts line goes (a resolver could read that one instead); every other database's is kept.
+ */
+export function filesFirst(nsswitch: string): string {
+  const out: string[] = [];
+  let placed = false;
+  for (const line of nsswitch.split("\n")) {
+    if (!HOSTS_LINE.test(line)) out.push(line);
+    else if (!placed) {
+      out.push(FILES_DNS.test(line) ? line : "hosts:          files dns");
+      placed = true;
+    }
+  }
+  if (out.at(-1) === "") out.pop();
+  if (!placed) out.push("hosts:          files dns");
+  return `${out.join("\n")}\n`;
+}

@@ -175,6 +175,18 @@ describe("run machine: a sandbox's stages (issue 20)", () => {
     expect(commandStarts(w)).toEqual([]);
   });
 
+  // case L7 (machine level): a seal that cannot empty the setup stage stops the run.
+  it("stops setup_not_sealed where the seal could not end the setup stage; no command runs (case L7)", async () => {
+    const w = world({ spec: STAGED, sealFails: true });
+    const end = await w.drive();
+    expect(end?.state).toBe("stopped");
+    expect(w.transitions.at(-1)).toMatchObject({ reason: "setup_not_sealed" });
+    expect(end?.final?.detail).toMatch(/: 3 process\(es\) of the setup stage are still running$/);
+    expect(w.notes).toContainEqual(expect.objectContaining({ level: "warning", code: "setup_not_sealed" }));
+    expect(commandStarts(w)).toEqual([]);
+    expect(w.starts.some((k) => /\/rewire$/.test(k))).toBe(false);
+  });
+
   it("stops bundle_rejected with the code and message, before any setup or command", async () => {
     const w = world({
       spec: STAGED,

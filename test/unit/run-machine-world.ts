@@ -69,6 +69,8 @@ export interface WorldOptions {
   collectFails?: boolean;
   /** The backend cannot seal a setup stage (not_supported). */
   sealUnsupported?: boolean;
+  /** The seal cannot end the setup stage (setup_not_sealed, case L7). */
+  sealFails?: boolean;
 }
 
 export function world(o: WorldOptions = {}) {
@@ -254,6 +256,8 @@ export function world(o: WorldOptions = {}) {
         order.push(`${sandboxId}:seal`);
         if (o.sealUnsupported)
           throw new BackendError("not_supported", "seal is not yet built for the e2b backend");
+        if (o.sealFails)
+          throw new BackendError("setup_not_sealed", "3 process(es) of the setup stage are still running");
         seals.push({ sandboxId, seal });
         return { killed: 2 };
       },

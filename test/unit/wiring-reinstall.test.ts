@@ -4,9 +4,9 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
-import { filesFirst } from "../../proxy-image/src/wiring/wiring";
 import { PLATFORM_HOSTS } from "../../shared/contract/proxy-wire";
 import { ReinstallResult, type WiringReinstall } from "../../shared/contract/wiring";
+import { filesFirst } from "../../shared/policy/hosts-file";
 
 // `bw-wiring reinstall` (proxy-image/dist/wiring.cjs), run as a process on temporary files laid
 // out as a sandbox's: what the e2b backend's seal and setHosts write from the control plane's
@@ -161,6 +161,10 @@ describe("bw-wiring reinstall", () => {
     expect(filesFirst("hosts: files dns\n")).toBe("hosts: files dns\n");
     expect(filesFirst("hosts: files mdns4_minimal [NOTFOUND=return] dns\n")).toBe(
       "hosts:          files dns\n",
+    );
+    // One hosts line only: a later one (which a resolver might read instead) goes.
+    expect(filesFirst("passwd: files\nhosts: files dns\nHosts : dns\ngroup: files\n")).toBe(
+      "passwd: files\nhosts: files dns\ngroup: files\n",
     );
   });
 });

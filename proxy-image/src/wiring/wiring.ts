@@ -27,6 +27,7 @@ import {
 import {
   bundleHas,
   hostsEntries as entriesFor,
+  filesFirst,
   lookupInHostsText,
   rewriteHosts,
   wiredHosts,
@@ -218,17 +219,6 @@ export function reinstall(raw: unknown): {
     const error = `could not write ${step}: ${code}`;
     return { code: WIRING_EXIT.probeFailed, result: { ok: false, hostsEntries, error }, error };
   }
-}
-
-/** nsswitch.conf with its hosts line `files dns`: the hosts file first, as the wiring needs. */
-export function filesFirst(nsswitch: string): string {
-  const lines = nsswitch.split("\n");
-  if (lines.at(-1) === "") lines.pop();
-  const at = lines.findIndex((l) => /^\s*hosts\s*:/.test(l));
-  const line = "hosts:          files dns";
-  if (at === -1) lines.push(line);
-  else if (!/^\s*hosts\s*:\s*files\s+dns\s*$/.test(lines[at] as string)) lines[at] = line;
-  return `${lines.join("\n")}\n`;
 }
 
 /**

@@ -84,6 +84,8 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
     } catch (error) {
       // Never on to the commands with what setup left running: stop instead.
       if (notSupported(error)) return notBuilt(m, s, w, error, "before its commands ran");
+      if (error instanceof BackendError && error.code === "setup_not_sealed")
+        return notSealed(m, s, w, error);
       throw error;
     }
     await m.ports.event(s.runId, `seal:${w.sandboxId}`, "note", {
@@ -181,6 +183,16 @@ async function notBuilt(m: Machine, s: MachineState, w: Worker, error: BackendEr
     text: `${error.message}, so the run stopped ${when} in ${w.name}. Run it on a backend that has it (the local one has every stage).`,
   });
   return stop(m, s, "stage_not_supported", `${w.name}: ${error.message}`);
+}
+
+/** The backend could not end the setup stage (case L7): nothing runs beside what it left. */
+async function notSealed(m: Machine, s: MachineState, w: Worker, error: BackendError): Promise<number> {
+  await m.ports.note(s.runId, {
+    level: "warning",
+    code: "setup_not_sealed",
+    text: `The setup stage of ${w.name} could not be sealed (${error.message}), so the run stopped before its commands ran: no command runs beside what setup left.`,
+  });
+  return stop(m, s, "setup_not_sealed", `${w.name} (${w.sandboxId}): ${error.message}`);
 }
 
 function quoted(command: string): string {
