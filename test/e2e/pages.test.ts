@@ -100,7 +100,16 @@ describeE2e("the pages, in a browser", { start, skip: CHROMIUM_SKIP }, (e) => {
     expect(await page.locator('meta[http-equiv="refresh"]').count()).toBe(moving ? 1 : 0);
     const ended = await waitForEnd(api, runId);
     expect(ended).toMatchObject({ status: "finished", reason: "completed" });
-    await page.reload();
+    // The page's own meta refresh may be navigating at this moment (on a busy machine it was,
+    // and a reload then is aborted): load the run's page again until a load is not cut short.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await page.goto(`${base}/runs/${runId}`);
+        break;
+      } catch (error) {
+        if (attempt >= 5 || !/ERR_ABORTED|interrupted by another navigation/.test(String(error))) throw error;
+      }
+    }
     const denied = page.locator("#denied");
     expect(await denied.textContent()).toContain("blocked.demo.test");
     await shot(page, "05-run");
