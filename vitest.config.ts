@@ -28,7 +28,7 @@ export default defineConfig({
           name: "unit",
           include: ["test/unit/**/*.test.ts", "test/proxy/**/*.test.ts", "test/local/**/*.test.ts"],
           environment: "node",
-          globalSetup: ["./test/setup/build-proxy.ts"],
+          globalSetup: ["./test/setup/build-proxy.ts", "./test/setup/stale-agents.ts"],
           maxWorkers: 1,
           // Real processes, TLS handshakes and fixtures made at run time: on an idle machine the
           // slowest take 2-4 s, and twice that with both cores busy, past vitest's default 5 s.
@@ -78,7 +78,7 @@ export default defineConfig({
           name: "e2e",
           include: ["test/e2e/**/*.test.ts"],
           environment: "node",
-          globalSetup: ["./test/setup/database.ts"],
+          globalSetup: ["./test/setup/database.ts", "./test/setup/stale-agents.ts"],
           fileParallelism: false,
           sequence: { groupOrder: 1 },
           testTimeout: 120_000,

@@ -12,6 +12,8 @@ import { deleteNetns, killNetnsProcesses, proxyNamespaces, removeHost } from "./
 //   <state>/sandboxes/<id>/   a sandbox's bind-mounted files and its user namespace's file
 //   <state>/cgroups/<id>      a sandbox's cgroup directories (JSON), one per hierarchy
 //   <state>/bin/              the uid-map helpers (sandbox.ts)
+//   <state>/owner             the agent's process (pid and start time), so that a sweep can tell
+//                             a crashed agent's directory from a live one's (ownerAlive)
 
 export class StateDir {
   /** Names this state directory's sandboxes' cgroups apart from another agent's. */
@@ -62,6 +64,7 @@ export class StateDir {
   /** Makes the directory (root only) and removes whatever a previous agent left in it. */
   async prepare(nft: string): Promise<string[]> {
     mkdirSync(this.root, { recursive: true, mode: 0o700 });
+    writeFileSync(join(this.root, "owner"), JSON.stringify(processIdentity(process.pid)), { mode: 0o600 });
     const removed: string[] = [];
     const netnsDir = join(this.root, "netns");
     const names = existsSync(netnsDir) ? readdirSync(netnsDir) : [];
@@ -102,5 +105,32 @@ export class StateDir {
     }
     rmSync(join(this.root, "sandboxes"), { recursive: true, force: true });
     return removed;
+  }
+}
+
+/** A process's pid and its start time (clock ticks since boot): a pid alone may be reused. */
+function processIdentity(pid: number): { pid: number; start: string } | null {
+  try {
+    // The second field, the command, may hold spaces and parentheses: count from its last ")".
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const start = stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19];
+    return start ? { pid, start } : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Whether the agent that prepared `root` still runs. A directory without the record (an agent
+ * killed before it wrote one) counts as not alive: only a sweep of crashed agents' directories
+ * asks (test/setup/stale-agents.ts).
+ */
+export function ownerAlive(root: string): boolean {
+  try {
+    const owner = JSON.parse(readFileSync(join(root, "owner"), "utf8")) as { pid?: number; start?: string };
+    const now = typeof owner.pid === "number" ? processIdentity(owner.pid) : null;
+    return now !== null && now.start === owner.start;
+  } catch {
+    return false;
   }
 }

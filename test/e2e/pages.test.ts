@@ -100,16 +100,7 @@ describeE2e("the pages, in a browser", { start, skip: CHROMIUM_SKIP }, (e) => {
     expect(await page.locator('meta[http-equiv="refresh"]').count()).toBe(moving ? 1 : 0);
     const ended = await waitForEnd(api, runId);
     expect(ended).toMatchObject({ status: "finished", reason: "completed" });
-    // The page's own meta refresh may be navigating at this moment (on a busy machine it was,
-    // and a reload then is aborted): load the run's page again until a load is not cut short.
-    for (let attempt = 1; ; attempt++) {
-      try {
-        await page.goto(`${base}/runs/${runId}`);
-        break;
-      } catch (error) {
-        if (attempt >= 5 || !/ERR_ABORTED|interrupted by another navigation/.test(String(error))) throw error;
-      }
-    }
+    await loadRunPage(page, `${base}/runs/${runId}`);
     const denied = page.locator("#denied");
     expect(await denied.textContent()).toContain("blocked.demo.test");
     await shot(page, "05-run");
@@ -169,7 +160,7 @@ describeE2e("the pages, in a browser", { start, skip: CHROMIUM_SKIP }, (e) => {
       async () => (await api.call("GET", `/v1/runs/${lingering}`)).json.status === "lingering",
       60_000,
     );
-    await page.reload();
+    await loadRunPage(page, `${base}/runs/${lingering}`);
     await shot(page, "09-run-lingering");
     await page.click('a:has-text("Look at the proxy")');
     await page.waitForURL(`${base}/runs/${lingering}/proxy`);
@@ -200,3 +191,19 @@ describeE2e("the pages, in a browser", { start, skip: CHROMIUM_SKIP }, (e) => {
     await page.close();
   });
 });
+
+/**
+ * Loads a run's page that may still be refreshing itself: its meta refresh may be navigating at
+ * this moment (on a busy machine it was, and a reload or goto then is aborted), so load it again
+ * until a load is not cut short.
+ */
+async function loadRunPage(page: Page, url: string): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await page.goto(url);
+      return;
+    } catch (error) {
+      if (attempt >= 5 || !/ERR_ABORTED|interrupted by another navigation/.test(String(error))) throw error;
+    }
+  }
+}
