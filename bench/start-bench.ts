@@ -10,11 +10,11 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { proxyNamespaces } from "../local-agent/network";
 import { type ApiClient as Api, apiClient as client } from "../scripts/lib/api-client";
 import { whyNotRunnable } from "../scripts/lib/can-isolate";
 import { startLocalStack } from "../scripts/lib/local-stack";
-import { isTerminal } from "../shared/contract/run-states";
 import { publish, summaryLines } from "./lib/page";
 import { f, num, runBench, sectionHead } from "./lib/results";
 import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";

@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { ResourceLimit, Resources } from "../shared/contract/local-agent";
+import type { ResourceLimit, Resources } from "@benchwright/shared/contract/local-agent";
 
 // One cgroup per sandbox (docs/local-backend.md, "Resource limits"): its memory, pids and CPU
 // limits, with leaves below it for its processes, so that what a process did (or what was done

@@ -1,5 +1,5 @@
-import type { AgentErrorCode } from "../shared/contract/local-agent";
-import { problemBodyOf, problemTable } from "../shared/contract/problem";
+import type { AgentErrorCode } from "@benchwright/shared/contract/local-agent";
+import { problemBodyOf, problemTable } from "@benchwright/shared/contract/problem";
 
 // The agent's failures: a closed set of codes (the contract's), one status each, one body shape
 // (problem+json). Services throw AgentError; the server renders it.

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
+import type { ExecInfo, ExecRequest } from "@benchwright/shared/contract/local-agent";
 import type { z } from "zod";
-import type { ExecInfo, ExecRequest } from "../shared/contract/local-agent";
 import { cleanRootCommand } from "./clean-root";
 import { AgentError, message } from "./errors";
 import { Exec } from "./exec";

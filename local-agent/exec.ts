@@ -5,7 +5,7 @@ import {
   type ExecInfo,
   outputPage,
   type ResourceLimit,
-} from "../shared/contract/local-agent";
+} from "@benchwright/shared/contract/local-agent";
 
 // One command in a sandbox: its process, its output (the last 1 MiB of each stream, with
 // absolute byte offsets so a caller can page through it), its timeout.

@@ -1,6 +1,6 @@
 import { accessSync, constants, existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
-import type { AgentHealth } from "../shared/contract/local-agent";
+import type { AgentHealth } from "@benchwright/shared/contract/local-agent";
 import { run, SAFE_PATH } from "./command";
 
 // What this machine can and cannot do, in plain words. Anything here makes every create call

@@ -7,7 +7,7 @@
 // SIGTERM / SIGINT destroy every sandbox the agent made, then exit.
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
-import { logLine } from "../shared/contract/log";
+import { logLine } from "@benchwright/shared/contract/log";
 import { startAgent } from "./server";
 
 const { values } = parseArgs({

@@ -1,7 +1,7 @@
 import { existsSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from "node:fs";
-import { PROXY_PORTS } from "../shared/contract/local-agent";
-import type { RoutingMode } from "../shared/contract/policy";
-import { NON_PUBLIC_V4 } from "../shared/policy/addresses";
+import { PROXY_PORTS } from "@benchwright/shared/contract/local-agent";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import { NON_PUBLIC_V4 } from "@benchwright/shared/policy/addresses";
 import { must, run } from "./command";
 
 // The network of a run (docs/local-backend.md): per run k a proxy namespace bw<k>p linked to the

@@ -1,4 +1,4 @@
-import type { AgentHealth } from "../shared/contract/local-agent";
+import type { AgentHealth } from "@benchwright/shared/contract/local-agent";
 import type { CgroupHost } from "./cgroups";
 import type { StateDir } from "./state-dir";
 

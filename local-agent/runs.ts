@@ -1,4 +1,4 @@
-import type { RoutingMode } from "../shared/contract/policy";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
 import { AgentError, message } from "./errors";
 import {
   applyNft,

@@ -1,6 +1,10 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { type CreateSandbox, DEFAULT_RESOURCES, type Resources } from "../shared/contract/local-agent";
+import {
+  type CreateSandbox,
+  DEFAULT_RESOURCES,
+  type Resources,
+} from "@benchwright/shared/contract/local-agent";
 import { type CgroupHost, SandboxCgroup } from "./cgroups";
 import { AgentError, message } from "./errors";
 import { hostNameservers, MAX_WORK_PER_RUN, netnsExists, workNet } from "./network";

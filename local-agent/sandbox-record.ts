@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import type { Resources, SandboxKind } from "../shared/contract/local-agent";
-import type { RoutingMode } from "../shared/contract/policy";
+import type { Resources, SandboxKind } from "@benchwright/shared/contract/local-agent";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
 import { AgentError } from "./errors";
 import type { Exec, ExecCgroup } from "./exec";
 import type { WorkNet } from "./network";

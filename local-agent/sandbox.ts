@@ -10,7 +10,7 @@ import {
   writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
-import type { SandboxKind } from "../shared/contract/local-agent";
+import type { SandboxKind } from "@benchwright/shared/contract/local-agent";
 import type { SandboxCgroup } from "./cgroups";
 import { BASE_ENV } from "./command";
 import { ROOTFS_UID_BASE } from "./rootfs";

@@ -1,6 +1,5 @@
 import type { Readable } from "node:stream";
-import type { z } from "zod";
-import type { UnpackResult } from "../shared/contract/bundle";
+import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 import type {
   CreateSandbox,
   ExecInfo,
@@ -9,7 +8,8 @@ import type {
   SandboxInfo,
   Seal,
   SealResult,
-} from "../shared/contract/local-agent";
+} from "@benchwright/shared/contract/local-agent";
+import type { z } from "zod";
 import { removeParents } from "./cgroups";
 import { AgentError, message } from "./errors";
 import type { Exec } from "./exec";

@@ -1,5 +1,5 @@
 import { X509Certificate } from "node:crypto";
-import type { Seal, SealResult } from "../shared/contract/local-agent";
+import type { Seal, SealResult } from "@benchwright/shared/contract/local-agent";
 import { AgentError, message } from "./errors";
 import type { Sandbox, WorkSandbox } from "./sandbox-record";
 import {

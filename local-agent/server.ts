@@ -4,8 +4,7 @@ import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
-import { z } from "zod";
-import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS } from "../shared/contract/bundle";
+import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
 import {
   AgentHealth,
   CreateSandbox,
@@ -16,8 +15,9 @@ import {
   Seal,
   SealResult,
   SetHosts,
-} from "../shared/contract/local-agent";
-import { levelOf, logLine } from "../shared/contract/log";
+} from "@benchwright/shared/contract/local-agent";
+import { levelOf, logLine } from "@benchwright/shared/contract/log";
+import { z } from "zod";
 import { type CgroupHost, detectCgroups } from "./cgroups";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";

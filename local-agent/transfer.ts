@@ -1,6 +1,6 @@
 import type { ChildProcess } from "node:child_process";
 import type { Readable } from "node:stream";
-import { UNPACK_EXIT, UnpackResult } from "../shared/contract/bundle";
+import { UNPACK_EXIT, UnpackResult } from "@benchwright/shared/contract/bundle";
 import { AgentError } from "./errors";
 import { IMAGE_MOUNT, NODE_MOUNT } from "./sandbox";
 import { programIn, type WorkSandbox } from "./sandbox-record";

@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { chmodSync, mkdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { SandboxKind } from "../shared/contract/local-agent";
+import type { SandboxKind } from "@benchwright/shared/contract/local-agent";
 import { BASE_ENV, must, run } from "./command";
 import { ROOTFS_UID_BASE, ROOTFS_UID_COUNT } from "./rootfs";
 

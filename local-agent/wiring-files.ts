@@ -16,8 +16,8 @@ import {
   writeSync,
 } from "node:fs";
 import { join } from "node:path";
-import type { RoutingMode } from "../shared/contract/policy";
-import { filesFirst, renderHostsFile, withCertificate } from "../shared/policy/hosts-file";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import { filesFirst, renderHostsFile, withCertificate } from "@benchwright/shared/policy/hosts-file";
 
 // A sandbox's wiring files, written from the host side: the bind sources in its root-only
 // directory (sandbox.ts), never a path resolved inside the sandbox. The setup stage is root of the

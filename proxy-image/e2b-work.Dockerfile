@@ -17,6 +17,7 @@ FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./
 COPY proxy-image/package.json proxy-image/
+COPY shared/package.json shared/
 # Only the proxy workspace's dependencies (esbuild is one), not the whole lockfile's.
 RUN npm ci --workspace=proxy-image --ignore-scripts --no-audit --no-fund
 COPY shared/policy shared/policy

@@ -8,9 +8,9 @@
 import { randomBytes } from "node:crypto";
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import { packFolder } from "../cli/src/pack";
-import { isTerminal } from "../shared/contract/run-states";
 import { provisionApiKey } from "../src/auth/provision";
 import { hashApiKey } from "../src/crypto/api-keys";
 import { apiKeys } from "../src/db/schema";

@@ -1,8 +1,8 @@
+import { consoleLog } from "@benchwright/shared/contract/log";
 import type { Context } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { createMiddleware } from "hono/factory";
 import { HTTPException } from "hono/http-exception";
-import { consoleLog } from "../shared/contract/log";
 import { describeKeyScope } from "./auth/describe-scope";
 import { requireApiKey } from "./auth/middleware";
 import { ConfigError, loadConfig } from "./config";

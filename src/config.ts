@@ -1,5 +1,5 @@
+import { BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
 import { z } from "zod";
-import { BUNDLE_DEFAULTS } from "../shared/contract/bundle";
 import type { BundleLimits } from "./bundles/service";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
 import { parseDenyList, type TargetPolicy } from "./notifications/target";

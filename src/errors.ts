@@ -1,7 +1,7 @@
+import { BundleCode } from "@benchwright/shared/contract/bundle";
+import { type ProblemTable, problemBodyOf } from "@benchwright/shared/contract/problem";
 import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import { BundleCode } from "../shared/contract/bundle";
-import { type ProblemTable, problemBodyOf } from "../shared/contract/problem";
 
 // One problem+json shape (RFC 9457) for the whole API, a closed set of codes, one status map.
 export const ErrorCode = z.enum([

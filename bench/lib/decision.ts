@@ -3,7 +3,7 @@ import {
   compilePolicy,
   type PolicyIndex,
   type VaultSnapshot,
-} from "../../shared/policy/compile";
+} from "@benchwright/shared/policy/compile";
 
 // Policy-decision time as the proxy pays it per request: `decide` (decideHost, then matchRule
 // unless blocked, in one walk of the host's labels) on the index of a compiled document, for a vault of N rules and N host entries. The lookups are the

@@ -1,5 +1,4 @@
-import { z } from "zod";
-import type { UnpackResult } from "../../shared/contract/bundle";
+import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 import type {
   ExecInfo,
   ExecRequest,
@@ -7,8 +6,9 @@ import type {
   SandboxInfo,
   SandboxKind,
   Seal,
-} from "../../shared/contract/local-agent";
-import type { RoutingMode } from "../../shared/contract/policy";
+} from "@benchwright/shared/contract/local-agent";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import { z } from "zod";
 
 // A compute backend as the broker sees it: `sandbox0` (Kubernetes pods on DOKS, the default on
 // the platform), `e2b` (microVMs, the fallback) and `local` (Linux namespaces through the host

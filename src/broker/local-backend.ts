@@ -1,5 +1,4 @@
-import { z } from "zod";
-import { UnpackResult } from "../../shared/contract/bundle";
+import { UnpackResult } from "@benchwright/shared/contract/bundle";
 import {
   ExecInfo,
   type ExecRequest,
@@ -8,7 +7,8 @@ import {
   type Seal,
   SealResult,
   type SetHosts,
-} from "../../shared/contract/local-agent";
+} from "@benchwright/shared/contract/local-agent";
+import { z } from "zod";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 
 // The `local` backend: the host agent on this machine (local-agent/), over HTTP on loopback with

@@ -1,13 +1,13 @@
 import { DurableObject } from "cloudflare:workers";
-import { and, eq, inArray, ne } from "drizzle-orm";
-import type { UnpackResult } from "../../shared/contract/bundle";
+import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 import {
   DEFAULT_RESOURCES,
   type ExecInfo,
   type ExecRequest,
   type Resources,
   type Seal,
-} from "../../shared/contract/local-agent";
+} from "@benchwright/shared/contract/local-agent";
+import { and, eq, inArray, ne } from "drizzle-orm";
 import { bundleKey, findBundle } from "../bundles/rows";
 import { loadConfig } from "../config";
 import type { CreateResult, SandboxRequest } from "../coordinator/machine";

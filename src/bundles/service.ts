@@ -1,5 +1,5 @@
-import { checkBundle } from "../../shared/archive/bundle";
-import type { UnpackResult } from "../../shared/contract/bundle";
+import { checkBundle } from "@benchwright/shared/archive/bundle";
+import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 import { bundles } from "../db/schema";
 import type { Q } from "../db/types";
 import { ApiError, bundleErrorCode } from "../errors";

@@ -1,5 +1,5 @@
+import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { and, eq, isNull, sql } from "drizzle-orm";
-import { isTerminal } from "../../shared/contract/run-states";
 import { encodeBase64Url, hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
 import { computeCapabilities, runs } from "../db/schema";
 import type { Db } from "../db/types";

@@ -1,8 +1,14 @@
-import type { UnpackResult } from "../../shared/contract/bundle";
-import type { ExecInfo, Resources, SandboxInfo, Seal, SealResult } from "../../shared/contract/local-agent";
-import type { PolicyDocument, RoutingMode } from "../../shared/contract/policy";
-import { isTerminal, type TerminalState } from "../../shared/contract/run-states";
-import type { WiringProof } from "../../shared/contract/wiring";
+import type { UnpackResult } from "@benchwright/shared/contract/bundle";
+import type {
+  ExecInfo,
+  Resources,
+  SandboxInfo,
+  Seal,
+  SealResult,
+} from "@benchwright/shared/contract/local-agent";
+import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
+import { isTerminal, type TerminalState } from "@benchwright/shared/contract/run-states";
+import type { WiringProof } from "@benchwright/shared/contract/wiring";
 import { BackendError } from "../broker/backend";
 import type { RunState } from "../db/schema";
 import type { RunSpec } from "../runs/spec";

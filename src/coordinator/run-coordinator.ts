@@ -1,9 +1,9 @@
 import { DurableObject } from "cloudflare:workers";
+import type { ExecInfo } from "@benchwright/shared/contract/local-agent";
+import { consoleLog, levelOf } from "@benchwright/shared/contract/log";
+import { ProxyView } from "@benchwright/shared/contract/proxy-view";
+import { WiringProof } from "@benchwright/shared/contract/wiring";
 import { eq, sql } from "drizzle-orm";
-import type { ExecInfo } from "../../shared/contract/local-agent";
-import { consoleLog, levelOf } from "../../shared/contract/log";
-import { ProxyView } from "../../shared/contract/proxy-view";
-import { WiringProof } from "../../shared/contract/wiring";
 import { BackendError } from "../broker/backend";
 import { backendForLaunch } from "../broker/backends";
 import { brokerStub } from "../broker/sandbox-broker";

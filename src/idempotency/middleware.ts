@@ -1,7 +1,7 @@
+import { consoleLog } from "@benchwright/shared/contract/log";
 import { z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { createMiddleware } from "hono/factory";
-import { consoleLog } from "../../shared/contract/log";
 import type { AppEnv } from "../context";
 import type { ReplayHeaders } from "../db/schema";
 import { ApiError } from "../errors";

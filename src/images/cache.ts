@@ -1,6 +1,6 @@
+import { consoleLog } from "@benchwright/shared/contract/log";
 import { and, eq } from "drizzle-orm";
 import { z } from "zod";
-import { consoleLog } from "../../shared/contract/log";
 import type { Capability } from "../compute/capability";
 import { randomId } from "../crypto/api-keys";
 import { imageBuilds } from "../db/schema";

@@ -1,5 +1,5 @@
+import { TERMINAL_STATES } from "@benchwright/shared/contract/run-states";
 import { and, count, eq, notInArray } from "drizzle-orm";
-import { TERMINAL_STATES } from "../../shared/contract/run-states";
 import { environments, runs } from "../db/schema";
 import type { Q } from "../db/types";
 import { ApiError } from "../errors";

@@ -1,6 +1,6 @@
+import { consoleLog } from "@benchwright/shared/contract/log";
 import type { OpenAPIHono } from "@hono/zod-openapi";
 import { createMiddleware } from "hono/factory";
-import { consoleLog } from "../../shared/contract/log";
 import type { AppEnv } from "../context";
 import { ApiError, Problem } from "../errors";
 

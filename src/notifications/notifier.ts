@@ -1,5 +1,5 @@
 import { DurableObject } from "cloudflare:workers";
-import { consoleLog } from "../../shared/contract/log";
+import { consoleLog } from "@benchwright/shared/contract/log";
 import { type Config, loadConfig } from "../config";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { openDb } from "../db/client";

@@ -1,5 +1,5 @@
-import { canonicalHost, isCanonicalIp, parseHostPatternSyntax } from "../../shared/contract/host-name";
-import { matchesCanonical } from "../../shared/policy/host";
+import { canonicalHost, isCanonicalIp, parseHostPatternSyntax } from "@benchwright/shared/contract/host-name";
+import { matchesCanonical } from "@benchwright/shared/policy/host";
 
 // Where a notification may be sent. The URL is the user's but the fetch is ours, from inside
 // the platform, so the URL must name a public web host: https, a DNS name (never an IP literal

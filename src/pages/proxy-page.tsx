@@ -1,4 +1,4 @@
-import type { ProxyView } from "../../shared/contract/proxy-view";
+import type { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import type { RunRow } from "../runs/service";
 
 import { Layout, When } from "./layout";

@@ -1,5 +1,5 @@
+import { WiringProof } from "@benchwright/shared/contract/wiring";
 import type { Child } from "hono/jsx";
-import { WiringProof } from "../../shared/contract/wiring";
 import type { Result } from "../errors";
 import type { ArtifactRow } from "../runs/artifacts";
 import type { BlockedRow, RouteRow } from "../runs/audit-log";

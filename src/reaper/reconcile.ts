@@ -1,6 +1,6 @@
+import { consoleLog } from "@benchwright/shared/contract/log";
+import { TERMINAL_STATES } from "@benchwright/shared/contract/run-states";
 import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
-import { consoleLog } from "../../shared/contract/log";
-import { TERMINAL_STATES } from "../../shared/contract/run-states";
 import { brokerStub, sweepBrokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import { coordinatorStub, endAware } from "../coordinator/run-coordinator";

@@ -1,5 +1,5 @@
+import { BundleHash } from "@benchwright/shared/contract/bundle";
 import { createRoute, z } from "@hono/zod-openapi";
-import { BundleHash } from "../../shared/contract/bundle";
 import { type BundleRow, findBundle, readUpload, storeBundle } from "../bundles/service";
 import { ApiError } from "../errors";
 import { jsonOk, newRouter, problems } from "../router";

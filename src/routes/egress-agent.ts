@@ -1,8 +1,12 @@
+import { readBearer } from "@benchwright/shared/contract/proxy-wire";
+import {
+  AgentPolicy,
+  EGRESS_AGENT_PATH,
+  EGRESS_AGENT_POLICY_PATH,
+} from "@benchwright/shared/contract/tunnel";
 import { createRoute, z } from "@hono/zod-openapi";
 import { Hono } from "hono";
 import { createMiddleware } from "hono/factory";
-import { readBearer } from "../../shared/contract/proxy-wire";
-import { AgentPolicy, EGRESS_AGENT_PATH, EGRESS_AGENT_POLICY_PATH } from "../../shared/contract/tunnel";
 import type { AppEnv } from "../context";
 import { ApiError, unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";

@@ -1,8 +1,4 @@
-import { Hono } from "hono";
-import { bodyLimit } from "hono/body-limit";
-import { createMiddleware } from "hono/factory";
-import type { z } from "zod";
-import { consoleLog } from "../../shared/contract/log";
+import { consoleLog } from "@benchwright/shared/contract/log";
 import {
   type AuditBatch,
   AuditVerificationError,
@@ -12,7 +8,11 @@ import {
   policyEtag,
   readBearer,
   verifyAuditBatch,
-} from "../../shared/contract/proxy-wire";
+} from "@benchwright/shared/contract/proxy-wire";
+import { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { createMiddleware } from "hono/factory";
+import type { z } from "zod";
 import type { AppEnv } from "../context";
 import { type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import type { Db } from "../db/types";

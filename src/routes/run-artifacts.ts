@@ -1,5 +1,5 @@
+import { CutReason } from "@benchwright/shared/contract/bundle";
 import { createRoute, z } from "@hono/zod-openapi";
-import { CutReason } from "../../shared/contract/bundle";
 import { unwrap } from "../errors";
 import { jsonOk, newRouter, problems } from "../router";
 import { type ArtifactRow, artifactDownload, listArtifacts } from "../runs/artifacts";

@@ -1,5 +1,5 @@
+import { MODEL_ENDPOINTS } from "@benchwright/shared/contract/model-lane";
 import { createRoute, z } from "@hono/zod-openapi";
-import { MODEL_ENDPOINTS } from "../../shared/contract/model-lane";
 import { unwrap } from "../errors";
 import { IdParam, jsonOk, NextCursor, newRouter, problems } from "../router";
 import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";

@@ -1,7 +1,7 @@
+import { RoutingMode } from "@benchwright/shared/contract/policy";
+import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import { RoutingMode } from "../../shared/contract/policy";
-import { ProxyView } from "../../shared/contract/proxy-view";
 import type { AppEnv } from "../context";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
 import { RUN_STATES } from "../db/schema";

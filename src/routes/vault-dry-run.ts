@@ -1,5 +1,5 @@
+import { HostAction, InjectSpec, PolicyRouting } from "@benchwright/shared/contract/policy";
 import { createRoute, z } from "@hono/zod-openapi";
-import { HostAction, InjectSpec, PolicyRouting } from "../../shared/contract/policy";
 import { unwrap } from "../errors";
 import { jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as dry from "../vault/dry-run";

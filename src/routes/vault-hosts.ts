@@ -1,5 +1,5 @@
+import { EgressVia, HostAction } from "@benchwright/shared/contract/policy";
 import { createRoute, z } from "@hono/zod-openapi";
-import { EgressVia, HostAction } from "../../shared/contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/hosts";

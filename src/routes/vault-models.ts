@@ -1,5 +1,5 @@
+import { ModelProvider } from "@benchwright/shared/contract/policy";
 import { createRoute, z } from "@hono/zod-openapi";
-import { ModelProvider } from "../../shared/contract/policy";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as models from "../vault/models";

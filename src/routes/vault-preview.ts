@@ -1,5 +1,5 @@
+import { PolicyDocument } from "@benchwright/shared/policy/routing";
 import { createRoute, z } from "@hono/zod-openapi";
-import { PolicyDocument } from "../../shared/policy/routing";
 import { jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/policy";
 

@@ -1,5 +1,5 @@
+import { SecretName as ContractSecretName } from "@benchwright/shared/contract/proxy-wire";
 import { createRoute, z } from "@hono/zod-openapi";
-import { SecretName as ContractSecretName } from "../../shared/contract/proxy-wire";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/secrets";

@@ -1,8 +1,8 @@
+import { consoleLog } from "@benchwright/shared/contract/log";
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
-import { consoleLog } from "../../shared/contract/log";
 import { backendForLaunch } from "../broker/backends";
 import type { AppEnv } from "../context";
 import { coordinatorStub } from "../coordinator/run-coordinator";

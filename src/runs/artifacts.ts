@@ -1,7 +1,7 @@
+import { ArchiveError, tarGzEntries } from "@benchwright/shared/archive/entries";
+import { entrySegments } from "@benchwright/shared/archive/paths";
+import { ARTIFACT_DEFAULTS, CollectManifest } from "@benchwright/shared/contract/bundle";
 import { and, asc, eq, isNotNull, isNull } from "drizzle-orm";
-import { ArchiveError, tarGzEntries } from "../../shared/archive/entries";
-import { entrySegments } from "../../shared/archive/paths";
-import { ARTIFACT_DEFAULTS, CollectManifest } from "../../shared/contract/bundle";
 import type { Principal } from "../context";
 import { derivedId } from "../crypto/api-keys";
 import { runArtifacts, runs } from "../db/schema";

@@ -1,6 +1,6 @@
+import { isTerminal } from "@benchwright/shared/contract/run-states";
+import { EGRESS_TOKEN_PREFIX, EgressToken } from "@benchwright/shared/contract/tunnel";
 import { eq } from "drizzle-orm";
-import { isTerminal } from "../../shared/contract/run-states";
-import { EGRESS_TOKEN_PREFIX, EgressToken } from "../../shared/contract/tunnel";
 import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";

@@ -1,6 +1,6 @@
+import { newAuditKey } from "@benchwright/shared/contract/proxy-wire";
+import { isTerminal, type RunState } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
-import { newAuditKey } from "../../shared/contract/proxy-wire";
-import { isTerminal, type RunState } from "../../shared/contract/run-states";
 import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
 import { runs } from "../db/schema";

@@ -1,5 +1,5 @@
+import type { AuditBatch, ProxyReady } from "@benchwright/shared/contract/proxy-wire";
 import { eq, sql } from "drizzle-orm";
-import type { AuditBatch, ProxyReady } from "../../shared/contract/proxy-wire";
 import { auditBatches, blockedHostLog, egressRouteLog, modelCallLog, runEvents, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import type { RunOwner } from "./proxy-credentials";

@@ -1,7 +1,7 @@
+import { consoleLog } from "@benchwright/shared/contract/log";
+import { describeIssues } from "@benchwright/shared/contract/proxy-wire";
+import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { and, eq, inArray } from "drizzle-orm";
-import { consoleLog } from "../../shared/contract/log";
-import { describeIssues } from "../../shared/contract/proxy-wire";
-import { PolicyEnvelope } from "../../shared/policy/routing";
 import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Q } from "../db/types";

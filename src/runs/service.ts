@@ -1,5 +1,5 @@
+import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
-import { isTerminal } from "../../shared/contract/run-states";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { runEvents, runs, sandboxes } from "../db/schema";

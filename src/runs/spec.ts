@@ -1,7 +1,7 @@
+import { BundleHash } from "@benchwright/shared/contract/bundle";
+import { DEFAULT_RESOURCES, Resources, type SandboxKind } from "@benchwright/shared/contract/local-agent";
+import type { ModelBudget } from "@benchwright/shared/contract/policy";
 import { z } from "@hono/zod-openapi";
-import { BundleHash } from "../../shared/contract/bundle";
-import { DEFAULT_RESOURCES, Resources, type SandboxKind } from "../../shared/contract/local-agent";
-import type { ModelBudget } from "../../shared/contract/policy";
 import { findBundle } from "../bundles/rows";
 import type { Q } from "../db/types";
 import { ApiError } from "../errors";

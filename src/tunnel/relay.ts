@@ -1,12 +1,12 @@
 import { DurableObject } from "cloudflare:workers";
-import { consoleLog } from "../../shared/contract/log";
+import { consoleLog } from "@benchwright/shared/contract/log";
 import {
   CLOSE_PEER_GONE,
   CLOSE_REPLACED,
   CLOSE_RUN_ENDED,
   CLOSE_TOKEN_REVOKED,
   PAIRED,
-} from "../../shared/contract/tunnel";
+} from "@benchwright/shared/contract/tunnel";
 import { loadConfig } from "../config";
 import { openDb } from "../db/client";
 import * as runsService from "../runs/service";

@@ -1,5 +1,5 @@
+import { parseHostPattern } from "@benchwright/shared/policy/host";
 import { eq, sql } from "drizzle-orm";
-import { parseHostPattern } from "../../shared/policy/host";
 import { vaultSettings } from "../db/schema";
 import type { Db, Tx } from "../db/types";
 import { type Failure, fail, ok, type Result } from "../errors";

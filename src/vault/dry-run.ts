@@ -1,4 +1,3 @@
-import { and, eq } from "drizzle-orm";
 import {
   type EgressVia,
   type HostAction,
@@ -6,9 +5,10 @@ import {
   type PolicyDocument,
   type PolicyRouting,
   type PolicyRule,
-} from "../../shared/contract/policy";
-import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "../../shared/policy/compile";
-import { parseHostPattern, patternCovers } from "../../shared/policy/host";
+} from "@benchwright/shared/contract/policy";
+import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "@benchwright/shared/policy/compile";
+import { parseHostPattern, patternCovers } from "@benchwright/shared/policy/host";
+import { and, eq } from "drizzle-orm";
 import type { Principal } from "../context";
 import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
 import type { Db } from "../db/types";

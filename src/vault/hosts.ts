@@ -1,7 +1,7 @@
+import type { EgressVia, HostAction } from "@benchwright/shared/contract/policy";
+import { patternCovers } from "@benchwright/shared/policy/host";
+import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
 import { and, asc, eq, inArray } from "drizzle-orm";
-import type { EgressVia, HostAction } from "../../shared/contract/policy";
-import { patternCovers } from "../../shared/policy/host";
-import { STARTER_PACK_HOSTS } from "../../shared/policy/starter-pack";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { vaultHosts, vaultRules } from "../db/schema";

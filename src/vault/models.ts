@@ -1,6 +1,6 @@
+import { splitHostPort } from "@benchwright/shared/contract/host-name";
+import type { ModelBudget, ModelLaneSpec, ModelProvider } from "@benchwright/shared/contract/policy";
 import { and, asc, eq, type SQL } from "drizzle-orm";
-import { splitHostPort } from "../../shared/contract/host-name";
-import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../../shared/contract/policy";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { vaultModels, vaultSecrets } from "../db/schema";

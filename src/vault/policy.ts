@@ -1,6 +1,11 @@
+import type { ModelBudget, PolicyDocument, RunEgress } from "@benchwright/shared/contract/policy";
+import {
+  compilePolicy,
+  type RunOptions,
+  refusedRule,
+  type VaultSnapshot,
+} from "@benchwright/shared/policy/compile";
 import { asc, eq } from "drizzle-orm";
-import type { ModelBudget, PolicyDocument, RunEgress } from "../../shared/contract/policy";
-import { compilePolicy, type RunOptions, refusedRule, type VaultSnapshot } from "../../shared/policy/compile";
 import type { Principal } from "../context";
 import { vaultHosts } from "../db/schema";
 import type { Db, Q } from "../db/types";

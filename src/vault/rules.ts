@@ -1,6 +1,6 @@
+import { type InjectScheme, InjectSpec } from "@benchwright/shared/contract/policy";
+import { patternCovers } from "@benchwright/shared/policy/host";
 import { and, asc, eq } from "drizzle-orm";
-import { type InjectScheme, InjectSpec } from "../../shared/contract/policy";
-import { patternCovers } from "../../shared/policy/host";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { vaultHosts, vaultRules, vaultSecrets } from "../db/schema";

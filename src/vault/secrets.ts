@@ -1,5 +1,5 @@
+import { SecretValue } from "@benchwright/shared/contract/proxy-wire";
 import { and, asc, eq } from "drizzle-orm";
-import { SecretValue } from "../../shared/contract/proxy-wire";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";

@@ -1,5 +1,5 @@
+import type { HostAction } from "@benchwright/shared/contract/policy";
 import { eq } from "drizzle-orm";
-import type { HostAction } from "../../shared/contract/policy";
 import type { Principal } from "../context";
 import { vaultSettings } from "../db/schema";
 import type { Db, Q } from "../db/types";

@@ -1,6 +1,6 @@
 import { mkdirSync, writeFileSync } from "node:fs";
+import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { expect, it } from "vitest";
-import { ProxyView } from "../../shared/contract/proxy-view";
 import { until } from "../until";
 import { demoVault, describeE2e, lastJson, newUser, nodeScript, stdoutOf } from "./harness";
 

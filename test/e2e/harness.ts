@@ -1,13 +1,13 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { TERMINAL_STATES } from "@benchwright/shared/contract/run-states";
 import { afterAll, beforeAll, describe, inject } from "vitest";
 import { type ApiClient, apiClient } from "../../scripts/lib/api-client";
 import { type DemoUpstream, startDemoUpstream } from "../../scripts/lib/demo-upstream";
 import { type LocalStack, startLocalStack } from "../../scripts/lib/local-stack";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import type { StaticRoute } from "../../scripts/lib/pip-index";
-import { TERMINAL_STATES } from "../../shared/contract/run-states";
 import { provisionApiKey } from "../../src/auth/provision";
 import { randomId } from "../../src/crypto/api-keys";
 import { whyNotRunnable } from "../local/harness";

@@ -1,5 +1,5 @@
+import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { expect, it } from "vitest";
-import { ProxyView } from "../../shared/contract/proxy-view";
 import { until } from "../until";
 import { type Api, CLIENT_HELPERS, demoVault, describeE2e, newUser, nodeScript, waitForEnd } from "./harness";
 

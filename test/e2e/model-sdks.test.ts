@@ -2,9 +2,9 @@ import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { MODEL_LANE_PLACEHOLDER_KEY } from "@benchwright/shared/contract/proxy-wire";
 import { build } from "esbuild";
 import { expect, it } from "vitest";
-import { MODEL_LANE_PLACEHOLDER_KEY } from "../../shared/contract/proxy-wire";
 import { until } from "../until";
 import { describeE2e, type E2eOptions, lastJson, newUser, stdoutOf, waitForEnd } from "./harness";
 

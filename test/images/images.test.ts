@@ -1,8 +1,8 @@
 import { type ChildProcess, spawn } from "node:child_process";
+import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildah, buildahMissing, buildahOk, type Output, storageFlags } from "../../scripts/lib/buildah";
 import { buildImages, type ImageBuild, type ImageName } from "../../scripts/lib/images";
-import { ProxyView } from "../../shared/contract/proxy-view";
 import { FakeControlPlane } from "../proxy/control-plane";
 
 // The images of proxy-image/ as `npm run images` builds them (the same function; a built image

@@ -1,7 +1,7 @@
+import { type ExecRequest, type SandboxInfo, SandboxList } from "@benchwright/shared/contract/local-agent";
+import { DEFAULT_VIEW_PORT, ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { OUTPUT_LIMIT } from "../../local-agent/exec";
-import { type ExecRequest, type SandboxInfo, SandboxList } from "../../shared/contract/local-agent";
-import { DEFAULT_VIEW_PORT, ProxyView } from "../../shared/contract/proxy-view";
 import { type AgentSuite, startAgentSuite, stateOf, whyNot } from "./agent-suite";
 import { type AgentClient, host, secret, until } from "./harness";
 

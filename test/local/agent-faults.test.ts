@@ -1,10 +1,10 @@
 import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { SandboxInfo } from "@benchwright/shared/contract/local-agent";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOTFS_UID_BASE } from "../../local-agent/rootfs";
 import { type RunningAgent, startAgent } from "../../local-agent/server";
-import type { SandboxInfo } from "../../shared/contract/local-agent";
 import { whyNot } from "./agent-suite";
 import { AgentClient, ensureWorkImageBuilt, host, leftovers, nftFailingCatchAll, secret } from "./harness";
 

@@ -1,9 +1,9 @@
 import { existsSync, readlinkSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import type { SandboxInfo } from "@benchwright/shared/contract/local-agent";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ROOTFS_UID_BASE } from "../../local-agent/rootfs";
 import { REPO_ROOT } from "../../local-agent/server";
-import type { SandboxInfo } from "../../shared/contract/local-agent";
 import { type AgentSuite, startAgentSuite, UIDS, whyNot } from "./agent-suite";
 import { type AgentClient, host, secret, until } from "./harness";
 

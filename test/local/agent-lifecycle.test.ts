@@ -1,8 +1,8 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
+import { AgentHealth, type SandboxInfo, SandboxList } from "@benchwright/shared/contract/local-agent";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { RunningAgent } from "../../local-agent/server";
-import { AgentHealth, type SandboxInfo, SandboxList } from "../../shared/contract/local-agent";
 import { localBackend } from "../../src/broker/local-backend";
 import { type AgentSuite, startAgentSuite, stateOf, UIDS, whyNot } from "./agent-suite";
 import { type AgentClient, host, leftovers, type TestControlPlane, until } from "./harness";

@@ -1,5 +1,5 @@
+import type { SandboxInfo } from "@benchwright/shared/contract/local-agent";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { SandboxInfo } from "../../shared/contract/local-agent";
 import { type AgentSuite, startAgentSuite, whyNot } from "./agent-suite";
 import { type AgentClient, TestUpstream } from "./harness";
 

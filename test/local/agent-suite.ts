@@ -1,7 +1,7 @@
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { SandboxInfo } from "../../shared/contract/local-agent";
+import type { SandboxInfo } from "@benchwright/shared/contract/local-agent";
 import {
   type AgentClient,
   ensureWorkImageBuilt,

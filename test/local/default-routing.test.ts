@@ -2,11 +2,11 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { PROXY_PORTS, type SandboxInfo } from "@benchwright/shared/contract/local-agent";
+import { compilePolicy } from "@benchwright/shared/policy/compile";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type RunningAgent, startAgent } from "../../local-agent/server";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
-import { PROXY_PORTS, type SandboxInfo } from "../../shared/contract/local-agent";
-import { compilePolicy } from "../../shared/policy/compile";
 import { FakeControlPlane } from "../proxy/control-plane";
 import { AgentClient, ensureWorkImageBuilt, host, leftovers, secret, until, whyNotRunnable } from "./harness";
 

@@ -5,16 +5,16 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { detectCgroups } from "../../local-agent/cgroups";
-import type { AgentLog } from "../../local-agent/registry-options";
-import { type RunningAgent, startAgent } from "../../local-agent/server";
-import { ensureWorkImage } from "../../scripts/lib/images";
 import {
   ExecInfo,
   type ExecRequest,
   type ListedSandbox,
   SandboxInfo,
-} from "../../shared/contract/local-agent";
+} from "@benchwright/shared/contract/local-agent";
+import { detectCgroups } from "../../local-agent/cgroups";
+import type { AgentLog } from "../../local-agent/registry-options";
+import { type RunningAgent, startAgent } from "../../local-agent/server";
+import { ensureWorkImage } from "../../scripts/lib/images";
 
 // One harness for the local agent's tests: a client for the agent's API, helpers that run code
 // in a sandbox, a test upstream in a namespace the suite makes itself, and the checks that

@@ -2,14 +2,14 @@ import { spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { PROBE_HEADER, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
+import { type WiringInput, WiringProof } from "@benchwright/shared/contract/wiring";
+import { filesFirst } from "@benchwright/shared/policy/hosts-file";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups } from "../../local-agent/cgroups";
 import { IMAGE_MOUNT, NODE_MOUNT } from "../../local-agent/sandbox";
 import { StateDir } from "../../local-agent/state-dir";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
-import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
-import { type WiringInput, WiringProof } from "../../shared/contract/wiring";
-import { filesFirst } from "../../shared/policy/hosts-file";
 import {
   type AgentClient,
   ensureWorkImageBuilt,

@@ -2,6 +2,11 @@ import { spawnSync } from "node:child_process";
 import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { CollectManifest, UnpackResult } from "@benchwright/shared/contract/bundle";
+import { PROBE_HEADER, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
+import type { WiringInput } from "@benchwright/shared/contract/wiring";
+import { WiringProof } from "@benchwright/shared/contract/wiring";
+import { renderHostsFile } from "@benchwright/shared/policy/hosts-file";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { detectCgroups } from "../../local-agent/cgroups";
 import { ROOTFS_DIR } from "../../local-agent/rootfs";
@@ -9,11 +14,6 @@ import { REPO_ROOT, type RunningAgent } from "../../local-agent/server";
 import { StateDir } from "../../local-agent/state-dir";
 import { BASE_HOSTS } from "../../local-agent/wiring-files";
 import { createTestCa, type TestCa } from "../../scripts/lib/test-ca";
-import { CollectManifest, UnpackResult } from "../../shared/contract/bundle";
-import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
-import type { WiringInput } from "../../shared/contract/wiring";
-import { WiringProof } from "../../shared/contract/wiring";
-import { renderHostsFile } from "../../shared/policy/hosts-file";
 import { BAD_BUNDLES, gnuTar } from "../unit/archive-fixtures";
 import {
   type AgentClient,

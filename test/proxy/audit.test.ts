@@ -4,10 +4,6 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { AuditReporter, type AuditReporterOptions } from "../../proxy-image/src/proxy/audit";
-import type { AuditSink } from "../../proxy-image/src/proxy/handler";
-import type { LogFn } from "../../proxy-image/src/proxy/policy-client";
 import {
   type AuditBatch,
   AuditVerificationError,
@@ -21,7 +17,11 @@ import {
   readBearer,
   signAuditBatch,
   verifyAuditBatch,
-} from "../../shared/contract/proxy-wire";
+} from "@benchwright/shared/contract/proxy-wire";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { AuditReporter, type AuditReporterOptions } from "../../proxy-image/src/proxy/audit";
+import type { AuditSink } from "../../proxy-image/src/proxy/handler";
+import type { LogFn } from "../../proxy-image/src/proxy/policy-client";
 
 // The audit channel against a real HTTP server on 127.0.0.1 that plays the control plane's side
 // of the contract with the contract's own code: bearer token, verifyAuditBatch, de-duplication by

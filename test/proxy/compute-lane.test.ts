@@ -1,8 +1,8 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import { WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { COMPUTE_PATH_PREFIX, computeLane, computeUrl } from "../../proxy-image/src/proxy/compute-lane";
-import { WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
 import { type RunningProxy, startProxy, vault } from "./harness";
 import { exchange, wire } from "./raw";
 

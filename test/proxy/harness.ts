@@ -11,6 +11,14 @@ import { createServer as createHttpsServer, type Server as HttpsServer } from "n
 import { type AddressInfo, isIPv4, isIPv6, type Server as NetServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
+import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
+import {
+  buildPolicyIndex,
+  compilePolicy,
+  type RunOptions,
+  type VaultSnapshot,
+} from "@benchwright/shared/policy/compile";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import {
   type AuditSink,
@@ -22,14 +30,6 @@ import {
 import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { TestCa } from "../../scripts/lib/test-ca";
-import type { ModelLaneSpec } from "../../shared/contract/policy";
-import type { ModelCallRow } from "../../shared/contract/proxy-wire";
-import {
-  buildPolicyIndex,
-  compilePolicy,
-  type RunOptions,
-  type VaultSnapshot,
-} from "../../shared/policy/compile";
 
 export { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
 

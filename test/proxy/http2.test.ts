@@ -7,8 +7,8 @@ import {
 } from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
 import { type TLSSocket, connect as tlsConnect } from "node:tls";
+import { WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
 import {
   createTestCa,
   curl,

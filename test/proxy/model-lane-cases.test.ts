@@ -1,7 +1,7 @@
 import Anthropic from "@anthropic-ai/sdk";
+import type { ModelProvider } from "@benchwright/shared/contract/policy";
 import OpenAI from "openai";
 import { afterEach, describe, expect, it } from "vitest";
-import type { ModelProvider } from "../../shared/contract/policy";
 import { TEXT_DELTAS } from "../fixtures/contract-server";
 import { ANTHROPIC_USAGE, CANARY, type LaneSetup, MODEL, OPENAI_USAGE, startLane } from "./model-sdk";
 

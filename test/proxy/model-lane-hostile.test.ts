@@ -1,10 +1,10 @@
 import { once } from "node:events";
 import { request as httpRequest } from "node:http";
 import type { Socket } from "node:net";
+import type { ModelBudget, ModelProvider } from "@benchwright/shared/contract/policy";
+import { MODEL_LANE_HOST, MODEL_LANE_PLACEHOLDER_KEY } from "@benchwright/shared/contract/proxy-wire";
 import OpenAI from "openai";
 import { afterEach, describe, expect, it } from "vitest";
-import type { ModelBudget, ModelProvider } from "../../shared/contract/policy";
-import { MODEL_LANE_HOST, MODEL_LANE_PLACEHOLDER_KEY } from "../../shared/contract/proxy-wire";
 import type { ContractServerOptions } from "../fixtures/contract-server";
 import { type LaneSetup, MODEL, OPENAI_USAGE, startLane } from "./model-sdk";
 

@@ -1,8 +1,8 @@
 import type Anthropic from "@anthropic-ai/sdk";
+import type { ModelProvider } from "@benchwright/shared/contract/policy";
+import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
 import type OpenAI from "openai";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import type { ModelProvider } from "../../shared/contract/policy";
-import type { ModelCallRow } from "../../shared/contract/proxy-wire";
 import { TEXT_DELTAS, TOOL_ARGS, TOOL_RESULT_PREFIX } from "../fixtures/contract-server";
 import {
   ANTHROPIC_USAGE,

@@ -2,14 +2,14 @@ import { randomUUID } from "node:crypto";
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { Readable } from "node:stream";
+import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
+import { MODEL_LANE_PLACEHOLDER_KEY, ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { type ModelLane, type ModelLaneOutcome, modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { SseFilter } from "../../proxy-image/src/proxy/model/sse-relay";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
-import type { ModelLaneSpec } from "../../shared/contract/policy";
-import { MODEL_LANE_PLACEHOLDER_KEY, ModelCallRow } from "../../shared/contract/proxy-wire";
 import {
   type ContractServer,
   type ContractServerOptions,

@@ -2,17 +2,17 @@ import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { connect } from "node:net";
 import Anthropic from "@anthropic-ai/sdk";
+import type { ModelBudget, ModelLaneSpec, ModelProvider } from "@benchwright/shared/contract/policy";
+import {
+  MODEL_LANE_BASE_URL,
+  MODEL_LANE_HOST,
+  MODEL_LANE_PLACEHOLDER_KEY,
+} from "@benchwright/shared/contract/proxy-wire";
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
 import { createAddressPolicy } from "../../proxy-image/src/shared/address";
-import type { ModelBudget, ModelLaneSpec, ModelProvider } from "../../shared/contract/policy";
-import {
-  MODEL_LANE_BASE_URL,
-  MODEL_LANE_HOST,
-  MODEL_LANE_PLACEHOLDER_KEY,
-} from "../../shared/contract/proxy-wire";
 import { startAnthropicContractServer } from "../fixtures/anthropic-contract-server";
 import type { ContractServer, ContractServerOptions } from "../fixtures/contract-server";
 import { startOpenAiContractServer } from "../fixtures/openai-contract-server";

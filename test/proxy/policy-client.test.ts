@@ -1,12 +1,12 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import { ProxyReady, policyEtag, policyPath, readBearer } from "@benchwright/shared/contract/proxy-wire";
+import { compilePolicy, type VaultSnapshot } from "@benchwright/shared/policy/compile";
+import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import type { PolicySource } from "../../proxy-image/src/proxy/handler";
 import { type LogFn, PolicyClient, type PolicyState } from "../../proxy-image/src/proxy/policy-client";
-import { ProxyReady, policyEtag, policyPath, readBearer } from "../../shared/contract/proxy-wire";
-import { compilePolicy, type VaultSnapshot } from "../../shared/policy/compile";
-import { PolicyEnvelope } from "../../shared/policy/routing";
 
 // The policy channel against a real HTTP server on 127.0.0.1 that plays the control plane's side
 // of the contract: bearer token, ETag = "<version>", 304 on If-None-Match. Case E4: anything but a

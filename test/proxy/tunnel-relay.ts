@@ -1,7 +1,6 @@
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
-import { type RawData, type WebSocket, WebSocketServer } from "ws";
-import { readBearer } from "../../shared/contract/proxy-wire";
+import { readBearer } from "@benchwright/shared/contract/proxy-wire";
 import {
   type AgentPolicy,
   CLOSE_PEER_GONE,
@@ -12,7 +11,8 @@ import {
   EGRESS_AGENT_POLICY_PATH,
   PAIRED,
   tunnelPath,
-} from "../../shared/contract/tunnel";
+} from "@benchwright/shared/contract/tunnel";
+import { type RawData, type WebSocket, WebSocketServer } from "ws";
 
 // A test double of our own relay (src/tunnel/relay.ts, a Durable Object; the real one and its
 // Worker routes are tested in workerd elsewhere), for the proxy's and the agent's ends on Node:

@@ -1,5 +1,5 @@
+import { PROBE_HEADER, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { PROBE_HEADER, WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
 import {
   createTestCa,
   curl,

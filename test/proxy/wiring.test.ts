@@ -4,12 +4,12 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync }
 import { type AddressInfo, createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
+import { type WiringInput, WiringProof } from "@benchwright/shared/contract/wiring";
+import { renderHostsFile, withCertificate } from "@benchwright/shared/policy/hosts-file";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import { wire } from "../../proxy-image/src/wiring/wiring";
-import { MODEL_LANE_HOST, PROBE_HEADER, WIRING_PROBE_HOST } from "../../shared/contract/proxy-wire";
-import { type WiringInput, WiringProof } from "../../shared/contract/wiring";
-import { renderHostsFile, withCertificate } from "../../shared/policy/hosts-file";
 import {
   createTestCa,
   type RunningProxy,

@@ -12,11 +12,11 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { checkBundle, maxTarBytes } from "@benchwright/shared/archive/bundle";
+import { ArchiveError, tarGzEntries } from "@benchwright/shared/archive/entries";
+import { BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
 import { packTar } from "modern-tar";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { checkBundle, maxTarBytes } from "../../shared/archive/bundle";
-import { ArchiveError, tarGzEntries } from "../../shared/archive/entries";
-import { BUNDLE_DEFAULTS } from "../../shared/contract/bundle";
 import {
   BAD_BUNDLES,
   countedStreamOf,

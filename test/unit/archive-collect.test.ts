@@ -14,9 +14,9 @@ import {
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { gunzipSync } from "node:zlib";
+import { tarGzEntries } from "@benchwright/shared/archive/entries";
+import { COLLECT_EXIT, CollectManifest } from "@benchwright/shared/contract/bundle";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { tarGzEntries } from "../../shared/archive/entries";
-import { COLLECT_EXIT, CollectManifest } from "../../shared/contract/bundle";
 import { streamOf } from "./archive-fixtures";
 
 // bw-collect (proxy-image/dist/collect.cjs, built by the unit project's global setup) run as a

@@ -2,8 +2,8 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { constants, crc32, createDeflateRaw, gzipSync } from "node:zlib";
+import type { BundleCode } from "@benchwright/shared/contract/bundle";
 import { createTarPacker, packTar, type TarEntry } from "modern-tar";
-import type { BundleCode } from "../../shared/contract/bundle";
 
 // The archives the bundle tests feed the check (archive-check.test.ts) and bw-unpack
 // (archive-unpack.test.ts): made by GNU tar from real files where GNU tar can make them, and by

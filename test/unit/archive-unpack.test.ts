@@ -14,9 +14,9 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
+import { checkBundle } from "@benchwright/shared/archive/bundle";
+import { BUNDLE_DEFAULTS, UNPACK_EXIT, UnpackResult } from "@benchwright/shared/contract/bundle";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { checkBundle } from "../../shared/archive/bundle";
-import { BUNDLE_DEFAULTS, UNPACK_EXIT, UnpackResult } from "../../shared/contract/bundle";
 import { BAD_BUNDLES, gnuTar, packGz, streamOf, zeroBomb } from "./archive-fixtures";
 
 // bw-unpack (proxy-image/dist/unpack.cjs, built by the unit project's global setup) run as a

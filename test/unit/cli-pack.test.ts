@@ -2,11 +2,11 @@ import { execFileSync, spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
+import { checkBundle } from "@benchwright/shared/archive/bundle";
+import { BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
 import { unpackTar } from "modern-tar";
 import { afterAll, describe, expect, it } from "vitest";
 import { CREDENTIAL_PATTERNS, credentialPattern, PackRefused, packFolder } from "../../cli/src/pack";
-import { checkBundle } from "../../shared/archive/bundle";
-import { BUNDLE_DEFAULTS } from "../../shared/contract/bundle";
 
 // `runs launch --from FOLDER`'s packing (cli/src/pack.ts), on real folders: what goes in (as git
 // would add it, `files` narrowing it), what stops the pack (credential-looking names, symlinks

@@ -14,9 +14,9 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
+import { RUNNER_EXIT, RunnerStatus } from "@benchwright/shared/contract/exec-runner";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { recordedExecs } from "../../proxy-image/src/exec-runner/exec-runner";
-import { RUNNER_EXIT, RunnerStatus } from "../../shared/contract/exec-runner";
 
 // bw-exec, the exec runner of sandbox0 work pods and E2B sandboxes (proxy-image/dist/
 // exec-runner.cjs, built by the unit project's global setup), run for real: real processes, real

@@ -13,10 +13,10 @@ import {
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
+import { RUNNER_EXIT, type RunnerSeal, type RunnerStatus } from "@benchwright/shared/contract/exec-runner";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { recordedExecs } from "../../proxy-image/src/exec-runner/exec-runner";
 import { cgroup2Mount, procEntry } from "../../proxy-image/src/exec-runner/exec-seal";
-import { RUNNER_EXIT, type RunnerSeal, type RunnerStatus } from "../../shared/contract/exec-runner";
 
 // The end of the setup stage in the exec runner (proxy-image/src/exec-runner/exec-seal.ts, as bw-exec seal),
 // for real: real processes, a real cgroup v2 (this machine mounts one; the test makes a cgroup of

@@ -1,5 +1,5 @@
+import { levelOf, logLine } from "@benchwright/shared/contract/log";
 import { describe, expect, it } from "vitest";
-import { levelOf, logLine } from "../../shared/contract/log";
 
 // Every log line of the Worker, the proxy and the agents (shared/contract/log.ts): level and
 // timestamp first, the event's own fields unchanged, one table of which events are above info.

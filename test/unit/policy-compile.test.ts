@@ -1,15 +1,15 @@
-import fc from "fast-check";
-import { describe, expect, it } from "vitest";
-import { canonicalHost } from "../../shared/contract/host-name";
-import { type HostAction, InjectSpec } from "../../shared/contract/policy";
+import { canonicalHost } from "@benchwright/shared/contract/host-name";
+import { type HostAction, InjectSpec } from "@benchwright/shared/contract/policy";
 import {
   buildPolicyIndex,
   compilePolicy,
   refusedRule,
   type VaultSnapshot,
-} from "../../shared/policy/compile";
-import { hostMatches } from "../../shared/policy/host";
-import { PolicyDocument } from "../../shared/policy/routing";
+} from "@benchwright/shared/policy/compile";
+import { hostMatches } from "@benchwright/shared/policy/host";
+import { PolicyDocument } from "@benchwright/shared/policy/routing";
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;
 

@@ -1,5 +1,5 @@
+import { buildPolicyIndex, compilePolicy, type VaultSnapshot } from "@benchwright/shared/policy/compile";
 import { describe, expect, it } from "vitest";
-import { buildPolicyIndex, compilePolicy, type VaultSnapshot } from "../../shared/policy/compile";
 
 // PolicyIndex.decide is decideHost, then matchRule unless blocked, in one walk: the proxy's one
 // question per request. Asked of a vault whose entries overlap every way they can (exact and

@@ -1,16 +1,16 @@
-import fc from "fast-check";
-import { parse as parseDomain } from "tldts";
-import { describe, expect, it } from "vitest";
 import {
   canonicalHost,
   isCanonicalPattern,
   isIpLiteral,
   parseHostPatternSyntax,
   splitHostPort,
-} from "../../shared/contract/host-name";
-import { hostMatches, parseHostPattern, patternCovers } from "../../shared/policy/host";
-import { suffixEntryBelow } from "../../shared/policy/public-suffix";
-import { STARTER_PACK_HOSTS } from "../../shared/policy/starter-pack";
+} from "@benchwright/shared/contract/host-name";
+import { hostMatches, parseHostPattern, patternCovers } from "@benchwright/shared/policy/host";
+import { suffixEntryBelow } from "@benchwright/shared/policy/public-suffix";
+import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
+import fc from "fast-check";
+import { parse as parseDomain } from "tldts";
+import { describe, expect, it } from "vitest";
 
 describe("canonicalHost", () => {
   // case A11: every spelling of loopback gets one name, so a pattern for it cannot be dodged.

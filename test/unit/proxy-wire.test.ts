@@ -1,4 +1,3 @@
-import { describe, expect, it } from "vitest";
 import {
   AuditBatch,
   AuditVerificationError,
@@ -12,9 +11,10 @@ import {
   readyPath,
   signAuditBatch,
   verifyAuditBatch,
-} from "../../shared/contract/proxy-wire";
-import { compilePolicy } from "../../shared/policy/compile";
-import { PolicyEnvelope } from "../../shared/policy/routing";
+} from "@benchwright/shared/contract/proxy-wire";
+import { compilePolicy } from "@benchwright/shared/policy/compile";
+import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
+import { describe, expect, it } from "vitest";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;
 

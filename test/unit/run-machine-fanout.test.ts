@@ -1,5 +1,5 @@
+import { compilePolicy } from "@benchwright/shared/policy/compile";
 import { describe, expect, it } from "vitest";
-import { compilePolicy } from "../../shared/policy/compile";
 import { COMPUTE_URL } from "../../src/coordinator/machine";
 import type { RunSpec } from "../../src/runs/spec";
 import { EMPTY_POLICY, type Policy, SPEC, world } from "./run-machine-world";

@@ -1,7 +1,7 @@
-import type { ExecInfo, SandboxInfo, Seal } from "../../shared/contract/local-agent";
-import type { PolicyDocument } from "../../shared/contract/policy";
-import type { WiringProof } from "../../shared/contract/wiring";
-import { compilePolicy } from "../../shared/policy/compile";
+import type { ExecInfo, SandboxInfo, Seal } from "@benchwright/shared/contract/local-agent";
+import type { PolicyDocument } from "@benchwright/shared/contract/policy";
+import type { WiringProof } from "@benchwright/shared/contract/wiring";
+import { compilePolicy } from "@benchwright/shared/policy/compile";
 import { BackendError } from "../../src/broker/backend";
 import {
   type MachinePorts,

@@ -2,11 +2,11 @@ import { spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
+import { PLATFORM_HOSTS } from "@benchwright/shared/contract/proxy-wire";
+import { ReinstallResult, type WiringReinstall } from "@benchwright/shared/contract/wiring";
+import { filesFirst } from "@benchwright/shared/policy/hosts-file";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
-import { PLATFORM_HOSTS } from "../../shared/contract/proxy-wire";
-import { ReinstallResult, type WiringReinstall } from "../../shared/contract/wiring";
-import { filesFirst } from "../../shared/policy/hosts-file";
 
 // `bw-wiring reinstall` (proxy-image/dist/wiring.cjs), run as a process on temporary files laid
 // out as a sandbox's: what the e2b backend's seal and setHosts write from the control plane's

@@ -1,8 +1,8 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
+import { DEFAULT_RESOURCES, type Seal } from "@benchwright/shared/contract/local-agent";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import { DEFAULT_RESOURCES, type Seal } from "../../shared/contract/local-agent";
 import type { BackendError, ComputeBackend, SandboxSpec } from "../../src/broker/backend";
 import { brokerStub, runBrokerName, SandboxBroker, SWEEP_BROKER_NAME } from "../../src/broker/sandbox-broker";
 import { bundleKey } from "../../src/bundles/service";

@@ -1,7 +1,7 @@
 import { env } from "cloudflare:workers";
+import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, inject, it, vi } from "vitest";
-import { isTerminal } from "../../shared/contract/run-states";
 import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
 import { storeArtifacts } from "../../src/runs/artifacts";

@@ -1,5 +1,5 @@
+import type { ExecInfo, ExecRequest } from "@benchwright/shared/contract/local-agent";
 import { describe, expect, it } from "vitest";
-import type { ExecInfo, ExecRequest } from "../../shared/contract/local-agent";
 import type { ComputeBackend } from "../../src/broker/backend";
 import { randomId } from "../../src/crypto/api-keys";
 import type { RecordedE2bRequest } from "../contract/e2b-contract";

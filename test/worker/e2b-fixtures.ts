@@ -1,5 +1,5 @@
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
 import { expect, inject } from "vitest";
-import type { RoutingMode } from "../../shared/contract/policy";
 import type { ComputeBackend } from "../../src/broker/backend";
 import { e2bFromEnv } from "../../src/broker/e2b/backend";
 import { randomId } from "../../src/crypto/api-keys";

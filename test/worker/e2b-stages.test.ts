@@ -1,7 +1,7 @@
+import { CollectManifest } from "@benchwright/shared/contract/bundle";
+import type { ExecInfo } from "@benchwright/shared/contract/local-agent";
 import { packTar, unpackTar } from "modern-tar";
 import { describe, expect, it } from "vitest";
-import { CollectManifest } from "../../shared/contract/bundle";
-import type { ExecInfo } from "../../shared/contract/local-agent";
 import type { ComputeBackend } from "../../src/broker/backend";
 import { shellQuote } from "../../src/broker/e2b/shell";
 import { collectArgv, unpackArgv } from "../../src/broker/e2b/stages";

@@ -1,7 +1,5 @@
 import { createExecutionContext } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { eq } from "drizzle-orm";
-import { describe, expect, it } from "vitest";
 import {
   AgentPolicy,
   CLOSE_PEER_GONE,
@@ -12,7 +10,9 @@ import {
   EGRESS_AGENT_POLICY_PATH,
   PAIRED,
   tunnelPath,
-} from "../../shared/contract/tunnel";
+} from "@benchwright/shared/contract/tunnel";
+import { eq } from "drizzle-orm";
+import { describe, expect, it } from "vitest";
 import { runEvents, runs } from "../../src/db/schema";
 import worker from "../../src/index";
 import { relayStub } from "../../src/tunnel/relay";

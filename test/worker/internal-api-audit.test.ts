@@ -1,5 +1,5 @@
+import { MAX_AUDIT_BODY_BYTES, signAuditBatch } from "@benchwright/shared/contract/proxy-wire";
 import { describe, expect, it } from "vitest";
-import { MAX_AUDIT_BODY_BYTES, signAuditBatch } from "../../shared/contract/proxy-wire";
 import { expectProblem, newTenant } from "./harness";
 import { auditBatch, auditRows, newRun, paths, postBatch, signed } from "./run-fixtures";
 

@@ -1,7 +1,7 @@
+import { policyEtag } from "@benchwright/shared/contract/proxy-wire";
+import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { policyEtag } from "../../shared/contract/proxy-wire";
-import { PolicyEnvelope } from "../../shared/policy/routing";
 import { vaultSecrets } from "../../src/db/schema";
 import { unwrap } from "../../src/errors";
 import { putHost } from "../../src/vault/hosts";

@@ -1,8 +1,8 @@
 import { env } from "cloudflare:workers";
+import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
+import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import type { ModelCallRow } from "../../shared/contract/proxy-wire";
-import { PolicyEnvelope } from "../../shared/policy/routing";
 import { loadConfig } from "../../src/config";
 import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";

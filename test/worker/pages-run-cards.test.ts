@@ -1,5 +1,5 @@
+import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
 import { describe, expect, it, vi } from "vitest";
-import type { ModelCallRow } from "../../shared/contract/proxy-wire";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { loggedIn } from "./browser";
 import { call, newTenant, withDb } from "./harness";

@@ -5,9 +5,9 @@ import {
   waitOnExecutionContext,
 } from "cloudflare:test";
 import { env } from "cloudflare:workers";
+import { isTerminal, type RunState } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import { describe, expect, it, vi } from "vitest";
-import { isTerminal, type RunState } from "../../shared/contract/run-states";
 import type { Final, MachineState } from "../../src/coordinator/machine";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { runs } from "../../src/db/schema";

@@ -1,14 +1,14 @@
 import { runDurableObjectAlarm } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { eq } from "drizzle-orm";
 import {
   type AuditBatch,
   auditPath,
   policyPath,
   readyPath,
   signAuditBatch,
-} from "../../shared/contract/proxy-wire";
-import { isTerminal } from "../../shared/contract/run-states";
+} from "@benchwright/shared/contract/proxy-wire";
+import { isTerminal } from "@benchwright/shared/contract/run-states";
+import { eq } from "drizzle-orm";
 import { loadConfig } from "../../src/config";
 import { coordinatorStub } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";

@@ -1,6 +1,6 @@
+import { tarGzEntries } from "@benchwright/shared/archive/entries";
+import { CollectManifest } from "@benchwright/shared/contract/bundle";
 import { describe, expect, it } from "vitest";
-import { tarGzEntries } from "../../shared/archive/entries";
-import { CollectManifest } from "../../shared/contract/bundle";
 import type { ComputeBackend } from "../../src/broker/backend";
 import { objectName } from "../../src/broker/kubernetes/manifests";
 import { randomId } from "../../src/crypto/api-keys";

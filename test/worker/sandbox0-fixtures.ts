@@ -1,6 +1,6 @@
+import type { ExecInfo, ExecRequest } from "@benchwright/shared/contract/local-agent";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
 import { expect, inject } from "vitest";
-import type { ExecInfo, ExecRequest } from "../../shared/contract/local-agent";
-import type { RoutingMode } from "../../shared/contract/policy";
 import type { ComputeBackend, SandboxSpec } from "../../src/broker/backend";
 import { sandbox0FromEnv } from "../../src/broker/sandbox0/backend";
 import { randomId } from "../../src/crypto/api-keys";

@@ -1,5 +1,5 @@
+import { DEFAULT_OUT_DIR } from "@benchwright/shared/contract/bundle";
 import { describe, expect, it } from "vitest";
-import { DEFAULT_OUT_DIR } from "../../shared/contract/bundle";
 import { objectName, POD_PATHS } from "../../src/broker/kubernetes/manifests";
 import { sandbox0Backend } from "../../src/broker/sandbox0/backend";
 import { Sandbox0Env } from "../../src/broker/sandbox0/config";

@@ -1,5 +1,5 @@
+import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
 import { describe, expect, it } from "vitest";
-import { STARTER_PACK_HOSTS } from "../../shared/policy/starter-pack";
 import { expectProblem, newTenant } from "./harness";
 import { preview, put, rule, secret, version } from "./vault-fixtures";
 

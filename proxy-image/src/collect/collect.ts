@@ -2,8 +2,8 @@ import { createHash } from "node:crypto";
 import { constants, type Stats } from "node:fs";
 import { type FileHandle, lstat, open, readdir } from "node:fs/promises";
 import { join } from "node:path";
+import type { CollectManifest, CutReason } from "@benchwright/shared/contract/bundle";
 import { createTarPacker, type TarPackController } from "modern-tar";
-import type { CollectManifest, CutReason } from "../../../shared/contract/bundle";
 
 // bw-collect: the files a run's commands left under $BW_OUT, as the execute stage's uid, into a
 // .tar.gz of `files/<path>` entries and a last `manifest.json` (CollectManifest). Whatever the

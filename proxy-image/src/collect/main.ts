@@ -3,7 +3,7 @@
 // CollectManifest, the truth about what the archive holds). Exit 0: the archive is complete (a
 // missing <dir> is one with `missing: true`); 1: it is not, and stderr says why.
 import { Writable } from "node:stream";
-import { ARTIFACT_DEFAULTS, COLLECT_EXIT } from "../../../shared/contract/bundle";
+import { ARTIFACT_DEFAULTS, COLLECT_EXIT } from "@benchwright/shared/contract/bundle";
 import { parseArchiveArgs } from "../shared/archive-args";
 import { collect } from "./collect";
 

@@ -10,7 +10,7 @@
 // Prints one JSON line {"event":"listening",...} once it listens (the broker waits for it), then
 // runs until killed. A bad configuration exits 2 with the reason on stderr.
 
-import { levelOf, logLine } from "../../../shared/contract/log";
+import { levelOf, logLine } from "@benchwright/shared/contract/log";
 import { forward, portOf, serve } from "./bridge";
 
 function setting(name: string, fallback?: string): string {

@@ -9,15 +9,14 @@ import {
 import { connect as netConnect, type Socket } from "node:net";
 import { networkInterfaces } from "node:os";
 import { pipeline } from "node:stream";
-import { createWebSocketStream, WebSocket } from "ws";
 import {
   type HostPatternResult,
   isCanonicalIp,
   isCanonicalPattern,
   splitHostPort,
-} from "../../../shared/contract/host-name";
-import { levelOf, logLine } from "../../../shared/contract/log";
-import { bearer } from "../../../shared/contract/proxy-wire";
+} from "@benchwright/shared/contract/host-name";
+import { levelOf, logLine } from "@benchwright/shared/contract/log";
+import { bearer } from "@benchwright/shared/contract/proxy-wire";
 import {
   AgentPolicy,
   CLOSE_REPLACED,
@@ -31,9 +30,10 @@ import {
   REFUSAL_STATUS,
   TUNNEL_PORTS,
   type TunnelRefusal,
-} from "../../../shared/contract/tunnel";
-import { buildAddressBlocker, buildHostDecider, type HostDecision } from "../../../shared/policy/compile";
-import { matchesCanonical, parseHostPattern } from "../../../shared/policy/host";
+} from "@benchwright/shared/contract/tunnel";
+import { buildAddressBlocker, buildHostDecider, type HostDecision } from "@benchwright/shared/policy/compile";
+import { matchesCanonical, parseHostPattern } from "@benchwright/shared/policy/host";
+import { createWebSocketStream, WebSocket } from "ws";
 import { createAddressPolicy } from "../shared/address";
 import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 

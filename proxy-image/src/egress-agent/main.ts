@@ -6,8 +6,8 @@
 // history (K5), so --token is refused with a message that says what to do instead.
 import { isIP } from "node:net";
 import { parseArgs } from "node:util";
-import { levelOf, logLine } from "../../../shared/contract/log";
-import { EgressToken } from "../../../shared/contract/tunnel";
+import { levelOf, logLine } from "@benchwright/shared/contract/log";
+import { EgressToken } from "@benchwright/shared/contract/tunnel";
 import { parseBlockPattern, startEgressAgent } from "./egress-agent";
 
 const USAGE = `usage: BENCHWRIGHT_EGRESS_TOKEN=<bwe_...> egress-agent --url <control plane URL>

@@ -20,9 +20,9 @@ import type {
   RunnerFreeze,
   RunnerSeal,
   RunnerStatus,
-} from "../../../shared/contract/exec-runner";
-import { RunnerExecId } from "../../../shared/contract/exec-runner";
-import { EXEC_OUTPUT_LIMIT, outputPage } from "../../../shared/contract/local-agent";
+} from "@benchwright/shared/contract/exec-runner";
+import { RunnerExecId } from "@benchwright/shared/contract/exec-runner";
+import { EXEC_OUTPUT_LIMIT, outputPage } from "@benchwright/shared/contract/local-agent";
 import { isSealing, joinCgroup, recordBaseline, seal as sealSetup } from "./exec-seal";
 
 // `bw-exec`, the exec runner of the sandbox0 work pods and the E2B templates (contract:

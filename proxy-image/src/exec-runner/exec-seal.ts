@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { RunnerSeal } from "../../../shared/contract/exec-runner";
+import type { RunnerSeal } from "@benchwright/shared/contract/exec-runner";
 
 // The end of the setup stage, for the exec runner (exec-runner.ts): setup-stage commands run in a
 // cgroup of their own, and `seal` kills everything in it, then (with --sweep) every other process

@@ -6,7 +6,7 @@ import {
   RUNNER_EXIT_OF,
   type RunnerError,
   RunnerStart,
-} from "../../../shared/contract/exec-runner";
+} from "@benchwright/shared/contract/exec-runner";
 import { freeze, kill, poll, Refusal, type RunnerHost, seal, start, supervise } from "./exec-runner";
 import { setupCgroupPath } from "./exec-seal";
 

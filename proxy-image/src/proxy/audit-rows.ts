@@ -4,7 +4,7 @@ import {
   type EgressRoute,
   MAX_AUDIT_ENTRIES,
   type ModelCallRow,
-} from "../../../shared/contract/proxy-wire";
+} from "@benchwright/shared/contract/proxy-wire";
 
 // The audit rows held in memory until they are spooled (audit.ts): blocked hosts and egress
 // routes counted per key with their first and last time, model calls one row each.

@@ -1,8 +1,8 @@
 import { randomUUID } from "node:crypto";
 import { mkdir, open, readdir, readFile, rename, stat, unlink } from "node:fs/promises";
 import { join } from "node:path";
-import { canonicalHost } from "../../../shared/contract/host-name";
-import { logLine } from "../../../shared/contract/log";
+import { canonicalHost } from "@benchwright/shared/contract/host-name";
+import { logLine } from "@benchwright/shared/contract/log";
 import {
   AuditBatch,
   type AuditSource,
@@ -12,7 +12,7 @@ import {
   JSON_CONTENT_TYPE,
   ModelCallRow,
   signAuditBatch,
-} from "../../../shared/contract/proxy-wire";
+} from "@benchwright/shared/contract/proxy-wire";
 import { HeldRows } from "./audit-rows";
 import type { FetchFn, LogFn } from "./policy-client";
 

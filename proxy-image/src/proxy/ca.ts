@@ -1,8 +1,8 @@
 import "reflect-metadata"; // @peculiar/x509 resolves its ASN.1 providers through tsyringe, which needs it
 import { webcrypto } from "node:crypto";
 import { createSecureContext, type SecureContext } from "node:tls";
+import { isIpLiteral } from "@benchwright/shared/contract/host-name";
 import * as x509 from "@peculiar/x509";
-import { isIpLiteral } from "../../../shared/contract/host-name";
 
 x509.cryptoProvider.set(webcrypto as unknown as Parameters<typeof x509.cryptoProvider.set>[0]);
 

@@ -1,7 +1,7 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
+import { DEFAULT_VIEW_PORT } from "@benchwright/shared/contract/proxy-view";
 import { z } from "zod";
-import { DEFAULT_VIEW_PORT } from "../../../shared/contract/proxy-view";
 
 // The proxy's configuration: environment variables, each overridable by a flag of the same name
 // (BW_RUN_ID ↔ --run-id). Checked whole at start; a bad configuration refuses to start with a

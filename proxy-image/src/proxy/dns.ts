@@ -1,6 +1,6 @@
 import { createSocket, type RemoteInfo, type Socket as UdpSocket } from "node:dgram";
 import { type AddressInfo, createServer, isIPv4, isIPv6, type Server, type Socket } from "node:net";
-import { levelOf, logLine } from "../../../shared/contract/log";
+import { levelOf, logLine } from "@benchwright/shared/contract/log";
 
 // The catch-all resolver. Under catch-all routing every TCP 80/443 from a work sandbox is DNAT'ed
 // to the proxy whatever address it was meant for, so a name only has to resolve to *some* IPv4

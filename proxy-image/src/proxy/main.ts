@@ -4,8 +4,8 @@
 // `node proxy.cjs view` (bw-proxy-view) instead prints the running proxy's view (GET /view on
 // 127.0.0.1:BW_VIEW_PORT, shared/contract/proxy-view.ts) as one JSON line and exits 0; on any
 // failure it prints one line on stderr and exits 1. It never starts a proxy.
-import { logLine } from "../../../shared/contract/log";
-import { ProxyView, VIEW_PATH } from "../../../shared/contract/proxy-view";
+import { logLine } from "@benchwright/shared/contract/log";
+import { ProxyView, VIEW_PATH } from "@benchwright/shared/contract/proxy-view";
 import { ConfigError, viewPort } from "./config";
 import { runProxy } from "./run";
 

@@ -1,14 +1,14 @@
-import { logLine } from "../../../shared/contract/log";
-import type { PolicyDocument } from "../../../shared/contract/policy";
+import { logLine } from "@benchwright/shared/contract/log";
+import type { PolicyDocument } from "@benchwright/shared/contract/policy";
 import {
   bearer,
   describeIssues,
   IF_NONE_MATCH_HEADER,
   policyEtag,
   policyPath,
-} from "../../../shared/contract/proxy-wire";
-import { buildPolicyIndex, type PolicyIndex } from "../../../shared/policy/compile";
-import { PolicyEnvelope } from "../../../shared/policy/routing";
+} from "@benchwright/shared/contract/proxy-wire";
+import { buildPolicyIndex, type PolicyIndex } from "@benchwright/shared/policy/compile";
+import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 
 // Keeps the run's policy (and the secret values it names) current by polling the control plane.
 // Fail closed (case E4): until a valid document has arrived, and whenever the control plane hands

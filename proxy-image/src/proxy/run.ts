@@ -4,9 +4,9 @@
 
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
-import { logLine as formatLine, levelOf } from "../../../shared/contract/log";
-import { bearer, ProxyReady, readyPath } from "../../../shared/contract/proxy-wire";
-import { usesTunnel } from "../../../shared/policy/routing";
+import { logLine as formatLine, levelOf } from "@benchwright/shared/contract/log";
+import { bearer, ProxyReady, readyPath } from "@benchwright/shared/contract/proxy-wire";
+import { usesTunnel } from "@benchwright/shared/policy/routing";
 import { createAddressPolicy } from "../shared/address";
 import { AuditReporter } from "./audit";
 import { createRunCa } from "./ca";

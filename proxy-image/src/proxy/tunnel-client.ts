@@ -8,8 +8,7 @@ import {
 import { isIP, type Socket } from "node:net";
 import type { Duplex } from "node:stream";
 import { type SecureContext, connect as tlsConnect } from "node:tls";
-import { createWebSocketStream, WebSocket } from "ws";
-import { bearer } from "../../../shared/contract/proxy-wire";
+import { bearer } from "@benchwright/shared/contract/proxy-wire";
 import {
   CLOSE_REPLACED,
   CLOSE_RUN_ENDED,
@@ -17,7 +16,8 @@ import {
   REFUSAL_HEADER,
   TunnelRefusal,
   tunnelPath,
-} from "../../../shared/contract/tunnel";
+} from "@benchwright/shared/contract/tunnel";
+import { createWebSocketStream, WebSocket } from "ws";
 import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 
 // The proxy's end of the egress tunnel (shared/contract/tunnel.ts): it dials the control plane's

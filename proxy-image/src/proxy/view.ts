@@ -5,7 +5,7 @@ import {
   VIEW_PATH,
   VIEW_RECENT_LIMIT,
   type ViewDecision,
-} from "../../../shared/contract/proxy-view";
+} from "@benchwright/shared/contract/proxy-view";
 import type { AuditStats } from "./audit";
 import type { DecisionRecord, PolicySource } from "./handler";
 

@@ -1,5 +1,5 @@
 import { BlockList, isIPv4, isIPv6 } from "node:net";
-import { embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "../../../shared/policy/addresses";
+import { embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "@benchwright/shared/policy/addresses";
 
 // Which resolved addresses the proxy may connect to (case A12). Checked on the address actually
 // dialled, after resolution, so neither a hostname nor a spelling of an IP can smuggle a

@@ -3,7 +3,7 @@
 // 0 unpacked, 2 refused (the result's code and message say why). Exit 1: it could not run (an
 // argument, <dir>, the disk, a file already there): a message on stderr, nothing on stdout.
 import { Readable } from "node:stream";
-import { BUNDLE_DEFAULTS, UNPACK_EXIT } from "../../../shared/contract/bundle";
+import { BUNDLE_DEFAULTS, UNPACK_EXIT } from "@benchwright/shared/contract/bundle";
 import { parseArchiveArgs } from "../shared/archive-args";
 import { unpack } from "./unpack";
 

@@ -6,8 +6,8 @@ import {
   type BundleLimits,
   type FileSink,
   readBundle,
-} from "../../../shared/archive/bundle";
-import type { UnpackResult } from "../../../shared/contract/bundle";
+} from "@benchwright/shared/archive/bundle";
+import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 
 // bw-unpack: a bundle's .tar.gz into a sandbox's working directory, as the execute stage's uid.
 // Every entry passes the Worker's own check (shared/archive) before it is written, and the writing

@@ -3,7 +3,7 @@
 // WiringInput (shared/contract/wiring.ts) on stdin, prints one WiringProof on stdout. Exit 0: wired
 // and proven; 1: a probe (or writing the files) failed, the proof says which; 2: bad input, a
 // message on stderr names the field, nothing on stdout.
-import { WIRING_EXIT } from "../../../shared/contract/wiring";
+import { WIRING_EXIT } from "@benchwright/shared/contract/wiring";
 import { reinstall, wireFromText } from "./wiring";
 
 const MAX_INPUT_BYTES = 1024 * 1024;

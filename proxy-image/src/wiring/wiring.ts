@@ -13,7 +13,7 @@ import { request } from "node:https";
 import { connect } from "node:net";
 import { join } from "node:path";
 import type { TLSSocket } from "node:tls";
-import { describeIssues, PROBE_HEADER, WIRING_PROBE_HOST } from "../../../shared/contract/proxy-wire";
+import { describeIssues, PROBE_HEADER, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import {
   type ReinstallResult,
   WIRING_EXIT,
@@ -23,7 +23,7 @@ import {
   type WiringProbe,
   WiringProof,
   WiringReinstall,
-} from "../../../shared/contract/wiring";
+} from "@benchwright/shared/contract/wiring";
 import {
   bundleHas,
   hostsEntries as entriesFor,
@@ -31,7 +31,7 @@ import {
   lookupInHostsText,
   rewriteHosts,
   wiredHosts,
-} from "../../../shared/policy/hosts-file";
+} from "@benchwright/shared/policy/hosts-file";
 
 // The sandbox wiring step. Runs in a work/task sandbox's setup stage (root of the sandbox's own
 // user namespace; it cannot change the network, which the host owns): trust the run CA, write

@@ -1,10 +1,9 @@
-import { type SandboxInfo as E2bSandboxInfo, Sandbox } from "e2b";
 import {
   ARTIFACT_DEFAULTS,
   BUNDLE_DEFAULTS,
   UNPACK_EXIT,
   UnpackResult,
-} from "../../../shared/contract/bundle";
+} from "@benchwright/shared/contract/bundle";
 import {
   killArgs,
   lastJson,
@@ -13,7 +12,7 @@ import {
   sealArgs,
   startInlineArgs,
   toExecInfo,
-} from "../../../shared/contract/exec-runner";
+} from "@benchwright/shared/contract/exec-runner";
 import {
   type ExecInfo,
   ExecRequest,
@@ -21,8 +20,9 @@ import {
   SandboxKind,
   Seal,
   type SealResult,
-} from "../../../shared/contract/local-agent";
-import type { RoutingMode } from "../../../shared/contract/policy";
+} from "@benchwright/shared/contract/local-agent";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import { type SandboxInfo as E2bSandboxInfo, Sandbox } from "e2b";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
 import {
   E2bEnv,

@@ -1,5 +1,5 @@
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
 import { ALL_TRAFFIC, type SandboxNetworkInfo, type SandboxNetworkOpts } from "e2b";
-import type { RoutingMode } from "../../../shared/contract/policy";
 
 // The network settings of each kind of sandbox, in one place, so that a create and an update can
 // never disagree (E2B's network update replaces the whole egress configuration: a field left out

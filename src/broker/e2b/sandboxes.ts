@@ -1,4 +1,12 @@
 import {
+  lastJson,
+  pollArgs,
+  RunnerStatus,
+  runnerAnswer,
+  startInlineArgs,
+} from "@benchwright/shared/contract/exec-runner";
+import { ReinstallResult } from "@benchwright/shared/contract/wiring";
+import {
   AuthenticationError,
   CommandExitError,
   type CommandResult,
@@ -13,14 +21,6 @@ import {
   TimeoutError,
 } from "e2b";
 import type { z } from "zod";
-import {
-  lastJson,
-  pollArgs,
-  RunnerStatus,
-  runnerAnswer,
-  startInlineArgs,
-} from "../../../shared/contract/exec-runner";
-import { ReinstallResult } from "../../../shared/contract/wiring";
 import { BackendError } from "../backend";
 import {
   BRIDGE_EXEC_ID,

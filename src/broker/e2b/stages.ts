@@ -1,5 +1,5 @@
-import type { Resources, Seal } from "../../../shared/contract/local-agent";
-import type { WiringReinstall } from "../../../shared/contract/wiring";
+import type { Resources, Seal } from "@benchwright/shared/contract/local-agent";
+import type { WiringReinstall } from "@benchwright/shared/contract/wiring";
 
 // What the e2b backend runs in a work sandbox for the two stages (docs/e2b.md, *Setup and
 // execute*), as argument lists for the exec runner: bundles in (bw-unpack), results out

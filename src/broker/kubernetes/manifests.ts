@@ -1,7 +1,7 @@
-import { PROXY_PORTS, type Resources } from "../../../shared/contract/local-agent";
-import type { RoutingMode } from "../../../shared/contract/policy";
-import { PLATFORM_HOSTS } from "../../../shared/contract/proxy-wire";
-import { NON_PUBLIC_V4 as NON_PUBLIC_TABLE } from "../../../shared/policy/addresses";
+import { PROXY_PORTS, type Resources } from "@benchwright/shared/contract/local-agent";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import { PLATFORM_HOSTS } from "@benchwright/shared/contract/proxy-wire";
+import { NON_PUBLIC_V4 as NON_PUBLIC_TABLE } from "@benchwright/shared/policy/addresses";
 
 // The Kubernetes objects of the sandbox0 backend, as plain JSON (core/v1 and networking.k8s.io/v1).
 // Pure functions of what the broker asked for: the contract tests compare them field by field.

@@ -1,10 +1,9 @@
-import { z } from "zod";
 import {
   ARTIFACT_DEFAULTS,
   BUNDLE_DEFAULTS,
   UNPACK_EXIT,
   UnpackResult,
-} from "../../../shared/contract/bundle";
+} from "@benchwright/shared/contract/bundle";
 import {
   freezeArgs,
   killArgs,
@@ -13,7 +12,7 @@ import {
   RunnerStatus,
   startArgs,
   toExecInfo,
-} from "../../../shared/contract/exec-runner";
+} from "@benchwright/shared/contract/exec-runner";
 import {
   ExecInfo,
   ExecRequest,
@@ -21,7 +20,8 @@ import {
   type SandboxKind,
   Seal,
   type SealResult,
-} from "../../../shared/contract/local-agent";
+} from "@benchwright/shared/contract/local-agent";
+import { z } from "zod";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
 import {
   CONTAINERS,

@@ -1,7 +1,7 @@
+import { runnerAnswer } from "@benchwright/shared/contract/exec-runner";
+import { ExecInfo, type ExecRequest } from "@benchwright/shared/contract/local-agent";
+import { ReinstallResult, type WiringReinstall } from "@benchwright/shared/contract/wiring";
 import type { z } from "zod";
-import { runnerAnswer } from "../../../shared/contract/exec-runner";
-import { ExecInfo, type ExecRequest } from "../../../shared/contract/local-agent";
-import { ReinstallResult, type WiringReinstall } from "../../../shared/contract/wiring";
 import { BackendError, type ExecPoll, notSupported } from "../backend";
 import { type CallMeaning, KubeClient, type KubeObject } from "../kubernetes/client";
 import {

@@ -1,4 +1,4 @@
-import type { PolicyDocument } from "../../../shared/contract/policy";
+import type { PolicyDocument } from "@benchwright/shared/contract/policy";
 import { BackendError } from "../../broker/backend";
 import type { MachineState, Worker } from "../machine";
 import { type Machine, must, proxyRuns } from "./common";

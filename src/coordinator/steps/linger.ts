@@ -1,4 +1,4 @@
-import { isTerminal } from "../../../shared/contract/run-states";
+import { isTerminal } from "@benchwright/shared/contract/run-states";
 import type { Final, LingerWindow, MachineState, WakeResult } from "../machine";
 import { finish, type Machine, move, must, proxyRuns } from "./common";
 

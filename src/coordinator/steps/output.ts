@@ -1,10 +1,10 @@
-import { DEFAULT_OUT_DIR } from "../../../shared/contract/bundle";
-import type { ExecInfo } from "../../../shared/contract/local-agent";
+import { DEFAULT_OUT_DIR } from "@benchwright/shared/contract/bundle";
+import type { ExecInfo } from "@benchwright/shared/contract/local-agent";
 import {
   MODEL_LANE_ANTHROPIC_BASE_URL,
   MODEL_LANE_BASE_URL,
   MODEL_LANE_PLACEHOLDER_KEY,
-} from "../../../shared/contract/proxy-wire";
+} from "@benchwright/shared/contract/proxy-wire";
 import type { MachineState, Worker } from "../machine";
 import type { Machine } from "./common";
 

@@ -1,4 +1,4 @@
-import { DEFAULT_RESOURCES, type Resources } from "../../../shared/contract/local-agent";
+import { DEFAULT_RESOURCES, type Resources } from "@benchwright/shared/contract/local-agent";
 import { commandsOf, type RunSpec } from "../../runs/spec";
 import type { MachineState, Worker } from "../machine";
 import {

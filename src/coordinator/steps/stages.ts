@@ -1,10 +1,10 @@
-import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "../../../shared/contract/bundle";
+import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "@benchwright/shared/contract/bundle";
 import {
   DEFAULT_RESOURCES,
   type ExecInfo,
   type ResourceLimit,
   type Seal,
-} from "../../../shared/contract/local-agent";
+} from "@benchwright/shared/contract/local-agent";
 import { BackendError } from "../../broker/backend";
 import type { MachineState, Worker, WorkerStage } from "../machine";
 import { checkpoint, type Machine, must, stop } from "./common";

@@ -1,4 +1,4 @@
-import { isTerminal } from "../../../shared/contract/run-states";
+import { isTerminal } from "@benchwright/shared/contract/run-states";
 import type { MachineState } from "../machine";
 import { type Machine, move, stop } from "./common";
 

@@ -1,5 +1,5 @@
+import { MODEL_ENDPOINTS } from "@benchwright/shared/contract/model-lane";
 import { bigint, boolean, index, integer, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
-import { MODEL_ENDPOINTS } from "../../../shared/contract/model-lane";
 import { environmentRef, userRef } from "./accounts";
 import { runs } from "./runs";
 

@@ -1,6 +1,6 @@
+import type { CutReason } from "@benchwright/shared/contract/bundle";
 import { sql } from "drizzle-orm";
 import { bigint, check, integer, pgTable, primaryKey, text, uniqueIndex } from "drizzle-orm/pg-core";
-import type { CutReason } from "../../../shared/contract/bundle";
 import { environmentRef } from "./accounts";
 import { createdAt } from "./columns";
 import { runs } from "./runs";

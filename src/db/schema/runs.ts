@@ -1,3 +1,5 @@
+import { ROUTING_MODES } from "@benchwright/shared/contract/routing";
+import { RUN_STATES } from "@benchwright/shared/contract/run-states";
 import { sql } from "drizzle-orm";
 import {
   bigint,
@@ -11,14 +13,12 @@ import {
   timestamp,
   uniqueIndex,
 } from "drizzle-orm/pg-core";
-import { ROUTING_MODES } from "../../../shared/contract/routing";
-import { RUN_STATES } from "../../../shared/contract/run-states";
 import type { RunSpec } from "../../runs/spec";
 import { environmentRef, userRef } from "./accounts";
 import { createdAt, updatedAt } from "./columns";
 
 // The status column holds one of the run states (contract/run-states.ts).
-export { RUN_STATES, type RunState } from "../../../shared/contract/run-states";
+export { RUN_STATES, type RunState } from "@benchwright/shared/contract/run-states";
 
 // A run: what was asked (spec), where it is (status), why it ended (reason), and what the
 // boundary looked like (routing, notes, proof). The coordinator Durable Object is the only

@@ -1,6 +1,6 @@
+import { MODEL_PROVIDERS } from "@benchwright/shared/contract/model-lane";
 import { sql } from "drizzle-orm";
 import { bigint, boolean, check, index, integer, pgTable, text, uniqueIndex } from "drizzle-orm/pg-core";
-import { MODEL_PROVIDERS } from "../../../shared/contract/model-lane";
 import { environmentRef, environments } from "./accounts";
 import { createdAt, updatedAt } from "./columns";
 

@@ -1,5 +1,5 @@
+import type { HostAction } from "@benchwright/shared/contract/policy";
 import { Hono } from "hono";
-import type { HostAction } from "../../../shared/contract/policy";
 import type { Result } from "../../errors";
 import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../../runs/audit-log";
 import type { Page } from "../../runs/service";

@@ -1,5 +1,5 @@
+import type { HostAction } from "@benchwright/shared/contract/policy";
 import { Hono } from "hono";
-import type { HostAction } from "../../../shared/contract/policy";
 import { fail, ok, type Result } from "../../errors";
 import { dryRun, type HostOutcome } from "../../vault/dry-run";
 import { putHost } from "../../vault/hosts";

@@ -1,6 +1,6 @@
+import { EgressVia, HostAction } from "@benchwright/shared/contract/policy";
+import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
 import { Hono } from "hono";
-import { EgressVia, HostAction } from "../../../shared/contract/policy";
-import { STARTER_PACK_HOSTS } from "../../../shared/policy/starter-pack";
 import { addStarterPack, deleteHost, getHost, type HostEntry, putHost, updateHost } from "../../vault/hosts";
 import { setDefault } from "../../vault/settings";
 import type { PageEnv } from "../context";

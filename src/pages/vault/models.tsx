@@ -1,5 +1,5 @@
+import { ModelProvider } from "@benchwright/shared/contract/policy";
 import { Hono } from "hono";
-import { ModelProvider } from "../../../shared/contract/policy";
 import { ModelName } from "../../routes/vault-models";
 import * as models from "../../vault/models";
 import { PROVIDERS } from "../../vault/models";

@@ -1,5 +1,5 @@
+import { buildPolicyIndex } from "@benchwright/shared/policy/compile";
 import { Hono } from "hono";
-import { buildPolicyIndex } from "../../../shared/policy/compile";
 import { blockedPerDay, listBlockedHosts } from "../../runs/audit-log";
 import { listRuns } from "../../runs/service";
 import { listHosts } from "../../vault/hosts";

@@ -1,5 +1,5 @@
-import { isCanonicalIp } from "../../../shared/contract/host-name";
-import type { PolicyDocument, PolicyRouting, RoutingReason } from "../../../shared/contract/policy";
+import { isCanonicalIp } from "@benchwright/shared/contract/host-name";
+import type { PolicyDocument, PolicyRouting, RoutingReason } from "@benchwright/shared/contract/policy";
 import { PAGE } from "./forms";
 import { ButtonForm, Section } from "./section";
 

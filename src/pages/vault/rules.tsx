@@ -1,6 +1,6 @@
+import { InjectScheme, type InjectSpec } from "@benchwright/shared/contract/policy";
+import { SecretName } from "@benchwright/shared/contract/proxy-wire";
 import { Hono } from "hono";
-import { InjectScheme, type InjectSpec } from "../../../shared/contract/policy";
-import { SecretName } from "../../../shared/contract/proxy-wire";
 import { fail, ok, type Result } from "../../errors";
 import {
   createRule,

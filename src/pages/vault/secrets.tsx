@@ -1,5 +1,5 @@
+import { SecretName } from "@benchwright/shared/contract/proxy-wire";
 import { Hono } from "hono";
-import { SecretName } from "../../../shared/contract/proxy-wire";
 import { createSecret, deleteSecret, getSecret, replaceSecret, type SecretInfo } from "../../vault/secrets";
 import type { PageEnv } from "../context";
 import { PostForm } from "../layout";

@@ -1,5 +1,5 @@
-import type { EgressVia, ModelLaneSpec } from "../../../../shared/contract/policy";
-import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../../shared/contract/proxy-wire";
+import type { EgressVia, ModelLaneSpec } from "@benchwright/shared/contract/policy";
+import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import { COMPUTE_PATH_PREFIX } from "../compute-lane";
 import type { Dialed } from "../original-dst";
 import type { PolicyState } from "../policy-client";

@@ -1,8 +1,8 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { pipeline as pipelineCb, type Readable, Transform, type Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
+import type { EgressRoute } from "@benchwright/shared/contract/proxy-wire";
 import type { Dispatcher } from "undici";
-import type { EgressRoute } from "../../../../shared/contract/proxy-wire";
 import { relayBody } from "../body-relay";
 import { decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
 import { maskString, needlesFor, Redactor } from "../redact";

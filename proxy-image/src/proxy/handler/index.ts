@@ -5,7 +5,7 @@ import {
   type ServerResponse,
 } from "node:http";
 import { createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
-import { WIRING_PROBE_HOST } from "../../../../shared/contract/proxy-wire";
+import { WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import type { RunCa } from "../ca";
 import type { ComputeLane } from "../compute-lane";
 import { checkFraming } from "../http-rules";

@@ -1,4 +1,4 @@
-import type { InjectSpec } from "../../../../shared/contract/policy";
+import type { InjectSpec } from "@benchwright/shared/contract/policy";
 
 // Credential injection for one request: the header value or query parameter a rule asks for.
 // Returns the exact injected text too, so the response can be scrubbed of it (case B7).

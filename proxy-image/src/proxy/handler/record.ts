@@ -1,5 +1,5 @@
-import type { ProxyListener } from "../../../../shared/contract/proxy-view";
-import type { AuditSource, EgressRoute, ModelCallRow } from "../../../../shared/contract/proxy-wire";
+import type { ProxyListener } from "@benchwright/shared/contract/proxy-view";
+import type { AuditSource, EgressRoute, ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
 import type { RefusalAudit } from "./refusal";
 
 // One canonical record per decided request (and per CONNECT refusal, and per spliced

@@ -1,4 +1,4 @@
-import { type AuditSource, type EgressRoute, PROBE_HEADER } from "../../../../shared/contract/proxy-wire";
+import { type AuditSource, type EgressRoute, PROBE_HEADER } from "@benchwright/shared/contract/proxy-wire";
 import type { TunnelError } from "../tunnel-client";
 import type { DecisionRecord } from "./record";
 

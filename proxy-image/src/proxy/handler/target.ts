@@ -1,7 +1,7 @@
 import type { IncomingMessage } from "node:http";
 import { isIP } from "node:net";
 import { TLSSocket } from "node:tls";
-import { canonicalHost, splitHostPort } from "../../../../shared/contract/host-name";
+import { canonicalHost, splitHostPort } from "@benchwright/shared/contract/host-name";
 import type { Listener } from "./record";
 import { bad, misdirected, Refusal } from "./refusal";
 

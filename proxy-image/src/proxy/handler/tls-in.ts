@@ -1,8 +1,8 @@
 import type { Server, Socket } from "node:net";
 import type { Duplex } from "node:stream";
 import { createSecureContext, TLSSocket } from "node:tls";
-import { canonicalHost } from "../../../../shared/contract/host-name";
-import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "../../../../shared/contract/proxy-wire";
+import { canonicalHost } from "@benchwright/shared/contract/host-name";
+import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import type { RunCa } from "../ca";
 import type { Dialed, OriginalDst } from "../original-dst";
 import type { PolicyState } from "../policy-client";

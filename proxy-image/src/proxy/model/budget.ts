@@ -1,4 +1,4 @@
-import type { ModelBudget } from "../../../../shared/contract/policy";
+import type { ModelBudget } from "@benchwright/shared/contract/policy";
 import type { Usage, WireFormat } from "./translate";
 
 // The run's model budget (case J3), kept by the proxy: one proxy serves one run, so one Spend

@@ -1,8 +1,8 @@
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { splitHostPort } from "../../../../shared/contract/host-name";
-import type { ModelLaneSpec } from "../../../../shared/contract/policy";
-import { ModelCallRow, type ModelEndpoint } from "../../../../shared/contract/proxy-wire";
+import { splitHostPort } from "@benchwright/shared/contract/host-name";
+import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
+import { ModelCallRow, type ModelEndpoint } from "@benchwright/shared/contract/proxy-wire";
 import { decodersFor } from "../http-rules";
 import { needlesFor } from "../redact";
 import type { Upstream } from "../upstream";

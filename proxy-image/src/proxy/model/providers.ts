@@ -1,5 +1,5 @@
-import type { ModelProvider } from "../../../../shared/contract/policy";
-import type { ModelEndpoint } from "../../../../shared/contract/proxy-wire";
+import type { ModelProvider } from "@benchwright/shared/contract/policy";
+import type { ModelEndpoint } from "@benchwright/shared/contract/proxy-wire";
 import type { WireFormat } from "./translate";
 
 // One row per provider the model lane can call: everything that differs between them is data
