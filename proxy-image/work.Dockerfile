@@ -15,11 +15,14 @@ WORKDIR /src
 COPY package.json package-lock.json ./
 COPY proxy-image/package.json proxy-image/
 COPY shared/package.json shared/
+COPY egress-agent/package.json egress-agent/
 # Only the proxy workspace's dependencies (esbuild is one), not the whole lockfile's.
 RUN npm ci --workspace=proxy-image --ignore-scripts --no-audit --no-fund
 COPY shared/policy shared/policy
 COPY shared/contract shared/contract
 COPY shared/archive shared/archive
+COPY shared/node shared/node
+COPY egress-agent/src egress-agent/src
 COPY proxy-image/src proxy-image/src
 COPY proxy-image/copy-koffi.mjs proxy-image/
 RUN npm run build:proxy

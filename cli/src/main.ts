@@ -13,7 +13,7 @@ import { VAULT_COMMANDS } from "./table/vault";
 // `benchwright`: a client of the public API only (what any user could do with curl). Exit codes:
 // 0 ok, 1 the API said no or could not be reached, 2 usage, 3 not logged in, 4 a run the command
 // waited for did not complete (a command failed, or the run stopped or failed). The command table
-// lives in cli/src/table/; `egress-agent` is the bundled agent (proxy-image/), not a table entry.
+// lives in cli/src/table/; `egress-agent` is the bundled agent (@benchwright/egress-agent), not a table entry.
 
 const COMMANDS: CommandTable = {
   ...ACCOUNT_COMMANDS,
@@ -33,7 +33,7 @@ const COMMANDS: CommandTable = {
   },
 };
 
-/** The egress agent's flags, for completion (proxy-image/src/egress-agent/main.ts parses them). */
+/** The egress agent's flags, for completion (egress-agent/src/main.ts parses them). */
 const AGENT_FLAGS = {
   "egress-agent": [
     "--url",
@@ -176,7 +176,7 @@ export async function main(argv: string[], env: NodeJS.ProcessEnv = process.env)
 // The agent reads process.argv itself: drop the word that chose it, then load it (bundled in).
 if (process.argv[2] === "egress-agent") {
   process.argv.splice(2, 1);
-  void import("../../proxy-image/src/egress-agent/main");
+  void import("@benchwright/egress-agent/main");
 } else {
   main(process.argv.slice(2)).then(
     (code) => {

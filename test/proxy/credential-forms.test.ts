@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { needlesFor } from "../../proxy-image/src/proxy/redact";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address";
 import {
   createTestCa,
   curlTls,

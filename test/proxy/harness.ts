@@ -28,7 +28,7 @@ import {
   type ProxyOptions,
 } from "../../proxy-image/src/proxy/handler";
 import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address";
 import type { TestCa } from "../../scripts/lib/test-ca";
 
 export { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";

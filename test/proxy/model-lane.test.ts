@@ -8,7 +8,7 @@ import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { type ModelLane, type ModelLaneOutcome, modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { SseFilter } from "../../proxy-image/src/proxy/model/sse-relay";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address";
 import { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";
 import {
   type ContractServer,

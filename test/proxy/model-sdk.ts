@@ -12,7 +12,7 @@ import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address";
 import { startAnthropicContractServer } from "../fixtures/anthropic-contract-server";
 import type { ContractServer, ContractServerOptions } from "../fixtures/contract-server";
 import { startOpenAiContractServer } from "../fixtures/openai-contract-server";

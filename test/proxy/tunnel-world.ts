@@ -4,15 +4,11 @@ import { createServer as createHttpServer, type Server as HttpServer, type Serve
 import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
 import { type AddressInfo, connect as netConnect, type Socket } from "node:net";
 import { createSecureContext, rootCertificates } from "node:tls";
+import { type EgressAgent, type EgressAgentOptions, startEgressAgent } from "@benchwright/egress-agent";
 import type { AgentPolicy } from "@benchwright/shared/contract/tunnel";
 import { afterAll, afterEach, beforeAll, expect } from "vitest";
 // The undici the proxy bundles (proxy-image/package.json), not the root's.
 import { Pool } from "../../proxy-image/node_modules/undici";
-import {
-  type EgressAgent,
-  type EgressAgentOptions,
-  startEgressAgent,
-} from "../../proxy-image/src/egress-agent/egress-agent";
 import { TunnelClient, TunnelError, tunnelConnect } from "../../proxy-image/src/proxy/tunnel-client";
 import { createTestCa, selfSignedCert } from "./harness";
 import { startTestRelay, type TestRelay } from "./tunnel-relay";

@@ -17,8 +17,13 @@ import {
   TunnelRefusal,
   tunnelPath,
 } from "@benchwright/shared/contract/tunnel";
+import {
+  MAX_TUNNEL_MESSAGE,
+  SESSION_WINDOW,
+  STREAM_WINDOW,
+  toWebSocketUrl,
+} from "@benchwright/shared/contract/tunnel-wire";
 import { createWebSocketStream, WebSocket } from "ws";
-import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 
 // The proxy's end of the egress tunnel (shared/contract/tunnel.ts): it dials the control plane's
 // relay, waits for PAIRED, and speaks HTTP/2 as the client over the WebSocket's bytes; each

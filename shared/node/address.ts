@@ -5,6 +5,8 @@ import { embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "@benchwright/shared/
 // dialled, after resolution, so neither a hostname nor a spelling of an IP can smuggle a
 // connection into private space, the metadata service or the proxy itself. The ranges are the
 // platform's one table (shared/policy/addresses.ts), shared with the firewalls of the backends.
+// Node only (node:net's BlockList), like all of shared/node/: the Worker never loads it; the proxy
+// and the egress agent do.
 
 export type AddressVerdict = { allowed: true } | { allowed: false; reason: string };
 

@@ -1,5 +1,5 @@
-// What both ends of the egress tunnel's WebSocket agree on besides shared/contract/tunnel.ts: the
-// proxy's client (tunnel-client.ts) and the user's egress agent (egress-agent.ts).
+// What both ends of the egress tunnel's WebSocket agree on besides tunnel.ts: the proxy's client
+// (proxy-image/src/proxy/tunnel-client.ts) and the user's egress agent (egress-agent/src/egress-agent.ts).
 
 /**
  * Largest WebSocket message accepted. Node's HTTP/2 writes frames of at most 16 KiB of payload
