@@ -11,7 +11,7 @@ import {
   writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
-import { storageFlags } from "../scripts/lib/buildah";
+import { storageFlags } from "./buildah";
 import { run } from "./command";
 
 // The sandboxes' root filesystem: the work image (proxy-image/work.Dockerfile, built by `npm run

@@ -2,7 +2,7 @@
 // here, daemonless (scripts/lib/images.ts): the local Node base first if missing, then each image,
 // one line per image with its time. Exit 1 when any image failed to build, naming it, with the
 // end of its build's output; 2 when this machine cannot build (not root, no buildah).
-import { buildahMissing } from "./lib/buildah";
+import { buildahMissing } from "../local-agent/buildah";
 import { buildImages, IMAGES, type ImageName } from "./lib/images";
 
 const args = process.argv.slice(2);

@@ -2,7 +2,7 @@ import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { buildah, buildahMissing, tail, withBuildLock } from "./buildah";
+import { buildah, buildahMissing, tail, withBuildLock } from "../../local-agent/buildah";
 import { expandCopyHeredocs } from "./heredoc";
 import { ensureNodeBase } from "./node-base";
 

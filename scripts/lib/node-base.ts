@@ -3,7 +3,7 @@ import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync 
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { buildah, buildahOk, imageLabels, runOk } from "./buildah";
+import { buildah, buildahOk, imageLabels, runOk } from "../../local-agent/buildah";
 
 // The images' base when they are built here: what the public node:24-bookworm-slim offers the
 // Dockerfiles, made from sources this machine reaches. Debian bookworm (debootstrap's minbase,

@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buildah, buildahMissing, buildahOk, type Output, storageFlags } from "../../scripts/lib/buildah";
+import { buildah, buildahMissing, buildahOk, type Output, storageFlags } from "../../local-agent/buildah";
 import { buildImages, type ImageBuild, type ImageName } from "../../scripts/lib/images";
 import { FakeControlPlane } from "../proxy/control-plane";
 

@@ -2,14 +2,15 @@ import { spawn } from "node:child_process";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 
-// Every buildah call of the image builds and their test goes through here, with the one storage
-// the images live in: overlay where this machine lets root mount it (each layer a diff), else
-// vfs (each layer a whole copy: the same images, but a build of three takes minutes even from
-// cache, where overlay takes seconds); in a root of its own, so the host's other container
-// storage, or its driver, never conflicts; outside any clone, so the base image and the layer
-// cache outlive a checkout (CI builds in a fresh clone on the same machine). BW_IMAGES_DRIVER=vfs
-// forces vfs. To look inside: buildah --root /var/lib/benchwright/containers/overlay
-// --storage-driver overlay images
+// The image store the local backend's sandboxes come from: the host agent exports the work image
+// from it (rootfs.ts), and the image builds (`npm run images`: scripts/lib/images.ts and
+// node-base.ts) and their test put images in and read them through here. One storage: overlay
+// where this machine lets root mount it (each layer a diff), else vfs (each layer a whole copy:
+// the same images, but a build of three takes minutes even from cache, where overlay takes
+// seconds); in a root of its own, so the host's other container storage, or its driver, never
+// conflicts; outside any clone, so the base image and the layer cache outlive a checkout (CI
+// builds in a fresh clone on the same machine). BW_IMAGES_DRIVER=vfs forces vfs. To look inside:
+// buildah --root /var/lib/benchwright/containers/overlay --storage-driver overlay images
 export const STORE_ROOT = process.env.BW_IMAGES_ROOT || "/var/lib/benchwright/containers";
 const SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
