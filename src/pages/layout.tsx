@@ -2,6 +2,7 @@ import { tryGetContext } from "hono/context-storage";
 import type { Child } from "hono/jsx";
 import type { Session } from "../auth/session";
 import { timingSafeEqualHex } from "../crypto/api-keys";
+import { hmacSha256Hex } from "../crypto/hmac";
 
 // The pages' one layout: server-rendered HTML, one inline style sheet, no script. Long values
 // (a 253-character host, an id) wrap instead of widening the page.
@@ -140,20 +141,8 @@ export async function readFlash(
   return timingSafeEqualHex(await flashMac(csrf, ok, error), sent) ? { ok, error } : {};
 }
 
-async function flashMac(csrf: string, ok: string | undefined, error: string | undefined): Promise<string> {
-  const key = await crypto.subtle.importKey(
-    "raw",
-    new TextEncoder().encode(csrf),
-    { name: "HMAC", hash: "SHA-256" },
-    false,
-    ["sign"],
-  );
-  const mac = await crypto.subtle.sign(
-    "HMAC",
-    key,
-    new TextEncoder().encode(`flash\u0000${ok ?? ""}\u0000${error ?? ""}`),
-  );
-  return [...new Uint8Array(mac)].map((b) => b.toString(16).padStart(2, "0")).join("");
+function flashMac(csrf: string, ok: string | undefined, error: string | undefined): Promise<string> {
+  return hmacSha256Hex(csrf, `flash\u0000${ok ?? ""}\u0000${error ?? ""}`);
 }
 
 /** A flash message (read with readFlash), shown once. */

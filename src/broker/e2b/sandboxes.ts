@@ -21,6 +21,7 @@ import {
   TimeoutError,
 } from "e2b";
 import type { z } from "zod";
+import { hmacSha256Hex } from "../../crypto/hmac";
 import { BackendError } from "../backend";
 import {
   BRIDGE_EXEC_ID,
@@ -371,21 +372,9 @@ export function e2bSandboxes(config: E2bEnv) {
   }
 
   /** The bridge token of a run's proxy: HMAC of its id under the API key, so no state keeps it. */
-  async function bridgeToken(proxyId: string): Promise<string> {
-    const key = await crypto.subtle.importKey(
-      "raw",
-      new TextEncoder().encode(config.E2B_API_KEY),
-      { name: "HMAC", hash: "SHA-256" },
-      false,
-      ["sign"],
-    );
-    const mac = await crypto.subtle.sign(
-      "HMAC",
-      key,
-      // The label predates the bridge's name; kept, so a run's token is the same across the rename.
-      new TextEncoder().encode(`benchwright e2b tunnel v1\0${proxyId}`),
-    );
-    return [...new Uint8Array(mac)].map((b) => b.toString(16).padStart(2, "0")).join("");
+  function bridgeToken(proxyId: string): Promise<string> {
+    // The label predates the bridge's name; kept, so a run's token is the same across the rename.
+    return hmacSha256Hex(config.E2B_API_KEY, `benchwright e2b tunnel v1\0${proxyId}`);
   }
 
   /** The settings E2B holds are the ones asked for, made so (one whole update) if they are not. */
