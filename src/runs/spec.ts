@@ -5,6 +5,7 @@ import { z } from "@hono/zod-openapi";
 import { findBundle } from "../bundles/rows";
 import type { Q } from "../db/types";
 import { ApiError } from "../errors";
+import { DEMO_SCRIPT } from "./demo-script";
 
 // What a user may ask of a run (the body of POST /v1/runs), and the built-in benchmarks a run
 // may name instead of inline commands. The validated spec is stored with the run as asked.
@@ -183,29 +184,6 @@ export const RunSpec = z
   })
   .openapi("RunSpec");
 export type RunSpec = z.infer<typeof RunSpec>;
-
-// The demo benchmark (what `npm start` launches): calls the demo API host without a key, tries
-// the blocked host, and prints what it saw as one JSON line. No single quotes: it runs as
-// `node -e '...'` under `sh -c`.
-const DEMO_SCRIPT = `
-const get = async (url) => {
-  try {
-    const res = await fetch(url);
-    const text = await res.text();
-    let body = null;
-    try { body = JSON.parse(text); } catch {}
-    return { status: res.status, body };
-  } catch (e) {
-    return { error: String(e.cause?.code ?? e.message) };
-  }
-};
-(async () => {
-  const api = await get("https://api.demo.test/v1/whoami");
-  const blocked = await get("https://blocked.demo.test/");
-  const envNames = Object.keys(process.env).sort();
-  console.log(JSON.stringify({ demo: true, api, blocked, envNames }));
-})();
-`;
 
 /** Built-in benchmarks: a name → the commands it runs. */
 export const BENCHMARKS: Readonly<Record<string, readonly string[]>> = {

@@ -10,6 +10,7 @@ import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import type { StaticRoute } from "../../scripts/lib/pip-index";
 import { provisionApiKey } from "../../src/auth/provision";
 import { randomId } from "../../src/crypto/api-keys";
+import { REPORTING_GET } from "../../src/runs/demo-script";
 import { whyNotRunnable } from "../local/harness";
 
 // One harness for whole runs on the local backend: a demo upstream in a namespace of its own,
@@ -207,21 +208,9 @@ export async function demoVault(api: Api, canary: string, extra: { default?: "al
 /** A shell command that runs `code` with node, fed on stdin (no quoting to get wrong). */
 export const nodeScript = (code: string) => `node - <<'BW_SCRIPT'\n${code}\nBW_SCRIPT`;
 
-/** Client helpers the scripts share: fetch that reports errors, and a raw TCP connect. */
+/** Client helpers the scripts share: the demo's fetch that reports errors, and a raw TCP connect. */
 export const CLIENT_HELPERS = `
-const net = require("node:net");
-const get = async (url) => {
-  try {
-    const res = await fetch(url);
-    const text = await res.text();
-    let body = null;
-    try { body = JSON.parse(text); } catch {}
-    return { status: res.status, body };
-  } catch (e) {
-    return { error: String(e.cause?.code ?? e.message) };
-  }
-};
-const tcp = (host, port) =>
+const net = require("node:net");${REPORTING_GET}const tcp = (host, port) =>
   new Promise((resolve) => {
     const s = net.connect({ host, port, timeout: 2000 });
     s.on("connect", () => { s.destroy(); resolve("connected"); });
