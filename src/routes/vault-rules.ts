@@ -20,20 +20,7 @@ const Inject = z
 const HostPattern = z.string().min(1).max(300).openapi({ example: "api.openrouter.ai" });
 const Position = z.number().int().min(0).openapi({ description: "0-based place in the order; default last" });
 
-export const RuleInfo = z
-  .object({
-    id: z.string(),
-    position: z.number().int(),
-    host: z.string(),
-    secret: z.string().openapi({ description: "The secret's name" }),
-    inject: z.object({ scheme: InjectScheme, name: z.string() }),
-    createdAt: z.string().datetime(),
-    updatedAt: z.string().datetime(),
-  })
-  .strict()
-  .openapi("Rule");
-
-const toJson = (r: vault.RuleInfo): z.infer<typeof RuleInfo> => ({
+const toJson = (r: vault.RuleInfo): z.infer<typeof vault.Rule> => ({
   ...r,
   createdAt: r.createdAt.toISOString(),
   updatedAt: r.updatedAt.toISOString(),
@@ -41,7 +28,7 @@ const toJson = (r: vault.RuleInfo): z.infer<typeof RuleInfo> => ({
 
 const tags = ["vault: rules"];
 const params = IdParam("rul_");
-const RuleList = z.object({ rules: z.array(RuleInfo) });
+const RuleList = z.object({ rules: z.array(vault.Rule) });
 
 export const rulesRoutes = newRouter()
   .openapi(
@@ -67,7 +54,7 @@ export const rulesRoutes = newRouter()
           .object({ host: HostPattern, secret: SecretName, inject: Inject, position: Position.optional() })
           .strict(),
       ),
-      responses: { 201: jsonOk(RuleInfo, "Created"), ...problems(400, 401, 409) },
+      responses: { 201: jsonOk(vault.Rule, "Created"), ...problems(400, 401, 409) },
     }),
     async (c) =>
       c.json(toJson(unwrap(await vault.createRule(c.var.db, c.var.principal, c.req.valid("json")))), 201),
@@ -95,7 +82,7 @@ export const rulesRoutes = newRouter()
       operationId: "getRule",
       summary: "Read a rule",
       request: { params },
-      responses: { 200: jsonOk(RuleInfo), ...problems(401, 404) },
+      responses: { 200: jsonOk(vault.Rule), ...problems(401, 404) },
     }),
     async (c) =>
       c.json(toJson(unwrap(await vault.getRule(c.var.db, c.var.principal, c.req.valid("param").id))), 200),
@@ -116,7 +103,7 @@ export const rulesRoutes = newRouter()
             .strict(),
         ),
       },
-      responses: { 200: jsonOk(RuleInfo), ...problems(400, 401, 404, 409) },
+      responses: { 200: jsonOk(vault.Rule), ...problems(400, 401, 404, 409) },
     }),
     async (c) => {
       const rule = unwrap(

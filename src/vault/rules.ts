@@ -1,5 +1,6 @@
-import { type InjectScheme, InjectSpec } from "@benchwright/shared/contract/policy";
+import { InjectScheme, InjectSpec } from "@benchwright/shared/contract/policy";
 import { patternCovers } from "@benchwright/shared/policy/host";
+import { z } from "@hono/zod-openapi";
 import { and, asc, eq } from "drizzle-orm";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
@@ -14,15 +15,25 @@ import { secretIdByName } from "./secrets";
 // implicit allow entry for as long as a rule names it. Every change is one vault change
 // (change.ts), scoped by the principal's environment.
 
-export interface RuleInfo {
-  id: string;
-  position: number;
-  host: string;
-  secret: string;
-  inject: InjectSpec;
+/** A rule as the API shows it (GET /v1/vault/rules): the one list of a rule's fields. */
+export const Rule = z
+  .object({
+    id: z.string(),
+    position: z.number().int(),
+    host: z.string(),
+    secret: z.string().openapi({ description: "The secret's name" }),
+    inject: z.object({ scheme: InjectScheme, name: z.string() }),
+    createdAt: z.string().datetime(),
+    updatedAt: z.string().datetime(),
+  })
+  .strict()
+  .openapi("Rule");
+
+/** A rule as read here: the API's Rule with its times as Dates (the route writes them as ISO). */
+export type RuleInfo = Omit<z.infer<typeof Rule>, "createdAt" | "updatedAt"> & {
   createdAt: Date;
   updatedAt: Date;
-}
+};
 
 export interface RuleInput {
   host: string;
