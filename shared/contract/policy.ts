@@ -1,13 +1,14 @@
 import { z } from "zod";
 import { isCanonicalHostName, isCanonicalPattern } from "./host-name";
 import { MODEL_PROVIDERS } from "./model-lane";
+import { followsFromEntries } from "./policy-routing";
 import { ROUTING_MODES } from "./routing";
 
 // The policy wire contract: what the control plane compiles from a vault and the run's proxy
 // enforces. Imported by both sides, so they cannot drift. Objects are strict (an unknown field is
-// an error, case C3/E4). Which routing the entries call for is policy (policy/routing.ts), which
-// also refuses a document whose derived fields disagree with its entries: the proxy denies
-// everything rather than guess (E4). Secret values are not part of it; they travel on another
+// an error, case C3/E4). Which routing the entries call for is policy-routing.ts, and
+// PolicyDocument below also refuses a document whose derived fields disagree with its entries:
+// the proxy denies everything rather than guess (E4). Secret values are not part of it; they travel on another
 // channel.
 
 export const HostAction = z.enum(["allow", "block"]);
@@ -173,8 +174,8 @@ export type PolicyRouting = z.infer<typeof PolicyRouting>;
 
 /**
  * A policy document's shape: its fields, strict, with each rule at its own index. That the
- * derived fields (routing, enforce, note, hostsFile) follow from the entries is policy, checked by
- * policy/routing.ts's PolicyDocument, which is what every parse site uses.
+ * derived fields (routing, enforce, note, hostsFile) follow from the entries is checked by
+ * PolicyDocument below, which is what every parse site uses.
  */
 export const PolicyDocumentShape = z
   .object({
@@ -202,4 +203,7 @@ export const PolicyDocumentShape = z
       }
     });
   });
-export type PolicyDocument = z.infer<typeof PolicyDocumentShape>;
+
+/** A policy document, checked whole: its shape, and derived fields that follow from its entries. */
+export const PolicyDocument = PolicyDocumentShape.superRefine((doc, ctx) => followsFromEntries(doc, ctx));
+export type PolicyDocument = z.infer<typeof PolicyDocument>;

@@ -3,6 +3,7 @@ import { z } from "zod";
 import { canonicalHost } from "./host-name";
 import { MODEL_ENDPOINTS } from "./model-lane";
 import { PolicyDocumentShape } from "./policy";
+import { followsFromEntries } from "./policy-routing";
 
 // The wire contract between a run's proxy and the control plane (the Worker). Imported by both
 // sides, so they cannot drift; pure (zod + standardwebhooks, no node: imports) because workerd
@@ -105,11 +106,8 @@ export const SecretValue = z
   .max(16_384, "at most 16 KiB")
   .regex(/^[\x20-\x7e]+$/, "printable ASCII only");
 
-/**
- * Body of `GET policyPath(runId)`: the document plus the values of exactly the secrets it names.
- * Parse it with policy/routing.ts's PolicyEnvelope, which also checks the document's routing.
- */
-export const PolicyEnvelopeShape = z
+/** Body of `GET policyPath(runId)`: the document plus the values of exactly the secrets it names. */
+const PolicyEnvelopeShape = z
   .strictObject({ policy: PolicyDocumentShape, secrets: z.record(SecretName, SecretValue) })
   .superRefine((envelope, ctx) => {
     const named = new Set(envelope.policy.rules.map((r) => r.secret));
@@ -127,7 +125,12 @@ export const PolicyEnvelopeShape = z
       }
     }
   });
-export type PolicyEnvelope = z.infer<typeof PolicyEnvelopeShape>;
+
+/** The policy envelope, checked whole: its secrets, and its document's routing (policy-routing.ts). */
+export const PolicyEnvelope = PolicyEnvelopeShape.superRefine((envelope, ctx) =>
+  followsFromEntries(envelope.policy, ctx, ["policy"]),
+);
+export type PolicyEnvelope = z.infer<typeof PolicyEnvelope>;
 
 // ---- audit ----
 

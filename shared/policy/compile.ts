@@ -7,9 +7,10 @@ import type {
   PolicyRule,
   RunEgress,
 } from "../contract/policy";
+import { PolicyDocument } from "../contract/policy";
+import { deriveFields } from "../contract/policy-routing";
 import { addressKey } from "./addresses";
 import { parseHostPattern, wildcardRemainders } from "./host";
-import { deriveFields, PolicyDocument } from "./routing";
 
 // Vault → policy document, and the per-request lookups the proxy runs over a document. Pure.
 

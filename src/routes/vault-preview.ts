@@ -1,4 +1,4 @@
-import { PolicyDocument } from "@benchwright/shared/policy/routing";
+import { PolicyDocument } from "@benchwright/shared/contract/policy";
 import { createRoute, z } from "@hono/zod-openapi";
 import { jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/policy";

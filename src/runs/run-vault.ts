@@ -1,6 +1,5 @@
 import { consoleLog } from "@benchwright/shared/contract/log";
-import { describeIssues } from "@benchwright/shared/contract/proxy-wire";
-import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
+import { describeIssues, PolicyEnvelope } from "@benchwright/shared/contract/proxy-wire";
 import { and, eq, inArray } from "drizzle-orm";
 import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";

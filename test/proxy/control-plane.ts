@@ -4,6 +4,7 @@ import {
   type AuditBatch,
   auditPath,
   newAuditKey,
+  PolicyEnvelope,
   ProxyReady,
   policyEtag,
   policyPath,
@@ -11,7 +12,6 @@ import {
   verifyAuditBatch,
 } from "@benchwright/shared/contract/proxy-wire";
 import { compilePolicy, type VaultSnapshot } from "@benchwright/shared/policy/compile";
-import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 
 // Contract test double of the control plane's internal API, as far as one proxy needs it, on
 // 127.0.0.1, built only from the wire contract's own code: the policy envelope (ETag / 304), the

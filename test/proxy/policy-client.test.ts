@@ -1,8 +1,13 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { ProxyReady, policyEtag, policyPath, readBearer } from "@benchwright/shared/contract/proxy-wire";
+import {
+  PolicyEnvelope,
+  ProxyReady,
+  policyEtag,
+  policyPath,
+  readBearer,
+} from "@benchwright/shared/contract/proxy-wire";
 import { compilePolicy, type VaultSnapshot } from "@benchwright/shared/policy/compile";
-import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { createRunCa } from "../../proxy-image/src/proxy/ca";
 import type { PolicySource } from "../../proxy-image/src/proxy/handler";

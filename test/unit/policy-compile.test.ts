@@ -1,5 +1,5 @@
 import { canonicalHost } from "@benchwright/shared/contract/host-name";
-import { type HostAction, InjectSpec } from "@benchwright/shared/contract/policy";
+import { type HostAction, InjectSpec, PolicyDocument } from "@benchwright/shared/contract/policy";
 import {
   buildPolicyIndex,
   compilePolicy,
@@ -7,7 +7,6 @@ import {
   type VaultSnapshot,
 } from "@benchwright/shared/policy/compile";
 import { hostMatches } from "@benchwright/shared/policy/host";
-import { PolicyDocument } from "@benchwright/shared/policy/routing";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 

@@ -4,6 +4,7 @@ import {
   auditPath,
   MAX_AUDIT_ENTRIES,
   newAuditKey,
+  PolicyEnvelope,
   ProxyReady,
   policyEtag,
   policyPath,
@@ -13,7 +14,6 @@ import {
   verifyAuditBatch,
 } from "@benchwright/shared/contract/proxy-wire";
 import { compilePolicy } from "@benchwright/shared/policy/compile";
-import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { describe, expect, it } from "vitest";
 
 const bearer = { scheme: "bearer", name: "authorization" } as const;

@@ -1,5 +1,4 @@
-import { policyEtag } from "@benchwright/shared/contract/proxy-wire";
-import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
+import { PolicyEnvelope, policyEtag } from "@benchwright/shared/contract/proxy-wire";
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { vaultSecrets } from "../../src/db/schema";

@@ -1,6 +1,6 @@
 import { env } from "cloudflare:workers";
 import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
-import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
+import { PolicyEnvelope } from "@benchwright/shared/contract/proxy-wire";
 import { and, eq } from "drizzle-orm";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { loadConfig } from "../../src/config";

@@ -4,11 +4,11 @@ import {
   bearer,
   describeIssues,
   IF_NONE_MATCH_HEADER,
+  PolicyEnvelope,
   policyEtag,
   policyPath,
 } from "@benchwright/shared/contract/proxy-wire";
 import { buildPolicyIndex, type PolicyIndex } from "@benchwright/shared/policy/compile";
-import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 
 // Keeps the run's policy (and the secret values it names) current by polling the control plane.
 // Fail closed (case E4): until a valid document has arrived, and whenever the control plane hands

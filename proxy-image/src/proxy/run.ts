@@ -5,9 +5,9 @@
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
 import { logLine as formatLine, levelOf } from "@benchwright/shared/contract/log";
+import { usesTunnel } from "@benchwright/shared/contract/policy-routing";
 import { bearer, ProxyReady, readyPath } from "@benchwright/shared/contract/proxy-wire";
 import { createAddressPolicy } from "@benchwright/shared/node/address";
-import { usesTunnel } from "@benchwright/shared/policy/routing";
 import { AuditReporter } from "./audit";
 import { createRunCa } from "./ca";
 import { computeLane } from "./compute-lane";

@@ -1,4 +1,4 @@
-import { usesTunnel } from "@benchwright/shared/policy/routing";
+import { usesTunnel } from "@benchwright/shared/contract/policy-routing";
 import type { MachineState } from "../machine";
 import { type Machine, must, stop } from "./common";
 

@@ -1,21 +1,21 @@
 import type { z } from "zod";
-import { isCanonicalIp } from "../contract/host-name";
-import {
-  type EgressVia,
-  type HostAction,
+import { isCanonicalIp } from "./host-name";
+import type {
+  EgressVia,
+  HostAction,
   PolicyDocumentShape,
-  type PolicyRouting,
-  type RoutingMode,
-  type RoutingReason,
-  type RunEgress,
-} from "../contract/policy";
-import { PolicyEnvelopeShape } from "../contract/proxy-wire";
+  PolicyRouting,
+  RoutingMode,
+  RoutingReason,
+  RunEgress,
+} from "./policy";
 
 // The routing choice: which of a run's connections must come to the proxy (and so whether its
 // work sandboxes are wired catch-all or by hosts file), whether a proxy is needed at all, and
 // whether the egress tunnel is. It follows from the vault's entries and the run's egress alone.
-// The compiler derives these fields with it, and the parsers below refuse a document whose fields
-// say otherwise, so that the two cannot disagree (case E4: the proxy denies everything rather
+// The compiler derives these fields with it, and the parsers (policy.ts's PolicyDocument,
+// proxy-wire.ts's PolicyEnvelope) refuse a document whose fields say otherwise through
+// followsFromEntries, so that the two cannot disagree (case E4: the proxy denies everything rather
 // than guess).
 
 /** Whether a policy sends any traffic through the user's machine (so needs the egress tunnel). */
@@ -77,7 +77,7 @@ export function deriveFields(
 }
 
 /** Adds an issue for each derived field of `doc` that does not follow from its entries. */
-function followsFromEntries(
+export function followsFromEntries(
   doc: z.infer<typeof PolicyDocumentShape>,
   ctx: z.RefinementCtx,
   at: string[] = [],
@@ -110,13 +110,3 @@ function followsFromEntries(
     ctx.addIssue({ code: "custom", path: [...at, "hostsFile"], message: "does not follow from the entries" });
   }
 }
-
-/** A policy document, checked whole: its shape, and derived fields that follow from its entries. */
-export const PolicyDocument = PolicyDocumentShape.superRefine((doc, ctx) => followsFromEntries(doc, ctx));
-export type PolicyDocument = z.infer<typeof PolicyDocument>;
-
-/** The proxy's policy envelope (contract/proxy-wire.ts), with its document checked as above. */
-export const PolicyEnvelope = PolicyEnvelopeShape.superRefine((envelope, ctx) =>
-  followsFromEntries(envelope.policy, ctx, ["policy"]),
-);
-export type PolicyEnvelope = z.infer<typeof PolicyEnvelope>;
