@@ -1,6 +1,7 @@
 import { newAuditKey } from "@benchwright/shared/contract/proxy-wire";
 import { isTerminal, type RunState } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
+import type { Owner } from "../auth/owner";
 import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
 import { runs } from "../db/schema";
@@ -17,10 +18,9 @@ const TOKEN_RANDOM_BYTES = 32;
 // 32 bytes = 43 base64url characters; the last one carries 4 bits, so its low 2 bits are zero.
 const TOKEN_PATTERN = /^bwp_[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
 
-export interface RunOwner {
+/** A run, by its id and its owner. */
+export interface RunOwner extends Owner {
   id: string;
-  userId: string;
-  environmentId: string;
 }
 
 export interface ProxyCredentials {
