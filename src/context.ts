@@ -1,11 +1,10 @@
+import type { Owner } from "./auth/owner";
 import type { ApiKeyScope } from "./auth/scope";
 import type { Config } from "./config";
 import type { Db } from "./db/types";
 
-/** Who the request's API key speaks for. Every query a route makes is scoped by this. */
-export interface Principal {
-  readonly userId: string;
-  readonly environmentId: string;
+/** Who the request's API key speaks for: its owner, which scopes every query, and the key. */
+export interface Principal extends Owner {
   readonly keyId: string;
 }
 

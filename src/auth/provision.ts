@@ -2,6 +2,7 @@ import { and, eq } from "drizzle-orm";
 import { generateApiKey, hashApiKey, randomId } from "../crypto/api-keys";
 import { apiKeys, environments, users, vaultSettings } from "../db/schema";
 import type { Db, Tx } from "../db/types";
+import type { Owner } from "./owner";
 import type { ApiKeyScope } from "./scope";
 
 export interface IssuedKey {
@@ -17,7 +18,7 @@ export interface IssuedKey {
  */
 export async function issueKey(
   tx: Db | Tx,
-  owner: { userId: string; environmentId: string },
+  owner: Owner,
   input: { name: string; scope?: ApiKeyScope; expiresAt?: Date | null },
 ): Promise<IssuedKey> {
   const { key, prefix } = generateApiKey();

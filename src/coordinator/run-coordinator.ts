@@ -4,12 +4,12 @@ import { consoleLog, levelOf } from "@benchwright/shared/contract/log";
 import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { WiringProof } from "@benchwright/shared/contract/wiring";
 import { eq, sql } from "drizzle-orm";
+import type { Owner } from "../auth/owner";
 import { BackendError } from "../broker/backend";
 import { backendForLaunch } from "../broker/backends";
 import { brokerStub } from "../broker/sandbox-broker";
 import { issueCapability, revokeRunCapabilities } from "../compute/capability";
 import { loadConfig } from "../config";
-import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { openDb } from "../db/client";
 import { isDatabaseUnavailable, sqlState } from "../db/errors";
@@ -239,7 +239,7 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  * still answers with the run: a 5xx here would invite a retry (an Idempotency-Key keeps no 5xx),
  * and the retry would make a second run beside the queued one.
  */
-export async function launchRun(env: Env, db: Db, p: Principal, spec: RunSpec): Promise<runsService.RunRow> {
+export async function launchRun(env: Env, db: Db, p: Owner, spec: RunSpec): Promise<runsService.RunRow> {
   const config = loadConfig(env);
   await checkLaunchable(db, p.environmentId, spec, config.resourceBounds);
   const run = await runsService.createRun(
@@ -401,8 +401,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
       const row = await runsService.loadRun(db, runId);
       if (!row) throw new Error(`no run ${runId}`);
       const { egress } = storedSpec(row.spec);
-      const owner = { userId: row.userId, environmentId: row.environmentId, keyId: `run:${runId}` };
-      const { routing, hostsFile } = await previewPolicy(db, owner, { egress });
+      const { routing, hostsFile } = await previewPolicy(db, row, { egress });
       return { routing, hostsFile };
     },
     parseProof: (stdout) => lastJsonLine(stdout, WiringProof),

@@ -1,5 +1,5 @@
 import { and, eq, isNull, lt } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { decryptSecret, encryptSecret, type KeyRing, keyedDigest } from "../crypto/vault-crypto";
 import { idempotencyKeys, type ReplayHeaders } from "../db/schema";
 import type { Db } from "../db/types";
@@ -92,7 +92,7 @@ export async function claimKey(
 }
 
 // The sealed answer is bound to its environment and key: copied into another row, it does not open.
-const aad = (p: Principal, key: string) => ({
+const aad = (p: Owner, key: string) => ({
   userId: p.userId,
   environmentId: p.environmentId,
   secretId: `idempotency:${key}`,
@@ -102,7 +102,7 @@ const aad = (p: Principal, key: string) => ({
 export async function recordAnswer(
   db: Db,
   ring: KeyRing,
-  p: Principal,
+  p: Owner,
   key: string,
   answer: StoredAnswer,
 ): Promise<void> {
@@ -118,7 +118,7 @@ export async function recordAnswer(
 }
 
 /** The stored answer of a finished row (null while its request runs). */
-export async function storedAnswer(ring: KeyRing, p: Principal, row: KeyRow): Promise<StoredAnswer | null> {
+export async function storedAnswer(ring: KeyRing, p: Owner, row: KeyRow): Promise<StoredAnswer | null> {
   if (row.responseStatus === null || row.responseCiphertext === null) return null;
   return {
     status: row.responseStatus,

@@ -1,4 +1,5 @@
 import { and, desc, eq, isNull } from "drizzle-orm";
+import type { Owner } from "../auth/owner";
 import { issueKey } from "../auth/provision";
 import { type ApiKeyScope, scopeCovers } from "../auth/scope";
 import type { Principal } from "../context";
@@ -92,7 +93,7 @@ export async function listKeys(db: Db, p: Principal, now = new Date()): Promise<
 }
 
 /** Revokes a key of the environment, and ends the sessions opened with it. */
-export async function revokeKey(db: Db, p: Principal, id: string, now = new Date()): Promise<Result<null>> {
+export async function revokeKey(db: Db, p: Owner, id: string, now = new Date()): Promise<Result<null>> {
   return db.transaction(async (tx) => {
     const mine = and(eq(apiKeys.id, id), eq(apiKeys.environmentId, p.environmentId));
     const [row] = await tx.select({ revokedAt: apiKeys.revokedAt }).from(apiKeys).where(mine);

@@ -1,5 +1,5 @@
 import { and, asc, desc, eq, inArray, isNull, lt, lte, min, sql } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { derivedId, randomId } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
 import {
@@ -31,7 +31,7 @@ const secretAad = (n: Pick<NotificationRow, "id" | "userId" | "environmentId">):
   secretId: `notification:${n.id}`,
 });
 
-const scoped = (p: Principal, id: string) =>
+const scoped = (p: Owner, id: string) =>
   and(
     eq(notifications.id, id),
     eq(notifications.environmentId, p.environmentId),
@@ -41,7 +41,7 @@ const scoped = (p: Principal, id: string) =>
 export async function createNotification(
   db: Db,
   ring: KeyRing,
-  p: Principal,
+  p: Owner,
   input: { url: string; events: NotificationEvent[]; origin: string },
 ): Promise<Result<{ notification: NotificationRow; secret: string }>> {
   return db.transaction(async (tx) => {
@@ -76,7 +76,7 @@ export async function createNotification(
   });
 }
 
-export async function listNotifications(db: Db, p: Principal): Promise<NotificationRow[]> {
+export async function listNotifications(db: Db, p: Owner): Promise<NotificationRow[]> {
   return db
     .select()
     .from(notifications)
@@ -84,13 +84,13 @@ export async function listNotifications(db: Db, p: Principal): Promise<Notificat
     .orderBy(desc(notifications.createdAt), desc(notifications.id));
 }
 
-export async function getNotification(db: Db, p: Principal, id: string): Promise<Result<NotificationRow>> {
+export async function getNotification(db: Db, p: Owner, id: string): Promise<Result<NotificationRow>> {
   const [row] = await db.select().from(notifications).where(scoped(p, id));
   return row ? ok(row) : fail("not_found", `No notification ${id}.`);
 }
 
 /** Revokes: nothing more is sent to it, pending deliveries are cancelled, the secret is dropped. */
-export async function revokeNotification(db: Db, p: Principal, id: string): Promise<Result<void>> {
+export async function revokeNotification(db: Db, p: Owner, id: string): Promise<Result<void>> {
   return db.transaction(async (tx) => {
     const [row] = await tx
       .update(notifications)
@@ -113,7 +113,7 @@ export type DeliveryWithAttempts = DeliveryRow & { attemptLog: AttemptRow[] };
 /** A notification's deliveries, newest first, each with its attempts in order. */
 export async function listDeliveries(
   db: Db,
-  p: Principal,
+  p: Owner,
   id: string,
   limit = 50,
 ): Promise<Result<DeliveryWithAttempts[]>> {

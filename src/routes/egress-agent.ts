@@ -101,8 +101,7 @@ export const egressAgentRoutes = new Hono<AgentEnv>()
   .get(suffix(EGRESS_AGENT_POLICY_PATH), agentAuth, async (c) => {
     const run = c.var.egressRun;
     const { egress } = storedSpec(run.spec);
-    const owner = { userId: run.userId, environmentId: run.environmentId, keyId: `agent:${run.id}` };
-    const doc = await previewPolicy(c.var.db, owner, { egress });
+    const doc = await previewPolicy(c.var.db, run, { egress });
     const policy = AgentPolicy.parse({
       runId: run.id,
       version: doc.version,

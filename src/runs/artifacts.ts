@@ -2,7 +2,7 @@ import { ArchiveError, tarGzEntries } from "@benchwright/shared/archive/entries"
 import { entrySegments } from "@benchwright/shared/archive/paths";
 import { ARTIFACT_DEFAULTS, CollectManifest } from "@benchwright/shared/contract/bundle";
 import { and, asc, eq, isNotNull, isNull } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { derivedId } from "../crypto/api-keys";
 import { runArtifacts, runs } from "../db/schema";
 import type { Db } from "../db/types";
@@ -263,7 +263,7 @@ const hex = (buf: ArrayBuffer) =>
 
 // ---- reads, scoped to the caller's environment (another environment's run is a 404) ----
 
-async function ownRunId(db: Db, p: Principal, runId: string): Promise<boolean> {
+async function ownRunId(db: Db, p: Owner, runId: string): Promise<boolean> {
   const [row] = await db
     .select({ id: runs.id })
     .from(runs)
@@ -274,7 +274,7 @@ async function ownRunId(db: Db, p: Principal, runId: string): Promise<boolean> {
 /** The run's artifacts and what was cut, by sandbox name then path. */
 export async function listArtifacts(
   db: Db,
-  p: Principal,
+  p: Owner,
   runId: string,
 ): Promise<Result<{ artifacts: ArtifactRow[]; cut: ArtifactRow[] }>> {
   if (!(await ownRunId(db, p, runId))) return fail("not_found", `No run ${runId}.`);
@@ -298,7 +298,7 @@ export async function listArtifacts(
 /** One stored artifact of the run (not a cut entry: that has no bytes). */
 export async function getArtifact(
   db: Db,
-  p: Principal,
+  p: Owner,
   runId: string,
   artifactId: string,
 ): Promise<Result<ArtifactRow>> {
@@ -337,7 +337,7 @@ export function downloadName(path: string): string {
 export async function artifactDownload(
   bucket: R2Bucket,
   db: Db,
-  p: Principal,
+  p: Owner,
   runId: string,
   artifactId: string,
 ): Promise<Result<Response>> {

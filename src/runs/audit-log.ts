@@ -1,6 +1,6 @@
 import { and, asc, desc, eq, gt, gte, inArray, lt, or, sql } from "drizzle-orm";
 import { z } from "zod";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
@@ -44,7 +44,7 @@ function decodePosition(cursor: string, withRoute: boolean): Position | null {
 /** A page of the hosts the run's boundary refused, newest first. */
 export async function listRunBlockedHosts(
   db: Db,
-  p: Principal,
+  p: Owner,
   runId: string,
   limit: number,
   cursor: string | undefined,
@@ -78,7 +78,7 @@ export async function listRunBlockedHosts(
 /** A page of the hosts the run reached and by which route, newest first. */
 export async function listEgressRoutes(
   db: Db,
-  p: Principal,
+  p: Owner,
   runId: string,
   limit: number,
   cursor: string | undefined,
@@ -157,7 +157,7 @@ const AccountCursorShape = z.tuple([z.iso.datetime(), z.string().min(1).max(1024
 
 export async function listBlockedHosts(
   db: Db,
-  p: Principal,
+  p: Owner,
   query: BlockedHostsQuery,
 ): Promise<Result<Page<AccountBlockedHost>>> {
   const { limit, cursor, runId, source } = query;
@@ -243,7 +243,7 @@ export const BLOCKED_DAYS = 14;
  */
 export async function blockedPerDay(
   db: Db,
-  p: Principal,
+  p: Owner,
   now: Date,
   days: number = BLOCKED_DAYS,
 ): Promise<BlockedDay[]> {

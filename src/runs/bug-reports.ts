@@ -1,5 +1,6 @@
 import { z } from "@hono/zod-openapi";
 import { and, desc, eq, lt } from "drizzle-orm";
+import type { Owner } from "../auth/owner";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
 import { runEvents } from "../db/schema";
@@ -71,7 +72,7 @@ export async function createBugReport(
  */
 export async function listBugReports(
   db: Db,
-  p: Principal,
+  p: Owner,
   runId: string,
   limit: number,
   cursor: string | undefined,

@@ -1,10 +1,11 @@
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { EGRESS_TOKEN_PREFIX, EgressToken } from "@benchwright/shared/contract/tunnel";
 import { eq } from "drizzle-orm";
-import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
+import { encodeBase64Url, hashApiKey } from "../crypto/api-keys";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
 import type { ProxyRun } from "./proxy-credentials";
+import { findRunByTokenHash } from "./token-lookup";
 
 // A run's egress agent token (bwe_): what the user's local egress agent authenticates with, to the
 // run's relay and to its copy of the run's host policy. One live token per run: minting another
@@ -35,22 +36,7 @@ export async function issueEgressToken(db: Db, runId: string): Promise<string | 
 /** The run an egress token belongs to, or null (malformed, unknown, replaced, or cleared). */
 export async function findRunByEgressToken(db: Db, token: string): Promise<EgressRun | null> {
   if (!EgressToken.safeParse(token).success) return null;
-  const hash = await hashApiKey(token);
-  const [row] = await db
-    .select({
-      id: runs.id,
-      userId: runs.userId,
-      environmentId: runs.environmentId,
-      status: runs.status,
-      spec: runs.spec,
-      hash: runs.egressTokenHash,
-    })
-    .from(runs)
-    .where(eq(runs.egressTokenHash, hash));
-  // Looked up by hash; compared again in constant time so no timing depends on the token.
-  if (!row?.hash || !timingSafeEqualHex(row.hash, hash)) return null;
-  const { hash: _, ...run } = row;
-  return { ...run, ended: isTerminal(row.status) };
+  return findRunByTokenHash(db, runs.egressTokenHash, token, { spec: runs.spec });
 }
 
 /** Clears the run's token (its end). Idempotent. */

@@ -1,6 +1,6 @@
 import { and, asc, desc, eq, getTableColumns, gt, gte, lt, or, sql } from "drizzle-orm";
 import { z } from "zod";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { auditBatches, modelCallLog, runEvents, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
@@ -90,7 +90,7 @@ const numOrNull = (v: string | number | null | undefined): number | null =>
   v === null || v === undefined ? null : Number(v);
 
 /** The run's model (as declared and launched, and as reached), the totals of its calls, spend. */
-export async function runModelUse(db: Db, p: Principal, runId: string): Promise<Result<ModelUse>> {
+export async function runModelUse(db: Db, p: Owner, runId: string): Promise<Result<ModelUse>> {
   const [run] = await db
     .select({ id: runs.id, spec: runs.spec })
     .from(runs)
@@ -209,7 +209,7 @@ const CursorShape = z.tuple([z.iso.datetime(), z.string().max(64)]);
 /** A page of the run's calls, newest first. The caller has checked the run is theirs. */
 export async function listModelCalls(
   db: Db,
-  p: Principal,
+  p: Owner,
   runId: string,
   limit: number,
   cursor: string | undefined,

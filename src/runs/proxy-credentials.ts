@@ -1,10 +1,12 @@
 import { newAuditKey } from "@benchwright/shared/contract/proxy-wire";
-import { isTerminal, type RunState } from "@benchwright/shared/contract/run-states";
+import type { RunState } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
-import { encodeBase64Url, hashApiKey, timingSafeEqualHex } from "../crypto/api-keys";
+import type { Owner } from "../auth/owner";
+import { encodeBase64Url, hashApiKey } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
+import { findRunByTokenHash } from "./token-lookup";
 
 // A run's two proxy credentials. The proxy token authenticates every internal API call of the
 // run's proxy (only its SHA-256 is stored); the audit key signs its audit batches (stored
@@ -17,10 +19,9 @@ const TOKEN_RANDOM_BYTES = 32;
 // 32 bytes = 43 base64url characters; the last one carries 4 bits, so its low 2 bits are zero.
 const TOKEN_PATTERN = /^bwp_[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/;
 
-export interface RunOwner {
+/** A run, by its id and its owner. */
+export interface RunOwner extends Owner {
   id: string;
-  userId: string;
-  environmentId: string;
 }
 
 export interface ProxyCredentials {
@@ -84,26 +85,7 @@ export function looksLikeProxyToken(text: unknown): text is string {
  */
 export async function findRunByProxyToken(db: Db, token: string): Promise<ProxyRun | null> {
   if (!looksLikeProxyToken(token)) return null;
-  const hash = await hashApiKey(token);
-  const [row] = await db
-    .select({
-      id: runs.id,
-      userId: runs.userId,
-      environmentId: runs.environmentId,
-      status: runs.status,
-      hash: runs.proxyTokenHash,
-    })
-    .from(runs)
-    .where(eq(runs.proxyTokenHash, hash));
-  // The lookup is by hash; compare again in constant time so no timing depends on the token.
-  if (!row?.hash || !timingSafeEqualHex(row.hash, hash)) return null;
-  return {
-    id: row.id,
-    userId: row.userId,
-    environmentId: row.environmentId,
-    status: row.status,
-    ended: isTerminal(row.status),
-  };
+  return findRunByTokenHash(db, runs.proxyTokenHash, token, {});
 }
 
 /** The run's audit key in clear; throws VaultDecryptError (or Error when none was issued). */

@@ -43,9 +43,8 @@ export async function runPolicyEnvelope(
   const egress = spec.egress;
   const model = spec.model ?? null;
   const budget = budgetOf(spec);
-  const owner = { userId: run.userId, environmentId: run.environmentId, keyId: `proxy:${run.id}` };
   for (let attempt = 0; attempt < COMPILE_ATTEMPTS; attempt++) {
-    const read = await readPolicy(db, owner, { egress, model, budget });
+    const read = await readPolicy(db, run, { egress, model, budget });
     if (!read.ok && read.error.code !== "unknown_model") return read;
     if (!read.ok) {
       // Checked at launch, so deleted or renamed since.

@@ -1,6 +1,6 @@
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
@@ -35,8 +35,8 @@ export interface LaunchedModel {
  * written), and what the model pointed at is kept in the launch row of the trace.
  */
 export async function createRun(
-  db: Db,
-  p: Principal,
+  db: Q,
+  p: Owner,
   spec: RunSpec,
   backend: string,
   maxActiveRuns: number,
@@ -96,7 +96,7 @@ function budgetText(spec: RunSpec): string {
     : `, with a budget of at most ${named.join(", ")}`;
 }
 
-export async function getRun(db: Db, p: Principal, id: string): Promise<Result<RunRow>> {
+export async function getRun(db: Db, p: Owner, id: string): Promise<Result<RunRow>> {
   const [row] = await db
     .select()
     .from(runs)
@@ -111,7 +111,7 @@ export async function loadRun(db: Q, id: string): Promise<RunRow | null> {
 }
 
 /** The run's id, if it belongs to the caller's environment; else not_found, as for no run at all. */
-export async function ownRun(db: Db, p: Principal, runId: string): Promise<Result<string>> {
+export async function ownRun(db: Db, p: Owner, runId: string): Promise<Result<string>> {
   const [row] = await db
     .select({ id: runs.id })
     .from(runs)
@@ -138,7 +138,7 @@ function decodeCursor(cursor: string): { at: Date; id: string } | null {
 
 export async function listRuns(
   db: Db,
-  p: Principal,
+  p: Owner,
   limit: number,
   cursor: string | undefined,
 ): Promise<Result<Page<RunRow>>> {

@@ -9,7 +9,7 @@ import {
 import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "@benchwright/shared/policy/compile";
 import { parseHostPattern, patternCovers } from "@benchwright/shared/policy/host";
 import { and, eq } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
@@ -103,7 +103,7 @@ interface Base {
 }
 
 /** The current vault, compiled as a run started now would get it, and what the edits need. */
-async function readCurrent(db: Db, p: Principal, egress: "direct" | "local"): Promise<Base> {
+async function readCurrent(db: Db, p: Owner, egress: "direct" | "local"): Promise<Base> {
   let base: Base | null = null;
   for (let attempt = 0; attempt < READ_ATTEMPTS; attempt++) {
     const doc = await previewPolicy(db, p, { egress });
@@ -278,7 +278,7 @@ const ruleKey = (doc: PolicyDocument, index: number | null) => {
 };
 
 /** Hosts the run reached (any route) or was refused, each once, by name. */
-async function runHosts(db: Db, p: Principal, runId: string): Promise<string[]> {
+async function runHosts(db: Db, p: Owner, runId: string): Promise<string[]> {
   const reached = db
     .selectDistinct({ host: egressRouteLog.host })
     .from(egressRouteLog)
@@ -291,7 +291,7 @@ async function runHosts(db: Db, p: Principal, runId: string): Promise<string[]> 
   return rows.map((r) => r.host).sort();
 }
 
-export async function dryRun(db: Db, p: Principal, input: DryRunInput): Promise<Result<DryRunResult>> {
+export async function dryRun(db: Db, p: Owner, input: DryRunInput): Promise<Result<DryRunResult>> {
   if ((input.draft === undefined) === (input.changes === undefined)) {
     return fail(
       "invalid_request",

@@ -2,7 +2,7 @@ import type { EgressVia, HostAction } from "@benchwright/shared/contract/policy"
 import { patternCovers } from "@benchwright/shared/policy/host";
 import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
 import { and, asc, eq, inArray } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { vaultHosts, vaultRules } from "../db/schema";
 import type { Db, Tx } from "../db/types";
@@ -11,7 +11,7 @@ import { change, checkPattern, notFound } from "./change";
 
 // The vault's host entries over Postgres: a pattern allowed or blocked, and an allowed host's
 // route (via). The default for hosts no entry names is a setting (settings.ts). Every change is
-// one vault change (change.ts), scoped by the principal's environment.
+// one vault change (change.ts), scoped by the owner's environment.
 
 export interface HostEntry {
   id: string;
@@ -34,7 +34,7 @@ const hostColumns = {
   updatedAt: vaultHosts.updatedAt,
 };
 
-export async function listHosts(db: Db, p: Principal): Promise<HostEntry[]> {
+export async function listHosts(db: Db, p: Owner): Promise<HostEntry[]> {
   return db
     .select(hostColumns)
     .from(vaultHosts)
@@ -42,7 +42,7 @@ export async function listHosts(db: Db, p: Principal): Promise<HostEntry[]> {
     .orderBy(asc(vaultHosts.pattern));
 }
 
-export async function getHost(db: Db, p: Principal, id: string): Promise<Result<HostEntry>> {
+export async function getHost(db: Db, p: Owner, id: string): Promise<Result<HostEntry>> {
   const [row] = await db
     .select(hostColumns)
     .from(vaultHosts)
@@ -73,7 +73,7 @@ const viaOnBlock = (pattern: string) =>
  */
 async function saveHost(
   tx: Tx,
-  p: Principal,
+  p: Owner,
   pattern: string,
   action: HostAction,
   via: EgressVia | null | undefined,
@@ -107,7 +107,7 @@ async function saveHost(
 /** Creates or replaces the entry (an omitted via is none: the run's egress decides). */
 export async function putHost(
   db: Db,
-  p: Principal,
+  p: Owner,
   input: { pattern: string; action: HostAction; via?: EgressVia | null | undefined },
 ): Promise<Result<HostEntry>> {
   const pattern = checkPattern(input.pattern, "host-entry");
@@ -122,7 +122,7 @@ export async function putHost(
  */
 export async function updateHost(
   db: Db,
-  p: Principal,
+  p: Owner,
   id: string,
   input: { action?: HostAction | undefined; via?: EgressVia | null | undefined },
 ): Promise<Result<HostEntry>> {
@@ -137,7 +137,7 @@ export async function updateHost(
   });
 }
 
-export async function deleteHost(db: Db, p: Principal, id: string): Promise<Result<null>> {
+export async function deleteHost(db: Db, p: Owner, id: string): Promise<Result<null>> {
   return change(db, p.environmentId, async (tx) => {
     const [entry] = await tx
       .select({ pattern: vaultHosts.pattern })
@@ -162,10 +162,7 @@ export async function deleteHost(db: Db, p: Principal, id: string): Promise<Resu
 }
 
 /** Allows the common package and source hosts; entries the user already has are left alone. */
-export async function addStarterPack(
-  db: Db,
-  p: Principal,
-): Promise<Result<{ added: string[]; kept: string[] }>> {
+export async function addStarterPack(db: Db, p: Owner): Promise<Result<{ added: string[]; kept: string[] }>> {
   return change(db, p.environmentId, async (tx) => {
     const added: string[] = [];
     const kept: string[] = [];
@@ -216,7 +213,7 @@ export interface AllowHostsResult {
  */
 export async function allowHosts(
   db: Db,
-  p: Principal,
+  p: Owner,
   hosts: readonly string[],
 ): Promise<Result<AllowHostsResult>> {
   if (hosts.length < 1 || hosts.length > MAX_ALLOW_HOSTS) {

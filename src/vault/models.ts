@@ -1,7 +1,7 @@
 import { splitHostPort } from "@benchwright/shared/contract/host-name";
 import type { ModelBudget, ModelLaneSpec, ModelProvider } from "@benchwright/shared/contract/policy";
 import { and, asc, eq, type SQL } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { vaultModels, vaultSecrets } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";
@@ -114,11 +114,11 @@ function modelSelect(q: Q, environmentId: string, also?: SQL) {
     .orderBy(asc(vaultModels.name));
 }
 
-export async function listModels(db: Db, p: Principal): Promise<ModelInfo[]> {
+export async function listModels(db: Db, p: Owner): Promise<ModelInfo[]> {
   return modelSelect(db, p.environmentId);
 }
 
-export async function getModel(db: Db, p: Principal, id: string): Promise<Result<ModelInfo>> {
+export async function getModel(db: Db, p: Owner, id: string): Promise<Result<ModelInfo>> {
   const [row] = await modelSelect(db, p.environmentId, eq(vaultModels.id, id));
   return row ? ok(row) : notFound("model", id);
 }
@@ -155,7 +155,7 @@ export async function hasModel(q: Q, environmentId: string, name: string): Promi
   return row !== undefined;
 }
 
-async function resolveModelInput(tx: Tx, p: Principal, input: ModelInput) {
+async function resolveModelInput(tx: Tx, p: Owner, input: ModelInput) {
   const given = input.baseUrl ?? PROVIDERS[input.provider].defaultBaseUrl;
   if (given === null) {
     return fail(
@@ -179,7 +179,7 @@ async function resolveModelInput(tx: Tx, p: Principal, input: ModelInput) {
 const modelExists = (name: string) =>
   fail("model_exists", `A model named ${name} exists in this vault; change it with PATCH.`);
 
-export async function createModel(db: Db, p: Principal, input: ModelInput): Promise<Result<ModelInfo>> {
+export async function createModel(db: Db, p: Owner, input: ModelInput): Promise<Result<ModelInfo>> {
   const id = randomId("mdl_");
   const created = await change(db, p.environmentId, async (tx) => {
     const resolved = await resolveModelInput(tx, p, input);
@@ -196,7 +196,7 @@ export async function createModel(db: Db, p: Principal, input: ModelInput): Prom
 
 export async function updateModel(
   db: Db,
-  p: Principal,
+  p: Owner,
   id: string,
   patch: Partial<ModelInput>,
 ): Promise<Result<ModelInfo>> {
@@ -229,7 +229,7 @@ export async function updateModel(
 }
 
 /** Runs that declare it and have not read their vault yet stop before any code (model missing). */
-export async function deleteModel(db: Db, p: Principal, id: string): Promise<Result<null>> {
+export async function deleteModel(db: Db, p: Owner, id: string): Promise<Result<null>> {
   return change(db, p.environmentId, async (tx) => {
     const deleted = await tx
       .delete(vaultModels)

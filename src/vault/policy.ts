@@ -6,7 +6,7 @@ import {
   type VaultSnapshot,
 } from "@benchwright/shared/policy/compile";
 import { asc, eq } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { vaultHosts } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { fail, ok, type Result, unwrap } from "../errors";
@@ -30,7 +30,7 @@ export interface PolicyOptions {
  * What a run started now would get. Reads in one transaction so the version matches the rows,
  * the declared model's included; unknown_model when the vault has no model of that name.
  */
-export async function readPolicy(db: Q, p: Principal, run: PolicyOptions): Promise<Result<PolicyDocument>> {
+export async function readPolicy(db: Q, p: Owner, run: PolicyOptions): Promise<Result<PolicyDocument>> {
   return db.transaction(async (tx) => {
     const settings = await readSettings(tx, p.environmentId);
     const hosts = await tx
@@ -74,6 +74,6 @@ export function compileVault(vault: VaultSnapshot, run: RunOptions): Result<Poli
 }
 
 /** readPolicy for a caller that answers a request: an unknown model is its 400 unknown_model. */
-export async function previewPolicy(db: Db, p: Principal, run: PolicyOptions): Promise<PolicyDocument> {
+export async function previewPolicy(db: Db, p: Owner, run: PolicyOptions): Promise<PolicyDocument> {
   return unwrap(await readPolicy(db, p, run));
 }

@@ -2,7 +2,7 @@ import { InjectScheme, InjectSpec } from "@benchwright/shared/contract/policy";
 import { patternCovers } from "@benchwright/shared/policy/host";
 import { z } from "@hono/zod-openapi";
 import { and, asc, eq } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { vaultHosts, vaultRules, vaultSecrets } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";
@@ -13,7 +13,7 @@ import { secretIdByName } from "./secrets";
 // The vault's rules over Postgres, in order: for a request to a host, the first rule whose host
 // matches injects its secret (named; the value stays in vault_secrets). A rule's host gets an
 // implicit allow entry for as long as a rule names it. Every change is one vault change
-// (change.ts), scoped by the principal's environment.
+// (change.ts), scoped by the owner's environment.
 
 /** A rule as the API shows it (GET /v1/vault/rules): the one list of a rule's fields. */
 export const Rule = z
@@ -61,11 +61,11 @@ export async function readRules(q: Q, environmentId: string): Promise<RuleInfo[]
   return rows.map(({ scheme, target, ...r }) => ({ ...r, inject: { scheme, name: target } }));
 }
 
-export async function listRules(db: Db, p: Principal): Promise<RuleInfo[]> {
+export async function listRules(db: Db, p: Owner): Promise<RuleInfo[]> {
   return readRules(db, p.environmentId);
 }
 
-export async function getRule(db: Db, p: Principal, id: string): Promise<Result<RuleInfo>> {
+export async function getRule(db: Db, p: Owner, id: string): Promise<Result<RuleInfo>> {
   const rows = await listRules(db, p);
   const rule = rows.find((r) => r.id === id);
   return rule ? ok(rule) : notFound("rule", id);
@@ -126,7 +126,7 @@ async function dropImplicitIfUnused(tx: Tx, environmentId: string, host: string)
     );
 }
 
-async function resolveRuleInput(tx: Tx, p: Principal, input: RuleInput) {
+async function resolveRuleInput(tx: Tx, p: Owner, input: RuleInput) {
   const host = checkPattern(input.host, "rule");
   if (!host.ok) return host;
   const target = injectTarget(input.inject);
@@ -150,7 +150,7 @@ async function resolveRuleInput(tx: Tx, p: Principal, input: RuleInput) {
 
 export async function createRule(
   db: Db,
-  p: Principal,
+  p: Owner,
   input: RuleInput & { position?: number | undefined },
 ): Promise<Result<RuleInfo>> {
   const id = randomId("rul_");
@@ -179,7 +179,7 @@ export async function createRule(
 
 export async function updateRule(
   db: Db,
-  p: Principal,
+  p: Owner,
   id: string,
   patch: Partial<RuleInput> & { position?: number | undefined },
 ): Promise<Result<RuleInfo>> {
@@ -217,7 +217,7 @@ export async function updateRule(
   return updated.ok ? getRule(db, p, id) : updated;
 }
 
-export async function deleteRule(db: Db, p: Principal, id: string): Promise<Result<null>> {
+export async function deleteRule(db: Db, p: Owner, id: string): Promise<Result<null>> {
   return change(db, p.environmentId, async (tx) => {
     const [deleted] = await tx
       .delete(vaultRules)
@@ -236,7 +236,7 @@ export async function deleteRule(db: Db, p: Principal, id: string): Promise<Resu
 }
 
 /** Sets the whole order at once: `ids` must be exactly this vault's rule ids, each once. */
-export async function reorderRules(db: Db, p: Principal, ids: string[]): Promise<Result<RuleInfo[]>> {
+export async function reorderRules(db: Db, p: Owner, ids: string[]): Promise<Result<RuleInfo[]>> {
   const done = await change(db, p.environmentId, async (tx) => {
     const current = (await readRules(tx, p.environmentId)).map((r) => r.id);
     const same =

@@ -1,6 +1,6 @@
 import { SecretValue } from "@benchwright/shared/contract/proxy-wire";
 import { and, asc, eq } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
 import { vaultModels, vaultRules, vaultSecrets } from "../db/schema";
@@ -10,7 +10,7 @@ import { change, notFound } from "./change";
 
 // The vault's secrets over Postgres: names and fingerprints out, values in (encrypted to the
 // secret's own id and environment) and never read back here. Every query is scoped by the
-// principal's environment, so another tenant's ids simply do not exist here (404, never 403).
+// owner's environment, so another tenant's ids simply do not exist here (404, never 403).
 
 export interface SecretInfo {
   id: string;
@@ -41,7 +41,7 @@ function checkSecretValue(value: string): Result<null> {
   return ok(null);
 }
 
-export async function listSecrets(db: Db, p: Principal): Promise<SecretInfo[]> {
+export async function listSecrets(db: Db, p: Owner): Promise<SecretInfo[]> {
   return db
     .select(secretColumns)
     .from(vaultSecrets)
@@ -49,7 +49,7 @@ export async function listSecrets(db: Db, p: Principal): Promise<SecretInfo[]> {
     .orderBy(asc(vaultSecrets.name));
 }
 
-export async function getSecret(db: Db, p: Principal, id: string): Promise<Result<SecretInfo>> {
+export async function getSecret(db: Db, p: Owner, id: string): Promise<Result<SecretInfo>> {
   const [row] = await db
     .select(secretColumns)
     .from(vaultSecrets)
@@ -66,7 +66,7 @@ export async function secretIdByName(tx: Tx, environmentId: string, name: string
   return secret ? ok(secret.id) : fail("unknown_secret", `No secret named ${name}; create it first.`);
 }
 
-async function sealed(ring: KeyRing, p: Principal, secretId: string, value: string) {
+async function sealed(ring: KeyRing, p: Owner, secretId: string, value: string) {
   return {
     ciphertext: await encryptSecret(
       ring,
@@ -81,7 +81,7 @@ async function sealed(ring: KeyRing, p: Principal, secretId: string, value: stri
 export async function createSecret(
   db: Db,
   ring: KeyRing,
-  p: Principal,
+  p: Owner,
   input: { name: string; value: string },
 ): Promise<Result<SecretInfo>> {
   const valid = checkSecretValue(input.value);
@@ -103,7 +103,7 @@ export async function createSecret(
 export async function replaceSecret(
   db: Db,
   ring: KeyRing,
-  p: Principal,
+  p: Owner,
   id: string,
   input: { value: string },
 ): Promise<Result<SecretInfo>> {
@@ -120,7 +120,7 @@ export async function replaceSecret(
   });
 }
 
-export async function deleteSecret(db: Db, p: Principal, id: string): Promise<Result<null>> {
+export async function deleteSecret(db: Db, p: Owner, id: string): Promise<Result<null>> {
   return change(db, p.environmentId, async (tx) => {
     const users = await tx
       .select({ id: vaultRules.id })

@@ -1,6 +1,6 @@
 import type { HostAction } from "@benchwright/shared/contract/policy";
 import { eq } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { vaultSettings } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ok, type Result } from "../errors";
@@ -23,15 +23,11 @@ export async function readSettings(q: Q, environmentId: string): Promise<VaultSe
   return row ?? { default: "allow", version: 0 };
 }
 
-export async function getSettings(db: Db, p: Principal): Promise<VaultSettingsInfo> {
+export async function getSettings(db: Db, p: Owner): Promise<VaultSettingsInfo> {
   return readSettings(db, p.environmentId);
 }
 
-export async function setDefault(
-  db: Db,
-  p: Principal,
-  action: HostAction,
-): Promise<Result<VaultSettingsInfo>> {
+export async function setDefault(db: Db, p: Owner, action: HostAction): Promise<Result<VaultSettingsInfo>> {
   const done = await change(db, p.environmentId, async (tx) => {
     await tx
       .update(vaultSettings)

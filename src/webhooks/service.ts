@@ -1,5 +1,5 @@
 import { and, desc, eq, isNull } from "drizzle-orm";
-import type { Principal } from "../context";
+import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
 import { webhookDeliveries, webhooks } from "../db/schema";
@@ -24,13 +24,13 @@ const secretAad = (w: Pick<WebhookRow, "id" | "userId" | "environmentId">): Secr
   secretId: `webhook:${w.id}`,
 });
 
-const scoped = (p: Principal, id: string) =>
+const scoped = (p: Owner, id: string) =>
   and(eq(webhooks.id, id), eq(webhooks.environmentId, p.environmentId), isNull(webhooks.revokedAt));
 
 export async function createWebhook(
   db: Db,
   ring: KeyRing,
-  p: Principal,
+  p: Owner,
   input: { name: string; run: RunSpec },
 ): Promise<{ webhook: WebhookRow; secret: string }> {
   const id = randomId("whk_");
@@ -49,7 +49,7 @@ export async function createWebhook(
   return { webhook: row, secret };
 }
 
-export async function listWebhooks(db: Db, p: Principal): Promise<WebhookRow[]> {
+export async function listWebhooks(db: Db, p: Owner): Promise<WebhookRow[]> {
   return db
     .select()
     .from(webhooks)
@@ -57,13 +57,13 @@ export async function listWebhooks(db: Db, p: Principal): Promise<WebhookRow[]> 
     .orderBy(desc(webhooks.createdAt), desc(webhooks.id));
 }
 
-export async function getWebhook(db: Db, p: Principal, id: string): Promise<Result<WebhookRow>> {
+export async function getWebhook(db: Db, p: Owner, id: string): Promise<Result<WebhookRow>> {
   const [row] = await db.select().from(webhooks).where(scoped(p, id));
   return row ? ok(row) : fail("not_found", `No webhook ${id}.`);
 }
 
 /** Revokes: later deliveries are 404, and both secrets' ciphertexts are dropped. */
-export async function revokeWebhook(db: Db, p: Principal, id: string): Promise<Result<void>> {
+export async function revokeWebhook(db: Db, p: Owner, id: string): Promise<Result<void>> {
   const [row] = await db
     .update(webhooks)
     .set({
@@ -84,7 +84,7 @@ export async function revokeWebhook(db: Db, p: Principal, id: string): Promise<R
 export async function rotateSecret(
   db: Db,
   ring: KeyRing,
-  p: Principal,
+  p: Owner,
   id: string,
   now = new Date(),
 ): Promise<Result<{ webhook: WebhookRow; secret: string }>> {
@@ -170,10 +170,9 @@ export async function recordDelivery(
       if (!first?.runId) throw new Error("a recorded delivery has no run");
       return ok({ fresh: false, runId: first.runId });
     }
-    const owner: Principal = { userId: w.userId, environmentId: w.environmentId, keyId: `webhook:${w.id}` };
-    // The transaction handle has every method createRun uses (its own transaction nests as a
-    // savepoint), so the run and the delivery row commit together or not at all.
-    const run = await createRun(tx as unknown as Db, owner, spec, backend, maxActiveRuns);
+    // createRun's own transaction nests in this one as a savepoint, so the run and the delivery
+    // row commit together or not at all.
+    const run = await createRun(tx, w, spec, backend, maxActiveRuns);
     await tx.update(webhookDeliveries).set({ runId: run.id }).where(key);
     return ok({ fresh: true, runId: run.id });
   });

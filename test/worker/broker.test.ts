@@ -287,7 +287,7 @@ function watchedBrokers() {
  * refused, and tears down. Alarms are fired here, inside blockConcurrencyWhile, never by the runtime.
  */
 async function runThrough(over: Env, t: Tenant): Promise<string> {
-  const owner = { userId: t.userId, environmentId: t.environmentId, keyId: "test" };
+  const owner = { userId: t.userId, environmentId: t.environmentId };
   const run = await withDb((db) =>
     createRun(db, owner, RunSpec.parse({ commands: ["true"] }), "local", loadConfig(env).maxActiveRuns),
   );

@@ -44,7 +44,7 @@ function inObject<T>(runId: string, fn: (o: RunCoordinator, s: DurableObjectStat
 
 /** What POST /v1/runs does (the row, its t:queued, the coordinator's start), alarm parked. */
 async function launch(t: Tenant): Promise<string> {
-  const owner = { userId: t.userId, environmentId: t.environmentId, keyId: "test" };
+  const owner = { userId: t.userId, environmentId: t.environmentId };
   const run = await withDb((db) =>
     createRun(db, owner, RunSpec.parse({ commands: ["true"] }), "local", loadConfig(env).maxActiveRuns),
   );
