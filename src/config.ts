@@ -1,9 +1,9 @@
 import { BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
+import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "@benchwright/shared/contract/run-spec";
 import { z } from "zod";
 import type { BundleLimits } from "./bundles/service";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
 import { parseDenyList, type TargetPolicy } from "./notifications/target";
-import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "./runs/spec";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
 // malformed secret answers every request with config_invalid naming the variable (never its

@@ -1,5 +1,6 @@
 import { consoleLog } from "@benchwright/shared/contract/log";
 import { describeIssues } from "@benchwright/shared/contract/proxy-wire";
+import { budgetOf, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { and, eq, inArray } from "drizzle-orm";
 import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
@@ -8,7 +9,6 @@ import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { readPolicy } from "../vault/policy";
 import type { RunOwner } from "./proxy-credentials";
-import { budgetOf, storedSpec } from "./spec";
 
 // A run's view of its vault: the policy compiled now (with the run's egress option and declared
 // model and its budget) and the values of exactly the secrets its rules and its model lane name.
@@ -40,7 +40,7 @@ export async function runPolicyEnvelope(
 ): Promise<Result<PolicyEnvelope>> {
   const [row] = await db.select({ spec: runs.spec }).from(runs).where(eq(runs.id, run.id));
   if (!row) return fail("not_found", "No such run.");
-  const spec = storedSpec(row.spec);
+  const spec = readStoredSpec(row.spec);
   const egress = spec.egress;
   const model = spec.model ?? null;
   const budget = budgetOf(spec);

@@ -1,3 +1,4 @@
+import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { and, desc, eq, isNull } from "drizzle-orm";
 import type { Principal } from "../context";
 import { randomId } from "../crypto/api-keys";
@@ -6,7 +7,6 @@ import { webhookDeliveries, webhooks } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { createRun } from "../runs/service";
-import type { RunSpec } from "../runs/spec";
 import { newWebhookSecret } from "./signature";
 
 // Webhooks over Postgres. Management calls are scoped by the caller's environment (another
