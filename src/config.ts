@@ -1,9 +1,8 @@
-import { BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
+import { BUNDLE_DEFAULTS, type UploadLimits } from "@benchwright/shared/contract/bundle";
+import { parseHostPatternSyntax } from "@benchwright/shared/contract/host-name";
 import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "@benchwright/shared/contract/run-spec";
 import { z } from "zod";
-import type { BundleLimits } from "./bundles/service";
 import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
-import { parseDenyList, type TargetPolicy } from "./notifications/target";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
 // malformed secret answers every request with config_invalid naming the variable (never its
@@ -59,6 +58,17 @@ const EnvSchema = z.object({
     .optional(),
 });
 
+/** Where run-end notifications may go (checked by src/notifications/target.ts). */
+export interface TargetPolicy {
+  /** The operator's deny list (NOTIFICATIONS_DENY_HOSTS): host patterns as the vault writes them. */
+  readonly deny: readonly string[];
+  /**
+   * Test-only (NOTIFICATIONS_ADMIT_LOOPBACK): admits https://127.0.0.1:<port>, the suite's own
+   * receiver, as the proxy's test CIDRs admit the suite's upstreams. Never set in a deployment.
+   */
+  readonly admitLoopback: boolean;
+}
+
 export interface Config {
   readonly databaseUrl: string;
   /** Local bridge host:port; undefined means real Neon over wss. */
@@ -69,7 +79,7 @@ export interface Config {
   /** A run's vault read at start that takes longer is cancelled by the database and retried. */
   readonly vaultReadTimeoutMs: number;
   /** POST /v1/bundles: the largest .tar.gz accepted, and the bounds on what it unpacks to. */
-  readonly bundleLimits: BundleLimits;
+  readonly bundleLimits: UploadLimits;
   readonly resourceBounds: ResourceBounds;
   /** A launch is refused (too_many_runs) while the environment has this many runs not ended. */
   readonly maxActiveRuns: number;
@@ -124,4 +134,21 @@ export function loadConfig(env: Env): Config {
   };
   cache.set(env, config);
   return config;
+}
+
+/**
+ * The operator's deny list from its setting: comma- or space-separated host patterns. A pattern
+ * that does not parse throws, naming it, so a typo fails the configuration check loudly instead
+ * of denying nothing.
+ */
+export function parseDenyList(setting: string | undefined): string[] {
+  const out: string[] = [];
+  for (const item of (setting ?? "").split(/[\s,]+/)) {
+    if (item === "") continue;
+    const parsed = parseHostPatternSyntax(item);
+    if (!parsed.ok)
+      throw new Error(`NOTIFICATIONS_DENY_HOSTS: ${item} is not a host pattern (${parsed.message})`);
+    out.push(parsed.pattern);
+  }
+  return out;
 }

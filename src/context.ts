@@ -1,4 +1,4 @@
-import type { ApiKeyScope } from "./auth/scope";
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import type { Config } from "./config";
 import type { Db } from "./db/types";
 

@@ -1,8 +1,8 @@
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import { and, eq } from "drizzle-orm";
 import { generateApiKey, hashApiKey, randomId } from "../crypto/api-keys";
 import { apiKeys, environments, users, vaultSettings } from "../db/schema";
 import type { Db, Tx } from "../db/types";
-import type { ApiKeyScope } from "./scope";
 
 export interface IssuedKey {
   readonly keyId: string;
