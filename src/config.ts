@@ -1,8 +1,8 @@
 import { BUNDLE_DEFAULTS, type UploadLimits } from "@benchwright/shared/contract/bundle";
 import { parseHostPatternSyntax } from "@benchwright/shared/contract/host-name";
+import { type KeyRing, parseKeyRing } from "@benchwright/shared/contract/key-ring";
 import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "@benchwright/shared/contract/run-spec";
 import { z } from "zod";
-import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
 // malformed secret answers every request with config_invalid naming the variable (never its

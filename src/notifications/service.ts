@@ -1,7 +1,8 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { and, asc, desc, eq, inArray, isNull, lt, lte, min, sql } from "drizzle-orm";
 import type { Principal } from "../context";
 import { derivedId, randomId } from "../crypto/api-keys";
-import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
+import { decryptSecret, encryptSecret, type SecretAad } from "../crypto/vault-crypto";
 import {
   type NOTIFICATION_EVENTS,
   notificationAttempts,

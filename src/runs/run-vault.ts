@@ -1,9 +1,10 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { consoleLog } from "@benchwright/shared/contract/log";
 import { describeIssues } from "@benchwright/shared/contract/proxy-wire";
 import { budgetOf, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { PolicyEnvelope } from "@benchwright/shared/policy/routing";
 import { and, eq, inArray } from "drizzle-orm";
-import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
+import { decryptSecret, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
