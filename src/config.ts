@@ -1,6 +1,6 @@
 import { BUNDLE_DEFAULTS, type UploadLimits } from "@benchwright/shared/contract/bundle";
-import { parseHostPatternSyntax } from "@benchwright/shared/contract/host-name";
 import { type KeyRing, parseKeyRing } from "@benchwright/shared/contract/key-ring";
+import { parseDenyList, type TargetPolicy } from "@benchwright/shared/contract/notification-targets";
 import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "@benchwright/shared/contract/run-spec";
 import { z } from "zod";
 
@@ -57,17 +57,6 @@ const EnvSchema = z.object({
     .enum(["", "true", "false"], { error: "NOTIFICATIONS_ADMIT_LOOPBACK must be true or false" })
     .optional(),
 });
-
-/** Where run-end notifications may go (checked by src/notifications/target.ts). */
-export interface TargetPolicy {
-  /** The operator's deny list (NOTIFICATIONS_DENY_HOSTS): host patterns as the vault writes them. */
-  readonly deny: readonly string[];
-  /**
-   * Test-only (NOTIFICATIONS_ADMIT_LOOPBACK): admits https://127.0.0.1:<port>, the suite's own
-   * receiver, as the proxy's test CIDRs admit the suite's upstreams. Never set in a deployment.
-   */
-  readonly admitLoopback: boolean;
-}
 
 export interface Config {
   readonly databaseUrl: string;
@@ -134,21 +123,4 @@ export function loadConfig(env: Env): Config {
   };
   cache.set(env, config);
   return config;
-}
-
-/**
- * The operator's deny list from its setting: comma- or space-separated host patterns. A pattern
- * that does not parse throws, naming it, so a typo fails the configuration check loudly instead
- * of denying nothing.
- */
-export function parseDenyList(setting: string | undefined): string[] {
-  const out: string[] = [];
-  for (const item of (setting ?? "").split(/[\s,]+/)) {
-    if (item === "") continue;
-    const parsed = parseHostPatternSyntax(item);
-    if (!parsed.ok)
-      throw new Error(`NOTIFICATIONS_DENY_HOSTS: ${item} is not a host pattern (${parsed.message})`);
-    out.push(parsed.pattern);
-  }
-  return out;
 }

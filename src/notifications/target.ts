@@ -1,6 +1,6 @@
 import { canonicalHost, isCanonicalIp } from "@benchwright/shared/contract/host-name";
+import type { TargetPolicy } from "@benchwright/shared/contract/notification-targets";
 import { matchesCanonical } from "@benchwright/shared/policy/host";
-import type { TargetPolicy } from "../config";
 
 // Where a notification may be sent. The URL is the user's but the fetch is ours, from inside
 // the platform, so the URL must name a public web host: https, a DNS name (never an IP literal

@@ -1,5 +1,5 @@
+import { parseDenyList } from "@benchwright/shared/contract/notification-targets";
 import { describe, expect, it } from "vitest";
-import { parseDenyList } from "../../src/config";
 import { checkTarget } from "../../src/notifications/target";
 
 // Where a run-end notification may go (src/notifications/target.ts): the rules that the worker
