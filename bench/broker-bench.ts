@@ -11,12 +11,12 @@ import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
+import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { nodeDb } from "../scripts/lib/neon-node";
 import { freePort } from "../scripts/lib/postgres";
 import { startWorkerDev } from "../scripts/lib/worker-dev";
 import { randomId } from "../src/crypto/api-keys";
 import * as schema from "../src/db/schema";
-import { RunSpec } from "../src/runs/spec";
 import { startKubernetesServer } from "../test/contract/kubernetes-server";
 import {
   type BrokerInstances,

@@ -1,10 +1,7 @@
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import {
-  type CreateSandbox,
-  DEFAULT_RESOURCES,
-  type Resources,
-} from "@benchwright/shared/contract/local-agent";
+import type { CreateSandbox, Resources } from "@benchwright/shared/contract/local-agent";
+import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import { type CgroupHost, SandboxCgroup } from "./cgroups";
 import { AgentError, message } from "./errors";
 import { hostNameservers, MAX_WORK_PER_RUN, netnsExists, workNet } from "./network";
@@ -65,7 +62,7 @@ export class SandboxMaker {
     uid: number,
     resolvConf: string,
   ): Promise<{ process: SandboxProcess; resources: Resources }> {
-    const resources = request.resources ?? DEFAULT_RESOURCES[request.kind];
+    const resources = resourcesFor(request.resources, request.kind);
     const host = this.o.cgroups as CgroupHost;
     const name = `${this.o.state.tag}-${request.id}`;
     this.o.state.recordCgroup(

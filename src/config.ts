@@ -1,9 +1,8 @@
-import { BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
+import { BUNDLE_DEFAULTS, type UploadLimits } from "@benchwright/shared/contract/bundle";
+import { type KeyRing, parseKeyRing } from "@benchwright/shared/contract/key-ring";
+import { parseDenyList, type TargetPolicy } from "@benchwright/shared/contract/notification-targets";
+import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "@benchwright/shared/contract/run-spec";
 import { z } from "zod";
-import type { BundleLimits } from "./bundles/service";
-import { type KeyRing, parseKeyRing } from "./crypto/vault-crypto";
-import { parseDenyList, type TargetPolicy } from "./notifications/target";
-import { DEFAULT_RESOURCE_BOUNDS, type ResourceBounds } from "./runs/spec";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
 // malformed secret answers every request with config_invalid naming the variable (never its
@@ -69,7 +68,7 @@ export interface Config {
   /** A run's vault read at start that takes longer is cancelled by the database and retried. */
   readonly vaultReadTimeoutMs: number;
   /** POST /v1/bundles: the largest .tar.gz accepted, and the bounds on what it unpacks to. */
-  readonly bundleLimits: BundleLimits;
+  readonly bundleLimits: UploadLimits;
   readonly resourceBounds: ResourceBounds;
   /** A launch is refused (too_many_runs) while the environment has this many runs not ended. */
   readonly maxActiveRuns: number;

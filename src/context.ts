@@ -1,5 +1,5 @@
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import type { Owner } from "./auth/owner";
-import type { ApiKeyScope } from "./auth/scope";
 import type { Config } from "./config";
 import type { Db } from "./db/types";
 

@@ -39,6 +39,13 @@ export const BUNDLE_DEFAULTS = {
   maxFiles: 20_000,
 } as const;
 
+/** The bounds of an upload (settings BUNDLE_MAX_*): the .tar.gz, and what it unpacks to. */
+export interface UploadLimits {
+  readonly maxUploadBytes: number;
+  readonly maxUnpackedBytes: number;
+  readonly maxFiles: number;
+}
+
 /** A bundle's name in a run spec and in URLs: the sha256 of the .tar.gz, 64 lower-case hex. */
 export const BundleHash = z.string().regex(/^[0-9a-f]{64}$/, "a sha256: 64 lower-case hex digits");
 

@@ -1,3 +1,4 @@
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import { and, eq, gt, isNull, lt, or } from "drizzle-orm";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv, Principal } from "../context";
@@ -5,7 +6,7 @@ import { hashApiKey, looksLikeApiKey, timingSafeEqualHex } from "../crypto/api-k
 import { apiKeys } from "../db/schema";
 import type { Db } from "../db/types";
 import { ApiError } from "../errors";
-import { type ApiKeyScope, scopeAllows } from "./scope";
+import { scopeAllows } from "./scope";
 
 /** How stale `last_used_at` may get: one write a minute per key at most, not one per request. */
 export const LAST_USED_GRANULARITY_MS = 60_000;

@@ -1,9 +1,9 @@
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import { and, eq } from "drizzle-orm";
 import { generateApiKey, hashApiKey, randomId } from "../crypto/api-keys";
 import { apiKeys, environments, users, vaultSettings } from "../db/schema";
 import type { Db, Tx } from "../db/types";
 import type { Owner } from "./owner";
-import type { ApiKeyScope } from "./scope";
 
 export interface IssuedKey {
   readonly keyId: string;

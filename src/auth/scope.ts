@@ -1,10 +1,7 @@
-// What an API key may do (case K3). One table: the database column, the API's schema, the
-// middleware and the pages all read it from here.
-//   full: everything the environment allows.
-//   read: GET and HEAD only — the smallest scope still worth having (a dashboard, a CI job
-//         that only watches runs). Every other method is refused with 403 read_only_key.
-export const API_KEY_SCOPES = ["read", "full"] as const;
-export type ApiKeyScope = (typeof API_KEY_SCOPES)[number];
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
+
+// What a key of each scope may do (case K3); the scopes themselves are the contract's
+// (contract/api-key-scope.ts).
 
 /** Methods a read key may use: the ones that change nothing. */
 const READ_METHODS = new Set(["GET", "HEAD"]);

@@ -1,10 +1,10 @@
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import { and, eq, gt, isNull } from "drizzle-orm";
 import type { Principal } from "../context";
 import { hashApiKey, randomId, timingSafeEqualHex } from "../crypto/api-keys";
 import { apiKeys, environments, sessions, users } from "../db/schema";
 import type { Db } from "../db/types";
 import { keyIsLive, touchKey } from "./middleware";
-import type { ApiKeyScope } from "./scope";
 
 // Browser sessions for the pages. Logging in with an API key opens one; the cookie carries a
 // random token (only its SHA-256 is stored), the session speaks for that key and ends with it

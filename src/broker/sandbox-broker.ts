@@ -1,12 +1,7 @@
 import { DurableObject } from "cloudflare:workers";
 import type { UnpackResult } from "@benchwright/shared/contract/bundle";
-import {
-  DEFAULT_RESOURCES,
-  type ExecInfo,
-  type ExecRequest,
-  type Resources,
-  type Seal,
-} from "@benchwright/shared/contract/local-agent";
+import type { ExecInfo, ExecRequest, Resources, Seal } from "@benchwright/shared/contract/local-agent";
+import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import { and, eq, inArray, ne } from "drizzle-orm";
 import { bundleKey, findBundle } from "../bundles/rows";
 import { loadConfig } from "../config";
@@ -114,7 +109,7 @@ export class SandboxBroker extends DurableObject<Env> {
       }
       try {
         // A sandbox always has limits: the run's, or its kind's defaults.
-        const resources = request.resources ?? DEFAULT_RESOURCES[request.kind];
+        const resources = resourcesFor(request.resources, request.kind);
         const info = await backend.create(
           request.kind === "proxy"
             ? { kind: "proxy", id: request.id, runId, resources }

@@ -1,5 +1,5 @@
 import { checkBundle } from "@benchwright/shared/archive/bundle";
-import type { UnpackResult } from "@benchwright/shared/contract/bundle";
+import type { UnpackResult, UploadLimits } from "@benchwright/shared/contract/bundle";
 import { bundles } from "../db/schema";
 import type { Q } from "../db/types";
 import { ApiError, bundleErrorCode } from "../errors";
@@ -14,13 +14,6 @@ export { type BundleRow, bundleKey, findBundle } from "./rows";
 // hash, before its first byte, and a refused bundle must not be stored at all): at most
 // BUNDLE_MAX_BYTES, which is why that setting stays well under the isolate's memory. It is held
 // as the chunks it arrived in, never copied into one buffer.
-
-/** The bounds of an upload (settings BUNDLE_MAX_*): the .tar.gz, and what it unpacks to. */
-export interface BundleLimits {
-  readonly maxUploadBytes: number;
-  readonly maxUnpackedBytes: number;
-  readonly maxFiles: number;
-}
 
 /**
  * Reads an upload's body to its end, or to one byte past `maxBytes` (bundle_upload_too_large).
@@ -85,7 +78,7 @@ export async function storeBundle(
   db: Q,
   environmentId: string,
   chunks: readonly Uint8Array[],
-  limits: BundleLimits,
+  limits: UploadLimits,
 ): Promise<{ bundle: BundleRow; created: boolean }> {
   const sha256 = await sha256Of(chunks);
   const known = await findBundle(db, environmentId, sha256);

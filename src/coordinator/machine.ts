@@ -7,11 +7,11 @@ import type {
   SealResult,
 } from "@benchwright/shared/contract/local-agent";
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
+import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { isTerminal, type TerminalState } from "@benchwright/shared/contract/run-states";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
 import { BackendError } from "../broker/backend";
 import type { RunState } from "../db/schema";
-import type { RunSpec } from "../runs/spec";
 import type { RunNote, Transition } from "../runs/types";
 import { run } from "./steps/commands";
 import { finish, type Machine } from "./steps/common";

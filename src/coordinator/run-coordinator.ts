@@ -2,6 +2,7 @@ import { DurableObject } from "cloudflare:workers";
 import type { ExecInfo } from "@benchwright/shared/contract/local-agent";
 import { consoleLog, levelOf } from "@benchwright/shared/contract/log";
 import { ProxyView } from "@benchwright/shared/contract/proxy-view";
+import { type RunSpec, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { WiringProof } from "@benchwright/shared/contract/wiring";
 import { eq, sql } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
@@ -15,12 +16,13 @@ import { openDb } from "../db/client";
 import { isDatabaseUnavailable, sqlState } from "../db/errors";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
+import { unwrap } from "../errors";
 import { wakeNotifier } from "../notifications/notifier";
 import { revokeEgressToken } from "../runs/egress-token";
+import { checkLaunchable } from "../runs/launch";
 import { issueProxyCredentials, revokeProxyCredentials } from "../runs/proxy-credentials";
 import { runPolicyEnvelope } from "../runs/run-vault";
 import * as runsService from "../runs/service";
-import { checkLaunchable, type RunSpec, storedSpec } from "../runs/spec";
 import type { Transition } from "../runs/types";
 import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/policy";
@@ -65,7 +67,7 @@ export class RunCoordinator extends DurableObject<Env> {
         // A state saved before the spec's camelCase names holds the old keys: read it as a row is.
         load: async () => {
           const state = await storage.get<MachineState>(STATE_KEY);
-          return state?.spec ? { ...state, spec: storedSpec(state.spec) } : state;
+          return state?.spec ? { ...state, spec: readStoredSpec(state.spec) } : state;
         },
         save: (state) => storage.put(STATE_KEY, state),
         setAlarm: (at) => storage.setAlarm(at),
@@ -241,7 +243,7 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  */
 export async function launchRun(env: Env, db: Db, p: Owner, spec: RunSpec): Promise<runsService.RunRow> {
   const config = loadConfig(env);
-  await checkLaunchable(db, p.environmentId, spec, config.resourceBounds);
+  unwrap(await checkLaunchable(db, p.environmentId, spec, config.resourceBounds));
   const run = await runsService.createRun(
     db,
     p,
@@ -331,7 +333,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     newId: (prefix) => randomId(prefix),
     loadRun: async (runId) => {
       const row = await runsService.loadRun(db, runId);
-      return row ? { id: row.id, status: row.status, spec: storedSpec(row.spec) } : null;
+      return row ? { id: row.id, status: row.status, spec: readStoredSpec(row.spec) } : null;
     },
     transition: (runId, t) => endAware(env, db, runId, t),
     note: (runId, note) => runsService.addNote(db, runId, note),
@@ -400,7 +402,7 @@ function workerPorts(env: Env, db: Db): MachinePorts {
     currentRouting: async (runId) => {
       const row = await runsService.loadRun(db, runId);
       if (!row) throw new Error(`no run ${runId}`);
-      const { egress } = storedSpec(row.spec);
+      const { egress } = readStoredSpec(row.spec);
       const { routing, hostsFile } = await previewPolicy(db, row, { egress });
       return { routing, hostsFile };
     },

@@ -1,6 +1,7 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { and, eq, isNull, lt } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
-import { decryptSecret, encryptSecret, type KeyRing, keyedDigest } from "../crypto/vault-crypto";
+import { decryptSecret, encryptSecret, keyedDigest } from "../crypto/vault-crypto";
 import { idempotencyKeys, type ReplayHeaders } from "../db/schema";
 import type { Db } from "../db/types";
 

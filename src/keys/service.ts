@@ -1,7 +1,8 @@
+import type { ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import { and, desc, eq, isNull } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { issueKey } from "../auth/provision";
-import { type ApiKeyScope, scopeCovers } from "../auth/scope";
+import { scopeCovers } from "../auth/scope";
 import type { Principal } from "../context";
 import { apiKeys, sessions } from "../db/schema";
 import type { Db } from "../db/types";

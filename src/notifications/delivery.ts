@@ -1,6 +1,5 @@
 import { Webhook } from "standardwebhooks";
-import type { RunRow } from "../runs/service";
-import type { AttemptOutcome } from "./service";
+import type { AttemptOutcome, EndedRun } from "./service";
 
 // One notification attempt, Standard Webhooks style (https://www.standardwebhooks.com, spec
 // v1.0.0): a JSON body `{type, timestamp, data}`, signed with the notification's `whsec_` secret
@@ -36,7 +35,7 @@ export interface RunEndedPayload {
 }
 
 /** The body for a run that ended, from its row: the same bytes on every attempt. */
-export function runEndedPayload(run: RunRow, origin: string): string {
+export function runEndedPayload(run: EndedRun, origin: string): string {
   const endedAt = run.endedAt?.toISOString() ?? null;
   const payload: RunEndedPayload = {
     type: "run.ended",

@@ -4,9 +4,16 @@ import { type Config, loadConfig } from "../config";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { openDb } from "../db/client";
 import type { Db } from "../db/types";
-import { loadRun, type RunRow } from "../runs/service";
 import { runEndedPayload, sendAttempt } from "./delivery";
-import { type DueDelivery, dueDeliveries, nextAttemptAt, recordAttempt, signingSecret } from "./service";
+import {
+  type DueDelivery,
+  dueDeliveries,
+  type EndedRun,
+  endedRun,
+  nextAttemptAt,
+  recordAttempt,
+  signingSecret,
+} from "./service";
 import { checkTarget } from "./target";
 
 // A run's notifier: one Durable Object per run (named by the run id) that sends what the run owes
@@ -51,7 +58,7 @@ export class RunNotifier extends DurableObject<Env> {
     try {
       const due = await dueDeliveries(db, runId);
       // One read of the run for every delivery it owes: they all describe the same end.
-      const run = due.length > 0 ? await loadRun(db, runId) : null;
+      const run = due.length > 0 ? await endedRun(db, runId) : null;
       await Promise.all(due.map((d) => this.attempt(db, config, runId, run, d)));
       const next = await nextAttemptAt(db, runId);
       if (next === null) await this.ctx.storage.deleteAll();
@@ -65,7 +72,7 @@ export class RunNotifier extends DurableObject<Env> {
     db: Db,
     config: Config,
     runId: string,
-    run: RunRow | null,
+    run: EndedRun | null,
     { delivery, notification }: DueDelivery,
   ): Promise<void> {
     const attempt = delivery.attempts + 1;

@@ -1,7 +1,8 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { and, asc, desc, eq, inArray, isNull, lt, lte, min, sql } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { derivedId, randomId } from "../crypto/api-keys";
-import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
+import { decryptSecret, encryptSecret, type SecretAad } from "../crypto/vault-crypto";
 import {
   type NOTIFICATION_EVENTS,
   notificationAttempts,
@@ -21,6 +22,11 @@ export type NotificationRow = typeof notifications.$inferSelect;
 export type DeliveryRow = typeof notificationDeliveries.$inferSelect;
 export type AttemptRow = typeof notificationAttempts.$inferSelect;
 export type NotificationEvent = (typeof NOTIFICATION_EVENTS)[number];
+/** What a run.ended body tells of the run: these columns of its row. */
+export type EndedRun = Pick<
+  typeof runs.$inferSelect,
+  "id" | "status" | "reason" | "reasonDetail" | "endedAt" | "updatedAt"
+>;
 
 /** Live notification URLs per environment, at most: each run's end fans out to all of them. */
 export const MAX_NOTIFICATIONS_PER_ENVIRONMENT = 10;
@@ -140,6 +146,22 @@ export async function listDeliveries(
 }
 
 // ---- the outbox: written when a run ends, read and updated by its RunNotifier ----
+
+/** The run whose end the deliveries describe; null when it is gone. */
+export async function endedRun(db: Q, runId: string): Promise<EndedRun | null> {
+  const [row] = await db
+    .select({
+      id: runs.id,
+      status: runs.status,
+      reason: runs.reason,
+      reasonDetail: runs.reasonDetail,
+      endedAt: runs.endedAt,
+      updatedAt: runs.updatedAt,
+    })
+    .from(runs)
+    .where(eq(runs.id, runId));
+  return row ?? null;
+}
 
 /**
  * Owes a `run.ended` delivery to each live notification of the run's environment that asked for

@@ -1,4 +1,5 @@
-import { canonicalHost, isCanonicalIp, parseHostPatternSyntax } from "@benchwright/shared/contract/host-name";
+import { canonicalHost, isCanonicalIp } from "@benchwright/shared/contract/host-name";
+import type { TargetPolicy } from "@benchwright/shared/contract/notification-targets";
 import { matchesCanonical } from "@benchwright/shared/policy/host";
 
 // Where a notification may be sent. The URL is the user's but the fetch is ours, from inside
@@ -22,16 +23,6 @@ const ALWAYS_DENIED = [
   "*.example",
   "*.onion",
 ];
-
-export interface TargetPolicy {
-  /** The operator's deny list (NOTIFICATIONS_DENY_HOSTS): host patterns as the vault writes them. */
-  readonly deny: readonly string[];
-  /**
-   * Test-only (NOTIFICATIONS_ADMIT_LOOPBACK): admits https://127.0.0.1:<port>, the suite's own
-   * receiver, as the proxy's test CIDRs admit the suite's upstreams. Never set in a deployment.
-   */
-  readonly admitLoopback: boolean;
-}
 
 export type TargetCheck = { ok: true; url: URL } | { ok: false; reason: string };
 
@@ -65,21 +56,4 @@ export function checkTarget(raw: string, policy: TargetPolicy): TargetCheck {
     if (matchesCanonical(pattern, host)) return refused(`${host} is on this deployment's deny list`);
   }
   return { ok: true, url };
-}
-
-/**
- * The operator's deny list from its setting: comma- or space-separated host patterns. A pattern
- * that does not parse throws, naming it, so a typo fails the configuration check loudly instead
- * of denying nothing.
- */
-export function parseDenyList(setting: string | undefined): string[] {
-  const out: string[] = [];
-  for (const item of (setting ?? "").split(/[\s,]+/)) {
-    if (item === "") continue;
-    const parsed = parseHostPatternSyntax(item);
-    if (!parsed.ok)
-      throw new Error(`NOTIFICATIONS_DENY_HOSTS: ${item} is not a host pattern (${parsed.message})`);
-    out.push(parsed.pattern);
-  }
-  return out;
 }

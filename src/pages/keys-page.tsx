@@ -1,5 +1,5 @@
+import { API_KEY_SCOPES, type ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import { Hono } from "hono";
-import { API_KEY_SCOPES, type ApiKeyScope } from "../auth/scope";
 import * as keys from "../keys/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm, readFlash, When } from "./layout";

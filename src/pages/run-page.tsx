@@ -1,3 +1,4 @@
+import { MAX_LINGER_SECONDS, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { WiringProof } from "@benchwright/shared/contract/wiring";
 import type { Child } from "hono/jsx";
 import type { Result } from "../errors";
@@ -14,7 +15,6 @@ import {
   type runSandboxes,
   type TraceRow,
 } from "../runs/service";
-import { MAX_LINGER_SECONDS, storedSpec } from "../runs/spec";
 import { Flash, Layout, PostForm, When } from "./layout";
 import { MODEL_CARD_STYLE, ModelCard } from "./model-card";
 import { Artifacts, BugReports } from "./run-artifacts";
@@ -276,7 +276,7 @@ function Controls(props: { view: RunView }) {
 
 /** Whether the run sends traffic through the user's machine (so needs their egress agent). */
 export function needsEgressAgent(run: RunRow): boolean {
-  const local = storedSpec(run.spec).egress === "local";
+  const local = readStoredSpec(run.spec).egress === "local";
   const awaited = (run.notes as Array<{ code: string }>).some((n) => n.code === "egress_agent_awaited");
   return local || awaited;
 }
@@ -428,7 +428,7 @@ function ProofCard(props: { run: RunRow; trace: TraceRow[] }) {
 // ---- sandboxes ----
 
 function Sandboxes(props: { run: RunRow; sandboxes: SandboxRow[] }) {
-  const tasks = storedSpec(props.run.spec).tasks ?? [];
+  const tasks = readStoredSpec(props.run.spec).tasks ?? [];
   return (
     <Card id="sandboxes" title="Sandboxes">
       {props.sandboxes.length === 0 ? (

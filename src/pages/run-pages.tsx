@@ -1,3 +1,4 @@
+import { MAX_LINGER_SECONDS, RunSpec } from "@benchwright/shared/contract/run-spec";
 import { z } from "@hono/zod-openapi";
 import { type Context, Hono } from "hono";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
@@ -5,8 +6,10 @@ import { ApiError } from "../errors";
 import { agentCommand, publicUrl } from "../routes/egress-agent";
 import { artifactDownload, listArtifacts } from "../runs/artifacts";
 import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
+import { BENCHMARKS } from "../runs/benchmarks";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
+import { checkLinger } from "../runs/launch";
 import { lingerOf } from "../runs/linger";
 import { listModelCalls, runModelUse } from "../runs/model-calls";
 import {
@@ -18,7 +21,6 @@ import {
   runSandboxes,
   runTrace,
 } from "../runs/service";
-import { BENCHMARKS, checkLinger, MAX_LINGER_SECONDS, RunSpec } from "../runs/spec";
 import { relayStub } from "../tunnel/relay";
 import { allowHosts } from "../vault/hosts";
 import type { PageEnv } from "./context";
@@ -409,12 +411,8 @@ export const runPageRoutes = new Hono<PageEnv>()
     }
     const seconds = Number(raw);
     // The API's checks, in its words: the 24 h cap (linger_too_long), then an ended run (run_ended).
-    try {
-      checkLinger(seconds);
-    } catch (error) {
-      if (error instanceof ApiError) return back(c, run.id, { error: error.detail }, "linger");
-      throw error;
-    }
+    const allowed = checkLinger(seconds);
+    if (!allowed.ok) return back(c, run.id, { error: allowed.error.detail }, "linger");
     const accepted = !isTerminal(run.status) && (await coordinatorStub(c.env, run.id).linger(seconds));
     if (!accepted) {
       return back(

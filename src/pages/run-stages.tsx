@@ -1,6 +1,7 @@
+import { type RunSpec, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import type { Child } from "hono/jsx";
+import { commandsOf } from "../runs/benchmarks";
 import type { RunRow, TraceRow } from "../runs/service";
-import { commandsOf, type RunSpec, storedSpec } from "../runs/spec";
 
 // The run page's "Stages" card: each sandbox's two stages as its trace recorded them, the setup
 // stage (bundle, setup commands as root, seal, the wiring proved again) and then the execute
@@ -234,7 +235,7 @@ function StageStop(props: { run: RunRow; stages: Map<string, SandboxStages> }) {
 
 export function Stages(props: { run: RunRow; trace: TraceRow[] }) {
   const stages = stagesOf(props.trace);
-  const spec = storedSpec(props.run.spec);
+  const spec = readStoredSpec(props.run.spec);
   const shownSandboxes = [...stages].filter(
     ([, s]) => s.setup.size + s.commands.size > 0 || s.bundle !== null || s.collected !== null,
   );

@@ -1,6 +1,6 @@
+import { readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import type { Child } from "hono/jsx";
 import { isTerminal, type RunRow, type TraceRow } from "../runs/service";
-import { storedSpec } from "../runs/spec";
 import { When } from "./layout";
 import { commandsFor } from "./run-stages";
 
@@ -186,7 +186,7 @@ export function Trace(props: { run: RunRow; trace: TraceRow[] }) {
     group.chunks.push(c);
     outputs.set(c.sandbox, group);
   }
-  const spec = storedSpec(props.run.spec);
+  const spec = readStoredSpec(props.run.spec);
   return (
     <section id="trace">
       <h2>Trace</h2>

@@ -1,5 +1,5 @@
+import { API_KEY_SCOPES } from "@benchwright/shared/contract/api-key-scope";
 import { createRoute, z } from "@hono/zod-openapi";
-import { API_KEY_SCOPES } from "../auth/scope";
 import { unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";
 import { DURATION_PATTERN } from "../keys/expiry";

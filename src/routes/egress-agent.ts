@@ -1,4 +1,5 @@
 import { readBearer } from "@benchwright/shared/contract/proxy-wire";
+import { readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import {
   AgentPolicy,
   EGRESS_AGENT_PATH,
@@ -13,7 +14,6 @@ import { shownOnce } from "../idempotency/withheld";
 import { IdParam, jsonOk, newRouter, problems } from "../router";
 import { type EgressRun, findRunByEgressToken, issueEgressToken } from "../runs/egress-token";
 import * as runs from "../runs/service";
-import { storedSpec } from "../runs/spec";
 import { ROLE_HEADER, RUN_HEADER, relayStub, type TunnelRole } from "../tunnel/relay";
 import { previewPolicy } from "../vault/policy";
 
@@ -100,7 +100,7 @@ export const egressAgentRoutes = new Hono<AgentEnv>()
   .get(suffix(EGRESS_AGENT_PATH), agentAuth, (c) => relayTo(c.env, c.req.raw, c.var.egressRun.id, "agent"))
   .get(suffix(EGRESS_AGENT_POLICY_PATH), agentAuth, async (c) => {
     const run = c.var.egressRun;
-    const { egress } = storedSpec(run.spec);
+    const { egress } = readStoredSpec(run.spec);
     const doc = await previewPolicy(c.var.db, run, { egress });
     const policy = AgentPolicy.parse({
       runId: run.id,

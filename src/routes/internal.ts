@@ -1,3 +1,4 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { consoleLog } from "@benchwright/shared/contract/log";
 import {
   type AuditBatch,
@@ -14,7 +15,7 @@ import { bodyLimit } from "hono/body-limit";
 import { createMiddleware } from "hono/factory";
 import type { z } from "zod";
 import type { AppEnv } from "../context";
-import { type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
+import { VaultDecryptError } from "../crypto/vault-crypto";
 import type { Db } from "../db/types";
 import { ApiError, type ErrorCode, problem } from "../errors";
 import { findRunByProxyToken, type ProxyRun, readAuditKey } from "../runs/proxy-credentials";

@@ -1,5 +1,6 @@
 import { RoutingMode } from "@benchwright/shared/contract/policy";
 import { ProxyView } from "@benchwright/shared/contract/proxy-view";
+import { LingerSeconds, RunSpec, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import type { AppEnv } from "../context";
@@ -9,9 +10,9 @@ import { ApiError, unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";
 import { IdParam, iso, jsonBody, jsonOk, NextCursor, newRouter, problems } from "../router";
 import { issueEgressToken } from "../runs/egress-token";
+import { checkLinger } from "../runs/launch";
 import { Linger, lingerOf } from "../runs/linger";
 import * as runs from "../runs/service";
-import { checkLinger, LingerSeconds, RunSpec, storedSpec } from "../runs/spec";
 import { previewPolicy } from "../vault/policy";
 import { agentCommand, EgressAgentToken, LOST_AGENT_TOKEN, publicUrl } from "./egress-agent";
 
@@ -200,7 +201,7 @@ export const runsRoutes = newRouter()
       return c.json(
         {
           ...summary(run),
-          spec: storedSpec(run.spec),
+          spec: readStoredSpec(run.spec),
           policyVersion: run.policyVersion,
           notes: run.notes as runs.RunNote[],
           proof: run.proof,
@@ -268,7 +269,7 @@ export const runsRoutes = newRouter()
     }),
     async (c) => {
       const { seconds } = c.req.valid("json");
-      checkLinger(seconds);
+      unwrap(checkLinger(seconds));
       const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
       const accepted = !runs.isTerminal(run.status) && (await coordinatorStub(c.env, run.id).linger(seconds));
       if (!accepted) {

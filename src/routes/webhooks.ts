@@ -1,4 +1,5 @@
 import { consoleLog } from "@benchwright/shared/contract/log";
+import { RunSpec, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { Hono } from "hono";
@@ -10,7 +11,7 @@ import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";
 import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
-import { checkLaunchable, RunSpec, storedSpec } from "../runs/spec";
+import { checkLaunchable } from "../runs/launch";
 import * as hooks from "../webhooks/service";
 import { MAX_DELIVERY_BODY_BYTES, verifyDelivery } from "../webhooks/signature";
 
@@ -51,7 +52,7 @@ const view = (c: Context, w: hooks.WebhookRow): z.infer<typeof Webhook> => ({
   id: w.id,
   name: w.name,
   url: `${new URL(c.req.url).origin}/hooks/${w.id}`,
-  run: storedSpec(w.runTemplate),
+  run: readStoredSpec(w.runTemplate),
   createdAt: w.createdAt.toISOString(),
   rotatedAt: iso(w.rotatedAt),
   previousSecretExpiresAt: iso(w.previousSecretExpiresAt),
@@ -76,7 +77,14 @@ export const webhooksRoutes = newRouter()
     }),
     async (c) => {
       const input = c.req.valid("json");
-      await checkLaunchable(c.var.db, c.var.principal.environmentId, input.run, c.var.config.resourceBounds);
+      unwrap(
+        await checkLaunchable(
+          c.var.db,
+          c.var.principal.environmentId,
+          input.run,
+          c.var.config.resourceBounds,
+        ),
+      );
       const made = await hooks.createWebhook(c.var.db, c.var.config.keyRing, c.var.principal, input);
       return c.json({ ...view(c, made.webhook), secret: made.secret }, 201);
     },
@@ -181,8 +189,8 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
     if (!verified.ok)
       throw new ApiError("invalid_signature", `The delivery was refused: ${verified.reason}.`);
 
-    const spec = storedSpec(webhook.runTemplate);
-    await checkLaunchable(c.var.db, webhook.environmentId, spec, c.var.config.resourceBounds);
+    const spec = readStoredSpec(webhook.runTemplate);
+    unwrap(await checkLaunchable(c.var.db, webhook.environmentId, spec, c.var.config.resourceBounds));
     const delivery = { deliveryId: verified.deliveryId, bodyBytes: raw.byteLength };
     const backend = backendForLaunch(c.env, spec.backend);
     const recorded = unwrap(

@@ -1,3 +1,4 @@
+import type { StoredRunSpec } from "@benchwright/shared/contract/run-spec";
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { EGRESS_TOKEN_PREFIX, EgressToken } from "@benchwright/shared/contract/tunnel";
 import { eq } from "drizzle-orm";
@@ -17,7 +18,7 @@ const TOKEN_RANDOM_BYTES = 32;
 
 /** What a valid egress token says about its run. */
 export interface EgressRun extends ProxyRun {
-  spec: unknown;
+  spec: StoredRunSpec;
 }
 
 /** Mints a fresh token for the run, replacing any earlier one. Null when the run has ended. */

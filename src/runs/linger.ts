@@ -1,6 +1,6 @@
+import { readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { z } from "@hono/zod-openapi";
 import type { RunRow } from "./service";
-import { storedSpec } from "./spec";
 
 // A run's linger, as the API and the run page show it: the one view of it. (The coordinator keeps
 // its own running record of the window, LingerWindow in coordinator/machine.ts.)
@@ -24,7 +24,7 @@ export type Linger = z.infer<typeof Linger>;
 
 export function lingerOf(run: RunRow): Linger {
   return {
-    seconds: run.lingerSeconds ?? storedSpec(run.spec).lingerSeconds ?? null,
+    seconds: run.lingerSeconds ?? readStoredSpec(run.spec).lingerSeconds ?? null,
     until: run.lingerUntil?.toISOString() ?? null,
     paused: run.status === "lingering" && run.lingerPausedAt !== null,
   };

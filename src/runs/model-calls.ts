@@ -1,3 +1,4 @@
+import { budgetOf, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { and, asc, desc, eq, getTableColumns, gt, gte, lt, or, sql } from "drizzle-orm";
 import { z } from "zod";
 import type { Owner } from "../auth/owner";
@@ -6,7 +7,6 @@ import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { badCursor, decodeCursor, encodeCursor } from "./cursor";
 import type { Page } from "./service";
-import { budgetOf, storedSpec } from "./spec";
 
 // The model lane's calls of a run, as its proxy reported them: which model and provider, status,
 // token counts, time and whether the lane refused the call itself (its budget spent); the totals
@@ -135,7 +135,7 @@ export async function runModelUse(db: Db, p: Owner, runId: string): Promise<Resu
     .where(eq(auditBatches.runId, run.id));
 
   const launched = Launched.safeParse(launch?.detail);
-  const spec = storedSpec(run.spec);
+  const spec = readStoredSpec(run.spec);
   const declared = spec.model;
   const name = launched.success
     ? launched.data.model.name

@@ -1,9 +1,10 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { newAuditKey } from "@benchwright/shared/contract/proxy-wire";
 import type { RunState } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { encodeBase64Url, hashApiKey } from "../crypto/api-keys";
-import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
+import { decryptSecret, encryptSecret, type SecretAad } from "../crypto/vault-crypto";
 import { runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { findRunByTokenHash } from "./token-lookup";

@@ -1,13 +1,14 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { consoleLog } from "@benchwright/shared/contract/log";
 import { describeIssues, PolicyEnvelope } from "@benchwright/shared/contract/proxy-wire";
+import { budgetOf, readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { and, eq, inArray } from "drizzle-orm";
-import { decryptSecret, type KeyRing, VaultDecryptError } from "../crypto/vault-crypto";
+import { decryptSecret, VaultDecryptError } from "../crypto/vault-crypto";
 import { runs, vaultSecrets, vaultSettings } from "../db/schema";
 import type { Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { readPolicy } from "../vault/policy";
 import type { RunOwner } from "./proxy-credentials";
-import { budgetOf, storedSpec } from "./spec";
 
 // A run's view of its vault: the policy compiled now (with the run's egress option and declared
 // model and its budget) and the values of exactly the secrets its rules and its model lane name.
@@ -39,7 +40,7 @@ export async function runPolicyEnvelope(
 ): Promise<Result<PolicyEnvelope>> {
   const [row] = await db.select({ spec: runs.spec }).from(runs).where(eq(runs.id, run.id));
   if (!row) return fail("not_found", "No such run.");
-  const spec = storedSpec(row.spec);
+  const spec = readStoredSpec(row.spec);
   const egress = spec.egress;
   const model = spec.model ?? null;
   const budget = budgetOf(spec);

@@ -1,3 +1,4 @@
+import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
@@ -8,7 +9,6 @@ import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
 import { enqueueRunEnded } from "../notifications/service";
 import { modelLane } from "../vault/models";
-import type { RunSpec } from "./spec";
 import type { RunNote, Transition } from "./types";
 
 export type { RunNote, Transition } from "./types";

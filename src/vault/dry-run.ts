@@ -6,6 +6,7 @@ import {
   type PolicyRouting,
   type PolicyRule,
 } from "@benchwright/shared/contract/policy";
+import { readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { buildPolicyIndex, type PolicyIndex, type VaultSnapshot } from "@benchwright/shared/policy/compile";
 import { parseHostPattern, patternCovers } from "@benchwright/shared/policy/host";
 import { and, eq } from "drizzle-orm";
@@ -13,7 +14,6 @@ import type { Owner } from "../auth/owner";
 import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { storedSpec } from "../runs/spec";
 import { listHosts } from "./hosts";
 import { compileVault, previewPolicy } from "./policy";
 import type { RuleInput } from "./rules";
@@ -304,7 +304,7 @@ export async function dryRun(db: Db, p: Owner, input: DryRunInput): Promise<Resu
     .where(and(eq(runs.id, input.runId), eq(runs.environmentId, p.environmentId)));
   if (!run) return fail("not_found", `No run ${input.runId}.`);
   // As the run's proxy gets it.
-  const { egress } = storedSpec(run.spec);
+  const { egress } = readStoredSpec(run.spec);
 
   const base = await readCurrent(db, p, egress);
   const resolved = input.draft ? fromDraft(input.draft, base) : fromChanges(input.changes ?? {}, base);

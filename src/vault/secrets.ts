@@ -1,8 +1,9 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { SecretValue } from "@benchwright/shared/contract/proxy-wire";
 import { and, asc, eq } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
-import { encryptSecret, fingerprintSecret, type KeyRing } from "../crypto/vault-crypto";
+import { encryptSecret, fingerprintSecret } from "../crypto/vault-crypto";
 import { vaultModels, vaultRules, vaultSecrets } from "../db/schema";
 import type { Db, Tx } from "../db/types";
 import { fail, ok, type Result } from "../errors";

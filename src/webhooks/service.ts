@@ -1,12 +1,13 @@
+import type { KeyRing } from "@benchwright/shared/contract/key-ring";
+import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { and, desc, eq, isNull } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
-import { decryptSecret, encryptSecret, type KeyRing, type SecretAad } from "../crypto/vault-crypto";
+import { decryptSecret, encryptSecret, type SecretAad } from "../crypto/vault-crypto";
 import { webhookDeliveries, webhooks } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { createRun } from "../runs/service";
-import type { RunSpec } from "../runs/spec";
 import { newWebhookSecret } from "./signature";
 
 // Webhooks over Postgres. Management calls are scoped by the caller's environment (another

@@ -1,3 +1,4 @@
+import { KeyRingError, parseKeyRing } from "@benchwright/shared/contract/key-ring";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import {
@@ -13,9 +14,7 @@ import {
   decryptSecret,
   encryptSecret,
   fingerprintSecret,
-  KeyRingError,
   keyIdOf,
-  parseKeyRing,
   type SecretAad,
   VaultDecryptError,
   type VaultDecryptFailure,

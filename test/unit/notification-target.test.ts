@@ -1,5 +1,6 @@
+import { parseDenyList } from "@benchwright/shared/contract/notification-targets";
 import { describe, expect, it } from "vitest";
-import { checkTarget, parseDenyList } from "../../src/notifications/target";
+import { checkTarget } from "../../src/notifications/target";
 
 // Where a run-end notification may go (src/notifications/target.ts): the rules that the worker
 // tests cannot vary, since they run under one configuration (the deny list, loopback off).

@@ -1,7 +1,7 @@
+import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { compilePolicy } from "@benchwright/shared/policy/compile";
 import { describe, expect, it } from "vitest";
 import { COMPUTE_URL } from "../../src/coordinator/machine";
-import type { RunSpec } from "../../src/runs/spec";
 import { EMPTY_POLICY, type Policy, SPEC, world } from "./run-machine-world";
 
 // The run state machine's fan-out: compute control and task environments (issue 7), the egress

@@ -1,5 +1,6 @@
 import type { ExecInfo, SandboxInfo, Seal } from "@benchwright/shared/contract/local-agent";
 import type { PolicyDocument } from "@benchwright/shared/contract/policy";
+import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
 import { compilePolicy } from "@benchwright/shared/policy/compile";
 import { BackendError } from "../../src/broker/backend";
@@ -9,7 +10,6 @@ import {
   RunMachine,
   type SandboxRequest,
 } from "../../src/coordinator/machine";
-import type { RunSpec } from "../../src/runs/spec";
 import type { RunNote } from "../../src/runs/types";
 
 // The in-memory world the run-machine tests drive the state machine over (run-machine*.test.ts).

@@ -1,6 +1,7 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { DEFAULT_RESOURCES, type Seal } from "@benchwright/shared/contract/local-agent";
+import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import type { BackendError, ComputeBackend, SandboxSpec } from "../../src/broker/backend";
@@ -12,7 +13,6 @@ import { randomId } from "../../src/crypto/api-keys";
 import { bundles, runs, sandboxes } from "../../src/db/schema";
 import { ORPHAN_MS, reconcile } from "../../src/reaper/reconcile";
 import { createRun } from "../../src/runs/service";
-import { RunSpec } from "../../src/runs/spec";
 import { newTenant, type Tenant, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 

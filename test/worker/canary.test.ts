@@ -1,8 +1,9 @@
 import { env } from "cloudflare:workers";
+import { parseKeyRing } from "@benchwright/shared/contract/key-ring";
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import { afterEach, describe, expect, inject, it, vi } from "vitest";
-import { decryptSecret, keyIdOf, parseKeyRing, type SecretAad } from "../../src/crypto/vault-crypto";
+import { decryptSecret, keyIdOf, type SecretAad } from "../../src/crypto/vault-crypto";
 import { vaultSecrets } from "../../src/db/schema";
 import { storeArtifacts } from "../../src/runs/artifacts";
 import { collectArchive, file, tarGz, upload } from "./archives";

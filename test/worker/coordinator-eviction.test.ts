@@ -1,5 +1,6 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
+import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { asc, eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config";
@@ -7,7 +8,6 @@ import type { MachineState } from "../../src/coordinator/machine";
 import { coordinatorStub, type RunCoordinator } from "../../src/coordinator/run-coordinator";
 import { runEvents, runs } from "../../src/db/schema";
 import { createRun } from "../../src/runs/service";
-import { RunSpec } from "../../src/runs/spec";
 import { newTenant, type Tenant, withDb } from "./harness";
 
 // case E6: a Durable Object alarm that throws is retried and is idempotent; an eviction mid-run

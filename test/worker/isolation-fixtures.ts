@@ -1,4 +1,5 @@
 import { env } from "cloudflare:workers";
+import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { and, eq, isNull } from "drizzle-orm";
 import { expect, inject } from "vitest";
 import { loadConfig } from "../../src/config";
@@ -14,7 +15,6 @@ import {
 import { unwrap } from "../../src/errors";
 import * as notify from "../../src/notifications/service";
 import { storeArtifacts } from "../../src/runs/artifacts";
-import { RunSpec } from "../../src/runs/spec";
 import { listHosts, putHost } from "../../src/vault/hosts";
 import * as models from "../../src/vault/models";
 import { createRule, listRules } from "../../src/vault/rules";

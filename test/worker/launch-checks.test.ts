@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { bundles } from "../../src/db/schema";
 import { callWith, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 
-// What a launch is checked for beyond its schema (src/runs/spec.ts checkLaunchable), through the
+// What a launch is checked for beyond its schema (src/runs/launch.ts checkLaunchable), through the
 // API: setup commands, resources within the deployment's bounds, and a bundle of the caller's
 // own environment (case H3). The bundle routes themselves are in bundles.test.ts.
 

@@ -1,7 +1,7 @@
+import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { describe, expect, it, vi } from "vitest";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs } from "../../src/db/schema";
-import { RunSpec } from "../../src/runs/spec";
 import { loggedIn } from "./browser";
 import { newTenant, tenantWithUnreadableVault, withDb } from "./harness";
 import { expectPage, has, lacks, textOf } from "./pages-fixtures";

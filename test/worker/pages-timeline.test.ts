@@ -1,9 +1,9 @@
+import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { describe, expect, it, vi } from "vitest";
 import { randomId } from "../../src/crypto/api-keys";
 import { blockedHostLog, runEvents, runs } from "../../src/db/schema";
 import { LABEL_W, PLOT_W } from "../../src/pages/run-timeline";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
-import { RunSpec } from "../../src/runs/spec";
 import { loggedIn, type PageResponse } from "./browser";
 import { newTenant, type Tenant, withDb } from "./harness";
 import { auditBatch, newRun, setRunStatus } from "./run-fixtures";

@@ -7,6 +7,7 @@ import {
   readyPath,
   signAuditBatch,
 } from "@benchwright/shared/contract/proxy-wire";
+import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import { loadConfig } from "../../src/config";
@@ -15,7 +16,6 @@ import { randomId } from "../../src/crypto/api-keys";
 import { blockedHostLog, egressRouteLog, type RunState, runs } from "../../src/db/schema";
 import { issueProxyCredentials } from "../../src/runs/proxy-credentials";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
-import { RunSpec } from "../../src/runs/spec";
 import { type ApiResponse, call, type Tenant, withDb } from "./harness";
 
 // Runs for route tests, made by writing rows directly (the public runs API is not needed to

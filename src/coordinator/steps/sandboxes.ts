@@ -1,5 +1,5 @@
-import { DEFAULT_RESOURCES, type Resources } from "@benchwright/shared/contract/local-agent";
-import { commandsOf, type RunSpec } from "../../runs/spec";
+import { resourcesFor } from "@benchwright/shared/contract/run-spec";
+import { commandsOf } from "../../runs/benchmarks";
 import type { MachineState, Worker } from "../machine";
 import {
   cannotIsolate,
@@ -48,20 +48,6 @@ export async function startSandboxes(m: Machine, s: MachineState): Promise<numbe
   return m.ports.now();
 }
 
-/**
- * The limits a work, task or orchestrator sandbox is made with: the run's `resources`, each one
- * it leaves unset the kind's default. Undefined when the run asks for none (the broker's default).
- */
-export function resourcesFor(spec: RunSpec | null, kind: Worker["kind"]): Resources | undefined {
-  const asked = spec?.resources;
-  if (!asked) return undefined;
-  return {
-    memoryMb: asked.memoryMb ?? DEFAULT_RESOURCES[kind].memoryMb,
-    pids: asked.pids ?? DEFAULT_RESOURCES[kind].pids,
-    cpus: asked.cpus ?? DEFAULT_RESOURCES[kind].cpus,
-  };
-}
-
 export function parallelTasks(s: MachineState): number {
   const tasks = s.workers.length - 1;
   return Math.min(tasks, s.spec?.maxParallelTasks ?? tasks);
@@ -71,7 +57,8 @@ export function parallelTasks(s: MachineState): number {
 async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<number | null> {
   if (w.proxyAddress !== null) return null;
   const policy = must(s.policy);
-  const resources = resourcesFor(s.spec, w.kind);
+  // A run that asks for no limits leaves them to the broker (the kind's defaults).
+  const asked = s.spec?.resources;
   const made = await m.ports.broker.create(s.runId, {
     id: w.sandboxId,
     kind: w.kind,
@@ -79,7 +66,7 @@ async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<nu
     proxySandboxId: must(s.network).sandboxId,
     routing: w.routing ?? policy.routing.mode,
     hostsFile: (w.routing ?? policy.routing.mode) === "default" ? (w.hostsFile ?? policy.hostsFile) : [],
-    ...(resources ? { resources } : {}),
+    ...(asked ? { resources: resourcesFor(asked, w.kind) } : {}),
     ...((w.setup ?? []).length > 0 ? { setup: true } : {}),
   });
   if (made.ok) {

@@ -1,15 +1,10 @@
 import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "@benchwright/shared/contract/bundle";
-import {
-  DEFAULT_RESOURCES,
-  type ExecInfo,
-  type ResourceLimit,
-  type Seal,
-} from "@benchwright/shared/contract/local-agent";
+import type { ExecInfo, ResourceLimit, Seal } from "@benchwright/shared/contract/local-agent";
+import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import { BackendError } from "../../broker/backend";
 import type { MachineState, Worker, WorkerStage } from "../machine";
 import { checkpoint, type Machine, must, stop } from "./common";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
-import { resourcesFor } from "./sandboxes";
 import { rewireSandbox } from "./wiring";
 
 // A work, task or orchestrator sandbox's stages once its wiring is proved:
@@ -230,7 +225,7 @@ export async function exhausted(
   limit: ResourceLimit,
   what: string,
 ): Promise<number> {
-  const r = resourcesFor(s.spec, w.kind) ?? DEFAULT_RESOURCES[w.kind];
+  const r = resourcesFor(s.spec?.resources, w.kind);
   const named =
     limit === "memory"
       ? `memory limit (${r.memoryMb} MiB)`

@@ -1,6 +1,6 @@
+import { API_KEY_SCOPES } from "@benchwright/shared/contract/api-key-scope";
 import { sql } from "drizzle-orm";
 import { check, index, pgTable, text, timestamp, uniqueIndex } from "drizzle-orm/pg-core";
-import { API_KEY_SCOPES } from "../../auth/scope";
 import { createdAt } from "./columns";
 
 // Accounts: users, their environments, API keys and page sessions.

@@ -1,4 +1,5 @@
 import { ROUTING_MODES } from "@benchwright/shared/contract/routing";
+import type { StoredRunSpec } from "@benchwright/shared/contract/run-spec";
 import { RUN_STATES } from "@benchwright/shared/contract/run-states";
 import { sql } from "drizzle-orm";
 import {
@@ -13,7 +14,6 @@ import {
   timestamp,
   uniqueIndex,
 } from "drizzle-orm/pg-core";
-import type { RunSpec } from "../../runs/spec";
 import { environmentRef, userRef } from "./accounts";
 import { createdAt, updatedAt } from "./columns";
 
@@ -34,8 +34,8 @@ export const runs = pgTable(
     reason: text("reason"),
     reasonDetail: text("reason_detail"),
     // The launch request as validated (commands, egress, tasks, ...). Never holds a secret.
-    // Typed once here; read through storedSpec (src/runs/spec.ts), never cast.
-    spec: jsonb("spec").$type<RunSpec>().notNull(),
+    // Typed once here; read through readStoredSpec (contract/run-spec.ts), never cast.
+    spec: jsonb("spec").$type<StoredRunSpec>().notNull(),
     backend: text("backend").notNull(),
     routing: text("routing", { enum: ROUTING_MODES }),
     policyVersion: bigint("policy_version", { mode: "number" }),

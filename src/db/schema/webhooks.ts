@@ -1,5 +1,5 @@
+import type { StoredRunSpec } from "@benchwright/shared/contract/run-spec";
 import { index, integer, jsonb, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
-import type { RunSpec } from "../../runs/spec";
 import { environmentRef, userRef } from "./accounts";
 import { createdAt } from "./columns";
 import { runs } from "./runs";
@@ -16,8 +16,9 @@ export const webhooks = pgTable(
     userId: userRef(),
     environmentId: environmentRef(),
     name: text("name").notNull(),
-    // A RunSpec as validated when the webhook was registered. Never holds a secret.
-    runTemplate: jsonb("run_template").$type<RunSpec>().notNull(),
+    // A RunSpec as validated when the webhook was registered (read through readStoredSpec).
+    // Never holds a secret.
+    runTemplate: jsonb("run_template").$type<StoredRunSpec>().notNull(),
     secretCiphertext: text("secret_ciphertext"),
     previousSecretCiphertext: text("previous_secret_ciphertext"),
     previousSecretExpiresAt: timestamp("previous_secret_expires_at", { withTimezone: true }),
