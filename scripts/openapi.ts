@@ -35,6 +35,14 @@ export async function openApiDocument(): Promise<Record<string, unknown>> {
     jsxImportSource: "hono/jsx",
     plugins: [
       {
+        name: "workspace-sources",
+        setup(b) {
+          b.onResolve({ filter: /^@benchwright\/shared\// }, (args) => ({
+            path: join(root, "shared", `${args.path.slice("@benchwright/shared/".length)}.ts`),
+          }));
+        },
+      },
+      {
         name: "cloudflare-workers-stub",
         setup(b) {
           b.onResolve({ filter: /^cloudflare:workers$/ }, () => ({ path: "stub", namespace: "cf" }));
@@ -46,7 +54,8 @@ export async function openApiDocument(): Promise<Record<string, unknown>> {
         },
       },
     ],
-    // Dependencies that need `require` (CommonJS) stay outside the ESM bundle.
+    // Dependencies that need `require` (CommonJS) stay outside the ESM bundle; the workspace's
+    // own packages are TypeScript sources, which Node would not load, so they are bundled.
     packages: "external",
   });
   const code = out.outputFiles[0]?.text;
