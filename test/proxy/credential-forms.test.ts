@@ -2,11 +2,11 @@ import { randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { needlesFor } from "../../proxy-image/src/proxy/redact";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import {
   createTestCa,
   curlTls,

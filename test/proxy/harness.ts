@@ -13,6 +13,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
 import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import {
   buildPolicyIndex,
   compilePolicy,
@@ -28,7 +29,6 @@ import {
   type ProxyOptions,
 } from "../../proxy-image/src/proxy/handler";
 import { createUpstream, type UpstreamOptions } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import type { TestCa } from "../../scripts/lib/test-ca";
 
 export { createTestCa, selfSignedCert, type TestCa } from "../../scripts/lib/test-ca";

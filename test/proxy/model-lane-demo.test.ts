@@ -1,8 +1,8 @@
 import type { ModelProvider } from "@benchwright/shared/contract/policy";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { startLoopbackUpstream } from "../../scripts/lib/demo-upstream";
 import { bundleModelSdkClient } from "../fixtures/model-sdk-bundle";
 import { type RunningProxy, startProxy, vault } from "./harness";

@@ -8,11 +8,11 @@ import {
   MODEL_LANE_HOST,
   MODEL_LANE_PLACEHOLDER_KEY,
 } from "@benchwright/shared/contract/proxy-wire";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { startAnthropicContractServer } from "../fixtures/anthropic-contract-server";
 import type { ContractServer, ContractServerOptions } from "../fixtures/contract-server";
 import { startOpenAiContractServer } from "../fixtures/openai-contract-server";

@@ -1,5 +1,5 @@
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { describe, expect, it } from "vitest";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 
 // Case A12: the resolved-address check, as a table (after smokescreen's classifyAddr tests).
 // Pure: nothing here dials anything.

@@ -1,8 +1,8 @@
 import { BlockList } from "node:net";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { addressKey, embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "@benchwright/shared/policy/addresses";
 import { describe, expect, it } from "vitest";
 import { proxyRuleset } from "../../local-agent/network";
-import { createAddressPolicy } from "../../proxy-image/src/shared/address";
 import { proxyNetworkPolicy, workNetworkPolicy } from "../../src/broker/kubernetes/manifests";
 
 // One table of non-public destinations (shared/policy/addresses.ts) and its three consumers: the

@@ -4,7 +4,7 @@
 // missing <dir> is one with `missing: true`); 1: it is not, and stderr says why.
 import { Writable } from "node:stream";
 import { ARTIFACT_DEFAULTS, COLLECT_EXIT } from "@benchwright/shared/contract/bundle";
-import { parseArchiveArgs } from "../shared/archive-args";
+import { parseArchiveArgs } from "../common/archive-args";
 import { collect } from "./collect";
 
 const args = parseArchiveArgs(process.argv.slice(2), ARTIFACT_DEFAULTS);

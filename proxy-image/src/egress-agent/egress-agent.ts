@@ -25,17 +25,20 @@ import {
   EGRESS_AGENT_PATH,
   EGRESS_AGENT_POLICY_PATH,
   EgressToken,
+  MAX_TUNNEL_MESSAGE,
   PAIRED,
   REFUSAL_HEADER,
   REFUSAL_STATUS,
+  SESSION_WINDOW,
+  STREAM_WINDOW,
   TUNNEL_PORTS,
   type TunnelRefusal,
+  toWebSocketUrl,
 } from "@benchwright/shared/contract/tunnel";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { buildAddressBlocker, buildHostDecider, type HostDecision } from "@benchwright/shared/policy/compile";
 import { matchesCanonical, parseHostPattern } from "@benchwright/shared/policy/host";
 import { createWebSocketStream, WebSocket } from "ws";
-import { createAddressPolicy } from "../shared/address";
-import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 
 // The local egress agent: what the user runs on their own machine so that a run's hosts routed
 // "via tunnel" leave from there (shared/contract/tunnel.ts). It dials the control plane's relay (the

@@ -12,13 +12,16 @@ import { bearer } from "@benchwright/shared/contract/proxy-wire";
 import {
   CLOSE_REPLACED,
   CLOSE_RUN_ENDED,
+  MAX_TUNNEL_MESSAGE,
   PAIRED,
   REFUSAL_HEADER,
+  SESSION_WINDOW,
+  STREAM_WINDOW,
   TunnelRefusal,
+  toWebSocketUrl,
   tunnelPath,
 } from "@benchwright/shared/contract/tunnel";
 import { createWebSocketStream, WebSocket } from "ws";
-import { MAX_TUNNEL_MESSAGE, SESSION_WINDOW, STREAM_WINDOW, toWebSocketUrl } from "../shared/tunnel-wire";
 
 // The proxy's end of the egress tunnel (shared/contract/tunnel.ts): it dials the control plane's
 // relay, waits for PAIRED, and speaks HTTP/2 as the client over the WebSocket's bytes; each

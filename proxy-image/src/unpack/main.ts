@@ -4,7 +4,7 @@
 // argument, <dir>, the disk, a file already there): a message on stderr, nothing on stdout.
 import { Readable } from "node:stream";
 import { BUNDLE_DEFAULTS, UNPACK_EXIT } from "@benchwright/shared/contract/bundle";
-import { parseArchiveArgs } from "../shared/archive-args";
+import { parseArchiveArgs } from "../common/archive-args";
 import { unpack } from "./unpack";
 
 const args = parseArchiveArgs(process.argv.slice(2), {
