@@ -8,14 +8,14 @@ import {
 } from "node:http2";
 import type { TLSSocket } from "node:tls";
 import { checkFraming, filterRequestHeaders } from "../http-rules";
-import type { Dialed } from "../original-dst";
 import type { Upstream } from "../upstream";
+import type { ConnInfo } from "./connections";
 import { decideRequest } from "./decide";
 import { type Exchange, forward } from "./forward";
 import type { Gate } from "./gate";
-import { type Ending, type RecordConn, requestRecord } from "./record";
+import { type Ending, requestRecord } from "./record";
 import { bad, misdirected, toRefusal } from "./refusal";
-import { type Target, type TargetConn, targetOfStream } from "./target";
+import { type Target, targetOfStream } from "./target";
 
 // HTTP/2 on a terminated TLS connection (I1): the connection's ALPN chose h2, and every stream on
 // it is a request of its own, decided, injected, forwarded and scrubbed exactly as an HTTP/1.1
@@ -31,7 +31,7 @@ export interface StreamLimits {
 }
 
 /** The connection a session runs on, for its streams' targets and records. */
-type Bound = { tls: TLSSocket; conn: RecordConn & TargetConn & { dialed?: Dialed } };
+type Bound = { tls: TLSSocket; conn: ConnInfo };
 
 export function createStreamServer(gate: Gate, limits: StreamLimits) {
   const bound = new WeakMap<Http2Session, Bound>();
