@@ -25,19 +25,17 @@ import {
   EGRESS_AGENT_PATH,
   EGRESS_AGENT_POLICY_PATH,
   EgressToken,
+  MAX_TUNNEL_MESSAGE,
   PAIRED,
   REFUSAL_HEADER,
   REFUSAL_STATUS,
-  TUNNEL_PORTS,
-  type TunnelRefusal,
-} from "@benchwright/shared/contract/tunnel";
-import {
-  MAX_TUNNEL_MESSAGE,
   SESSION_WINDOW,
   STREAM_WINDOW,
+  TUNNEL_PORTS,
+  type TunnelRefusal,
   toWebSocketUrl,
-} from "@benchwright/shared/contract/tunnel-wire";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+} from "@benchwright/shared/contract/tunnel";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { buildAddressBlocker, buildHostDecider, type HostDecision } from "@benchwright/shared/policy/compile";
 import { matchesCanonical, parseHostPattern } from "@benchwright/shared/policy/host";
 import { createWebSocketStream, WebSocket } from "ws";

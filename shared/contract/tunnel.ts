@@ -40,6 +40,31 @@ export const CLOSE_PEER_GONE = 4001; // the other end left
 export const CLOSE_RUN_ENDED = 4002; // the run is over: do not reconnect
 export const CLOSE_TOKEN_REVOKED = 4003; // the agent's token was replaced or revoked
 
+// What the two ends (the proxy's tunnel-client.ts, the agent's egress-agent.ts) agree on besides
+// the relay: the size of a message, the HTTP/2 windows, and the WebSocket URL of the control plane.
+
+/**
+ * Largest WebSocket message accepted. Node's HTTP/2 writes frames of at most 16 KiB of payload
+ * plus headers, so a message is small; the limit only bounds what a broken peer can make us hold.
+ */
+export const MAX_TUNNEL_MESSAGE = 4 * 1024 * 1024;
+/**
+ * Receive windows. Larger than HTTP/2's 64 KiB default, which over a relay would cap a stream at
+ * 64 KiB per round trip; still bounded: at most SESSION_WINDOW bytes are in flight toward us.
+ */
+export const STREAM_WINDOW = 1024 * 1024;
+export const SESSION_WINDOW = 8 * 1024 * 1024;
+
+export function toWebSocketUrl(base: string, path: string): string {
+  const url = new URL(base);
+  if (url.protocol === "http:") url.protocol = "ws:";
+  else if (url.protocol === "https:") url.protocol = "wss:";
+  else if (url.protocol !== "ws:" && url.protocol !== "wss:") {
+    throw new Error(`the control plane URL must be http(s) or ws(s), not ${url.protocol}`);
+  }
+  return `${url.origin}${url.pathname.replace(/\/+$/, "")}${path}`;
+}
+
 /** Response header on a refused CONNECT stream: why the agent refused. */
 export const REFUSAL_HEADER = "x-benchwright-refusal";
 export const TunnelRefusal = z.enum([

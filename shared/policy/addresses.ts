@@ -1,6 +1,6 @@
 // The one table of destinations no sandbox reaches, and the one canonical form of an IP address.
 // Pure (only the URL parser, common to Workers and Node): the proxy's resolved-address check
-// (shared/node/address.ts), the local agent's nftables (local-agent/network.ts) and the
+// (shared/node/address-policy.ts), the local agent's nftables (local-agent/network.ts) and the
 // Kubernetes NetworkPolicy (src/broker/kubernetes/manifests.ts) all read NON_PUBLIC_V4 here, so
 // they cannot drift apart. Ranges from IANA's special-purpose registries (as smokescreen's
 // classifyAddr), plus cloud hosts' own services that sit on public addresses.

@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { needlesFor } from "../../proxy-image/src/proxy/redact";

@@ -13,7 +13,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
 import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import {
   buildPolicyIndex,
   compilePolicy,

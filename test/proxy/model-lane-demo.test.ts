@@ -1,5 +1,5 @@
 import type { ModelProvider } from "@benchwright/shared/contract/policy";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { createUpstream } from "../../proxy-image/src/proxy/upstream";

@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import { Readable } from "node:stream";
 import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
 import { MODEL_LANE_PLACEHOLDER_KEY, ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { type ModelLane, type ModelLaneOutcome, modelLane } from "../../proxy-image/src/proxy/model/lane";
 import { SseFilter } from "../../proxy-image/src/proxy/model/sse-relay";

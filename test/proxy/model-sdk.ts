@@ -8,7 +8,7 @@ import {
   MODEL_LANE_HOST,
   MODEL_LANE_PLACEHOLDER_KEY,
 } from "@benchwright/shared/contract/proxy-wire";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import OpenAI from "openai";
 import { Agent, fetch as undiciFetch } from "undici";
 import { modelLane } from "../../proxy-image/src/proxy/model/lane";

@@ -1,4 +1,4 @@
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { describe, expect, it } from "vitest";
 
 // Case A12: the resolved-address check, as a table (after smokescreen's classifyAddr tests).

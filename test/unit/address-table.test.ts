@@ -1,5 +1,5 @@
 import { BlockList } from "node:net";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { addressKey, embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "@benchwright/shared/policy/addresses";
 import { describe, expect, it } from "vitest";
 import { proxyRuleset } from "../../local-agent/network";

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { logLine as formatLine, levelOf } from "@benchwright/shared/contract/log";
 import { usesTunnel } from "@benchwright/shared/contract/policy-routing";
 import { bearer, ProxyReady, readyPath } from "@benchwright/shared/contract/proxy-wire";
-import { createAddressPolicy } from "@benchwright/shared/node/address";
+import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { AuditReporter } from "./audit";
 import { createRunCa } from "./ca";
 import { computeLane } from "./compute-lane";

@@ -12,17 +12,15 @@ import { bearer } from "@benchwright/shared/contract/proxy-wire";
 import {
   CLOSE_REPLACED,
   CLOSE_RUN_ENDED,
+  MAX_TUNNEL_MESSAGE,
   PAIRED,
   REFUSAL_HEADER,
-  TunnelRefusal,
-  tunnelPath,
-} from "@benchwright/shared/contract/tunnel";
-import {
-  MAX_TUNNEL_MESSAGE,
   SESSION_WINDOW,
   STREAM_WINDOW,
+  TunnelRefusal,
   toWebSocketUrl,
-} from "@benchwright/shared/contract/tunnel-wire";
+  tunnelPath,
+} from "@benchwright/shared/contract/tunnel";
 import { createWebSocketStream, WebSocket } from "ws";
 
 // The proxy's end of the egress tunnel (shared/contract/tunnel.ts): it dials the control plane's

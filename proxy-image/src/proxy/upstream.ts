@@ -2,7 +2,7 @@ import { lookup as dnsLookup } from "node:dns/promises";
 import { isIP, connect as netConnect, type Socket } from "node:net";
 import type { Duplex } from "node:stream";
 import { createSecureContext, rootCertificates, connect as tlsConnect } from "node:tls";
-import type { createAddressPolicy } from "@benchwright/shared/node/address";
+import type { createAddressPolicy } from "@benchwright/shared/node/address-policy";
 import { type TunnelClient, TunnelError, tunnelConnect } from "./tunnel-client";
 import { buildConnector, Pool } from "./undici";
 

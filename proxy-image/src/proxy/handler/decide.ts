@@ -1,18 +1,29 @@
 import type { EgressVia, ModelLaneSpec } from "@benchwright/shared/contract/policy";
 import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
+import type { RuleMatch } from "@benchwright/shared/policy/compile";
 import { COMPUTE_PATH_PREFIX } from "../compute-lane";
 import type { Dialed } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import type { AddressBlocker, Upstream } from "../upstream";
 import { type Injection, inject } from "./inject";
-import { blockedBody, blockedRefusal, probeRefusal, Refusal, spoolFull, tunnelDownBody } from "./refusal";
+import {
+  blockedBody,
+  blockedRefusal,
+  connectRefusal,
+  probeRefusal,
+  Refusal,
+  spoolFull,
+  tunnelDownBody,
+} from "./refusal";
 import { explicitPortRefusal, type Target, type TargetConn } from "./target";
 
 // The decision for one target, as a plain value: which lane answers it, or the host policy's
 // verdict, the first matching rule and its injection, and the route out. decide() does no I/O;
 // only destination() below resolves the name and checks the address it will dial (A12, A13).
 // Smokescreen and tokenizer read this way: what was asked (target.ts), what is decided (here),
-// then how the bytes move (forward.ts).
+// then how the bytes move (forward.ts). Every way in is decided here: a request, an HTTP/2
+// stream or an Upgrade handshake by decideRequest(), a ClientHello by spliceable() or
+// decideDialed(), a CONNECT by decideConnect(), each through decide()'s own steps.
 
 export interface DecideContext {
   policy: PolicyState;
@@ -52,7 +63,7 @@ export type Decision =
       dialed?: Dialed;
     };
 
-const refuse = (refusal: Refusal, rule: number | null = null): Decision => ({
+const refuse = (refusal: Refusal, rule: number | null = null): Extract<Decision, { kind: "refuse" }> => ({
   kind: "refuse",
   refusal,
   rule,
@@ -79,21 +90,20 @@ export function decide(target: Target, ctx: DecideContext): Decision {
     return { kind: "model", lane: spec && secret !== undefined ? { spec, secret } : null };
   }
 
-  const state = ctx.policy;
-  if (state.kind !== "ready") {
-    // E4: no valid policy, never any egress.
+  const verdict = hostVerdict(target.host, ctx.policy);
+  if (verdict.kind === "no policy") {
     return refuse(
       new Refusal(
         403,
         "refuse",
-        `no valid policy (${state.kind})`,
+        `no valid policy (${verdict.state})`,
         blockedBody(target.host, "no valid policy is loaded"),
       ),
     );
   }
-  const { host: decision, rule: match } = state.index.decide(target.host);
-  if (decision.action === "block") return refuse(blockedRefusal(target.host));
+  if (verdict.kind === "block") return refuse(blockedRefusal(target.host));
   if (!ctx.accepting) return refuse(spoolFull());
+  const { state, via, match } = verdict;
 
   let rule: RuleDecision | null = null;
   if (match) {
@@ -107,13 +117,62 @@ export function decide(target: Target, ctx: DecideContext): Decision {
 
   // Through the user's machine, or straight out. A tunnelled host is never sent direct: with
   // the agent away it is refused, and the agent resolves and checks the address itself.
-  if (decision.via === "tunnel" && !ctx.tunnelUp) {
+  if (via === "tunnel" && !ctx.tunnelUp) {
     return refuse(
       new Refusal(503, "refuse", "egress tunnel down", tunnelDownBody(target.host), {}, { route: "refused" }),
       rule?.index ?? null,
     );
   }
-  return { kind: "forward", target, via: decision.via, rule, blockedAddress: state.index.blockedAddress };
+  return { kind: "forward", target, via, rule, blockedAddress: state.index.blockedAddress };
+}
+
+type HostVerdict =
+  | { kind: "no policy"; state: Exclude<PolicyState, { kind: "ready" }>["kind"] }
+  | { kind: "block" }
+  | {
+      kind: "allow";
+      state: Extract<PolicyState, { kind: "ready" }>;
+      via: EgressVia;
+      match: RuleMatch | null;
+    };
+
+/**
+ * The host policy's verdict on a host, the step every decision takes (a request's here, a
+ * CONNECT's in decideConnect): with no valid policy, never any egress (E4); else the host's entry
+ * or the default decides, and an allowed host comes with how it leaves and its first rule.
+ */
+function hostVerdict(host: string, policy: PolicyState): HostVerdict {
+  if (policy.kind !== "ready") return { kind: "no policy", state: policy.kind };
+  const { host: decision, rule: match } = policy.index.decide(host);
+  if (decision.action === "block") return { kind: "block" };
+  return { kind: "allow", state: policy, via: decision.via, match };
+}
+
+/** A CONNECT's decision: refused, or the tunnel opened (its TLS then read as any, tls-in.ts). */
+export type ConnectDecision = ReturnType<typeof refuse> | { kind: "open"; host: string; port: 443 };
+
+/**
+ * A CONNECT on the explicit port, decided on its target alone, before any TLS: a `host:port`, to
+ * port 443 only (A17, as the redirects), then the host policy's verdict, as for any request. What
+ * else decide() weighs (the platform's lanes, the audit spool, a rule's secret, the egress
+ * tunnel) is decided for each request inside the tunnel, where it is answered readably; the
+ * wiring probe is let in whatever the policy says, and answered inside. `target` is
+ * connectTarget()'s: null when the CONNECT named no `host:port`.
+ */
+export function decideConnect(
+  target: { host: string; port: number | null } | null,
+  ctx: DecideContext,
+): ConnectDecision {
+  if (!target || target.port === null) return refuse(connectRefusal(400, "CONNECT target is not host:port"));
+  if (target.port !== 443)
+    return refuse(connectRefusal(403, `CONNECT to port ${target.port}: only 443 leaves`));
+  if (target.host !== WIRING_PROBE_HOST) {
+    const verdict = hostVerdict(target.host, ctx.policy);
+    if (verdict.kind === "no policy")
+      return refuse(connectRefusal(403, "no valid policy: all egress denied"));
+    if (verdict.kind === "block") return refuse(blockedRefusal(target.host));
+  }
+  return { kind: "open", host: target.host, port: 443 };
 }
 
 /**

@@ -8,27 +8,20 @@ import {
 } from "node:http2";
 import type { TLSSocket } from "node:tls";
 import { checkFraming, filterRequestHeaders } from "../http-rules";
-import type { Dialed } from "../original-dst";
 import type { Upstream } from "../upstream";
-import { type DecideContext, decideRequest } from "./decide";
+import type { ConnInfo } from "./connections";
+import { decideRequest } from "./decide";
 import { type Exchange, forward } from "./forward";
-import { type DecisionRecord, type Ending, type RecordConn, requestRecord } from "./record";
+import type { Gate } from "./gate";
+import { type Ending, requestRecord } from "./record";
 import { bad, misdirected, toRefusal } from "./refusal";
-import { type Target, type TargetConn, targetOfStream } from "./target";
+import { type Target, targetOfStream } from "./target";
 
 // HTTP/2 on a terminated TLS connection (I1): the connection's ALPN chose h2, and every stream on
 // it is a request of its own, decided, injected, forwarded and scrubbed exactly as an HTTP/1.1
 // request is (decide.ts, forward.ts), with one record each. A stream whose `:authority` is not the
 // SNI's host is answered 421 and the others go on. Upstream, undici speaks h2 when the origin
 // offers it, so gRPC (streamed bodies both ways, status in trailers) passes end to end.
-
-export interface StreamContext {
-  upstream: Upstream;
-  decideContext(): DecideContext;
-  versionNow(): number | null;
-  /** A record's one way out (the log line and its audit rows). */
-  emit(r: DecisionRecord): void;
-}
 
 export interface StreamLimits {
   headersTimeoutMs: number;
@@ -38,9 +31,9 @@ export interface StreamLimits {
 }
 
 /** The connection a session runs on, for its streams' targets and records. */
-type Bound = { tls: TLSSocket; conn: RecordConn & TargetConn & { dialed?: Dialed } };
+type Bound = { tls: TLSSocket; conn: ConnInfo };
 
-export function createStreamServer(ctx: StreamContext, limits: StreamLimits) {
+export function createStreamServer(gate: Gate, limits: StreamLimits) {
   const bound = new WeakMap<Http2Session, Bound>();
   let handing: Bound | null = null;
   // Never listens: terminated TLS sockets whose ALPN is h2 are handed to it (serve below).
@@ -70,7 +63,7 @@ export function createStreamServer(ctx: StreamContext, limits: StreamLimits) {
     if (!at) return void stream.close(constants.NGHTTP2_REFUSED_STREAM);
     stream.on("error", () => {});
     void handleStream(
-      ctx,
+      gate,
       at,
       stream,
       headers,
@@ -98,7 +91,7 @@ export function createStreamServer(ctx: StreamContext, limits: StreamLimits) {
 }
 
 async function handleStream(
-  ctx: StreamContext,
+  gate: Gate,
   at: Bound,
   stream: ServerHttp2Stream,
   headers: IncomingHttpHeaders,
@@ -111,9 +104,9 @@ async function handleStream(
   let rule: number | null = null;
   const exchange: Exchange = { bytesIn: 0, bytesOut: 0, route: null };
   const finish = (...end: Ending) =>
-    ctx.emit(
+    gate.emit(
       requestRecord(
-        { conn: at.conn, method, started, target, rule, exchange, policyVersion: ctx.versionNow() },
+        { conn: at.conn, method, started, target, rule, exchange, policyVersion: gate.version() },
         ...end,
       ),
     );
@@ -131,7 +124,7 @@ async function handleStream(
       at.tls,
       at.conn,
     );
-    const request = decideRequest(target, at.conn, ctx.decideContext());
+    const request = decideRequest(target, at.conn, gate.context());
     target = request.target;
     const decided = request.decided;
     switch (decided.kind) {
@@ -145,7 +138,7 @@ async function handleStream(
       case "forward": {
         rule = decided.rule?.index ?? null;
         target = decided.target;
-        const status = await respond(stream, method, rawHeaders, ended, decided, ctx.upstream, exchange);
+        const status = await respond(stream, method, rawHeaders, ended, decided, gate.upstream, exchange);
         return finish("allow", rule === null ? "allowed" : "allowed, credential injected", status);
       }
     }

@@ -59,6 +59,11 @@ export function spoolFull(): Refusal {
   );
 }
 
+/** A CONNECT the proxy does not open: the status line alone (the client reads no body). */
+export function connectRefusal(status: number, reason: string): Refusal {
+  return new Refusal(status, "refuse", reason, "");
+}
+
 /** A host the policy blocks: a readable 403, a blocked-host row and a refused route. */
 export function blockedRefusal(host: string): Refusal {
   return new Refusal(

@@ -4,60 +4,43 @@ import { createSecureContext, TLSSocket } from "node:tls";
 import { canonicalHost } from "@benchwright/shared/contract/host-name";
 import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import type { RunCa } from "../ca";
-import type { Dialed, OriginalDst } from "../original-dst";
+import type { OriginalDst } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import { TunnelError } from "../tunnel-client";
-import type { Upstream } from "../upstream";
 import { readClientHello } from "./client-hello";
-import { type DecideContext, type Decision, decide, decideDialed, destination, spliceable } from "./decide";
+import type { ConnInfo } from "./connections";
+import { type Decision, decide, decideDialed, destination, spliceable } from "./decide";
+import type { Gate } from "./gate";
 import type { createStreamServer } from "./h2";
 import { type DecisionRecord, type Listener, type RecordInput, record } from "./record";
 import { Refusal } from "./refusal";
 import { relay } from "./splice";
-import { helloTarget, type TargetConn } from "./target";
+import { helloTarget } from "./target";
 
 // The proxy's TLS ways in, before any HTTP: a connection is read up to its ClientHello when there
 // is a splice decision to make (catch-all, I3; a connection dialled by address, I4), then either
 // relayed untouched (splice.ts) or handed to the TLS terminator, whose decrypted connections go
-// to the one HTTP handler in index.ts, or, when ALPN chose h2, to the stream server (h2.ts, I1). Split from index.ts, which keeps the listeners, the
-// handler and the connection bookkeeping these functions are given.
-
-/** What the proxy knows of one client connection. */
-export interface ConnInfo extends TargetConn {
-  id: number;
-  policyVersion: number | null;
-  /** A direct listener's connection: the address the sandbox dialled (decided and relayed to). */
-  dialed?: Dialed;
-}
+// to the one HTTP/1.1 handler (h1.ts), or, when ALPN chose h2, to the stream server (h2.ts, I1).
 
 export interface TlsWaysInDeps {
   ca: RunCa;
-  upstream: Upstream;
   /** Relay allowed hosts without a rule untouched (BW_SPLICE). */
   splice: boolean;
   originalDst: OriginalDst | null;
   limits: { handshakeTimeoutMs: number; spliceIdleTimeoutMs: number };
-  log: (record: DecisionRecord | Record<string, unknown>) => void;
-  /** A record's one way out (the log line and its audit rows). */
-  emit: (record: DecisionRecord) => void;
-  info: WeakMap<Socket, ConnInfo>;
-  /** Counts a connection (the listener's cap, closed on a policy change). */
-  track: (socket: Socket, listener: Listener, extra?: Partial<ConnInfo>) => ConnInfo;
+  /** Lines that are not a decision (a TLS error). */
+  log: (line: Record<string, unknown>) => void;
   /** The HTTP server decrypted HTTP/1.1 connections are handed to (it never listens itself). */
   inner: Server;
   /** Where decrypted connections whose ALPN chose h2 go (h2.ts, I1). */
   streams: ReturnType<typeof createStreamServer>;
-  decideContext: () => DecideContext;
-  versionNow: () => number | null;
   /** A direct connection with no original destination: logged and closed. */
   notDialed: (socket: Socket, listener: Listener) => void;
 }
 
-export function tlsWaysIn(deps: TlsWaysInDeps) {
-  const { limits, log, info, track, inner, streams, versionNow } = deps;
-  const emit = (r: DecisionRecord) => deps.emit(r);
-  const decideContext = () => deps.decideContext();
-  const notDialed = (socket: Socket, listener: Listener) => deps.notDialed(socket, listener);
+export function tlsWaysIn(gate: Gate, deps: TlsWaysInDeps) {
+  const { limits, log, inner, streams, notDialed } = deps;
+  const { conns } = gate;
   const noCertContext = createSecureContext({});
 
   /** `onFail`: what to record when the handshake fails (a refusal decided on the ClientHello). */
@@ -86,7 +69,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
         );
       },
     });
-    track(tls, conn.listener, conn);
+    conns.track(tls, conn.listener, conn);
     let secured = false;
     const handshake = setTimeout(() => {
       onFail?.("handshake timeout");
@@ -96,7 +79,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
     tls.once("secure", () => {
       clearTimeout(handshake);
       secured = true;
-      const conn = info.get(tls);
+      const conn = conns.of(tls);
       if (tls.alpnProtocol === "h2" && conn) streams.serve(tls, conn);
       else inner.emit("connection", tls);
     });
@@ -111,7 +94,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
       // A client that does not trust the run CA, no SNI, a bad handshake: nothing was forwarded.
       log({
         event: "tls_error",
-        conn: info.get(tls)?.id ?? 0,
+        conn: conns.of(tls)?.id ?? 0,
         listener: conn.listener,
         code: e.code ?? e.message,
       });
@@ -129,14 +112,14 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
    * ClientHello read first; otherwise the connection goes straight to termination, as always.
    */
   function acceptTls(raw: Socket, conn: Omit<ConnInfo, "id" | "policyVersion">): void {
-    const state = decideContext().policy;
+    const state = gate.context().policy;
     if (!deps.splice || state.kind !== "ready" || state.policy.routing.mode !== "catch-all") {
       terminateTls(raw, conn);
       return;
     }
     readClientHello(raw, limits.handshakeTimeoutMs).then(
       (read) => {
-        const ctx = decideContext();
+        const ctx = gate.context();
         const host =
           read.parse.status === "done" && !read.parse.ech ? helloTarget(read.parse.sni, conn) : null;
         const decided = host === null ? null : spliceable(host, ctx);
@@ -151,9 +134,9 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
             conn,
             refused?.kind === "refuse" && host !== null
               ? (code) =>
-                  emit(
+                  gate.emit(
                     record({
-                      conn: info.get(raw) ?? track(raw, conn.listener, conn),
+                      conn: conns.of(raw) ?? conns.track(raw, conn.listener, conn),
                       method: "TLS",
                       host,
                       port: 443,
@@ -161,7 +144,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
                       reason: `${refused.refusal.reason}; handshake failed: ${code}`,
                       status: 0,
                       started: Date.now(),
-                      policyVersion: versionNow(),
+                      policyVersion: gate.version(),
                       mode: "close",
                       ...refused.refusal.audit,
                     }),
@@ -174,7 +157,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
       (e: Error & { code?: string }) => {
         log({
           event: "tls_error",
-          conn: info.get(raw)?.id ?? 0,
+          conn: conns.of(raw)?.id ?? 0,
           listener: conn.listener,
           code: e.code ?? e.message,
         });
@@ -200,11 +183,11 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
     const started = Date.now();
     const version = policy.kind === "ready" ? policy.policy.version : null;
     // Counted like any connection: policyChanged() and close() end it; the listener caps it.
-    const conn = info.get(raw) ?? track(raw, connInfo.listener, connInfo);
+    const conn = conns.of(raw) ?? conns.track(raw, connInfo.listener, connInfo);
     conn.policyVersion = version;
     const { target } = decided;
     const finish = (decision: DecisionRecord["decision"], reason: string, extra: Partial<RecordInput> = {}) =>
-      emit(
+      gate.emit(
         record({
           conn,
           method: "TLS",
@@ -220,7 +203,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
         }),
       );
     const resolved = await destination(
-      deps.upstream,
+      gate.upstream,
       target,
       decided.via,
       decided.blockedAddress,
@@ -238,8 +221,8 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
     let upstream: Socket | Duplex;
     try {
       upstream = tunnelled
-        ? await deps.upstream.dialTunnelRaw(resolved.address, resolved.port)
-        : await deps.upstream.dialRaw(resolved.address, resolved.port);
+        ? await gate.upstream.dialTunnelRaw(resolved.address, resolved.port)
+        : await gate.upstream.dialRaw(resolved.address, resolved.port);
     } catch (e) {
       if (e instanceof TunnelError && !raw.destroyed) {
         // The user's agent refused the host (its own block, a private address) or the tunnel
@@ -292,14 +275,14 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
           raw.unshift(read.bytes);
           return terminateTls(raw, conn);
         }
-        const ctx = decideContext();
+        const ctx = gate.context();
         const named = helloTarget(read.parse.sni, conn);
         const target = { host: named ?? dialed.address, port: 443, scheme: "https", path: "/" } as const;
         const { host, decided } = decideDialed(target, dialed, ctx);
         const closed = (refusal: Refusal, detail = "") => {
-          emit(
+          gate.emit(
             record({
-              conn: info.get(raw) ?? track(raw, conn.listener, conn),
+              conn: conns.of(raw) ?? conns.track(raw, conn.listener, conn),
               method: "TLS",
               host,
               port: 443,
@@ -307,7 +290,7 @@ export function tlsWaysIn(deps: TlsWaysInDeps) {
               reason: `${refusal.reason}${detail}`,
               status: 0,
               started,
-              policyVersion: versionNow(),
+              policyVersion: gate.version(),
               mode: "close",
               ...refusal.audit,
             }),

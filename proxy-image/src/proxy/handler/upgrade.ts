@@ -4,16 +4,16 @@ import type { Duplex } from "node:stream";
 import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { checkFraming, decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
-import type { Dialed } from "../original-dst";
 import { maskString, needlesFor, RedactStream } from "../redact";
 import { TunnelError } from "../tunnel-client";
 import type { Upstream } from "../upstream";
-import { type DecideContext, type Decision, decideRequest, destination } from "./decide";
+import { type Decision, decideRequest, destination } from "./decide";
 import { upstreamHeaders } from "./forward";
-import { type DecisionRecord, type RecordConn, type RecordInput, record } from "./record";
+import type { Gate } from "./gate";
+import { type RecordInput, record } from "./record";
 import { bad, Refusal, toRefusal, tunnelRefusal } from "./refusal";
 import { relay } from "./splice";
-import { type Target, type TargetConn, targetOf } from "./target";
+import { type Target, targetOf } from "./target";
 
 // An HTTP/1.1 `Upgrade` request (WebSocket, or any other protocol) on a terminated or plain
 // connection (I2). The handshake is a request like any other: its target worked out and checked
@@ -24,16 +24,6 @@ import { type Target, type TargetConn, targetOf } from "./target";
 // Frames are relayed as bytes, not masked (see docs/proxy.md). One record per upgrade, written
 // when it ends, with the bytes both ways.
 
-export interface UpgradeContext {
-  upstream: Upstream;
-  decideContext(): DecideContext;
-  versionNow(): number | null;
-  emit(r: DecisionRecord): void;
-  connOf(socket: Socket): (RecordConn & TargetConn & { dialed?: Dialed }) | undefined;
-  /** An upgraded connection silent both ways this long is closed. */
-  idleMs: number;
-}
-
 /** `Upgrade: h2c` is not an upgrade the proxy makes: it would carry requests it never decides. */
 export function upgradeWanted(req: IncomingMessage): boolean {
   const tokens = String(req.headers.upgrade ?? "")
@@ -42,8 +32,10 @@ export function upgradeWanted(req: IncomingMessage): boolean {
   return !tokens.includes("h2c");
 }
 
+/** `idleMs`: an upgraded connection silent both ways this long is closed. */
 export async function handleUpgrade(
-  ctx: UpgradeContext,
+  gate: Gate,
+  idleMs: number,
   req: IncomingMessage,
   socket: Socket,
   head: Buffer,
@@ -51,13 +43,13 @@ export async function handleUpgrade(
   socket.setTimeout(0);
   socket.on("error", () => socket.destroy());
   const started = Date.now();
-  const conn = ctx.connOf(socket);
+  const conn = gate.conns.of(socket) ?? gate.conns.track(socket, "http");
   let target: Target | null = null;
   let rule: number | null = null;
   const finish = (
     input: Omit<RecordInput, "conn" | "method" | "host" | "port" | "started" | "policyVersion">,
   ) =>
-    ctx.emit(
+    gate.emit(
       record({
         conn,
         method: req.method ?? "?",
@@ -65,7 +57,7 @@ export async function handleUpgrade(
         port: target?.port ?? null,
         rule,
         started,
-        policyVersion: ctx.versionNow(),
+        policyVersion: gate.version(),
         ...input,
       }),
     );
@@ -75,8 +67,8 @@ export async function handleUpgrade(
     // Its bytes would arrive in `head`, after the handshake, where the upstream reads frames.
     if (req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0)
       throw bad(400, "an Upgrade request with a body");
-    target = targetOf(req, conn ?? { listener: "http" });
-    const request = decideRequest(target, conn ?? { listener: "http" }, ctx.decideContext());
+    target = targetOf(req, conn);
+    const request = decideRequest(target, conn, gate.context());
     target = request.target;
     const decided = request.decided;
     if (decided.kind === "refuse") {
@@ -86,7 +78,7 @@ export async function handleUpgrade(
     if (decided.kind !== "forward") throw bad(400, "no Upgrade on the platform's own lanes");
     rule = decided.rule?.index ?? null;
     target = decided.target;
-    await upgrade(ctx, req, socket, head, decided, (r) => finish(r));
+    await upgrade(gate.upstream, idleMs, req, socket, head, decided, (r) => finish(r));
   } catch (e) {
     const refusal = toRefusal(e);
     finish({
@@ -114,7 +106,8 @@ type Outcome = Omit<RecordInput, "conn" | "method" | "host" | "port" | "started"
 
 /** Dials the decided host, sends the handshake, and relays once it answers 101. */
 async function upgrade(
-  ctx: UpgradeContext,
+  upstream: Upstream,
+  idleMs: number,
   req: IncomingMessage,
   socket: Socket,
   head: Buffer,
@@ -123,12 +116,12 @@ async function upgrade(
 ): Promise<void> {
   const { target, via } = decided;
   const needles = decided.rule ? needlesFor(decided.rule.secret, decided.rule.injection.injected) : [];
-  const resolved = await destination(ctx.upstream, target, via, decided.blockedAddress, decided.dialed);
+  const resolved = await destination(upstream, target, via, decided.blockedAddress, decided.dialed);
   if (!resolved.ok) throw resolved.refusal;
   const route = via === "tunnel" ? "tunnel" : "direct";
   let dialled: Duplex;
   try {
-    dialled = await ctx.upstream.dialOnce(
+    dialled = await upstream.dialOnce(
       `${target.scheme}:`,
       target.host,
       via === "tunnel" ? null : resolved.address,
@@ -233,7 +226,7 @@ async function upgrade(
   );
   // The upstream's first frames, read with its 101, go to the client before anything relayed.
   if (upgraded.head.length > 0) socket.write(upgraded.head);
-  const result = await relay(socket, upgraded.socket, head, ctx.idleMs);
+  const result = await relay(socket, upgraded.socket, head, idleMs);
   const base = decided.rule ? "upgraded, credential injected" : "upgraded";
   done({
     decision: "allow",

@@ -1,12 +1,12 @@
 import { BlockList, isIPv4, isIPv6 } from "node:net";
 import { embeddedIpv4, NON_PUBLIC_V4, NON_PUBLIC_V6 } from "@benchwright/shared/policy/addresses";
 
-// Which resolved addresses the proxy may connect to (case A12). Checked on the address actually
-// dialled, after resolution, so neither a hostname nor a spelling of an IP can smuggle a
-// connection into private space, the metadata service or the proxy itself. The ranges are the
-// platform's one table (shared/policy/addresses.ts), shared with the firewalls of the backends.
-// Node only (node:net's BlockList), like all of shared/node/: the Worker never loads it; the proxy
-// and the egress agent do.
+// Which resolved addresses the proxy, and the user's egress agent, may connect to (case A12).
+// Checked on the address actually dialled, after resolution, so neither a hostname nor a spelling
+// of an IP can smuggle a connection into private space, the metadata service or the proxy itself.
+// The ranges are the platform's one table (shared/policy/addresses.ts), shared with the firewalls
+// of the backends. In shared/node/ because it needs node:net (BlockList): the Worker never
+// imports it, and its typecheck does not include this folder.
 
 export type AddressVerdict = { allowed: true } | { allowed: false; reason: string };
 
