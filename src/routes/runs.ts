@@ -3,7 +3,7 @@ import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import type { AppEnv } from "../context";
-import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
+import { cancelRun, coordinatorStub, launchRun } from "../coordinator/client";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { HOSTS_CHECK_MS, type MachineState } from "../../src/coordinator/machine";
+import { HOSTS_CHECK_MS } from "../../src/coordinator/machine";
+import type { MachineState } from "../../src/coordinator/state";
 import type { RunSpec } from "../../src/runs/spec";
 import { CATCH_ALL_POLICY, EMPTY_POLICY, RULE_POLICY, SPEC, world } from "./run-machine-world";
 

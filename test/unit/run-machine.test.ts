@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { type MachinePorts, VAULT_ATTEMPTS } from "../../src/coordinator/machine";
+import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
+import type { MachinePorts } from "../../src/coordinator/ports";
 import type { RunSpec } from "../../src/runs/spec";
 import { CATCH_ALL_POLICY, EMPTY_POLICY, SPEC, states, world } from "./run-machine-world";
 

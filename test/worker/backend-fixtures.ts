@@ -1,5 +1,7 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import { expect } from "vitest";
 import { BackendError, type ComputeBackend } from "../../src/broker/backend";
+import type { BrokerResult } from "../../src/broker/interface";
 import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 
@@ -32,4 +34,12 @@ export async function expectBackendError(p: Promise<unknown>, code: string): Pro
   expect(error).toBeInstanceOf(BackendError);
   expect((error as BackendError).code).toBe(code);
   return error as BackendError;
+}
+
+/** Awaits a broker answer, expecting a failure of `code` (the broker answers, it never throws). */
+export async function expectBrokerFailure(
+  p: Promise<BrokerResult<unknown>>,
+  code: BrokerCode,
+): Promise<void> {
+  expect(await p).toMatchObject({ ok: false, code });
 }
