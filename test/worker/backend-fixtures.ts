@@ -6,7 +6,7 @@ import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 
 // What the cloud backends' contract tests share: a run's proxy sandbox made and its proxy launched
-// the way the coordinator does it (machine.ts), with the credentials it would hand over.
+// the way the coordinator does it (steps/proxy.ts), with the credentials it would hand over.
 
 export async function proxyOf(
   b: ComputeBackend,
