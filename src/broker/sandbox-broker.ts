@@ -99,59 +99,65 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     runId: string,
     request: SandboxRequest & { resources?: Resources },
   ): Promise<BrokerResult<SandboxInfo>> {
-    return answer(() =>
-      this.withDb(async (db) => {
-        const [run] = await db.select({ backend: runs.backend }).from(runs).where(eq(runs.id, runId));
-        if (!run) throw new BackendError("not_found", `no run ${runId}`);
-        const backend = this.backendOf(run.backend);
-        await db
-          .insert(sandboxes)
-          .values({
-            id: request.id,
-            runId,
-            kind: request.kind,
-            taskIndex: request.kind === "proxy" ? null : request.taskIndex,
-            routing: request.kind === "proxy" ? null : request.routing,
-            backend: backend.name,
-          })
-          .onConflictDoNothing();
-        // Another run's id, or a sandbox already torn down, is refused here.
-        const row = await this.own(db, runId, request.id);
-        // A work/task sandbox's network is its own run's proxy sandbox, never another run's.
-        if (request.kind !== "proxy") await this.own(db, runId, request.proxySandboxId);
-        try {
-          // A sandbox always has limits: the run's, or its kind's defaults.
-          const resources = request.resources ?? DEFAULT_RESOURCES[request.kind];
-          const info = await backend.create(
-            request.kind === "proxy"
-              ? { kind: "proxy", id: request.id, runId, resources }
-              : {
-                  kind: request.kind,
-                  id: request.id,
-                  runId,
-                  resources,
-                  proxySandboxId: request.proxySandboxId,
-                  routing: request.routing,
-                  hostsFile: request.hostsFile,
-                  ...(request.setup ? { setup: true } : {}),
-                },
-          );
-          if (row.status !== "ready") {
-            await db.update(sandboxes).set({ status: "ready" }).where(eq(sandboxes.id, request.id));
-          }
-          return info;
-        } catch (error) {
-          if (failed(error).retryable) throw error;
-          // Nothing of a failed sandbox may stay behind.
-          await backend.destroy(request.id).catch(() => {});
-          await db
-            .update(sandboxes)
-            .set({ status: "failed", destroyedAt: new Date() })
-            .where(eq(sandboxes.id, request.id));
-          throw error;
+    return answer(() => this.make(runId, request));
+  }
+
+  /** The sandbox made; a failure thrown, for `answer` to turn into the call's answer. */
+  private async make(
+    runId: string,
+    request: SandboxRequest & { resources?: Resources },
+  ): Promise<SandboxInfo> {
+    return this.withDb(async (db) => {
+      const [run] = await db.select({ backend: runs.backend }).from(runs).where(eq(runs.id, runId));
+      if (!run) throw new BackendError("not_found", `no run ${runId}`);
+      const backend = this.backendOf(run.backend);
+      await db
+        .insert(sandboxes)
+        .values({
+          id: request.id,
+          runId,
+          kind: request.kind,
+          taskIndex: request.kind === "proxy" ? null : request.taskIndex,
+          routing: request.kind === "proxy" ? null : request.routing,
+          backend: backend.name,
+        })
+        .onConflictDoNothing();
+      // Another run's id, or a sandbox already torn down, is refused here.
+      const row = await this.own(db, runId, request.id);
+      // A work/task sandbox's network is its own run's proxy sandbox, never another run's.
+      if (request.kind !== "proxy") await this.own(db, runId, request.proxySandboxId);
+      try {
+        // A sandbox always has limits: the run's, or its kind's defaults.
+        const resources = request.resources ?? DEFAULT_RESOURCES[request.kind];
+        const info = await backend.create(
+          request.kind === "proxy"
+            ? { kind: "proxy", id: request.id, runId, resources }
+            : {
+                kind: request.kind,
+                id: request.id,
+                runId,
+                resources,
+                proxySandboxId: request.proxySandboxId,
+                routing: request.routing,
+                hostsFile: request.hostsFile,
+                ...(request.setup ? { setup: true } : {}),
+              },
+        );
+        if (row.status !== "ready") {
+          await db.update(sandboxes).set({ status: "ready" }).where(eq(sandboxes.id, request.id));
         }
-      }),
-    );
+        return info;
+      } catch (error) {
+        if (failed(error).retryable) throw error;
+        // Nothing of a failed sandbox may stay behind.
+        await backend.destroy(request.id).catch(() => {});
+        await db
+          .update(sandboxes)
+          .set({ status: "failed", destroyedAt: new Date() })
+          .where(eq(sandboxes.id, request.id));
+        throw error;
+      }
+    });
   }
 
   async exec(runId: string, sandboxId: string, request: ExecRequest): Promise<BrokerResult<ExecInfo>> {
