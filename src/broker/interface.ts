@@ -1,5 +1,5 @@
 import type { BrokerCode } from "@benchwright/shared/contract/broker";
-import type { UnpackResult } from "@benchwright/shared/contract/bundle";
+import type { ArtifactSummary, UnpackResult } from "@benchwright/shared/contract/bundle";
 import type {
   ExecInfo,
   ExecRequest,
@@ -9,7 +9,6 @@ import type {
   SealResult,
 } from "@benchwright/shared/contract/local-agent";
 import type { RoutingMode } from "@benchwright/shared/contract/policy";
-import type { ArtifactSummary } from "../runs/artifacts";
 import type { ExecPoll } from "./backend";
 
 // The sandbox broker's contract (sandbox-broker.ts implements it): what a run's coordinator and

@@ -1,5 +1,5 @@
 import { DurableObject } from "cloudflare:workers";
-import type { UnpackResult } from "@benchwright/shared/contract/bundle";
+import type { ArtifactSummary, UnpackResult } from "@benchwright/shared/contract/bundle";
 import {
   DEFAULT_RESOURCES,
   type ExecInfo,
@@ -15,7 +15,7 @@ import { loadConfig } from "../config";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import type { Db } from "../db/types";
-import { ArtifactArchiveError, type ArtifactSummary, storeArtifacts } from "../runs/artifacts";
+import { ArtifactArchiveError, storeArtifacts } from "../runs/artifacts";
 import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
 import { backendFor, configuredBackends } from "./backends";
 import type {
