@@ -15,7 +15,7 @@ import type { ExecPoll } from "./backend";
 // the reaper may ask of it, and how it answers. Every call answers a BrokerResult: an error's
 // class and fields do not cross the Durable Object RPC boundary, so a failure travels as a value
 // with a closed code (shared/contract/broker.ts) that callers compare, never as message text.
-// The broker turns what a backend throws (BackendError) into that value, once.
+// The broker turns what a backend throws (BackendError) into that value, once. Types only.
 
 /** A broker call's answer: its value, or why not (retryable: the same call may succeed later). */
 export type BrokerResult<T> =
@@ -89,26 +89,4 @@ export interface BrokerApi {
   destroyRun(runId: string, options?: { keepProxy?: boolean }): Promise<BrokerResult<number>>;
   /** Destroys the backends' sandboxes that no live record owns (the sweep's own instance). */
   sweepUnowned(): Promise<BrokerResult<SweepReport>>;
-}
-
-/**
- * A broker failure as an exception, for a caller to whom every failure of a call is a fault (the
- * run machine's steps): the code and retryable flag stay with it, in the same isolate.
- */
-export class BrokerFailure extends Error {
-  readonly code: BrokerCode;
-  readonly retryable: boolean;
-
-  constructor(failed: BrokerFailed) {
-    super(failed.message);
-    this.name = "BrokerFailure";
-    this.code = failed.code;
-    this.retryable = failed.retryable;
-  }
-}
-
-/** The answer's value; a failure is thrown as a BrokerFailure. */
-export function brokerValue<T>(result: BrokerResult<T>): T {
-  if (result.ok) return result.value;
-  throw new BrokerFailure(result);
 }

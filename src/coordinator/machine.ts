@@ -1,12 +1,12 @@
 import { isTerminal } from "@benchwright/shared/contract/run-states";
-import { BrokerFailure } from "../broker/interface";
-import type {
-  EnvironmentAnswer,
-  EnvironmentView,
-  Machine,
-  MachinePorts,
-  MachineStorage,
-  WakeResult,
+import {
+  BrokerFailure,
+  type EnvironmentAnswer,
+  type EnvironmentView,
+  type Machine,
+  type MachinePorts,
+  type MachineStorage,
+  type WakeResult,
 } from "./ports";
 import { type MachineState, newState, type StopRequest } from "./state";
 import { run } from "./steps/commands";

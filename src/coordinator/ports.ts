@@ -1,9 +1,10 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 import type { ExecInfo, SandboxInfo, Seal, SealResult } from "@benchwright/shared/contract/local-agent";
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
 import type { RunState } from "@benchwright/shared/contract/run-states";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
-import type { BrokerResult, SandboxRequest } from "../broker/interface";
+import type { BrokerFailed, BrokerResult, SandboxRequest } from "../broker/interface";
 import type { RunSpec } from "../runs/spec";
 import type { RunNote, Transition } from "../runs/types";
 import type { MachineState, StopRequest } from "./state";
@@ -49,7 +50,7 @@ export interface CollectResult {
 /**
  * The run's broker as the steps use it. `create` answers a failure as a value (a step tells
  * "cannot isolate here" from "try again" by its code). Every other call resolves with its value
- * or throws a BrokerFailure (broker/interface.ts) with the broker's code: a step compares the
+ * or throws a BrokerFailure (below) with the broker's code: a step compares the
  * code where a failure means something (not_supported, setup_not_sealed); the machine takes any
  * other as a fault (retried with backoff when retryable).
  */
@@ -100,6 +101,28 @@ export interface MachineBroker {
     sandboxId: string,
     options: { sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
   ): Promise<CollectResult>;
+}
+
+/**
+ * A broker failure as the steps get it (MachineBroker): an exception, since to a step every
+ * failure of most calls is a fault; the code and retryable flag stay with it, in this isolate.
+ */
+export class BrokerFailure extends Error {
+  readonly code: BrokerCode;
+  readonly retryable: boolean;
+
+  constructor(failed: BrokerFailed) {
+    super(failed.message);
+    this.name = "BrokerFailure";
+    this.code = failed.code;
+    this.retryable = failed.retryable;
+  }
+}
+
+/** The answer's value; a failure is thrown as a BrokerFailure. */
+export function brokerValue<T>(result: BrokerResult<T>): T {
+  if (result.ok) return result.value;
+  throw new BrokerFailure(result);
 }
 
 export interface MachinePorts {

@@ -1,7 +1,6 @@
 import { consoleLog, levelOf } from "@benchwright/shared/contract/log";
 import { WiringProof } from "@benchwright/shared/contract/wiring";
 import { eq, sql } from "drizzle-orm";
-import { brokerValue } from "../broker/interface";
 import { brokerStub } from "../broker/sandbox-broker";
 import { issueCapability, revokeRunCapabilities } from "../compute/capability";
 import { loadConfig } from "../config";
@@ -18,7 +17,7 @@ import { storedSpec } from "../runs/spec";
 import type { Transition } from "../runs/types";
 import { relayStub } from "../tunnel/relay";
 import { previewPolicy } from "../vault/policy";
-import type { MachinePorts } from "./ports";
+import { brokerValue, type MachinePorts } from "./ports";
 
 // The run machine's ports in the Worker (ports.ts): Postgres, the vault, the run's broker and its
 // relay, for the coordinator's Durable Object (run-coordinator.ts).

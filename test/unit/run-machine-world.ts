@@ -2,9 +2,9 @@ import type { ExecInfo, SandboxInfo, Seal } from "@benchwright/shared/contract/l
 import type { PolicyDocument } from "@benchwright/shared/contract/policy";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
 import { compilePolicy } from "@benchwright/shared/policy/compile";
-import { BrokerFailure, type SandboxRequest } from "../../src/broker/interface";
+import type { SandboxRequest } from "../../src/broker/interface";
 import { RunMachine } from "../../src/coordinator/machine";
-import type { MachinePorts } from "../../src/coordinator/ports";
+import { BrokerFailure, type MachinePorts } from "../../src/coordinator/ports";
 import type { MachineState } from "../../src/coordinator/state";
 import type { RunSpec } from "../../src/runs/spec";
 import type { RunNote } from "../../src/runs/types";

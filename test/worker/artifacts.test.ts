@@ -2,8 +2,8 @@ import { createExecutionContext, runInDurableObject, waitOnExecutionContext } fr
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import { brokerValue } from "../../src/broker/interface";
 import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
+import { brokerValue } from "../../src/coordinator/ports";
 import { randomId } from "../../src/crypto/api-keys";
 import { runArtifacts, sandboxes } from "../../src/db/schema";
 import worker from "../../src/index";

@@ -4,11 +4,12 @@ import { DEFAULT_RESOURCES, type Seal } from "@benchwright/shared/contract/local
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import type { ComputeBackend, SandboxSpec } from "../../src/broker/backend";
-import { type BrokerResult, brokerValue } from "../../src/broker/interface";
+import type { BrokerResult } from "../../src/broker/interface";
 import { brokerStub, runBrokerName, SandboxBroker, SWEEP_BROKER_NAME } from "../../src/broker/sandbox-broker";
 import { bundleKey } from "../../src/bundles/service";
 import { loadConfig } from "../../src/config";
 import { coordinatorStub } from "../../src/coordinator/client";
+import { brokerValue } from "../../src/coordinator/ports";
 import { RunCoordinator } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
 import { bundles, runs, sandboxes } from "../../src/db/schema";

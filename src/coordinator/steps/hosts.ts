@@ -1,6 +1,5 @@
 import type { PolicyDocument } from "@benchwright/shared/contract/policy";
-import { BrokerFailure } from "../../broker/interface";
-import type { Machine } from "../ports";
+import { BrokerFailure, type Machine } from "../ports";
 import type { MachineState, Worker } from "../state";
 import { must, proxyRuns } from "./common";
 

@@ -5,8 +5,7 @@ import {
   type ResourceLimit,
   type Seal,
 } from "@benchwright/shared/contract/local-agent";
-import { BrokerFailure } from "../../broker/interface";
-import type { Machine } from "../ports";
+import { BrokerFailure, type Machine } from "../ports";
 import type { MachineState, Worker, WorkerStage } from "../state";
 import { checkpoint, must, stop } from "./common";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
