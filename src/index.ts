@@ -1,5 +1,5 @@
 import { createApp } from "./app";
-import { coordinatorStub } from "./coordinator/run-coordinator";
+import { coordinatorStub } from "./coordinator/client";
 import { reconcile } from "./reaper/reconcile";
 
 export { SandboxBroker } from "./broker/sandbox-broker";

@@ -115,3 +115,12 @@ export const CollectManifest = z.strictObject({
   incomplete: z.literal(true).optional(),
 });
 export type CollectManifest = z.infer<typeof CollectManifest>;
+
+/** What a collect stored for a sandbox (the broker's answer): files kept, their bytes, entries cut. */
+export interface ArtifactSummary {
+  files: number;
+  bytes: number;
+  cut: number;
+  /** bw-collect stopped listing early (more was cut than the rows say). */
+  incomplete: boolean;
+}

@@ -1,3 +1,4 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 import type {
   ExecInfo,
@@ -91,11 +92,12 @@ export function notSupported(backend: BackendName, what: string): BackendError {
 
 /**
  * A backend refused or failed. `code` is the backend's stable reason (e.g. `cannot_isolate`,
- * `sandbox_failed`); `message` says why in plain words and never carries a credential.
+ * `sandbox_failed`); `message` says why in plain words and never carries a credential. It stays
+ * inside the broker, which answers it as a BrokerResult failure (interface.ts).
  */
 export class BackendError extends Error {
   constructor(
-    readonly code: string,
+    readonly code: BrokerCode,
     message: string,
     readonly retryable = false,
   ) {

@@ -1,3 +1,4 @@
+import { BrokerCode } from "@benchwright/shared/contract/broker";
 import { UnpackResult } from "@benchwright/shared/contract/bundle";
 import {
   ExecInfo,
@@ -30,6 +31,12 @@ export function localFromEnv(env: Record<keyof z.infer<typeof LocalEnv>, unknown
 
 const AgentProblem = z.object({ code: z.string(), detail: z.string().optional() });
 
+/** The agent's problem code as the broker's own; one outside the contract is a backend_error. */
+function agentCode(code: string): BrokerCode {
+  const known = BrokerCode.safeParse(code);
+  return known.success ? known.data : "backend_error";
+}
+
 export function localBackend(agentUrl: string, secret: string): ComputeBackend {
   /** One agent call; its answer when it is a success (or one of `alsoOk`), a BackendError otherwise. */
   async function send(
@@ -55,7 +62,7 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
     const problem = AgentProblem.safeParse(safeJson(await res.text()));
     throw problem.success
       ? new BackendError(
-          problem.data.code,
+          agentCode(problem.data.code),
           problem.data.detail ?? `HTTP ${res.status}`,
           res.status >= 500 && problem.data.code === "internal_error",
         )
@@ -135,7 +142,7 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
       if (result.success && result.data.ok === (res.status === 200)) return result.data;
       const problem = AgentProblem.safeParse(safeJson(text));
       if (res.status === 422 && problem.success) {
-        throw new BackendError(problem.data.code, problem.data.detail ?? "HTTP 422");
+        throw new BackendError(agentCode(problem.data.code), problem.data.detail ?? "HTTP 422");
       }
       throw new BackendError("backend_error", "The local host agent answered outside its contract.");
     },

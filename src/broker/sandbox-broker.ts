@@ -1,17 +1,33 @@
 import { DurableObject } from "cloudflare:workers";
-import type { UnpackResult } from "@benchwright/shared/contract/bundle";
-import type { ExecInfo, ExecRequest, Resources, Seal } from "@benchwright/shared/contract/local-agent";
+import type { ArtifactSummary, UnpackResult } from "@benchwright/shared/contract/bundle";
+import {
+  DEFAULT_RESOURCES,
+  type ExecInfo,
+  type ExecRequest,
+  type Resources,
+  type SandboxInfo,
+  type Seal,
+  type SealResult,
+} from "@benchwright/shared/contract/local-agent";
 import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import { and, eq, inArray, ne } from "drizzle-orm";
 import { bundleKey, findBundle } from "../bundles/rows";
 import { loadConfig } from "../config";
-import type { CreateResult, SandboxRequest } from "../coordinator/machine";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import type { Db } from "../db/types";
-import { ArtifactArchiveError, type ArtifactSummary, storeArtifacts } from "../runs/artifacts";
+import { ArtifactArchiveError, storeArtifacts } from "../runs/artifacts";
 import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
 import { backendFor, configuredBackends } from "./backends";
+import type {
+  BrokerApi,
+  BrokerFailed,
+  BrokerResult,
+  BundleRequest,
+  CollectRequest,
+  SandboxRequest,
+  SweepReport,
+} from "./interface";
 
 // The sandbox broker: the only code that holds compute-backend credentials and calls a backend.
 // A run's coordinator asks it for sandboxes for that run only; every sandbox is recorded in
@@ -26,8 +42,11 @@ import { backendFor, configuredBackends } from "./backends";
 // would still share a hotspot. The broker keeps nothing in its own storage (every record is in
 // Postgres), so which instance serves a call changes nothing else; the credential stays in this
 // class's env as before. The old shared instance ("broker") is no longer addressed.
+//
+// Every call answers a BrokerResult (interface.ts): what a backend throws is turned into a failure
+// with its code here, in `answer`, and nowhere else.
 
-export class SandboxBroker extends DurableObject<Env> {
+export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
   /** A sandbox's backend: the one its row names (the run's), whatever the default is now. */
   private backendOf(name: string): ComputeBackend {
     return backendFor(this.env, name);
@@ -74,20 +93,25 @@ export class SandboxBroker extends DurableObject<Env> {
   }
 
   /**
-   * Makes a sandbox for the run (idempotent by id). Failures are answers, not throws: an error's
-   * class does not cross the RPC boundary, and the coordinator must tell "cannot isolate here"
-   * from "try again".
+   * Makes a sandbox for the run (idempotent by id). The coordinator must tell "cannot isolate
+   * here" from "try again": the failure's code and retryable say which.
    */
-  async create(runId: string, request: SandboxRequest & { resources?: Resources }): Promise<CreateResult> {
+  async create(
+    runId: string,
+    request: SandboxRequest & { resources?: Resources },
+  ): Promise<BrokerResult<SandboxInfo>> {
+    return answer(() => this.make(runId, request));
+  }
+
+  /** The sandbox made; a failure thrown, for `answer` to turn into the call's answer. */
+  private async make(
+    runId: string,
+    request: SandboxRequest & { resources?: Resources },
+  ): Promise<SandboxInfo> {
     return this.withDb(async (db) => {
       const [run] = await db.select({ backend: runs.backend }).from(runs).where(eq(runs.id, runId));
-      if (!run) return failure(new BackendError("not_found", `no run ${runId}`));
-      let backend: ComputeBackend;
-      try {
-        backend = this.backendOf(run.backend);
-      } catch (error) {
-        return failure(error);
-      }
+      if (!run) throw new BackendError("not_found", `no run ${runId}`);
+      const backend = this.backendOf(run.backend);
       await db
         .insert(sandboxes)
         .values({
@@ -99,14 +123,10 @@ export class SandboxBroker extends DurableObject<Env> {
           backend: backend.name,
         })
         .onConflictDoNothing();
-      let row: Awaited<ReturnType<SandboxBroker["own"]>>;
-      try {
-        row = await this.own(db, runId, request.id);
-        // A work/task sandbox's network is its own run's proxy sandbox, never another run's.
-        if (request.kind !== "proxy") await this.own(db, runId, request.proxySandboxId);
-      } catch (error) {
-        return failure(error); // another run's id, or a sandbox already torn down
-      }
+      // Another run's id, or a sandbox already torn down, is refused here.
+      const row = await this.own(db, runId, request.id);
+      // A work/task sandbox's network is its own run's proxy sandbox, never another run's.
+      if (request.kind !== "proxy") await this.own(db, runId, request.proxySandboxId);
       try {
         // A sandbox always has limits: the run's, or its kind's defaults.
         const resources = resourcesFor(request.resources, request.kind);
@@ -127,39 +147,50 @@ export class SandboxBroker extends DurableObject<Env> {
         if (row.status !== "ready") {
           await db.update(sandboxes).set({ status: "ready" }).where(eq(sandboxes.id, request.id));
         }
-        return { ok: true, info } as const;
+        return info;
       } catch (error) {
-        const result = failure(error);
-        if (result.retryable) return result;
+        if (failed(error).retryable) throw error;
         // Nothing of a failed sandbox may stay behind.
         await backend.destroy(request.id).catch(() => {});
         await db
           .update(sandboxes)
           .set({ status: "failed", destroyedAt: new Date() })
           .where(eq(sandboxes.id, request.id));
-        return result;
+        throw error;
       }
     });
   }
 
-  async exec(runId: string, sandboxId: string, request: ExecRequest): Promise<ExecInfo> {
-    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
-    return this.backendOf(row.backend).exec(sandboxId, request);
+  async exec(runId: string, sandboxId: string, request: ExecRequest): Promise<BrokerResult<ExecInfo>> {
+    return answer(async () => {
+      const row = await this.withDb((db) => this.own(db, runId, sandboxId));
+      return this.backendOf(row.backend).exec(sandboxId, request);
+    });
   }
 
-  async poll(runId: string, sandboxId: string, execId: string, poll: ExecPoll): Promise<ExecInfo> {
-    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
-    return this.backendOf(row.backend).poll(sandboxId, execId, poll);
+  async poll(
+    runId: string,
+    sandboxId: string,
+    execId: string,
+    poll: ExecPoll,
+  ): Promise<BrokerResult<ExecInfo>> {
+    return answer(async () => {
+      const row = await this.withDb((db) => this.own(db, runId, sandboxId));
+      return this.backendOf(row.backend).poll(sandboxId, execId, poll);
+    });
   }
 
   /** Stops an exec of the run's sandbox; an exec the backend never started is no error. */
-  async kill(runId: string, sandboxId: string, execId: string): Promise<void> {
-    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
-    try {
-      await this.backendOf(row.backend).kill(sandboxId, execId);
-    } catch (error) {
-      if (!(error instanceof BackendError && error.code === "not_found")) throw error;
-    }
+  async kill(runId: string, sandboxId: string, execId: string): Promise<BrokerResult<null>> {
+    return answer(async () => {
+      const row = await this.withDb((db) => this.own(db, runId, sandboxId));
+      try {
+        await this.backendOf(row.backend).kill(sandboxId, execId);
+      } catch (error) {
+        if (!(error instanceof BackendError && error.code === "not_found")) throw error;
+      }
+      return null;
+    });
   }
 
   /**
@@ -170,30 +201,37 @@ export class SandboxBroker extends DurableObject<Env> {
   async putBundle(
     runId: string,
     sandboxId: string,
-    bundle: { environmentId: string; sha256: string; dir: string },
-  ): Promise<UnpackResult> {
-    const row = await this.withDb(async (db) => {
-      const row = await this.ownWork(db, runId, sandboxId, bundle.environmentId);
-      if (!(await findBundle(db, bundle.environmentId, bundle.sha256))) {
-        throw new BackendError("bundle_not_found", `no bundle ${bundle.sha256} in the run's environment`);
-      }
-      return row;
+    bundle: BundleRequest,
+  ): Promise<BrokerResult<UnpackResult>> {
+    return answer(async () => {
+      const row = await this.withDb(async (db) => {
+        const row = await this.ownWork(db, runId, sandboxId, bundle.environmentId);
+        if (!(await findBundle(db, bundle.environmentId, bundle.sha256))) {
+          throw new BackendError("bundle_not_found", `no bundle ${bundle.sha256} in the run's environment`);
+        }
+        return row;
+      });
+      const object = await this.env.FILES.get(bundleKey(bundle.environmentId, bundle.sha256));
+      if (!object) throw new BackendError("bundle_not_found", `bundle ${bundle.sha256} has no stored bytes`);
+      return this.backendOf(row.backend).putBundle(sandboxId, object.body, bundle.dir);
     });
-    const object = await this.env.FILES.get(bundleKey(bundle.environmentId, bundle.sha256));
-    if (!object) throw new BackendError("bundle_not_found", `bundle ${bundle.sha256} has no stored bytes`);
-    return this.backendOf(row.backend).putBundle(sandboxId, object.body, bundle.dir);
   }
 
   /** Ends the setup stage of a work or task sandbox of the run (idempotent). */
-  async seal(runId: string, sandboxId: string, seal: Seal): Promise<{ killed: number }> {
-    const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
-    return this.backendOf(row.backend).seal(sandboxId, seal);
+  async seal(runId: string, sandboxId: string, seal: Seal): Promise<BrokerResult<SealResult>> {
+    return answer(async () => {
+      const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
+      return this.backendOf(row.backend).seal(sandboxId, seal);
+    });
   }
 
   /** Rewrites the hosts-file redirect of a default-routing sandbox of the run (a vault edit). */
-  async setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<void> {
-    const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
-    await this.backendOf(row.backend).setHosts(sandboxId, hostsFile);
+  async setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<BrokerResult<null>> {
+    return answer(async () => {
+      const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
+      await this.backendOf(row.backend).setHosts(sandboxId, hostsFile);
+      return null;
+    });
   }
 
   /**
@@ -204,14 +242,14 @@ export class SandboxBroker extends DurableObject<Env> {
   async collect(
     runId: string,
     sandboxId: string,
-    options: { environmentId: string; sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
-  ): Promise<ArtifactSummary> {
-    return this.withDb(async (db) => {
-      const row = await this.ownWork(db, runId, sandboxId, options.environmentId);
-      const limits = { maxBytes: options.maxBytes, maxFiles: options.maxFiles };
-      const archive = await this.backendOf(row.backend).collect(sandboxId, { dir: options.dir, ...limits });
-      try {
-        return await storeArtifacts(this.env, db, {
+    options: CollectRequest,
+  ): Promise<BrokerResult<ArtifactSummary>> {
+    return answer(() =>
+      this.withDb(async (db) => {
+        const row = await this.ownWork(db, runId, sandboxId, options.environmentId);
+        const limits = { maxBytes: options.maxBytes, maxFiles: options.maxFiles };
+        const archive = await this.backendOf(row.backend).collect(sandboxId, { dir: options.dir, ...limits });
+        return storeArtifacts(this.env, db, {
           runId,
           environmentId: options.environmentId,
           sandboxId,
@@ -219,18 +257,17 @@ export class SandboxBroker extends DurableObject<Env> {
           archive,
           limits,
         });
-      } catch (error) {
-        // An error's class does not cross the RPC boundary: say which kind of failure it was.
-        if (error instanceof ArtifactArchiveError) throw new BackendError(error.code, error.message);
-        throw error;
-      }
-    });
+      }),
+    );
   }
 
   /** Halts (or resumes) the processes of the run's sandbox. */
-  async freeze(runId: string, sandboxId: string, frozen: boolean): Promise<void> {
-    const row = await this.withDb((db) => this.own(db, runId, sandboxId));
-    await this.backendOf(row.backend).freeze(sandboxId, frozen);
+  async freeze(runId: string, sandboxId: string, frozen: boolean): Promise<BrokerResult<null>> {
+    return answer(async () => {
+      const row = await this.withDb((db) => this.own(db, runId, sandboxId));
+      await this.backendOf(row.backend).freeze(sandboxId, frozen);
+      return null;
+    });
   }
 
   /**
@@ -239,7 +276,11 @@ export class SandboxBroker extends DurableObject<Env> {
    * Each is destroyed. Rows are written before the backend is asked, so a sandbox being made
    * always has its row: this never touches a live one.
    */
-  async sweepUnowned(): Promise<{ destroyed: string[]; errors: string[] } | { skipped: string }> {
+  async sweepUnowned(): Promise<BrokerResult<SweepReport>> {
+    return answer(() => this.sweep());
+  }
+
+  private async sweep(): Promise<SweepReport> {
     const backends = configuredBackends(this.env);
     if (backends.length === 0) return { skipped: "backend_not_configured" }; // nothing to sweep
     const result = { destroyed: [] as string[], errors: [] as string[] };
@@ -280,49 +321,54 @@ export class SandboxBroker extends DurableObject<Env> {
   }
 
   /** Destroys one sandbox of the run (a task that is done); idempotent. */
-  async destroySandbox(runId: string, sandboxId: string): Promise<void> {
-    await this.withDb(async (db) => {
-      const [row] = await db
-        .select()
-        .from(sandboxes)
-        .where(and(eq(sandboxes.id, sandboxId), eq(sandboxes.runId, runId)));
-      if (!row) throw new BackendError("not_found", `run ${runId} has no sandbox ${sandboxId}`);
-      if (row.status === "destroyed") return;
-      await this.backendOf(row.backend).destroy(sandboxId);
-      await db
-        .update(sandboxes)
-        .set({ status: "destroyed", destroyedAt: new Date() })
-        .where(eq(sandboxes.id, sandboxId));
-    });
+  async destroySandbox(runId: string, sandboxId: string): Promise<BrokerResult<null>> {
+    return answer(() =>
+      this.withDb(async (db) => {
+        const [row] = await db
+          .select()
+          .from(sandboxes)
+          .where(and(eq(sandboxes.id, sandboxId), eq(sandboxes.runId, runId)));
+        if (!row) throw new BackendError("not_found", `run ${runId} has no sandbox ${sandboxId}`);
+        if (row.status === "destroyed") return null;
+        await this.backendOf(row.backend).destroy(sandboxId);
+        await db
+          .update(sandboxes)
+          .set({ status: "destroyed", destroyedAt: new Date() })
+          .where(eq(sandboxes.id, sandboxId));
+        return null;
+      }),
+    );
   }
 
   /**
    * Destroys every sandbox of the run (idempotent); with keepProxy, all but its proxy sandbox
    * (a lingering run keeps its proxy).
    */
-  async destroyRun(runId: string, options: { keepProxy?: boolean } = {}): Promise<number> {
-    return this.withDb(async (db) => {
-      const live = await db
-        .select({ id: sandboxes.id, kind: sandboxes.kind, backend: sandboxes.backend })
-        .from(sandboxes)
-        .where(
-          and(
-            eq(sandboxes.runId, runId),
-            ne(sandboxes.status, "destroyed"),
-            options.keepProxy ? ne(sandboxes.kind, "proxy") : undefined,
-          ),
-        );
-      if (live.length === 0) return 0;
-      live.sort(proxyLast);
-      for (const s of live) {
-        await this.backendOf(s.backend).destroy(s.id);
-        await db
-          .update(sandboxes)
-          .set({ status: "destroyed", destroyedAt: new Date() })
-          .where(eq(sandboxes.id, s.id));
-      }
-      return live.length;
-    });
+  async destroyRun(runId: string, options: { keepProxy?: boolean } = {}): Promise<BrokerResult<number>> {
+    return answer(() =>
+      this.withDb(async (db) => {
+        const live = await db
+          .select({ id: sandboxes.id, kind: sandboxes.kind, backend: sandboxes.backend })
+          .from(sandboxes)
+          .where(
+            and(
+              eq(sandboxes.runId, runId),
+              ne(sandboxes.status, "destroyed"),
+              options.keepProxy ? ne(sandboxes.kind, "proxy") : undefined,
+            ),
+          );
+        if (live.length === 0) return 0;
+        live.sort(proxyLast);
+        for (const s of live) {
+          await this.backendOf(s.backend).destroy(s.id);
+          await db
+            .update(sandboxes)
+            .set({ status: "destroyed", destroyedAt: new Date() })
+            .where(eq(sandboxes.id, s.id));
+        }
+        return live.length;
+      }),
+    );
   }
 }
 
@@ -330,9 +376,22 @@ export class SandboxBroker extends DurableObject<Env> {
 const proxyLast = (a: { kind: string }, b: { kind: string }) =>
   Number(a.kind === "proxy") - Number(b.kind === "proxy");
 
-function failure(error: unknown): CreateResult & { ok: false } {
+/** A call's value as its answer, or what it threw as a failure (the one place either is made). */
+async function answer<T>(call: () => Promise<T>): Promise<BrokerResult<T>> {
+  try {
+    return { ok: true, value: await call() };
+  } catch (error) {
+    return failed(error);
+  }
+}
+
+/** What a backend (or the broker itself) threw, as a failure with its code. */
+function failed(error: unknown): BrokerFailed {
   if (error instanceof BackendError) {
     return { ok: false, code: error.code, message: error.message, retryable: error.retryable };
+  }
+  if (error instanceof ArtifactArchiveError) {
+    return { ok: false, code: error.code, message: error.message, retryable: false };
   }
   return { ok: false, code: "backend_error", message: "the backend call failed", retryable: true };
 }

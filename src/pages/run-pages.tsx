@@ -1,7 +1,7 @@
 import { MAX_LINGER_SECONDS, RunSpec } from "@benchwright/shared/contract/run-spec";
 import { z } from "@hono/zod-openapi";
 import { type Context, Hono } from "hono";
-import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
+import { cancelRun, coordinatorStub, launchRun } from "../coordinator/client";
 import { ApiError } from "../errors";
 import { agentCommand, publicUrl } from "../routes/egress-agent";
 import { artifactDownload, listArtifacts } from "../runs/artifacts";

@@ -3,7 +3,8 @@ import { TERMINAL_STATES } from "@benchwright/shared/contract/run-states";
 import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
 import { brokerStub, sweepBrokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
-import { coordinatorStub, endAware } from "../coordinator/run-coordinator";
+import { coordinatorStub } from "../coordinator/client";
+import { endAware } from "../coordinator/worker-ports";
 import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import { purgeExpiredKeys } from "../idempotency/store";
@@ -117,8 +118,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       .limit(BATCH);
     for (const { runId } of orphaned) {
       try {
-        await brokerStub(env, runId).destroyRun(runId);
-        report.tornDown[runId] = "destroyed";
+        report.tornDown[runId] = (await brokerStub(env, runId).destroyRun(runId)).ok ? "destroyed" : "error";
       } catch {
         report.tornDown[runId] = "error";
       }
@@ -137,9 +137,10 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       // The next sweep looks again.
     }
     try {
-      report.unowned = await sweepBrokerStub(env).sweepUnowned();
-    } catch {
+      const swept = await sweepBrokerStub(env).sweepUnowned();
       // The backend is away: the next sweep tries again.
+      report.unowned = swept.ok ? swept.value : { skipped: "backend_unreachable" };
+    } catch {
       report.unowned = { skipped: "backend_unreachable" };
     }
   } finally {

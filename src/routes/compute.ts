@@ -2,8 +2,8 @@ import { Hono } from "hono";
 import { z } from "zod";
 import { renewCapability } from "../compute/capability";
 import { type ComputeEnv, requireCapability, unauthorized } from "../compute/middleware";
-import type { EnvironmentAnswer } from "../coordinator/machine";
-import { coordinatorStub } from "../coordinator/run-coordinator";
+import { coordinatorStub } from "../coordinator/client";
+import type { EnvironmentAnswer } from "../coordinator/ports";
 import { ApiError } from "../errors";
 import { parseBody } from "./internal";
 

@@ -4,7 +4,7 @@ import { LingerSeconds, RunSpec, readStoredSpec } from "@benchwright/shared/cont
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import type { AppEnv } from "../context";
-import { cancelRun, coordinatorStub, launchRun } from "../coordinator/run-coordinator";
+import { cancelRun, coordinatorStub, launchRun } from "../coordinator/client";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";

@@ -6,7 +6,7 @@ import { Hono } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { backendForLaunch } from "../broker/backends";
 import type { AppEnv } from "../context";
-import { coordinatorStub } from "../coordinator/run-coordinator";
+import { coordinatorStub } from "../coordinator/client";
 import { VaultDecryptError } from "../crypto/vault-crypto";
 import { ApiError, problem, unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";

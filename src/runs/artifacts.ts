@@ -1,6 +1,10 @@
 import { ArchiveError, tarGzEntries } from "@benchwright/shared/archive/entries";
 import { entrySegments } from "@benchwright/shared/archive/paths";
-import { ARTIFACT_DEFAULTS, CollectManifest } from "@benchwright/shared/contract/bundle";
+import {
+  ARTIFACT_DEFAULTS,
+  type ArtifactSummary,
+  CollectManifest,
+} from "@benchwright/shared/contract/bundle";
 import { and, asc, eq, isNotNull, isNull } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { derivedId } from "../crypto/api-keys";
@@ -51,14 +55,6 @@ export interface StoreArtifacts {
   archive: ReadableStream<Uint8Array>;
   /** What bw-collect was asked for (default ARTIFACT_DEFAULTS): the bounds this reading keeps. */
   limits?: ArtifactLimits;
-}
-
-export interface ArtifactSummary {
-  files: number;
-  bytes: number;
-  cut: number;
-  /** bw-collect stopped listing early (more was cut than the rows say). */
-  incomplete: boolean;
 }
 
 interface Written {

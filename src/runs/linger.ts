@@ -3,7 +3,7 @@ import { z } from "@hono/zod-openapi";
 import type { RunRow } from "./service";
 
 // A run's linger, as the API and the run page show it: the one view of it. (The coordinator keeps
-// its own running record of the window, LingerWindow in coordinator/machine.ts.)
+// its own running record of the window, LingerWindow in coordinator/state.ts.)
 
 export const Linger = z
   .object({

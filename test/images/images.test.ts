@@ -180,7 +180,7 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
 
   describe("e2b proxy (proxy-image/e2b.Dockerfile)", () => {
     it("the proxy starts on loopback and bw-proxy-view prints its view", async () => {
-      // The spool the e2b backend gives the proxy (src/coordinator/machine.ts).
+      // The spool the e2b backend gives the proxy (src/coordinator/steps/proxy.ts).
       const { ready, view } = await proxyAndView("e2b-proxy", { BW_SPOOL_DIR: "/tmp/benchwright-spool" });
       expect(ready?.policyVersion).toBe(3);
       expectView(view);

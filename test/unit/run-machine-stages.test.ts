@@ -1,6 +1,7 @@
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { describe, expect, it } from "vitest";
-import { HOSTS_CHECK_MS, type MachineState } from "../../src/coordinator/machine";
+import { HOSTS_CHECK_MS } from "../../src/coordinator/machine";
+import type { MachineState } from "../../src/coordinator/state";
 import { CATCH_ALL_POLICY, EMPTY_POLICY, RULE_POLICY, SPEC, world } from "./run-machine-world";
 
 // Each sandbox's stages once wired (issue 20): bundle → setup → seal → rewire → commands →

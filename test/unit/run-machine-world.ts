@@ -3,13 +3,10 @@ import type { PolicyDocument } from "@benchwright/shared/contract/policy";
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
 import { compilePolicy } from "@benchwright/shared/policy/compile";
-import { BackendError } from "../../src/broker/backend";
-import {
-  type MachinePorts,
-  type MachineState,
-  RunMachine,
-  type SandboxRequest,
-} from "../../src/coordinator/machine";
+import type { SandboxRequest } from "../../src/broker/interface";
+import { RunMachine } from "../../src/coordinator/machine";
+import { BrokerFailure, type MachinePorts } from "../../src/coordinator/ports";
+import type { MachineState } from "../../src/coordinator/state";
 import type { RunNote } from "../../src/runs/types";
 
 // The in-memory world the run-machine tests drive the state machine over (run-machine*.test.ts).
@@ -72,6 +69,10 @@ export interface WorldOptions {
   /** The seal cannot end the setup stage (setup_not_sealed, case L7). */
   sealFails?: boolean;
 }
+
+/** A broker failure as the broker's ports throw it (coordinator/worker-ports.ts). */
+const brokerFailure = (code: "not_supported" | "setup_not_sealed", message: string) =>
+  new BrokerFailure({ ok: false, code, message, retryable: false });
 
 export function world(o: WorldOptions = {}) {
   let now = 1_000_000;
@@ -195,7 +196,7 @@ export function world(o: WorldOptions = {}) {
           probeTarget: req.kind === "proxy" ? null : "10.9.0.1:9",
           wiring: null,
         };
-        return { ok: true, info: sandbox };
+        return { ok: true, value: sandbox };
       },
       exec: async (_runId, sandboxId, req) => {
         maybeThrow("exec");
@@ -255,14 +256,14 @@ export function world(o: WorldOptions = {}) {
       seal: async (_runId, sandboxId, seal) => {
         order.push(`${sandboxId}:seal`);
         if (o.sealUnsupported)
-          throw new BackendError("not_supported", "seal is not yet built for the e2b backend");
+          throw brokerFailure("not_supported", "seal is not yet built for the e2b backend");
         if (o.sealFails)
-          throw new BackendError("setup_not_sealed", "3 process(es) of the setup stage are still running");
+          throw brokerFailure("setup_not_sealed", "3 process(es) of the setup stage are still running");
         seals.push({ sandboxId, seal });
         return { killed: 2 };
       },
       setHosts: async (_runId, sandboxId, hostsFile) => {
-        if (o.setHostsUnsupported) throw new BackendError("not_supported", "no hosts rewrite here");
+        if (o.setHostsUnsupported) throw brokerFailure("not_supported", "no hosts rewrite here");
         hostsSet.push({ sandboxId, hostsFile });
       },
       collect: async (_runId, sandboxId) => {

@@ -1,6 +1,7 @@
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { describe, expect, it } from "vitest";
-import { type MachinePorts, VAULT_ATTEMPTS } from "../../src/coordinator/machine";
+import { VAULT_ATTEMPTS } from "../../src/coordinator/machine";
+import type { MachinePorts } from "../../src/coordinator/ports";
 import { CATCH_ALL_POLICY, EMPTY_POLICY, SPEC, states, world } from "./run-machine-world";
 
 // The run state machine over the in-memory world of run-machine-world.ts: the walk through its

@@ -2,8 +2,8 @@ import { createExecutionContext, runInDurableObject, waitOnExecutionContext } fr
 import { env } from "cloudflare:workers";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import type { BackendError } from "../../src/broker/backend";
 import { brokerStub, SandboxBroker } from "../../src/broker/sandbox-broker";
+import { brokerValue } from "../../src/coordinator/ports";
 import { randomId } from "../../src/crypto/api-keys";
 import { runArtifacts, sandboxes } from "../../src/db/schema";
 import worker from "../../src/index";
@@ -323,17 +323,13 @@ describe("broker: collect", () => {
     const result = await runInDurableObject(brokerStub(env, run.id), async (_i, state) => {
       const broker = new SandboxBroker(state, env);
       Object.defineProperty(broker, "backendOf", { value: () => backend });
-      const summary = await broker.collect(run.id, work, options);
+      const summary = brokerValue(await broker.collect(run.id, work, options));
       let refused = "";
-      await broker.collect(run.id, proxy, options).catch((e: BackendError) => {
-        refused = e.code;
-      });
+      const fromProxy = await broker.collect(run.id, proxy, options);
+      if (!fromProxy.ok) refused = fromProxy.code;
       // A run of another environment cannot collect into this one.
-      await broker
-        .collect(run.id, work, { ...options, environmentId: "env_other" })
-        .catch((e: BackendError) => {
-          refused += `,${e.code}`;
-        });
+      const elsewhere = await broker.collect(run.id, work, { ...options, environmentId: "env_other" });
+      if (!elsewhere.ok) refused += `,${elsewhere.code}`;
       return { summary, refused };
     });
     expect(result).toEqual({

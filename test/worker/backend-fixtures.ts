@@ -1,10 +1,12 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import { expect } from "vitest";
 import { BackendError, type ComputeBackend } from "../../src/broker/backend";
+import type { BrokerResult } from "../../src/broker/interface";
 import { PROXY_ENV } from "../../src/coordinator/machine";
 import { randomId } from "../../src/crypto/api-keys";
 
 // What the cloud backends' contract tests share: a run's proxy sandbox made and its proxy launched
-// the way the coordinator does it (machine.ts), with the credentials it would hand over.
+// the way the coordinator does it (steps/proxy.ts), with the credentials it would hand over.
 
 export async function proxyOf(
   b: ComputeBackend,
@@ -32,4 +34,12 @@ export async function expectBackendError(p: Promise<unknown>, code: string): Pro
   expect(error).toBeInstanceOf(BackendError);
   expect((error as BackendError).code).toBe(code);
   return error as BackendError;
+}
+
+/** Awaits a broker answer, expecting a failure of `code` (the broker answers, it never throws). */
+export async function expectBrokerFailure(
+  p: Promise<BrokerResult<unknown>>,
+  code: BrokerCode,
+): Promise<void> {
+  expect(await p).toMatchObject({ ok: false, code });
 }

@@ -4,11 +4,14 @@ import { DEFAULT_RESOURCES, type Seal } from "@benchwright/shared/contract/local
 import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import type { BackendError, ComputeBackend, SandboxSpec } from "../../src/broker/backend";
+import type { ComputeBackend, SandboxSpec } from "../../src/broker/backend";
+import type { BrokerResult } from "../../src/broker/interface";
 import { brokerStub, runBrokerName, SandboxBroker, SWEEP_BROKER_NAME } from "../../src/broker/sandbox-broker";
 import { bundleKey } from "../../src/bundles/service";
 import { loadConfig } from "../../src/config";
-import { coordinatorStub, RunCoordinator } from "../../src/coordinator/run-coordinator";
+import { coordinatorStub } from "../../src/coordinator/client";
+import { brokerValue } from "../../src/coordinator/ports";
+import { RunCoordinator } from "../../src/coordinator/run-coordinator";
 import { randomId } from "../../src/crypto/api-keys";
 import { bundles, runs, sandboxes } from "../../src/db/schema";
 import { ORPHAN_MS, reconcile } from "../../src/reaper/reconcile";
@@ -165,7 +168,9 @@ describe("sandbox broker: bundles, seal, hosts", () => {
     );
     const backend = recordingBackend();
     const result = await withBackend(backend, (broker) =>
-      broker.putBundle(run.id, work, { environmentId: t.environmentId, sha256, dir: "/home/sandbox" }),
+      broker
+        .putBundle(run.id, work, { environmentId: t.environmentId, sha256, dir: "/home/sandbox" })
+        .then(brokerValue),
     );
     expect(result).toEqual({ ok: true, files: 1, bytes: bytes.length });
     const [put] = backend.calls;
@@ -192,13 +197,9 @@ describe("sandbox broker: bundles, seal, hosts", () => {
     const backend = recordingBackend();
     const refusals = await withBackend(backend, async (broker) => {
       const out: string[] = [];
-      const attempt = async (fn: () => Promise<unknown>) => {
-        try {
-          await fn();
-          out.push("accepted");
-        } catch (e) {
-          out.push((e as BackendError).code);
-        }
+      const attempt = async (fn: () => Promise<BrokerResult<unknown>>) => {
+        const answer = await fn();
+        out.push(answer.ok ? "accepted" : answer.code);
       };
       const dir = "/home/sandbox";
       // A's run naming B's bundle: by A's environment it is not there; by B's, A's run is not B's.
@@ -233,8 +234,8 @@ describe("sandbox broker: bundles, seal, hosts", () => {
     const backend = recordingBackend();
     const seal = { routing: "catch-all" as const, hostsFile: ["api.example.com"], caCertPem: "PEM" };
     const killed = await withBackend(backend, async (broker) => {
-      const sealed = await broker.seal(run.id, work, seal);
-      await broker.setHosts(run.id, work, ["api.example.com", "more.example.com"]);
+      const sealed = brokerValue(await broker.seal(run.id, work, seal));
+      brokerValue(await broker.setHosts(run.id, work, ["api.example.com", "more.example.com"]));
       return sealed;
     });
     expect(killed).toEqual({ killed: 2 });

@@ -4,6 +4,7 @@ import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { brokerStub, SandboxBroker, sweepBrokerStub } from "../../src/broker/sandbox-broker";
 import { PROXY_ENV } from "../../src/coordinator/machine";
+import { brokerValue } from "../../src/coordinator/ports";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs, sandboxes } from "../../src/db/schema";
 import { body, contractSandboxes, e2b, e2bDeployment, META, SLOW } from "./e2b-fixtures";
@@ -32,8 +33,9 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
     const [proxyId, workId, taskId] = [randomId("sbx_"), randomId("sbx_"), randomId("sbx_")];
     const made = await runInDurableObject(brokerStub(env, run.id), async (_i, state) => {
       const broker = new SandboxBroker(state, over);
+      const exec = (...args: Parameters<SandboxBroker["exec"]>) => broker.exec(...args).then(brokerValue);
       const proxy = await broker.create(run.id, { id: proxyId, kind: "proxy" });
-      await broker.exec(run.id, proxyId, {
+      await exec(run.id, proxyId, {
         id: "proxy-1",
         argv: ["bw-proxy"],
         env: { ...PROXY_ENV, BW_RUN_ID: run.id, BW_PROXY_TOKEN: run.proxyToken, BW_AUDIT_KEY: run.auditKey },
@@ -57,7 +59,7 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
         hostsFile: [],
       });
       for (const id of [workId, taskId]) {
-        await broker.exec(run.id, id, {
+        await exec(run.id, id, {
           id: "wiring",
           argv: ["bw-wiring"],
           env: {},
@@ -65,7 +67,7 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
           stdin: JSON.stringify({ mode: "default", proxyAddress: "127.0.0.1" }),
           timeoutMs: 60_000,
         });
-        await broker.exec(run.id, id, {
+        await exec(run.id, id, {
           id: "cmd-0",
           argv: ["sh", "-c", "echo hello"],
           env: {},
@@ -77,7 +79,7 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
     });
     expect(made.proxy.ok && made.work.ok && made.task.ok).toBe(true);
     const ids = new Set(
-      [made.work, made.task].map((m) => (m.ok ? m.info.address : "")).filter((a) => a !== ""),
+      [made.work, made.task].map((m) => (m.ok ? m.value.address : "")).filter((a) => a !== ""),
     );
     const rs = await requests(since);
     const theirs = rs.filter(
@@ -106,7 +108,7 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
 
     // Teardown through the broker: every sandbox of the run killed, work and task first.
     const destroyed = await runInDurableObject(brokerStub(env, run.id), (_i, state) =>
-      new SandboxBroker(state, over).destroyRun(run.id),
+      new SandboxBroker(state, over).destroyRun(run.id).then(brokerValue),
     );
     expect(destroyed).toBe(3);
     expect(await contractSandboxes(run.id)).toEqual([]);
@@ -126,7 +128,7 @@ describe("e2b backend through the sandbox broker", SLOW, () => {
     const orphan = randomId("sbx_");
     await backend().create({ kind: "proxy", id: orphan, runId: randomId("run_") });
     const swept = await runInDurableObject(sweepBrokerStub(env), (_i, state) =>
-      new SandboxBroker(state, over).sweepUnowned(),
+      new SandboxBroker(state, over).sweepUnowned().then(brokerValue),
     );
     expect(swept).toMatchObject({ destroyed: expect.arrayContaining([orphan]) });
     expect((swept as { destroyed: string[] }).destroyed).not.toContain(live);

@@ -1,7 +1,7 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { expect } from "vitest";
-import { coordinatorStub } from "../../src/coordinator/run-coordinator";
+import { coordinatorStub } from "../../src/coordinator/client";
 import type { Browser, PageResponse } from "./browser";
 import type { Tenant } from "./harness";
 

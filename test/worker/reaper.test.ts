@@ -8,8 +8,8 @@ import { env } from "cloudflare:workers";
 import { isTerminal, type RunState } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import { describe, expect, it, vi } from "vitest";
-import type { Final, MachineState } from "../../src/coordinator/machine";
-import { coordinatorStub } from "../../src/coordinator/run-coordinator";
+import { coordinatorStub } from "../../src/coordinator/client";
+import type { Final, StoredState } from "../../src/coordinator/state";
 import { runs } from "../../src/db/schema";
 import worker from "../../src/index";
 import { LINGER_GRACE_MS, reconcile, STALE_MS, STUCK_MS } from "../../src/reaper/reconcile";
@@ -102,7 +102,7 @@ describe("reaper: lingering runs", () => {
         .where(eq(runs.id, run.id)),
     );
     const outcome: Final = { to: "finished", reason: "completed", detail: "Every command exited 0." };
-    const state: MachineState = {
+    const state: StoredState = {
       runId: run.id,
       state: "lingering",
       attempt: 0,

@@ -11,7 +11,7 @@ import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
 import { loadConfig } from "../../src/config";
-import { coordinatorStub } from "../../src/coordinator/run-coordinator";
+import { coordinatorStub } from "../../src/coordinator/client";
 import { randomId } from "../../src/crypto/api-keys";
 import { blockedHostLog, egressRouteLog, type RunState, runs } from "../../src/db/schema";
 import { issueProxyCredentials } from "../../src/runs/proxy-credentials";

@@ -5,9 +5,10 @@ import { describe, expect, it } from "vitest";
 import { objectName, secretName } from "../../src/broker/kubernetes/manifests";
 import { SandboxBroker } from "../../src/broker/sandbox-broker";
 import { PROXY_ENV } from "../../src/coordinator/machine";
+import { brokerValue } from "../../src/coordinator/ports";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs, sandboxes } from "../../src/db/schema";
-import { expectBackendError } from "./backend-fixtures";
+import { expectBrokerFailure } from "./backend-fixtures";
 import { newTenant, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 import { api, b64, envFor, k8s, LABEL, line, newNs, type Obj, objects, recorded } from "./sandbox0-fixtures";
@@ -45,13 +46,15 @@ describe("sandbox0 through the broker", () => {
     const [row] = await withDb((db) => db.select().from(sandboxes).where(eq(sandboxes.id, proxyA)));
     expect(row).toMatchObject({ backend: "sandbox0", status: "ready" });
     await broker((b) =>
-      b.exec(a.id, proxyA, {
-        id: "proxy-1",
-        argv: ["bw-proxy"],
-        env: { ...PROXY_ENV, BW_RUN_ID: a.id, BW_PROXY_TOKEN: a.proxyToken, BW_AUDIT_KEY: a.auditKey },
-        stage: "setup",
-        timeoutMs: null,
-      }),
+      b
+        .exec(a.id, proxyA, {
+          id: "proxy-1",
+          argv: ["bw-proxy"],
+          env: { ...PROXY_ENV, BW_RUN_ID: a.id, BW_PROXY_TOKEN: a.proxyToken, BW_AUDIT_KEY: a.auditKey },
+          stage: "setup",
+          timeoutMs: null,
+        })
+        .then(brokerValue),
     );
     const work = { kind: "work" as const, taskIndex: null, hostsFile: ["api.example.com"] };
     const made = await broker((b) =>
@@ -59,7 +62,7 @@ describe("sandbox0 through the broker", () => {
     );
     expect(made).toMatchObject({
       ok: true,
-      info: { routing: "catch-all", wiring: { hostsInstalled: true } },
+      value: { routing: "catch-all", wiring: { hostsInstalled: true } },
     });
     await broker((b) =>
       b.create(a.id, {
@@ -79,15 +82,15 @@ describe("sandbox0 through the broker", () => {
         b.create(a.id, { ...work, id: randomId("sbx_"), proxySandboxId: proxyB, routing: "default" }),
       ),
     ).toMatchObject({ ok: false, code: "not_found", retryable: false });
-    await expectBackendError(
+    await expectBrokerFailure(
       broker((b) => b.exec(a.id, proxyB, { argv: ["bw-proxy-view"], stage: "setup" })),
       "not_found",
     );
-    await expectBackendError(
+    await expectBrokerFailure(
       broker((b) => b.freeze(a.id, proxyB, true)),
       "not_found",
     );
-    await expectBackendError(
+    await expectBrokerFailure(
       broker((b) => b.poll(a.id, proxyB, "proxy-1", {})),
       "not_found",
     );
@@ -119,7 +122,7 @@ describe("sandbox0 through the broker", () => {
     // Teardown of run A touches run A's objects only.
     const before = (await recorded(ns)).length;
     // Four rows: the refused work sandbox's row was written before the refusal (rows come first).
-    expect(await broker((b) => b.destroyRun(a.id))).toBe(4);
+    expect(await broker((b) => b.destroyRun(a.id).then(brokerValue))).toBe(4);
     const teardown = (await recorded(ns)).slice(before);
     expect(teardown.some((r) => r.path.includes(objectName(proxyB)))).toBe(false);
     const left = await objects(ns);

@@ -1,3 +1,4 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import { BackendError } from "../backend";
 
 // A small Kubernetes API client for workerd: `fetch` only (REST and, for pods/exec, an outbound
@@ -54,9 +55,9 @@ export interface CallMeaning {
   /** e.g. "create the pod" (used in messages). */
   what: string;
   /** 403: by default backend_error (RBAC); isolation objects say cannot_isolate. */
-  forbidden?: string;
+  forbidden?: BrokerCode;
   /** 404 of a collection: by default not_found. */
-  notFound?: string;
+  notFound?: BrokerCode;
 }
 
 const REST_TIMEOUT_MS = 20_000;

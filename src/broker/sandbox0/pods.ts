@@ -1,3 +1,4 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import { runnerAnswer } from "@benchwright/shared/contract/exec-runner";
 import { ExecInfo, type ExecRequest } from "@benchwright/shared/contract/local-agent";
 import { ReinstallResult, type WiringReinstall } from "@benchwright/shared/contract/wiring";
@@ -92,12 +93,12 @@ export function sandbox0Pods(config: Sandbox0Env, timing: Sandbox0Timing = {}) {
   );
   const ns = config.SANDBOX0_NAMESPACE;
   /** The exec of a pod that is not there is a 404 of this code: then try the proxy's way. */
-  const NO_POD = "pod_not_found";
+  const NO_POD: BrokerCode = "pod_not_found";
 
   const ownedSelector = `${LABELS.managedBy}=${MANAGED_BY}`;
   const sandboxSelector = (id: string) => `${ownedSelector},${LABELS.sandbox}=${id}`;
 
-  function checkId(id: string, code = "not_found"): void {
+  function checkId(id: string, code: BrokerCode = "not_found"): void {
     // Ids go into labels as they are (the mapping back); one that cannot is not ours.
     if (!isLabelValue(id))
       throw new BackendError(code, `sandbox id ${JSON.stringify(id)} cannot be a Kubernetes label`);
@@ -105,7 +106,7 @@ export function sandbox0Pods(config: Sandbox0Env, timing: Sandbox0Timing = {}) {
 
   /** Creates a NetworkPolicy, or rewrites the existing one to exactly this. */
   async function ensurePolicy(policy: { metadata: { name: string } }, what: string): Promise<void> {
-    const meaning = { what, forbidden: "cannot_isolate", notFound: "cannot_isolate" };
+    const meaning: CallMeaning = { what, forbidden: "cannot_isolate", notFound: "cannot_isolate" };
     const made = await kube.create("networkpolicies", policy, meaning);
     if (made === null) await kube.replace("networkpolicies", policy.metadata.name, policy, meaning);
   }

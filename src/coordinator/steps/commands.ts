@@ -1,5 +1,6 @@
-import type { MachineState, Worker } from "../machine";
-import { finish, type Machine, POLL_MS, proxyRuns } from "./common";
+import type { Machine } from "../ports";
+import type { MachineState, Worker } from "../state";
+import { finish, POLL_MS, proxyRuns } from "./common";
 import { applyHalt } from "./halt";
 import { syncHosts } from "./hosts";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
@@ -20,7 +21,7 @@ export const COMPUTE_URL = "https://probe.benchwright.invalid/compute";
 
 export async function run(m: Machine, s: MachineState): Promise<number> {
   const wantHalt = await m.storage.haltRequested();
-  if (wantHalt !== (s.halted ?? false)) return applyHalt(m, s, wantHalt);
+  if (wantHalt !== s.halted) return applyHalt(m, s, wantHalt);
   const lost = await checkProxy(m, s);
   if (lost !== null) return lost;
   await syncHosts(m, s);

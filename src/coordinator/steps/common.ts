@@ -1,21 +1,17 @@
-import type { RunState } from "../../db/schema";
-import type { Final, MachinePorts, MachineState, MachineStorage, Worker } from "../machine";
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
+import type { RunState } from "@benchwright/shared/contract/run-states";
+import type { Machine } from "../ports";
+import type { Final, MachineState, Worker } from "../state";
 
-// What every phase of the run machine shares: the machine's ports and storage (the step
-// functions of each phase take them as `m`), and the moves between states.
-
-/** The run machine as its steps see it. */
-export interface Machine {
-  readonly ports: MachinePorts;
-  readonly storage: MachineStorage;
-  /** Pause a lingering proxy nobody looked at for this long. */
-  readonly lingerIdleMs: number;
-}
+// What every phase of the run machine shares: the moves between states, and a new worker.
 
 export const POLL_MS = 250;
 
 /** Backend answers that mean "no isolated sandbox can be made here at all". */
-export const NO_SANDBOX_CODES = new Set(["cannot_isolate", "backend_not_configured"]);
+export const NO_SANDBOX_CODES: ReadonlySet<BrokerCode> = new Set([
+  "cannot_isolate",
+  "backend_not_configured",
+]);
 
 /** Saves mid-step, before a side effect whose identity must survive a crash (ids). */
 export function checkpoint(m: Machine, s: MachineState): Promise<void> {
@@ -88,6 +84,16 @@ export function worker(
     stderrFrom: 0,
     exitCode: null,
     done: false,
+    wiring: null,
+    environment: false,
+    destroyed: false,
+    stage: null,
+    setupIndex: 0,
+    setupExecId: null,
+    rewireExecId: null,
+    ran: false,
+    collected: false,
+    hostsFixed: false,
   };
 }
 

@@ -1,5 +1,6 @@
-import type { EnvironmentAnswer, EnvironmentView, Worker } from "../machine";
-import { checkpoint, type Machine, proxyRuns, worker } from "./common";
+import type { EnvironmentAnswer, EnvironmentView, Machine } from "../ports";
+import type { Worker } from "../state";
+import { checkpoint, proxyRuns, worker } from "./common";
 import { ready, workerDone } from "./stages";
 
 // Task environments asked for through the compute API (by the work or orchestrator sandbox's

@@ -1,5 +1,5 @@
-import type { MachineState } from "../machine";
-import type { Machine } from "./common";
+import type { Machine } from "../ports";
+import type { MachineState } from "../state";
 import { retrofitCheck } from "./hosts";
 
 // Halted for review: the work and task sandboxes' processes are stopped (frozen) while the proxy
@@ -7,7 +7,7 @@ import { retrofitCheck } from "./hosts";
 
 /** Stops or continues every unfinished work and task sandbox, and says so in the trace. */
 export async function applyHalt(m: Machine, s: MachineState, halt: boolean): Promise<number> {
-  const cycle = halt ? (s.halts ?? 0) + 1 : (s.halts ?? 0);
+  const cycle = halt ? s.halts + 1 : s.halts;
   for (const w of s.workers) {
     if (!w.done && w.proxyAddress !== null) await m.ports.broker.freeze(s.runId, w.sandboxId, halt);
   }

@@ -1,7 +1,7 @@
 import type { PolicyDocument } from "@benchwright/shared/contract/policy";
-import { BackendError } from "../../broker/backend";
-import type { MachineState, Worker } from "../machine";
-import { type Machine, must, proxyRuns } from "./common";
+import { BrokerFailure, type Machine } from "../ports";
+import type { MachineState, Worker } from "../state";
+import { must, proxyRuns } from "./common";
 
 // Vault edits while the run runs (or is halted). The proxy picks up every edit by itself; under
 // default routing a sandbox sends to the proxy only the names in its hosts file, so an exact
@@ -36,7 +36,7 @@ function describeEdit(before: readonly string[], after: readonly string[]): stri
 export async function syncHosts(m: Machine, s: MachineState): Promise<void> {
   if (!proxyRuns(s)) return;
   const now = m.ports.now();
-  if (s.hostsCheckedAt !== undefined && now - s.hostsCheckedAt < HOSTS_CHECK_MS) return;
+  if (s.hostsCheckedAt !== null && now - s.hostsCheckedAt < HOSTS_CHECK_MS) return;
   s.hostsCheckedAt = now;
   // Wired and not done: a sandbox still being wired gets what its wiring installs, then the next look.
   const live = s.workers.filter(
@@ -51,7 +51,7 @@ export async function syncHosts(m: Machine, s: MachineState): Promise<void> {
   }
   const stale = live.filter((w) => !w.hostsFixed && !same(installed(s, w), current.hostsFile));
   if (stale.length === 0) return;
-  const edit = (s.hostsEdits ?? 0) + 1;
+  const edit = s.hostsEdits + 1;
   s.hostsEdits = edit;
   const unreached: { w: Worker; what: string }[] = [];
   for (const w of stale) {
@@ -59,7 +59,7 @@ export async function syncHosts(m: Machine, s: MachineState): Promise<void> {
     try {
       await m.ports.broker.setHosts(s.runId, w.sandboxId, current.hostsFile);
     } catch (error) {
-      if (!(error instanceof BackendError && error.code === "not_supported")) {
+      if (!(error instanceof BrokerFailure && error.code === "not_supported")) {
         // Kept as it is: the next look tries again.
         m.ports.log({ event: "set_hosts_failed", runId: s.runId, sandboxId: w.sandboxId });
         continue;

@@ -1,6 +1,7 @@
 import { isTerminal } from "@benchwright/shared/contract/run-states";
-import type { Final, LingerWindow, MachineState, WakeResult } from "../machine";
-import { finish, type Machine, move, must, proxyRuns } from "./common";
+import type { Machine, WakeResult } from "../ports";
+import type { Final, LingerWindow, MachineState } from "../state";
+import { finish, move, must, proxyRuns } from "./common";
 
 // lingering: a run whose commands ended may keep its proxy sandbox for a while (at most 24 h):
 // its work and task sandboxes are gone, the proxy keeps the run's credentials and its view, is

@@ -5,8 +5,8 @@ import {
   MODEL_LANE_BASE_URL,
   MODEL_LANE_PLACEHOLDER_KEY,
 } from "@benchwright/shared/contract/proxy-wire";
-import type { MachineState, Worker } from "../machine";
-import type { Machine } from "./common";
+import type { Machine } from "../ports";
+import type { MachineState, Worker } from "../state";
 
 // What the benchmark's own code (setup and commands alike) sees of the run, and what of its
 // output the trace keeps.
@@ -54,10 +54,10 @@ export async function recordOutput(
   ] as const) {
     if (text.length === 0) continue;
     const room = MAX_TRACE_OUTPUT - s.traceBytes;
-    if (room > 0 && (s.outputEvents ?? 0) < MAX_OUTPUT_EVENTS) {
+    if (room > 0 && s.outputEvents < MAX_OUTPUT_EVENTS) {
       const kept = text.slice(0, room);
       s.traceBytes += kept.length;
-      s.outputEvents = (s.outputEvents ?? 0) + 1;
+      s.outputEvents += 1;
       const prefix = stage === "setup" ? "setup" : "out";
       await m.ports.event(s.runId, `${prefix}:${w.sandboxId}:${index}:${stream}:${end}`, "output", {
         sandbox: w.sandboxId,

@@ -1,15 +1,6 @@
-import type { MachineState } from "../machine";
-import {
-  cannotIsolate,
-  checkpoint,
-  lastLine,
-  type Machine,
-  move,
-  must,
-  NO_SANDBOX_CODES,
-  POLL_MS,
-  stop,
-} from "./common";
+import type { Machine } from "../ports";
+import { type MachineState, newProxy } from "../state";
+import { cannotIsolate, checkpoint, lastLine, move, must, NO_SANDBOX_CODES, POLL_MS, stop } from "./common";
 
 // starting_proxy: the run's proxy sandbox is made and the proxy launched in it with fresh
 // credentials, until it reports ready (its CA); while running, its liveness is checked.
@@ -53,7 +44,7 @@ export async function startProxy(m: Machine, s: MachineState): Promise<number> {
     return m.ports.now();
   }
   if (!s.proxy) {
-    s.proxy = { launches: 0, execId: null, caCertPem: null, unfiltered: false };
+    s.proxy = newProxy();
   }
   if (s.proxy.execId === null) {
     // A launch that may have started before a crash holds credentials we are about to
@@ -114,11 +105,11 @@ export async function checkProxy(m: Machine, s: MachineState): Promise<number | 
   const p = s.proxy;
   if (!p || p.unfiltered || p.execId === null || !s.network) return null;
   const now = m.ports.now();
-  if (p.checkedAt !== undefined && now - p.checkedAt < PROXY_CHECK_MS) return null;
+  if (p.checkedAt !== null && now - p.checkedAt < PROXY_CHECK_MS) return null;
   p.checkedAt = now;
   const exec = await m.ports.broker.poll(s.runId, s.network.sandboxId, p.execId, {
-    stdoutFrom: p.outEnd ?? 0,
-    stderrFrom: p.errEnd ?? 0,
+    stdoutFrom: p.outEnd,
+    stderrFrom: p.errEnd,
   });
   p.outEnd = exec.stdoutEnd;
   p.errEnd = exec.stderrEnd;
@@ -153,9 +144,9 @@ async function proxyFailed(m: Machine, s: MachineState, error: unknown): Promise
       text: `The proxy could not be set up (${why}). The run was launched with onProxyFailure "continue", so it goes on and its traffic leaves UNFILTERED: no credential is injected and no host is blocked.`,
     });
     s.proxy = {
+      ...newProxy(),
       launches: s.proxy?.launches ?? 0,
       execId: s.proxy?.execId ?? null,
-      caCertPem: null,
       unfiltered: true,
     };
     await move(m, s, "starting_sandboxes", "proxy_failed_continue");

@@ -1,17 +1,8 @@
 import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import { commandsOf } from "../../runs/benchmarks";
-import type { MachineState, Worker } from "../machine";
-import {
-  cannotIsolate,
-  checkpoint,
-  type Machine,
-  move,
-  must,
-  NO_SANDBOX_CODES,
-  proxyRuns,
-  stop,
-  worker,
-} from "./common";
+import type { Machine } from "../ports";
+import type { MachineState, Worker } from "../state";
+import { cannotIsolate, checkpoint, move, must, NO_SANDBOX_CODES, proxyRuns, stop, worker } from "./common";
 import { wireSandbox } from "./wiring";
 
 // starting_sandboxes: the work (or orchestrator) sandbox and the first maxParallelTasks task
@@ -67,12 +58,12 @@ async function createSandbox(m: Machine, s: MachineState, w: Worker): Promise<nu
     routing: w.routing ?? policy.routing.mode,
     hostsFile: (w.routing ?? policy.routing.mode) === "default" ? (w.hostsFile ?? policy.hostsFile) : [],
     ...(asked ? { resources: resourcesFor(asked, w.kind) } : {}),
-    ...((w.setup ?? []).length > 0 ? { setup: true } : {}),
+    ...(w.setup.length > 0 ? { setup: true } : {}),
   });
   if (made.ok) {
-    w.proxyAddress = made.info.proxyAddress ?? "";
-    w.probeTarget = made.info.probeTarget ?? null;
-    if (made.info.wiring) w.wiring = made.info.wiring;
+    w.proxyAddress = made.value.proxyAddress ?? "";
+    w.probeTarget = made.value.probeTarget ?? null;
+    if (made.value.wiring) w.wiring = made.value.wiring;
     return null;
   }
   if (made.retryable) throw new Error(made.message);

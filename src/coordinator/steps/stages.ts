@@ -1,9 +1,9 @@
 import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "@benchwright/shared/contract/bundle";
 import type { ExecInfo, ResourceLimit, Seal } from "@benchwright/shared/contract/local-agent";
 import { resourcesFor } from "@benchwright/shared/contract/run-spec";
-import { BackendError } from "../../broker/backend";
-import type { MachineState, Worker, WorkerStage } from "../machine";
-import { checkpoint, type Machine, must, stop } from "./common";
+import { BrokerFailure, type Machine } from "../ports";
+import type { MachineState, Worker, WorkerStage } from "../state";
+import { checkpoint, must, stop } from "./common";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
 import { rewireSandbox } from "./wiring";
 
@@ -31,7 +31,7 @@ const BEFORE_EXECUTE: ReadonlySet<WorkerStage> = new Set(["bundle", "setup", "se
 
 /** The worker's commands may run (or ran): every stage before them is behind it. */
 export function ready(w: Worker): boolean {
-  return w.env !== null && (w.stage === undefined || !BEFORE_EXECUTE.has(w.stage));
+  return w.env !== null && w.stage !== null && !BEFORE_EXECUTE.has(w.stage);
 }
 
 /**
@@ -70,7 +70,7 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
   if (w.stage === "setup") {
     const setup = await runSetup(m, s, w);
     if (setup !== "done") return setup;
-    w.stage = (w.setup ?? []).length > 0 ? "seal" : "execute";
+    w.stage = w.setup.length > 0 ? "seal" : "execute";
   }
   if (w.stage === "seal") {
     let killed: number;
@@ -79,7 +79,7 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
     } catch (error) {
       // Never on to the commands with what setup left running: stop instead.
       if (notSupported(error)) return notBuilt(m, s, w, error, "before its commands ran");
-      if (error instanceof BackendError && error.code === "setup_not_sealed")
+      if (error instanceof BrokerFailure && error.code === "setup_not_sealed")
         return notSealed(m, s, w, error);
       throw error;
     }
@@ -134,8 +134,8 @@ async function putBundle(m: Machine, s: MachineState, w: Worker): Promise<number
 }
 
 async function runSetup(m: Machine, s: MachineState, w: Worker): Promise<"done" | "pending" | number> {
-  const commands = w.setup ?? [];
-  for (let i = w.setupIndex ?? 0; i < commands.length; i++) {
+  const commands = w.setup;
+  for (let i = w.setupIndex; i < commands.length; i++) {
     const command = commands[i] as string;
     if (!w.setupExecId) {
       w.ran = true;
@@ -167,11 +167,11 @@ async function runSetup(m: Machine, s: MachineState, w: Worker): Promise<"done" 
   return "done";
 }
 
-const notSupported = (error: unknown): error is BackendError =>
-  error instanceof BackendError && error.code === "not_supported";
+const notSupported = (error: unknown): error is BrokerFailure =>
+  error instanceof BrokerFailure && error.code === "not_supported";
 
 /** The run's backend cannot do a stage this run needs (bundles, sealing a setup stage) yet. */
-async function notBuilt(m: Machine, s: MachineState, w: Worker, error: BackendError, when: string) {
+async function notBuilt(m: Machine, s: MachineState, w: Worker, error: BrokerFailure, when: string) {
   await m.ports.note(s.runId, {
     level: "warning",
     code: "stage_not_supported",
@@ -181,7 +181,7 @@ async function notBuilt(m: Machine, s: MachineState, w: Worker, error: BackendEr
 }
 
 /** The backend could not end the setup stage (case L7): nothing runs beside what it left. */
-async function notSealed(m: Machine, s: MachineState, w: Worker, error: BackendError): Promise<number> {
+async function notSealed(m: Machine, s: MachineState, w: Worker, error: BrokerFailure): Promise<number> {
   await m.ports.note(s.runId, {
     level: "warning",
     code: "setup_not_sealed",
@@ -282,7 +282,7 @@ export async function collect(m: Machine, s: MachineState, w: Worker): Promise<v
     });
   } catch (error) {
     // The backend's message may name its internals: the run gets its code only.
-    const code = error instanceof BackendError ? error.code : "collect_failed";
+    const code = error instanceof BrokerFailure ? error.code : "collect_failed";
     m.ports.log({ event: "collect_failed", runId: s.runId, sandboxId: w.sandboxId, code });
     const text = `The files under ${DEFAULT_OUT_DIR} in ${w.name} could not be collected (${code}); the run's outcome does not change.`;
     await m.ports.event(s.runId, `collect:${w.sandboxId}`, "note", { ...at, ok: false, error: code, text });

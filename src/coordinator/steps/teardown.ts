@@ -1,5 +1,6 @@
-import type { MachineState } from "../machine";
-import { type Machine, proxyRuns } from "./common";
+import type { Machine } from "../ports";
+import type { MachineState } from "../state";
+import { proxyRuns } from "./common";
 import { startLinger } from "./linger";
 import { collect } from "./stages";
 

@@ -1,6 +1,7 @@
 import { usesTunnel } from "@benchwright/shared/contract/policy-routing";
-import type { MachineState } from "../machine";
-import { type Machine, must, stop } from "./common";
+import type { Machine } from "../ports";
+import type { MachineState } from "../state";
+import { must, stop } from "./common";
 
 /** How often a run waiting for its egress agent looks again. */
 export const TUNNEL_POLL_MS = 1_000;

@@ -1,6 +1,7 @@
 import { isTerminal } from "@benchwright/shared/contract/run-states";
-import type { MachineState } from "../machine";
-import { type Machine, move, stop } from "./common";
+import type { Machine } from "../ports";
+import type { MachineState } from "../state";
+import { move, stop } from "./common";
 
 // queued → fetching_vault → starting_proxy: the run's row is read, then its vault (retried with
 // backoff; a vault that stays unreadable stops the run before any sandbox is made).

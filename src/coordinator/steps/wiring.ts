@@ -1,5 +1,6 @@
-import type { MachineState, Worker } from "../machine";
-import { lastLine, type Machine, move, must, POLL_MS, stop } from "./common";
+import type { Machine } from "../ports";
+import type { MachineState, Worker } from "../state";
+import { lastLine, move, must, POLL_MS, stop } from "./common";
 
 // wiring: the wiring program (bw-wiring) installs the redirect to the proxy and the run's CA in
 // every sandbox made so far and proves it with probes; no benchmark command runs before that.
@@ -79,7 +80,7 @@ async function prove(
     return stop(m, s, "internal_error", "the run's proxy CA is missing, so no benchmark code ran");
   }
   const mode = w.routing ?? policy.routing.mode;
-  const execId = pass === "wiring" ? w.wiringExecId : (w.rewireExecId ?? null);
+  const execId = pass === "wiring" ? w.wiringExecId : w.rewireExecId;
   if (execId === null) {
     const info = await m.ports.broker.exec(s.runId, w.sandboxId, {
       id: pass,

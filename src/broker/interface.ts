@@ -1,0 +1,92 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
+import type { ArtifactSummary, UnpackResult } from "@benchwright/shared/contract/bundle";
+import type {
+  ExecInfo,
+  ExecRequest,
+  Resources,
+  SandboxInfo,
+  Seal,
+  SealResult,
+} from "@benchwright/shared/contract/local-agent";
+import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import type { ExecPoll } from "./backend";
+
+// The sandbox broker's contract (sandbox-broker.ts implements it): what a run's coordinator and
+// the reaper may ask of it, and how it answers. Every call answers a BrokerResult: an error's
+// class and fields do not cross the Durable Object RPC boundary, so a failure travels as a value
+// with a closed code (shared/contract/broker.ts) that callers compare, never as message text.
+// The broker turns what a backend throws (BackendError) into that value, once. Types only.
+
+/** A broker call's answer: its value, or why not (retryable: the same call may succeed later). */
+export type BrokerResult<T> =
+  | { ok: true; value: T }
+  | { ok: false; code: BrokerCode; message: string; retryable: boolean };
+
+export type BrokerFailed = Extract<BrokerResult<unknown>, { ok: false }>;
+
+/** What the coordinator asks the broker to make for its run. */
+export type SandboxRequest =
+  | { id: string; kind: "proxy" }
+  | {
+      id: string;
+      kind: "work" | "task" | "orchestrator";
+      taskIndex: number | null;
+      proxySandboxId: string;
+      routing: RoutingMode;
+      /** default routing: the names the hosts file redirects (a backend may install them). */
+      hostsFile: string[];
+      /** The run's resources (each unset limit the kind's default); absent: the kind's defaults. */
+      resources?: Resources;
+      /** The sandbox has setup commands (a setup stage ended by seal). */
+      setup?: boolean;
+    };
+
+/** The run's bundle, named (never carried): the broker reads its bytes from R2 itself. */
+export interface BundleRequest {
+  environmentId: string;
+  sha256: string;
+  dir: string;
+}
+
+/** What to collect from a sandbox (the commands' $BW_OUT) into the run's artifacts. */
+export interface CollectRequest {
+  environmentId: string;
+  sandboxName: string;
+  dir: string;
+  maxBytes: number;
+  maxFiles: number;
+}
+
+/** What the orphan sweep did: sandboxes destroyed and failed, or why it did not look. */
+export type SweepReport = { destroyed: string[]; errors: string[] } | { skipped: string };
+
+/**
+ * The broker as a Durable Object: one instance per run (`brokerStub`) for every call about that
+ * run's sandboxes, which must be the run's own; one of its own for the deployment-wide sweep.
+ */
+export interface BrokerApi {
+  /** Makes a sandbox for the run (idempotent by id). */
+  create(runId: string, request: SandboxRequest): Promise<BrokerResult<SandboxInfo>>;
+  exec(runId: string, sandboxId: string, request: ExecRequest): Promise<BrokerResult<ExecInfo>>;
+  poll(runId: string, sandboxId: string, execId: string, poll: ExecPoll): Promise<BrokerResult<ExecInfo>>;
+  /** Stops an exec; one the backend never started is no failure. */
+  kill(runId: string, sandboxId: string, execId: string): Promise<BrokerResult<null>>;
+  /**
+   * Unpacks the run's bundle into a work or task sandbox (before setup). A bundle the sandbox
+   * refuses is a value ({ ok: false, code: BundleCode } inside `value`), not a failure.
+   */
+  putBundle(runId: string, sandboxId: string, bundle: BundleRequest): Promise<BrokerResult<UnpackResult>>;
+  /** Ends a sandbox's setup stage (idempotent). */
+  seal(runId: string, sandboxId: string, seal: Seal): Promise<BrokerResult<SealResult>>;
+  /** Rewrites a default-routing sandbox's hosts-file redirect; `not_supported` where it cannot. */
+  setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<BrokerResult<null>>;
+  collect(runId: string, sandboxId: string, request: CollectRequest): Promise<BrokerResult<ArtifactSummary>>;
+  /** Halts (or resumes) the processes of a sandbox of the run. */
+  freeze(runId: string, sandboxId: string, frozen: boolean): Promise<BrokerResult<null>>;
+  /** One sandbox of the run (a task that is done). Idempotent. */
+  destroySandbox(runId: string, sandboxId: string): Promise<BrokerResult<null>>;
+  /** Every sandbox of the run (with keepProxy, all but its proxy sandbox); how many went. */
+  destroyRun(runId: string, options?: { keepProxy?: boolean }): Promise<BrokerResult<number>>;
+  /** Destroys the backends' sandboxes that no live record owns (the sweep's own instance). */
+  sweepUnowned(): Promise<BrokerResult<SweepReport>>;
+}

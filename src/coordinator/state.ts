@@ -1,0 +1,265 @@
+import type { SandboxInfo } from "@benchwright/shared/contract/local-agent";
+import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
+import { type RunSpec, readStoredSpec, type StoredRunSpec } from "@benchwright/shared/contract/run-spec";
+import type { RunState, TerminalState } from "@benchwright/shared/contract/run-states";
+
+// The run machine's state, as the Durable Object stores it between steps (one record per run).
+// It is versioned: a state stored by an older version is brought to this one when the object
+// loads it (migrateState), once, so the steps read every field as set; an absent field means
+// "not yet" only where the type says so.
+
+export const STATE_VERSION = 2;
+
+export type Final = { to: TerminalState; reason: string; detail?: string };
+
+/** Who asked the run to stop early. */
+export type StopRequest = "cancelled" | "reaped";
+
+/**
+ * Where a worker is once its wiring is proved (steps/stages.ts): bundle → setup → seal → rewire →
+ * execute (its commands) → collect. Null before its wiring is proved.
+ */
+export type WorkerStage = "bundle" | "setup" | "seal" | "rewire" | "execute" | "collect";
+
+export interface Worker {
+  sandboxId: string;
+  kind: "work" | "task" | "orchestrator";
+  taskIndex: number | null;
+  name: string;
+  commands: string[];
+  proxyAddress: string | null;
+  probeTarget: string | null;
+  wiringExecId: string | null;
+  env: Record<string, string> | null;
+  cmdIndex: number;
+  execId: string | null;
+  stdoutFrom: number;
+  stderrFrom: number;
+  exitCode: number | null;
+  done: boolean;
+  /**
+   * The routing and hosts file installed in this sandbox. A task sandbox made late (after
+   * maxParallelTasks others) takes the vault's routing at that moment; unset: the run's.
+   */
+  routing?: RoutingMode;
+  hostsFile?: string[];
+  /** What the backend said the wiring program must do differently in this sandbox. */
+  wiring: SandboxInfo["wiring"];
+  /**
+   * A task environment asked for through the compute API (by the work or orchestrator sandbox's
+   * capability): no commands of its own, the holder execs in it; done when the holder deletes it.
+   */
+  environment: boolean;
+  /** The task's sandbox is destroyed (a task's sandbox goes when the task is done). */
+  destroyed: boolean;
+  /** Setup commands (the run's, then the task's), run in the setup stage before `commands`. */
+  setup: string[];
+  /** For an environment: its commands' stage once wired (the holder prepares it). */
+  stage: WorkerStage | null;
+  setupIndex: number;
+  setupExecId: string | null;
+  /** The re-proof after seal (bw-wiring in the execute stage, installed: true). */
+  rewireExecId: string | null;
+  /** Something ran in the sandbox (a setup command or a command): its $BW_OUT is collected. */
+  ran: boolean;
+  collected: boolean;
+  /** The backend said it cannot rewrite this sandbox's hosts file mid-run (not_supported). */
+  hostsFixed: boolean;
+}
+
+/**
+ * The coordinator's own record of a lingering proxy (the API's view is Linger, runs/linger.ts):
+ * the window (from startedAt), the last time someone looked, and pauses.
+ */
+export interface LingerWindow {
+  seconds: number;
+  startedAt: number;
+  lastActivity: number;
+  paused: boolean;
+  pauses: number;
+  /** How the run's commands ended (the run's final state and reason before lingering). */
+  outcome: Final;
+}
+
+/** The proxy process of the run. */
+export interface ProxyProcess {
+  /** Exec attempts, each with its own exec id, checkpointed before the call. */
+  launches: number;
+  /** Set once the backend confirmed the launch. */
+  execId: string | null;
+  caCertPem: string | null;
+  unfiltered: boolean;
+  /** The last liveness check while running (null: none yet), and how much output it had read. */
+  checkedAt: number | null;
+  outEnd: number;
+  errEnd: number;
+}
+
+export interface MachineState {
+  version: typeof STATE_VERSION;
+  runId: string;
+  state: RunState;
+  /** Attempts in the current state (vault retries), and consecutive unexpected faults. */
+  attempt: number;
+  faults: number;
+  enteredAt: number;
+  cancel: boolean;
+  /** Why: "cancelled" (the user) or "reaped" (the sweeper: stuck past its deadline). */
+  cancelReason: StopRequest | null;
+  final: Final | null;
+  spec: RunSpec | null;
+  policy:
+    | (Pick<PolicyDocument, "version" | "routing" | "enforce" | "hostsFile" | "note"> & {
+        /** The declared model's lane (name and provider only). */
+        model: { name: string; provider: string } | null;
+      })
+    | null;
+  /**
+   * The egress tunnel, for a run that sends traffic through the user's machine: when the machine
+   * began waiting for the agent, and whether it was ever there (checked once, before any command).
+   */
+  tunnel: { waitingSince: number; ready: boolean } | null;
+  /** The router/proxy sandbox of the run, and whether the proxy process runs in it. */
+  network: { sandboxId: string; created: boolean } | null;
+  proxy: ProxyProcess | null;
+  workers: Worker[];
+  /** Output kept in the trace so far: characters, and rows. */
+  traceBytes: number;
+  outputEvents: number;
+  /** Halted for review: the work and task sandboxes' processes are stopped. */
+  halted: boolean;
+  /** Halts so far (keys the trace events of each halt and resume). */
+  halts: number;
+  /** Set once the run lingers (its commands ended and it asked to keep its proxy). */
+  linger: LingerWindow | null;
+  /** Vault edits put onto running sandboxes' hosts files (steps/hosts.ts): the last look, edits so far. */
+  hostsCheckedAt: number | null;
+  hostsEdits: number;
+  /** The run says the vault needs catch-all routing its running sandboxes cannot get. */
+  routingNoted: boolean;
+}
+
+export function newState(runId: string, now: number): MachineState {
+  return {
+    version: STATE_VERSION,
+    runId,
+    state: "queued",
+    attempt: 0,
+    faults: 0,
+    enteredAt: now,
+    cancel: false,
+    cancelReason: null,
+    final: null,
+    spec: null,
+    policy: null,
+    tunnel: null,
+    network: null,
+    proxy: null,
+    workers: [],
+    traceBytes: 0,
+    outputEvents: 0,
+    halted: false,
+    halts: 0,
+    linger: null,
+    hostsCheckedAt: null,
+    hostsEdits: 0,
+    routingNoted: false,
+  };
+}
+
+export function newProxy(): ProxyProcess {
+  return {
+    launches: 0,
+    execId: null,
+    caCertPem: null,
+    unfiltered: false,
+    checkedAt: null,
+    outEnd: 0,
+    errEnd: 0,
+  };
+}
+
+/** T with the fields K added since an older version, which a state stored then may lack. */
+type Before<T, K extends keyof T> = Omit<T, K> & Partial<Pick<T, K>>;
+type Policy = NonNullable<MachineState["policy"]>;
+
+/**
+ * A state stored before it had a version (version 1): the fields added since may be missing
+ * (undefined where this version has null), and its spec may hold the keys from before camelCase.
+ */
+type StoredV1 = Omit<
+  Before<
+    MachineState,
+    | "cancelReason"
+    | "tunnel"
+    | "outputEvents"
+    | "halted"
+    | "halts"
+    | "linger"
+    | "hostsCheckedAt"
+    | "hostsEdits"
+    | "routingNoted"
+  >,
+  "version" | "spec" | "policy" | "proxy" | "workers"
+> & {
+  version?: undefined;
+  spec: StoredRunSpec | null;
+  policy: Before<Policy, "model"> | null;
+  proxy: Before<ProxyProcess, "checkedAt" | "outEnd" | "errEnd"> | null;
+  workers: Before<
+    Worker,
+    | "wiring"
+    | "environment"
+    | "destroyed"
+    | "setup"
+    | "stage"
+    | "setupIndex"
+    | "setupExecId"
+    | "rewireExecId"
+    | "ran"
+    | "collected"
+    | "hostsFixed"
+  >[];
+};
+
+/** What the object's storage may hold: this version's state or an older one. */
+export type StoredState = MachineState | StoredV1;
+
+/** A stored state as this version's (the one migration: older states are filled in on load). */
+export function migrateState(stored: StoredState | undefined): MachineState | undefined {
+  if (stored === undefined || stored.version === STATE_VERSION) return stored;
+  const { policy, proxy } = stored;
+  return {
+    ...stored,
+    version: STATE_VERSION,
+    cancelReason: stored.cancelReason ?? null,
+    spec: stored.spec ? readStoredSpec(stored.spec) : null,
+    policy: policy ? { ...policy, model: policy.model ?? null } : null,
+    tunnel: stored.tunnel ?? null,
+    proxy: proxy
+      ? { ...proxy, checkedAt: proxy.checkedAt ?? null, outEnd: proxy.outEnd ?? 0, errEnd: proxy.errEnd ?? 0 }
+      : null,
+    workers: stored.workers.map((w) => ({
+      ...w,
+      wiring: w.wiring ?? null,
+      environment: w.environment ?? false,
+      destroyed: w.destroyed ?? false,
+      setup: w.setup ?? [],
+      // A state from before the stages: a wired worker was at its commands.
+      stage: w.stage ?? (w.env !== null ? "execute" : null),
+      setupIndex: w.setupIndex ?? 0,
+      setupExecId: w.setupExecId ?? null,
+      rewireExecId: w.rewireExecId ?? null,
+      ran: w.ran ?? false,
+      collected: w.collected ?? false,
+      hostsFixed: w.hostsFixed ?? false,
+    })),
+    outputEvents: stored.outputEvents ?? 0,
+    halted: stored.halted ?? false,
+    halts: stored.halts ?? 0,
+    linger: stored.linger ?? null,
+    hostsCheckedAt: stored.hostsCheckedAt ?? null,
+    hostsEdits: stored.hostsEdits ?? 0,
+    routingNoted: stored.routingNoted ?? false,
+  };
+}

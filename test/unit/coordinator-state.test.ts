@@ -1,0 +1,98 @@
+import { describe, expect, it } from "vitest";
+import { migrateState, newState, STATE_VERSION, type StoredState } from "../../src/coordinator/state";
+
+// The coordinator's stored state is versioned (src/coordinator/state.ts): a state stored before
+// versions (every run in flight at a deploy) is read as this version's when its object loads it.
+
+describe("coordinator state: one migration on load", () => {
+  it("fills an unversioned state's later fields, renames its spec's old keys, keeps the rest", () => {
+    const stored: StoredState = {
+      runId: "run_1",
+      state: "running",
+      attempt: 0,
+      faults: 1,
+      enteredAt: 5,
+      cancel: false,
+      final: null,
+      spec: { commands: ["true"], egress: "direct", on_proxy_failure: "continue" },
+      policy: {
+        version: 3,
+        routing: { mode: "default", reasons: [] },
+        enforce: true,
+        hostsFile: ["api.example"],
+        note: null,
+      },
+      network: { sandboxId: "sbx_p", created: true },
+      proxy: { launches: 1, execId: "proxy-1", caCertPem: "CA", unfiltered: false },
+      workers: [
+        // Wired before the setup stage existed: at its commands.
+        {
+          sandboxId: "sbx_w",
+          kind: "work",
+          taskIndex: null,
+          name: "work",
+          commands: ["true"],
+          proxyAddress: "10.0.0.1",
+          probeTarget: null,
+          wiringExecId: "wiring",
+          env: { A: "1" },
+          cmdIndex: 0,
+          execId: null,
+          stdoutFrom: 0,
+          stderrFrom: 0,
+          exitCode: null,
+          done: false,
+        },
+        // Not made yet: no stage.
+        {
+          sandboxId: "sbx_t",
+          kind: "task",
+          taskIndex: 0,
+          name: "t",
+          commands: ["true"],
+          proxyAddress: null,
+          probeTarget: null,
+          wiringExecId: null,
+          env: null,
+          cmdIndex: 0,
+          execId: null,
+          stdoutFrom: 0,
+          stderrFrom: 0,
+          exitCode: null,
+          done: false,
+          routing: "catch-all",
+        },
+      ],
+      traceBytes: 12,
+      halted: true,
+    };
+    const s = migrateState(stored);
+    expect(s).toMatchObject({
+      version: STATE_VERSION,
+      faults: 1,
+      cancelReason: null,
+      spec: { onProxyFailure: "continue" },
+      policy: { version: 3, model: null },
+      tunnel: null,
+      proxy: { execId: "proxy-1", checkedAt: null, outEnd: 0, errEnd: 0 },
+      traceBytes: 12,
+      outputEvents: 0,
+      halted: true,
+      halts: 0,
+      linger: null,
+      hostsCheckedAt: null,
+      hostsEdits: 0,
+      routingNoted: false,
+    });
+    expect(s?.workers.map((w) => [w.sandboxId, w.stage, w.setup, w.environment, w.routing])).toEqual([
+      ["sbx_w", "execute", [], false, undefined],
+      ["sbx_t", null, [], false, "catch-all"],
+    ]);
+  });
+
+  it("leaves a state of this version as it is, and no state as none", () => {
+    const s = newState("run_2", 7);
+    expect(migrateState(s)).toBe(s);
+    expect(migrateState(undefined)).toBeUndefined();
+  });
+});
