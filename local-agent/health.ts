@@ -48,6 +48,7 @@ export async function checkHealth(options: { nft: string; imageDir: string }): P
     return {
       ok: false,
       problems: [`not Linux (this is ${process.platform}): sandboxes are Linux namespaces`],
+      workImageId: null,
     };
   }
   const problems: string[] = [];
@@ -103,5 +104,5 @@ export async function checkHealth(options: { nft: string; imageDir: string }): P
       problems.push(`${path} is not readable by other users, so not by a sandbox uid`);
     }
   }
-  return { ok: problems.length === 0, problems };
+  return { ok: problems.length === 0, problems, workImageId: null };
 }

@@ -53,6 +53,22 @@ const EnvSchema = z.object({
     .regex(/^$|^\d{1,3}(\.\d{1,2})?$/, "RESOURCES_MAX_CPUS must be a number of CPUs (e.g. 4 or 0.5)")
     .optional(),
   NOTIFICATIONS_DENY_HOSTS: z.string().max(10_000, "NOTIFICATIONS_DENY_HOSTS is too long").optional(),
+  SETUP_IMAGE_MAX_LAYER_MB: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,6}$/, "SETUP_IMAGE_MAX_LAYER_MB must be a whole number of MiB")
+    .optional(),
+  SETUP_IMAGE_MAX_ENVIRONMENT_MB: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,7}$/, "SETUP_IMAGE_MAX_ENVIRONMENT_MB must be a whole number of MiB")
+    .optional(),
+  SETUP_IMAGE_UNUSED_DAYS: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,3}$/, "SETUP_IMAGE_UNUSED_DAYS must be a whole number of days (1-9999)")
+    .optional(),
+  SETUP_IMAGE_WAIT_SECONDS: z
+    .string()
+    .regex(/^$|^[1-9]\d{0,4}$/, "SETUP_IMAGE_WAIT_SECONDS must be a whole number of seconds (1-99999)")
+    .optional(),
   NOTIFICATIONS_ADMIT_LOOPBACK: z
     .enum(["", "true", "false"], { error: "NOTIFICATIONS_ADMIT_LOOPBACK must be true or false" })
     .optional(),
@@ -74,7 +90,27 @@ export interface Config {
   readonly maxActiveRuns: number;
   /** Where run-end notifications may go (src/notifications/target.ts). */
   readonly notificationTargets: TargetPolicy;
+  readonly setupImages: SetupImageSettings;
 }
+
+/** Setup images (shared/contract/setup-image.ts): their bounds, how long they wait and are kept. */
+export interface SetupImageSettings {
+  /** A layer larger than this is not kept (the run goes on, its setup uncached). */
+  readonly maxLayerBytes: number;
+  /** An environment's built layers together; a new one past it is not kept. */
+  readonly maxEnvironmentBytes: number;
+  /** The reaper drops a setup image nobody started from for this long. */
+  readonly unusedMs: number;
+  /** A sandbox waits this long for another run's build of its key, then builds its own. */
+  readonly waitMs: number;
+}
+
+export const DEFAULT_SETUP_IMAGE_SETTINGS = {
+  maxLayerMb: 2048,
+  maxEnvironmentMb: 10_240,
+  unusedDays: 14,
+  waitSeconds: 600,
+} as const;
 
 /** Runs at once per environment when RUNS_MAX_ACTIVE_PER_ENVIRONMENT is unset (case K4). */
 export const DEFAULT_MAX_ACTIVE_RUNS = 10;
@@ -120,7 +156,20 @@ export function loadConfig(env: Env): Config {
     },
     maxActiveRuns: Number(parsed.data.RUNS_MAX_ACTIVE_PER_ENVIRONMENT || DEFAULT_MAX_ACTIVE_RUNS),
     notificationTargets: { deny, admitLoopback: parsed.data.NOTIFICATIONS_ADMIT_LOOPBACK === "true" },
+    setupImages: setupImageSettings(parsed.data),
   };
   cache.set(env, config);
   return config;
+}
+
+const MIB = 1024 * 1024;
+
+function setupImageSettings(vars: z.infer<typeof EnvSchema>): SetupImageSettings {
+  const d = DEFAULT_SETUP_IMAGE_SETTINGS;
+  return {
+    maxLayerBytes: Number(vars.SETUP_IMAGE_MAX_LAYER_MB || d.maxLayerMb) * MIB,
+    maxEnvironmentBytes: Number(vars.SETUP_IMAGE_MAX_ENVIRONMENT_MB || d.maxEnvironmentMb) * MIB,
+    unusedMs: Number(vars.SETUP_IMAGE_UNUSED_DAYS || d.unusedDays) * 86_400_000,
+    waitMs: Number(vars.SETUP_IMAGE_WAIT_SECONDS || d.waitSeconds) * 1000,
+  };
 }

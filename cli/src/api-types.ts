@@ -1339,6 +1339,11 @@ export interface components {
             resources?: components["schemas"]["RunResources"];
             /** @description Run by `sh -c` as root of the sandbox before the commands (package installs); through the proxy like everything else */
             setup?: string[];
+            /**
+             * @description use (default): start from this environment's setup image when the same setup was kept before; rebuild: run setup again and replace it
+             * @enum {string}
+             */
+            setupImage?: "use" | "rebuild";
             tasks?: components["schemas"]["TaskSpec"][];
         };
         RunSummary: {

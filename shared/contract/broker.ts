@@ -32,5 +32,10 @@ export const BrokerCode = z.enum([
   "archive_invalid",
   "archive_too_large",
   "archive_inconsistent",
+  // Setup images (contract/setup-image.ts).
+  /** The run's environment has no built setup image of that key (never another's: case P3). */
+  "setup_image_not_found",
+  /** The environment's setup images reached SETUP_IMAGE_MAX_ENVIRONMENT_MB. */
+  "setup_images_full",
 ]);
 export type BrokerCode = z.infer<typeof BrokerCode>;

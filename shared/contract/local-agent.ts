@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { RoutingMode } from "./policy";
+import { ImageDigest } from "./setup-image";
 
 // The wire contract between the sandbox broker (Worker) and the local host agent (Node, root, on
 // the development machine). Imported by both sides. Every call carries
@@ -26,6 +27,12 @@ import { RoutingMode } from "./policy";
 //                                             file's redirect entries rewritten from outside)
 //   GET    /v1/sandboxes/{id}/artifacts?dir=&maxBytes=&maxFiles= → a .tar.gz (bw-collect's, as the
 //                                             execute stage's uid; see contract/bundle.ts)
+//   POST   /v1/sandboxes/{id}/capture          ← CaptureLayer → CapturedImage (contract/setup-image.ts;
+//                                             a sandbox made with `capture`, sealed, before any
+//                                             command: its filesystem changes kept as a layer)
+//   GET    /v1/layers                          → LayerList (the setup layers this agent keeps)
+//   DELETE /v1/layers/{digest}                 → 204 (also when gone); 409 in_use while a live
+//                                             sandbox starts from it
 //
 // Errors are problem+json with a `code` from AgentErrorCode.
 
@@ -72,29 +79,45 @@ export const DEFAULT_RESOURCES: Record<SandboxKind, Resources> = {
 export const ResourceLimit = z.enum(["memory", "pids"]);
 export type ResourceLimit = z.infer<typeof ResourceLimit>;
 
-export const CreateSandbox = z.discriminatedUnion("kind", [
-  z.strictObject({
-    kind: z.literal("proxy"),
-    id: Id,
-    runId: Id,
-    resources: Resources.optional(),
-  }),
-  z.strictObject({
-    kind: z.enum(["work", "task", "orchestrator"]),
-    id: Id,
-    runId: Id,
-    /** The run's proxy sandbox: the only route out of this one. */
-    proxySandboxId: Id,
-    /**
-     * default: only connections to the proxy's address on 80/443 are redirected to the proxy;
-     * other traffic is forwarded (masqueraded) out through the proxy namespace.
-     * catch-all: every TCP 80/443 goes to the proxy, UDP/TCP 53 to the proxy's resolver,
-     * everything else is dropped in the proxy namespace (out of this sandbox's reach).
-     */
-    routing: RoutingMode,
-    resources: Resources.optional(),
-  }),
-]);
+export const CreateSandbox = z
+  .discriminatedUnion("kind", [
+    z.strictObject({
+      kind: z.literal("proxy"),
+      id: Id,
+      runId: Id,
+      resources: Resources.optional(),
+    }),
+    z.strictObject({
+      kind: z.enum(["work", "task", "orchestrator"]),
+      id: Id,
+      runId: Id,
+      /** The run's proxy sandbox: the only route out of this one. */
+      proxySandboxId: Id,
+      /**
+       * default: only connections to the proxy's address on 80/443 are redirected to the proxy;
+       * other traffic is forwarded (masqueraded) out through the proxy namespace.
+       * catch-all: every TCP 80/443 goes to the proxy, UDP/TCP 53 to the proxy's resolver,
+       * everything else is dropped in the proxy namespace (out of this sandbox's reach).
+       */
+      routing: RoutingMode,
+      resources: Resources.optional(),
+      /**
+       * A setup image's builder: its filesystem changes stay readable by the agent (never by the
+       * sandbox) so that POST …/capture can keep them once setup is sealed.
+       */
+      capture: z.literal(true).optional(),
+      /**
+       * Start from this stored layer (GET /v1/layers) over the work image, with no setup stage: the
+       * agent checks the layer's bytes against the digest first (setup_image_missing,
+       * setup_image_mismatch) and never starts around a bad one.
+       */
+      layer: z.strictObject({ digest: ImageDigest }).optional(),
+    }),
+  ])
+  .refine((c) => c.kind === "proxy" || !(c.capture && c.layer), {
+    message: "a sandbox started from a layer has no setup to capture",
+    path: ["capture"],
+  });
 export type CreateSandbox = z.infer<typeof CreateSandbox>;
 
 export const SandboxInfo = z.strictObject({
@@ -264,6 +287,11 @@ export const AgentHealth = z.strictObject({
   ok: z.boolean(),
   /** When not ok: each reason this machine cannot isolate a sandbox, in plain words. */
   problems: z.array(z.string()),
+  /**
+   * The work image sandboxes start from, by digest (`sha256:` and buildah's image id): a setup
+   * image's base (its key, contract/setup-image.ts). Null while the agent has not read it.
+   */
+  workImageId: ImageDigest.nullable().default(null),
 });
 export type AgentHealth = z.infer<typeof AgentHealth>;
 
@@ -281,5 +309,38 @@ export const AgentErrorCode = z.enum([
    * sandbox runs nothing more; destroy it.
    */
   "setup_not_sealed",
+  /** Capture: the sandbox is not sealed yet (its setup could still be writing). */
+  "not_sealed",
+  /** Capture: a command already ran in it, or it was not made with `capture`. */
+  "capture_too_late",
+  /** Create from a layer: the agent has no complete layer of that digest. */
+  "setup_image_missing",
+  /** Create from a layer: the stored bytes do not hash to the digest (removed, never started). */
+  "setup_image_mismatch",
+  /** Capture: the layer is larger than the caller's bound. */
+  "setup_image_too_large",
+  /** Capture: the changes hold what a layer cannot keep (an owner it cannot map, a device…). */
+  "setup_image_unsupported",
+  /** Capture: a file holds one run's own wiring (its CA): never kept (case P4). */
+  "setup_image_holds_run_files",
+  /** DELETE /v1/layers/{digest}: a live sandbox starts from it. */
+  "in_use",
 ]);
 export type AgentErrorCode = z.infer<typeof AgentErrorCode>;
+
+/** POST /v1/sandboxes/{id}/capture: the largest layer the caller keeps (over → setup_image_too_large). */
+export const CaptureLayer = z.strictObject({ maxBytes: z.number().int().min(1) });
+export type CaptureLayer = z.infer<typeof CaptureLayer>;
+
+export const LayerList = z.strictObject({
+  layers: z.array(
+    z.strictObject({
+      digest: ImageDigest,
+      bytes: z.number().int().min(0),
+      createdAt: z.string(),
+      /** Live sandboxes started from it (a DELETE waits until none). */
+      inUse: z.number().int().min(0),
+    }),
+  ),
+});
+export type LayerList = z.infer<typeof LayerList>;

@@ -2,6 +2,7 @@ import { z } from "zod";
 import { BundleHash } from "./bundle";
 import { DEFAULT_RESOURCES, type Resources, type SandboxKind } from "./local-agent";
 import type { ModelBudget } from "./policy";
+import { SetupImageMode } from "./setup-image";
 
 // What a user may ask of a run (the body of POST /v1/runs, a webhook's run template), and the
 // form a row keeps it in. Parsed once at the edge (the API, the runs page, a webhook) and
@@ -139,6 +140,14 @@ export const RunSpec = z
     }),
     /** Setup commands of every work, task and orchestrator sandbox (a task's own follow). */
     setup: SetupCommands.optional(),
+    /**
+     * use (absent means use): each distinct setup runs once and is kept as a setup image that
+     * later sandboxes and runs of this environment start from; rebuild: run it again and replace it.
+     */
+    setupImage: SetupImageMode.optional().meta({
+      description:
+        "use (default): start from this environment's setup image when the same setup was kept before; rebuild: run setup again and replace it",
+    }),
     resources: RunResources.optional(),
     /**
      * The model the benchmark evaluates: a vault model's name (GET /v1/vault/models), else the

@@ -9,6 +9,12 @@ import type {
   SealResult,
 } from "@benchwright/shared/contract/local-agent";
 import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import type {
+  CapturedImage,
+  SetupImageClaim,
+  SetupImageKey,
+  SetupImageMode,
+} from "@benchwright/shared/contract/setup-image";
 import type { ExecPoll } from "./backend";
 
 // The sandbox broker's contract (sandbox-broker.ts implements it): what a run's coordinator and
@@ -39,7 +45,31 @@ export type SandboxRequest =
       resources?: Resources;
       /** The sandbox has setup commands (a setup stage ended by seal). */
       setup?: boolean;
+      /** A setup image's builder (its claim said build): its changes can be captured after seal. */
+      capture?: true;
+      /**
+       * Start from the run's environment's built setup image of this key (its claim said use):
+       * the broker reads the digest itself; no setup stage. A key the environment has not built
+       * is refused (setup_image_not_found); a layer the backend finds missing or not matching its
+       * digest is refused (setup_image_missing, setup_image_mismatch) and its row dropped, so
+       * that the next claim builds it again (case P6).
+       */
+      setupImage?: { key: SetupImageKey };
     };
+
+/**
+ * A sandbox's setup as the coordinator knows it: the broker adds the backend and the work image's
+ * digest and hashes the lot (setupImageKey).
+ */
+export interface SetupImageRequest {
+  /** The run's setup commands, then the task's own (Worker.setup). */
+  setup: string[];
+  /** The run's bundle (sha256), or null. */
+  bundle: string | null;
+  /** The sandbox's resources (resourcesFor its kind); memoryMb and pids enter the key. */
+  resources: Resources;
+  mode: SetupImageMode;
+}
 
 /** The run's bundle, named (never carried): the broker reads its bytes from R2 itself. */
 export interface BundleRequest {
@@ -89,4 +119,29 @@ export interface BrokerApi {
   destroyRun(runId: string, options?: { keepProxy?: boolean }): Promise<BrokerResult<number>>;
   /** Destroys the backends' sandboxes that no live record owns (the sweep's own instance). */
   sweepUnowned(): Promise<BrokerResult<SweepReport>>;
+  /**
+   * What to do about this sandbox's setup (contract/setup-image.ts SetupImageClaim). Claiming
+   * again as the builder renews its lease; `rebuild` makes this sandbox the builder of a built key.
+   */
+  claimSetupImage(
+    runId: string,
+    sandboxId: string,
+    request: SetupImageRequest,
+  ): Promise<BrokerResult<SetupImageClaim>>;
+  /**
+   * Keeps the builder's filesystem changes as the key's setup image (after seal, before any
+   * command) and records its digest; the first builder to finish wins. Past a size bound:
+   * setup_image_too_large or setup_images_full, and nothing is kept.
+   */
+  captureSetupImage(
+    runId: string,
+    sandboxId: string,
+    key: SetupImageKey,
+  ): Promise<BrokerResult<CapturedImage>>;
+  /** Gives up this sandbox's build of the key (its setup failed): a failed setup is never cached. */
+  releaseSetupImage(runId: string, sandboxId: string, key: SetupImageKey): Promise<BrokerResult<null>>;
+  /** Removes stored setup images from the backends (the sweep's own instance; the reaper asks). */
+  dropSetupImages(
+    images: Array<{ backend: string; digest: string; repository: string | null }>,
+  ): Promise<BrokerResult<{ dropped: string[]; inUse: string[] }>>;
 }

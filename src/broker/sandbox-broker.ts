@@ -10,6 +10,7 @@ import {
   type SealResult,
 } from "@benchwright/shared/contract/local-agent";
 import { resourcesFor } from "@benchwright/shared/contract/run-spec";
+import type { CapturedImage, SetupImageClaim } from "@benchwright/shared/contract/setup-image";
 import { and, eq, inArray, ne } from "drizzle-orm";
 import { bundleKey, findBundle } from "../bundles/rows";
 import { loadConfig } from "../config";
@@ -278,6 +279,24 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
    */
   async sweepUnowned(): Promise<BrokerResult<SweepReport>> {
     return answer(() => this.sweep());
+  }
+
+  // Setup images (issue 34): the contract is fixed in interface.ts; until the broker keeps them,
+  // every setup runs as before (a claim answers none, which the coordinator treats so).
+  async claimSetupImage(): Promise<BrokerResult<SetupImageClaim>> {
+    return { ok: true, value: { role: "none", reason: "setup images are not kept yet" } };
+  }
+
+  async captureSetupImage(): Promise<BrokerResult<CapturedImage>> {
+    return { ok: false, code: "not_supported", message: "setup images are not kept yet", retryable: false };
+  }
+
+  async releaseSetupImage(): Promise<BrokerResult<null>> {
+    return { ok: true, value: null };
+  }
+
+  async dropSetupImages(): Promise<BrokerResult<{ dropped: string[]; inUse: string[] }>> {
+    return { ok: true, value: { dropped: [], inUse: [] } };
   }
 
   private async sweep(): Promise<SweepReport> {

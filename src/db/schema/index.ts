@@ -7,5 +7,6 @@ export * from "./files";
 export * from "./notifications";
 export * from "./retries";
 export * from "./runs";
+export * from "./setup-images";
 export * from "./vault";
 export * from "./webhooks";
