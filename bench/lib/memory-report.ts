@@ -86,7 +86,10 @@ export function memorySection(r: MemoryResults): MemoryResults {
       ratio: times(perConnection),
       target: "≤ 1.1×",
       met: perConnection === null ? null : perConnection <= 1.1,
-      missedBy: perConnection === null ? undefined : `${f(perConnection - 1.1, 2)}×`,
+      missedBy:
+        perConnection === null || minimal === undefined
+          ? undefined
+          : `${f(perConnection - 1.1, 2)}×, needs ≤ ${f(1.1 * minimal.perConnectionKiB, 0)} KiB`,
     },
     {
       measure: "proxy RSS fresh, shipped build vs the minimal Node MITM",
@@ -95,7 +98,10 @@ export function memorySection(r: MemoryResults): MemoryResults {
       ratio: times(fresh),
       target: "≤ 1.2×",
       met: fresh === null ? null : fresh <= 1.2,
-      missedBy: fresh === null ? undefined : `${f(fresh - 1.2, 2)}×`,
+      missedBy:
+        fresh === null || minimal === undefined
+          ? undefined
+          : `${f(fresh - 1.2, 2)}×, needs ≤ ${f(1.2 * minimal.fresh.median)} MiB`,
     },
     {
       measure: `minimal Node MITM RSS holding ${int(r.config.idleConnections)} idle connections (Node's floor)`,

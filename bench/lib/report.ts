@@ -265,7 +265,7 @@ function targetsOf(r: Results): Target[] {
       missedBy:
         mem.perConnection.ratio === null || mem.perConnection.minimal === null
           ? undefined
-          : `${f(mem.perConnection.ratio - GOAL.perConnection, 2)}× (needs ≤ ${f(GOAL.perConnection * mem.perConnection.minimal, 0)} KiB)`,
+          : `${f(mem.perConnection.ratio - GOAL.perConnection, 2)}×, needs ≤ ${f(GOAL.perConnection * mem.perConnection.minimal, 0)} KiB`,
     },
     {
       name: "proxy RSS fresh vs the minimal Node MITM's",
@@ -278,7 +278,7 @@ function targetsOf(r: Results): Target[] {
       missedBy:
         mem.fresh.ratio === null || mem.fresh.minimal === null
           ? undefined
-          : `${f(mem.fresh.ratio - GOAL.fresh, 2)}× (needs ≤ ${f(GOAL.fresh * mem.fresh.minimal)} MiB)`,
+          : `${f(mem.fresh.ratio - GOAL.fresh, 2)}×, needs ≤ ${f(GOAL.fresh * mem.fresh.minimal)} MiB`,
     },
     {
       name: "splice (no TLS termination, bytes relayed) keep-alive req/s vs direct",
