@@ -1,7 +1,7 @@
 import { and, eq, inArray, isNull, lt, lte, ne, or, sql } from "drizzle-orm";
 import type { BrokerApi } from "../broker/interface";
 import { setupImages } from "../db/schema";
-import type { Db } from "../db/types";
+import type { Q } from "../db/types";
 
 // The reaper's part of setup images (called once per sweep from src/reaper/reconcile.ts):
 //   - a `building` row whose lease lapsed LAPSED_BUILD_MS ago: its builder is gone (the run
@@ -40,7 +40,7 @@ const sameArtifact = (a: Artifact, b: Artifact) =>
   a.backend === b.backend && a.digest === b.digest && a.repository === b.repository;
 
 export async function reapSetupImages(
-  db: Db,
+  db: Q,
   drop: DropPort,
   unusedMs: number,
   now: number,
