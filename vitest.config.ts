@@ -66,7 +66,13 @@ export default defineConfig({
           // machine a few take 5-8 s, and several times that with both cores busy. Nothing here
           // asserts time, so the bound only catches a test that hangs.
           testTimeout: 60_000,
-          globalSetup: ["./test/setup/database.ts", "./test/setup/contracts.ts", "./test/setup/receiver.ts"],
+          globalSetup: [
+            "./test/setup/database.ts",
+            "./test/setup/contracts.ts",
+            "./test/setup/receiver.ts",
+            // The real OCI registry (docker-registry with token auth); Node tests start their own.
+            "./test/setup/registry.ts",
+          ],
           setupFiles: ["./test/setup/zod-openapi.ts"],
         },
       },

@@ -20,7 +20,6 @@ import { blockedHostsRoutes } from "./routes/blocked-hosts";
 import { bugReportsRoutes } from "./routes/bug-reports";
 import { bundlesRoutes } from "./routes/bundles";
 import { computeRoutes } from "./routes/compute";
-import { computeImagesRoutes } from "./routes/compute-images";
 import { egressAgentRoutes, egressTokenRoutes } from "./routes/egress-agent";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
@@ -131,7 +130,6 @@ export function createApp(options: AppOptions = {}) {
   app.route("/hooks", deliveryRoutes);
   // Outside /v1 and its document: a run's work or orchestrator sandbox calls it with its capability.
   app.route("/compute", computeRoutes);
-  app.route("/compute", computeImagesRoutes);
   // Outside /v1 and its document: the user's egress agent calls it with its run's egress token.
   app.route("/egress-agent", egressAgentRoutes);
   app.route("/", pageRoutes);

@@ -1,15 +1,13 @@
 import { z } from "zod";
 import { ConfigError } from "../config";
+import { PATH_COMPONENT, type RegistrySettings } from "./settings";
 import { importSigningKey, type SigningKey, SigningKeyError } from "./token";
 
-// The image build cache's registry settings, parsed from the Worker's vars and the secret
-// REGISTRY_SIGNING_KEY on first use (not at startup: a deployment without a cache is valid, and
-// its other routes must not fail for it). An empty REGISTRY_URL means "no cache here"; a set one
+// The setup images' registry settings (the registry path: sandbox0, E2B), parsed from the
+// Worker's vars and the secret REGISTRY_SIGNING_KEY on first use (not at startup: a deployment
+// without a registry is valid, and its other routes must not fail for it). An empty REGISTRY_URL means "no cache here"; a set one
 // makes the rest required, and a malformed value is config_invalid naming the variable, never
 // its value.
-
-/** A repository path component (distribution's grammar): lowercase alphanumerics and separators. */
-export const PATH_COMPONENT = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$/;
 
 const Prefix = z
   .string()
@@ -27,17 +25,6 @@ const RegistryVars = z.object({
   REGISTRY_ISSUER: z.string({ error: "REGISTRY_ISSUER is not set" }).min(1, "REGISTRY_ISSUER is empty"),
   REGISTRY_SIGNING_KEY: z.string({ error: "REGISTRY_SIGNING_KEY is not set" }),
 });
-
-export interface RegistrySettings {
-  /** Origin the broker calls, e.g. https://registry.example.com (no path, no trailing slash). */
-  readonly url: string;
-  /** host[:port] as image references spell the registry, e.g. registry.example.com. */
-  readonly host: string;
-  readonly prefix: string;
-  readonly service: string;
-  readonly issuer: string;
-  readonly signingKey: SigningKey;
-}
 
 const LOOPBACK = new Set(["127.0.0.1", "localhost", "[::1]"]);
 
@@ -65,7 +52,7 @@ async function parse(env: Env): Promise<RegistrySettings | null> {
   } catch {
     throw new ConfigError("REGISTRY_URL is not a URL");
   }
-  // Every request to it carries a token that can read (the broker's) or write (a push) the cache,
+  // Every request to it carries a token that can read or write (the broker's own push) the images,
   // so plain http only where it cannot leave the machine: local development and the tests.
   if (url.protocol !== "https:" && !(url.protocol === "http:" && LOOPBACK.has(url.hostname))) {
     throw new ConfigError("REGISTRY_URL must be https:// (http:// only on loopback)");

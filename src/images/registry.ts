@@ -1,15 +1,16 @@
 import { fail, ok, type Result } from "../errors";
-import type { RegistrySettings } from "./config";
+import type { RegistrySettings } from "./settings";
 import { mintRegistryToken } from "./token";
 
-// The broker's registry client: fetch only (it runs in workerd), and only what the cache needs,
-// reading which manifest a tag points at. Requests go out without credentials; a 401 with a
+// The broker's registry reader: fetch only (it runs in workerd and Node), and only what setup
+// images need, reading the manifest a tag or digest names (push.ts reads a base image through it
+// and reads its own push back). Requests go out without credentials; a 401 with a
 // Bearer challenge is answered once with a pull token the broker mints for itself, for the one
 // repository it is reading, whatever scope the challenge asks for. The challenge's realm is never
 // called: the broker is the token issuer, and sending anything to a URL a registry names would
 // let a misconfigured (or hostile) registry point the broker elsewhere.
 
-/** The manifest media types the cache runs: OCI and Docker v2 images and their indexes. */
+/** The manifest media types a registry image can have here: OCI and Docker v2 images and indexes. */
 export const MANIFEST_MEDIA_TYPES = [
   "application/vnd.oci.image.index.v1+json",
   "application/vnd.oci.image.manifest.v1+json",
@@ -23,12 +24,13 @@ const REQUEST_TIMEOUT_MS = 10_000;
 /** distribution's own limit for a manifest body. */
 const MAX_MANIFEST_BYTES = 4 * 1024 * 1024;
 
-const REPOSITORY = /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
+export const REPOSITORY =
+  /^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:\/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$/;
 const TAG = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$/;
-const DIGEST = /^sha256:[a-f0-9]{64}$/;
+export const DIGEST = /^sha256:[a-f0-9]{64}$/;
 
 export type ManifestLookup =
-  | { found: true; digest: string; mediaType: string; size: number }
+  | { found: true; digest: string; mediaType: string; size: number; body: Uint8Array }
   | { found: false };
 
 export interface RegistryClient {
@@ -51,7 +53,7 @@ export function registryClient(settings: RegistrySettings, fetcher: typeof fetch
 
   return {
     async manifest(repository, reference) {
-      // Both go into the URL as they are: only names the cache made itself are read.
+      // Both go into the URL as they are: only names the broker made or checked itself are read.
       if (!REPOSITORY.test(repository) || !(TAG.test(reference) || DIGEST.test(reference))) {
         return fail("internal_error", "Not a repository name and tag or digest.");
       }
@@ -115,7 +117,7 @@ async function readManifest(res: Response): Promise<Result<ManifestLookup>> {
   if (body.byteLength > MAX_MANIFEST_BYTES)
     return fail("registry_refused", "The manifest is larger than 4 MiB.");
   // The digest is computed from the bytes, not taken from the header: it is what a pull by digest
-  // will check, so it is what the cache records.
+  // will check, so it is what the platform records.
   const digest = `sha256:${hex(new Uint8Array(await crypto.subtle.digest("SHA-256", body)))}`;
   const header = res.headers.get("docker-content-digest");
   if (header?.startsWith("sha256:") && header !== digest) {
@@ -125,7 +127,7 @@ async function readManifest(res: Response): Promise<Result<ManifestLookup>> {
     );
   }
   const mediaType = (res.headers.get("content-type") ?? "").split(";")[0]?.trim() ?? "";
-  return ok({ found: true, digest, mediaType, size: body.byteLength });
+  return ok({ found: true, digest, mediaType, size: body.byteLength, body });
 }
 
 /** The parameters of a `Bearer` challenge (RFC 6750 §3), or null for any other scheme. */
@@ -139,4 +141,4 @@ export function parseChallenge(header: string | null): Record<string, string> | 
   return params;
 }
 
-const hex = (bytes: Uint8Array) => [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
+export const hex = (bytes: Uint8Array) => [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");

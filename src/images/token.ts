@@ -15,8 +15,11 @@ export interface RegistryAccess {
   actions: ("pull" | "push")[];
 }
 
+/** WebCrypto's key type, spelled so that Node's types (the tests) and workerd's both accept it. */
+type WebCryptoKey = Awaited<ReturnType<typeof crypto.subtle.importKey>>;
+
 export interface SigningKey {
-  readonly privateKey: CryptoKey;
+  readonly privateKey: WebCryptoKey;
   /** The JWS `kid`: the JWK's own `kid`, else the key's libtrust fingerprint (see keyFingerprint). */
   readonly kid: string;
 }
@@ -93,7 +96,7 @@ export async function importSigningKey(jwkText: string): Promise<SigningKey> {
  * in groups of four joined by `:`. A token whose `kid` is this verifies against a registry that
  * was given a certificate for the key; one configured with a JWKS matches the JWK's own `kid`.
  */
-export async function keyFingerprint(publicKey: CryptoKey): Promise<string> {
+export async function keyFingerprint(publicKey: WebCryptoKey): Promise<string> {
   const spki = new Uint8Array((await crypto.subtle.exportKey("spki", publicKey)) as ArrayBuffer);
   const sum = new Uint8Array(await crypto.subtle.digest("SHA-256", spki)).slice(0, 30);
   return (base32(sum).match(/.{4}/g) ?? []).join(":");

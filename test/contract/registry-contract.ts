@@ -1,33 +1,32 @@
-// What the OCI registry contract server (registry-server.ts, Node) tells the workerd tests, and
-// what it recorded. Types only, so both the Node global setup and the workerd tests import it.
+// What the misbehaving OCI registry contract server (registry-server.ts, Node) tells the workerd
+// tests, and what it recorded. Types only, so both the Node global setup and the workerd tests
+// import it. The suite's real registry is test/setup/registry.ts.
+
+/** The misbehaviours, each served at /v2/contract/<name>/manifests/<any reference>. */
+export type MisbehaviourName =
+  | "digest-mismatch"
+  | "oversized-declared"
+  | "oversized-streamed"
+  | "redirect"
+  | "basic-challenge"
+  | "server-error";
 
 export interface RegistryContractInfo {
   /** http://127.0.0.1:<port>: the registry's origin. */
   url: string;
-  /** The private ES256 JWK the registry trusts (its public half), as REGISTRY_SIGNING_KEY. */
-  signingKey: string;
-  /** The token audience (REGISTRY_SERVICE) and issuer (REGISTRY_ISSUER) the registry accepts. */
+  /** The service its Bearer challenges name. */
   service: string;
-  issuer: string;
 }
 
-/** One request as the contract registry saw it (no header or token is kept, only the outcome). */
+/** One request as the contract registry saw it: whether it carried a bearer token, never the token. */
 export interface RecordedRequest {
   method: string;
   path: string;
-  /** The repository the request was about, if any. */
-  repository: string | null;
-  /** The actions the request needed on that repository. */
-  needed: string[];
-  auth: "none" | "invalid_token" | "insufficient_scope" | "ok";
-  /** The token's `sub` and `jti` when it verified. */
-  subject: string | null;
-  jti: string | null;
-  status: number;
+  authorized: boolean;
 }
 
 declare module "vitest" {
   export interface ProvidedContext {
-    registry: RegistryContractInfo;
+    registryContract: RegistryContractInfo;
   }
 }

@@ -1,5 +1,4 @@
-import { index, pgTable, text, timestamp, uniqueIndex } from "drizzle-orm/pg-core";
-import { environmentRef } from "./accounts";
+import { index, pgTable, text, timestamp } from "drizzle-orm/pg-core";
 import { createdAt } from "./columns";
 import { runs } from "./runs";
 
@@ -27,30 +26,4 @@ export const computeCapabilities = pgTable(
     createdAt: createdAt(),
   },
   (t) => [index("compute_capabilities_run").on(t.runId)],
-);
-
-// The image build cache: per environment, a content hash of a task's image recipe and the digest
-// the broker read from the registry after the one push it allowed. A later run uses the image
-// by that digest, and only while the registry's tag still names it.
-export const imageBuilds = pgTable(
-  "image_builds",
-  {
-    id: text("id").primaryKey(),
-    environmentId: environmentRef(),
-    // sha256 hex of the recipe (Dockerfile and context), as the requester computed it.
-    contentHash: text("content_hash").notNull(),
-    repository: text("repository").notNull(),
-    tag: text("tag").notNull(),
-    status: text("status", { enum: ["pending", "built"] })
-      .notNull()
-      .default("pending"),
-    // sha256:... read from the registry (Docker-Content-Digest) when the push was confirmed.
-    digest: text("digest"),
-    // The run whose push is allowed (pending), and until when its push credential is valid.
-    pushRunId: text("push_run_id").references(() => runs.id, { onDelete: "set null" }),
-    pushExpiresAt: timestamp("push_expires_at", { withTimezone: true }),
-    createdAt: createdAt(),
-    builtAt: timestamp("built_at", { withTimezone: true }),
-  },
-  (t) => [uniqueIndex("image_builds_environment_hash").on(t.environmentId, t.contentHash)],
 );
