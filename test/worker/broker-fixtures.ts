@@ -27,6 +27,10 @@ export interface SetupImageAnswers {
   capture: (sandboxId: string, maxBytes: number) => Promise<CapturedImage>;
   /** create(): thrown instead of making the sandbox (a layer the backend refuses). */
   createError: Error | null;
+  /** listLayers(): the layers the backend keeps. */
+  layers: Array<{ digest: string; createdAt: string; inUse: number }>;
+  /** dropLayer(): digests a live sandbox starts from (answered in_use). */
+  inUse: string[];
 }
 
 /** A backend that records every call the broker makes, with the arguments. */
@@ -38,6 +42,8 @@ export function recordingBackend(answers: Partial<SetupImageAnswers> = {}) {
       throw new Error("no capture answer set");
     },
     createError: null,
+    layers: [],
+    inUse: [],
     ...answers,
   };
   const record =
@@ -90,9 +96,9 @@ export function recordingBackend(answers: Partial<SetupImageAnswers> = {}) {
     },
     dropLayer: async (digest: string) => {
       calls.push({ method: "dropLayer", sandboxId: "", args: [digest] });
-      return "dropped" as const;
+      return setupImages.inUse.includes(digest) ? ("in_use" as const) : ("dropped" as const);
     },
-    listLayers: async () => [],
+    listLayers: async () => setupImages.layers,
   } satisfies ComputeBackend & { calls: unknown[]; setupImages: SetupImageAnswers };
   return backend;
 }
