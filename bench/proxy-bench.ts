@@ -7,8 +7,9 @@
 //   fixed rate      direct / minimal / proxy, keep-alive, open loop at half the proxy's flat-out
 //                   rate: the latency the proxy adds below saturation
 //   new connection  direct / minimal / proxy, one verified TLS handshake per request
-//   memory          the proxy's (and the minimal MITM's) RSS fresh and holding 1,000 idle
-//                   keep-alive connections, and the proxy's peak
+//   memory          the proxy's and the minimal MITM's RSS fresh, holding 1,000 idle keep-alive
+//                   connections before any load (what one costs) and again after the load rows,
+//                   and their peaks
 //   decisions       index.decide (host policy, then the rule) per lookup at 10 and 100,000 rules
 // and writes its section of bench/results/latest.md and latest.json. It never fails on a number:
 // targets are reported as met or not met. Durations and sizes come from the environment (see CONFIG).
@@ -47,6 +48,7 @@ import {
 import {
   consoleTable,
   countDecisions,
+  type IdleHold,
   type Phase,
   proxySection,
   type Results,
@@ -186,6 +188,18 @@ async function main(): Promise<void> {
       caPem: minimalMitm.caPem,
     };
 
+    // What an idle connection costs each process, before any load has grown its heap: both fresh,
+    // the same connections, so (holding − fresh) / open compares like with like.
+    log(`idle, fresh: ${CONFIG.idleConnections} keep-alive connections to the proxy, then the minimal MITM`);
+    const freshIdle = {
+      proxy: await holdIdle(viaProxy, proxyPid),
+      minimal: await holdIdle(viaMinimal, minimal.pid as number),
+    };
+    log(
+      `  proxy ${freshIdle.proxy.open} open: RSS ${freshIdle.proxy.rssMiB.toFixed(1)} MiB; ` +
+        `minimal MITM ${freshIdle.minimal.open} open: RSS ${freshIdle.minimal.rssMiB.toFixed(1)} MiB`,
+    );
+
     const mitmVersion = CONFIG.mitm ? mitmdumpVersion() : null;
     let mitmNote = CONFIG.mitm ? "not installed, skipped" : "skipped (BENCH_MITM=0)";
     if (mitmVersion) {
@@ -318,31 +332,16 @@ async function main(): Promise<void> {
     }));
     const afterLoadRss = memoryOf(proxyPid)?.rssMiB ?? Number.NaN;
 
-    log(`idle: opening ${CONFIG.idleConnections} keep-alive connections to the proxy`);
-    const idle = await openIdleConnections(viaProxy, {
-      count: CONFIG.idleConnections,
-      concurrency: 64,
-      maxS: CONFIG.idleMaxS,
-    });
-    await new Promise((r) => setTimeout(r, 250));
-    const idleMem = memoryOf(proxyPid);
-    const idleOpen = idle.open();
-    idle.close();
+    log(`idle, after the load rows: ${CONFIG.idleConnections} keep-alive connections to the proxy`);
+    const idle = await holdIdle(viaProxy, proxyPid);
     const peak = memoryOf(proxyPid);
-    log(`  ${idleOpen} open after ${idle.openMs.toFixed(0)} ms: proxy RSS ${idleMem?.rssMiB.toFixed(1)} MiB`);
+    log(`  ${idle.open} open after ${idle.openMs.toFixed(0)} ms: proxy RSS ${idle.rssMiB.toFixed(1)} MiB`);
 
     // The same for the minimal MITM: what Node itself holds per idle TLS connection.
     const minimalAfterLoadRss = memoryOf(minimal.pid as number)?.rssMiB ?? Number.NaN;
-    const minimalIdle = await openIdleConnections(viaMinimal, {
-      count: CONFIG.idleConnections,
-      concurrency: 64,
-      maxS: CONFIG.idleMaxS,
-    });
-    await new Promise((r) => setTimeout(r, 250));
-    const minimalIdleMem = memoryOf(minimal.pid as number);
-    const minimalIdleOpen = minimalIdle.open();
-    minimalIdle.close();
-    log(`  minimal MITM: ${minimalIdleOpen} open: RSS ${minimalIdleMem?.rssMiB.toFixed(1)} MiB`);
+    const minimalIdle = await holdIdle(viaMinimal, minimal.pid as number);
+    const minimalPeak = memoryOf(minimal.pid as number);
+    log(`  minimal MITM: ${minimalIdle.open} open: RSS ${minimalIdle.rssMiB.toFixed(1)} MiB`);
 
     await stopChild(minimal);
     await stopChild(proxy);
@@ -367,19 +366,15 @@ async function main(): Promise<void> {
         proxyFreshRssMiB: freshRss,
         proxyAfterLoadRssMiB: afterLoadRss,
         proxyPeakRssMiB: peak?.hwmMiB ?? Number.NaN,
-        idle: {
-          connections: CONFIG.idleConnections,
-          open: idleOpen,
-          failed: idle.failed,
-          openMs: idle.openMs,
-          rssMiB: idleMem?.rssMiB ?? Number.NaN,
-        },
+        idle,
         minimal: {
           freshRssMiB: minimalFreshRss,
           afterLoadRssMiB: minimalAfterLoadRss,
-          idleOpen: minimalIdleOpen,
-          idleRssMiB: minimalIdleMem?.rssMiB ?? Number.NaN,
+          idleOpen: minimalIdle.open,
+          idleRssMiB: minimalIdle.rssMiB,
+          peakRssMiB: minimalPeak?.hwmMiB ?? Number.NaN,
         },
+        freshIdle,
       },
       decisions: decisionResults,
       proxyDecisionLog: decisions,
@@ -400,6 +395,23 @@ async function main(): Promise<void> {
     if (process.env.BENCH_KEEP_TMP === "1") log(`kept ${dir}`);
     else rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/**
+ * Opens CONFIG.idleConnections keep-alive connections to `target` (each has served one request),
+ * reads the RSS of the process behind it while they are all held, and closes them.
+ */
+async function holdIdle(target: Target, pid: number): Promise<IdleHold> {
+  const idle = await openIdleConnections(target, {
+    count: CONFIG.idleConnections,
+    concurrency: 64,
+    maxS: CONFIG.idleMaxS,
+  });
+  await new Promise((r) => setTimeout(r, 250));
+  const rssMiB = memoryOf(pid)?.rssMiB ?? Number.NaN;
+  const open = idle.open();
+  idle.close();
+  return { connections: CONFIG.idleConnections, open, failed: idle.failed, openMs: idle.openMs, rssMiB };
 }
 
 /** The last splice-bench run (bench/splice-bench.ts writes it), or null. */

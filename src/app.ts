@@ -28,6 +28,7 @@ import { notificationsRoutes } from "./routes/notifications";
 import { runArtifactsRoutes } from "./routes/run-artifacts";
 import { runAuditRoutes } from "./routes/run-audit";
 import { runsRoutes } from "./routes/runs";
+import { setupImagesRoutes } from "./routes/setup-images";
 import { dryRunRoutes } from "./routes/vault-dry-run";
 import { hostsRoutes } from "./routes/vault-hosts";
 import { modelsRoutes } from "./routes/vault-models";
@@ -123,6 +124,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1", notificationsRoutes);
   app.route("/v1", bugReportsRoutes);
   app.route("/v1", bundlesRoutes);
+  app.route("/v1", setupImagesRoutes);
   // Outside /v1 and its document: only a run's proxy calls it.
   app.route("/internal", internalRoutes({ onProxyReady: options.onProxyReady }));
   // Outside /v1 and its document: senders call it without an API key.

@@ -51,6 +51,8 @@ export const ErrorCode = z.enum([
   // A refused bundle: the BundleCode (shared/contract/bundle.ts) that says why.
   ...BundleCode.options,
   "resources_out_of_bounds",
+  // Setup images (DELETE /v1/setup-images/{key}).
+  "setup_image_building",
   // API keys (POST /v1/api-keys).
   "invalid_expiry",
   "scope_too_wide",
@@ -123,6 +125,7 @@ export const ERROR_STATUS = {
   bundle_too_large: 422,
   bundle_too_many_files: 422,
   resources_out_of_bounds: 422,
+  setup_image_building: 409,
   invalid_expiry: 400,
   scope_too_wide: 403,
   invalid_idempotency_key: 400,
@@ -180,6 +183,7 @@ const TITLES: Record<ErrorCode, string> = {
   bundle_too_large: "The bundle unpacks to more than the size bound",
   bundle_too_many_files: "The bundle has more entries than the count bound",
   resources_out_of_bounds: "Resources outside this deployment's bounds",
+  setup_image_building: "The setup image is being built; it can be dropped once built",
   invalid_expiry: "An API key's expiry must be in the future, and only one of expiresAt and expiresIn",
   scope_too_wide: "A key cannot make a key with a wider scope than its own",
   invalid_idempotency_key: "Idempotency-Key must be 1-255 printable ASCII characters",

@@ -418,6 +418,46 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/setup-images": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * This environment's setup images, most recently used first
+         * @description One per key: the sha256 of what shapes the setup's result (the work image, the bundle, the setup commands in order, memoryMb and pids). `building`: a run is making it; `built`: sandboxes with its key start from it and skip setup; `dropping`: asked to go, removed by the reaper.
+         */
+        get: operations["listSetupImages"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/setup-images/{key}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Drop a setup image: the next run with its key runs setup and builds it again
+         * @description Marks it `dropping` at once (no sandbox starts from it any more); the reaper then removes the stored layer or image and the record. 409 setup_image_building while a run is building or rebuilding it; another environment's key is 404 not_found, like an unknown one.
+         */
+        delete: operations["dropSetupImage"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/vault/dry-run": {
         parameters: {
             query?: never;
@@ -1174,7 +1214,7 @@ export interface components {
         };
         Problem: {
             /** @enum {string} */
-            code: "unauthorized" | "read_only_key" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "invalid_expiry" | "scope_too_wide" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "invalid_notification_url" | "too_many_notifications" | "config_invalid" | "database_unavailable" | "internal_error";
+            code: "unauthorized" | "read_only_key" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "invalid_content_hash" | "registry_not_configured" | "registry_unreachable" | "registry_refused" | "image_not_pushed" | "image_tag_changed" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "setup_image_building" | "invalid_expiry" | "scope_too_wide" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "invalid_notification_url" | "too_many_notifications" | "config_invalid" | "database_unavailable" | "internal_error";
             detail: string;
             requestId: string;
             status: number;
@@ -1390,6 +1430,24 @@ export interface components {
             name: string;
             /** Format: date-time */
             updatedAt: string;
+        };
+        SetupImage: {
+            /** @enum {string} */
+            backend: "sandbox0" | "e2b" | "local";
+            builtAt: string | null;
+            builtBy: string | null;
+            bundle: string | null;
+            digest: string | null;
+            key: string;
+            lastUsedAt: string | null;
+            resources: {
+                memoryMb: number;
+                pids: number;
+            };
+            setup: string[];
+            sizeBytes: number | null;
+            /** @enum {string} */
+            status: "building" | "built" | "dropping";
         };
         TaskSpec: {
             commands: string[];
@@ -3189,6 +3247,135 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RunSummary"];
+                };
+            };
+            /** @description Problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listSetupImages: {
+        parameters: {
+            query?: {
+                /** @description nextCursor of the previous page; opaque */
+                cursor?: string;
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description Cursor of the next page; null on the last */
+                        nextCursor: string | null;
+                        setupImages: components["schemas"]["SetupImage"][];
+                    };
+                };
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    dropSetupImage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Marked for dropping */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             /** @description Problem details */

@@ -1,6 +1,7 @@
 import { consoleLog } from "@benchwright/shared/contract/log";
 import { TERMINAL_STATES } from "@benchwright/shared/contract/run-states";
 import { and, eq, inArray, lt, notInArray, or } from "drizzle-orm";
+import type { BrokerApi } from "../broker/interface";
 import { brokerStub, sweepBrokerStub } from "../broker/sandbox-broker";
 import { loadConfig } from "../config";
 import { coordinatorStub } from "../coordinator/client";
@@ -10,6 +11,7 @@ import { runs, sandboxes } from "../db/schema";
 import { purgeExpiredKeys } from "../idempotency/store";
 import { wakeNotifier } from "../notifications/notifier";
 import { overdueRuns } from "../notifications/service";
+import { reapSetupImages, type SetupImageReap } from "../setup-images/reap";
 
 // The cron trigger's backstop (wrangler.toml [triggers]). Each run's coordinator drives it with
 // its own alarm; this only catches what an alarm missed, and is idempotent:
@@ -23,6 +25,8 @@ import { overdueRuns } from "../notifications/service";
 //     have ended it on time): ended through its coordinator (`linger_lapsed`).
 //   - Idempotency-Keys past their day (src/idempotency): forgotten.
 //   - a run-end notification overdue by NOTIFY_GRACE_MS (src/notifications): its notifier woken.
+//   - setup images (src/setup-images/reap.ts): abandoned builds deleted, unused ones dropped
+//     (their stored artifacts through the sweep's broker, then their rows).
 
 export const STALE_MS = 2 * 60_000;
 export const ORPHAN_MS = 5 * 60_000;
@@ -49,10 +53,13 @@ export interface ReconcileReport {
   expiredKeys: number;
   /** Runs whose notifier had an overdue delivery and was woken (its wake-up call was lost). */
   notifiersWoken: string[];
+  /** Setup image rows deleted, marked or kept (ids), or why the step did not run. */
+  setupImages: SetupImageReap | { skipped: string };
 }
 
 export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileReport> {
-  const { db, close } = openDb(loadConfig(env));
+  const config = loadConfig(env);
+  const { db, close } = openDb(config);
   const report: ReconcileReport = {
     reaped: {},
     nudged: {},
@@ -60,6 +67,7 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
     unowned: { skipped: "not reached" },
     expiredKeys: 0,
     notifiersWoken: [],
+    setupImages: { skipped: "not reached" },
   };
   try {
     const stuck = await db
@@ -137,6 +145,17 @@ export async function reconcile(env: Env, now = Date.now()): Promise<ReconcileRe
       // The next sweep looks again.
     }
     try {
+      const broker: Pick<BrokerApi, "dropSetupImages"> = sweepBrokerStub(env);
+      report.setupImages = await reapSetupImages(
+        db,
+        (images) => broker.dropSetupImages(images),
+        config.setupImages.unusedMs,
+        now,
+      );
+    } catch {
+      report.setupImages = { skipped: "database_error" };
+    }
+    try {
       const swept = await sweepBrokerStub(env).sweepUnowned();
       // The backend is away: the next sweep tries again.
       report.unowned = swept.ok ? swept.value : { skipped: "backend_unreachable" };
@@ -159,8 +178,16 @@ function sweepLevel(report: ReconcileReport): "info" | "warn" | "error" {
     ...Object.values(report.tornDown),
   ];
   const unowned = "destroyed" in report.unowned ? report.unowned : null;
-  if (outcomes.includes("error") || (unowned?.errors.length ?? 0) > 0) return "error";
+  const images = "lapsed" in report.setupImages ? report.setupImages : null;
+  const imagesFailed =
+    images?.error !== undefined ||
+    ("skipped" in report.setupImages && report.setupImages.skipped === "database_error");
+  if (outcomes.includes("error") || (unowned?.errors.length ?? 0) > 0 || imagesFailed) return "error";
+  // An abandoned build is something a run's teardown missed; dropping unused images is routine.
   const acted =
-    Object.keys(report.reaped).length + Object.keys(report.tornDown).length + report.notifiersWoken.length;
+    Object.keys(report.reaped).length +
+    Object.keys(report.tornDown).length +
+    report.notifiersWoken.length +
+    (images?.lapsed.length ?? 0);
   return acted > 0 || (unowned?.destroyed.length ?? 0) > 0 ? "warn" : "info";
 }

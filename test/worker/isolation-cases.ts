@@ -29,12 +29,13 @@ import { auditRows } from "./run-fixtures";
 export const CASES: Record<string, Case> = { ...ACCOUNT_CASES, ...VAULT_CASES, ...RUN_CASES, ...FILE_CASES };
 
 /** What the test of a case with a check of its own says A's key reaches, by the case's kind. */
-const REACHES: Record<"run" | "webhook" | "notification" | "apiKey" | "bundle", string> = {
+const REACHES: Record<"run" | "webhook" | "notification" | "apiKey" | "bundle" | "setupImage", string> = {
   run: "A's runs only",
   webhook: "A's webhooks only",
   notification: "A's notification URLs only",
   apiKey: "A's API keys only",
   bundle: "A's bundles only (case H3)",
+  setupImage: "A's setup images only (case P3)",
 };
 
 /** The test of each case of `cases` (one `it` per operation), for the caller's describe block. */
@@ -129,7 +130,8 @@ export function caseTests(cases: Record<string, Case>): void {
       c.kind === "webhook" ||
       c.kind === "notification" ||
       c.kind === "apiKey" ||
-      c.kind === "bundle"
+      c.kind === "bundle" ||
+      c.kind === "setupImage"
     ) {
       it(`${op}: A's key reaches ${REACHES[c.kind]}`, async () => {
         const ctx = await twoVaults();
@@ -204,7 +206,11 @@ export function pathFor(op: string, v: Vault): string {
             : c?.kind === "apiKey" && c.id
               ? v.t.keyId
               : "no_case_for_this_route";
-  return path.replace("{id}", id).replace("{sha256}", v.bundle).replace("{artifactId}", v.artifactId);
+  return path
+    .replace("{id}", id)
+    .replace("{sha256}", v.bundle)
+    .replace("{artifactId}", v.artifactId)
+    .replace("{key}", v.setupImage);
 }
 
 /** A call of `op` that would succeed for its owner: a real id of `v` and a valid body. */

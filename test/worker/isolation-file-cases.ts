@@ -1,12 +1,12 @@
 import { eq } from "drizzle-orm";
 import { expect } from "vitest";
-import { bundles } from "../../src/db/schema";
+import { bundles, setupImages } from "../../src/db/schema";
 import { file, tarGz, upload } from "./archives";
-import { expectProblem, withDb } from "./harness";
+import { call, expectProblem, withDb } from "./harness";
 import { type Case, expectNoWidening, expectStatus, ownRunOnly, type Vault } from "./isolation-fixtures";
 
-// The isolation cases of stored files: a run's artifacts (the list and one download) and bundles
-// (an upload, a read by hash; case H3): one per operation, merged into the table of the whole
+// The isolation cases of stored files: a run's artifacts (the list and one download), bundles
+// (an upload, a read by hash; case H3) and setup images (the list, a drop; case P3): one per operation, merged into the table of the whole
 // document in isolation-cases.ts; isolation-files.test.ts runs them. Apart from the other run
 // routes because what they guard is the content of files, not only rows.
 
@@ -14,6 +14,17 @@ import { type Case, expectNoWidening, expectStatus, ownRunOnly, type Vault } fro
 async function bundleRows(v: Vault) {
   return withDb((db) =>
     db.select().from(bundles).where(eq(bundles.environmentId, v.t.environmentId)).orderBy(bundles.sha256),
+  );
+}
+
+/** A tenant's setup image rows. */
+async function setupImageRows(v: Vault) {
+  return withDb((db) =>
+    db
+      .select()
+      .from(setupImages)
+      .where(eq(setupImages.environmentId, v.t.environmentId))
+      .orderBy(setupImages.id),
   );
 }
 
@@ -78,6 +89,48 @@ export const FILE_CASES: Record<string, Case> = {
       expect(res.text).not.toContain(b.t.environmentId);
       const own = expectStatus(await a.t.api(method, path.replace("{sha256}", a.bundle)), 200, "read");
       expect(own.json.sha256).toBe(a.bundle);
+    },
+  },
+  "GET /v1/setup-images": {
+    kind: "setupImage",
+    id: false,
+    check: async ({ a, b }, method, path) => {
+      const res = expectStatus(await a.t.api(method, path), 200, "list");
+      expect(res.json.setupImages.map((i: { key: string }) => i.key)).toEqual([a.setupImage]);
+      expect(res.text).not.toContain(b.setupImage);
+      expect(res.text).not.toContain(b.tag);
+      expect(res.text).not.toContain(b.runId);
+      // A query naming B's environment cannot widen it.
+      expectProblem(
+        await a.t.api(method, `${path}?environmentId=${b.t.environmentId}`),
+        400,
+        "unknown_field",
+      );
+    },
+  },
+  "DELETE /v1/setup-images/{key}": {
+    kind: "setupImage",
+    id: true,
+    check: async ({ a, b }, method, path) => {
+      const bBefore = await setupImageRows(b);
+      const theirs = expectProblem(
+        await a.t.api(method, path.replace("{key}", b.setupImage)),
+        404,
+        "not_found",
+      );
+      expect(theirs.text).not.toContain(b.t.environmentId);
+      expect(await setupImageRows(b)).toEqual(bBefore);
+      // A read key of A's may list them but not drop one.
+      const read = expectStatus(
+        await a.t.api("POST", "/v1/api-keys", { name: "read", scope: "read" }),
+        201,
+        "read key",
+      ).json.key as string;
+      const own = path.replace("{key}", a.setupImage);
+      expectProblem(await call(read, method, own), 403, "read_only_key");
+      expect((await setupImageRows(a)).map((r) => r.status)).toEqual(["built"]);
+      expectStatus(await a.t.api(method, own), 204, "drop own");
+      expect((await setupImageRows(a)).map((r) => r.status)).toEqual(["dropping"]);
     },
   },
 };

@@ -25,9 +25,10 @@ import { collectArchive, file, tarGz, upload } from "./archives";
 import { type ApiResponse, BASE, expectProblem, newTenant, principal, type Tenant, withDb } from "./harness";
 import { newCanary } from "./leaks";
 import { runWithAudit } from "./run-fixtures";
+import { plantSetupImage } from "./setup-image-fixtures";
 
 // The two tenants every isolation test sets up (A and B, each with a full vault, a run with
-// audit rows, a webhook, a notification URL, a bundle and an artifact), what a tenant's state
+// audit rows, a webhook, a notification URL, a bundle, an artifact and a setup image), what a tenant's state
 // reads as (so "B unchanged" is one comparison), and the shape of a case of the table in
 // isolation-cases.ts. Apart from the tests so that each resource family's file and the sweeps over
 // the whole document set up the same tenants.
@@ -54,6 +55,8 @@ export interface Vault {
   bundle: string;
   /** An artifact of the run (its path and bytes name the tag), and a cut entry beside it. */
   artifactId: string;
+  /** A setup image the run built (its setup command names the tag), by its key. */
+  setupImage: string;
 }
 
 export interface Ctx {
@@ -171,6 +174,7 @@ export async function fullVault(role: "a" | "b"): Promise<Vault> {
       .from(runArtifacts)
       .where(and(eq(runArtifacts.runId, run.id), isNull(runArtifacts.cutReason))),
   );
+  const image = await withDb((db) => plantSetupImage(db, t.environmentId, tag, { builtByRunId: run.id }));
   return {
     t,
     role,
@@ -182,6 +186,7 @@ export async function fullVault(role: "a" | "b"): Promise<Vault> {
     notificationId: notification.notification.id,
     bundle: bundle.json.sha256,
     artifactId: artifact?.id ?? "missing",
+    setupImage: image.key,
   };
 }
 
@@ -309,8 +314,11 @@ export type Case =
    * the id of one.
    */
   | { kind: "webhook" | "notification" | "apiKey"; id: boolean; body?: Body; check: Check }
-  /** Routes of bundles: `id` says whether the route takes a bundle's hash. */
-  | { kind: "bundle"; id: boolean; check: Check }
+  /**
+   * Routes of bundles and of setup images: `id` says whether the route takes a bundle's hash or
+   * a setup image's key.
+   */
+  | { kind: "bundle" | "setupImage"; id: boolean; check: Check }
   /** Not tenant-scoped on purpose; `inDocument` false for routes the document does not list. */
   | { kind: "unscoped"; reason: string; inDocument: boolean };
 

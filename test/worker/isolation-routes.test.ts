@@ -50,7 +50,8 @@ describe("C1 meta: every route has an isolation case", { timeout: 120_000 }, () 
         (c?.kind === "webhook" && c.id) ||
         (c?.kind === "notification" && c.id) ||
         (c?.kind === "apiKey" && c.id) ||
-        (c?.kind === "bundle" && c.id)
+        (c?.kind === "bundle" && c.id) ||
+        (c?.kind === "setupImage" && c.id)
       );
     };
     const untested = ops.filter((op) => op.includes("{") !== byId(op));
