@@ -9,6 +9,7 @@ import type {
   Seal,
 } from "@benchwright/shared/contract/local-agent";
 import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import type { CapturedImage, ImageDigest } from "@benchwright/shared/contract/setup-image";
 import { z } from "zod";
 
 // A compute backend as the broker sees it: `sandbox0` (Kubernetes pods on DOKS, the default on
@@ -44,6 +45,15 @@ export type SandboxSpec =
        * stage needs a place of its own (sandbox0's root container) makes it only then.
        */
       setup?: boolean;
+      /** A setup image's builder: its filesystem changes stay capturable (captureLayer) after seal. */
+      capture?: true;
+      /**
+       * Start from this setup image (the digest the broker read from the run's environment's
+       * built row, never one a caller named) and skip the setup stage. A layer the backend finds
+       * missing or not matching the digest is refused (setup_image_missing, setup_image_mismatch),
+       * never started around.
+       */
+      layer?: { digest: ImageDigest };
     };
 
 export interface ExecPoll {
@@ -83,6 +93,21 @@ export interface ComputeBackend {
     sandboxId: string,
     options: { dir: string; maxBytes: number; maxFiles: number },
   ): Promise<ReadableStream<Uint8Array>>;
+  /**
+   * The work image sandboxes start from, by digest: a setup image's base (part of its key). Null
+   * where the backend keeps no setup images (or cannot name its base by digest yet): every
+   * claim then answers none.
+   */
+  baseImage(): Promise<string | null>;
+  /**
+   * Keeps a sealed builder's filesystem changes (made with `capture`) as a setup image, bounded
+   * by maxBytes (over: setup_image_too_large, nothing kept).
+   */
+  captureLayer(sandboxId: string, maxBytes: number): Promise<CapturedImage>;
+  /** Removes a stored setup image; "in_use" while a live sandbox starts from it. Gone is dropped. */
+  dropLayer(digest: string): Promise<"dropped" | "in_use">;
+  /** The setup images the backend keeps (for the sweep of those no row names). */
+  listLayers(): Promise<Array<{ digest: string; createdAt: string; inUse: number }>>;
 }
 
 /** What a backend answers for a capability it does not have yet (see docs/e2b.md, docs/sandbox0.md). */

@@ -87,8 +87,13 @@ export interface CollectRequest {
   maxFiles: number;
 }
 
-/** What the orphan sweep did: sandboxes destroyed and failed, or why it did not look. */
-export type SweepReport = { destroyed: string[]; errors: string[] } | { skipped: string };
+/**
+ * What the orphan sweep did: sandboxes destroyed, stored setup layers no row names dropped
+ * (their digests), what failed; or why it did not look.
+ */
+export type SweepReport =
+  | { destroyed: string[]; errors: string[]; droppedLayers: string[] }
+  | { skipped: string };
 
 /**
  * The broker as a Durable Object: one instance per run (`brokerStub`) for every call about that

@@ -1,14 +1,18 @@
 import { BrokerCode } from "@benchwright/shared/contract/broker";
 import { UnpackResult } from "@benchwright/shared/contract/bundle";
 import {
+  AgentHealth,
+  type CaptureLayer,
   ExecInfo,
   type ExecRequest,
+  LayerList,
   SandboxInfo,
   SandboxList,
   type Seal,
   SealResult,
   type SetHosts,
 } from "@benchwright/shared/contract/local-agent";
+import { CapturedImage } from "@benchwright/shared/contract/setup-image";
 import { z } from "zod";
 import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "./backend";
 
@@ -36,6 +40,14 @@ function agentCode(code: string): BrokerCode {
   const known = BrokerCode.safeParse(code);
   return known.success ? known.data : "backend_error";
 }
+
+/**
+ * The agent's work image digest, per agent, for a while: every claim asks for it, and it changes
+ * only when the agent rebuilds its image (a restart). Kept per isolate rather than per backend
+ * object, which the broker makes per call. Only a digest is cached, never "not read yet".
+ */
+const WORK_IMAGE_TTL_MS = 60_000;
+const workImages = new Map<string, { digest: string; at: number }>();
 
 export function localBackend(agentUrl: string, secret: string): ComputeBackend {
   /** One agent call; its answer when it is a success (or one of `alsoOk`), a BackendError otherwise. */
@@ -102,6 +114,8 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
               proxySandboxId: spec.proxySandboxId,
               routing: spec.routing,
               ...(spec.resources ? { resources: spec.resources } : {}),
+              ...(spec.capture ? { capture: true } : {}),
+              ...(spec.layer ? { layer: { digest: spec.layer.digest } } : {}),
             },
       ),
     exec: (sandboxId: string, request: ExecRequest) =>
@@ -161,6 +175,27 @@ export function localBackend(agentUrl: string, secret: string): ComputeBackend {
       if (!res.body) throw new BackendError("backend_error", "The local host agent sent no archive.");
       return res.body;
     },
+    baseImage: async () => {
+      const cached = workImages.get(agentUrl);
+      if (cached && Date.now() - cached.at < WORK_IMAGE_TTL_MS) return cached.digest;
+      const { workImageId } = await call("GET", "/v1/health", AgentHealth);
+      if (workImageId) workImages.set(agentUrl, { digest: workImageId, at: Date.now() });
+      return workImageId;
+    },
+    captureLayer: (sandboxId: string, maxBytes: number) => {
+      const body: CaptureLayer = { maxBytes };
+      return call("POST", `${sandboxPath(sandboxId)}/capture`, CapturedImage, body);
+    },
+    dropLayer: async (digest: string) => {
+      try {
+        await call("DELETE", `/v1/layers/${encodeURIComponent(digest)}`, null);
+        return "dropped";
+      } catch (error) {
+        if (error instanceof BackendError && error.code === "in_use") return "in_use";
+        throw error;
+      }
+    },
+    listLayers: async () => (await call("GET", "/v1/layers", LayerList)).layers,
   };
 }
 

@@ -1,16 +1,15 @@
 import { DurableObject } from "cloudflare:workers";
 import type { ArtifactSummary, UnpackResult } from "@benchwright/shared/contract/bundle";
-import {
-  DEFAULT_RESOURCES,
-  type ExecInfo,
-  type ExecRequest,
-  type Resources,
-  type SandboxInfo,
-  type Seal,
-  type SealResult,
+import type {
+  ExecInfo,
+  ExecRequest,
+  Resources,
+  SandboxInfo,
+  Seal,
+  SealResult,
 } from "@benchwright/shared/contract/local-agent";
 import { resourcesFor } from "@benchwright/shared/contract/run-spec";
-import type { CapturedImage, SetupImageClaim } from "@benchwright/shared/contract/setup-image";
+import type { CapturedImage, SetupImageClaim, SetupImageKey } from "@benchwright/shared/contract/setup-image";
 import { and, eq, inArray, ne } from "drizzle-orm";
 import { bundleKey, findBundle } from "../bundles/rows";
 import { loadConfig } from "../config";
@@ -18,7 +17,8 @@ import { openDb } from "../db/client";
 import { runs, sandboxes } from "../db/schema";
 import type { Db } from "../db/types";
 import { ArtifactArchiveError, storeArtifacts } from "../runs/artifacts";
-import { BackendError, type ComputeBackend, type ExecPoll } from "./backend";
+import * as setupImageRecords from "../setup-images/records";
+import { BackendError, type BackendName, type ComputeBackend, type ExecPoll } from "./backend";
 import { backendFor, configuredBackends } from "./backends";
 import type {
   BrokerApi,
@@ -27,8 +27,10 @@ import type {
   BundleRequest,
   CollectRequest,
   SandboxRequest,
+  SetupImageRequest,
   SweepReport,
 } from "./interface";
+import * as setupImages from "./setup-images";
 
 // The sandbox broker: the only code that holds compute-backend credentials and calls a backend.
 // A run's coordinator asks it for sandboxes for that run only; every sandbox is recorded in
@@ -93,6 +95,27 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     return row;
   }
 
+  /** The run's row as the setup image calls need it. */
+  private async runOf(db: Db, runId: string): Promise<setupImages.RunOf> {
+    const [run] = await db
+      .select({ id: runs.id, environmentId: runs.environmentId, backend: runs.backend })
+      .from(runs)
+      .where(eq(runs.id, runId));
+    if (!run) throw new BackendError("not_found", `no run ${runId}`);
+    return { ...run, backend: run.backend as BackendName };
+  }
+
+  /** The setup image a sandbox of the run starts from: the key and its environment's digest. */
+  private async imageFor(db: Db, run: setupImages.RunOf, key: SetupImageKey, capture: true | undefined) {
+    if (capture) {
+      throw new BackendError(
+        "invalid_request",
+        "a sandbox started from a setup image has no setup to capture",
+      );
+    }
+    return { key, ...(await setupImages.layerOf(db, run, key)) };
+  }
+
   /**
    * Makes a sandbox for the run (idempotent by id). The coordinator must tell "cannot isolate
    * here" from "try again": the failure's code and retryable say which.
@@ -110,9 +133,14 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     request: SandboxRequest & { resources?: Resources },
   ): Promise<SandboxInfo> {
     return this.withDb(async (db) => {
-      const [run] = await db.select({ backend: runs.backend }).from(runs).where(eq(runs.id, runId));
-      if (!run) throw new BackendError("not_found", `no run ${runId}`);
+      const run = await this.runOf(db, runId);
       const backend = this.backendOf(run.backend);
+      // A setup image is the run's own environment's, read here by key: the caller never names a
+      // digest, and a key that environment has not built is refused before anything is made (P3).
+      const image =
+        request.kind === "proxy" || !request.setupImage
+          ? null
+          : await this.imageFor(db, run, request.setupImage.key, request.capture);
       await db
         .insert(sandboxes)
         .values({
@@ -143,13 +171,21 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
                 routing: request.routing,
                 hostsFile: request.hostsFile,
                 ...(request.setup ? { setup: true } : {}),
+                ...(request.capture ? { capture: true } : {}),
+                ...(image ? { layer: { digest: image.digest } } : {}),
               },
         );
         if (row.status !== "ready") {
           await db.update(sandboxes).set({ status: "ready" }).where(eq(sandboxes.id, request.id));
         }
+        if (image) await setupImageRecords.touch(db, run.environmentId, image.key);
         return info;
       } catch (error) {
+        // A layer the backend has not got, or whose bytes do not match: forget it, so that the
+        // next claim builds it again; never start around it (case P6).
+        if (image && LAYER_GONE.has(failed(error).code)) {
+          await setupImageRecords.dropRow(db, { environmentId: run.environmentId, ...image });
+        }
         if (failed(error).retryable) throw error;
         // Nothing of a failed sandbox may stay behind.
         await backend.destroy(request.id).catch(() => {});
@@ -281,59 +317,117 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     return answer(() => this.sweep());
   }
 
-  // Setup images (issue 34): the contract is fixed in interface.ts; until the broker keeps them,
-  // every setup runs as before (a claim answers none, which the coordinator treats so).
-  async claimSetupImage(): Promise<BrokerResult<SetupImageClaim>> {
-    return { ok: true, value: { role: "none", reason: "setup images are not kept yet" } };
+  /**
+   * What to do about a sandbox's setup (contract/setup-image.ts): the key from the run's backend
+   * and work image plus the request, arbitrated by the environment's setup_images rows.
+   */
+  async claimSetupImage(
+    runId: string,
+    sandboxId: string,
+    request: SetupImageRequest,
+  ): Promise<BrokerResult<SetupImageClaim>> {
+    return answer(() =>
+      this.withDb(async (db) => {
+        const run = await this.runOf(db, runId);
+        // Claimed before the sandbox is made: an id already recorded must be the run's, and live.
+        const [row] = await db.select().from(sandboxes).where(eq(sandboxes.id, sandboxId));
+        if (row && (row.runId !== runId || row.status === "destroyed" || row.status === "failed")) {
+          throw new BackendError("not_found", `run ${runId} has no live sandbox ${sandboxId}`);
+        }
+        const settings = loadConfig(this.env).setupImages;
+        return setupImages.claimSetupImage(
+          db,
+          this.backendOf(run.backend),
+          settings,
+          run,
+          sandboxId,
+          request,
+        );
+      }),
+    );
   }
 
-  async captureSetupImage(): Promise<BrokerResult<CapturedImage>> {
-    return { ok: false, code: "not_supported", message: "setup images are not kept yet", retryable: false };
+  /** Keeps the builder's changes as the key's image (it must hold the key in the run's environment). */
+  async captureSetupImage(
+    runId: string,
+    sandboxId: string,
+    key: SetupImageKey,
+  ): Promise<BrokerResult<CapturedImage>> {
+    return answer(() =>
+      this.withDb(async (db) => {
+        const run = await this.runOf(db, runId);
+        const row = await this.ownWork(db, runId, sandboxId);
+        const settings = loadConfig(this.env).setupImages;
+        return setupImages.captureSetupImage(db, this.backendOf(row.backend), settings, run, sandboxId, key);
+      }),
+    );
   }
 
-  async releaseSetupImage(): Promise<BrokerResult<null>> {
-    return { ok: true, value: null };
+  /** Gives up this sandbox's build of the key (its setup failed). Idempotent. */
+  async releaseSetupImage(runId: string, sandboxId: string, key: SetupImageKey): Promise<BrokerResult<null>> {
+    return answer(() =>
+      this.withDb(async (db) => {
+        const run = await this.runOf(db, runId);
+        await setupImageRecords.release(db, { environmentId: run.environmentId, key, runId, sandboxId });
+        return null;
+      }),
+    );
   }
 
-  async dropSetupImages(): Promise<BrokerResult<{ dropped: string[]; inUse: string[] }>> {
-    return { ok: true, value: { dropped: [], inUse: [] } };
+  /** Removes dropped setup images' artifacts (the sweep's own instance; the reaper asks). */
+  async dropSetupImages(
+    images: Array<{ backend: string; digest: string; repository: string | null }>,
+  ): Promise<BrokerResult<{ dropped: string[]; inUse: string[] }>> {
+    return answer(() =>
+      this.withDb((db) => setupImages.dropSetupImages(db, (name) => this.backendOf(name), images)),
+    );
   }
 
   private async sweep(): Promise<SweepReport> {
     const backends = configuredBackends(this.env);
     if (backends.length === 0) return { skipped: "backend_not_configured" }; // nothing to sweep
-    const result = { destroyed: [] as string[], errors: [] as string[] };
+    const result = { destroyed: [] as string[], errors: [] as string[], droppedLayers: [] as string[] };
     for (const backend of backends) {
-      let listed: Awaited<ReturnType<ComputeBackend["list"]>>;
-      try {
-        listed = await backend.list();
-      } catch {
-        result.errors.push(`${backend.name}: list failed`);
-        continue;
-      }
-      if (listed.length === 0) continue;
-      const rows = await this.withDb((db) =>
-        db
-          .select({ id: sandboxes.id, status: sandboxes.status })
-          .from(sandboxes)
-          .where(
-            inArray(
-              sandboxes.id,
-              listed.map((l) => l.id),
-            ),
+      const swept = await this.sweepSandboxes(backend);
+      const layers = await this.withDb((db) => setupImages.sweepLayers(db, backend, Date.now()));
+      result.destroyed.push(...swept.destroyed);
+      result.droppedLayers.push(...layers.dropped);
+      result.errors.push(...swept.errors, ...layers.errors);
+    }
+    return result;
+  }
+
+  /** The backend's sandboxes no live record owns, destroyed. */
+  private async sweepSandboxes(backend: ComputeBackend): Promise<{ destroyed: string[]; errors: string[] }> {
+    const result = { destroyed: [] as string[], errors: [] as string[] };
+    let listed: Awaited<ReturnType<ComputeBackend["list"]>>;
+    try {
+      listed = await backend.list();
+    } catch {
+      return { destroyed: [], errors: [`${backend.name}: list failed`] };
+    }
+    if (listed.length === 0) return result;
+    const rows = await this.withDb((db) =>
+      db
+        .select({ id: sandboxes.id, status: sandboxes.status })
+        .from(sandboxes)
+        .where(
+          inArray(
+            sandboxes.id,
+            listed.map((l) => l.id),
           ),
-      );
-      const live = new Set(
-        rows.filter((r) => r.status === "creating" || r.status === "ready").map((r) => r.id),
-      );
-      const unowned = listed.filter((l) => !live.has(l.id)).sort(proxyLast);
-      for (const l of unowned) {
-        try {
-          await backend.destroy(l.id);
-          result.destroyed.push(l.id);
-        } catch {
-          result.errors.push(l.id);
-        }
+        ),
+    );
+    const live = new Set(
+      rows.filter((r) => r.status === "creating" || r.status === "ready").map((r) => r.id),
+    );
+    const unowned = listed.filter((l) => !live.has(l.id)).sort(proxyLast);
+    for (const l of unowned) {
+      try {
+        await backend.destroy(l.id);
+        result.destroyed.push(l.id);
+      } catch {
+        result.errors.push(l.id);
       }
     }
     return result;
@@ -348,6 +442,8 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
           .from(sandboxes)
           .where(and(eq(sandboxes.id, sandboxId), eq(sandboxes.runId, runId)));
         if (!row) throw new BackendError("not_found", `run ${runId} has no sandbox ${sandboxId}`);
+        // A sandbox that goes can never capture: a build it held is given up.
+        await setupImageRecords.releaseSandbox(db, sandboxId);
         if (row.status === "destroyed") return null;
         await this.backendOf(row.backend).destroy(sandboxId);
         await db
@@ -366,6 +462,8 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
   async destroyRun(runId: string, options: { keepProxy?: boolean } = {}): Promise<BrokerResult<number>> {
     return answer(() =>
       this.withDb(async (db) => {
+        // Whatever the run was still building is given up: a failed setup is never cached.
+        await setupImageRecords.releaseRun(db, runId);
         const live = await db
           .select({ id: sandboxes.id, kind: sandboxes.kind, backend: sandboxes.backend })
           .from(sandboxes)
@@ -390,6 +488,9 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     );
   }
 }
+
+/** What a backend answers for a setup image's layer it cannot start from (its row is dropped). */
+const LAYER_GONE: ReadonlySet<string> = new Set(["setup_image_missing", "setup_image_mismatch"]);
 
 /** Work and task sandboxes before the proxy sandbox: the proxy sandbox is their network. */
 const proxyLast = (a: { kind: string }, b: { kind: string }) =>

@@ -1,10 +1,10 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { DEFAULT_RESOURCES, type Seal } from "@benchwright/shared/contract/local-agent";
+import { DEFAULT_RESOURCES } from "@benchwright/shared/contract/local-agent";
 import { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import type { ComputeBackend, SandboxSpec } from "../../src/broker/backend";
+import type { SandboxSpec } from "../../src/broker/backend";
 import type { BrokerResult } from "../../src/broker/interface";
 import { brokerStub, runBrokerName, SandboxBroker, SWEEP_BROKER_NAME } from "../../src/broker/sandbox-broker";
 import { bundleKey } from "../../src/bundles/service";
@@ -16,17 +16,12 @@ import { randomId } from "../../src/crypto/api-keys";
 import { bundles, runs, sandboxes } from "../../src/db/schema";
 import { ORPHAN_MS, reconcile } from "../../src/reaper/reconcile";
 import { createRun } from "../../src/runs/service";
+import { BACKEND, recordingBackend, sandboxRow, withBackend } from "./broker-fixtures";
 import { newTenant, type Tenant, withDb } from "./harness";
 import { newRun } from "./run-fixtures";
 
 // The sandbox broker addresses a run's own sandboxes only (case C2 for the compute side). The
 // backend it is given is a loopback port nothing listens on: a refusal must come before any call.
-
-const BACKEND = {
-  COMPUTE_BACKEND: "local",
-  COMPUTE_BACKEND_URL: "http://127.0.0.1:9",
-  COMPUTE_BACKEND_SECRET: "s".repeat(32),
-};
 
 describe("sandbox broker", () => {
   it("refuses a work sandbox on another run's proxy sandbox → not_found, not retryable", async () => {
@@ -54,79 +49,6 @@ describe("sandbox broker", () => {
     expect(row?.status).toBe("ready");
   });
 });
-
-/**
- * A backend that records what the broker hands it: for the broker's own logic (ownership, the
- * bytes it reads from R2 and streams on, the limits it fills in). The local backend's HTTP side
- * is exercised against the real host agent by the end-to-end suite.
- */
-function recordingBackend() {
-  const calls: Array<{ method: string; sandboxId: string; args: unknown[] }> = [];
-  const record =
-    (method: string) =>
-    async (sandboxId: string, ...args: unknown[]) => {
-      calls.push({ method, sandboxId, args });
-      return undefined as never;
-    };
-  const backend = {
-    name: "local" as const,
-    calls,
-    create: async (spec: SandboxSpec) => {
-      calls.push({ method: "create", sandboxId: spec.id, args: [spec] });
-      return {
-        id: spec.id,
-        runId: spec.runId,
-        kind: spec.kind,
-        state: "ready" as const,
-        address: "10.0.0.2",
-        proxyAddress: null,
-        controlPlaneUrl: null,
-        routing: null,
-        probeTarget: null,
-        wiring: null,
-      };
-    },
-    exec: record("exec"),
-    poll: record("poll"),
-    kill: record("kill"),
-    destroy: record("destroy"),
-    freeze: record("freeze"),
-    list: async () => [],
-    putBundle: async (sandboxId: string, bundle: ReadableStream<Uint8Array>, dir: string) => {
-      const bytes = new Uint8Array(await new Response(bundle).arrayBuffer());
-      calls.push({ method: "putBundle", sandboxId, args: [bytes, dir] });
-      return { ok: true as const, files: 1, bytes: bytes.length };
-    },
-    seal: async (sandboxId: string, seal: Seal) => {
-      calls.push({ method: "seal", sandboxId, args: [seal] });
-      return { killed: 2 };
-    },
-    setHosts: record("setHosts"),
-    collect: record("collect"),
-  } satisfies ComputeBackend & { calls: unknown[] };
-  return backend;
-}
-
-/** Runs fn on a broker whose every backend is `backend`. */
-function withBackend<T>(backend: ComputeBackend, fn: (broker: SandboxBroker) => Promise<T>): Promise<T> {
-  // An instance of its own: these tests call about several runs through one broker object.
-  const stub = env.SANDBOX_BROKER.get(env.SANDBOX_BROKER.newUniqueId());
-  return runInDurableObject(stub, (_instance, state) => {
-    const broker = new SandboxBroker(state, { ...env, ...BACKEND });
-    Object.defineProperty(broker, "backendOf", { value: () => backend });
-    return fn(broker);
-  });
-}
-
-async function sandboxRow(
-  runId: string,
-  kind: "proxy" | "work" | "task",
-  status: "ready" | "destroyed" = "ready",
-) {
-  const id = randomId("sbx_");
-  await withDb((db) => db.insert(sandboxes).values({ id, runId, kind, backend: "local", status }));
-  return id;
-}
 
 describe("sandbox broker: bundles, seal, hosts", () => {
   it("makes every sandbox with limits: the run's, else its kind's defaults", async () => {

@@ -23,7 +23,7 @@ import {
 } from "@benchwright/shared/contract/local-agent";
 import type { RoutingMode } from "@benchwright/shared/contract/policy";
 import { type SandboxInfo as E2bSandboxInfo, Sandbox } from "e2b";
-import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
+import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "../backend";
 import {
   E2bEnv,
   MAX_POLL_WAIT_MS,
@@ -399,5 +399,15 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         ),
       );
     },
+    // Setup images (issue 34) are to reach this backend as registry images (not built yet): it
+    // names no base image by digest, so every claim answers none and nothing is kept here.
+    baseImage: async () => null,
+    captureLayer: async () => {
+      throw notSupported("e2b", "keeping a setup image");
+    },
+    dropLayer: async () => {
+      throw notSupported("e2b", "dropping a setup image");
+    },
+    listLayers: async () => [],
   };
 }

@@ -22,7 +22,7 @@ import {
   type SealResult,
 } from "@benchwright/shared/contract/local-agent";
 import { z } from "zod";
-import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
+import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "../backend";
 import {
   CONTAINERS,
   isLabelValue,
@@ -484,5 +484,15 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         },
       });
     },
+    // Setup images (issue 34) are to reach this backend as registry images (not built yet): it
+    // names no base image by digest, so every claim answers none and nothing is kept here.
+    baseImage: async () => null,
+    captureLayer: async () => {
+      throw notSupported("sandbox0", "keeping a setup image");
+    },
+    dropLayer: async () => {
+      throw notSupported("sandbox0", "dropping a setup image");
+    },
+    listLayers: async () => [],
   };
 }
