@@ -15,6 +15,7 @@ import * as environments from "./steps/environments";
 import { LINGER_IDLE_MS, lingerStep, wake } from "./steps/linger";
 import { startProxy } from "./steps/proxy";
 import { startSandboxes } from "./steps/sandboxes";
+import { SETUP_IMAGE_WAIT_MS } from "./steps/setup-image";
 import { tearDown } from "./steps/teardown";
 import { enterQueued, fetchVault, VAULT_BACKOFF_MS } from "./steps/vault";
 import { wire } from "./steps/wiring";
@@ -50,6 +51,7 @@ export { HOSTS_CHECK_MS } from "./steps/hosts";
 export { LINGER_IDLE_MS } from "./steps/linger";
 export { MAX_OUTPUT_EVENTS, MAX_TRACE_OUTPUT, OUT_ENV } from "./steps/output";
 export { PROXY_CHECK_MS, PROXY_ENV, PROXY_READY_DEADLINE_MS } from "./steps/proxy";
+export { LEASE_RENEW_MS, SETUP_IMAGE_WAIT_MS, WAIT_POLL_MS } from "./steps/setup-image";
 export { SETUP_TIMEOUT_MS, WORK_DIR } from "./steps/stages";
 export { DEFAULT_EGRESS_AGENT_WAIT_SECONDS, TUNNEL_POLL_MS } from "./steps/tunnel";
 export { VAULT_ATTEMPTS, VAULT_BACKOFF_MS } from "./steps/vault";
@@ -61,6 +63,8 @@ export const MAX_TEARDOWN_BACKOFF_MS = 60_000;
 export interface MachineOptions {
   /** Pause a lingering proxy nobody looked at for this long. */
   lingerIdleMs?: number;
+  /** How long a sandbox waits for another run's build of its setup image (Config.setupImages). */
+  setupImageWaitMs?: number;
 }
 
 export class RunMachine {
@@ -72,7 +76,12 @@ export class RunMachine {
     private readonly ports: MachinePorts,
     options: MachineOptions = {},
   ) {
-    this.m = { storage, ports, lingerIdleMs: options.lingerIdleMs ?? LINGER_IDLE_MS };
+    this.m = {
+      storage,
+      ports,
+      lingerIdleMs: options.lingerIdleMs ?? LINGER_IDLE_MS,
+      setupImageWaitMs: options.setupImageWaitMs ?? SETUP_IMAGE_WAIT_MS,
+    };
   }
 
   /** Begins a run (idempotent: a second call for the same run only re-arms the alarm). */

@@ -43,15 +43,16 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
       continue;
     }
     if (w.proxyAddress === null || w.env === null) {
-      if (w.proxyAddress === null) {
-        if (slots <= 0) {
-          pending = true;
-          continue;
-        }
-        slots -= 1;
+      // A task's sandbox is made in its turn (a free slot); one waiting for its setup image's
+      // build takes none, nor does the work sandbox.
+      const unmade = w.proxyAddress === null;
+      if (unmade && w.kind === "task" && slots <= 0) {
+        pending = true;
+        continue;
       }
       const made = await prepareLateTask(m, s, w);
       if (typeof made === "number") return made;
+      if (unmade && w.proxyAddress !== null && w.kind === "task") slots -= 1;
       pending = true;
       continue;
     }
