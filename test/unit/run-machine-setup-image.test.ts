@@ -2,7 +2,16 @@ import { type RunSpec, resourcesFor } from "@benchwright/shared/contract/run-spe
 import { describe, expect, it } from "vitest";
 import { LEASE_RENEW_MS, WAIT_POLL_MS } from "../../src/coordinator/machine";
 import type { MachineState } from "../../src/coordinator/state";
-import { type ImageRow, ImageTable, imageKey, LEASE_MS, RULE_POLICY, SPEC, world } from "./run-machine-world";
+import {
+  EMPTY_POLICY,
+  type ImageRow,
+  ImageTable,
+  imageKey,
+  LEASE_MS,
+  RULE_POLICY,
+  SPEC,
+  world,
+} from "./run-machine-world";
 
 // Setup images in the run machine (issue 34, steps/setup-image.ts): each distinct setup runs once
 // per key, in the sandbox the broker names its builder; the run's other sandboxes of that setup
@@ -129,6 +138,22 @@ describe("run machine: setup images (issue 34)", () => {
     }
     expect(w.releases).toEqual([]);
     expect(w.notes).toEqual([]);
+  });
+
+  it("starts from the image in a run no proxy enforces: sealed back to the image's files, nothing to prove", async () => {
+    const w = world({ spec: SHARED, images: new ImageTable(), policy: EMPTY_POLICY });
+    const end = await w.drive(400);
+    expect(end?.state).toBe("finished");
+    const ids = workerIds(end);
+    expect(stagesOf(w, ids.work)).toEqual([BUNDLED, "setup-0", "seal", "capture", "cmd-0", "collect"]);
+    for (const name of ["t1", "t2", "t3"]) {
+      expect(stagesOf(w, ids[name]), name).toEqual(["seal", "cmd-0", "collect", "destroy"]);
+      expect(w.seals.find((x) => x.sandboxId === ids[name])?.seal).toEqual({
+        routing: "default",
+        hostsFile: [],
+        caCertPem: null,
+      });
+    }
   });
 
   it("gives a task with its own setup its own key; a waiting sandbox takes no maxParallelTasks slot", async () => {
