@@ -6,6 +6,7 @@ import { syncHosts } from "./hosts";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
 import { checkProxy } from "./proxy";
 import { parallelTasks, prepareLateTask } from "./sandboxes";
+import { renewBuilds } from "./setup-image";
 import { endWorker, exhausted, prepare, ready, setupPending } from "./stages";
 import { awaitTunnel } from "./tunnel";
 
@@ -26,6 +27,7 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
   if (lost !== null) return lost;
   await syncHosts(m, s);
   if (s.halted) return m.ports.now() + HALTED_POLL_MS;
+  await renewBuilds(m, s);
   const waiting = await awaitTunnel(m, s);
   if (waiting !== null) return waiting;
   let pending = false;

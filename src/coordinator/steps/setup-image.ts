@@ -16,7 +16,8 @@ import { checkpoint } from "./common";
 //   build → made with `capture`; bundle → setup → seal as always, then the capture (stages.ts)
 //           before the re-proof. A capture refused (too large, full, unsupported…) is a warning:
 //           the run goes on uncached and this run's other sandboxes of that setup run their own.
-//           Until its capture the builder claims again now and then, which renews its lease.
+//           Until its capture the builder claims again every LEASE_RENEW_MS (renewBuilds), which
+//           renews its lease.
 //   wait  → not made yet, and it takes no maxParallelTasks slot: it asks again when this run's
 //           builder of the key is through, or every WAIT_POLL_MS; a wait for another run's build
 //           ends after Machine.setupImageWaitMs, and the sandbox runs its own setup.
@@ -137,11 +138,19 @@ export async function traceUse(m: Machine, s: MachineState, w: Worker): Promise<
 }
 
 /**
- * The builder's lease, renewed while its setup runs (before capture). A renewal that answers
- * otherwise means the lease lapsed and another sandbox took the build over: this one runs its
- * setup to the end as before and keeps nothing.
+ * The run's builders' leases, renewed while each is before its capture (called at each step of
+ * `wiring` and `running`, at most every LEASE_RENEW_MS per builder). A halted run renews nothing:
+ * its builds lapse rather than hold other runs up.
  */
-export async function renewBuild(m: Machine, s: MachineState, w: Worker): Promise<void> {
+export async function renewBuilds(m: Machine, s: MachineState): Promise<void> {
+  for (const w of s.workers) await renewBuild(m, s, w);
+}
+
+/**
+ * A renewal answered otherwise means the lease lapsed and another sandbox took the build over:
+ * this one runs its setup to the end as before and keeps nothing.
+ */
+async function renewBuild(m: Machine, s: MachineState, w: Worker): Promise<void> {
   const image = w.image;
   if (image?.role !== "build" || image.state !== "building" || w.stage === "capture") return;
   const now = m.ports.now();

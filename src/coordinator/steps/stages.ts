@@ -6,7 +6,7 @@ import type { MachineState, Worker, WorkerStage } from "../state";
 import { checkpoint, stop } from "./common";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
 import { enforced, notBuilt, notSupported, sealSandbox } from "./seal";
-import { captureImage, renewBuild } from "./setup-image";
+import { captureImage } from "./setup-image";
 import { rewireSandbox } from "./wiring";
 
 // A work, task or orchestrator sandbox's stages once its wiring is proved:
@@ -58,7 +58,6 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
     w.stage = "execute";
     return "done";
   }
-  await renewBuild(m, s, w);
   if (w.stage === "bundle") {
     const stopped = await putBundle(m, s, w);
     if (stopped !== null) return stopped;

@@ -2,6 +2,7 @@ import type { Machine } from "../ports";
 import type { MachineState, Worker } from "../state";
 import { checkpoint, firstStage, lastLine, move, must, POLL_MS, stop } from "./common";
 import { sealSandbox } from "./seal";
+import { renewBuilds } from "./setup-image";
 
 // wiring: the wiring program (bw-wiring) installs the redirect to the proxy and the run's CA in
 // every sandbox made so far and proves it with probes; no benchmark command runs before that. A
@@ -23,6 +24,7 @@ export async function wire(m: Machine, s: MachineState): Promise<number> {
     await move(m, s, "running", "no_wiring_needed");
     return m.ports.now();
   }
+  await renewBuilds(m, s);
   let pending = false;
   for (const w of s.workers) {
     if (w.proxyAddress === null) continue; // a task whose turn has not come
