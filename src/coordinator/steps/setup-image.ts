@@ -243,7 +243,14 @@ async function ask(m: Machine, s: MachineState, w: Worker): Promise<"go" | "wait
   const answer = await m.ports.broker.claimSetupImage(s.runId, w.sandboxId, requestOf(s, w));
   if (!answer.ok) {
     if (answer.retryable) throw new BrokerFailure(answer);
-    await traceNone(m, s, `the broker could not say (${answer.code}: ${answer.message})`);
+    // Its code only: a message from below the broker may name its internals.
+    m.ports.log({
+      event: "setup_image_claim_failed",
+      runId: s.runId,
+      sandboxId: w.sandboxId,
+      code: answer.code,
+    });
+    await traceNone(m, s, `the broker could not say (${answer.code})`);
     return decide(m, s, w, { role: "none", reason: answer.code });
   }
   const claim = answer.value;
