@@ -37,12 +37,15 @@ import { wire } from "./steps/wiring";
 // Once wired, each work, task and orchestrator sandbox goes through its own stages while the run
 // is `running`: bundle → setup → seal → rewire → commands → collect (steps/stages.ts). A failed
 // setup command stops the run (`setup_failed`) before any command; a sandbox killed at its
-// resource limits stops it too (`resource_exhausted`).
+// resource limits stops it too (`resource_exhausted`). Each distinct setup runs once per setup
+// image (steps/setup-image.ts): its builder captures it between seal and rewire, and the run's
+// other sandboxes of that setup wait for it, then start from it: seal → rewire → commands.
 //
 // This file holds the public class and the dispatch; the state's types are in state.ts, what the
 // machine needs from outside in ports.ts, and each phase's steps in steps/ (vault, proxy,
-// sandboxes, wiring, stages, commands, hosts, halt, tunnel, teardown, linger, environments),
-// functions over the same state and ports that import nothing but those two (and each other).
+// sandboxes, setup-image, wiring, seal, stages, commands, hosts, halt, tunnel, teardown, linger,
+// environments), functions over the same state and ports that import nothing but those two (and
+// each other).
 
 export { COMPUTE_URL, HALTED_POLL_MS } from "./steps/commands";
 export { POLL_MS } from "./steps/common";
