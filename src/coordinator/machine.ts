@@ -15,6 +15,7 @@ import * as environments from "./steps/environments";
 import { LINGER_IDLE_MS, lingerStep, wake } from "./steps/linger";
 import { startProxy } from "./steps/proxy";
 import { startSandboxes } from "./steps/sandboxes";
+import { SETUP_IMAGE_WAIT_MS } from "./steps/setup-image";
 import { tearDown } from "./steps/teardown";
 import { enterQueued, fetchVault, VAULT_BACKOFF_MS } from "./steps/vault";
 import { wire } from "./steps/wiring";
@@ -36,12 +37,15 @@ import { wire } from "./steps/wiring";
 // Once wired, each work, task and orchestrator sandbox goes through its own stages while the run
 // is `running`: bundle → setup → seal → rewire → commands → collect (steps/stages.ts). A failed
 // setup command stops the run (`setup_failed`) before any command; a sandbox killed at its
-// resource limits stops it too (`resource_exhausted`).
+// resource limits stops it too (`resource_exhausted`). Each distinct setup runs once per setup
+// image (steps/setup-image.ts): its builder captures it between seal and rewire, and the run's
+// other sandboxes of that setup wait for it, then start from it: seal → rewire → commands.
 //
 // This file holds the public class and the dispatch; the state's types are in state.ts, what the
 // machine needs from outside in ports.ts, and each phase's steps in steps/ (vault, proxy,
-// sandboxes, wiring, stages, commands, hosts, halt, tunnel, teardown, linger, environments),
-// functions over the same state and ports that import nothing but those two (and each other).
+// sandboxes, setup-image, wiring, seal, stages, commands, hosts, halt, tunnel, teardown, linger,
+// environments), functions over the same state and ports that import nothing but those two (and
+// each other).
 
 export { COMPUTE_URL, HALTED_POLL_MS } from "./steps/commands";
 export { POLL_MS } from "./steps/common";
@@ -50,6 +54,7 @@ export { HOSTS_CHECK_MS } from "./steps/hosts";
 export { LINGER_IDLE_MS } from "./steps/linger";
 export { MAX_OUTPUT_EVENTS, MAX_TRACE_OUTPUT, OUT_ENV } from "./steps/output";
 export { PROXY_CHECK_MS, PROXY_ENV, PROXY_READY_DEADLINE_MS } from "./steps/proxy";
+export { LEASE_RENEW_MS, SETUP_IMAGE_WAIT_MS, WAIT_POLL_MS } from "./steps/setup-image";
 export { SETUP_TIMEOUT_MS, WORK_DIR } from "./steps/stages";
 export { DEFAULT_EGRESS_AGENT_WAIT_SECONDS, TUNNEL_POLL_MS } from "./steps/tunnel";
 export { VAULT_ATTEMPTS, VAULT_BACKOFF_MS } from "./steps/vault";
@@ -61,6 +66,8 @@ export const MAX_TEARDOWN_BACKOFF_MS = 60_000;
 export interface MachineOptions {
   /** Pause a lingering proxy nobody looked at for this long. */
   lingerIdleMs?: number;
+  /** How long a sandbox waits for another run's build of its setup image (Config.setupImages). */
+  setupImageWaitMs?: number;
 }
 
 export class RunMachine {
@@ -72,7 +79,12 @@ export class RunMachine {
     private readonly ports: MachinePorts,
     options: MachineOptions = {},
   ) {
-    this.m = { storage, ports, lingerIdleMs: options.lingerIdleMs ?? LINGER_IDLE_MS };
+    this.m = {
+      storage,
+      ports,
+      lingerIdleMs: options.lingerIdleMs ?? LINGER_IDLE_MS,
+      setupImageWaitMs: options.setupImageWaitMs ?? SETUP_IMAGE_WAIT_MS,
+    };
   }
 
   /** Begins a run (idempotent: a second call for the same run only re-arms the alarm). */

@@ -4,8 +4,9 @@ import type { ExecInfo, SandboxInfo, Seal, SealResult } from "@benchwright/share
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import type { RunState } from "@benchwright/shared/contract/run-states";
+import type { CapturedImage, SetupImageClaim, SetupImageKey } from "@benchwright/shared/contract/setup-image";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
-import type { BrokerFailed, BrokerResult, SandboxRequest } from "../broker/interface";
+import type { BrokerFailed, BrokerResult, SandboxRequest, SetupImageRequest } from "../broker/interface";
 import type { RunNote, Transition } from "../runs/types";
 import type { MachineState, StopRequest } from "./state";
 
@@ -48,8 +49,9 @@ export interface CollectResult {
 }
 
 /**
- * The run's broker as the steps use it. `create` answers a failure as a value (a step tells
- * "cannot isolate here" from "try again" by its code). Every other call resolves with its value
+ * The run's broker as the steps use it. `create`, `claimSetupImage` and `captureSetupImage` answer
+ * a failure as a value (a step tells "cannot isolate here" from "try again", or "keep nothing", by
+ * its code). Every other call resolves with its value
  * or throws a BrokerFailure (below) with the broker's code: a step compares the
  * code where a failure means something (not_supported, setup_not_sealed); the machine takes any
  * other as a fault (retried with backoff when retryable).
@@ -101,6 +103,20 @@ export interface MachineBroker {
     sandboxId: string,
     options: { sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
   ): Promise<CollectResult>;
+  /** What to do about a sandbox's setup (use, build, wait or none); the builder's renewal too. */
+  claimSetupImage(
+    runId: string,
+    sandboxId: string,
+    request: SetupImageRequest,
+  ): Promise<BrokerResult<SetupImageClaim>>;
+  /** Keeps the sealed builder's changes as the key's setup image (before any command). */
+  captureSetupImage(
+    runId: string,
+    sandboxId: string,
+    key: SetupImageKey,
+  ): Promise<BrokerResult<CapturedImage>>;
+  /** Gives up the sandbox's build of the key: nothing of it is kept. Idempotent. */
+  releaseSetupImage(runId: string, sandboxId: string, key: SetupImageKey): Promise<void>;
 }
 
 /**
@@ -175,6 +191,8 @@ export interface Machine {
   readonly storage: MachineStorage;
   /** Pause a lingering proxy nobody looked at for this long. */
   readonly lingerIdleMs: number;
+  /** How long a sandbox waits for another run's build of its setup image, then runs its own. */
+  readonly setupImageWaitMs: number;
 }
 
 // ---- what the machine answers its callers (the Durable Object, the compute API) ----

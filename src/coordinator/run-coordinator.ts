@@ -62,7 +62,10 @@ export class RunCoordinator extends DurableObject<Env> {
         lingerRequested: async () => (await storage.get<number>(LINGER_KEY)) ?? null,
       },
       workerPorts(this.env, db),
-      { lingerIdleMs: loadConfig(this.env).lingerIdleMs },
+      {
+        lingerIdleMs: loadConfig(this.env).lingerIdleMs,
+        setupImageWaitMs: loadConfig(this.env).setupImages.waitMs,
+      },
     );
   }
 

@@ -2,13 +2,14 @@ import type { SandboxInfo } from "@benchwright/shared/contract/local-agent";
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
 import { type RunSpec, readStoredSpec, type StoredRunSpec } from "@benchwright/shared/contract/run-spec";
 import type { RunState, TerminalState } from "@benchwright/shared/contract/run-states";
+import type { ImageDigest, SetupImageKey } from "@benchwright/shared/contract/setup-image";
 
 // The run machine's state, as the Durable Object stores it between steps (one record per run).
 // It is versioned: a state stored by an older version is brought to this one when the object
 // loads it (migrateState), once, so the steps read every field as set; an absent field means
 // "not yet" only where the type says so.
 
-export const STATE_VERSION = 2;
+export const STATE_VERSION = 3;
 
 export type Final = { to: TerminalState; reason: string; detail?: string };
 
@@ -16,10 +17,32 @@ export type Final = { to: TerminalState; reason: string; detail?: string };
 export type StopRequest = "cancelled" | "reaped";
 
 /**
- * Where a worker is once its wiring is proved (steps/stages.ts): bundle → setup → seal → rewire →
- * execute (its commands) → collect. Null before its wiring is proved.
+ * Where a worker is once its wiring is proved (steps/stages.ts): bundle → setup → seal → capture
+ * (a setup image's builder only) → rewire → execute (its commands) → collect. Null before its
+ * wiring is proved; a sandbox started from a setup image goes seal → rewire → execute.
  */
-export type WorkerStage = "bundle" | "setup" | "seal" | "rewire" | "execute" | "collect";
+export type WorkerStage = "bundle" | "setup" | "seal" | "capture" | "rewire" | "execute" | "collect";
+
+/**
+ * What a worker with setup commands does about them (steps/setup-image.ts), from the broker's
+ * claim (contract/setup-image.ts SetupImageClaim) and what became of it:
+ * - use: its sandbox starts from the environment's built image of the key (no setup stage);
+ * - build: it runs setup and keeps the result (building → captured), or it did not keep it
+ *   (failed: the capture was refused, or another sandbox took the lease over);
+ * - wait: its sandbox is not made yet; it asks again (`claimedAt`) since `since`;
+ * - none: it runs its own setup and keeps nothing, for `reason`.
+ */
+export type WorkerImage =
+  | { role: "use"; key: SetupImageKey; digest: ImageDigest; builtByRunId: string | null }
+  | {
+      role: "build";
+      key: SetupImageKey;
+      claimedAt: number;
+      state: "building" | "captured" | "failed";
+      digest: ImageDigest | null;
+    }
+  | { role: "wait"; key: SetupImageKey; builderRunId: string | null; since: number; claimedAt: number }
+  | { role: "none"; reason: string };
 
 export interface Worker {
   sandboxId: string;
@@ -65,6 +88,8 @@ export interface Worker {
   collected: boolean;
   /** The backend said it cannot rewrite this sandbox's hosts file mid-run (not_supported). */
   hostsFixed: boolean;
+  /** Its setup image (null: no setup commands, or not claimed yet). */
+  image: WorkerImage | null;
 }
 
 /**
@@ -219,19 +244,36 @@ type StoredV1 = Omit<
     | "ran"
     | "collected"
     | "hostsFixed"
+    | "image"
   >[];
 };
 
-/** What the object's storage may hold: this version's state or an older one. */
-export type StoredState = MachineState | StoredV1;
+/** A state stored by version 2: its workers have no setup image. */
+type StoredV2 = Omit<MachineState, "version" | "workers"> & {
+  version: 2;
+  workers: Before<Worker, "image">[];
+};
 
-/** A stored state as this version's (the one migration: older states are filled in on load). */
+/** What the object's storage may hold: this version's state or an older one. */
+export type StoredState = MachineState | StoredV2 | StoredV1;
+
+/** A stored state as this version's (older states are filled in on load). */
 export function migrateState(stored: StoredState | undefined): MachineState | undefined {
   if (stored === undefined || stored.version === STATE_VERSION) return stored;
+  // A run in flight before setup images: every sandbox of it runs its own setup, as then.
+  const v2 = stored.version === 2 ? stored : fromV1(stored);
+  return {
+    ...v2,
+    version: STATE_VERSION,
+    workers: v2.workers.map((w) => ({ ...w, image: w.image ?? null })),
+  };
+}
+
+function fromV1(stored: StoredV1): StoredV2 {
   const { policy, proxy } = stored;
   return {
     ...stored,
-    version: STATE_VERSION,
+    version: 2,
     cancelReason: stored.cancelReason ?? null,
     spec: stored.spec ? readStoredSpec(stored.spec) : null,
     policy: policy ? { ...policy, model: policy.model ?? null } : null,

@@ -2,6 +2,7 @@ import { consoleLog, levelOf } from "@benchwright/shared/contract/log";
 import { readStoredSpec } from "@benchwright/shared/contract/run-spec";
 import { WiringProof } from "@benchwright/shared/contract/wiring";
 import { eq, sql } from "drizzle-orm";
+import type { BrokerApi } from "../broker/interface";
 import { brokerStub } from "../broker/sandbox-broker";
 import { issueCapability, revokeRunCapabilities } from "../compute/capability";
 import { loadConfig } from "../config";
@@ -27,6 +28,11 @@ export function workerPorts(env: Env, db: Db): MachinePorts {
   const config = loadConfig(env);
   // The run's own broker instance for each call (a coordinator only ever asks about its run).
   const broker = (runId: string) => brokerStub(env, runId);
+  // Its setup-image calls as the contract names them (interface.ts), whatever the class's own
+  // signatures are while the broker's side is built.
+  const images = (
+    runId: string,
+  ): Pick<BrokerApi, "claimSetupImage" | "captureSetupImage" | "releaseSetupImage"> => broker(runId);
   const environments = new Map<string, string>();
   const environmentOf = async (runId: string): Promise<string> => {
     const known = environments.get(runId);
@@ -109,6 +115,12 @@ export function workerPorts(env: Env, db: Db): MachinePorts {
       collect: async (runId, sandboxId, options) => {
         const environmentId = await environmentOf(runId);
         return brokerValue(await broker(runId).collect(runId, sandboxId, { environmentId, ...options }));
+      },
+      claimSetupImage: (runId, sandboxId, request) =>
+        images(runId).claimSetupImage(runId, sandboxId, request),
+      captureSetupImage: (runId, sandboxId, key) => images(runId).captureSetupImage(runId, sandboxId, key),
+      releaseSetupImage: async (runId, sandboxId, key) => {
+        brokerValue(await images(runId).releaseSetupImage(runId, sandboxId, key));
       },
     },
     issueCapability: (runId, holderSandboxId) => issueCapability(db, runId, holderSandboxId),

@@ -6,7 +6,8 @@ import type { RunRow, TraceRow } from "../runs/service";
 // The run page's "Stages" card: each sandbox's two stages as its trace recorded them, the setup
 // stage (bundle, setup commands as root, seal, the wiring proved again) and then the execute
 // stage (the commands, the results collected). A failed setup command and a sandbox killed at a
-// resource limit are named here, with the command and what ended it.
+// resource limit are named here, with the command and what ended it. A sandbox that started from
+// a setup image, or built one, says which (its digest, and which run built it).
 
 /** What the coordinator records per stage (src/coordinator/steps/stages.ts, output.ts). */
 interface StageEvent {
@@ -25,6 +26,9 @@ interface StageEvent {
   error?: unknown;
   installed?: unknown;
   proof?: unknown;
+  digest?: unknown;
+  builtByRunId?: unknown;
+  builtNow?: unknown;
 }
 
 interface Exit {
@@ -33,8 +37,19 @@ interface Exit {
   limit: string | null;
 }
 
+/** The setup image a sandbox started from (use) or kept (build), from its `setup_image` row. */
+interface StageImage {
+  digest: string;
+  /** This sandbox ran the setup and kept it (its bytes), rather than starting from it. */
+  built: { bytes: number } | null;
+  /** The run that built it (null: deleted since), and whether that is this run. */
+  builtByRunId: string | null;
+  builtNow: boolean;
+}
+
 interface SandboxStages {
   name: string;
+  image: StageImage | null;
   bundle: { files: number; bytes: number } | null;
   setup: Map<number, Exit>;
   sealed: number | null;
@@ -52,7 +67,7 @@ function stageOfRow(kind: string, d: StageEvent): "setup" | "execute" | null {
   if (kind === "output") return d.stage === "setup" ? "setup" : "execute";
   if (kind === "proxy") return d.installed === true ? "execute" : null;
   if (kind === "note") {
-    if (d.stage === "bundle" || d.stage === "seal") return "setup";
+    if (d.stage === "bundle" || d.stage === "seal" || d.stage === "setup_image") return "setup";
     if (d.stage === "collect") return "execute";
   }
   return null;
@@ -70,6 +85,7 @@ export function stagesOf(trace: TraceRow[]): Map<string, SandboxStages> {
     if (!d || sandbox === null) continue;
     const s = out.get(sandbox) ?? {
       name: str(d.name) ?? sandbox,
+      image: null,
       bundle: null,
       setup: new Map(),
       sealed: null,
@@ -96,6 +112,13 @@ export function stagesOf(trace: TraceRow[]): Map<string, SandboxStages> {
       s.bundle = { files: num(d.files), bytes: num(d.bytes) };
     } else if (e.kind === "note" && d.stage === "seal") {
       s.sealed = num(d.killed);
+    } else if (e.kind === "note" && d.stage === "setup_image" && str(d.digest) !== null) {
+      s.image = {
+        digest: str(d.digest) as string,
+        built: typeof d.bytes === "number" ? { bytes: d.bytes } : null,
+        builtByRunId: str(d.builtByRunId),
+        builtNow: d.builtNow === true,
+      };
     } else if (e.kind === "note" && d.stage === "collect") {
       s.collected = {
         ok: d.ok !== false,
@@ -153,6 +176,8 @@ function CommandRows(props: {
 
 function SandboxTable(props: { s: SandboxStages; setup: string[]; commands: readonly string[] }) {
   const { s } = props;
+  // Started from a setup image: its setup commands ran where the image was built, not here.
+  const fromImage = s.image !== null && s.image.built === null;
   return (
     <details open={[...s.setup.values(), ...s.commands.values()].some((x) => ended(x).bad)}>
       <summary>
@@ -167,6 +192,7 @@ function SandboxTable(props: { s: SandboxStages; setup: string[]; commands: read
           </tr>
         </thead>
         <tbody>
+          {fromImage && s.image ? <ImageRow image={s.image} /> : null}
           {s.bundle ? (
             <tr>
               <td>setup</td>
@@ -174,18 +200,27 @@ function SandboxTable(props: { s: SandboxStages; setup: string[]; commands: read
               <td>{`${s.bundle.files} file(s), ${s.bundle.bytes} bytes`}</td>
             </tr>
           ) : null}
-          <CommandRows stage="setup" label="setup" list={props.setup} exits={s.setup} />
+          {fromImage ? null : <CommandRows stage="setup" label="setup" list={props.setup} exits={s.setup} />}
           {s.sealed !== null ? (
-            <tr>
-              <td>setup</td>
-              <td>sealed: its leftover processes killed, the wiring re-installed</td>
-              <td>{`${s.sealed} process(es) killed`}</td>
-            </tr>
+            fromImage ? (
+              <tr>
+                <td>setup</td>
+                <td>sealed: the wiring's files installed from outside (no setup stage)</td>
+                <td>sealed</td>
+              </tr>
+            ) : (
+              <tr>
+                <td>setup</td>
+                <td>sealed: its leftover processes killed, the wiring re-installed</td>
+                <td>{`${s.sealed} process(es) killed`}</td>
+              </tr>
+            )
           ) : null}
+          {s.image?.built ? <ImageRow image={s.image} /> : null}
           {s.reproved !== null ? (
             <tr class={s.reproved ? undefined : "error"}>
               <td>execute</td>
-              <td>the wiring proved again</td>
+              <td>{fromImage ? "the wiring proved, before any command" : "the wiring proved again"}</td>
               <td>{s.reproved ? "proved" : "not proved"}</td>
             </tr>
           ) : null}
@@ -204,6 +239,37 @@ function SandboxTable(props: { s: SandboxStages; setup: string[]; commands: read
         </tbody>
       </table>
     </details>
+  );
+}
+
+const MIB = 1024 * 1024;
+
+/**
+ * "started from setup image sha256:…, built by run X" (or "built now"): in place of the setup
+ * commands, which ran when it was built; a builder's "setup kept as" row comes after its seal.
+ */
+function ImageRow(props: { image: StageImage }) {
+  const { image } = props;
+  const by = image.builtNow ? (
+    "built now"
+  ) : image.builtByRunId ? (
+    <>
+      built by run <a href={`/runs/${image.builtByRunId}`}>{image.builtByRunId}</a>
+    </>
+  ) : (
+    "built by a run since deleted"
+  );
+  return (
+    <tr>
+      <td>setup</td>
+      <td>
+        {image.built ? "setup kept as " : "started from "}setup image <span class="mono">{image.digest}</span>
+      </td>
+      <td>
+        {by}
+        {image.built ? ` (${(image.built.bytes / MIB).toFixed(1)} MiB)` : null}
+      </td>
+    </tr>
   );
 }
 
@@ -245,7 +311,8 @@ export function Stages(props: { run: RunRow; trace: TraceRow[] }) {
       <p class="muted">
         Each sandbox's setup stage (its bundle, the setup commands as the sandbox's root, then the seal that
         ends them and the wiring proved again) and its execute stage (the commands, unprivileged; then $BW_OUT
-        collected).
+        collected). A sandbox started from a setup image skips the bundle and the setup commands: it is sealed
+        from outside and its wiring proved before any command.
       </p>
       <StageStop run={props.run} stages={stages} />
       {shownSandboxes.length === 0 ? (

@@ -1,8 +1,16 @@
 import { describe, expect, it } from "vitest";
-import { migrateState, newState, STATE_VERSION, type StoredState } from "../../src/coordinator/state";
+import {
+  migrateState,
+  newState,
+  STATE_VERSION,
+  type StoredState,
+  type Worker,
+} from "../../src/coordinator/state";
+import { worker } from "../../src/coordinator/steps/common";
 
 // The coordinator's stored state is versioned (src/coordinator/state.ts): a state stored before
-// versions (every run in flight at a deploy) is read as this version's when its object loads it.
+// versions, or by an older one (every run in flight at a deploy), is read as this version's when
+// its object loads it.
 
 describe("coordinator state: one migration on load", () => {
   it("fills an unversioned state's later fields, renames its spec's old keys, keeps the rest", () => {
@@ -84,10 +92,38 @@ describe("coordinator state: one migration on load", () => {
       hostsEdits: 0,
       routingNoted: false,
     });
-    expect(s?.workers.map((w) => [w.sandboxId, w.stage, w.setup, w.environment, w.routing])).toEqual([
-      ["sbx_w", "execute", [], false, undefined],
-      ["sbx_t", null, [], false, "catch-all"],
-    ]);
+    expect(s?.workers.map((w) => [w.sandboxId, w.stage, w.setup, w.environment, w.routing, w.image])).toEqual(
+      [
+        ["sbx_w", "execute", [], false, undefined, null],
+        ["sbx_t", null, [], false, "catch-all", null],
+      ],
+    );
+  });
+
+  it("gives a version 2 state's workers no setup image, and keeps everything else", () => {
+    const current = newState("run_3", 9);
+    current.state = "running";
+    current.workers = [
+      worker("sbx_w", "work", null, "work", ["true"], ["pip install x"]),
+      worker("sbx_t", "task", 0, "t", ["true"], ["pip install x"]),
+    ];
+    current.workers[0] = {
+      ...(current.workers[0] as Worker),
+      stage: "setup",
+      setupIndex: 1,
+      env: { A: "1" },
+    };
+    // As version 2 stored it: no `image` on its workers.
+    const stored: StoredState = {
+      ...current,
+      version: 2,
+      workers: current.workers.map(({ image: _, ...w }) => w),
+    };
+    const s = migrateState(stored);
+    expect(s?.version).toBe(STATE_VERSION);
+    expect(STATE_VERSION).toBe(3);
+    expect(s?.workers.map((w) => w.image)).toEqual([null, null]);
+    expect(s).toEqual({ ...current, version: STATE_VERSION });
   });
 
   it("leaves a state of this version as it is, and no state as none", () => {

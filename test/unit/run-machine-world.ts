@@ -1,9 +1,17 @@
+import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import type { ExecInfo, SandboxInfo, Seal } from "@benchwright/shared/contract/local-agent";
 import type { PolicyDocument } from "@benchwright/shared/contract/policy";
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
+import {
+  type ImageDigest,
+  SETUP_IMAGE_FORMAT,
+  type SetupImageClaim,
+  type SetupImageKey,
+  setupImageKey,
+} from "@benchwright/shared/contract/setup-image";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
 import { compilePolicy } from "@benchwright/shared/policy/compile";
-import type { SandboxRequest } from "../../src/broker/interface";
+import type { BrokerResult, SandboxRequest, SetupImageRequest } from "../../src/broker/interface";
 import { RunMachine } from "../../src/coordinator/machine";
 import { BrokerFailure, type MachinePorts } from "../../src/coordinator/ports";
 import type { MachineState } from "../../src/coordinator/state";
@@ -24,6 +32,48 @@ export const RULE_POLICY: Policy = compilePolicy({
 });
 export const CATCH_ALL_POLICY: Policy = compilePolicy({ version: 4, default: "block", hosts: [], rules: [] });
 export const EMPTY_POLICY: Policy = compilePolicy({ version: 1, default: "allow", hosts: [], rules: [] });
+
+/**
+ * The broker's setup images of one environment, in memory, arbitrated as the broker's table does
+ * (src/broker: one builder per key under a 120 s lease, first capture wins, a missing layer drops
+ * its row). Worlds that share one are runs of the same environment.
+ */
+export class ImageTable {
+  readonly rows = new Map<SetupImageKey, ImageRow>();
+  /** Digests whose stored layer is gone (a create from them answers setup_image_missing). */
+  readonly missing = new Set<string>();
+  private builds = 0;
+
+  /** A digest for the next capture. */
+  nextDigest(): ImageDigest {
+    this.builds += 1;
+    return `sha256:${this.builds.toString(16).padStart(64, "0")}`;
+  }
+}
+
+export interface ImageRow {
+  status: "building" | "built";
+  builderRunId: string | null;
+  builderSandboxId: string | null;
+  leaseUntil: number;
+  digest: ImageDigest | null;
+  builtByRunId: string | null;
+}
+
+export const LEASE_MS = 120_000;
+const MIB = 1024 * 1024;
+
+/** The key the fake broker computes for a claim (the real function, a fixed base). */
+export function imageKey(request: Pick<SetupImageRequest, "setup" | "bundle" | "resources">) {
+  return setupImageKey({
+    format: SETUP_IMAGE_FORMAT,
+    backend: "local",
+    base: `sha256:${"b".repeat(64)}`,
+    bundle: request.bundle,
+    setup: request.setup,
+    resources: { memoryMb: request.resources.memoryMb, pids: request.resources.pids },
+  });
+}
 
 export const SPEC: RunSpec = {
   commands: ["echo one", "echo two"],
@@ -68,6 +118,14 @@ export interface WorldOptions {
   sealUnsupported?: boolean;
   /** The seal cannot end the setup stage (setup_not_sealed, case L7). */
   sealFails?: boolean;
+  /** The run's id (default run_1). */
+  runId?: string;
+  /** The broker keeps setup images in this table; absent: every claim answers none (as today). */
+  images?: ImageTable;
+  /** Every capture is refused with this. */
+  captureFails?: { code: BrokerCode; message: string };
+  /** How long a sandbox waits for another run's build (default: the setting's default). */
+  setupImageWaitMs?: number;
 }
 
 /** A broker failure as the broker's ports throw it (coordinator/worker-ports.ts). */
@@ -77,6 +135,7 @@ const brokerFailure = (code: "not_supported" | "setup_not_sealed", message: stri
 export function world(o: WorldOptions = {}) {
   let now = 1_000_000;
   let ids = 0;
+  const runId = o.runId ?? "run_1";
   const saved: { state: MachineState | undefined } = { state: undefined };
   let alarm: number | null = null;
   let cancelKey: "cancelled" | "reaped" | null = null;
@@ -100,6 +159,28 @@ export function world(o: WorldOptions = {}) {
   const hostsSet: { sandboxId: string; hostsFile: string[] }[] = [];
   const collects: string[] = [];
   const createRequests: SandboxRequest[] = [];
+  /** Setup-image calls: claims (with the answer), captures and releases, by sandbox. */
+  const claims: { sandboxId: string; mode: string; claim: SetupImageClaim }[] = [];
+  const captures: string[] = [];
+  const releases: string[] = [];
+  const ok = <T>(value: T): BrokerResult<T> => ({ ok: true, value });
+  const refused = (code: BrokerCode, message: string) => ({
+    ok: false as const,
+    code,
+    message,
+    retryable: false,
+  });
+  /** A create from a setup image: refused unless its key is built and its layer is there. */
+  const fromImage = (key: SetupImageKey) => {
+    const row = o.images?.rows.get(key);
+    if (row?.status !== "built" || !row.digest)
+      return refused("setup_image_not_found", `no setup image ${key}`);
+    if (o.images?.missing.has(row.digest)) {
+      o.images.rows.delete(key);
+      return refused("setup_image_missing", `no complete layer ${row.digest}`);
+    }
+    return null;
+  };
   let vaultHosts: string[] | null = null;
   const starts: string[] = [];
   const kills: string[] = [];
@@ -181,12 +262,14 @@ export function world(o: WorldOptions = {}) {
         maybeThrow("create");
         const failure = o.createFails?.(req.kind === "proxy" ? "proxy" : `${req.kind}:${req.routing}`);
         if (failure) return { ok: false, code: "sandbox_failed", message: failure, retryable: false };
+        const image = req.kind !== "proxy" && req.setupImage ? fromImage(req.setupImage.key) : null;
+        if (image) return image;
         created.set(req.id, req.kind);
         createRequests.push(req);
         routingOf.set(req.id, req.kind === "proxy" ? null : req.routing);
         const sandbox: SandboxInfo = {
           id: req.id,
-          runId: "run_1",
+          runId,
           kind: req.kind,
           state: "ready",
           address: "10.0.0.2",
@@ -272,6 +355,35 @@ export function world(o: WorldOptions = {}) {
         if (o.collectFails) throw new Error("collect failed");
         return { files: 1, bytes: 10, cut: 0 };
       },
+      claimSetupImage: async (claimRunId, sandboxId, req) => {
+        const claim = await claimOf(claimRunId, sandboxId, req);
+        claims.push({ sandboxId, mode: req.mode, claim });
+        return ok(claim);
+      },
+      captureSetupImage: async (captureRunId, sandboxId, key) => {
+        order.push(`${sandboxId}:capture`);
+        if (o.captureFails) return refused(o.captureFails.code, o.captureFails.message);
+        const row = o.images?.rows.get(key);
+        if (!o.images || row?.builderSandboxId !== sandboxId)
+          return refused("setup_image_not_found", "not its build");
+        const digest = o.images.nextDigest();
+        Object.assign(row, {
+          status: "built",
+          digest,
+          builtByRunId: captureRunId,
+          builderRunId: null,
+          builderSandboxId: null,
+        });
+        captures.push(sandboxId);
+        return ok({ digest, bytes: 3 * MIB, files: 42 });
+      },
+      releaseSetupImage: async (_runId, sandboxId, key) => {
+        releases.push(sandboxId);
+        const row = o.images?.rows.get(key);
+        if (row?.builderSandboxId !== sandboxId) return;
+        if (row.status === "building") o.images?.rows.delete(key);
+        else Object.assign(row, { builderRunId: null, builderSandboxId: null });
+      },
     },
     issueCapability: async (_runId, holder) => {
       capabilities.push(holder);
@@ -293,6 +405,37 @@ export function world(o: WorldOptions = {}) {
       hostsFile: vaultHosts ?? (o.policy ?? RULE_POLICY).hostsFile,
     }),
   };
+  /** The broker's answer to a claim, over the table (as the broker's conditional upsert). */
+  async function claimOf(
+    claimRunId: string,
+    sandboxId: string,
+    req: SetupImageRequest,
+  ): Promise<SetupImageClaim> {
+    const table = o.images;
+    if (!table) return { role: "none", reason: "setup images are not kept here" };
+    const key = await imageKey(req);
+    const row = table.rows.get(key);
+    const lease = { builderRunId: claimRunId, builderSandboxId: sandboxId, leaseUntil: now + LEASE_MS };
+    if (!row) {
+      table.rows.set(key, { status: "building", digest: null, builtByRunId: null, ...lease });
+      return { role: "build", key };
+    }
+    const free = row.builderSandboxId === null || row.builderSandboxId === sandboxId || row.leaseUntil < now;
+    if (free && (row.status === "building" || req.mode === "rebuild" || row.builderSandboxId === sandboxId)) {
+      Object.assign(row, lease);
+      return { role: "build", key };
+    }
+    if (row.status === "building" || !row.digest)
+      return { role: "wait", key, builderRunId: row.builderRunId };
+    return {
+      role: "use",
+      key,
+      digest: row.digest,
+      builtByRunId: row.builtByRunId,
+      builtAt: new Date(0).toISOString(),
+    };
+  }
+
   /** `crashAt`: drop the end-of-step save of the n-th step (as if the isolate died there). */
   let crashAt = new Set<number>();
   let steps = 0;
@@ -317,7 +460,10 @@ export function world(o: WorldOptions = {}) {
     },
     lingerRequested: async () => lingerKey,
   };
-  const machine = new RunMachine(storage, ports, { lingerIdleMs: o.lingerIdleMs ?? 60_000 });
+  const machine = new RunMachine(storage, ports, {
+    lingerIdleMs: o.lingerIdleMs ?? 60_000,
+    ...(o.setupImageWaitMs === undefined ? {} : { setupImageWaitMs: o.setupImageWaitMs }),
+  });
   return {
     machine,
     transitions,
@@ -337,6 +483,9 @@ export function world(o: WorldOptions = {}) {
     hostsSet,
     collects,
     createRequests,
+    claims,
+    captures,
+    releases,
     /** The vault is edited: from now on its hosts file is this. */
     setVaultHosts: (hosts: string[]) => {
       vaultHosts = hosts;
@@ -370,7 +519,7 @@ export function world(o: WorldOptions = {}) {
     },
     /** Runs alarms until the run is over (or `max` steps), advancing the clock to each alarm. */
     async drive(max = 200) {
-      await machine.start("run_1");
+      await machine.start(runId);
       while (alarm !== null && steps < max) {
         now = Math.max(now, alarm);
         alarm = null;

@@ -257,6 +257,66 @@ describe("a run's page", () => {
     has(page, "execute command 1: python hog.py killed at its memory limit");
   });
 
+  // Issue 34: which sandboxes built a setup image, and which started from one (and whose).
+  it("shows the setup image a sandbox kept, and the one another started from with its builder", async () => {
+    const t = await newTenant();
+    const spec = {
+      commands: ["echo work"],
+      setup: ["pip install requests"],
+      tasks: [{ name: "t1", commands: ["echo t1"] }],
+    };
+    const run = await newRun(t, { status: "running", spec });
+    const kept = `sha256:${"1".repeat(64)}`;
+    const older = `sha256:${"2".repeat(64)}`;
+    await withDb(async (db) => {
+      const ev = (key: string, kind: "output" | "note" | "proxy", detail: Record<string, unknown>) =>
+        addEvent(db, run.id, key, kind, detail);
+      const w = { sandbox: "sbx_w", name: "work" };
+      const t1 = { sandbox: "sbx_t", name: "t1" };
+      await ev("exit-setup:sbx_w:0", "output", {
+        ...w,
+        stage: "setup",
+        command: 0,
+        exitCode: 0,
+        signal: null,
+      });
+      await ev("seal:sbx_w", "note", { ...w, stage: "seal", killed: 0, text: "Sealed." });
+      await ev("setup-image:sbx_w", "note", {
+        ...w,
+        stage: "setup_image",
+        digest: kept,
+        bytes: 3 * 1024 * 1024,
+        files: 42,
+        builtByRunId: run.id,
+        builtNow: true,
+        text: "Setup image built now.",
+      });
+      await ev("setup-image:sbx_t", "note", {
+        ...t1,
+        stage: "setup_image",
+        digest: older,
+        builtByRunId: "run_before",
+        builtNow: false,
+        text: "t1 starts from a setup image.",
+      });
+      await ev("seal:sbx_t", "note", { ...t1, stage: "seal", killed: 0, text: "Sealed." });
+      await ev("rewire:sbx_t", "proxy", { ...t1, stage: "execute", installed: true, proof: { ok: true } });
+      await ev("exit:sbx_t:0", "output", { ...t1, stage: "execute", command: 0, exitCode: 0, signal: null });
+    });
+    const b = await loggedIn(t, `/runs/${run.id}`);
+    const res = await b.get(`/runs/${run.id}`);
+    const text = expectPage(res);
+    has(text, "setup setup 1: pip install requests exited 0");
+    has(text, `setup setup kept as setup image ${kept} built now (3.0 MiB)`);
+    has(text, `setup started from setup image ${older} built by run run_before`);
+    has(res.html, '<a href="/runs/run_before">run_before</a>');
+    has(text, "sealed: the wiring's files installed from outside (no setup stage) sealed");
+    has(text, "execute the wiring proved, before any command proved");
+    // The task's setup ran where its image was built: no setup rows of its own.
+    has(text, "execute command 1: echo t1 exited 0");
+    lacks(text, "setup setup 1: pip install requests not run");
+  });
+
   it("unknown run → a 404 page with a link back", async () => {
     const t = await newTenant();
     const b = await loggedIn(t, "/runs");

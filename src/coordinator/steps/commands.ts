@@ -6,6 +6,7 @@ import { syncHosts } from "./hosts";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
 import { checkProxy } from "./proxy";
 import { parallelTasks, prepareLateTask } from "./sandboxes";
+import { renewBuilds } from "./setup-image";
 import { endWorker, exhausted, prepare, ready, setupPending } from "./stages";
 import { awaitTunnel } from "./tunnel";
 
@@ -26,6 +27,7 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
   if (lost !== null) return lost;
   await syncHosts(m, s);
   if (s.halted) return m.ports.now() + HALTED_POLL_MS;
+  await renewBuilds(m, s);
   const waiting = await awaitTunnel(m, s);
   if (waiting !== null) return waiting;
   let pending = false;
@@ -43,15 +45,16 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
       continue;
     }
     if (w.proxyAddress === null || w.env === null) {
-      if (w.proxyAddress === null) {
-        if (slots <= 0) {
-          pending = true;
-          continue;
-        }
-        slots -= 1;
+      // A task's sandbox is made in its turn (a free slot); one waiting for its setup image's
+      // build takes none, nor does the work sandbox.
+      const unmade = w.proxyAddress === null;
+      if (unmade && w.kind === "task" && slots <= 0) {
+        pending = true;
+        continue;
       }
       const made = await prepareLateTask(m, s, w);
       if (typeof made === "number") return made;
+      if (unmade && w.proxyAddress !== null && w.kind === "task") slots -= 1;
       pending = true;
       continue;
     }

@@ -1,7 +1,7 @@
 import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import type { RunState } from "@benchwright/shared/contract/run-states";
 import type { Machine } from "../ports";
-import type { Final, MachineState, Worker } from "../state";
+import type { Final, MachineState, Worker, WorkerStage } from "../state";
 
 // What every phase of the run machine shares: the moves between states, and a new worker.
 
@@ -94,8 +94,15 @@ export function worker(
     ran: false,
     collected: false,
     hostsFixed: false,
+    image: null,
   };
 }
+
+/**
+ * A wired worker's first stage: its bundle, or, started from a setup image (no bundle, no setup
+ * stage), its seal.
+ */
+export const firstStage = (w: Worker): WorkerStage => (w.image?.role === "use" ? "seal" : "bundle");
 
 export function must<T>(value: T | null | undefined): T {
   if (value === null || value === undefined) throw new Error("coordinator state is missing a field");

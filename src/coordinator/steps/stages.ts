@@ -1,10 +1,12 @@
 import { ARTIFACT_DEFAULTS, DEFAULT_OUT_DIR, type UnpackResult } from "@benchwright/shared/contract/bundle";
-import type { ExecInfo, ResourceLimit, Seal } from "@benchwright/shared/contract/local-agent";
+import type { ExecInfo, ResourceLimit } from "@benchwright/shared/contract/local-agent";
 import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import { BrokerFailure, type Machine } from "../ports";
 import type { MachineState, Worker, WorkerStage } from "../state";
-import { checkpoint, must, stop } from "./common";
+import { checkpoint, stop } from "./common";
 import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
+import { enforced, notBuilt, notSupported, sealSandbox } from "./seal";
+import { captureImage } from "./setup-image";
 import { rewireSandbox } from "./wiring";
 
 // A work, task or orchestrator sandbox's stages once its wiring is proved:
@@ -13,6 +15,7 @@ import { rewireSandbox } from "./wiring";
 //   → setup (the run's setup commands, then the task's: root of the sandbox, the boundary in force)
 //   → seal (only after setup commands: every process they left killed, the wiring's files
 //           re-installed from the coordinator's copy)
+//   → capture (a setup image's builder only: what setup left kept, steps/setup-image.ts)
 //   → rewire (the wiring proved again, from the execute stage, writing nothing)
 //   → execute (the commands, steps/commands.ts) → collect ($BW_OUT into the run's artifacts) → done.
 //
@@ -27,7 +30,7 @@ export const WORK_DIR = "/home/sandbox";
 /** How much of a command's text a note or a stop's detail quotes. */
 const QUOTED_CHARS = 200;
 
-const BEFORE_EXECUTE: ReadonlySet<WorkerStage> = new Set(["bundle", "setup", "seal", "rewire"]);
+const BEFORE_EXECUTE: ReadonlySet<WorkerStage> = new Set(["bundle", "setup", "seal", "capture", "rewire"]);
 
 /** The worker's commands may run (or ran): every stage before them is behind it. */
 export function ready(w: Worker): boolean {
@@ -43,9 +46,6 @@ export function setupPending(s: MachineState, w: Worker): boolean {
     (x) => x.sandboxId !== w.sandboxId && !x.done && !x.environment && x.proxyAddress !== null && !ready(x),
   );
 }
-
-/** Whether a proxy enforces the run (its sandboxes were wired, and are sealed with its CA). */
-const enforced = (s: MachineState) => Boolean(s.policy?.enforce && !s.proxy?.unfiltered);
 
 /**
  * Takes a wired worker through bundle, setup, seal and rewire. "done" once its commands may run,
@@ -73,25 +73,15 @@ export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"
     w.stage = w.setup.length > 0 ? "seal" : "execute";
   }
   if (w.stage === "seal") {
-    let killed: number;
-    try {
-      ({ killed } = await m.ports.broker.seal(s.runId, w.sandboxId, sealOf(s, w)));
-    } catch (error) {
-      // Never on to the commands with what setup left running: stop instead.
-      if (notSupported(error)) return notBuilt(m, s, w, error, "before its commands ran");
-      if (error instanceof BrokerFailure && error.code === "setup_not_sealed")
-        return notSealed(m, s, w, error);
-      throw error;
-    }
-    await m.ports.event(s.runId, `seal:${w.sandboxId}`, "note", {
-      sandbox: w.sandboxId,
-      name: w.name,
-      stage: "seal",
-      killed,
-      text: `The setup stage of ${w.name} ended: ${killed} process(es) it left were killed and the wiring's files were re-installed from the proxy's copy.`,
-    });
-    w.stage = enforced(s) ? "rewire" : "execute";
+    const stopped = await sealSandbox(m, s, w);
+    if (stopped !== null) return stopped;
+    w.stage = w.image?.role === "build" ? "capture" : enforced(s) ? "rewire" : "execute";
     await checkpoint(m, s); // sealed before the re-proof starts: never re-written under it
+  }
+  if (w.stage === "capture") {
+    // Sealed, so nothing of setup runs while it is read; before the re-proof and any command.
+    await captureImage(m, s, w);
+    w.stage = enforced(s) ? "rewire" : "execute";
   }
   if (w.stage === "rewire") {
     const proved = await rewireSandbox(m, s, w);
@@ -167,29 +157,6 @@ async function runSetup(m: Machine, s: MachineState, w: Worker): Promise<"done" 
   return "done";
 }
 
-const notSupported = (error: unknown): error is BrokerFailure =>
-  error instanceof BrokerFailure && error.code === "not_supported";
-
-/** The run's backend cannot do a stage this run needs (bundles, sealing a setup stage) yet. */
-async function notBuilt(m: Machine, s: MachineState, w: Worker, error: BrokerFailure, when: string) {
-  await m.ports.note(s.runId, {
-    level: "warning",
-    code: "stage_not_supported",
-    text: `${error.message}, so the run stopped ${when} in ${w.name}. Run it on a backend that has it (the local one has every stage).`,
-  });
-  return stop(m, s, "stage_not_supported", `${w.name}: ${error.message}`);
-}
-
-/** The backend could not end the setup stage (case L7): nothing runs beside what it left. */
-async function notSealed(m: Machine, s: MachineState, w: Worker, error: BrokerFailure): Promise<number> {
-  await m.ports.note(s.runId, {
-    level: "warning",
-    code: "setup_not_sealed",
-    text: `The setup stage of ${w.name} could not be sealed (${error.message}), so the run stopped before its commands ran: no command runs beside what setup left.`,
-  });
-  return stop(m, s, "setup_not_sealed", `${w.name} (${w.sandboxId}): ${error.message}`);
-}
-
 function quoted(command: string): string {
   return command.length > QUOTED_CHARS ? `${command.slice(0, QUOTED_CHARS)}…` : command;
 }
@@ -236,18 +203,6 @@ export async function exhausted(
     text: `${w.name} hit its ${named} in ${what} and was held there, so the run stopped. A run that needs more asks for it in resources.${limit === "memory" ? "memoryMb" : "pids"}.`,
   });
   return stop(m, s, "resource_exhausted", `${w.name} (${w.sandboxId}) hit its ${named} in ${what}`);
-}
-
-/** What seal re-installs: the coordinator's copy of the wiring (the proxy's CA and hosts). */
-function sealOf(s: MachineState, w: Worker): Seal {
-  const policy = must(s.policy);
-  const routing = w.routing ?? policy.routing.mode;
-  if (!enforced(s)) return { routing, hostsFile: [], caCertPem: null };
-  return {
-    routing,
-    hostsFile: routing === "default" ? (w.hostsFile ?? policy.hostsFile) : [],
-    caCertPem: must(s.proxy?.caCertPem),
-  };
 }
 
 /**

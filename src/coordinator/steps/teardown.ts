@@ -2,10 +2,12 @@ import type { Machine } from "../ports";
 import type { MachineState } from "../state";
 import { proxyRuns } from "./common";
 import { startLinger } from "./linger";
+import { releaseBuilds } from "./setup-image";
 import { collect } from "./stages";
 
-// finishing: every way out ends here. Capabilities, the tunnel and the run's sandboxes go, then
-// the proxy's credentials; or, for a run that asked to linger, everything but the proxy sandbox.
+// finishing: every way out ends here. Setup-image builds not captured are released; capabilities,
+// the tunnel and the run's sandboxes go, then the proxy's credentials; or, for a run that asked
+// to linger, everything but the proxy sandbox.
 
 export async function tearDown(m: Machine, s: MachineState): Promise<number | null> {
   const final = s.final ?? {
@@ -15,6 +17,8 @@ export async function tearDown(m: Machine, s: MachineState): Promise<number | nu
   };
   await m.ports.transition(s.runId, { to: "finishing", reason: final.reason, detail: final.detail });
   await collectLeft(m, s);
+  // A setup image whose build did not reach its capture (a failed setup, a stop) is never kept.
+  await releaseBuilds(m, s);
   const seconds = s.linger ? 0 : ((await m.storage.lingerRequested()) ?? s.spec?.lingerSeconds ?? 0);
   if (seconds > 0 && final.to === "finished" && proxyRuns(s)) return startLinger(m, s, final, seconds);
   await m.ports.revokeCapabilities(s.runId);

@@ -1,9 +1,13 @@
 import type { Machine } from "../ports";
 import type { MachineState, Worker } from "../state";
-import { lastLine, move, must, POLL_MS, stop } from "./common";
+import { checkpoint, firstStage, lastLine, move, must, POLL_MS, stop } from "./common";
+import { sealSandbox } from "./seal";
+import { renewBuilds } from "./setup-image";
 
 // wiring: the wiring program (bw-wiring) installs the redirect to the proxy and the run's CA in
-// every sandbox made so far and proves it with probes; no benchmark command runs before that.
+// every sandbox made so far and proves it with probes; no benchmark command runs before that. A
+// sandbox started from a setup image is sealed instead (the files written from outside) and
+// proved from its execute stage (wireFromImage).
 
 export async function wire(m: Machine, s: MachineState): Promise<number> {
   const policy = must(s.policy);
@@ -12,7 +16,7 @@ export async function wire(m: Machine, s: MachineState): Promise<number> {
     for (const w of s.workers) {
       if (w.proxyAddress === null) continue;
       w.env = {};
-      w.stage = "bundle";
+      w.stage = firstStage(w);
     }
     await m.ports.setRunFields(s.runId, {
       proof: { enforced: false, reason: policy.enforce ? "proxy_failed_unfiltered" : "nothing_to_enforce" },
@@ -20,6 +24,7 @@ export async function wire(m: Machine, s: MachineState): Promise<number> {
     await move(m, s, "running", "no_wiring_needed");
     return m.ports.now();
   }
+  await renewBuilds(m, s);
   let pending = false;
   for (const w of s.workers) {
     if (w.proxyAddress === null) continue; // a task whose turn has not come
@@ -50,8 +55,27 @@ export async function wireSandbox(
   w: Worker,
 ): Promise<"done" | "pending" | number> {
   if (w.env !== null) return "done";
+  if (w.image?.role === "use") return wireFromImage(m, s, w);
   const proved = await prove(m, s, w, "wiring");
   if (proved === "done") w.stage = "bundle";
+  return proved;
+}
+
+/**
+ * A sandbox started from a setup image has no setup stage: the wiring program never runs as its
+ * root (it would run on the layer's loader and libraries). Its seal installs the wiring's files
+ * from outside, then the re-proof (execute stage, clean root, `installed: true`) is its one proof,
+ * before any command (case P5).
+ */
+async function wireFromImage(m: Machine, s: MachineState, w: Worker): Promise<"done" | "pending" | number> {
+  if (w.stage === null) {
+    const stopped = await sealSandbox(m, s, w);
+    if (stopped !== null) return stopped;
+    w.stage = "rewire";
+    await checkpoint(m, s); // sealed before the proof starts: never re-written under it
+  }
+  const proved = await prove(m, s, w, "rewire");
+  if (proved === "done") w.stage = "execute";
   return proved;
 }
 
