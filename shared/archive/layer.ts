@@ -339,7 +339,7 @@ interface Tapped {
  */
 function entryTypes(): { tap: TransformStream<Uint8Array, Uint8Array>; next(): Tapped | undefined } {
   const notes: Tapped[] = [];
-  let head = new Uint8Array(0);
+  let head: Uint8Array = new Uint8Array(0);
   let skip = 0;
   let pax: { want: number; parts: Uint8Array[]; got: number } | null = null;
   let paxSize: number | null = null;
