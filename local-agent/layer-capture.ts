@@ -44,11 +44,10 @@ function readTree(dir: string): {
     ],
     { env: BASE_ENV, stdio: ["ignore", "pipe", "pipe"] },
   );
-  return {
-    child,
-    tar: Readable.toWeb(child.stdout) as ReadableStream<Uint8Array>,
-    done: exited(child, `reading ${dir}`),
-  };
+  const done = exited(child, `reading ${dir}`);
+  // Awaited once the layer is written; a refused capture kills the reader and never asks.
+  done.catch(() => {});
+  return { child, tar: Readable.toWeb(child.stdout) as ReadableStream<Uint8Array>, done };
 }
 
 function exited(child: ChildProcess, what: string): Promise<void> {

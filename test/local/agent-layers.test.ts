@@ -160,6 +160,9 @@ describe.skipIf(whyNot !== null)("local agent: setup layers", () => {
         "mkdir -p /home/sandbox/.venv/bin && echo '#!/bin/sh' > /home/sandbox/.venv/bin/python",
         "echo notes > /home/sandbox/notes.txt",
         "chown -R 1:1 /home/sandbox/.venv /home/sandbox/notes.txt",
+        // A deleted file of the image (a whiteout) and a directory made anew (opaque).
+        "test -f /etc/debian_version && rm /etc/debian_version",
+        "rm -rf /usr/share/doc && mkdir /usr/share/doc && echo only > /usr/share/doc/only",
       ].join(" && "),
     );
     expect(await capture("b1")).toMatchObject({ status: 409, body: { code: "not_sealed" } });
@@ -183,11 +186,13 @@ describe.skipIf(whyNot !== null)("local agent: setup layers", () => {
     await work("u1", { layer: { digest } });
     const seen = await api.sh(
       "u1",
-      "id -u; cat /usr/local/share/bw/setup.txt; stat -c '%u %g %n' /home/sandbox/notes.txt /home/sandbox/.venv /home/sandbox/.venv/bin/python /home/sandbox/out",
+      "id -u; cat /usr/local/share/bw/setup.txt; ls /usr/share/doc; test -e /etc/debian_version || echo deleted; stat -c '%u %g %n' /home/sandbox/notes.txt /home/sandbox/.venv /home/sandbox/.venv/bin/python /home/sandbox/out",
     );
     expect(seen.stdout.trim().split("\n")).toEqual([
       "1",
       "from-setup",
+      "only",
+      "deleted",
       "1 1 /home/sandbox/notes.txt",
       "1 1 /home/sandbox/.venv",
       "1 1 /home/sandbox/.venv/bin/python",
@@ -214,7 +219,12 @@ describe.skipIf(whyNot !== null)("local agent: setup layers", () => {
     expect((await seal("c1")).status).toBe(200);
     expect((await api.sh("c1", "true")).exitCode).toBe(0);
     expect(await capture("c1")).toMatchObject({ status: 409, body: { code: "capture_too_late" } });
-    for (const id of ["b1", "n1", "c1"]) await api.call("DELETE", `/v1/sandboxes/${id}`);
+    // The execute stage's file outside /home: a later sandbox's execute uid differs (plan 8.1).
+    await work("o1", { capture: true });
+    await setup("o1", "touch /opt/mine && chown 1:1 /opt/mine");
+    expect((await seal("o1")).status).toBe(200);
+    expect(await capture("o1")).toMatchObject({ status: 422, body: { code: "setup_image_unsupported" } });
+    for (const id of ["b1", "n1", "c1", "o1"]) await api.call("DELETE", `/v1/sandboxes/${id}`);
   }, 300_000);
 
   it("case P4: none of one run's own files is in the layer; a file holding the run CA is refused", async () => {
@@ -255,6 +265,10 @@ describe.skipIf(whyNot !== null)("local agent: setup layers", () => {
     expect(await capture("b5")).toMatchObject({ status: 422, body: { code: "setup_image_holds_run_files" } });
     expect(readdirSync(layersDir).sort()).toEqual(before); // nothing kept, nothing half made
     for (const id of ["b4", "b5"]) await api.call("DELETE", `/v1/sandboxes/${id}`);
+    // The builders' layer tmpfs, mounted in the agent's namespace, went with them.
+    const mounts = readFileSync("/proc/self/mountinfo", "utf8");
+    expect(mounts).not.toContain(join(stateDir, "sandboxes", "b4"));
+    expect((await api.call("DELETE", `/v1/layers/${made.body.digest}`)).status).toBe(204);
   }, 300_000);
 
   it("case P5: a layer planted into the store binds nothing: execute unprivileged, the wiring the agent's, the re-proof passes", async () => {
