@@ -7,7 +7,7 @@ import { Exec } from "./exec";
 import type { RegistryOptions } from "./registry-options";
 import type { Run, Runs } from "./runs";
 import { EXEC_BASE_ENV, envScript, IMAGE_MOUNT, NODE_MOUNT, SANDBOX_HOME } from "./sandbox";
-import { execCgroup, refuseUnsealed, type Sandbox } from "./sandbox-record";
+import { execCgroup, refuseReading, refuseUnsealed, type Sandbox } from "./sandbox-record";
 
 // Starting an exec in a sandbox (exec.ts runs it): what a request may ask of a sandbox in its
 // state, the image's programs by name, and how many exited execs a sandbox keeps. Apart from the
@@ -34,6 +34,10 @@ export function startExec(
   if (texts.some((t) => t.includes("\0")))
     throw new AgentError("invalid_request", "NUL bytes are not allowed in argv, env or cwd");
   refuseUnsealed(sandbox);
+  refuseReading(sandbox);
+  if (request.stage === "setup" && sandbox.layer !== null) {
+    throw new AgentError("sealed", `sandbox ${sandboxId} started from a setup layer: it has no setup stage`);
+  }
   if (request.stage === "setup" && sandbox.sealed) {
     throw new AgentError("sealed", `sandbox ${sandboxId} is sealed: its setup stage has ended`);
   }
@@ -66,6 +70,9 @@ export function startExec(
     // spawn refuses synchronously only what the request itself makes impossible (E2BIG).
     throw new AgentError("invalid_request", `could not start the command: ${message(error)}`);
   }
+  // Only the re-proof (clean root) runs nothing of the sandbox's own: any other execute-stage
+  // exec ends what a capture may keep.
+  if (request.stage === "execute" && !cleanRoot) sandbox.commandsRan = true;
   sandbox.execs.set(execId, exec);
   prune(sandbox);
   return { info: exec.info(0, 0), created: true };

@@ -4,10 +4,12 @@
 //   --control-plane URL      where the control plane listens (default http://127.0.0.1:8787)
 //   --nft PATH               nft binary (default nft)
 //   --state-dir PATH         default /run/benchwright
+//   --layers-dir PATH        the setup layers kept (default /var/lib/benchwright/setup-layers)
 // SIGTERM / SIGINT destroy every sandbox the agent made, then exit.
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { logLine } from "@benchwright/shared/contract/log";
+import { LAYERS_DIR } from "./layers";
 import { startAgent } from "./server";
 
 const { values } = parseArgs({
@@ -17,6 +19,7 @@ const { values } = parseArgs({
     "control-plane": { type: "string", default: "http://127.0.0.1:8787" },
     nft: { type: "string", default: "nft" },
     "state-dir": { type: "string", default: "/run/benchwright" },
+    "layers-dir": { type: "string", default: LAYERS_DIR },
   },
   strict: true,
 });
@@ -42,6 +45,7 @@ const agent = await startAgent({
   controlPlane: values["control-plane"],
   nft: values.nft,
   stateDir: values["state-dir"],
+  layersDir: values["layers-dir"],
 });
 process.stdout.write(`${logLine("info", { event: "listening", url: agent.url, port: agent.port })}\n`);
 

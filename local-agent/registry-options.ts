@@ -1,5 +1,6 @@
 import type { AgentHealth } from "@benchwright/shared/contract/local-agent";
 import type { CgroupHost } from "./cgroups";
+import type { LayerStore } from "./layers";
 import type { StateDir } from "./state-dir";
 
 // What the agent gives its registry of sandboxes (sandboxes.ts), read by each of its parts: the
@@ -20,6 +21,8 @@ export interface RegistryOptions {
   imageDir: string;
   /** The work image's exported files (rootfs.ts): every sandbox's overlay's lower layer. */
   rootfs: string | null;
+  /** The setup layers this agent keeps (layers.ts). */
+  layers: LayerStore;
   /** Where sandboxes' cgroups are made (cgroups.ts). */
   cgroups: CgroupHost | null;
   /** Private CIDRs default-routing sandboxes may reach directly (development and tests only). */

@@ -61,6 +61,7 @@ export class SandboxMaker {
     netns: string,
     uid: number,
     resolvConf: string,
+    layer: { capture: boolean; root: string | null } = { capture: false, root: null },
   ): Promise<{ process: SandboxProcess; resources: Resources }> {
     const resources = resourcesFor(request.resources, request.kind);
     const host = this.o.cgroups as CgroupHost;
@@ -83,6 +84,8 @@ export class SandboxMaker {
         layerBytes: resources.memoryMb * 1024 * 1024,
         binDir: this.o.state.binDir(),
         cgroup,
+        capture: layer.capture,
+        layerRoot: layer.root,
       });
       return { process, resources };
     } catch (error) {
@@ -124,6 +127,8 @@ export class SandboxMaker {
         process,
         resources,
         resolvConf,
+        capture: false,
+        layer: null,
       });
     } catch (error) {
       await this.runs.dismantleRunNetwork(run);
@@ -161,6 +166,10 @@ export class SandboxMaker {
         `run ${request.runId} already has ${MAX_WORK_PER_RUN} work/task sandboxes`,
       );
     }
+    // A layer is checked against its digest before anything of the sandbox is made: a missing or
+    // mismatching one is refused with its own code (the broker then has it built again), never
+    // started around.
+    const layerRoot = request.layer ? await this.o.layers.verify(request.layer.digest) : null;
     const net = workNet(run.net.k, i);
     const uid = this.allocateUid();
     run.slots.set(i, { id: request.id, routing: request.routing });
@@ -169,7 +178,10 @@ export class SandboxMaker {
       const resolvConf = this.resolvConf(
         request.routing === "catch-all" ? [net.proxyAddress] : hostNameservers(),
       );
-      const { process, resources } = await this.startProcess(request, net.netns, uid, resolvConf);
+      const { process, resources } = await this.startProcess(request, net.netns, uid, resolvConf, {
+        capture: request.capture === true,
+        root: layerRoot,
+      });
       return this.register(run, {
         id: request.id,
         runId: request.runId,
@@ -183,6 +195,8 @@ export class SandboxMaker {
         process,
         resources,
         resolvConf,
+        capture: request.capture === true,
+        layer: request.layer?.digest ?? null,
       });
     } catch (error) {
       run.slots.delete(i);
@@ -195,7 +209,19 @@ export class SandboxMaker {
   /** A new sandbox of `run`, ready, not frozen or sealed, with no execs yet. */
   private register(
     run: Run,
-    s: Omit<Sandbox, "state" | "frozen" | "execs" | "sealed" | "sealKilled" | "notSealed">,
+    s: Omit<
+      Sandbox,
+      | "state"
+      | "frozen"
+      | "execs"
+      | "sealed"
+      | "sealKilled"
+      | "notSealed"
+      | "commandsRan"
+      | "caCertPem"
+      | "capturing"
+      | "reading"
+    >,
   ): Sandbox {
     const sandbox: Sandbox = {
       ...s,
@@ -205,6 +231,10 @@ export class SandboxMaker {
       sealed: false,
       sealKilled: 0,
       notSealed: null,
+      commandsRan: false,
+      caCertPem: null,
+      capturing: null,
+      reading: false,
     };
     this.sandboxes.set(sandbox.id, sandbox);
     run.members.add(sandbox.id);

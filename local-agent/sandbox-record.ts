@@ -2,6 +2,7 @@ import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import type { Resources, SandboxKind } from "@benchwright/shared/contract/local-agent";
 import type { RoutingMode } from "@benchwright/shared/contract/policy";
+import type { CapturedImage } from "@benchwright/shared/contract/setup-image";
 import { AgentError } from "./errors";
 import type { Exec, ExecCgroup } from "./exec";
 import type { WorkNet } from "./network";
@@ -38,6 +39,31 @@ export interface Sandbox {
    */
   notSealed: string | null;
   resolvConf: string;
+  /** Made with `capture`: a setup image's builder (layer-capture.ts). */
+  capture: boolean;
+  /** The stored setup layer it started from (no setup stage at all), or null. */
+  layer: string | null;
+  /**
+   * The execute stage ran something of the sandbox's own (any exec but the clean-root re-proof,
+   * or a bundle or collect after the seal): its changes are no longer setup's alone to capture.
+   */
+  commandsRan: boolean;
+  /** The run CA the last seal installed (a capture refuses a layer holding it), or null. */
+  caCertPem: string | null;
+  /** A capture under way or done (POST …/capture answers the same while it holds). */
+  capturing: Promise<CapturedImage> | null;
+  /** A capture is reading its files: nothing may start in it meanwhile. */
+  reading: boolean;
+}
+
+/** Throws for a sandbox whose files a capture is reading: nothing starts in it meanwhile. */
+export function refuseReading(sandbox: Sandbox): void {
+  if (sandbox.reading) {
+    throw new AgentError(
+      "invalid_request",
+      `sandbox ${sandbox.id} is being captured: nothing starts in it until that ends`,
+    );
+  }
 }
 
 /** A work, task or orchestrator sandbox: on a work link of its run. */

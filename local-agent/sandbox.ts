@@ -9,10 +9,10 @@ import {
   statSync,
   writeFileSync,
 } from "node:fs";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import type { SandboxKind } from "@benchwright/shared/contract/local-agent";
 import type { SandboxCgroup } from "./cgroups";
-import { BASE_ENV } from "./command";
+import { BASE_ENV, must, run } from "./command";
 import { ROOTFS_UID_BASE } from "./rootfs";
 import { holdUserLimits, idMap, makeUserNamespace, releaseUserNamespace, type UserLimits } from "./userns";
 
@@ -51,18 +51,33 @@ export const CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt";
 export const CA_DIR = "/run/benchwright";
 
 const INIT = `set -e
-dir=$1 lower=$2 image=$3 node=$4 size=$5 rootuid=$6 execuid=$7 kind=$8
+dir=$1 lower=$2 image=$3 node=$4 size=$5 rootuid=$6 execuid=$7 kind=$8 capture=$9 layer=\${10} homeuid=\${11}
 mount --make-rprivate /
 m="$dir/mnt"
-# The sandbox's writable layer: a tmpfs of its mount namespace, gone with it.
-mount -t tmpfs -o "size=$size,mode=700,nosuid,nodev" bw-layer "$m"
+# The sandbox's writable layer: a tmpfs of its mount namespace, gone with it; for a setup image's
+# builder, the agent's own, mounted there in the host's mount namespace (which keeps it readable
+# by the agent, never by the sandbox: this namespace detaches the host's tree below).
+[ "$capture" = 1 ] || mount -t tmpfs -o "size=$size,mode=700,nosuid,nodev" bw-layer "$m"
 mkdir "$m/lower" "$m/upper" "$m/work" "$m/root"
 chown --reference="$lower" "$m/upper"
 chmod --reference="$lower" "$m/upper"
-# Given relative to $m, so that the overlay's options name no host directory.
+# Given relative to $m, so that the overlay's options name no host directory. A setup layer, when
+# the sandbox starts from one, lies over the image. No metacopy (an upper file's bytes elsewhere)
+# and no redirect (a directory's name elsewhere): what a capture reads is the upper itself.
 mount --bind "$lower" "$m/lower"
-(cd "$m" && mount -t overlay -o lowerdir=lower,upperdir=upper,workdir=work,nosuid,nodev bw-root root)
+lowers=lower
+if [ -n "$layer" ]; then
+  mkdir "$m/layer"
+  mount --bind "$layer" "$m/layer"
+  lowers=layer:lower
+fi
+(cd "$m" && mount -t overlay -o "lowerdir=$lowers,upperdir=upper,workdir=work,metacopy=off,redirect_dir=off,nosuid,nodev" bw-root root)
 r="$m/root"
+# Nothing this script (host root, before the pivot) writes or mounts on may be a link: a layer's
+# link there would lead it out of the sandbox's tree.
+for p in proc dev sys tmp var var/tmp run home etc etc/ssl etc/ssl/certs; do
+  if [ -L "$r/$p" ]; then echo "bw-init: /$p is a link" >&2; exit 1; fi
+done
 mount -t proc -o nosuid,nodev,noexec bw-proc "$r/proc"
 # A minimal /dev: the harmless devices, a pty instance of its own, shm. No /sys.
 mount -t tmpfs -o nosuid,noexec,mode=755,size=64k bw-dev "$r/dev"
@@ -83,12 +98,30 @@ mount -t tmpfs -o ro,nosuid,nodev,noexec,mode=555,size=4k bw-sys "$r/sys"
 mount -t tmpfs -o mode=1777,nosuid,nodev bw-tmp "$r/tmp"
 mount -t tmpfs -o mode=1777,nosuid,nodev bw-tmp "$r/var/tmp"
 mount -t tmpfs -o "mode=755,uid=$rootuid,gid=$rootuid,nosuid,nodev" bw-run "$r/run"
-mount -t tmpfs -o "mode=755,uid=$rootuid,gid=$rootuid,nosuid,nodev" bw-home "$r/home"
-mkdir -m 755 "$r${SANDBOX_HOME}"
-chown "$execuid:$execuid" "$r${SANDBOX_HOME}"
+if [ "$capture" = 1 ]; then
+  # The builder's /home (the bundle, a venv) is part of what a capture keeps: on the layer's tmpfs.
+  mkdir -m 755 "$m/home"
+  chown "$rootuid:$rootuid" "$m/home"
+  mount --bind "$m/home" "$r/home"
+  mount -o remount,bind,nosuid,nodev "$r/home"
+else
+  mount -t tmpfs -o "mode=755,uid=$rootuid,gid=$rootuid,nosuid,nodev" bw-home "$r/home"
+fi
+if [ -n "$layer" ] && [ -d "$m/layer/home" ] && [ ! -L "$m/layer/home" ]; then
+  # The layer's /home, copied (its files belong to the builder's execute uid, kept as base+1),
+  # then given to this sandbox's execute uid. Host binaries; nothing of the sandbox runs yet.
+  cp -a "$m/layer/home/." "$r/home/"
+  find "$r/home" -xdev -uid "$homeuid" -exec chown -h "$execuid" {} +
+  find "$r/home" -xdev -gid "$homeuid" -exec chgrp -h "$execuid" {} +
+fi
+for p in home/sandbox home/sandbox/out; do
+  if [ -L "$r/$p" ]; then echo "bw-init: /$p is a link" >&2; exit 1; fi
+done
+[ -d "$r${SANDBOX_HOME}" ] || mkdir -m 755 "$r${SANDBOX_HOME}"
+chown -h "$execuid:$execuid" "$r${SANDBOX_HOME}"
 if [ "$kind" != proxy ]; then
-  mkdir -m 755 "$r${SANDBOX_OUT}"
-  chown "$execuid:$execuid" "$r${SANDBOX_OUT}"
+  [ -d "$r${SANDBOX_OUT}" ] || mkdir -m 755 "$r${SANDBOX_OUT}"
+  chown -h "$execuid:$execuid" "$r${SANDBOX_OUT}"
 fi
 ro() {
   mount --bind "$1" "$2"
@@ -120,6 +153,33 @@ cd /
 # (the image's files are still exactly the export's when it starts).
 exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- sh -c 'sleep infinity & echo ready; wait'
 `;
+
+/**
+ * A builder's writable layer, in the agent's own mount namespace at `mnt` (the sandbox's init then
+ * uses it instead of a tmpfs of its own): a tmpfs of `bytes`, on a private bind of `mnt` to
+ * itself so that the mount propagates into no other mount namespace.
+ */
+async function mountCaptureLayer(mnt: string, bytes: number): Promise<void> {
+  try {
+    await must(["mount", "--bind", mnt, mnt]);
+    await must(["mount", "--make-private", mnt]);
+    await must(["mount", "-t", "tmpfs", "-o", `size=${bytes},mode=700,nosuid,nodev`, "bw-layer", mnt]);
+    await must(["mount", "--make-private", mnt]);
+  } catch (error) {
+    await unmountCaptureLayer(dirname(mnt));
+    throw error;
+  }
+}
+
+/** Every mount the agent made at a sandbox's `mnt` (the layer's tmpfs and the bind below it). */
+async function unmountCaptureLayer(dir: string): Promise<void> {
+  const point = join(dir, "mnt");
+  const mounted = () =>
+    readFileSync("/proc/self/mountinfo", "utf8")
+      .split("\n")
+      .some((line) => line.split(" ")[4] === point);
+  for (let i = 0; i < 4 && mounted(); i++) await run(["umount", "-l", point]);
+}
 
 /** Joins every cgroup.procs file given before `--`, then execs the rest (on the host side). */
 export const CGROUP_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"';
@@ -189,6 +249,8 @@ export class SandboxProcess {
     /** Its user namespace's limits as made (every namespace count 0), held again at seal. */
     private readonly userLimits: UserLimits,
     readonly cgroup: SandboxCgroup,
+    /** Made with `capture`: its writable layer is mounted in the agent's namespace too. */
+    readonly capturable: boolean,
   ) {
     this.exited = new Promise<void>((resolve) => {
       if (child.exitCode !== null || child.signalCode !== null) resolve();
@@ -218,14 +280,23 @@ export class SandboxProcess {
     /** Root-only directory for the uid-map helpers. */
     binDir: string;
     cgroup: SandboxCgroup;
+    /** A setup image's builder: its writable layer and /home stay readable by the agent. */
+    capture?: boolean;
+    /** A stored setup layer's root (overlay form) to start from, over the work image. */
+    layerRoot?: string | null;
   }): Promise<SandboxProcess> {
     const rootUid = options.kind === "proxy" ? options.uid : ROOTFS_UID_BASE;
     writeSandboxFiles(options.dir, rootUid, options.files, options.rootfs);
-    const { id: userNs, limits } = await makeUserNamespace(
-      options.dir,
-      idMap(options.kind, options.uid),
-      options.binDir,
-    );
+    const capture = options.capture === true;
+    if (capture) await mountCaptureLayer(join(options.dir, "mnt"), options.layerBytes);
+    let made: Awaited<ReturnType<typeof makeUserNamespace>>;
+    try {
+      made = await makeUserNamespace(options.dir, idMap(options.kind, options.uid), options.binDir);
+    } catch (error) {
+      if (capture) await unmountCaptureLayer(options.dir);
+      throw error;
+    }
+    const { id: userNs, limits } = made;
     const child = spawn(
       "sh",
       [
@@ -257,6 +328,10 @@ export class SandboxProcess {
         String(rootUid),
         String(options.uid + 1),
         options.kind,
+        capture ? "1" : "0",
+        options.layerRoot ?? "",
+        // The builder's execute uid as the layer's root keeps it: the image's uid 1.
+        String(ROOTFS_UID_BASE + 1),
       ],
       { env: BASE_ENV, stdio: ["ignore", "pipe", "pipe"], detached: true },
     );
@@ -298,6 +373,7 @@ export class SandboxProcess {
         userNs,
         limits,
         options.cgroup,
+        capture,
       );
     } catch (error) {
       // The sandbox side first (its host-side parent then reaps it), then the parent.
@@ -309,6 +385,7 @@ export class SandboxProcess {
       } catch {}
       setTimeout(() => child.kill("SIGKILL"), 1_000).unref();
       await releaseUserNamespace(options.dir);
+      if (capture) await unmountCaptureLayer(options.dir);
       throw error;
     }
   }
@@ -409,6 +486,16 @@ export class SandboxProcess {
       clearTimeout(timer);
     }
     await releaseUserNamespace(this.dir);
+    if (this.capturable) await unmountCaptureLayer(this.dir);
+  }
+
+  /**
+   * A builder's writable layer as the agent sees it (made with `capture`): the overlay's upper
+   * directory and the directory bound at /home. Read only while nothing of the sandbox runs.
+   */
+  get captureTrees(): { upper: string; home: string } | null {
+    if (!this.capturable) return null;
+    return { upper: join(this.dir, "mnt", "upper"), home: join(this.dir, "mnt", "home") };
   }
 
   /**

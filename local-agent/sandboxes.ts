@@ -4,22 +4,25 @@ import type {
   CreateSandbox,
   ExecInfo,
   ExecRequest,
+  LayerList,
   ListedSandbox,
   SandboxInfo,
   Seal,
   SealResult,
 } from "@benchwright/shared/contract/local-agent";
+import type { CapturedImage } from "@benchwright/shared/contract/setup-image";
 import type { z } from "zod";
 import { removeParents } from "./cgroups";
 import { AgentError, message } from "./errors";
 import type { Exec } from "./exec";
 import { startExec } from "./exec-start";
+import { captureSandbox } from "./layer-capture";
 import type { RegistryOptions } from "./registry-options";
 import { Runs } from "./runs";
 import { CA_BUNDLE } from "./sandbox";
 import { SandboxMaker } from "./sandbox-create";
 import { destroySandbox } from "./sandbox-destroy";
-import { refuseUnsealed, type Sandbox, type WorkSandbox } from "./sandbox-record";
+import { refuseReading, refuseUnsealed, type Sandbox, type WorkSandbox } from "./sandbox-record";
 import { rewriteHostsOf, sealSandbox } from "./sealing";
 import { collectArtifacts, unpackBundle } from "./transfer";
 import { type ImageFiles, readImageFiles } from "./wiring-files";
@@ -67,7 +70,10 @@ export class Registry {
           existing.kind === request.kind &&
           existing.runId === request.runId &&
           (request.kind === "proxy" ||
-            (existing.proxySandboxId === request.proxySandboxId && existing.routing === request.routing));
+            (existing.proxySandboxId === request.proxySandboxId &&
+              existing.routing === request.routing &&
+              existing.capture === (request.capture === true) &&
+              existing.layer === (request.layer?.digest ?? null)));
         if (!same)
           throw new AgentError("invalid_request", `sandbox ${request.id} exists with other parameters`);
         return { info: this.info(existing), created: false };
@@ -88,6 +94,8 @@ export class Registry {
           netns: sandbox.netns,
           uid: sandbox.process.uid,
           resources: sandbox.resources,
+          ...(sandbox.capture ? { capture: true } : {}),
+          ...(sandbox.layer ? { layer: sandbox.layer } : {}),
           ms: Date.now() - started,
         });
         return { info: this.info(sandbox), created: true };
@@ -154,6 +162,7 @@ export class Registry {
   /** Ends a work or task sandbox's setup stage (sealing.ts). */
   async seal(sandboxId: string, body: Seal): Promise<SealResult> {
     const sandbox = this.workSandbox(sandboxId, "seal");
+    refuseReading(sandbox);
     const result = await sealSandbox(sandbox, body, this.imageFiles as ImageFiles);
     this.o.log({ event: "sandbox_sealed", id: sandboxId, runId: sandbox.runId, killed: result.killed });
     return result;
@@ -173,7 +182,7 @@ export class Registry {
     body: Readable,
     bounds: { maxBytes: number; maxFiles: number; maxUploadBytes: number },
   ): Promise<UnpackResult> {
-    return unpackBundle(this.workSandbox(sandboxId, "a bundle"), dir, body, bounds);
+    return unpackBundle(this.running(sandboxId, "a bundle"), dir, body, bounds);
   }
 
   /** bw-collect (the execute stage's uid) of `dir`: the archive, streamed (transfer.ts). */
@@ -182,7 +191,94 @@ export class Registry {
     dir: string,
     bounds: { maxBytes: number; maxFiles: number },
   ): Promise<{ stream: Readable; abort: () => void }> {
-    return collectArtifacts(this.workSandbox(sandboxId, "collecting artifacts"), dir, bounds);
+    return collectArtifacts(this.running(sandboxId, "collecting artifacts"), dir, bounds);
+  }
+
+  /**
+   * A work sandbox a program of the image is about to run in (execute stage): after the seal, that
+   * is a command of the sandbox's own as far as a capture is concerned.
+   */
+  private running(sandboxId: string, what: string): WorkSandbox {
+    const sandbox = this.workSandbox(sandboxId, what);
+    refuseReading(sandbox);
+    if (sandbox.sealed) sandbox.commandsRan = true;
+    return sandbox;
+  }
+
+  /**
+   * Keeps a setup image's builder's filesystem changes as a layer (layer-capture.ts): only one
+   * made with `capture`, sealed, in which nothing but the re-proof has run in the execute stage.
+   * Nothing else starts in it while its files are read. Repeated, it answers what it kept.
+   */
+  async capture(sandboxId: string, maxBytes: number): Promise<CapturedImage> {
+    const sandbox = this.workSandbox(sandboxId, "a capture");
+    if (!sandbox.capture) {
+      throw new AgentError("capture_too_late", `sandbox ${sandboxId} was not made with capture`);
+    }
+    if (!sandbox.sealed) {
+      throw new AgentError(
+        "not_sealed",
+        `sandbox ${sandboxId} is not sealed: its setup could still be writing`,
+      );
+    }
+    if (!sandbox.capturing) {
+      if (sandbox.commandsRan) {
+        throw new AgentError(
+          "capture_too_late",
+          `sandbox ${sandboxId} already ran a command in its execute stage`,
+        );
+      }
+      const started = Date.now();
+      sandbox.reading = true;
+      const capturing = captureSandbox(this.o.layers, sandbox, maxBytes).finally(() => {
+        sandbox.reading = false;
+      });
+      sandbox.capturing = capturing;
+      capturing.then(
+        (image) =>
+          this.o.log({
+            event: "layer_captured",
+            id: sandboxId,
+            runId: sandbox.runId,
+            ...image,
+            ms: Date.now() - started,
+          }),
+        (error: unknown) => {
+          if (sandbox.capturing === capturing) sandbox.capturing = null;
+          this.o.log({ event: "layer_refused", id: sandboxId, runId: sandbox.runId, reason: message(error) });
+        },
+      );
+    }
+    const image = await sandbox.capturing;
+    if (image.bytes > maxBytes) {
+      throw new AgentError(
+        "setup_image_too_large",
+        `the setup layer is larger than the bound of ${maxBytes} bytes`,
+      );
+    }
+    if (this.sandboxes.get(sandboxId) !== sandbox || sandbox.state !== "ready") {
+      throw new AgentError("sandbox_failed", `sandbox ${sandboxId} was destroyed while it was captured`);
+    }
+    return image;
+  }
+
+  /** The setup layers this agent keeps, with how many live sandboxes start from each. */
+  layers(): LayerList {
+    return this.o.layers.list((digest) => this.layerUsers(digest));
+  }
+
+  /** Removes a stored layer; refused (in_use) while a sandbox not yet destroyed started from it. */
+  deleteLayer(digest: string): Promise<void> {
+    return this.serial(async () => {
+      const users = this.layerUsers(digest);
+      if (users > 0) throw new AgentError("in_use", `${users} sandbox(es) start from setup layer ${digest}`);
+      this.o.layers.remove(digest);
+      this.o.log({ event: "layer_removed", digest });
+    });
+  }
+
+  private layerUsers(digest: string): number {
+    return [...this.sandboxes.values()].filter((s) => s.layer === digest).length;
   }
 
   /** Destroys every sandbox, then the host table (unless another agent's runs still need it). */

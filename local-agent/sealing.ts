@@ -43,6 +43,7 @@ export async function sealSandbox(sandbox: WorkSandbox, body: Seal, image: Image
     }
   }
   sandbox.sealed = true;
+  sandbox.caCertPem = body.caCertPem;
   const proc = sandbox.process;
   const before = new Set(proc.processes("setup"));
   // Each setup exec first (one just started may not have joined its cgroup yet), then what is

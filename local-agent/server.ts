@@ -7,9 +7,11 @@ import { fileURLToPath } from "node:url";
 import { ARTIFACT_DEFAULTS, BUNDLE_DEFAULTS } from "@benchwright/shared/contract/bundle";
 import {
   AgentHealth,
+  CaptureLayer,
   CreateSandbox,
   ExecRequest,
   Freeze,
+  LayerList,
   SandboxInfo,
   SandboxList,
   Seal,
@@ -17,11 +19,13 @@ import {
   SetHosts,
 } from "@benchwright/shared/contract/local-agent";
 import { levelOf, logLine } from "@benchwright/shared/contract/log";
+import { CapturedImage, ImageDigest } from "@benchwright/shared/contract/setup-image";
 import { z } from "zod";
 import { type CgroupHost, detectCgroups } from "./cgroups";
 import { AgentError, problemBody } from "./errors";
 import { MAX_WAIT_MS } from "./exec";
 import { checkHealth } from "./health";
+import { LAYERS_DIR, LayerStore } from "./layers";
 import type { AgentLog } from "./registry-options";
 import { ensureRootfs, ROOTFS_DIR, WORK_IMAGE } from "./rootfs";
 import { Registry } from "./sandboxes";
@@ -51,6 +55,8 @@ export interface AgentOptions {
   rootfsDir?: string;
   /** Test-only BW_TEST_* settings for the proxy (the suite's own upstream CA and routes). */
   proxyTestEnv?: Record<string, string>;
+  /** Where the setup layers are kept (default /var/lib/benchwright/setup-layers). */
+  layersDir?: string;
 }
 
 export interface RunningAgent {
@@ -115,12 +121,15 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
       root: options.rootfsDir ?? ROOTFS_DIR,
       log,
     });
-    if (exported.ok) rootfs = exported.dir;
-    else health.problems.push(exported.problem);
+    if (exported.ok) {
+      rootfs = exported.dir;
+      health.workImageId = `sha256:${exported.imageId}`;
+    } else health.problems.push(exported.problem);
     health.ok = health.problems.length === 0;
   }
+  const layers = new LayerStore(options.layersDir ?? LAYERS_DIR);
   if (health.ok) {
-    const removed = await state.prepare(nft);
+    const removed = [...(await state.prepare(nft)), ...layers.prepare()];
     if (removed.length > 0) log({ event: "leftovers_removed", removed });
   }
   const registry = new Registry({
@@ -132,6 +141,7 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
     log,
     imageDir,
     rootfs,
+    layers,
     cgroups,
     // The test-only upstreams the proxy may reach are the ones direct traffic may reach too.
     directAllowCidrs: (options.proxyTestEnv?.BW_TEST_ALLOW_CIDRS ?? "")
@@ -241,6 +251,23 @@ export async function startAgent(options: AgentOptions): Promise<RunningAgent> {
         const q = parse(ArtifactsQuery, query);
         const archive = await registry.artifacts(parse(Id, id), q.dir, q);
         return { status: 200, raw: { type: "application/gzip", ...archive } };
+      },
+    ],
+    [
+      "POST",
+      /^\/v1\/sandboxes\/([^/]+)\/capture$/,
+      async (req, [id]) => {
+        const { maxBytes } = parse(CaptureLayer, await readJson(req));
+        return { status: 200, body: CapturedImage.parse(await registry.capture(parse(Id, id), maxBytes)) };
+      },
+    ],
+    ["GET", /^\/v1\/layers$/, async () => ({ status: 200, body: LayerList.parse(registry.layers()) })],
+    [
+      "DELETE",
+      /^\/v1\/layers\/([^/]+)$/,
+      async (_req, [digest]) => {
+        await registry.deleteLayer(parse(ImageDigest, digest));
+        return { status: 204 };
       },
     ],
     [

@@ -81,6 +81,7 @@ describe.skipIf(whyNot !== null)("local agent: faults fail closed", () => {
       expect(health).toEqual({
         ok: false,
         problems: ["the work image (localhost/benchwright-no-such-image) is not built: run npm run images"],
+        workImageId: null,
       });
       const res = await api.call("POST", "/v1/sandboxes", { kind: "proxy", id: "p", runId: "r" });
       expect([res.status, res.body.code]).toEqual([503, "cannot_isolate"]);

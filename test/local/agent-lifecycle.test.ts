@@ -68,7 +68,11 @@ describe.skipIf(whyNot !== null)("local agent: sandboxes in namespaces", () => {
   it("reports this machine healthy", async () => {
     const res = await api.call("GET", "/v1/health");
     expect(res.status).toBe(200);
-    expect(AgentHealth.parse(res.body)).toEqual({ ok: true, problems: [] });
+    expect(AgentHealth.parse(res.body)).toEqual({
+      ok: true,
+      problems: [],
+      workImageId: expect.stringMatching(/^sha256:[0-9a-f]{64}$/),
+    });
   });
 
   it("describes the sandboxes it made, and answers a repeated create with the same sandbox", async () => {

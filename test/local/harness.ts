@@ -330,6 +330,8 @@ export async function startTestAgent(o: {
   stateDir: string;
   uidBase: number;
   log: AgentLog;
+  /** Where the agent keeps setup layers (default: its own, which tests should not touch). */
+  layersDir?: string;
 }): Promise<TestAgent> {
   const controlPlane = await startControlPlane();
   let upstream: TestUpstream | undefined;
@@ -342,6 +344,7 @@ export async function startTestAgent(o: {
       stateDir: o.stateDir,
       uidBase: o.uidBase,
       log: o.log,
+      layersDir: o.layersDir ?? join(o.stateDir, "setup-layers"),
       // The suite's upstream is on a private address: direct traffic may reach it, as a test host.
       proxyTestEnv: { BW_TEST_ALLOW_CIDRS: "10.240.0.0/30" },
     });
