@@ -37,7 +37,7 @@ const CONFIG = {
   /** The least the setup takes; a quicker one is padded with sleep (reported). */
   minSetupS: num("BENCH_SETUP_MIN_S", 10),
   /** How often the bench looks at a run, ms (the trace's own timestamps are what is measured). */
-  pollMs: num("BENCH_SETUP_POLL_MS", 250),
+  pollMs: num("BENCH_SETUP_POLL_MS", 1000),
 };
 const SHORT = CONFIG.rounds < 3 || CONFIG.minSetupS < 10;
 /** The longest one run may take (a cold 8-task run on current main runs 9 setups at once). */

@@ -70,6 +70,23 @@ const setupWork = (r: SetupResults) => {
   return Number.isFinite(measured) ? measured : r.calibration.workMs;
 };
 const s1 = (ms: number) => `${f(ms / 1000, 1)} s`;
+const plural = (n: number, what: string) => `${n} ${what}${n === 1 ? "" : "s"}`;
+
+/** Warm runs whose every sandbox started from the image their round's cold 8-task run built ("built by run X"). */
+function warmFromCold(r: SetupResults): { from: number; of: number } {
+  const warm = okOf(r, "warm");
+  const from = warm.filter((w) => {
+    const cold = r.samples.find((s) => s.kind === "eight-cold" && s.round === w.round);
+    return (
+      cold !== undefined &&
+      w.setupRanIn === 0 &&
+      w.imagesUsed === w.sandboxes &&
+      w.builtBy.length === 1 &&
+      w.builtBy[0] === cold.runId
+    );
+  }).length;
+  return { from, of: warm.length };
+}
 
 /** A ratio target `≤ limit`: met, or missed by how much (and what the result needed to be). */
 function target(
@@ -138,13 +155,13 @@ export function renderSetup(r: SetupResults): string {
     "",
     ...(r.short
       ? [
-          `**Short run**: ${r.config.rounds} rounds (default 3), setup of at least ${r.config.minSetupS} s (default 10).`,
+          `**Short run**: ${plural(r.config.rounds, "round")} (default 3), setup of at least ${r.config.minSetupS} s (default 10).`,
           "",
         ]
       : []),
     `- date: ${r.date}, commit ${r.commit}, whole run ${f(r.wallS, 0)} s`,
     `- machine: ${r.machine.cores} cores (${r.machine.cpu}), Node ${r.machine.node}, PostgreSQL ${r.postgres}`,
-    `- ${r.config.rounds} rounds, the six kinds of run taking turns in each, after one unmeasured run (${r.calibration.runId})`,
+    `- ${plural(r.config.rounds, "round")}, the six kinds of run taking turns in each, after one unmeasured run (${r.calibration.runId})`,
     `- setup: a venv, ${r.config.packages} generated packages of ${r.config.modules} modules each pip-installed from the demo index (through the run's proxy, hashes required), compileall; its own work ${s1(setupWork(r))} (median of the 1-task cold runs; ${s1(r.calibration.workMs)} in the unmeasured run), ${r.calibration.padMs > 0 ? `padded with \`sleep ${f(r.calibration.padMs / 1000, 1)}\` to at least ${r.config.minSetupS} s` : `no padding (at least ${r.config.minSetupS} s by itself)`}`,
     "",
     "The local stack as the end-to-end tests run it (host agent, `wrangler dev`, a throwaway PostgreSQL)",
@@ -168,6 +185,11 @@ export function renderSetup(r: SetupResults): string {
       `| ${LABEL[kind]} | ${all[0]?.sandboxes ?? "?"} | ${s1(wall.median)} | ${s1(wall.p90)} | ${s1(p50(r, kind, "firstOutputMs"))} | ${m((s) => s.setupRanIn)} | ${m((s) => s.imagesBuilt)} / ${m((s) => s.imagesUsed)} | ${m((s) => s.wheelDownloads)} | ${ok.length} of ${all.length} |`,
     );
   }
+  const reuse = warmFromCold(r);
+  lines.push(
+    "",
+    `In ${reuse.from} of ${reuse.of} warm runs (5) every sandbox started from the setup image their round's cold run (2) built (the trace's "built by run …") and none ran setup.`,
+  );
   const targets = setupSection(r).summary.filter((s) => s.target);
   lines.push(
     "",
