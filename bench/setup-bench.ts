@@ -110,6 +110,7 @@ function setupFacts(run: RunJson) {
   const built = new Set<string>();
   let used = 0;
   const builtBy = new Set<string>();
+  const other = new Set<string>();
   for (const e of run.trace) {
     const d = e.detail;
     if (e.kind === "output" && d?.stage === "setup") {
@@ -125,9 +126,18 @@ function setupFacts(run: RunJson) {
         const by = BUILT_BY.exec(d.text);
         if (by) builtBy.add(by[1] as string);
       }
+      // Why setup ran uncached (no image for this backend, a lost build…): said once, kept as said.
+      if (!b && !STARTED_FROM.test(d.text) && d.stage === "setup_image") other.add(d.text);
     }
   }
-  return { setupRanIn: setupRan.size, work, built: [...built], used, builtBy: [...builtBy] };
+  return {
+    setupRanIn: setupRan.size,
+    work,
+    built: [...built],
+    used,
+    builtBy: [...builtBy],
+    imageNotes: [...other],
+  };
 }
 
 /** Everything a sandbox's commands printed on stdout. */
@@ -193,6 +203,7 @@ async function oneRun(
       .filter((s) => s.host === INDEX_HOST && String(s.path).startsWith("/files/")).length,
     setupWorkMs: facts.work,
     notes: (run.notes ?? []).map((n) => n.code),
+    imageNotes: facts.imageNotes,
   };
 }
 

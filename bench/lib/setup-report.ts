@@ -43,6 +43,8 @@ export interface SetupSample {
   setupWorkMs: number[];
   /** The codes of the run's notes. */
   notes: string[];
+  /** The trace's other setup image rows (why setup ran uncached), as written. */
+  imageNotes: string[];
 }
 
 export interface SetupResults extends SectionHead {
@@ -214,6 +216,9 @@ export function renderSetup(r: SetupResults): string {
   const noted = [...new Set(r.samples.flatMap((s) => s.notes.filter((n) => n.startsWith("setup_image"))))];
   if (noted.length > 0)
     lines.push("", `Setup image notes on the runs: ${noted.map((n) => `\`${n}\``).join(", ")}.`);
+  const said = [...new Set(r.samples.flatMap((s) => s.imageNotes ?? []))];
+  if (said.length > 0)
+    lines.push("", "What the traces said about setup images besides:", "", ...said.map((t) => `- ${t}`));
   lines.push(
     "",
     bad.length === 0
