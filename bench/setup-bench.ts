@@ -83,8 +83,8 @@ const command = (name: string) =>
 const taskName = (i: number) => `task-${i}`;
 
 /** The run spec of each kind (`setup`: the setup command every sandbox runs; none for no-setup). */
-function specOf(kind: SetupKind | "calibration", setup: string): Record<string, unknown> {
-  const tasks = kind === "one-cold" || kind === "calibration" ? 1 : CONFIG.tasks;
+function specOf(kind: SetupKind, setup: string): Record<string, unknown> {
+  const tasks = kind === "one-cold" ? 1 : CONFIG.tasks;
   return {
     commands: [command("work")],
     ...(kind === "no-setup" ? {} : { setup: [setup] }),
