@@ -4,19 +4,21 @@
 // the run's `running` transition and to its command's first output, for an empty vault (nothing
 // to enforce: no proxy process) and for a vault with a rule (the proxy started, its policy
 // fetched, the wiring step proving the redirect). A few runs of each, taking turns after one
-// unmeasured run of each; median and p90, and the ratio with / without the proxy.
+// unmeasured run of each; median and p90, and the ratio with / without the proxy. Each run's start
+// is broken down by phase (bench/lib/run-phases.ts: its trace, the proxy's ready time, the agent's
+// creates) to show what the proxy adds, and where.
 // Needs root (namespaces); skipped with a message otherwise. No network but loopback and the
 // namespaces the agent makes (all removed when a run ends, and when the bench stops).
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { proxyNamespaces } from "../local-agent/network";
 import { type ApiClient as Api, apiClient as client } from "../scripts/lib/api-client";
 import { whyNotRunnable } from "../scripts/lib/can-isolate";
 import { startLocalStack } from "../scripts/lib/local-stack";
 import { publish, summaryLines } from "./lib/page";
 import { f, num, runBench, sectionHead } from "./lib/results";
+import { AgentCreates, launchAndWait, startMarks } from "./lib/run-phases";
 import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
 import { type StartKind, type StartResults, type StartSample, startSection } from "./lib/start-report";
 
@@ -31,29 +33,16 @@ const MARK = "bench-start-output";
 
 const log = (s: string) => process.stderr.write(`${s}\n`);
 
-// biome-ignore lint/suspicious/noExplicitAny: trace rows are JSON
-type TraceEvent = { kind: string; state: string | null; detail: any; at: string };
-
-/** One run: launched, watched to its end; the times come from its trace. */
-async function oneRun(api: Api, kind: StartKind): Promise<StartSample> {
-  const t0 = Date.now();
-  const launched = await api.call("POST", "/v1/runs", { commands: [`echo ${MARK}`] });
-  const acceptedMs = Date.now() - t0;
-  if (launched.status !== 202) throw new Error(`launch: ${launched.status} ${launched.text}`);
-  const id = launched.json.id as string;
-  const deadline = Date.now() + 120_000;
-  // biome-ignore lint/suspicious/noExplicitAny: the run's JSON
-  let run: any;
-  for (;;) {
-    run = (await api.call("GET", `/v1/runs/${id}`)).json;
-    if (isTerminal(run?.status)) break;
-    if (Date.now() > deadline) throw new Error(`run ${id} did not end in 120 s: ${JSON.stringify(run)}`);
-    await new Promise((r) => setTimeout(r, CONFIG.pollMs));
-  }
-  const trace = (run.trace ?? []) as TraceEvent[];
-  const at = (e: TraceEvent | undefined) => (e ? Date.parse(e.at) - t0 : Number.NaN);
-  const running = trace.find((e) => e.kind === "transition" && e.state === "running");
-  const output = trace.find((e) => e.kind === "output" && typeof e.detail?.text === "string");
+/** One run: launched, watched to its end; the times come from its trace (and the agent's log). */
+async function oneRun(api: Api, kind: StartKind, creates: AgentCreates): Promise<StartSample> {
+  const launched = await launchAndWait(
+    api,
+    { commands: [`echo ${MARK}`] },
+    { pollMs: CONFIG.pollMs, timeoutMs: 120_000 },
+  );
+  const { run } = launched;
+  const marks = startMarks(launched, creates);
+  const output = run.trace.find((e) => e.kind === "output" && typeof e.detail?.text === "string");
   const ok =
     run.status === "finished" &&
     run.reason === "completed" &&
@@ -61,13 +50,14 @@ async function oneRun(api: Api, kind: StartKind): Promise<StartSample> {
     (kind === "proxy") === Boolean(run.proof?.enforced);
   return {
     kind,
-    runId: id,
+    runId: launched.runId,
     ok,
     status: `${run.status}/${run.reason}`,
-    acceptedMs,
-    toRunningMs: at(running),
-    toOutputMs: at(output),
-    toEndMs: Date.parse(run.endedAt ?? "") - t0,
+    acceptedMs: launched.acceptedMs,
+    toRunningMs: marks.running,
+    toOutputMs: marks.firstOutput,
+    toEndMs: marks.ended,
+    marks,
   };
 }
 
@@ -96,13 +86,17 @@ async function main(): Promise<number> {
     const db = await startDatabase();
     onStop(() => db.stop());
     log(`PostgreSQL ${db.version} up; starting the local stack (host agent, wrangler dev)`);
+    const creates = new AgentCreates();
     const stack = await startLocalStack({
       databaseUrl: db.url,
       wsProxy: db.wsProxy,
       vaultKek: newVaultKek(),
       dir,
       agentStateDir: join(dir, "agent"),
-      log: process.env.BENCH_VERBOSE ? (line) => log(line) : undefined,
+      log: (line) => {
+        creates.line(line);
+        if (process.env.BENCH_VERBOSE || line.startsWith("[images]")) log(line);
+      },
     });
     onStop(() => stack.stop());
     log(`local stack on ${stack.apiUrl}`);
@@ -132,7 +126,7 @@ async function main(): Promise<number> {
     const samples: StartSample[] = [];
     for (let round = 0; round <= CONFIG.runs; round++) {
       for (const kind of kinds) {
-        const s = await oneRun(apis[kind], kind);
+        const s = await oneRun(apis[kind], kind, creates);
         const label = round === 0 ? "warm-up" : `${round}/${CONFIG.runs}`;
         log(
           `${kind} (${label}): running after ${f(s.toRunningMs, 0)} ms, first output after ${f(s.toOutputMs, 0)} ms, ` +

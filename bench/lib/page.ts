@@ -6,6 +6,7 @@ import { renderFuzz } from "./fuzz-report";
 import { renderMemory } from "./memory-report";
 import { type Results as ProxyResults, proxySection, renderProxy } from "./report";
 import { BENCHES, type BenchName, mark, resultsDir, type SectionHead } from "./results";
+import { renderSetup } from "./setup-report";
 import { renderStart } from "./start-report";
 
 // bench/results/latest.json holds one section per bench (`benches.<name>`), latest.md is rendered
@@ -20,6 +21,7 @@ const RENDER: Record<BenchName, (section: any) => string> = {
   audit: renderAudit,
   broker: renderBroker,
   start: renderStart,
+  setup: renderSetup,
 };
 
 const TITLE: Record<BenchName, string> = {
@@ -29,6 +31,7 @@ const TITLE: Record<BenchName, string> = {
   audit: "audit ingest",
   broker: "broker",
   start: "run start",
+  setup: "setup images",
 };
 
 type Page = { schema: 2; benches: Partial<Record<BenchName, SectionHead>> };

@@ -68,7 +68,7 @@ export function quantiles(xs: readonly number[]): { n: number; median: number; p
   return { n: s.length, median, p90: at(0.9) };
 }
 
-export const BENCHES = ["proxy", "memory", "fuzz", "audit", "broker", "start"] as const;
+export const BENCHES = ["proxy", "memory", "fuzz", "audit", "broker", "start", "setup"] as const;
 export type BenchName = (typeof BENCHES)[number];
 
 /** One line of the results page's summary (and of docs/performance.md's table). */

@@ -1,4 +1,5 @@
 import { f, quantiles, ratio, type SectionHead, type SummaryRow, times } from "./results";
+import { medianPhases, PHASES, type Phase, phaseTable, type StartMarks } from "./run-phases";
 
 // The run start bench's section of the results page (bench/start-bench.ts).
 
@@ -16,6 +17,8 @@ export interface StartSample {
   toRunningMs: number;
   toOutputMs: number;
   toEndMs: number;
+  /** Where the start went (absent in sections written before the breakdown). */
+  marks?: StartMarks;
 }
 
 export interface StartResults extends SectionHead {
@@ -35,6 +38,26 @@ const MEASURES: Array<[Measure, string]> = [
 const stats = (r: StartResults, kind: StartKind, m: Measure) =>
   quantiles(r.samples.filter((s) => s.kind === kind && s.ok).map((s) => s[m]));
 
+const marksOf = (r: StartResults, kind: StartKind) =>
+  r.samples.filter((s) => s.kind === kind && s.ok && s.marks).map((s) => s.marks as StartMarks);
+
+/**
+ * What the proxy adds to run start, phase by phase (medians with − without, ms), largest first:
+ * null when the section has no breakdown.
+ */
+export function proxyAdds(r: StartResults): Array<{ phase: Phase; label: string; ms: number }> | null {
+  const without = marksOf(r, "no-proxy");
+  const withProxy = marksOf(r, "proxy");
+  if (without.length === 0 || withProxy.length === 0) return null;
+  const a = medianPhases(without);
+  const b = medianPhases(withProxy);
+  return PHASES.map(([phase, label]) => ({
+    phase,
+    label,
+    ms: (Number.isFinite(b[phase]) ? b[phase] : 0) - (Number.isFinite(a[phase]) ? a[phase] : 0),
+  })).sort((x, y) => y.ms - x.ms);
+}
+
 export function startSection(r: StartResults): StartResults {
   const summary: SummaryRow[] = (["toRunningMs", "toOutputMs"] as const).map((m) => {
     const p = stats(r, "proxy", m);
@@ -46,6 +69,18 @@ export function startSection(r: StartResults): StartResults {
       ratio: times(ratio(p.median, n.median)),
     };
   });
+  const adds = proxyAdds(r);
+  if (adds) {
+    const top = adds.filter((a) => a.ms >= 50).slice(0, 3);
+    const p = stats(r, "proxy", "toOutputMs").median;
+    const n = stats(r, "no-proxy", "toOutputMs").median;
+    summary.push({
+      measure: "what the proxy adds to run start (POST → first output), the largest phases (medians)",
+      result: `+${f((p - n) / 1000, 2)} s: ${top.map((a) => `${a.label} +${f(a.ms, 0)} ms`).join("; ") || "no phase over 50 ms"}`,
+      baseline: "",
+      ratio: "",
+    });
+  }
   return { ...r, summary };
 }
 
@@ -75,6 +110,19 @@ export function renderStart(r: StartResults): string {
     const p = stats(r, "proxy", m);
     lines.push(
       `| ${label} | ${f(n.median, 0)} | ${f(n.p90, 0)} | ${f(p.median, 0)} | ${f(p.p90, 0)} | ${f(ratio(p.median, n.median), 2)} |`,
+    );
+  }
+  const withProxy = marksOf(r, "proxy");
+  const without = marksOf(r, "no-proxy");
+  if (withProxy.length > 0 && without.length > 0) {
+    lines.push(
+      "",
+      "Where the start goes, phase by phase (bench/lib/run-phases.ts): the trace's transitions, the",
+      "proxy's ready time (`proxy.readyAt`) and the host agent's create of the network sandbox (its log),",
+      "ms after POST /v1/runs. Each phase's median; they need not add up to the total's median. Without a",
+      "proxy the network sandbox is still made (it holds the run's network namespace), but no proxy starts.",
+      "",
+      ...phaseTable({ label: "without proxy", marks: without }, { label: "with proxy", marks: withProxy }),
     );
   }
   lines.push(

@@ -202,3 +202,27 @@ export function pipIndexRoutes(
 export function benchIndexRoutes(host = INDEX_HOST): StaticRoute[] {
   return pipIndexRoutes(host, [{ pkg: BENCH_PACKAGE, wheel: buildWheel(BENCH_PACKAGE) }]);
 }
+
+/**
+ * Generated packages for the setup bench (bench/setup-bench.ts): `count` pure-Python packages
+ * `bwbench<i>`, each of `modules` modules of plain functions, so that installing them and
+ * byte-compiling them (compileall) is work a real setup does. Deterministic: the same wheels, so
+ * the same hashes, on every build.
+ */
+export function generatedPackages(count: number, modules: number): PythonPackage[] {
+  return Array.from({ length: count }, (_, p) => {
+    const name = `bwbench${p}`;
+    const files: Record<string, string> = {
+      [`${name}/__init__.py`]: `"""Generated for Benchwright's setup bench."""\n\n__version__ = "1.0.0"\n`,
+    };
+    for (let m = 0; m < modules; m++) {
+      const body = Array.from(
+        { length: 40 },
+        (_, f) =>
+          `def f${f}(xs):\n    """Sum of the squares of xs plus ${f}."""\n    total = ${f}\n    for x in xs:\n        total += x * x\n    return total\n`,
+      );
+      files[`${name}/m${m}.py`] = `${body.join("\n\n")}`;
+    }
+    return { name, version: "1.0.0", summary: `Setup bench package ${p}`, files };
+  });
+}
