@@ -270,6 +270,7 @@ async function main(): Promise<number> {
       vaultKek: newVaultKek(),
       dir,
       agentStateDir: join(dir, "agent"),
+      agentLayersDir: join(dir, "setup-layers"),
       proxyTestEnv: {
         // The demo upstream's own test CA, address and routes: test-only proxy settings.
         BW_TEST_EXTRA_CA_PEM: upstream.caPem,

@@ -85,6 +85,8 @@ async function main() {
       dir: DATA,
       port: PORT,
       agentStateDir: join(DATA, "agent"),
+      // Kept with the embedded database's records of them, so a later start reuses them.
+      agentLayersDir: join(DATA, "setup-layers"),
       proxyTestEnv: {
         // The demo upstream's own test CA and address: development-only proxy settings.
         BW_TEST_EXTRA_CA_PEM: upstream.caPem,

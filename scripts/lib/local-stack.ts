@@ -37,6 +37,8 @@ export async function startLocalStack(options: {
   /** Test-only proxy settings (the demo's or the suite's own upstream CA and routes). */
   proxyTestEnv?: Record<string, string>;
   agentStateDir?: string;
+  /** Where the agent keeps setup layers (default /var/lib/benchwright/setup-layers). */
+  agentLayersDir?: string;
   nft?: string;
   /** More Worker vars (e.g. a short LINGER_IDLE_SECONDS for a test). */
   workerVars?: Record<string, string>;
@@ -56,6 +58,7 @@ export async function startLocalStack(options: {
     controlPlane: `http://127.0.0.1:${port}`,
     proxyTestEnv: options.proxyTestEnv,
     stateDir: options.agentStateDir,
+    layersDir: options.agentLayersDir,
     nft: options.nft,
     log: (event) => options.log?.(`[agent] ${JSON.stringify(event)}`),
   });

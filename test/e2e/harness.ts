@@ -69,6 +69,7 @@ export async function startE2e(options: E2eOptions): Promise<E2e> {
       dir,
       nft: options.nft,
       agentStateDir: join(dir, "agent"),
+      agentLayersDir: join(dir, "setup-layers"),
       proxyTestEnv: {
         ...proxyTestEnv(upstream),
         ...(options.extraCaPem
