@@ -102,6 +102,8 @@ export async function captureSetupImage(
 ): Promise<CapturedImage> {
   const held = { environmentId: run.environmentId, key, runId: run.id, sandboxId };
   if (!(await records.renew(db, { ...held, leaseMs: CAPTURE_LEASE_MS }))) {
+    const repeated = await repeatedCapture(db, backend, settings, run, sandboxId, key);
+    if (repeated) return repeated;
     throw new BackendError(
       "setup_image_not_found",
       `sandbox ${sandboxId} does not build setup image ${key} in the run's environment`,
@@ -145,6 +147,26 @@ export async function captureSetupImage(
     );
   }
   return captured;
+}
+
+/**
+ * A capture asked again after it was kept (a coordinator step replayed after a crash): the
+ * builder's claim is gone, so the answer is the kept one when this run built the key and the
+ * backend's repeat of this sandbox's capture (which it answers without reading again) names the
+ * recorded digest; anything else is no repeat.
+ */
+async function repeatedCapture(
+  db: Db,
+  backend: ComputeBackend,
+  settings: SetupImageSettings,
+  run: RunOf,
+  sandboxId: string,
+  key: SetupImageKey,
+): Promise<CapturedImage | null> {
+  const built = await records.builtDigest(db, run.environmentId, key);
+  if (!built || built.builtByRunId !== run.id || built.backend !== backend.name) return null;
+  const again = await backend.captureLayer(sandboxId, settings.maxLayerBytes).catch(() => null);
+  return again?.digest === built.digest ? again : null;
 }
 
 function fullError(settings: SetupImageSettings, kept: number): BackendError {

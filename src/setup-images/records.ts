@@ -261,12 +261,18 @@ export async function builtDigest(
   db: Q,
   environmentId: string,
   key: string,
-): Promise<{ digest: ImageDigest; backend: SetupImageRow["backend"] } | null> {
+): Promise<{ digest: ImageDigest; backend: SetupImageRow["backend"]; builtByRunId: string | null } | null> {
   const [row] = await db
-    .select({ digest: setupImages.digest, backend: setupImages.backend })
+    .select({
+      digest: setupImages.digest,
+      backend: setupImages.backend,
+      builtByRunId: setupImages.builtByRunId,
+    })
     .from(setupImages)
     .where(and(ofKey(environmentId, key), eq(setupImages.status, "built")));
-  return row?.digest ? { digest: row.digest as ImageDigest, backend: row.backend } : null;
+  return row?.digest
+    ? { digest: row.digest as ImageDigest, backend: row.backend, builtByRunId: row.builtByRunId }
+    : null;
 }
 
 /** A sandbox started from the image (the reaper drops images unused for long). */

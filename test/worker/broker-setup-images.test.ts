@@ -240,21 +240,31 @@ describe("broker: claiming and capturing setup images", () => {
       capture: async () => ({ digest, bytes: 5 * MIB, files: 7 }),
     });
     const request = setup({ setup: [`echo ${hex()}`] });
-    const { key, refusedClaim, refused, captured, later } = await withBackend(backend, async (broker) => {
-      const refusedClaim = await broker.claimSetupImage(run.id, theirs, request);
-      const claimed = await broker.claimSetupImage(run.id, builder, request);
-      if (!claimed.ok || claimed.value.role !== "build") throw new Error(JSON.stringify(claimed));
-      const key = claimed.value.key;
-      const refused = await broker.captureSetupImage(run.id, bystander, key);
-      const captured = await broker.captureSetupImage(run.id, builder, key);
-      const later = await broker.claimSetupImage(other.id, randomId("sbx_"), request);
-      return { key, refusedClaim, refused, captured, later };
-    });
+    const { key, refusedClaim, refused, captured, again, later, theirsAfter } = await withBackend(
+      backend,
+      async (broker) => {
+        const refusedClaim = await broker.claimSetupImage(run.id, theirs, request);
+        const claimed = await broker.claimSetupImage(run.id, builder, request);
+        if (!claimed.ok || claimed.value.role !== "build") throw new Error(JSON.stringify(claimed));
+        const key = claimed.value.key;
+        const refused = await broker.captureSetupImage(run.id, bystander, key);
+        const captured = await broker.captureSetupImage(run.id, builder, key);
+        // A coordinator step replayed after a crash asks again: the kept answer, nothing new.
+        const again = await broker.captureSetupImage(run.id, builder, key);
+        const later = await broker.claimSetupImage(other.id, randomId("sbx_"), request);
+        const theirsAfter = await broker.captureSetupImage(other.id, theirs, key);
+        return { key, refusedClaim, refused, captured, again, later, theirsAfter };
+      },
+    );
     expect(refusedClaim).toMatchObject({ ok: false, code: "not_found" });
     expect(refused).toMatchObject({ ok: false, code: "setup_image_not_found" });
     expect(captured).toEqual({ ok: true, value: { digest, bytes: 5 * MIB, files: 7 } });
+    expect(again).toEqual(captured);
+    // Another run's sandbox asking after the build is no repeat, whatever its backend answers.
+    expect(theirsAfter).toMatchObject({ ok: false, code: "setup_image_not_found" });
     expect(later).toMatchObject({ ok: true, value: { role: "use", key, digest, builtByRunId: run.id } });
     expect(backend.calls.filter((c) => c.method === "captureLayer").map((c) => c.sandboxId)).toEqual([
+      builder,
       builder,
     ]);
     expect(await rowOf(t, key)).toMatchObject({ status: "built", digest, sizeBytes: 5 * MIB, files: 7 });
