@@ -14,9 +14,7 @@ import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { proxyNamespaces } from "../local-agent/network";
 import { type ApiClient as Api, apiClient as client } from "../scripts/lib/api-client";
-import { whyNotRunnable } from "../scripts/lib/can-isolate";
 import { type DemoUpstream, startDemoUpstream } from "../scripts/lib/demo-upstream";
 import { type LocalStack, startLocalStack } from "../scripts/lib/local-stack";
 import { buildWheel, generatedPackages, INDEX_HOST, pipIndexRoutes } from "../scripts/lib/pip-index";
@@ -24,7 +22,7 @@ import { publish, summaryLines } from "./lib/page";
 import { f, num, quantiles, runBench, sectionHead } from "./lib/results";
 import { AgentCreates, type Launched, launchAndWait, type RunJson, startMarks } from "./lib/run-phases";
 import { type SetupKind, type SetupResults, type SetupSample, setupSection } from "./lib/setup-report";
-import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
+import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoLocalRuns } from "./lib/stack";
 
 const CONFIG = {
   /** Rounds; each runs every kind once. */
@@ -233,20 +231,9 @@ const describe = (s: SetupSample) =>
   `images built ${s.imagesBuilt} / started from ${s.imagesUsed}, ${s.wheelDownloads} wheel downloads (${s.status})${s.ok ? "" : " NOT AS EXPECTED"}`;
 
 async function main(): Promise<number> {
-  const why = whyNotRunnable() ?? whyNoPostgres();
+  const why = whyNoLocalRuns("setup images bench");
   if (why) {
-    log(
-      `setup images bench skipped: ${why} (it makes namespaces). Its section of bench/results is left as it was.`,
-    );
-    return 0;
-  }
-  // The host agent's nft table is the machine's: never start beside another agent's runs.
-  const others = proxyNamespaces();
-  if (others.length > 0) {
-    log(
-      `setup images bench skipped: another local agent has runs on this machine (${others.join(", ")}); ` +
-        "two agents share the host's nft table. Run it when they are done.",
-    );
+    log(why);
     return 0;
   }
   const started = Date.now();

@@ -12,14 +12,12 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { proxyNamespaces } from "../local-agent/network";
 import { type ApiClient as Api, apiClient as client } from "../scripts/lib/api-client";
-import { whyNotRunnable } from "../scripts/lib/can-isolate";
 import { startLocalStack } from "../scripts/lib/local-stack";
 import { publish, summaryLines } from "./lib/page";
 import { f, num, runBench, sectionHead } from "./lib/results";
 import { AgentCreates, launchAndWait, startMarks } from "./lib/run-phases";
-import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoPostgres } from "./lib/stack";
+import { newTenant, newVaultKek, onStop, startDatabase, stopAll, whyNoLocalRuns } from "./lib/stack";
 import { type StartKind, type StartResults, type StartSample, startSection } from "./lib/start-report";
 
 const CONFIG = {
@@ -62,21 +60,9 @@ async function oneRun(api: Api, kind: StartKind, creates: AgentCreates): Promise
 }
 
 async function main(): Promise<number> {
-  const why = whyNotRunnable() ?? whyNoPostgres();
+  const why = whyNoLocalRuns("run start bench");
   if (why) {
-    log(
-      `run start bench skipped: ${why} (it makes namespaces). Its section of bench/results is left as it was.`,
-    );
-    return 0;
-  }
-  // The host agent's nft table is the machine's: an agent that installs it while another agent's
-  // run is live cuts that run off its relay. So never start beside another agent's runs.
-  const others = proxyNamespaces();
-  if (others.length > 0) {
-    log(
-      `run start bench skipped: another local agent has runs on this machine (${others.join(", ")}); ` +
-        "two agents share the host's nft table. Run it when they are done.",
-    );
+    log(why);
     return 0;
   }
   const started = Date.now();

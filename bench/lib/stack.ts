@@ -1,4 +1,6 @@
 import { randomBytes } from "node:crypto";
+import { proxyNamespaces } from "../../local-agent/network";
+import { whyNotRunnable } from "../../scripts/lib/can-isolate";
 import { applyMigrations } from "../../scripts/lib/migrate";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import { findPostgresBin, startPostgresql } from "../../scripts/lib/postgres";
@@ -21,6 +23,27 @@ export interface BenchDatabase {
 }
 
 /** Why a bench that needs PostgreSQL cannot run here, or null. */
+/**
+ * Why a bench that runs real sandboxes on the local stack cannot run now, as the line it logs
+ * before it skips (its section of bench/results stays as it was); null: it can.
+ */
+export function whyNoLocalRuns(bench: string): string | null {
+  const why = whyNotRunnable() ?? whyNoPostgres();
+  if (why) {
+    return `${bench} skipped: ${why} (it makes namespaces). Its section of bench/results is left as it was.`;
+  }
+  // The host agent's nft table is the machine's: an agent that installs it while another agent's
+  // run is live cuts that run off its relay. So never start beside another agent's runs.
+  const others = proxyNamespaces();
+  if (others.length > 0) {
+    return (
+      `${bench} skipped: another local agent has runs on this machine (${others.join(", ")}); ` +
+      "two agents share the host's nft table. Run it when they are done."
+    );
+  }
+  return null;
+}
+
 export function whyNoPostgres(): string | null {
   return findPostgresBin() ? null : "PostgreSQL is not installed (Debian: apt-get install postgresql)";
 }

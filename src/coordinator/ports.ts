@@ -4,9 +4,9 @@ import type { ExecInfo, SandboxInfo, Seal, SealResult } from "@benchwright/share
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import type { RunState } from "@benchwright/shared/contract/run-states";
-import type { CapturedImage, SetupImageClaim, SetupImageKey } from "@benchwright/shared/contract/setup-image";
+import type { SetupImageKey } from "@benchwright/shared/contract/setup-image";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
-import type { BrokerFailed, BrokerResult, SandboxRequest, SetupImageRequest } from "../broker/interface";
+import type { BrokerApi, BrokerFailed, BrokerResult, SandboxRequest } from "../broker/interface";
 import type { RunNote, Transition } from "../runs/types";
 import type { MachineState, StopRequest } from "./state";
 
@@ -56,7 +56,12 @@ export interface CollectResult {
  * code where a failure means something (not_supported, setup_not_sealed); the machine takes any
  * other as a fault (retried with backoff when retryable).
  */
-export interface MachineBroker {
+/**
+ * claimSetupImage: what to do about a sandbox's setup (use, build, wait or none), the builder's
+ * renewal too; captureSetupImage: keeps the sealed builder's changes (before any command). As
+ * the broker answers them.
+ */
+export interface MachineBroker extends Pick<BrokerApi, "claimSetupImage" | "captureSetupImage"> {
   create(runId: string, request: SandboxRequest): Promise<BrokerResult<SandboxInfo>>;
   exec(
     runId: string,
@@ -103,18 +108,6 @@ export interface MachineBroker {
     sandboxId: string,
     options: { sandboxName: string; dir: string; maxBytes: number; maxFiles: number },
   ): Promise<CollectResult>;
-  /** What to do about a sandbox's setup (use, build, wait or none); the builder's renewal too. */
-  claimSetupImage(
-    runId: string,
-    sandboxId: string,
-    request: SetupImageRequest,
-  ): Promise<BrokerResult<SetupImageClaim>>;
-  /** Keeps the sealed builder's changes as the key's setup image (before any command). */
-  captureSetupImage(
-    runId: string,
-    sandboxId: string,
-    key: SetupImageKey,
-  ): Promise<BrokerResult<CapturedImage>>;
   /** Gives up the sandbox's build of the key: nothing of it is kept. Idempotent. */
   releaseSetupImage(runId: string, sandboxId: string, key: SetupImageKey): Promise<void>;
 }
