@@ -81,7 +81,7 @@ describe("the CLI as a package", () => {
     expect(res.stdout.trim()).toBe(version);
   });
 
-  it("logs in and works against wrangler dev: webhooks, notifications, vault models, bug reports", async () => {
+  it("logs in and works against wrangler dev: webhooks, notifications, setup images, vault models, bug reports", async () => {
     const user = await newUser();
     const home = configHome();
     const login = await installed(["login", "--url", apiUrl()], { home, input: `${user.key}\n` });
@@ -149,6 +149,15 @@ describe("the CLI as a package", () => {
     );
     expect((await installed(["notifications", "delete", note.id], { home })).code).toBe(0);
     expect((await installed(["notifications", "list"], { home })).stdout).toContain("no notification URLs");
+
+    // Setup images: none kept yet; a key the environment does not have is the API's 404, named.
+    expect((await installed(["setup-images", "list"], { home })).stdout).toContain("no setup images");
+    const unknown = await installed(["setup-images", "delete", "a".repeat(64)], { home });
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr).toContain("not_found");
+    const badKey = await installed(["setup-images", "delete", "short"], { home });
+    expect(badKey.code).toBe(1);
+    expect(badKey.stderr).toContain("invalid_request");
 
     // A model: fields pass through to the API as given.
     const set = await installed(["vault", "secrets", "set", "OPENAI_KEY"], {

@@ -1,6 +1,7 @@
 import { bugReportsCreate, bugReportsList } from "../commands/bug-reports";
 import * as models from "../commands/models";
 import * as notifications from "../commands/notifications";
+import { setupImagesDelete, setupImagesList } from "../commands/setup-images";
 import {
   webhooksCreate,
   webhooksDelete,
@@ -141,5 +142,22 @@ export const MORE_COMMANDS: CommandTable = {
     summary: "a run's bug reports, newest first",
     options: page,
     run: (ctx, v, p) => bugReportsList(ctx, one(p, "run id"), pageOf(v)),
+  },
+  "setup-images list": {
+    usage: "benchwright setup-images list [--limit N] [--cursor C]",
+    summary: "the setup images this environment keeps, most recently used first",
+    help:
+      "A run's setup commands run once per distinct setup; later sandboxes and runs with the same key\n" +
+      "(base image, bundle, setup commands, memory and pids) start from the kept image.",
+    options: page,
+    run: async (ctx, v, p) => {
+      none(p, "setup-images list");
+      await setupImagesList(ctx, pageOf(v));
+    },
+  },
+  "setup-images delete": {
+    usage: "benchwright setup-images delete KEY",
+    summary: "drop a setup image (the full 64-hex key): the next run with that setup builds it again",
+    run: (ctx, _v, p) => setupImagesDelete(ctx, one(p, "setup image key")),
   },
 };
