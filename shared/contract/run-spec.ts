@@ -13,7 +13,8 @@ import { SetupImageMode } from "./setup-image";
 const Command = z.string().min(1).max(8192).meta({ description: "Run by `sh -c` in the sandbox" });
 const Commands = z.array(Command).min(1).max(100);
 // Run as root of the sandbox, before the wiring is re-proved and the commands run (the setup stage).
-const SetupCommands = z.array(Command).min(1).max(100).meta({
+// Also a compute-API environment's own setup (src/routes/compute.ts).
+export const SetupCommands = z.array(Command).min(1).max(100).meta({
   description:
     "Run by `sh -c` as root of the sandbox before the commands (package installs); through the proxy like everything else",
 });

@@ -2,6 +2,7 @@ import { isTerminal } from "@benchwright/shared/contract/run-states";
 import {
   BrokerFailure,
   type EnvironmentAnswer,
+  type EnvironmentRequest,
   type EnvironmentView,
   type Machine,
   type MachinePorts,
@@ -164,9 +165,9 @@ export class RunMachine {
     return this.storage.load();
   }
 
-  /** Asks for a task environment named `name` (made and wired at the next steps). */
-  addEnvironment(name: string): Promise<EnvironmentAnswer> {
-    return environments.addEnvironment(this.m, name);
+  /** Asks for a task environment (made, set up and wired at the next steps). */
+  addEnvironment(request: EnvironmentRequest): Promise<EnvironmentAnswer> {
+    return environments.addEnvironment(this.m, request);
   }
 
   /** A task environment of the run and its exec environment (null env while not ready). */

@@ -4,7 +4,7 @@ import type { ExecInfo, SandboxInfo, Seal, SealResult } from "@benchwright/share
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import type { RunState } from "@benchwright/shared/contract/run-states";
-import type { SetupImageKey } from "@benchwright/shared/contract/setup-image";
+import type { ImageDigest, SetupImageKey } from "@benchwright/shared/contract/setup-image";
 import type { WiringProof } from "@benchwright/shared/contract/wiring";
 import type { BrokerApi, BrokerFailed, BrokerResult, SandboxRequest } from "../broker/interface";
 import type { RunNote, Transition } from "../runs/types";
@@ -195,11 +195,20 @@ export type WakeResult =
   | { ok: true; runId: string; sandboxId: string; resumed: boolean }
   | { ok: false; why: string };
 
+/** A task environment asked for through the compute API: its name, and setup of its own if any. */
+export interface EnvironmentRequest {
+  name: string;
+  /** Run after the run's own setup, as a spec'd task's is (absent: no bundle, no setup at all). */
+  setup?: string[];
+}
+
 /** A task environment as the compute API shows it. */
 export interface EnvironmentView {
   id: string;
   name: string;
   state: "preparing" | "ready" | "deleted";
+  /** The setup image it started from, or built, once it did (absent: none, or not yet). */
+  setupImage?: { key: SetupImageKey; digest: ImageDigest; builtBy: string | null; builtNow: boolean };
 }
 
 export type EnvironmentAnswer =

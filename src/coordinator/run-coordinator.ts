@@ -7,7 +7,7 @@ import { randomId } from "../crypto/api-keys";
 import { openDb } from "../db/client";
 import type { Db } from "../db/types";
 import { RunMachine } from "./machine";
-import type { EnvironmentAnswer } from "./ports";
+import type { EnvironmentAnswer, EnvironmentRequest } from "./ports";
 import { type MachineState, migrateState, type StopRequest, type StoredState } from "./state";
 import { lastJsonLine, workerPorts } from "./worker-ports";
 
@@ -143,8 +143,8 @@ export class RunCoordinator extends DurableObject<Env> {
 
   // ---- task environments, asked for through the compute API (src/routes/compute.ts) ----
 
-  async addEnvironment(name: string): Promise<EnvironmentAnswer> {
-    return this.serial(() => this.withMachine((m) => m.addEnvironment(name)));
+  async addEnvironment(request: EnvironmentRequest): Promise<EnvironmentAnswer> {
+    return this.serial(() => this.withMachine((m) => m.addEnvironment(request)));
   }
 
   async environment(id: string): Promise<EnvironmentAnswer> {

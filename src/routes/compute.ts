@@ -1,3 +1,4 @@
+import { SetupCommands } from "@benchwright/shared/contract/run-spec";
 import { Hono } from "hono";
 import { z } from "zod";
 import { renewCapability } from "../compute/capability";
@@ -17,7 +18,8 @@ const Name = z.string().regex(/^[A-Za-z0-9_.-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ .
 const SandboxId = z.string().regex(/^sbx_[A-Za-z0-9_-]{1,60}$/);
 const ExecId = z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "1-64 of A-Z a-z 0-9 _ -");
 
-const NewEnvironment = z.strictObject({ name: Name });
+/** A Harbor task's environment recipe comes as `setup`: run after the run's setup, kept as a setup image. */
+const NewEnvironment = z.strictObject({ name: Name, setup: SetupCommands.optional() });
 const NewExec = z.strictObject({
   /** The caller's idempotency key: the same id returns the same exec. */
   id: ExecId,
@@ -66,7 +68,7 @@ export const computeRoutes = new Hono<ComputeEnv>()
   })
   .post("/environments", async (c) => {
     const body = parseBody(NewEnvironment, await c.req.text());
-    const made = answer(await coordinatorStub(c.env, c.var.capability.run.id).addEnvironment(body.name));
+    const made = answer(await coordinatorStub(c.env, c.var.capability.run.id).addEnvironment(body));
     return c.json(made.environment, 202);
   })
   .get("/environments/:id", async (c) => {

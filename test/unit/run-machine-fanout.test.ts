@@ -69,11 +69,11 @@ describe("run machine: compute control, task teardown and task environments (iss
     const w = world({ spec: { ...SPEC, commands: ["sleep"] }, exitCodes: {} });
     await w.machine.start("run_1");
     for (let i = 0; i < 50 && w.state()?.state !== "running"; i++) await w.next();
-    const asked = await w.machine.addEnvironment("env-1");
+    const asked = await w.machine.addEnvironment({ name: "env-1" });
     expect(asked.ok).toBe(true);
     const id = asked.ok ? asked.environment.id : "";
     expect(asked.ok && asked.environment.state).toBe("preparing");
-    expect(await w.machine.addEnvironment("env-1")).toMatchObject({ ok: false, code: "conflict" });
+    expect(await w.machine.addEnvironment({ name: "env-1" })).toMatchObject({ ok: false, code: "conflict" });
     // Made and wired at the next steps, with the run's routing.
     for (let i = 0; i < 5 && (await w.machine.environment(id))?.view.state !== "ready"; i++) await w.next();
     const ready = await w.machine.environment(id);
@@ -103,12 +103,12 @@ describe("run machine: compute control, task teardown and task environments (iss
     const w = world();
     await w.machine.start("run_1");
     for (let i = 0; i < 50 && w.state()?.state !== "running"; i++) await w.next();
-    const asked = await w.machine.addEnvironment("env-1");
+    const asked = await w.machine.addEnvironment({ name: "env-1" });
     expect(asked.ok).toBe(true);
     const end = await w.drive();
     expect(end?.state).toBe("finished");
     expect(w.transitions.at(-1)?.reason).toBe("completed");
-    expect(await w.machine.addEnvironment("env-2")).toMatchObject({ ok: false, code: "run_ended" });
+    expect(await w.machine.addEnvironment({ name: "env-2" })).toMatchObject({ ok: false, code: "run_ended" });
   });
 
   it("runs a Harbor run's commands in an orchestrator sandbox with a capability, with a proxy even for an empty vault", async () => {

@@ -93,6 +93,20 @@ describe("compute API: environments", () => {
       400,
       "unknown_field",
     );
+    // An environment's own setup has a task's bounds: 1 to 100 commands of 1 to 8192 characters.
+    for (const setup of [
+      [],
+      [""],
+      "pip install x",
+      Array.from({ length: 101 }, () => "true"),
+      ["x".repeat(8193)],
+    ]) {
+      expectProblem(
+        await call(token, "POST", "/compute/environments", { name: "ok", setup }),
+        400,
+        "invalid_request",
+      );
+    }
     expectProblem(
       await call(token, "POST", "/compute/environments/sbx_x/exec", { id: "e1", argv: [] }),
       400,

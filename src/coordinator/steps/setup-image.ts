@@ -47,7 +47,7 @@ const MIB = 1024 * 1024;
  * it now (the image says how, createFields); "wait": not yet.
  */
 export async function claimImage(m: Machine, s: MachineState, w: Worker): Promise<"go" | "wait"> {
-  if (w.setup.length === 0 || w.environment) return "go";
+  if (w.setup.length === 0) return "go";
   const image = w.image;
   if (image !== null && image.role !== "wait") return "go"; // decided: a replay makes the same sandbox
   if (image?.role === "wait") {
@@ -226,6 +226,18 @@ export async function releaseBuilds(m: Machine, s: MachineState): Promise<void> 
     await release(m, s, w.sandboxId, w.image.key);
     w.image.state = "failed";
   }
+}
+
+/**
+ * A builder that ends before its capture while the run goes on (an environment deleted during its
+ * setup): its build is released, and this run's sandboxes waiting for it claim again, so one of
+ * them builds the key instead.
+ */
+export async function giveUpBuild(m: Machine, s: MachineState, w: Worker): Promise<void> {
+  const image = w.image;
+  if (image?.role !== "build" || image.state !== "building") return;
+  await release(m, s, w.sandboxId, image.key);
+  w.image = { role: "none", reason: "ended before its capture" };
 }
 
 async function release(m: Machine, s: MachineState, sandboxId: string, key: SetupImageKey): Promise<void> {

@@ -53,8 +53,8 @@ export function setupPending(s: MachineState, w: Worker): boolean {
  */
 export async function prepare(m: Machine, s: MachineState, w: Worker): Promise<"done" | "pending" | number> {
   if (ready(w)) return "done";
-  if (w.environment) {
-    // The holder's to prepare: it execs in it (execute stage) once it is wired.
+  if (w.environment && w.setup.length === 0) {
+    // Asked for bare: the holder's to prepare; it execs in it (execute stage) once it is wired.
     w.stage = "execute";
     return "done";
   }
