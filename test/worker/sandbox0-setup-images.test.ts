@@ -175,6 +175,15 @@ describe.skipIf(!realRegistry)("sandbox0 setup images", { timeout: 120_000 }, ()
     // The setuid bit is cleared; $BW_OUT is not there.
     expect(entries.find((e) => e.name.endsWith("tool"))).toMatchObject({ mode: 0o755, body: "installed" });
 
+    // case P3: someone re-pushes the key's tag in the real registry; what starts is still the
+    // digest the platform recorded.
+    const moved = await pushBaseImage(info, settings, repository, key);
+    expect(moved.digest).not.toBe(kept.digest);
+    expect(await registryClient(settings).manifest(repository, key)).toMatchObject({
+      ok: true,
+      value: { digest: moved.digest },
+    });
+
     // A start from it: the image by digest, the working directory from an init container, no setup.
     const user = randomId("sbx_");
     const use = await broker((b) => b.claimSetupImage(r.id, user, request).then(brokerValue));
@@ -201,6 +210,7 @@ describe.skipIf(!realRegistry)("sandbox0 setup images", { timeout: 120_000 }, ()
       }
     }
     const sent = JSON.stringify(await recorded(ns));
+    expect(sent).not.toContain(moved.digest);
     const named = new Set(sent.match(new RegExp(`${PREFIX}/[a-z0-9_]+/setup`, "g")));
     expect([...named]).toEqual([repository]);
 
