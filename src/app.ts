@@ -24,6 +24,7 @@ import { egressAgentRoutes, egressTokenRoutes } from "./routes/egress-agent";
 import { internalRoutes, type OnProxyReady } from "./routes/internal";
 import { meRoutes } from "./routes/me";
 import { notificationsRoutes } from "./routes/notifications";
+import { registryTokenRoutes } from "./routes/registry-token";
 import { runArtifactsRoutes } from "./routes/run-artifacts";
 import { runAuditRoutes } from "./routes/run-audit";
 import { runsRoutes } from "./routes/runs";
@@ -132,6 +133,8 @@ export function createApp(options: AppOptions = {}) {
   app.route("/compute", computeRoutes);
   // Outside /v1 and its document: the user's egress agent calls it with its run's egress token.
   app.route("/egress-agent", egressAgentRoutes);
+  // Outside /v1 and its document: a sandbox0 node's kubelet calls it with a pull credential.
+  app.route("/registry", registryTokenRoutes);
   app.route("/", pageRoutes);
 
   describeIdempotency(app);

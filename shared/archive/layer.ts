@@ -16,7 +16,10 @@ import { LAYER_EXCLUDED } from "../contract/setup-image";
 // - owners: the builder's execute uid is 1, the image's uid base+k is k; any other owner, and an
 //   entry of the execute uid outside home/ (a later sandbox's execute uid differs, and its lower
 //   layers cannot be id-mapped here), is refused; setuid and setgid bits are cleared;
-// - a regular file holding the run CA's base64 body is refused (defense in depth for case P4).
+// - a regular file holding the run CA's base64 body is refused (defense in depth for case P4);
+// - a name with a `..` component, one seen twice, or one under a symlink the layer holds is
+//   refused: a runtime applying the layer resolves such a name through the symlink, outside the
+//   tree it came from (sandbox0's capture reads a tar a pod wrote; a tree walk never makes one).
 //
 // A refusal is a LayerRefusal with the agent's code; an archive that is not GNU tar's pax is an
 // Error. Names are written without `./`, directories with a trailing `/`.
@@ -41,8 +44,11 @@ export function layerExcluded(path: string): boolean {
 }
 
 export interface CaptureRules {
-  /** Host uid (and gid) of the builder's execute stage: uid 1 in the layer. */
-  executeUid: number;
+  /**
+   * Host uid (and gid) of the builder's execute stage: uid 1 in the layer. Null where the execute
+   * uid is an image uid like any other (sandbox0: 10001 in every pod, kept as it is).
+   */
+  executeUid: number | null;
   /** Host uid of the image's uid 0: base+k is k in the layer. */
   uidBase: number;
   /** How many image uids are mapped (base .. base+count-1). */
@@ -73,6 +79,8 @@ export function captureLayer(
   const { readable, controller } = createTarPacker();
   let files = 0;
   const kept = new Set<string>();
+  const seen = new Set<string>();
+  const links = new Set<string>();
   const caNeedle = rules.runCaPem === null ? null : caBody(rules.runCaPem);
   const owner = (id: number, path: string): number => {
     if (id === rules.executeUid) {
@@ -132,7 +140,19 @@ export function captureLayer(
           await skip();
           continue;
         }
-        const name = path.split("/").at(-1) as string;
+        const parts = path.split("/");
+        if (
+          parts.includes("..") ||
+          seen.has(path) ||
+          parts.some((_, i) => i > 0 && links.has(parts.slice(0, i).join("/")))
+        ) {
+          throw new LayerRefusal(
+            "setup_image_unsupported",
+            `/${path}: a name outside the tree (a .. component, a symlink on its way, or seen twice)`,
+          );
+        }
+        seen.add(path);
+        const name = parts.at(-1) as string;
         if (name.startsWith(WHITEOUT)) {
           throw new LayerRefusal("setup_image_unsupported", `/${path}: a name layers reserve for whiteouts`);
         }
@@ -189,6 +209,7 @@ export function captureLayer(
           }
         } else if (type === "symlink") {
           await skip();
+          links.add(path);
           await add({ ...base, name: path, type: "symlink", size: 0, linkname: header.linkname ?? "" });
         } else if (type === "link") {
           await skip();

@@ -109,6 +109,13 @@ export const LAYER_EXCLUDED: readonly string[] = [
   "home/sandbox/out/",
 ];
 
+/**
+ * bw-layer's exit codes (sandbox0's capture: a tar of the pod's working directory on stdout).
+ * `refused`: something there the pod's uid cannot read, or a name a layer cannot carry;
+ * `too_large`: past --max-bytes or --max-files. stderr says why.
+ */
+export const LAYER_EXIT = { ok: 0, failed: 1, refused: 2, tooLarge: 3 } as const;
+
 /** An environment's setup image as the API lists it (GET /v1/setup-images). */
 export const SetupImageItem = z
   .strictObject({

@@ -9,7 +9,7 @@ import type {
   Seal,
 } from "@benchwright/shared/contract/local-agent";
 import type { RoutingMode } from "@benchwright/shared/contract/policy";
-import type { CapturedImage, ImageDigest } from "@benchwright/shared/contract/setup-image";
+import type { CapturedImage, ImageDigest, SetupImageKey } from "@benchwright/shared/contract/setup-image";
 import { z } from "zod";
 
 // A compute backend as the broker sees it: `sandbox0` (Kubernetes pods on DOKS, the default on
@@ -51,10 +51,23 @@ export type SandboxSpec =
        * Start from this setup image (the digest the broker read from the run's environment's
        * built row, never one a caller named) and skip the setup stage. A layer the backend finds
        * missing or not matching the digest is refused (setup_image_missing, setup_image_mismatch),
-       * never started around.
+       * never started around. `environmentId`: the run's (a registry backend's repository).
        */
-      layer?: { digest: ImageDigest };
+      layer?: { digest: ImageDigest; environmentId: string };
     };
+
+/**
+ * Where a capture goes and what it must not hold: a registry backend pushes it to the
+ * environment's own repository (tagged with the key), and no kept file may hold the run's CA.
+ */
+export interface LayerTarget {
+  environmentId: string;
+  key: SetupImageKey;
+  runCaPem: string | null;
+}
+
+/** A capture as kept: a registry backend also names the repository it pushed to. */
+export type KeptLayer = CapturedImage & { repository?: string };
 
 export interface ExecPoll {
   waitMs?: number;
@@ -95,17 +108,20 @@ export interface ComputeBackend {
   ): Promise<ReadableStream<Uint8Array>>;
   /**
    * The work image sandboxes start from, by digest: a setup image's base (part of its key). Null
-   * where the backend keeps no setup images (or cannot name its base by digest yet): every
-   * claim then answers none.
+   * where the backend keeps no setup images (or cannot name its base by digest yet), or
+   * `{ none }` saying why not here: every claim then answers none.
    */
-  baseImage(): Promise<string | null>;
+  baseImage(): Promise<string | { none: string } | null>;
   /**
    * Keeps a sealed builder's filesystem changes (made with `capture`) as a setup image, bounded
    * by maxBytes (over: setup_image_too_large, nothing kept).
    */
-  captureLayer(sandboxId: string, maxBytes: number): Promise<CapturedImage>;
-  /** Removes a stored setup image; "in_use" while a live sandbox starts from it. Gone is dropped. */
-  dropLayer(digest: string): Promise<"dropped" | "in_use">;
+  captureLayer(sandboxId: string, maxBytes: number, target: LayerTarget): Promise<KeptLayer>;
+  /**
+   * Removes a stored setup image (a registry backend's in the repository its row names); "in_use"
+   * while a live sandbox starts from it. Gone is dropped.
+   */
+  dropLayer(digest: string, repository?: string | null): Promise<"dropped" | "in_use">;
   /** The setup images the backend keeps (for the sweep of those no row names). */
   listLayers(): Promise<Array<{ digest: string; createdAt: string; inUse: number }>>;
 }

@@ -172,7 +172,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
                 hostsFile: request.hostsFile,
                 ...(request.setup ? { setup: true } : {}),
                 ...(request.capture ? { capture: true } : {}),
-                ...(image ? { layer: { digest: image.digest } } : {}),
+                ...(image ? { layer: { digest: image.digest, environmentId: run.environmentId } } : {}),
               },
         );
         if (row.status !== "ready") {
@@ -358,7 +358,10 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
         const run = await this.runOf(db, runId);
         const row = await this.ownWork(db, runId, sandboxId);
         const settings = loadConfig(this.env).setupImages;
-        return setupImages.captureSetupImage(db, this.backendOf(row.backend), settings, run, sandboxId, key);
+        // The run CA no kept file may hold (the local agent has it from the seal; others do not).
+        const [ca] = await db.select({ pem: runs.caCertPem }).from(runs).where(eq(runs.id, runId));
+        const backend = this.backendOf(row.backend);
+        return setupImages.captureSetupImage(db, backend, settings, run, sandboxId, key, ca?.pem ?? null);
       }),
     );
   }

@@ -10,7 +10,7 @@ import {
 import type { SetupImageSettings } from "../config";
 import type { Db } from "../db/types";
 import * as records from "../setup-images/records";
-import { BackendError, type BackendName, type ComputeBackend } from "./backend";
+import { BackendError, type BackendName, type ComputeBackend, type KeptLayer } from "./backend";
 import type { SetupImageRequest } from "./interface";
 
 // The broker's side of setup images (shared/contract/setup-image.ts): it computes the key from
@@ -50,10 +50,10 @@ export async function claimSetupImage(
 ): Promise<SetupImageClaim> {
   if (request.setup.length === 0) return { role: "none", reason: "the sandbox has no setup commands" };
   const base = await backend.baseImage();
-  if (!base) {
+  if (typeof base !== "string") {
     return {
       role: "none",
-      reason: `the ${backend.name} backend keeps no setup images yet (no pinned work image)`,
+      reason: base?.none ?? `the ${backend.name} backend keeps no setup images yet (no pinned work image)`,
     };
   }
   const inputs: SetupImageInputs = {
@@ -99,6 +99,7 @@ export async function captureSetupImage(
   run: RunOf,
   sandboxId: string,
   key: SetupImageKey,
+  runCaPem: string | null = null,
 ): Promise<CapturedImage> {
   const held = { environmentId: run.environmentId, key, runId: run.id, sandboxId };
   if (!(await records.renew(db, { ...held, leaseMs: CAPTURE_LEASE_MS }))) {
@@ -109,13 +110,17 @@ export async function captureSetupImage(
       `sandbox ${sandboxId} does not build setup image ${key} in the run's environment`,
     );
   }
-  let captured: CapturedImage;
+  let captured: KeptLayer;
   try {
     const kept = await records.environmentBytes(db, run.environmentId, key);
     const room = settings.maxEnvironmentBytes - kept;
     if (room <= 0) throw fullError(settings, kept);
     try {
-      captured = await backend.captureLayer(sandboxId, Math.min(settings.maxLayerBytes, room));
+      captured = await backend.captureLayer(sandboxId, Math.min(settings.maxLayerBytes, room), {
+        environmentId: run.environmentId,
+        key,
+        runCaPem,
+      });
     } catch (error) {
       if (!(error instanceof BackendError && error.code === "setup_image_too_large")) throw error;
       // The agent stops at the bound it was given: say which bound that was.
@@ -133,6 +138,7 @@ export async function captureSetupImage(
   const recorded = await records.markBuilt(db, {
     ...held,
     digest: captured.digest,
+    repository: captured.repository ?? null,
     sizeBytes: captured.bytes,
     files: captured.files,
   });
@@ -140,13 +146,15 @@ export async function captureSetupImage(
     // Another sandbox took the key over meanwhile: this layer is nobody's (unless a row names
     // the same content), and goes now rather than at the sweep.
     const named = await records.namedDigests(db, backend.name, [captured.digest], { keptOnly: false });
-    if (!named.has(captured.digest)) await backend.dropLayer(captured.digest).catch(() => {});
+    if (!named.has(captured.digest)) {
+      await backend.dropLayer(captured.digest, captured.repository).catch(() => {});
+    }
     throw new BackendError(
       "setup_image_not_found",
       `sandbox ${sandboxId} no longer builds setup image ${key}: another build of it was kept`,
     );
   }
-  return captured;
+  return { digest: captured.digest, bytes: captured.bytes, files: captured.files };
 }
 
 /**
@@ -192,11 +200,14 @@ export async function layerOf(db: Db, run: RunOf, key: SetupImageKey): Promise<{
 export async function dropSetupImages(
   db: Db,
   backendOf: (name: string) => ComputeBackend,
-  images: Array<{ backend: string; digest: string }>,
+  images: Array<{ backend: string; digest: string; repository?: string | null }>,
 ): Promise<{ dropped: string[]; inUse: string[] }> {
   const result = { dropped: [] as string[], inUse: [] as string[] };
   for (const name of new Set(images.map((i) => i.backend))) {
     const digests = [...new Set(images.filter((i) => i.backend === name).map((i) => i.digest))];
+    // A registry image is in the repository its row names (local layers have none).
+    const repositoryOf = (digest: string) =>
+      images.find((i) => i.backend === name && i.digest === digest)?.repository ?? null;
     // Layers are stored by content: one another row still keeps stays, and its row may go.
     const kept = await records.namedDigests(db, name, digests, { keptOnly: true });
     let backend: ComputeBackend | null = null;
@@ -207,7 +218,7 @@ export async function dropSetupImages(
       }
       try {
         backend ??= backendOf(name);
-        const done = await backend.dropLayer(digest);
+        const done = await backend.dropLayer(digest, repositoryOf(digest));
         (done === "dropped" ? result.dropped : result.inUse).push(digest);
       } catch {
         // Neither: the row stays `dropping` and the reaper asks again next round.

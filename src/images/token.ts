@@ -12,7 +12,8 @@ import { encodeBase64Url } from "../crypto/api-keys";
 export interface RegistryAccess {
   type: "repository";
   name: string;
-  actions: ("pull" | "push")[];
+  /** `delete`: the broker's own removal of a dropped setup image's manifest. */
+  actions: ("pull" | "push" | "delete")[];
 }
 
 /** WebCrypto's key type, spelled so that Node's types (the tests) and workerd's both accept it. */

@@ -190,6 +190,8 @@ export async function markBuilt(
     sandboxId: string;
     runId: string;
     digest: ImageDigest;
+    /** A registry image's repository (null on local). */
+    repository?: string | null;
     sizeBytes: number;
     files: number;
   },
@@ -199,6 +201,7 @@ export async function markBuilt(
     .set({
       status: "built",
       digest: b.digest,
+      repository: b.repository ?? null,
       sizeBytes: b.sizeBytes,
       files: b.files,
       builtByRunId: b.runId,

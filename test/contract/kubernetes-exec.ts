@@ -12,8 +12,8 @@ import { type Cluster, type Namespace, nsOf, type PodRecord, recordRequest } fro
 // pods/exec in the Kubernetes contract server (kubernetes-server.ts): the WebSocket upgrade with
 // the API server's refusals, and the channel protocol (v5.channel.k8s.io, v4.channel.k8s.io: byte
 // 0 of each binary message is the stream, 0 stdin, 1 stdout, 2 stderr, 3 the Status; v5's CLOSE
-// signal is stream 255). A work pod's `/bw/tools/bin/bw-exec`, `bw-unpack` and `bw-collect` run
-// the REAL programs (bundled by bundlePrograms) with node on this machine; the sealer's
+// signal is stream 255). A work pod's `/bw/tools/bin/bw-exec`, `bw-unpack`, `bw-collect` and
+// `bw-layer` (its `/home/sandbox` the pod's home directory here) run the REAL programs (bundled by bundlePrograms) with node on this machine; the sealer's
 // `bw-init seal` and `bw-init hosts` are modelled; a proxy pod answers `bw-proxy-view` only.
 
 const RUNNER_COMMAND = "/bw/tools/bin/bw-exec";
@@ -21,11 +21,12 @@ const RUNNER_COMMAND = "/bw/tools/bin/bw-exec";
 /** The programs a pod's exec runs for real, bundled into `root`, by the command that runs each. */
 export async function bundlePrograms(root: string): Promise<Record<string, string>> {
   // The real exec runner, bundled from its source (the worker tests do not build the proxy image).
-  // So are bw-unpack and bw-collect, which a pod runs from its tools (/bw/tools/bin) as its uid.
+  // So are bw-unpack, bw-collect and bw-layer, which a pod runs from its tools as its uid.
   const programs: Record<string, string> = {
     [RUNNER_COMMAND]: "exec-runner/main.ts",
     "/bw/tools/bin/bw-unpack": "unpack/main.ts",
     "/bw/tools/bin/bw-collect": "collect/main.ts",
+    "/bw/tools/bin/bw-layer": "layer/main.ts",
     "bw-wiring": "wiring/main.ts",
   };
   const bundled: Record<string, string> = {};
@@ -137,6 +138,10 @@ function execSession(
   if (!program || (argv[0] === "bw-wiring") !== (container === "bw-seal")) {
     finish(null, notFoundFailure());
     return;
+  }
+  // The pod's working directory is its home volume, a directory of this machine here.
+  if (argv[0] === "/bw/tools/bin/bw-layer") {
+    argv = argv.map((a) => (a === "/home/sandbox" ? join(rec.dir, "home") : a));
   }
   const child = spawn(process.execPath, [program, ...argv.slice(1)], {
     cwd: rec.dir,

@@ -71,6 +71,20 @@ export function checkObject(resource: Resource, ns: string, body: unknown): Json
         throw invalid("Secret", name, `data[${key}]: Invalid value: not base64`);
       }
     }
+    if (obj.type === "kubernetes.io/dockerconfigjson") {
+      const data = (obj.data ?? {}) as Record<string, string>;
+      let config: Json | null = null;
+      try {
+        config = JSON.parse(atob(data[".dockerconfigjson"] ?? "")) as Json;
+      } catch {}
+      if (typeof config?.auths !== "object" || config.auths === null) {
+        throw invalid(
+          "Secret",
+          name,
+          "data[.dockerconfigjson]: Invalid value: invalid character looking for beginning of value",
+        );
+      }
+    }
   }
   if (resource === "networkpolicies" && (typeof spec.podSelector !== "object" || spec.podSelector === null)) {
     throw invalid("NetworkPolicy", name, "spec.podSelector: Required value");
@@ -89,6 +103,11 @@ function checkPod(name: string, spec: Json) {
       if (!/^[-._a-zA-Z][-._a-zA-Z0-9]*$/.test(String(e.name ?? ""))) {
         throw invalid("Pod", name, `spec.containers.env.name: Invalid value: "${String(e.name)}"`);
       }
+    }
+  }
+  for (const s of (spec.imagePullSecrets ?? []) as Json[]) {
+    if (!DNS1123_SUBDOMAIN.test(String(s.name ?? ""))) {
+      throw invalid("Pod", name, "spec.imagePullSecrets.name: Invalid value");
     }
   }
   for (const a of (spec.hostAliases ?? []) as Json[]) {

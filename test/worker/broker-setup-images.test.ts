@@ -130,7 +130,7 @@ describe("broker: starting from a setup image (case P3)", () => {
     expect(made).toMatchObject({ ok: true });
     const [create] = backend.calls;
     const spec = create?.args[0] as Exclude<SandboxSpec, { kind: "proxy" }>;
-    expect(spec.layer).toEqual({ digest: mine.digest });
+    expect(spec.layer).toEqual({ digest: mine.digest, environmentId: a.environmentId });
     expect(spec.capture).toBeUndefined();
     expect((await rowOf(a, key))?.lastUsedAt).toBeInstanceOf(Date);
     expect((await rowOf(b, key))?.lastUsedAt).toBeNull();

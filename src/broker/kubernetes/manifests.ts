@@ -19,6 +19,8 @@ export const POD_PATHS = {
   /** Bundles in and artifacts out, run as the pod's uid (contract/bundle.ts). */
   unpack: "/bw/tools/bin/bw-unpack",
   collect: "/bw/tools/bin/bw-collect",
+  /** A setup image's capture: the working directory as a tar (sandbox0/setup-images.ts). */
+  layer: "/bw/tools/bin/bw-layer",
   execDir: "/bw/run/exec",
   caDir: "/bw/run/ca",
   caBundle: "/bw/run/ca/bundle.crt",
@@ -38,6 +40,10 @@ export const CONTAINERS = { work: "work", setup: "setup", seal: "bw-seal" } as c
 
 /** The routing a work pod was made for: its seal and hosts rewrites must agree with it. */
 export const ROUTING_ANNOTATION = "benchwright.dev/routing";
+/** A setup image's builder: its working directory may be captured after seal (captureLayer). */
+export const CAPTURE_ANNOTATION = "benchwright.dev/capture";
+/** Where a pod started from a setup image copies the image's working directory from (init container). */
+export const HOME_INIT = "bw-home";
 
 /**
  * The setup container's capabilities: what package managers and `chown` need as root (apt's
@@ -55,6 +61,8 @@ export const LABELS = {
   kind: "benchwright.dev/kind",
 } as const;
 export const MANAGED_BY = "benchwright";
+/** An environment's pull Secret (pullSecret) carries its id here. */
+export const ENVIRONMENT_LABEL = "benchwright.dev/environment";
 export const EXEC_ID_ANNOTATION = "benchwright.dev/exec-id";
 
 /** The one uid of every benchwright container but the catch-all redirect (the image's `proxy`). */
@@ -94,6 +102,13 @@ export function objectName(sandboxId: string): string {
 export const proxyPodName = (sandboxId: string, execId: string) => `${objectName(sandboxId)}-${fnv(execId)}`;
 /** The proxy's credentials (one per proxy sandbox, so one per run). */
 export const secretName = (sandboxId: string) => `${objectName(sandboxId)}-creds`;
+
+/**
+ * An environment's pull Secret (its setup images' pull credential, images/pull-credential.ts):
+ * one per environment, named by its id like a sandbox's objects are.
+ */
+export const pullSecretName = (environmentId: string) =>
+  `${objectName(environmentId).replace(/^bw-/, "bw-pull-")}`;
 
 export function labels(runId: string, sandboxId: string, kind: SandboxKindLabel): Record<string, string> {
   return {
@@ -313,6 +328,26 @@ export function proxyResize(paused: boolean) {
   };
 }
 
+/**
+ * The kubelet's credential for an environment's setup images (a dockerconfigjson Secret): the
+ * registry's realm exchanges it for a pull token on that environment's repository only. No pod
+ * mounts it; pods started from the environment's images name it in imagePullSecrets.
+ */
+export function pullSecret(o: { ns: string; environmentId: string; registryHost: string; password: string }) {
+  const auth = base64(`${o.environmentId}:${o.password}`);
+  const config = { auths: { [o.registryHost]: { username: o.environmentId, password: o.password, auth } } };
+  return {
+    apiVersion: "v1",
+    kind: "Secret",
+    metadata: {
+      name: pullSecretName(o.environmentId),
+      namespace: o.ns,
+      labels: { [LABELS.managedBy]: MANAGED_BY, [ENVIRONMENT_LABEL]: o.environmentId },
+    },
+    type: "kubernetes.io/dockerconfigjson",
+    data: { ".dockerconfigjson": base64(JSON.stringify(config)) },
+  };
+}
 // ---- work / task / orchestrator sandboxes ----
 
 export function workNetworkPolicy(o: {
@@ -372,7 +407,17 @@ export function workPod(o: {
   resources?: Resources;
   /** The sandbox has a setup stage: the pod gets its root `setup` container. */
   setup?: boolean;
+  /** A setup image's builder (CAPTURE_ANNOTATION). */
+  capture?: boolean;
+  /**
+   * Start from a setup image, `<host>/<repository>@sha256:…` (never a tag: case P3), pulled with
+   * the environment's pull Secret: it is the work container's image, and an init container from
+   * the same digest fills the working directory from it. No setup stage, so no setup container.
+   */
+  layer?: { image: string; pullSecret: string };
 }) {
+  const workImage = o.layer?.image ?? o.workImage;
+  const withSetup = Boolean(o.setup) && !o.layer;
   const hostnames =
     o.routing === "default" ? [...new Set([...o.hostsFile, ...PLATFORM_HOSTS])] : [...PLATFORM_HOSTS];
   const tools = { name: "bw-tools", mountPath: POD_PATHS.tools };
@@ -402,9 +447,19 @@ export function workPod(o: {
     resources: { requests: { cpu: "10m", memory: "32Mi" }, limits: { memory: "128Mi" } },
     volumeMounts: [tools, state, home],
   };
+  // The working directory is a volume that shadows the image's /home/sandbox: filled from the
+  // image here, as the pod's uid (so what it copies belongs to that uid), before anything runs.
+  const homeInit = {
+    name: HOME_INIT,
+    image: workImage,
+    command: ["/bin/sh", "-c", `cp -a ${POD_PATHS.home}/. /bw/home/`],
+    securityContext: nonRootContainer(true),
+    resources: { requests: { cpu: "100m", memory: "64Mi" }, limits: { memory: "256Mi" } },
+    volumeMounts: [{ name: "home", mountPath: "/bw/home" }],
+  };
   const work = {
     name: CONTAINERS.work,
-    image: o.workImage,
+    image: workImage,
     command: [POD_PATHS.runner, "hold"],
     // Execs start here (the runner passes its cwd on): the commands' working directory.
     workingDir: POD_PATHS.home,
@@ -417,7 +472,7 @@ export function workPod(o: {
   // CA read-only; what it gives the execute stage is only what it writes to the home volume.
   const setup = {
     name: CONTAINERS.setup,
-    image: o.workImage,
+    image: workImage,
     command: [POD_PATHS.runner, "hold"],
     // Execs start here (the runner passes its cwd on): the commands' working directory.
     workingDir: POD_PATHS.home,
@@ -463,7 +518,10 @@ export function workPod(o: {
       name: objectName(o.sandboxId),
       namespace: o.ns,
       labels: labels(o.runId, o.sandboxId, o.kind),
-      annotations: { [ROUTING_ANNOTATION]: o.routing },
+      annotations: {
+        [ROUTING_ANNOTATION]: o.routing,
+        ...(o.capture && withSetup ? { [CAPTURE_ANNOTATION]: "true" } : {}),
+      },
     },
     spec: {
       ...podBasics,
@@ -474,13 +532,18 @@ export function workPod(o: {
       dnsPolicy: "ClusterFirst",
       hostAliases: [{ ip: o.proxyAddress, hostnames }],
       securityContext: podSecurity,
-      initContainers: o.routing === "catch-all" ? [redirect, toolsInit] : [toolsInit],
-      containers: o.setup ? [work, setup, sealer] : [work, sealer],
+      ...(o.layer ? { imagePullSecrets: [{ name: o.layer.pullSecret }] } : {}),
+      initContainers: [
+        ...(o.routing === "catch-all" ? [redirect] : []),
+        toolsInit,
+        ...(o.layer ? [homeInit] : []),
+      ],
+      containers: withSetup ? [work, setup, sealer] : [work, sealer],
       volumes: [
         { name: "bw-tools", emptyDir: {} },
         { name: "bw-run", emptyDir: {} },
         { name: "home", emptyDir: {} },
-        ...(o.setup ? [{ name: "bw-setup-run", emptyDir: {} }] : []),
+        ...(withSetup ? [{ name: "bw-setup-run", emptyDir: {} }] : []),
       ],
     },
   };

@@ -22,7 +22,7 @@ import {
   type SealResult,
 } from "@benchwright/shared/contract/local-agent";
 import { z } from "zod";
-import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "../backend";
+import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
 import {
   CONTAINERS,
   isLabelValue,
@@ -50,6 +50,12 @@ import {
   sandbox0Pods,
   TRANSFER_MS,
 } from "./pods";
+import {
+  type RegistryEnv,
+  registryFromEnv,
+  type Sandbox0Registry,
+  sandbox0SetupImages,
+} from "./setup-images";
 
 // The `sandbox0` backend: a Kubernetes pod per sandbox (DigitalOcean Kubernetes), driven through
 // the Kubernetes API with fetch only, from the SandboxBroker Durable Object. docs/sandbox0.md says
@@ -64,14 +70,21 @@ import {
 //   exec is detached under the pod's exec runner; each look at it is one short Kubernetes exec.
 
 /** The sandbox0 backend from the Worker's env; the reason it is not configured otherwise. */
-export function sandbox0FromEnv(env: Partial<Record<keyof Sandbox0Env, unknown>>): ComputeBackend | string {
+export function sandbox0FromEnv(
+  env: Partial<Record<keyof Sandbox0Env, unknown>> & RegistryEnv,
+): ComputeBackend | string {
   const parsed = Sandbox0Env.safeParse(env);
   if (!parsed.success) return [...new Set(parsed.error.issues.map((i) => i.message))].join("; ");
-  return sandbox0Backend(parsed.data);
+  return sandbox0Backend(parsed.data, {}, registryFromEnv(env));
 }
 
-export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}): ComputeBackend {
+export function sandbox0Backend(
+  config: Sandbox0Env,
+  timing: Sandbox0Timing = {},
+  registry: Sandbox0Registry = { settings: async () => null, signingKeyText: "" },
+): ComputeBackend {
   const cluster = sandbox0Pods(config, timing);
+  const images = sandbox0SetupImages(config, registry, cluster);
 
   return {
     name: "sandbox0",
@@ -142,6 +155,9 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         hostsFile: spec.hostsFile,
         ...(spec.resources ? { resources: spec.resources } : {}),
         ...(spec.setup ? { setup: true } : {}),
+        ...(spec.capture ? { capture: true } : {}),
+        // A setup image's digest, checked in the registry before the pod names it.
+        ...(spec.layer ? { layer: await images.startFrom(spec.layer) } : {}),
       });
       // 409: made by an earlier call for this id; it is waited for like a new one.
       await cluster.kube.create("pods", pod, {
@@ -484,15 +500,12 @@ export function sandbox0Backend(config: Sandbox0Env, timing: Sandbox0Timing = {}
         },
       });
     },
-    // Setup images (issue 34) are to reach this backend as registry images (not built yet): it
-    // names no base image by digest, so every claim answers none and nothing is kept here.
-    baseImage: async () => null,
-    captureLayer: async () => {
-      throw notSupported("sandbox0", "keeping a setup image");
-    },
-    dropLayer: async () => {
-      throw notSupported("sandbox0", "dropping a setup image");
-    },
+    // Setup images (issue 34) are images in the deployment's registry (setup-images.ts).
+    baseImage: images.baseImage,
+    captureLayer: images.captureLayer,
+    dropLayer: images.dropLayer,
+    // Registry images are found through their rows only: listing a registry's repositories would
+    // need its catalog, and a push whose row was never written is left to the registry's cleanup.
     listLayers: async () => [],
   };
 }
