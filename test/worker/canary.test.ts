@@ -368,6 +368,8 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await uploaded(tarball, [415, "unsupported_media_type"], "text/plain");
     await api("GET", `/v1/bundles/${bundle.json.sha256}`, undefined, [200]);
     await api("GET", `/v1/bundles/${"0".repeat(64)}`, undefined, [404, "bundle_not_found"]);
+    await api("GET", "/v1/setup-images", undefined, [200]);
+    await api("DELETE", `/v1/setup-images/${"0".repeat(64)}`, undefined, [404, "not_found"]);
 
     // Artifacts of the launched run (what its commands would leave in $BW_OUT, packed as
     // bw-collect packs them), listed and downloaded. Case H5: the walk below reads them too.
@@ -436,6 +438,7 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
           .replace(/\/runs\/run_[^/]+/, "/runs/{id}")
           .replace(/\/artifacts\/[^/]+$/, "/artifacts/{artifactId}")
           .replace(/\/bundles\/[0-9a-f]{64}$/, "/bundles/{sha256}")
+          .replace(/\/setup-images\/[0-9a-f]{64}$/, "/setup-images/{key}")
           .replace(/\/webhooks\/whk_[^/]+/, "/webhooks/{id}")
           .replace(/\/notifications\/ntf_[^/]+/, "/notifications/{id}")
           .replace(/\/api-keys\/key_[^/]+$/, "/api-keys/{id}"),
