@@ -1,6 +1,6 @@
 import "reflect-metadata"; // @peculiar/x509 resolves its ASN.1 providers through tsyringe, which needs it
 import { type ChildProcess, spawn } from "node:child_process";
-import { webcrypto } from "node:crypto";
+import { randomBytes, webcrypto } from "node:crypto";
 import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { createServer as createNetServer } from "node:net";
@@ -9,6 +9,7 @@ import { join } from "node:path";
 import * as x509 from "@peculiar/x509";
 import type { TestProject } from "vitest/node";
 import { pem } from "../../scripts/lib/test-ca.ts";
+import { importSigningKey, mintRegistryToken, type RegistryAccess } from "../../src/images/token.ts";
 import type { RealmCall, RealRegistryInfo } from "./registry-info.ts";
 
 // A real OCI registry for the tests: Debian's docker-registry (the CNCF distribution registry,
@@ -17,7 +18,10 @@ import type { RealmCall, RealRegistryInfo } from "./registry-info.ts";
 // that key's public half: distribution takes the keys out of the bundle's certificates and names
 // each by its libtrust fingerprint, which is the `kid` the broker's tokens carry
 // (src/images/token.ts keyFingerprint). The challenges' realm is a recorder: the broker mints its
-// own tokens and never calls a realm, and the tests can prove it.
+// own tokens and never calls a realm, and the tests can prove it. The recorder answers one
+// identity of the tests' own (a random password in a 0600 auth file, `authFile`), so that skopeo
+// gets its tokens the way any registry client does, with no token on its command line; those
+// calls are not recorded.
 //
 // The worker project starts one per test run (this file's default export, a globalSetup); Node
 // tests start their own with startRealRegistry(). Where docker-registry (or skopeo, for the tests
@@ -42,8 +46,13 @@ export function registryMissing(tools: readonly string[] = ["docker-registry"]):
 
 export interface RealRegistry {
   info: RealRegistryInfo;
-  /** The calls the realm recorder saw (none, if the broker behaves). */
+  /** The calls the realm recorder saw (none, if the broker behaves), the tests' own left out. */
   realmCalls(): RealmCall[];
+  /**
+   * Writes a containers-auth.json (mode 0600) in `dir` holding the tests' own realm identity for
+   * this registry, for skopeo's `--authfile`; its path.
+   */
+  authFile(dir: string): string;
   stop(): Promise<void>;
 }
 
@@ -54,8 +63,9 @@ export async function startRealRegistry(): Promise<RealRegistry> {
   writeFileSync(join(dir, "token-signer.crt"), key.certPem);
 
   const calls: RealmCall[] = [];
-  const realm = await startRealm(calls);
+  const testIdentity = `bw-test:${randomBytes(24).toString("base64url")}`;
   const port = await freePort();
+  const realm = await startRealm(calls, { identity: testIdentity, signingKey: key.jwk });
   const info: RealRegistryInfo = {
     url: `http://127.0.0.1:${port}`,
     host: `127.0.0.1:${port}`,
@@ -90,7 +100,13 @@ export async function startRealRegistry(): Promise<RealRegistry> {
     await stop();
     throw e;
   }
-  return { info, realmCalls: () => [...calls], stop };
+  const authFile = (into: string) => {
+    const path = join(into, `registry-auth-${port}.json`);
+    const auths = { [info.host]: { auth: Buffer.from(testIdentity).toString("base64") } };
+    writeFileSync(path, JSON.stringify({ auths }), { mode: 0o600 });
+    return path;
+  };
+  return { info, realmCalls: () => [...calls], authFile, stop };
 }
 
 /** distribution's config, as the docs (docs/testing.md) show it. */
@@ -139,12 +155,43 @@ async function signingKey(): Promise<{ jwk: string; certPem: string }> {
   return { jwk: JSON.stringify({ kty, crv, x, y, d }), certPem: pem("CERTIFICATE", cert.rawData) };
 }
 
-async function startRealm(calls: RealmCall[]): Promise<{ server: Server; origin: string }> {
+async function startRealm(
+  calls: RealmCall[],
+  own: { identity: string; signingKey: string },
+): Promise<{ server: Server; origin: string }> {
+  const signingKey = await importSigningKey(own.signingKey);
   const server = createServer((req, res) => {
     const url = new URL(req.url ?? "/", "http://realm");
     if (url.pathname === "/calls") {
       res.writeHead(200, { "content-type": "application/json" });
       return res.end(JSON.stringify(calls));
+    }
+    const basic = /^Basic (.+)$/.exec(req.headers.authorization ?? "")?.[1];
+    if (url.pathname === "/token" && basic && Buffer.from(basic, "base64").toString() === own.identity) {
+      // The tests' own identity (authFile): a token for what it asks, as a token service would.
+      const access = url.searchParams.getAll("scope").flatMap((scope): RegistryAccess[] => {
+        const [type, name, actions] = scope.split(":");
+        return type === "repository" && name && actions
+          ? [{ type: "repository", name, actions: actions.split(",") as RegistryAccess["actions"] }]
+          : [];
+      });
+      void mintRegistryToken(signingKey, {
+        issuer: ISSUER,
+        service: url.searchParams.get("service") ?? SERVICE,
+        subject: "registry-tests",
+        access,
+        ttlSeconds: 120,
+      }).then(
+        ({ token }) => {
+          res.writeHead(200, { "content-type": "application/json" });
+          res.end(JSON.stringify({ token, access_token: token, expires_in: 120 }));
+        },
+        (error: unknown) => {
+          res.writeHead(500, { "content-type": "application/json" });
+          res.end(JSON.stringify({ error: String(error) }));
+        },
+      );
+      return;
     }
     calls.push({ method: req.method ?? "GET", path: url.pathname, scope: url.searchParams.get("scope") });
     res.writeHead(404, { "content-type": "application/json" });

@@ -1,4 +1,4 @@
-import { execFileSync } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -58,7 +58,7 @@ describe.skipIf(SKIP_REASON !== null)("the broker's setup image push, on the rea
     return fetch(input, init);
   };
 
-  /** A short pull (or push) token for the test's own use with skopeo. */
+  /** A short pull token for the test's own requests (skopeo gets its own through the realm). */
   const token = async (access: RegistryAccess[]) =>
     (
       await mintRegistryToken(settings.signingKey, {
@@ -71,16 +71,25 @@ describe.skipIf(SKIP_REASON !== null)("the broker's setup image push, on the rea
     ).token;
   const pull = (name: string) => token([{ type: "repository", name, actions: ["pull"] }]);
 
+  // Asynchronous: skopeo asks the realm, which runs in this process, for its tokens.
   const skopeo = (args: string[]) =>
-    execFileSync("skopeo", args, { encoding: "utf8", env: { PATH: process.env.PATH } });
+    new Promise<string>((resolve, reject) =>
+      execFile(
+        "skopeo",
+        args,
+        { encoding: "utf8", env: { PATH: process.env.PATH } },
+        (error, stdout, stderr) =>
+          error ? reject(new Error(`skopeo ${args[0]}: ${stderr || error.message}`)) : resolve(stdout),
+      ),
+    );
   const inspect = async (repository: string, digest: string, what: "--raw" | "--config" | null = null) =>
     JSON.parse(
-      skopeo([
+      await skopeo([
         "inspect",
         ...(what ? [what] : []),
         "--tls-verify=false",
-        "--registry-token",
-        await pull(repository),
+        "--authfile",
+        registry.authFile(work),
         `docker://${registry.info.host}/${repository}@${digest}`,
       ]),
     );
@@ -109,12 +118,12 @@ describe.skipIf(SKIP_REASON !== null)("the broker's setup image push, on the rea
   /** Copies the image by digest into an OCI layout and returns its last layer's file `path`. */
   async function fileOfLastLayer(repository: string, digest: string, path: string): Promise<string> {
     const dir = mkdtempSync(join(work, "copy-"));
-    skopeo([
+    await skopeo([
       "copy",
       "-q",
       "--src-tls-verify=false",
-      "--src-registry-token",
-      await pull(repository),
+      "--src-authfile",
+      registry.authFile(work),
       `docker://${registry.info.host}/${repository}@${digest}`,
       `oci:${dir}:copied`,
     ]);
@@ -187,14 +196,14 @@ describe.skipIf(SKIP_REASON !== null)("the broker's setup image push, on the rea
       }),
     );
     const digestFile = join(work, "base.digest");
-    skopeo([
+    await skopeo([
       "copy",
       "-q",
       "--format",
       "v2s2",
       "--dest-tls-verify=false",
-      "--dest-registry-token",
-      await token([{ type: "repository", name: BASE_REPOSITORY, actions: ["pull", "push"] }]),
+      "--dest-authfile",
+      registry.authFile(work),
       "--digestfile",
       digestFile,
       `oci:${layout}:base`,
@@ -235,12 +244,12 @@ describe.skipIf(SKIP_REASON !== null)("the broker's setup image push, on the rea
     expect(res.value.repository).toBe(repository);
     expect(res.value.digest).toMatch(/^sha256:[0-9a-f]{64}$/);
 
-    const rawText = skopeo([
+    const rawText = await skopeo([
       "inspect",
       "--raw",
       "--tls-verify=false",
-      "--registry-token",
-      await pull(repository),
+      "--authfile",
+      registry.authFile(work),
       `docker://${registry.info.host}/${repository}@${res.value.digest}`,
     ]);
     expect(sha256(Buffer.from(rawText))).toBe(res.value.digest);
