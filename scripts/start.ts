@@ -271,7 +271,7 @@ async function example(base: string, key: string, demoKey: string, upstream: Dem
   const setup = setupStory(run, wheels, runSpec.tasks.length);
   console.log(`
 Example run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 1000).toFixed(1)} s, routing ${run.routing}
-${setup.map(([text, ok, counted]) => `  ${text} ${".".repeat(Math.max(2, 66 - text.length))} ${check(ok)} (${counted})`).join("\n")}
+${setup.map(([text, ok, counted]) => `  ${text} ${".".repeat(Math.max(2, 65 - text.length))} ${check(ok)} (${counted})`).join("\n")}
   three tasks wrote their results; collected as artifacts .......... ${check(each((r) => r.json?.package?.name === "benchscore"))} (${results.map((r) => r.name).join(", ") || "none"})
   each task's API call got the vault's key, the task never held it .. ${check(keyed >= 3 && each((r) => r.json?.api?.status === 200 && !r.text.includes(demoKey)))}
 
