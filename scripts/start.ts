@@ -232,7 +232,8 @@ async function example(base: string, key: string, demoKey: string, upstream: Dem
   const { files, ...runSpec } = spec;
   const packed = await packFolder(folder, { files, always: ["benchwright.json"] });
   console.log(`Example: examples/qa-bench (${packed.paths.length} files) as a bundle; setup installs a`);
-  console.log("         package from the demo index through the proxy, then three tasks run ...");
+  console.log("         package from the demo index through the proxy, once: it is kept as a setup");
+  console.log("         image and the three tasks start from it ...");
   const started = Date.now();
   const uploaded = await fetch(`${base}/v1/bundles`, {
     method: "POST",
@@ -267,16 +268,76 @@ async function example(base: string, key: string, demoKey: string, upstream: Dem
   const keyed = upstream.seen.filter((s) => s.host === "api.demo.test" && s.keyMatches === true).length;
   const check = (ok: boolean) => (ok ? "yes" : "NO");
   const each = (f: (r: (typeof results)[number]) => boolean) => results.length === 3 && results.every(f);
+  const setup = setupStory(run, wheels, runSpec.tasks.length);
   console.log(`
 Example run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 1000).toFixed(1)} s, routing ${run.routing}
-  setup installed the package through the proxy, in every sandbox ... ${check(wheels >= 4)} (${wheels} wheel downloads)
+${setup.map(([text, ok, counted]) => `  ${text} ${".".repeat(Math.max(2, 65 - text.length))} ${check(ok)} (${counted})`).join("\n")}
   three tasks wrote their results; collected as artifacts .......... ${check(each((r) => r.json?.package?.name === "benchscore"))} (${results.map((r) => r.name).join(", ") || "none"})
   each task's API call got the vault's key, the task never held it .. ${check(keyed >= 3 && each((r) => r.json?.api?.status === 200 && !r.text.includes(demoKey)))}
 
 Look at it:
   curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/runs/${id}/artifacts
+  curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/setup-images
+or in a browser: ${base}/runs/${id} (its Stages say which sandbox started from the setup image)
 or with the CLI: npx benchwright runs artifacts ${id} --out results/
 `);
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: trace rows are JSON
+type TraceRow = { kind: string; detail: any };
+
+/**
+ * What the example's setup did, from the run's trace and the index's downloads, as summary lines
+ * ([text, whether it holds, what it counted]). The first run in an environment: setup ran once (in
+ * the sandbox that built the setup image), one wheel download, and every other sandbox started
+ * from that image. A later `npm start` on the same .data: setup ran nowhere, no download, and
+ * every sandbox started from the image the earlier run built.
+ */
+function setupStory(
+  run: { id: string; trace: TraceRow[] },
+  wheels: number,
+  tasks: number,
+): [string, boolean, string][] {
+  const rows = run.trace.filter(
+    (e) => e.kind === "note" && e.detail?.stage === "setup_image" && typeof e.detail.digest === "string",
+  );
+  const built = rows.filter((e) => typeof e.detail.bytes === "number").map((e) => e.detail);
+  const used = rows.filter((e) => typeof e.detail.bytes !== "number").map((e) => e.detail);
+  const ranIn = [
+    ...new Set(
+      run.trace.filter((e) => e.kind === "output" && e.detail?.stage === "setup").map((e) => e.detail.name),
+    ),
+  ];
+  const digests = new Set([...built, ...used].map((d) => d.digest as string));
+  const short = `${[...digests][0]?.slice(0, 19) ?? "no image"}…`;
+  const downloads = `${wheels} wheel download${wheels === 1 ? "" : "s"}`;
+  // One image, and every work and task sandbox either built it or started from it.
+  const oneImage = digests.size === 1 && used.length + built.length === tasks + 1;
+  const builder = built[0]?.name as string | undefined;
+  if (built.length === 1 && builder) {
+    const others = builder === "work" ? `the ${used.length} tasks` : `the ${used.length} other sandboxes`;
+    return [
+      [
+        `setup ran once, in ${builder}, and was kept as a setup image`,
+        ranIn.length === 1 && ranIn[0] === builder && wheels === 1,
+        downloads,
+      ],
+      [`${others} started from it, with no setup stage`, oneImage && used.every((d) => d.builtNow), short],
+    ];
+  }
+  const by = [...new Set(used.map((d) => d.builtByRunId as string | null))];
+  return [
+    [
+      `setup ran ${ranIn.length === 0 ? "in no sandbox" : `in ${ranIn.join(", ")}`} this time`,
+      ranIn.length === 0 && wheels === 0,
+      downloads,
+    ],
+    [
+      `work and the ${tasks} tasks started from an earlier run's setup image`,
+      oneImage && by.length === 1 && by[0] !== run.id,
+      `${short}, built by ${by.length === 1 && by[0] ? by[0] : "?"}`,
+    ],
+  ];
 }
 
 /** Sets up the dev user's vault for the demo (idempotent), runs the demo, prints what happened. */

@@ -1,7 +1,8 @@
 #!/bin/sh
-# qa-bench's setup: runs once in each work and task sandbox, as the sandbox's root, after the
-# bundle is unpacked into the working directory and before any command. The boundary is already
-# in force: pip reaches the index through the run's proxy like any other connection (under
+# qa-bench's setup: runs as the sandbox's root, after the bundle is unpacked into the working
+# directory and before any command; once, in the work sandbox: what it leaves is kept as a setup
+# image that the task sandboxes (and later runs of the same files) start from. The boundary is
+# already in force: pip reaches the index through the run's proxy like any other connection (under
 # catch-all routing the index host must be allowed in the vault). When setup ends, everything it
 # started is killed and the commands run unprivileged.
 set -eu

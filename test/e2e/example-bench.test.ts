@@ -6,12 +6,14 @@ import { BENCH_PACKAGE, benchIndexRoutes, buildWheel, INDEX_HOST } from "../../s
 import { buildCli, cli as runCli } from "../cli/harness";
 import { until } from "../until";
 import { demoVault, describeE2e, type E2eOptions, newUser, waitForEnd } from "./harness";
+import { runPageText, setupImageRows, setupRanIn, stagesCard } from "./setup-images";
 
 // Issue 20's example benchmark end to end, on real parts: examples/qa-bench launched with the
 // real CLI (`runs launch --from ... --follow`: packed, uploaded as a bundle, launched), on the
 // local backend under catch-all routing. Its setup.sh pip installs a real wheel from a real
 // PEP 503 index that the suite's upstream serves from its own namespace (reachable only
-// through the run's proxy, the index host allowed in the vault); its three tasks call the API
+// through the run's proxy, the index host allowed in the vault), once: in the work sandbox,
+// whose setup is kept as a setup image that the three tasks start from. The tasks call the API
 // host with no key (the proxy injects the vault's, the upstream checks it) and write their
 // results to $BW_OUT; `runs artifacts --out` brings them back. The vault's secret is a canary
 // that no artifact and no CLI output may contain.
@@ -29,7 +31,7 @@ async function start(): Promise<E2eOptions> {
 
 describeE2e("the example benchmark: bundle, setup, tasks, artifacts", { start }, (e) => {
   const outputs: string[] = [];
-  it("installs its package through the proxy, fans out three tasks, and its results come back", async () => {
+  it("installs its package through the proxy once, fans out three tasks from the setup image, and its results come back", async () => {
     const user = await newUser(e.stack.apiUrl);
     // The API host gets the canary as its key; a block default makes the run catch-all, so the
     // index host must be allowed (the setup stage goes through the boundary too).
@@ -60,14 +62,43 @@ describeE2e("the example benchmark: bundle, setup, tasks, artifacts", { start },
     // The work sandbox's command ran with the installed package too.
     expect(launched.stdout).toContain('"benchscore": "1.0.0"');
 
-    // Every sandbox's setup read the index and fetched the wheel, through the proxy (catch-all:
-    // there is no other way out), and pip checked its hash.
+    // Setup ran once, in the work sandbox: it read the index and fetched the wheel through the
+    // proxy (catch-all: there is no other way out), pip checked its hash, and what it installed
+    // was kept as a setup image; the three tasks started from that image, with no setup stage.
     const wheel = buildWheel(BENCH_PACKAGE);
     const fetched = e.upstream.seen.filter(
       (s) => s.host === INDEX_HOST && s.path === `/files/${wheel.filename}`,
     );
-    expect(fetched.length).toBe(1 + TASKS.length);
+    expect(fetched.length).toBe(1);
     expect(fetched.every((s) => s.static === 200)).toBe(true);
+    const images = setupImageRows(run);
+    expect(images.built.map((b) => b.name)).toEqual(["work"]);
+    const digest = images.built[0]?.digest as string;
+    expect(digest).toMatch(/^sha256:[0-9a-f]{64}$/);
+    expect(images.built[0]?.text).toMatch(
+      /^Setup image sha256:[0-9a-f]{64} built now \(\d+\.\d MiB, \d+ files\) from the setup of work\.$/,
+    );
+    expect(images.used.map((u) => u.name).sort()).toEqual(TASKS);
+    for (const used of images.used) {
+      expect(used).toMatchObject({ digest, builtByRunId: id, builtNow: true });
+      expect(used.text).toBe(`${used.name} starts from setup image ${digest}, built now: no setup stage.`);
+    }
+    expect(setupRanIn(run)).toEqual(["work"]);
+    // The follow printed it, and the run page says it per sandbox.
+    expect(launched.stdout).toContain(`Setup image ${digest} built now`);
+    const page = await runPageText(e.stack.apiUrl, user, id);
+    expect(stagesCard(page, "work")).toContain("setup 1: sh setup.sh exited 0");
+    expect(stagesCard(page, "work")).toContain(`setup kept as setup image ${digest} built now (`);
+    for (const task of TASKS) {
+      const card = stagesCard(page, task);
+      expect(card).toContain(`setup started from setup image ${digest} built now`);
+      expect(card).toContain("the wiring proved, before any command proved");
+      expect(card).not.toContain("sh setup.sh");
+    }
+    const listed = (await user.call("GET", "/v1/setup-images")).json.setupImages;
+    expect(listed).toEqual([
+      expect.objectContaining({ status: "built", digest, builtBy: id, setup: ["sh setup.sh"], bundle: sha }),
+    ]);
     const routes = await until(
       "the index host in the run's egress routes",
       async () => {
@@ -87,9 +118,9 @@ describeE2e("the example benchmark: bundle, setup, tasks, artifacts", { start },
     expect(calls.every((s) => s.keyMatches === true)).toBe(true);
 
     // The artifacts: one result file per task sandbox, nothing cut; the work sandbox wrote none.
-    const listed = await cli(["runs", "artifacts", id, "--json"]);
-    expect(listed.code, listed.stderr).toBe(0);
-    const list = JSON.parse(listed.stdout);
+    const artifacts = await cli(["runs", "artifacts", id, "--json"]);
+    expect(artifacts.code, artifacts.stderr).toBe(0);
+    const list = JSON.parse(artifacts.stdout);
     expect(list.cut).toEqual([]);
     expect(
       list.artifacts.map((a: { sandboxName: string; path: string }) => `${a.sandboxName}/${a.path}`).sort(),

@@ -24,6 +24,8 @@ export interface E2e {
   stack: LocalStack;
   upstream: DemoUpstream;
   canary: string;
+  /** Where the stack's agent keeps setup layers (the canary walk reads it). */
+  layersDir: string;
   /** Every line the stack logged (the Worker's and the agent's), for waiting on one. */
   logs: string[];
   stop: () => Promise<void>;
@@ -60,6 +62,7 @@ export async function startE2e(options: E2eOptions): Promise<E2e> {
   });
   const dir = mkdtempSync(join(tmpdir(), "bw-e2e-"));
   const logs: string[] = [];
+  const layersDir = join(dir, "setup-layers");
   let stack: LocalStack;
   try {
     stack = await startLocalStack({
@@ -69,7 +72,7 @@ export async function startE2e(options: E2eOptions): Promise<E2e> {
       dir,
       nft: options.nft,
       agentStateDir: join(dir, "agent"),
-      agentLayersDir: join(dir, "setup-layers"),
+      agentLayersDir: layersDir,
       proxyTestEnv: {
         ...proxyTestEnv(upstream),
         ...(options.extraCaPem
@@ -91,6 +94,7 @@ export async function startE2e(options: E2eOptions): Promise<E2e> {
     stack,
     upstream,
     canary,
+    layersDir,
     logs,
     stop: async () => {
       await stack.stop();

@@ -99,11 +99,9 @@ export async function rebuildMissing(
   failed: BrokerFailed,
 ): Promise<"go" | "wait"> {
   const image = w.image as Extract<WorkerImage, { role: "use" }>;
-  await m.ports.note(s.runId, {
-    level: "warning",
-    code: "setup_image_rebuilt",
-    text: `The setup image ${image.digest} for ${w.name} was missing (${failed.code}: ${failed.message}); it was dropped and its setup runs again to rebuild it.`,
-  });
+  const text = `The setup image ${image.digest} for ${w.name} was missing (${failed.code}: ${failed.message}); it was dropped and its setup runs again to rebuild it.`;
+  await m.ports.note(s.runId, { level: "warning", code: "setup_image_rebuilt", text });
+  await traceSandbox(m, s, w, `setup-image-rebuilt:${w.sandboxId}`, image.key, text);
   w.sandboxId = m.ports.newId("sbx_");
   w.image = null;
   await checkpoint(m, s);
@@ -209,11 +207,9 @@ export async function captureImage(m: Machine, s: MachineState, w: Worker): Prom
   } else {
     image.state = "failed";
     m.ports.log({ event: "setup_image_not_kept", runId: s.runId, sandboxId: w.sandboxId, code: kept.code });
-    await m.ports.note(s.runId, {
-      level: "warning",
-      code: "setup_image_not_kept",
-      text: `The setup of ${w.name} was not kept as a setup image (${kept.code}: ${kept.message}); the run goes on, and its other sandboxes of the same setup run it themselves.`,
-    });
+    const text = `The setup of ${w.name} was not kept as a setup image (${kept.code}: ${kept.message}); the run goes on, and its other sandboxes of the same setup run it themselves.`;
+    await m.ports.note(s.runId, { level: "warning", code: "setup_image_not_kept", text });
+    await traceSandbox(m, s, w, `setup-image-not-kept:${w.sandboxId}`, image.key, text);
     await release(m, s, w.sandboxId, image.key);
   }
   await checkpoint(m, s);
@@ -313,6 +309,28 @@ async function decide(m: Machine, s: MachineState, w: Worker, image: WorkerImage
 /** The sandbox runs its own setup and keeps nothing. */
 function fallBack(m: Machine, s: MachineState, w: Worker, reason: string): Promise<"go"> {
   return decide(m, s, w, { role: "none", reason }) as Promise<"go">;
+}
+
+/**
+ * A sandbox's own setup-image row (no digest: the run page's stages show only images started
+ * from or kept). The run's notes keep one per code, so a second sandbox's reason would be lost
+ * there; the trace keeps each.
+ */
+async function traceSandbox(
+  m: Machine,
+  s: MachineState,
+  w: Worker,
+  key: string,
+  imageKey: SetupImageKey,
+  text: string,
+): Promise<void> {
+  await m.ports.event(s.runId, key, "note", {
+    sandbox: w.sandboxId,
+    name: w.name,
+    stage: "setup_image",
+    key: imageKey,
+    text,
+  });
 }
 
 /** Why setup runs uncached, in the trace once per run (not per sandbox). */
