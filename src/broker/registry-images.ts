@@ -15,6 +15,14 @@ import { BackendError, type KeptLayer, type LayerTarget } from "./backend";
 // (shared/archive/layer.ts) twice, once for the layer's sha256 (its diff_id) and size, once into
 // the push to the environment's repository (images/push.ts), and the drop of a manifest.
 
+/**
+ * What one capture reads from a sandbox into the broker's memory (the tar is held there between
+ * the two passes), whatever SETUP_IMAGE_MAX_LAYER_MB says.
+ */
+export const READ_BOUND = { maxBytes: 40 * 1024 * 1024, maxFiles: 16_000 };
+/** The tar of READ_BOUND: the files, and a header, pax record and padding each (≤ 2 KiB). */
+export const TAR_BOUND = READ_BOUND.maxBytes + READ_BOUND.maxFiles * 2048 + 1024 * 1024;
+
 /** What a registry backend needs of the registry: its settings, and the pull credentials' key. */
 export interface SetupRegistry {
   settings(): Promise<RegistrySettings | null>;

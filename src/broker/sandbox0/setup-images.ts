@@ -11,7 +11,7 @@ import {
   pullSecret,
   pullSecretName,
 } from "../kubernetes/manifests";
-import { registrySetupImages, type SetupRegistry } from "../registry-images";
+import { READ_BOUND, registrySetupImages, type SetupRegistry, TAR_BOUND } from "../registry-images";
 import type { Sandbox0Env } from "./config";
 import { lastLine, type sandbox0Pods, TRANSFER_MS } from "./pods";
 
@@ -31,10 +31,6 @@ import { lastLine, type sandbox0Pods, TRANSFER_MS } from "./pods";
 //   the kubelet pulls it with the environment's pull Secret through the realm
 //   (routes/registry-token.ts), pull-only and for that repository alone.
 
-/** What one capture reads from the pod into the broker's memory. */
-export const READ_BOUND = { maxBytes: 40 * 1024 * 1024, maxFiles: 16_000 };
-/** The tar of READ_BOUND: the files, and a header, pax record and padding each (≤ 2 KiB). */
-const TAR_BOUND = READ_BOUND.maxBytes + READ_BOUND.maxFiles * 2048 + 1024 * 1024;
 /** Image uids kept as they are (root's files, the pod's uid 10001's, any setup chowned to). */
 const POD_UIDS = { executeUid: null, uidBase: 0, uidCount: 65_536 };
 const MIB = 1024 * 1024;
