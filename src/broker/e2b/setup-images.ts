@@ -1,3 +1,4 @@
+import { startInlineArgs } from "@benchwright/shared/contract/exec-runner";
 import { type ImageDigest, LAYER_EXIT } from "@benchwright/shared/contract/setup-image";
 import { Sandbox, Template } from "e2b";
 import { pullPassword } from "../../images/pull-credential";
@@ -5,6 +6,7 @@ import { BackendError, type KeptLayer, type LayerTarget } from "../backend";
 import { checkRepository, READ_BOUND, registrySetupImages, type SetupRegistry } from "../registry-images";
 import { type E2bEnv, META, TRANSFER_DEADLINE_MS } from "./config";
 import type { e2bSandboxes } from "./sandboxes";
+import { runnerCommand } from "./shell";
 
 // Setup images on E2B (issue 34; docs/e2b.md, *Setup images*): the same OCI images in the
 // deployment's registry as sandbox0's (registry-images.ts), and per image an E2B template built
@@ -52,11 +54,35 @@ export function e2bSetupImages(
   const images = registrySetupImages(registry, "e2b", { at: WORKDIR.slice(1), uids: IMAGE_UIDS });
   const workImage = config.E2B_WORK_IMAGE ?? "";
 
+  /**
+   * Refused not_sealed while the setup stage may still write: the runner's own answer, a
+   * setup-stage start of `true` it refuses once sealed (before seal the probe runs, harmlessly).
+   */
+  async function checkSealed(sandboxId: string): Promise<void> {
+    const probe = startInlineArgs(
+      `bw_seal_probe_${crypto.randomUUID().replaceAll("-", "")}`,
+      ["true"],
+      10_000,
+      0,
+      {
+        setup: true,
+      },
+    );
+    try {
+      await box.runner(sandboxId, runnerCommand(probe), "check the setup stage is sealed", { user: "root" });
+    } catch (e) {
+      if (e instanceof BackendError && e.code === "sealed") return;
+      throw e;
+    }
+    throw new BackendError("not_sealed", `sandbox ${sandboxId}: the setup stage has not been sealed`);
+  }
+
   async function readTar(sandboxId: string, maxBytes: number): Promise<Uint8Array> {
     const h = await box.workSandbox(sandboxId, "a capture");
     if (h.meta[META.capture] !== "true") {
       throw new BackendError("invalid_request", `sandbox ${sandboxId} was not made to build a setup image`);
     }
+    await checkSealed(sandboxId);
     const bound = Math.min(maxBytes, READ_BOUND.maxBytes);
     const name = `layer-${crypto.randomUUID()}.tar`;
     const argv = [
@@ -89,14 +115,13 @@ export function e2bSetupImages(
     if (done.exitCode !== LAYER_EXIT.ok) {
       throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-layer: ${why}`);
     }
-    // Root's file, read as root (relative: root's home), then removed.
+    // Root's file, read as root (relative: root's home); it goes with the builder, or at the next capture.
     const file = `.bw-layer/${name}`;
     const tar = await box.call("read the working directory's tar", () =>
       box.withSandbox(sandboxId, (s) =>
         s.files.read(file, { format: "bytes", user: "root", requestTimeoutMs: TRANSFER_DEADLINE_MS }),
       ),
     );
-    await box.withSandbox(sandboxId, (s) => s.files.remove(file, { user: "root" })).catch(() => {});
     return tar;
   }
 
