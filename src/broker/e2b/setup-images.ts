@@ -29,8 +29,11 @@ import { runnerCommand } from "./shell";
 const WORKDIR = "/home/sandbox";
 /** Image uids kept as they are (root's files, the execute user's). */
 const IMAGE_UIDS = { executeUid: null, uidBase: 0, uidCount: 65_536 };
-/** E2B's template build takes minutes; the capture waits for it up to this. */
-const BUILD_DEADLINE_MS = 30 * 60_000;
+/**
+ * E2B's template build takes minutes; the capture waits for it up to this, which leaves the read
+ * and the push room inside the builder's capture lease (broker/setup-images.ts CAPTURE_LEASE_MS).
+ */
+const BUILD_DEADLINE_MS = 10 * 60_000;
 /** The prefix of every setup image template's name (listLayers' and an operator's filter). */
 export const TEMPLATE_PREFIX = "bw-setup-";
 
