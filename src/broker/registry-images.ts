@@ -1,5 +1,5 @@
 import { captureLayer, LayerRefusal } from "@benchwright/shared/archive/layer";
-import { ImageDigest } from "@benchwright/shared/contract/setup-image";
+import { ImageDigest, LAYER_EXIT } from "@benchwright/shared/contract/setup-image";
 import { ConfigError } from "../config";
 import { pinnedBase } from "../images/base-image";
 import { loadRegistrySettings } from "../images/config";
@@ -22,6 +22,32 @@ import { BackendError, type KeptLayer, type LayerTarget } from "./backend";
 export const READ_BOUND = { maxBytes: 40 * 1024 * 1024, maxFiles: 16_000 };
 /** The tar of READ_BOUND: the files, and a header, pax record and padding each (≤ 2 KiB). */
 export const TAR_BOUND = READ_BOUND.maxBytes + READ_BOUND.maxFiles * 2048 + 1024 * 1024;
+
+/**
+ * bw-layer's exit code as the capture's answer: ok, or the BackendError it means. Past `bound`
+ * below the deployment's maxBytes is the backend's own read bound, which no setting lifts.
+ */
+export function checkLayerExit(
+  exitCode: number | null,
+  why: string,
+  o: { backend: string; sandboxId: string; bound: number; maxBytes: number },
+): void {
+  if (exitCode === LAYER_EXIT.tooLarge) {
+    if (o.bound < o.maxBytes) {
+      throw new BackendError(
+        "setup_image_unsupported",
+        `the working directory is over what the ${o.backend} backend reads in one piece (${READ_BOUND.maxBytes / 1024 / 1024} MiB of files, ${READ_BOUND.maxFiles} entries): ${why}`,
+      );
+    }
+    throw new BackendError("setup_image_too_large", `sandbox ${o.sandboxId}: ${why}`);
+  }
+  if (exitCode === LAYER_EXIT.refused) {
+    throw new BackendError("setup_image_unsupported", `sandbox ${o.sandboxId}: bw-layer: ${why}`);
+  }
+  if (exitCode !== LAYER_EXIT.ok) {
+    throw new BackendError("sandbox_failed", `sandbox ${o.sandboxId}: bw-layer: ${why}`);
+  }
+}
 
 /** What a registry backend needs of the registry: its settings, and the pull credentials' key. */
 export interface SetupRegistry {

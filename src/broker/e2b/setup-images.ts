@@ -1,9 +1,15 @@
 import { startInlineArgs } from "@benchwright/shared/contract/exec-runner";
-import { type ImageDigest, LAYER_EXIT } from "@benchwright/shared/contract/setup-image";
+import type { ImageDigest } from "@benchwright/shared/contract/setup-image";
 import { Sandbox, Template } from "e2b";
 import { pullPassword } from "../../images/pull-credential";
 import { BackendError, type KeptLayer, type LayerTarget } from "../backend";
-import { checkRepository, READ_BOUND, registrySetupImages, type SetupRegistry } from "../registry-images";
+import {
+  checkLayerExit,
+  checkRepository,
+  READ_BOUND,
+  registrySetupImages,
+  type SetupRegistry,
+} from "../registry-images";
 import { type E2bEnv, META, TRANSFER_DEADLINE_MS } from "./config";
 import type { e2bSandboxes } from "./sandboxes";
 import { runnerCommand } from "./shell";
@@ -103,21 +109,7 @@ export function e2bSetupImages(
       deadlineMs: TRANSFER_DEADLINE_MS,
     });
     const why = box.scrub(box.lastLine(done.stderr) || `exit ${done.exitCode ?? done.signal}`);
-    if (done.exitCode === LAYER_EXIT.tooLarge) {
-      if (bound < maxBytes) {
-        throw new BackendError(
-          "setup_image_unsupported",
-          `the working directory is over what the e2b backend reads in one piece (${READ_BOUND.maxBytes / 1024 / 1024} MiB of files, ${READ_BOUND.maxFiles} entries): ${why}`,
-        );
-      }
-      throw new BackendError("setup_image_too_large", `sandbox ${sandboxId}: ${why}`);
-    }
-    if (done.exitCode === LAYER_EXIT.refused) {
-      throw new BackendError("setup_image_unsupported", `sandbox ${sandboxId}: bw-layer: ${why}`);
-    }
-    if (done.exitCode !== LAYER_EXIT.ok) {
-      throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-layer: ${why}`);
-    }
+    checkLayerExit(done.exitCode, why, { backend: "e2b", sandboxId, bound, maxBytes });
     // Root's file, read as root (relative: root's home); it goes with the builder, or at the next capture.
     const file = `.bw-layer/${name}`;
     const tar = await box.call("read the working directory's tar", () =>

@@ -1,4 +1,4 @@
-import { type ImageDigest, LAYER_EXIT } from "@benchwright/shared/contract/setup-image";
+import type { ImageDigest } from "@benchwright/shared/contract/setup-image";
 import { pullPassword } from "../../images/pull-credential";
 import { setupRepository } from "../../images/push";
 import { registryClient } from "../../images/registry";
@@ -11,7 +11,13 @@ import {
   pullSecret,
   pullSecretName,
 } from "../kubernetes/manifests";
-import { READ_BOUND, registrySetupImages, type SetupRegistry, TAR_BOUND } from "../registry-images";
+import {
+  checkLayerExit,
+  READ_BOUND,
+  registrySetupImages,
+  type SetupRegistry,
+  TAR_BOUND,
+} from "../registry-images";
 import type { Sandbox0Env } from "./config";
 import { lastLine, type sandbox0Pods, TRANSFER_MS } from "./pods";
 
@@ -33,7 +39,6 @@ import { lastLine, type sandbox0Pods, TRANSFER_MS } from "./pods";
 
 /** Image uids kept as they are (root's files, the pod's uid 10001's, any setup chowned to). */
 const POD_UIDS = { executeUid: null, uidBase: 0, uidCount: 65_536 };
-const MIB = 1024 * 1024;
 
 export function sandbox0SetupImages(
   config: Sandbox0Env,
@@ -66,22 +71,7 @@ export function sandbox0SetupImages(
       { what: "read the working directory", notFound: "not_found" },
     );
     const why = (lastLine(res.stderr) || `exit ${res.exitCode}`).slice(0, 400);
-    if (res.exitCode === LAYER_EXIT.tooLarge) {
-      if (bound < maxBytes) {
-        // The backend's own bound, not the deployment's: a setting cannot lift it.
-        throw new BackendError(
-          "setup_image_unsupported",
-          `the working directory is over what the sandbox0 backend reads in one piece (${READ_BOUND.maxBytes / MIB} MiB of files, ${READ_BOUND.maxFiles} entries): ${why}`,
-        );
-      }
-      throw new BackendError("setup_image_too_large", `sandbox ${sandboxId}: ${why}`);
-    }
-    if (res.exitCode === LAYER_EXIT.refused) {
-      throw new BackendError("setup_image_unsupported", `sandbox ${sandboxId}: bw-layer: ${why}`);
-    }
-    if (res.exitCode !== LAYER_EXIT.ok) {
-      throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-layer: ${why}`);
-    }
+    checkLayerExit(res.exitCode, why, { backend: "sandbox0", sandboxId, bound, maxBytes });
     return res.stdout;
   }
 
