@@ -39,13 +39,14 @@ FROM ${BASE_IMAGE}
 RUN apt-get update && apt-get install -y --no-install-recommends \
       ca-certificates iptables python3 python3-pip python3-venv git curl \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/e2b-bridge.cjs /src/proxy-image/dist/unpack.cjs /src/proxy-image/dist/collect.cjs /opt/benchwright/
+COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/e2b-bridge.cjs /src/proxy-image/dist/unpack.cjs /src/proxy-image/dist/collect.cjs /src/proxy-image/dist/layer.cjs /opt/benchwright/
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \
  && printf '#!/bin/sh\nexec node /opt/benchwright/exec-runner.cjs "$@"\n' > /usr/local/bin/bw-exec \
  && printf '#!/bin/sh\nexec node /opt/benchwright/e2b-bridge.cjs "$@"\n' > /usr/local/bin/bw-bridge \
  && printf '#!/bin/sh\nexec node /opt/benchwright/unpack.cjs "$@"\n' > /usr/local/bin/bw-unpack \
  && printf '#!/bin/sh\nexec node /opt/benchwright/collect.cjs "$@"\n' > /usr/local/bin/bw-collect \
- && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-bridge /usr/local/bin/bw-unpack /usr/local/bin/bw-collect \
+ && printf '#!/bin/sh\nexec node /opt/benchwright/layer.cjs "$@"\n' > /usr/local/bin/bw-layer \
+ && chmod 755 /usr/local/bin/bw-wiring /usr/local/bin/bw-exec /usr/local/bin/bw-bridge /usr/local/bin/bw-unpack /usr/local/bin/bw-collect /usr/local/bin/bw-layer \
  && mkdir -p -m 1777 /var/lib/bw-exec && mkdir -m 0700 /var/lib/bw-exec/0
 
 # Run as root at create: takes every way to root away from `user`.

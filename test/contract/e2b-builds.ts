@@ -16,6 +16,7 @@ import type { ContractLayerFiles, ContractTemplateBuild, E2bBuildFault } from ".
 //   PUT  <url> (the pre-signed upload, no API key) 200; the layer's tar(.gz) of a COPY's files
 //   POST /v2/templates/{templateID}/builds/{id}    202; the steps (only a waiting build)
 //   GET  /templates/{templateID}/builds/{id}/status?logsOffset=&limit=   TemplateBuildInfo
+//   DELETE /templates/{templateID}                 204 (a name or an id) | 404; its builds go too
 // Model: the upload URL is this server's own (loopback), signed with a key of its own; a
 // chunked upload is refused 501 as S3 refuses it (the SDK sends a Content-Length). Uploaded
 // files are the team's cache, keyed by the files hash: a second build of the same files is told
@@ -405,6 +406,14 @@ export function templateBuilds(options: {
       }
       const st = /^\/templates\/([a-z0-9]+)\/builds\/([^/]+)\/status$/.exec(path);
       if (method === "GET" && st) return [200, status(st[1] as string, st[2] as string, query)];
+      const one = /^\/templates\/([^/]+)$/.exec(path);
+      if (method === "DELETE" && one) {
+        const ref = decodeURIComponent(one[1] as string);
+        const found = templates.has(ref) ? ref : byId(ref)?.[0];
+        if (!found) throw new HttpError(404, `Template '${ref}' not found`);
+        templates.delete(found);
+        return [204, null];
+      }
       return null;
     },
 

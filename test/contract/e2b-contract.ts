@@ -105,6 +105,8 @@ export interface ContractTemplateBuild {
   /** The start request (TemplateBuildStartV2) as received; null until the build is started. */
   start: {
     fromImage?: string;
+    /** The registry credentials of a private fromImage (the SDK's `fromImage(image, {username, password})`). */
+    fromImageRegistry?: { type: string; username?: string; password?: string };
     fromTemplate?: string;
     startCmd?: string;
     readyCmd?: string;

@@ -23,7 +23,8 @@ import { type Box, type E2bStore, type EnvdCall, emit, end, faultsOf, type Proc 
 //                    (`bw-wiring reinstall`: {"ok":true,"hostsEntries":[]}),
 //                    bw-proxy-view prints {}.
 //                    bw-unpack and bw-collect are the REAL programs (unpack/main.ts, collect/main.ts,
-//                    built here). `bw-exec seal` runs for real too, on a cgroup of the sandbox's
+//                    built here), and bw-layer (layer/main.ts), which reads <sandbox dir>/sandbox
+//                    where it is asked for /home/sandbox (the working directory). `bw-exec seal` runs for real too, on a cgroup of the sandbox's
 //                    own under this machine's cgroup v2 (BW_EXEC_SETUP_CGROUP, when there is one),
 //                    but without --sweep, which is recorded and dropped: the sweep takes every
 //                    process started since the first setup command, on this machine that is not
@@ -37,19 +38,21 @@ import { type Box, type E2bStore, type EnvdCall, emit, end, faultsOf, type Proc 
 
 export async function buildE2bPrograms(
   outDir: string,
-): Promise<{ exec: string; bridge: string; unpack: string; collect: string }> {
+): Promise<{ exec: string; bridge: string; unpack: string; collect: string; layer: string }> {
   const root = resolve(import.meta.dirname, "../..");
   const out = {
     exec: join(outDir, "exec.cjs"),
     bridge: join(outDir, "e2b-bridge.cjs"),
     unpack: join(outDir, "unpack.cjs"),
     collect: join(outDir, "collect.cjs"),
+    layer: join(outDir, "layer.cjs"),
   };
   for (const [entry, file] of [
     ["proxy-image/src/exec-runner/main.ts", out.exec],
     ["proxy-image/src/e2b-bridge/main.ts", out.bridge],
     ["proxy-image/src/unpack/main.ts", out.unpack],
     ["proxy-image/src/collect/main.ts", out.collect],
+    ["proxy-image/src/layer/main.ts", out.layer],
   ] as const) {
     await build({
       entryPoints: [join(root, entry)],
@@ -156,6 +159,8 @@ export async function installRunner(work: string): Promise<Runner> {
   const real = {
     "bw-unpack": `#!/bin/sh\nexec "${process.execPath}" "${programs.unpack}" "$@"\n`,
     "bw-collect": `#!/bin/sh\nexec "${process.execPath}" "${programs.collect}" "$@"\n`,
+    // This machine has no /home/sandbox: the sandbox's own directory stands for it.
+    "bw-layer": `#!/bin/sh\nd="$1"; shift; [ "$d" = /home/sandbox ] && d="$HOME/sandbox"\nexec "${process.execPath}" "${programs.layer}" "$d" "$@"\n`,
   };
   for (const [name, script] of Object.entries({ ...STAND_INS, ...real })) {
     writeFileSync(join(standIns, name), script);

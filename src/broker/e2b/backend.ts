@@ -23,7 +23,8 @@ import {
 } from "@benchwright/shared/contract/local-agent";
 import type { RoutingMode } from "@benchwright/shared/contract/policy";
 import { type SandboxInfo as E2bSandboxInfo, Sandbox } from "e2b";
-import { BackendError, type ComputeBackend, type ExecPoll, notSupported, type SandboxSpec } from "../backend";
+import { BackendError, type ComputeBackend, type ExecPoll, type SandboxSpec } from "../backend";
+import { type RegistryEnv, registryFromEnv, type SetupRegistry } from "../registry-images";
 import {
   E2bEnv,
   MAX_POLL_WAIT_MS,
@@ -34,6 +35,7 @@ import {
 } from "./config";
 import { BRIDGE_PORT, networkDrift, proxyNetwork, workNetwork } from "./network";
 import { e2bSandboxes, held, type Meta } from "./sandboxes";
+import { e2bSetupImages } from "./setup-images";
 import { runnerCommand } from "./shell";
 import { collectArgv, EXECUTE_USER, resourcesMisfit, TRANSFER_DIR, unpackArgv } from "./stages";
 
@@ -66,15 +68,20 @@ export function e2bFromEnv(
   > & {
     E2B_API_KEY?: unknown;
     E2B_SANDBOX_URL?: unknown;
-  },
+    E2B_WORK_IMAGE?: unknown;
+  } & RegistryEnv,
 ): ComputeBackend | string {
   const parsed = E2bEnv.safeParse(env);
   if (!parsed.success) return [...new Set(parsed.error.issues.map((i) => i.message))].join("; ");
-  return e2bBackend(parsed.data);
+  return e2bBackend(parsed.data, registryFromEnv(env));
 }
 
-export function e2bBackend(config: E2bEnv): ComputeBackend {
+export function e2bBackend(
+  config: E2bEnv,
+  registry: SetupRegistry = { settings: async () => null, signingKeyText: "" },
+): ComputeBackend {
   const box = e2bSandboxes(config);
+  const images = e2bSetupImages(config, registry, box);
 
   return {
     name: "e2b",
@@ -122,20 +129,33 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
 
       const { proxy, host } = await box.proxyOf(spec);
       const network = workNetwork(spec.routing, host);
-      const h = await box.ensureSandbox(
-        spec.id,
-        config.E2B_WORK_TEMPLATE,
-        {
-          ...meta,
-          [META.proxy]: spec.proxySandboxId,
-          [META.routing]: spec.routing,
-          ...(spec.resources ? { [META.pids]: String(spec.resources.pids) } : {}),
-        },
-        network,
-      );
+      // A setup image's sandbox starts from its template (built at capture), nothing else.
+      const template = spec.layer ? await images.startFrom(spec.layer) : config.E2B_WORK_TEMPLATE;
+      const h = await box
+        .ensureSandbox(
+          spec.id,
+          template,
+          {
+            ...meta,
+            [META.proxy]: spec.proxySandboxId,
+            [META.routing]: spec.routing,
+            ...(spec.resources ? { [META.pids]: String(spec.resources.pids) } : {}),
+            ...(spec.capture ? { [META.capture]: "true" } : {}),
+          },
+          network,
+        )
+        .catch((e) => {
+          if (spec.layer && e instanceof BackendError && e.code === "not_found") {
+            throw new BackendError(
+              "setup_image_missing",
+              `E2B has no template of setup image ${spec.layer.digest}`,
+            );
+          }
+          throw e;
+        });
       const made = await box.ensureNetwork(spec.id, h.e2bId, network);
       // E2B sizes a sandbox by its template: a run that needs more is refused, not shrunk.
-      const misfit = spec.resources ? resourcesMisfit(spec.resources, made, config.E2B_WORK_TEMPLATE) : null;
+      const misfit = spec.resources ? resourcesMisfit(spec.resources, made, template) : null;
       if (misfit) throw new BackendError("resources_unavailable", misfit);
       // The execute stage's user must not become root: root could undo the hosts file. E2B's
       // template build gives `user` sudo after the Dockerfile ran, so it is taken away here, in
@@ -399,15 +419,11 @@ export function e2bBackend(config: E2bEnv): ComputeBackend {
         ),
       );
     },
-    // Setup images (issue 34) are to reach this backend as registry images (not built yet): it
-    // names no base image by digest, so every claim answers none and nothing is kept here.
-    baseImage: async () => null,
-    captureLayer: async () => {
-      throw notSupported("e2b", "keeping a setup image");
-    },
-    dropLayer: async () => {
-      throw notSupported("e2b", "dropping a setup image");
-    },
+    // Setup images (issue 34; setup-images.ts): registry images, each with its E2B template.
+    baseImage: images.baseImage,
+    captureLayer: images.captureLayer,
+    dropLayer: images.dropLayer,
+    // Found through their rows only, as on sandbox0: a template's name does not give its digest back.
     listLayers: async () => [],
   };
 }

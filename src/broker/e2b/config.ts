@@ -15,6 +15,11 @@ export const E2bEnv = z.object({
   PUBLIC_URL: z.url({ protocol: /^https$/, error: "PUBLIC_URL is not an https URL" }),
   E2B_PROXY_TEMPLATE: setting("E2B_PROXY_TEMPLATE"),
   E2B_WORK_TEMPLATE: setting("E2B_WORK_TEMPLATE"),
+  /**
+   * The image E2B_WORK_TEMPLATE is built from, pinned (`<REGISTRY_URL host>/<repo>@sha256:…`):
+   * setup images' base. Empty: E2B keeps no setup images (baseImage says why).
+   */
+  E2B_WORK_IMAGE: z.string().optional(),
   /** Empty: E2B's cloud (https://api.<domain>). */
   E2B_API_URL: optionalUrl("E2B_API_URL"),
   E2B_DOMAIN: z
@@ -37,6 +42,8 @@ export const META = {
   routing: "bw-routing",
   /** work/task/orchestrator made with resources: RLIMIT_NPROC of its execute commands. */
   pids: "bw-pids",
+  /** "true": a setup image's builder (captureLayer reads its working directory after seal). */
+  capture: "bw-capture",
 } as const;
 
 /** A sandbox's life at a time; it is extended while the run uses it, and it pauses when it ends. */

@@ -425,6 +425,12 @@ export function e2bSandboxes(config: E2bEnv) {
         timeoutMs: SANDBOX_TTL_MS,
         // Out of time, a sandbox pauses (kept, resumable) rather than vanishing mid-run.
         lifecycle: { onTimeout: "pause" },
+      }).catch((e) => {
+        // E2B answers 404 to a create only for a template it does not have.
+        if (e instanceof SandboxError && e.statusCode === 404) {
+          throw new BackendError("not_found", `E2B has no template ${template}`);
+        }
+        throw e;
       }),
     );
     const h: Held & { sandbox: Sandbox } = { e2bId: sandbox.sandboxId, meta, sandbox, touchedAt: Date.now() };

@@ -37,6 +37,7 @@ import {
   workNetworkPolicy,
   workPod,
 } from "../kubernetes/manifests";
+import { type RegistryEnv, registryFromEnv, type SetupRegistry } from "../registry-images";
 import { Sandbox0Env } from "./config";
 import {
   collectStdoutBound,
@@ -50,12 +51,7 @@ import {
   sandbox0Pods,
   TRANSFER_MS,
 } from "./pods";
-import {
-  type RegistryEnv,
-  registryFromEnv,
-  type Sandbox0Registry,
-  sandbox0SetupImages,
-} from "./setup-images";
+import { sandbox0SetupImages } from "./setup-images";
 
 // The `sandbox0` backend: a Kubernetes pod per sandbox (DigitalOcean Kubernetes), driven through
 // the Kubernetes API with fetch only, from the SandboxBroker Durable Object. docs/sandbox0.md says
@@ -81,7 +77,7 @@ export function sandbox0FromEnv(
 export function sandbox0Backend(
   config: Sandbox0Env,
   timing: Sandbox0Timing = {},
-  registry: Sandbox0Registry = { settings: async () => null, signingKeyText: "" },
+  registry: SetupRegistry = { settings: async () => null, signingKeyText: "" },
 ): ComputeBackend {
   const cluster = sandbox0Pods(config, timing);
   const images = sandbox0SetupImages(config, registry, cluster);

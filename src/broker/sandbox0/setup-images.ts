@@ -1,13 +1,7 @@
-import { captureLayer, LayerRefusal } from "@benchwright/shared/archive/layer";
-import { ImageDigest, LAYER_EXIT } from "@benchwright/shared/contract/setup-image";
-import { ConfigError } from "../../config";
-import { pinnedBase } from "../../images/base-image";
-import { loadRegistrySettings } from "../../images/config";
+import type { ImageDigest } from "@benchwright/shared/contract/setup-image";
 import { pullPassword } from "../../images/pull-credential";
-import { pushSetupImage, setupRepository } from "../../images/push";
-import { hex, registryClient } from "../../images/registry";
-import type { RegistrySettings } from "../../images/settings";
-import { mintRegistryToken } from "../../images/token";
+import { setupRepository } from "../../images/push";
+import { registryClient } from "../../images/registry";
 import { BackendError, type KeptLayer, type LayerTarget } from "../backend";
 import {
   CAPTURE_ANNOTATION,
@@ -17,6 +11,13 @@ import {
   pullSecret,
   pullSecretName,
 } from "../kubernetes/manifests";
+import {
+  checkLayerExit,
+  READ_BOUND,
+  registrySetupImages,
+  type SetupRegistry,
+  TAR_BOUND,
+} from "../registry-images";
 import type { Sandbox0Env } from "./config";
 import { lastLine, type sandbox0Pods, TRANSFER_MS } from "./pods";
 
@@ -36,71 +37,15 @@ import { lastLine, type sandbox0Pods, TRANSFER_MS } from "./pods";
 //   the kubelet pulls it with the environment's pull Secret through the realm
 //   (routes/registry-token.ts), pull-only and for that repository alone.
 
-/** What one capture reads from the pod into the broker's memory. */
-export const READ_BOUND = { maxBytes: 40 * 1024 * 1024, maxFiles: 16_000 };
-/** The tar of READ_BOUND: the files, and a header, pax record and padding each (≤ 2 KiB). */
-const TAR_BOUND = READ_BOUND.maxBytes + READ_BOUND.maxFiles * 2048 + 1024 * 1024;
 /** Image uids kept as they are (root's files, the pod's uid 10001's, any setup chowned to). */
 const POD_UIDS = { executeUid: null, uidBase: 0, uidCount: 65_536 };
-const MIB = 1024 * 1024;
-
-/** What the backend needs of the registry: its settings, and the pull credentials' key. */
-export interface Sandbox0Registry {
-  settings(): Promise<RegistrySettings | null>;
-  /** REGISTRY_SIGNING_KEY's text (images/pull-credential.ts derives the pull passwords from it). */
-  signingKeyText: string;
-}
-
-/** The Worker's registry settings (images/config.ts parses them). */
-export type RegistryEnv = Partial<
-  Record<
-    | "REGISTRY_URL"
-    | "REGISTRY_SIGNING_KEY"
-    | "REGISTRY_SERVICE"
-    | "REGISTRY_ISSUER"
-    | "REGISTRY_REPOSITORY_PREFIX",
-    unknown
-  >
->;
-
-/** The registry as the Worker's env configures it (REGISTRY_URL empty: none). */
-export function registryFromEnv(env: RegistryEnv): Sandbox0Registry {
-  return {
-    settings: () => (env.REGISTRY_URL ? loadRegistrySettings(env as never) : Promise.resolve(null)),
-    signingKeyText: typeof env.REGISTRY_SIGNING_KEY === "string" ? env.REGISTRY_SIGNING_KEY : "",
-  };
-}
 
 export function sandbox0SetupImages(
   config: Sandbox0Env,
-  registry: Sandbox0Registry,
+  registry: SetupRegistry,
   cluster: ReturnType<typeof sandbox0Pods>,
 ) {
-  /** The registry's settings, or why this deployment keeps no setup images on sandbox0. */
-  async function settingsOr(): Promise<RegistrySettings | { none: string }> {
-    try {
-      const settings = await registry.settings();
-      if (settings) return settings;
-      return { none: "REGISTRY_URL is empty: sandbox0 keeps setup images in the deployment's registry" };
-    } catch (e) {
-      if (e instanceof ConfigError) return { none: `the registry settings are invalid: ${e.message}` };
-      throw e;
-    }
-  }
-
-  async function settingsFor(what: string): Promise<RegistrySettings> {
-    const settings = await settingsOr();
-    if ("none" in settings) throw new BackendError("not_supported", `${what}: ${settings.none}`);
-    return settings;
-  }
-
-  /** The work pod's working directory as the capture rules keep it; its sha256 is the diff_id. */
-  function layerOf(tar: Uint8Array, runCaPem: string | null) {
-    return captureLayer([{ at: POD_PATHS.home.slice(1), tar: new Blob([tar]).stream() }], {
-      ...POD_UIDS,
-      runCaPem,
-    });
-  }
+  const images = registrySetupImages(registry, "sandbox0", { at: POD_PATHS.home.slice(1), uids: POD_UIDS });
 
   async function readTar(sandboxId: string, maxBytes: number): Promise<Uint8Array> {
     const pod = await cluster.workPodOf(sandboxId);
@@ -126,91 +71,18 @@ export function sandbox0SetupImages(
       { what: "read the working directory", notFound: "not_found" },
     );
     const why = (lastLine(res.stderr) || `exit ${res.exitCode}`).slice(0, 400);
-    if (res.exitCode === LAYER_EXIT.tooLarge) {
-      if (bound < maxBytes) {
-        // The backend's own bound, not the deployment's: a setting cannot lift it.
-        throw new BackendError(
-          "setup_image_unsupported",
-          `the working directory is over what the sandbox0 backend reads in one piece (${READ_BOUND.maxBytes / MIB} MiB of files, ${READ_BOUND.maxFiles} entries): ${why}`,
-        );
-      }
-      throw new BackendError("setup_image_too_large", `sandbox ${sandboxId}: ${why}`);
-    }
-    if (res.exitCode === LAYER_EXIT.refused) {
-      throw new BackendError("setup_image_unsupported", `sandbox ${sandboxId}: bw-layer: ${why}`);
-    }
-    if (res.exitCode !== LAYER_EXIT.ok) {
-      throw new BackendError("sandbox_failed", `sandbox ${sandboxId}: bw-layer: ${why}`);
-    }
+    checkLayerExit(res.exitCode, why, { backend: "sandbox0", sandboxId, bound, maxBytes });
     return res.stdout;
   }
 
-  /** The layer's sha256, size and entries: the first of the two passes. */
-  async function measure(tar: Uint8Array, runCaPem: string | null, maxBytes: number) {
-    const made = layerOf(tar, runCaPem);
-    const sink = new crypto.DigestStream("SHA-256");
-    const writer = sink.getWriter();
-    let bytes = 0;
-    try {
-      const reader = made.layer.getReader();
-      for (let next = await reader.read(); !next.done; next = await reader.read()) {
-        bytes += next.value.byteLength;
-        if (bytes > maxBytes) {
-          await reader.cancel();
-          throw new BackendError(
-            "setup_image_too_large",
-            `the setup layer is larger than ${maxBytes} bytes; nothing was kept`,
-          );
-        }
-        await writer.write(next.value);
-      }
-    } catch (e) {
-      if (e instanceof LayerRefusal) throw new BackendError(e.code, e.message);
-      throw e;
-    }
-    await writer.close();
-    const diffId = ImageDigest.parse(`sha256:${hex(new Uint8Array(await sink.digest))}`);
-    return { diffId, bytes, files: made.files() };
-  }
-
   return {
-    async baseImage(): Promise<string | { none: string }> {
-      const settings = await settingsOr();
-      if ("none" in settings) return settings;
-      const checked = pinnedBase(settings, config.SANDBOX0_WORK_IMAGE);
-      if (!checked.ok) return { none: `SANDBOX0_WORK_IMAGE: ${checked.refusal.detail}` };
-      return checked.base.digest;
-    },
+    baseImage: () => images.baseImage("SANDBOX0_WORK_IMAGE", config.SANDBOX0_WORK_IMAGE),
 
     async captureLayer(sandboxId: string, maxBytes: number, target: LayerTarget): Promise<KeptLayer> {
       cluster.checkId(sandboxId);
-      const settings = await settingsFor("keeping a setup image");
+      await images.settingsFor("keeping a setup image");
       const tar = await readTar(sandboxId, maxBytes);
-      const { diffId, bytes, files } = await measure(tar, target.runCaPem, maxBytes);
-      const pushed = await pushSetupImage(settings, {
-        // The same tar through the same rules: the same bytes, which the push checks against diffId.
-        layer: { tar: layerOf(tar, target.runCaPem).layer, diffId },
-        base: config.SANDBOX0_WORK_IMAGE,
-        environmentId: target.environmentId,
-        key: target.key,
-      });
-      if (!pushed.ok) {
-        if ("refusal" in pushed) {
-          throw new BackendError("setup_image_unsupported", `the work image: ${pushed.refusal.detail}`);
-        }
-        const unreachable = pushed.error.code === "registry_unreachable";
-        throw new BackendError(
-          unreachable ? "backend_unreachable" : "backend_error",
-          `pushing the setup image: ${pushed.error.detail}`,
-          unreachable,
-        );
-      }
-      return {
-        digest: ImageDigest.parse(pushed.value.digest),
-        bytes,
-        files,
-        repository: pushed.value.repository,
-      };
+      return images.keep(tar, maxBytes, target, config.SANDBOX0_WORK_IMAGE);
     },
 
     /**
@@ -218,7 +90,7 @@ export function sandbox0SetupImages(
      * repository (checked there first), and the environment's pull Secret (made or rewritten).
      */
     async startFrom(layer: { digest: ImageDigest; environmentId: string }) {
-      const settings = await settingsOr();
+      const settings = await images.settingsOr();
       if ("none" in settings) {
         throw new BackendError("setup_image_missing", `setup image ${layer.digest}: ${settings.none}`);
       }
@@ -257,33 +129,10 @@ export function sandbox0SetupImages(
 
     /** Deletes the image's manifest by digest (its blobs go at the registry's garbage collection). */
     async dropLayer(digest: string, repository?: string | null): Promise<"dropped"> {
-      const settings = await settingsFor("dropping a setup image");
+      await images.settingsFor("dropping a setup image");
       if (!repository) return "dropped"; // never pushed anywhere
-      if (!repository.startsWith(`${settings.prefix}/`) || !repository.endsWith("/setup")) {
-        throw new BackendError("invalid_request", `${repository} is not a setup images repository`);
-      }
-      ImageDigest.parse(digest);
-      const { token } = await mintRegistryToken(settings.signingKey, {
-        issuer: settings.issuer,
-        service: settings.service,
-        subject: "benchwright-broker",
-        access: [{ type: "repository", name: repository, actions: ["delete"] }],
-        ttlSeconds: 60,
-      });
-      let res: Response;
-      try {
-        res = await fetch(`${settings.url}/v2/${repository}/manifests/${digest}`, {
-          method: "DELETE",
-          headers: { authorization: `Bearer ${token}` },
-          redirect: "manual",
-          signal: AbortSignal.timeout(10_000),
-        });
-      } catch {
-        throw new BackendError("backend_unreachable", "the registry did not answer a delete", true);
-      }
-      await res.body?.cancel();
-      if (res.status === 202 || res.status === 404) return "dropped";
-      throw new BackendError("backend_error", `the registry answered ${res.status} to deleting ${digest}`);
+      await images.dropManifest(digest, repository);
+      return "dropped";
     },
   };
 }
