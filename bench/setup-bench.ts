@@ -98,7 +98,9 @@ function specOf(kind: SetupKind, setup: string): Record<string, unknown> {
 
 const DIGEST = "sha256:[0-9a-f]{64}";
 const BUILT = new RegExp(`[Ss]etup image (${DIGEST}) built now`);
-const STARTED_FROM = new RegExp(`from setup image (${DIGEST})`);
+// The coordinator says it once per sandbox as it is made ("… starts from setup image …"); the
+// seal's own row ("started from …") is the same sandbox again and is not counted.
+const STARTED_FROM = new RegExp(`starts from setup image (${DIGEST})`);
 const BUILT_BY = /built by run ([A-Za-z0-9_-]+)/;
 
 /** What a run did about its setup, from its trace: where setup ran, which images it built and used. */
