@@ -78,6 +78,8 @@ function batchOf(run: Run, rows: number): AuditBatch {
       lastSeen: now,
     })),
     modelCalls: [],
+    limitRefusals: [],
+    strayPlaceholders: [],
   };
 }
 

@@ -1,5 +1,6 @@
 import type { z } from "zod";
 import { isCanonicalIp } from "./host-name";
+import { hasLimits } from "./http-limits";
 import type {
   EgressVia,
   HostAction,
@@ -36,7 +37,13 @@ export interface DerivedFields {
 export function deriveFields(
   entries: {
     default: HostAction;
-    hosts: readonly { pattern: string; action: HostAction; via?: EgressVia | undefined }[];
+    hosts: readonly {
+      pattern: string;
+      action: HostAction;
+      via?: EgressVia | undefined;
+      methods?: readonly string[] | null | undefined;
+      paths?: readonly string[] | null | undefined;
+    }[];
     rules: readonly { host: string }[];
   },
   egress: RunEgress,
@@ -48,9 +55,17 @@ export function deriveFields(
   if (entries.default === "block") reasons.push("block_default");
   if (blocks.some((h) => wild(h.pattern))) reasons.push("wildcard_block");
   if (entries.rules.some((r) => wild(r.host))) reasons.push("wildcard_rule");
+  // A limited host must come to the proxy to be held to its limits (N3): an exact name by the
+  // hosts file, a wildcard only by catch-all.
+  const limited = entries.hosts.filter((h) => h.action === "allow" && hasLimits(h));
+  if (limited.some((h) => wild(h.pattern))) reasons.push("wildcard_limit");
   // A connection to an IP literal never consults the hosts file, so only catch-all routing
   // brings it to the proxy: without it the block would not hold and the rule never apply.
-  if (blocks.some((h) => isCanonicalIp(h.pattern)) || entries.rules.some((r) => isCanonicalIp(r.host))) {
+  if (
+    blocks.some((h) => isCanonicalIp(h.pattern)) ||
+    limited.some((h) => isCanonicalIp(h.pattern)) ||
+    entries.rules.some((r) => isCanonicalIp(r.host))
+  ) {
     reasons.push("ip_literal");
   }
   // Traffic through the user's machine is catch-all, whether the whole run's or some hosts'.
@@ -63,13 +78,20 @@ export function deriveFields(
   const enforce =
     entries.rules.length > 0 ||
     blocks.length > 0 ||
+    limited.length > 0 ||
     entries.default === "block" ||
     egress === "local" ||
     tunnelHost ||
     model;
   const hostsFile =
     mode === "default"
-      ? [...new Set([...entries.rules.map((r) => r.host), ...blocks.map((h) => h.pattern)])]
+      ? [
+          ...new Set([
+            ...entries.rules.map((r) => r.host),
+            ...blocks.map((h) => h.pattern),
+            ...limited.map((h) => h.pattern),
+          ]),
+        ]
           .filter((h) => !wild(h) && !isCanonicalIp(h))
           .sort()
       : [];

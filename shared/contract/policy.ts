@@ -1,6 +1,8 @@
 import { z } from "zod";
 import { isCanonicalHostName, isCanonicalPattern } from "./host-name";
+import { hasLimits } from "./http-limits";
 import { MODEL_PROVIDERS } from "./model-lane";
+import { EnvName, PlaceholderPlace } from "./placeholder";
 import { followsFromEntries } from "./policy-routing";
 import { ROUTING_MODES } from "./routing";
 
@@ -72,6 +74,7 @@ export const RoutingReason = z.enum([
   "ip_literal",
   "local_egress",
   "tunnel_host",
+  "wildcard_limit",
 ]);
 export type RoutingReason = z.infer<typeof RoutingReason>;
 
@@ -89,12 +92,56 @@ export const HostPattern = z.string().refine(isCanonicalPattern, "not a canonica
 export const EgressVia = z.enum(["direct", "tunnel"]);
 export type EgressVia = z.infer<typeof EgressVia>;
 
+/**
+ * An HTTP method a limit lets through: an RFC 9110 token, stored uppercase (methods are
+ * case-sensitive on the wire, and every method a client library sends is uppercase).
+ */
+export const HttpMethod = z
+  .string()
+  .min(1)
+  .max(32)
+  .regex(TOKEN, "a method is an RFC 9110 token (GET, HEAD, POST...)")
+  .toUpperCase();
+
+/**
+ * A path a limit lets through, compared with the request's normalised path (http-limits.ts):
+ * starts with "/"; without "*" it is a prefix on a segment boundary ("/repos" lets /repos and
+ * /repos/x through, not /reposx; "/repos/" only what is under it); with "*" it is a glob over the
+ * whole path, "*" within one segment and "**" across segments. Printable ASCII without space,
+ * "?", "#", "%", "\\" or ";", and no "." or ".." segment: a limit names normalised paths only.
+ */
+export const PathLimit = z
+  .string()
+  .min(1)
+  .max(256)
+  .regex(/^\/[\x21-\x7e]*$/, "a path limit starts with / and is printable ASCII without space")
+  .refine((p) => !/[?#%\\;]/.test(p), "a path limit has no ? # % \\ or ;")
+  .refine(
+    (p) => !p.split("/").some((seg) => seg === "." || seg === ".."),
+    "a path limit has no . or .. segment",
+  )
+  .refine((p) => !p.includes("//"), "a path limit has no empty segment (//)");
+
+/**
+ * Method and path limits of a host entry or a rule: unset (or null) lets everything through.
+ * A request must pass both; outside them the proxy answers 403 naming the limit (case N3).
+ */
+export const RequestLimits = {
+  methods: z.array(HttpMethod).min(1).max(16).nullable().default(null),
+  paths: z.array(PathLimit).min(1).max(64).nullable().default(null),
+};
+export type RequestLimitFields = { methods: string[] | null; paths: string[] | null };
+
 export const PolicyHostEntry = z
-  .object({ pattern: HostPattern, action: HostAction, via: EgressVia.optional() })
+  .object({ pattern: HostPattern, action: HostAction, via: EgressVia.optional(), ...RequestLimits })
   .strict()
   .refine((h) => h.via === undefined || h.action === "allow", {
     message: "only an allowed host has a route",
     path: ["via"],
+  })
+  .refine((h) => h.action === "allow" || !hasLimits(h), {
+    message: "only an allowed host has method or path limits",
+    path: ["methods"],
   });
 export type PolicyHostEntry = z.infer<typeof PolicyHostEntry>;
 
@@ -165,6 +212,14 @@ export const PolicyRule = z
     /** The secret's name; its value is not in the document. */
     secret: z.string().min(1),
     inject: InjectSpec,
+    /**
+     * The environment variable the work and task sandboxes get the secret's placeholder in
+     * (placeholder.ts), or null for none (case N1). The compiler fills in the default.
+     */
+    placeholderEnv: EnvName.nullable().default(null),
+    /** Where beyond headers and the query the proxy swaps the placeholder: ["body"] opts in (N2). */
+    placeholderIn: z.array(PlaceholderPlace).max(1).default([]),
+    ...RequestLimits,
   })
   .strict();
 export type PolicyRule = z.infer<typeof PolicyRule>;

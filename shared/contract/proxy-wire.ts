@@ -1,6 +1,7 @@
 import { Webhook, WebhookVerificationError } from "standardwebhooks";
 import { z } from "zod";
 import { canonicalHost } from "./host-name";
+import { LIMIT_KINDS } from "./http-limits";
 import { MODEL_ENDPOINTS } from "./model-lane";
 import { PolicyDocumentShape } from "./policy";
 import { followsFromEntries } from "./policy-routing";
@@ -171,6 +172,41 @@ export const EgressRouteRow = z
   .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
 export type EgressRouteRow = z.infer<typeof EgressRouteRow>;
 
+/** Which limit of a host entry or rule a refused request was outside (case N3). */
+export const LimitKind = z.enum(LIMIT_KINDS);
+export type LimitKind = z.infer<typeof LimitKind>;
+
+/**
+ * Requests refused for a method or path limit, per host, method and limit. Never the path (the
+ * seed's promise: audit rows carry hosts, not what was asked of them).
+ */
+export const LimitRefusalRow = z
+  .strictObject({
+    host: CanonicalHost,
+    method: z.string().regex(/^[!#$%&'*+\-.^_`|~0-9A-Z]{1,32}$/, "an uppercase method token"),
+    limit: LimitKind,
+    count: Count,
+    firstSeen: Instant,
+    lastSeen: Instant,
+  })
+  .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
+export type LimitRefusalRow = z.infer<typeof LimitRefusalRow>;
+
+/**
+ * A rule's placeholder sent toward a host other than its rule's: it went out as it was (never
+ * swapped), and is counted per host and secret name (case N2). Never the value or where it was.
+ */
+export const StrayPlaceholderRow = z
+  .strictObject({
+    host: CanonicalHost,
+    secret: SecretName,
+    count: Count,
+    firstSeen: Instant,
+    lastSeen: Instant,
+  })
+  .refine(seenInOrder, { message: "firstSeen is after lastSeen", path: ["lastSeen"] });
+export type StrayPlaceholderRow = z.infer<typeof StrayPlaceholderRow>;
+
 /**
  * The model lane's calls, by the endpoint the caller spoke (OpenAI's chat completions and
  * responses, Anthropic's messages), whatever the provider speaks.
@@ -230,6 +266,8 @@ export const AuditBatch = z
     blockedHosts: z.array(BlockedHostRow).max(MAX_AUDIT_ENTRIES),
     egressRoutes: z.array(EgressRouteRow).max(MAX_AUDIT_ENTRIES),
     modelCalls: z.array(ModelCallRow).max(MAX_AUDIT_ENTRIES).default([]),
+    limitRefusals: z.array(LimitRefusalRow).max(MAX_AUDIT_ENTRIES).default([]),
+    strayPlaceholders: z.array(StrayPlaceholderRow).max(MAX_AUDIT_ENTRIES).default([]),
   })
   .superRefine((batch, ctx) => {
     const seen = new Set<string>();
@@ -244,6 +282,30 @@ export const AuditBatch = z
       const key = `${row.route} ${row.host}`;
       if (seen.has(key)) {
         ctx.addIssue({ code: "custom", path: ["egressRoutes", i], message: "host and route listed twice" });
+      }
+      seen.add(key);
+    });
+    seen.clear();
+    batch.limitRefusals.forEach((row, i) => {
+      const key = `${row.host} ${row.method} ${row.limit}`;
+      if (seen.has(key)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["limitRefusals", i],
+          message: "host, method and limit listed twice",
+        });
+      }
+      seen.add(key);
+    });
+    seen.clear();
+    batch.strayPlaceholders.forEach((row, i) => {
+      const key = `${row.host} ${row.secret}`;
+      if (seen.has(key)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["strayPlaceholders", i],
+          message: "host and secret listed twice",
+        });
       }
       seen.add(key);
     });

@@ -140,7 +140,16 @@ function checkRule(path: string, input: RuleInput, secretNames: Set<string>): Re
   if (!secretNames.has(input.secret)) {
     return fail("unknown_secret", `${path}.secret: no secret named ${input.secret}; create it first.`);
   }
-  return ok({ index: 0, host: host.pattern, secret: input.secret, inject: inject.data });
+  return ok({
+    index: 0,
+    host: host.pattern,
+    secret: input.secret,
+    inject: inject.data,
+    placeholderEnv: null,
+    placeholderIn: [],
+    methods: null,
+    paths: null,
+  });
 }
 
 function checkRules(path: string, rules: readonly RuleInput[], names: Set<string>): Result<PolicyRule[]> {

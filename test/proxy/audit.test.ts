@@ -166,6 +166,8 @@ describe("the audit endpoint contract (D1, D2, D5)", () => {
       schema: 1,
       runId: RUN,
       modelCalls: [],
+      limitRefusals: [],
+      strayPlaceholders: [],
       batchId: "batch-1",
       source: "proxy",
       createdAt: at,

@@ -92,6 +92,8 @@ export function auditBatch(runId: string, fields: Partial<AuditBatch> = {}): Aud
     source: "proxy",
     createdAt: new Date().toISOString(),
     modelCalls: [],
+    limitRefusals: [],
+    strayPlaceholders: [],
     blockedHosts: [],
     egressRoutes: [],
     ...fields,

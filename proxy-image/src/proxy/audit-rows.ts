@@ -127,6 +127,8 @@ export class HeldRows {
       blockedHosts: [],
       egressRoutes: [],
       modelCalls: [],
+      limitRefusals: [],
+      strayPlaceholders: [],
     };
     for (const e of entries) {
       if (e.kind === "model") {

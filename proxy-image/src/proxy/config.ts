@@ -1,5 +1,6 @@
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
+import { PlaceholderNonce } from "@benchwright/shared/contract/placeholder";
 import { DEFAULT_VIEW_PORT } from "@benchwright/shared/contract/proxy-view";
 import { z } from "zod";
 
@@ -31,6 +32,8 @@ const Schema = z
     BW_DIRECT_HTTP_PORT: Port.optional(),
     /** The view's port, on 127.0.0.1 only (GET /view; `proxy.cjs view` reads it). */
     BW_VIEW_PORT: Port.default(DEFAULT_VIEW_PORT),
+    /** The run's placeholder nonce (shared/contract/placeholder.ts); unset: no placeholder is swapped. */
+    BW_PLACEHOLDER_NONCE: PlaceholderNonce.optional(),
     BW_POLICY_INTERVAL_MS: z.coerce.number().int().min(200).max(2000).default(1000),
     /** The catch-all resolver's port (UDP and TCP); unset: no resolver. */
     BW_DNS_PORT: Port.optional(),

@@ -1,3 +1,4 @@
+import { LIMIT_KINDS } from "@benchwright/shared/contract/http-limits";
 import { MODEL_ENDPOINTS } from "@benchwright/shared/contract/model-lane";
 import { bigint, boolean, index, integer, pgTable, primaryKey, text, timestamp } from "drizzle-orm/pg-core";
 import { environmentRef, userRef } from "./accounts";
@@ -64,6 +65,43 @@ export const modelCallLog = pgTable(
     ms: integer("ms").notNull(),
   },
   (t) => [primaryKey({ columns: [t.runId, t.callId] }), index("model_call_log_run_at").on(t.runId, t.at)],
+);
+
+// Requests refused for a method or path limit (case N3): per host, method and limit, never the
+// path. Counts add up over batches, as the blocked hosts' do.
+export const limitRefusalLog = pgTable(
+  "limit_refusal_log",
+  {
+    environmentId: environmentRef(),
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    host: text("host").notNull(),
+    method: text("method").notNull(),
+    limit: text("limit", { enum: LIMIT_KINDS }).notNull(),
+    count: bigint("count", { mode: "number" }).notNull(),
+    firstSeen: timestamp("first_seen", { withTimezone: true }).notNull(),
+    lastSeen: timestamp("last_seen", { withTimezone: true }).notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.host, t.method, t.limit] })],
+);
+
+// A rule's placeholder sent toward another host (case N2): it went out unswapped; per host and
+// secret name, never the value.
+export const strayPlaceholderLog = pgTable(
+  "stray_placeholder_log",
+  {
+    environmentId: environmentRef(),
+    runId: text("run_id")
+      .notNull()
+      .references(() => runs.id, { onDelete: "cascade" }),
+    host: text("host").notNull(),
+    secret: text("secret").notNull(),
+    count: bigint("count", { mode: "number" }).notNull(),
+    firstSeen: timestamp("first_seen", { withTimezone: true }).notNull(),
+    lastSeen: timestamp("last_seen", { withTimezone: true }).notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.runId, t.host, t.secret] })],
 );
 
 // Audit batch ids already stored: a retried or replayed batch is stored once (case D5).

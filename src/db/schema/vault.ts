@@ -52,6 +52,15 @@ export const vaultRules = pgTable(
     scheme: text("scheme", { enum: ["bearer", "basic", "raw", "query"] }).notNull(),
     // Header name, or query parameter name for scheme "query".
     target: text("target").notNull(),
+    // The placeholder's variable (case N1): null is the default (the secret's name, made
+    // portable); placeholder false is none at all.
+    placeholderEnv: text("placeholder_env"),
+    placeholder: boolean("placeholder").notNull().default(true),
+    // ["body"] lets the proxy swap the placeholder in bodies too (N2); [] headers and query only.
+    placeholderIn: text("placeholder_in").array().notNull().default(sql`'{}'::text[]`),
+    // Method and path limits (N3); null lets everything through.
+    methods: text("methods").array(),
+    paths: text("paths").array(),
     createdAt: createdAt(),
     updatedAt: updatedAt(),
   },
@@ -74,6 +83,9 @@ export const vaultHosts = pgTable(
     // How an allowed host's traffic leaves: direct, or through the user's egress agent (tunnel).
     // Null: as the run's egress says. Only an allow entry has one.
     via: text("via", { enum: ["direct", "tunnel"] }),
+    // Method and path limits (N3); null lets everything through. Only an allow entry has them.
+    methods: text("methods").array(),
+    paths: text("paths").array(),
     createdAt: createdAt(),
     updatedAt: updatedAt(),
   },

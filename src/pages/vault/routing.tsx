@@ -13,6 +13,8 @@ const REASONS: Record<RoutingReason, string> = {
   wildcard_rule: "A rule for a wildcard host: a hosts file can only redirect exact names.",
   ip_literal: "An entry or rule names an IP address: connections to an IP never look at the hosts file.",
   local_egress: "The run egresses through your own machine.",
+  wildcard_limit:
+    "A wildcard allowed host has method or path limits: a hosts file can only redirect exact names.",
   tunnel_host:
     "A host is routed through your own machine (via tunnel): only catch-all routing brings its traffic to the proxy and the tunnel.",
 };
@@ -28,6 +30,13 @@ function culprits(doc: PolicyDocument, reason: RoutingReason): string[] {
       return rules.filter((p) => p.startsWith("*."));
     case "ip_literal":
       return [...new Set([...blocks, ...rules].filter(isCanonicalIp))];
+    case "wildcard_limit":
+      return doc.hosts
+        .filter(
+          (h) =>
+            h.action === "allow" && h.pattern.startsWith("*.") && (h.methods !== null || h.paths !== null),
+        )
+        .map((h) => h.pattern);
     case "tunnel_host":
       return doc.hosts.filter((h) => h.via === "tunnel").map((h) => h.pattern);
     default:
