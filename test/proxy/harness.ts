@@ -151,6 +151,8 @@ export interface AuditRecorder extends AuditSink {
   /** Hosts the user's egress agent refused (source local_agent). */
   agentBlocked: string[];
   routes: Array<[string, string]>;
+  /** [host, secret name] of each run placeholder sent unswapped (N2). */
+  strays: Array<[string, string]>;
   modelCalls: ModelCallRow[];
   accepting: boolean;
 }
@@ -160,11 +162,13 @@ export function auditRecorder(): AuditRecorder {
     blocked: [],
     agentBlocked: [],
     routes: [],
+    strays: [],
     modelCalls: [],
     accepting: true,
     recordBlocked: (host, source = "proxy") =>
       void (source === "proxy" ? rec.blocked : rec.agentBlocked).push(host),
     recordRoute: (host, route) => void rec.routes.push([host, route]),
+    recordStrayPlaceholder: (host, secret) => void rec.strays.push([host, secret]),
     recordModelCall: (row) => void rec.modelCalls.push(row),
   };
   return rec;
@@ -245,6 +249,8 @@ export async function startProxy(options: {
   /** The run's declared model (in the policy document) and the lane that serves it. */
   model?: ModelLaneSpec;
   modelLane?: ProxyOptions["modelLane"];
+  /** The run's placeholder nonce (N2). */
+  placeholderNonce?: string;
 }): Promise<RunningProxy> {
   const ca = await createRunCa({ runId: "run_test" });
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
@@ -323,6 +329,7 @@ export async function startProxy(options: {
     ...(options.splice === false ? { splice: false } : {}),
     ...(options.computeLane ? { computeLane: options.computeLane } : {}),
     ...(options.modelLane ? { modelLane: options.modelLane } : {}),
+    ...(options.placeholderNonce ? { placeholderNonce: options.placeholderNonce } : {}),
   });
   const listen = (srv: NetServer) =>
     new Promise<number>((resolve) =>

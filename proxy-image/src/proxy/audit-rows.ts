@@ -6,8 +6,8 @@ import {
   type ModelCallRow,
 } from "@benchwright/shared/contract/proxy-wire";
 
-// The audit rows held in memory until they are spooled (audit.ts): blocked hosts and egress
-// routes counted per key with their first and last time, model calls one row each.
+// The audit rows held in memory until they are spooled (audit.ts): blocked hosts, egress routes
+// and stray placeholders counted per key with their first and last time, model calls one row each.
 
 interface Seen {
   count: number;
@@ -18,7 +18,8 @@ interface Seen {
 export type Entry =
   | { kind: "blocked"; host: string; seen: Seen }
   | { kind: "route"; host: string; route: EgressRoute; seen: Seen }
-  | { kind: "model"; row: ModelCallRow };
+  | { kind: "model"; row: ModelCallRow }
+  | { kind: "stray"; host: string; secret: string; seen: Seen };
 
 // Distinct (host, route) keys and model call rows held in memory while the spool is full: rows
 // for hosts already held are still counted, a new host or call beyond this is refused (and the
@@ -31,6 +32,8 @@ export class HeldRows {
   private readonly routes = new Map<string, { host: string; route: EgressRoute; seen: Seen }>();
   // One entry per call, oldest first: each call is its own row (its callId de-duplicates it).
   private modelCalls: ModelCallRow[] = [];
+  // Stray placeholders (N2), by secret name and host.
+  private readonly strays = new Map<string, { host: string; secret: string; seen: Seen }>();
 
   constructor(
     private readonly runId: string,
@@ -42,12 +45,13 @@ export class HeldRows {
     let rows = 0;
     for (const seen of this.blocked.values()) rows += seen.count;
     for (const { seen } of this.routes.values()) rows += seen.count;
+    for (const { seen } of this.strays.values()) rows += seen.count;
     return rows + this.modelCalls.length;
   }
 
   /** Distinct keys held (what MAX_MEMORY_KEYS bounds). */
   get keys(): number {
-    return this.blocked.size + this.routes.size + this.modelCalls.length;
+    return this.blocked.size + this.routes.size + this.modelCalls.length + this.strays.size;
   }
 
   /** False when a new host would pass the memory bound. */
@@ -64,6 +68,15 @@ export class HeldRows {
     const held = this.routes.get(key);
     if (held === undefined && this.keys >= MAX_MEMORY_KEYS) return false;
     bump(held?.seen, at, (seen) => this.routes.set(key, { host, route, seen }));
+    return true;
+  }
+
+  /** False when a new (secret, host) would pass the memory bound. */
+  addStray(host: string, secret: string, at: number): boolean {
+    const key = `${secret} ${host}`;
+    const held = this.strays.get(key);
+    if (held === undefined && this.keys >= MAX_MEMORY_KEYS) return false;
+    bump(held?.seen, at, (seen) => this.strays.set(key, { host, secret, seen }));
     return true;
   }
 
@@ -94,6 +107,11 @@ export class HeldRows {
       if (entries.length - modelsFrom >= MAX_AUDIT_ENTRIES) break;
       entries.push({ kind: "model", row });
     }
+    const straysFrom = entries.length;
+    for (const { host, secret, seen } of this.strays.values()) {
+      if (entries.length - straysFrom >= MAX_AUDIT_ENTRIES) break;
+      entries.push({ kind: "stray", host, secret, seen });
+    }
     let n = entries.length;
     let body = this.serialize(batchId, createdAt, entries.slice(0, n));
     // Hosts are canonical (ASCII), a model's name need not be: count bytes.
@@ -109,6 +127,7 @@ export class HeldRows {
     for (const entry of chosen) {
       if (entry.kind === "blocked") this.blocked.delete(entry.host);
       else if (entry.kind === "route") this.routes.delete(`${entry.route} ${entry.host}`);
+      else if (entry.kind === "stray") this.strays.delete(`${entry.secret} ${entry.host}`);
       else calls++;
     }
     // Model rows are taken from the front, in order.
@@ -137,6 +156,7 @@ export class HeldRows {
       }
       const times = { count: e.seen.count, firstSeen: iso(e.seen.first), lastSeen: iso(e.seen.last) };
       if (e.kind === "blocked") batch.blockedHosts.push({ host: e.host, ...times });
+      else if (e.kind === "stray") batch.strayPlaceholders.push({ host: e.host, secret: e.secret, ...times });
       else batch.egressRoutes.push({ host: e.host, route: e.route, ...times });
     }
     return JSON.stringify(batch);
@@ -148,6 +168,13 @@ export class HeldRows {
     for (const entry of entries) {
       if (entry.kind === "model") {
         calls.push(entry.row);
+        continue;
+      }
+      if (entry.kind === "stray") {
+        const key = `${entry.secret} ${entry.host}`;
+        const held = this.strays.get(key);
+        if (held) merge(held.seen, entry.seen);
+        else this.strays.set(key, { host: entry.host, secret: entry.secret, seen: entry.seen });
         continue;
       }
       const current =
@@ -164,13 +191,17 @@ export class HeldRows {
           });
         continue;
       }
-      current.count += entry.seen.count;
-      current.first = Math.min(current.first, entry.seen.first);
-      current.last = Math.max(current.last, entry.seen.last);
+      merge(current, entry.seen);
     }
     // Back in front of the calls recorded since, so they still go out oldest first.
     if (calls.length > 0) this.modelCalls = [...calls, ...this.modelCalls];
   }
+}
+
+function merge(into: Seen, from: Seen): void {
+  into.count += from.count;
+  into.first = Math.min(into.first, from.first);
+  into.last = Math.max(into.last, from.last);
 }
 
 function bump(seen: Seen | undefined, at: number, create: (seen: Seen) => void): void {

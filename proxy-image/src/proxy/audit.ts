@@ -16,8 +16,9 @@ import {
 import { HeldRows } from "./audit-rows";
 import type { FetchFn, LogFn } from "./policy-client";
 
-// Audit rows (blocked hosts, egress routes: host and counts only; model calls: one row per call,
-// counts only, never aggregated) leave the proxy in batches.
+// Audit rows (blocked hosts, egress routes: host and counts only; stray placeholders: host, secret
+// name and counts; model calls: one row per call, counts only, never aggregated) leave the proxy
+// in batches.
 // Each batch is written to a spool directory before it is sent and deleted only once the control
 // plane has it, so a control-plane outage or a crash loses nothing (case F1); the control plane
 // de-duplicates on the batch id, so a retry is never counted twice. The spool is bounded: when it
@@ -52,7 +53,7 @@ export interface AuditReporterOptions {
 }
 
 export interface AuditStats {
-  /** Rows taken by recordBlocked / recordRoute / recordModelCall. */
+  /** Rows taken by recordBlocked / recordRoute / recordStrayPlaceholder / recordModelCall. */
   rowsRecorded: number;
   /** Rows the control plane has acknowledged (2xx, or 409: it had them already). */
   rowsSent: number;
@@ -165,6 +166,16 @@ export class AuditReporter {
     const canonical = this.admit(host);
     if (canonical === null) return false;
     if (!this.rows.addRoute(canonical, route, this.now()))
+      return this.refuse("too many distinct hosts held in memory");
+    this.stats.rowsRecorded++;
+    return true;
+  }
+
+  /** A run placeholder sent unswapped to `host` (N2). False when the row could not be kept. */
+  recordStrayPlaceholder(host: string, secret: string): boolean {
+    const canonical = this.admit(host);
+    if (canonical === null) return false;
+    if (!this.rows.addStray(canonical, secret, this.now()))
       return this.refuse("too many distinct hosts held in memory");
     this.stats.rowsRecorded++;
     return true;
@@ -510,6 +521,7 @@ function countRows(batch: AuditBatch): number {
   let rows = 0;
   for (const row of batch.blockedHosts) rows += row.count;
   for (const row of batch.egressRoutes) rows += row.count;
+  for (const row of batch.strayPlaceholders) rows += row.count;
   return rows + batch.modelCalls.length;
 }
 

@@ -83,6 +83,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const sink: AuditSink = {
     recordBlocked: (host, source = "proxy") => (source === "proxy" ? audit : agentAudit).recordBlocked(host),
     recordRoute: (host, route) => audit.recordRoute(host, route),
+    recordStrayPlaceholder: (host, secret) => audit.recordStrayPlaceholder(host, secret),
     recordModelCall: (row) => void audit.recordModelCall(row),
     get accepting() {
       return audit.accepting && agentAudit.accepting;
@@ -106,6 +107,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     computeLane: computeLane(config.BW_CONTROL_PLANE_URL),
     splice: config.BW_SPLICE === "on",
     originalDst: await loadOriginalDst(),
+    placeholderNonce: config.BW_PLACEHOLDER_NONCE,
     modelLane: modelLane({ upstream, log: logLine }),
     // Each record goes to stdout as one JSON line, as always, and the decisions to the view too.
     log: (record) => {

@@ -6,6 +6,7 @@ import type { Dialed } from "../original-dst";
 import type { PolicyState } from "../policy-client";
 import type { AddressBlocker, Upstream } from "../upstream";
 import { type Injection, inject } from "./inject";
+import { type PlaceholderSwap, placeholderSwap } from "./placeholders";
 import {
   blockedBody,
   blockedRefusal,
@@ -33,6 +34,8 @@ export interface DecideContext {
   tunnelUp: boolean;
   /** Which of the proxy's own lanes are served. */
   lanes: { compute: boolean; model: boolean };
+  /** The run's placeholder nonce; unset: no placeholder is swapped or counted (N2). */
+  placeholderNonce?: string | undefined;
 }
 
 export interface RuleDecision {
@@ -61,6 +64,8 @@ export type Decision =
       /** The policy's IP-literal block entries, asked of every resolved answer (case I5). */
       blockedAddress: AddressBlocker;
       dialed?: Dialed;
+      /** The rule's placeholder to swap, and the run's to count as strays (N2). */
+      placeholders: PlaceholderSwap | null;
     };
 
 const refuse = (refusal: Refusal, rule: number | null = null): Extract<Decision, { kind: "refuse" }> => ({
@@ -123,7 +128,13 @@ export function decide(target: Target, ctx: DecideContext): Decision {
       rule?.index ?? null,
     );
   }
-  return { kind: "forward", target, via, rule, blockedAddress: state.index.blockedAddress };
+  const placeholders = placeholderSwap(
+    state.policy,
+    match?.rule ?? null,
+    rule?.secret ?? null,
+    ctx.placeholderNonce,
+  );
+  return { kind: "forward", target, via, rule, blockedAddress: state.index.blockedAddress, placeholders };
 }
 
 type HostVerdict =

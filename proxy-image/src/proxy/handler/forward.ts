@@ -9,6 +9,7 @@ import { maskString, needlesFor, Redactor } from "../redact";
 import { TunnelError } from "../tunnel-client";
 import type { Upstream } from "../upstream";
 import { type Decision, destination } from "./decide";
+import { swapBody, swapRequest } from "./placeholders";
 import { bad, Refusal, tunnelDownBody, tunnelRefusal } from "./refusal";
 import { upstreamExchange } from "./send";
 
@@ -24,6 +25,8 @@ export interface Exchange {
   bytesOut: number;
   /** Set once the upstream answered: the route the host was reached by. */
   route: EgressRoute | null;
+  /** Set as the request goes out: secret names of run placeholders sent unswapped (N2). */
+  strayPlaceholders?: readonly string[];
 }
 
 /** A request as it goes upstream, from either HTTP version. */
@@ -62,9 +65,6 @@ export async function forward(
 ): Promise<Incoming> {
   const { target, via } = decided;
   const injection = decided.rule?.injection ?? null;
-  const needles: Buffer[] = decided.rule
-    ? needlesFor(decided.rule.secret, decided.rule.injection.injected)
-    : [];
   const viaTunnel = via === "tunnel";
   const resolved = await destination(upstream, target, via, decided.blockedAddress, decided.dialed);
   // The rest of the message may have failed to parse meanwhile (bad chunk framing, A4): a
@@ -72,11 +72,13 @@ export async function forward(
   if (out.lost()) throw bad(400, "the request failed before it was forwarded");
   if (!resolved.ok) throw resolved.refusal;
 
-  const headers = upstreamHeaders(decided, out.headers);
+  const swapped = swapRequest(decided.placeholders, out.headers, injection?.path ?? target.path);
+  const needles = scrubNeedles(decided, swapped.basicForms);
+  const headers = upstreamHeaders(decided, swapped.headers);
   // Count the body on its way to the upstream. (A 'data' listener on the request itself would
   // switch it to flowing mode while the address is still being resolved, and the body would be
   // gone before the upstream request reads it.) pipeline() carries an aborted request on to undici.
-  const body = out.body
+  const counted = out.body
     ? new Transform({
         transform(chunk: Buffer, _enc, done) {
           exchange.bytesIn += chunk.length;
@@ -84,7 +86,11 @@ export async function forward(
         },
       })
     : null;
-  if (out.body && body) pipeline(out.body, body).catch(() => {});
+  if (out.body && counted) pipeline(out.body, counted).catch(() => {});
+  // A rule that opts in has its placeholder swapped in the body too: read whole, sent with its
+  // new length (N2).
+  const own = decided.placeholders?.own;
+  const body = counted && own?.body ? await swapBody(counted, headers, own) : counted;
   const pool = viaTunnel
     ? upstream.tunnelPoolFor(`${target.scheme}:`, target.host, target.port)
     : upstream.poolFor(`${target.scheme}:`, target.host, resolved.address, resolved.port);
@@ -98,10 +104,11 @@ export async function forward(
       { route: "refused" },
     );
   let answer: Awaited<ReturnType<typeof upstreamExchange>>;
+  exchange.strayPlaceholders = swapped.strays;
   try {
     answer = await upstreamExchange(pool as Dispatcher, {
       method: out.method,
-      path: injection?.path ?? target.path,
+      path: swapped.path,
       headers: flatHeaders(headers),
       body,
     });
@@ -152,6 +159,21 @@ export async function forward(
       return kept;
     },
   };
+}
+
+/**
+ * What the response is masked of (B7): every form of the rule's secret and of what was injected,
+ * and of each `Basic` credential a placeholder swap made (N2).
+ */
+export function scrubNeedles(
+  decided: Extract<Decision, { kind: "forward" }>,
+  basicForms: readonly string[],
+): Buffer[] {
+  const rule = decided.rule;
+  if (!rule) return [];
+  const needles = needlesFor(rule.secret, rule.injection.injected);
+  if (basicForms.length === 0) return needles;
+  return [...needles, ...basicForms.flatMap((form) => needlesFor(rule.secret, form))];
 }
 
 function flatHeaders(pairs: ReadonlyArray<[string, string]>): string[] {

@@ -32,6 +32,8 @@ export interface GateOptions {
   /** Which of the proxy's own lanes are served. */
   lanes: DecideContext["lanes"];
   log: (record: DecisionRecord) => void;
+  /** The run's placeholder nonce (N2); unset: nothing swapped or counted. */
+  placeholderNonce?: string | undefined;
 }
 
 export function createGate(options: GateOptions): Gate {
@@ -46,6 +48,7 @@ export function createGate(options: GateOptions): Gate {
       accepting: options.audit.accepting,
       tunnelUp: options.upstream.tunnelUp(),
       lanes: options.lanes,
+      placeholderNonce: options.placeholderNonce,
     }),
     version,
     emit(record) {

@@ -43,6 +43,8 @@ export interface ProxyOptions {
    * direct listeners refuse every connection, since the proxy cannot know where to relay it.
    */
   originalDst?: OriginalDst | null;
+  /** The run's placeholder nonce (BW_PLACEHOLDER_NONCE, N2); unset: no placeholder is swapped. */
+  placeholderNonce?: string | undefined;
 }
 
 interface Limits {
@@ -76,6 +78,7 @@ export function createProxy(options: ProxyOptions) {
     upstream: options.upstream,
     lanes: { compute: options.computeLane !== undefined, model: options.modelLane !== undefined },
     log,
+    placeholderNonce: options.placeholderNonce,
   });
 
   /** A connection on a direct listener with no original destination: nowhere to take it. */

@@ -36,12 +36,16 @@ export interface DecisionRecord {
    * connection without a name to present a certificate for, or whose handshake then failed.
    */
   mode: "terminate" | "splice" | "close";
+  /** Secret names whose run placeholders went out unswapped (N2); absent when none. */
+  strayPlaceholders?: string[];
 }
 
 export interface AuditSink {
   /** A refused host: by this proxy, or by the user's egress agent at the tunnel's far end. */
   recordBlocked(host: string, source?: AuditSource): void;
   recordRoute(host: string, route: EgressRoute): void;
+  /** A run placeholder sent to `host` unswapped (N2): counted by secret name, never the value. */
+  recordStrayPlaceholder(host: string, secret: string): void;
   /** One call through the model lane (token counts; no prompt, no output). */
   recordModelCall(row: ModelCallRow): void;
   /** False when the spool is full: refuse new egress rather than lose audit rows (E3). */
@@ -70,6 +74,7 @@ export interface RecordInput {
   route?: EgressRoute | null;
   blockedBy?: AuditSource | null;
   mode?: DecisionRecord["mode"];
+  strayPlaceholders?: readonly string[] | undefined;
 }
 
 export function record(input: RecordInput): DecisionRecord {
@@ -91,6 +96,7 @@ export function record(input: RecordInput): DecisionRecord {
     route: input.route ?? null,
     blockedBy: input.blockedBy ?? null,
     mode: input.mode ?? "terminate",
+    ...(input.strayPlaceholders?.length ? { strayPlaceholders: [...input.strayPlaceholders] } : {}),
   };
 }
 
@@ -101,7 +107,12 @@ export interface RequestSoFar {
   started: number;
   target: { host: string; port: number } | null;
   rule: number | null;
-  exchange: { bytesIn: number; bytesOut: number; route: EgressRoute | null };
+  exchange: {
+    bytesIn: number;
+    bytesOut: number;
+    route: EgressRoute | null;
+    strayPlaceholders?: readonly string[];
+  };
   policyVersion: number | null;
 }
 
@@ -132,12 +143,14 @@ export function requestRecord(
     policyVersion: r.policyVersion,
     route: audit.route ?? r.exchange.route,
     ...(audit.blockedBy ? { blockedBy: audit.blockedBy } : {}),
+    strayPlaceholders: r.exchange.strayPlaceholders,
   });
 }
 
-/** The audit rows a final record stands for: a blocked-host row and a route row, each if any. */
+/** The audit rows a final record stands for: a blocked-host row, a route row and stray placeholders. */
 export function auditRows(audit: AuditSink, r: DecisionRecord): void {
   if (r.host === null) return;
   if (r.blockedBy) audit.recordBlocked(r.host, r.blockedBy);
   if (r.route) audit.recordRoute(r.host, r.route);
+  for (const secret of r.strayPlaceholders ?? []) audit.recordStrayPlaceholder(r.host, secret);
 }

@@ -4,12 +4,13 @@ import type { Duplex } from "node:stream";
 import { Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { checkFraming, decodersFor, filterRequestHeaders, filterResponseHeaders } from "../http-rules";
-import { maskString, needlesFor, RedactStream } from "../redact";
+import { maskString, RedactStream } from "../redact";
 import { TunnelError } from "../tunnel-client";
 import type { Upstream } from "../upstream";
 import { type Decision, decideRequest, destination } from "./decide";
-import { upstreamHeaders } from "./forward";
+import { scrubNeedles, upstreamHeaders } from "./forward";
 import type { Gate } from "./gate";
+import { swapRequest } from "./placeholders";
 import { type RecordInput, record } from "./record";
 import { bad, Refusal, toRefusal, tunnelRefusal } from "./refusal";
 import { relay } from "./splice";
@@ -115,7 +116,14 @@ async function upgrade(
   done: (outcome: Outcome) => void,
 ): Promise<void> {
   const { target, via } = decided;
-  const needles = decided.rule ? needlesFor(decided.rule.secret, decided.rule.injection.injected) : [];
+  // The handshake's headers and query have the rule's placeholder swapped as any request's (N2).
+  const swapped = swapRequest(
+    decided.placeholders,
+    filterRequestHeaders(req.rawHeaders),
+    decided.rule?.injection.path ?? target.path,
+  );
+  const needles = scrubNeedles(decided, swapped.basicForms);
+  const strayPlaceholders = swapped.strays;
   const resolved = await destination(upstream, target, via, decided.blockedAddress, decided.dialed);
   if (!resolved.ok) throw resolved.refusal;
   const route = via === "tunnel" ? "tunnel" : "direct";
@@ -135,7 +143,7 @@ async function upgrade(
     dialled.destroy();
     return done({ decision: "error", reason: "client gone before the upgrade", status: 0, route });
   }
-  const headers = upstreamHeaders(decided, filterRequestHeaders(req.rawHeaders));
+  const headers = upstreamHeaders(decided, swapped.headers);
   headers.push(["connection", "Upgrade"], ["upgrade", String(req.headers.upgrade)]);
   const answered = await new Promise<
     | { kind: "upgrade"; status: number; headers: IncomingMessage["headers"]; socket: Duplex; head: Buffer }
@@ -143,7 +151,7 @@ async function upgrade(
   >((resolve, reject) => {
     const up = httpRequest({
       method: req.method ?? "GET",
-      path: decided.rule?.injection.path ?? target.path,
+      path: swapped.path,
       headers: headers.flat(),
       setHost: false,
       createConnection: () => dialled as Socket,
@@ -209,6 +217,7 @@ async function upgrade(
       status: res.statusCode ?? 0,
       bytesOut,
       route,
+      strayPlaceholders,
     });
   }
 
@@ -235,6 +244,7 @@ async function upgrade(
     bytesIn: result.bytesIn,
     bytesOut: result.bytesOut + upgraded.head.length,
     route,
+    strayPlaceholders,
   });
 }
 
