@@ -1,5 +1,6 @@
 import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
+import type { PolicyDocument } from "@benchwright/shared/contract/policy";
 import {
   type AuditBatch,
   auditPath,
@@ -30,6 +31,8 @@ export class FakeControlPlane {
   /** Stored batches by id: a replay is answered 409 and stored once. */
   readonly batches = new Map<string, AuditBatch>();
   auditRows = 0;
+  /** How the vault becomes the document served (a test may set fields the vault cannot yet). */
+  compile: (vault: VaultSnapshot) => PolicyDocument = (v) => compilePolicy(v);
   private server: Server | null = null;
   private readyWaiters: Array<(r: ProxyReady) => void> = [];
 
@@ -50,7 +53,7 @@ export class FakeControlPlane {
         if (req.headers.authorization !== `Bearer ${this.token}`) return void res.writeHead(401).end();
         const raw = Buffer.concat(chunks).toString("utf8");
         if (req.method === "GET" && req.url === policyPath(this.runId)) {
-          const envelope = PolicyEnvelope.parse({ policy: compilePolicy(this.vault), secrets: this.secrets });
+          const envelope = PolicyEnvelope.parse({ policy: this.compile(this.vault), secrets: this.secrets });
           const etag = policyEtag(envelope.policy.version);
           if (req.headers["if-none-match"] === etag) return void res.writeHead(304, { etag }).end();
           return void res

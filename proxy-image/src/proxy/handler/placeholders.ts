@@ -141,7 +141,8 @@ export async function swapBody(
   if (declared && Number(declared[1]) > MAX_PLACEHOLDER_BODY_BYTES) throw tooLarge();
   const whole = await readCapped(body);
   const swapped = replaceAll(whole, Buffer.from(own.placeholder), Buffer.from(own.secret));
-  for (let i = headers.length - 1; i >= 0; i--) if (headers[i]?.[0] === "content-length") headers.splice(i, 1);
+  for (let i = headers.length - 1; i >= 0; i--)
+    if (headers[i]?.[0] === "content-length") headers.splice(i, 1);
   headers.push(["content-length", String(swapped.length)]);
   return swapped;
 }
