@@ -1,12 +1,15 @@
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import type { IncomingMessage } from "node:http";
 import { type ClientHttp2Session, connect as h2connect } from "node:http2";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import type { Duplex } from "node:stream";
 import { connect as tlsConnect } from "node:tls";
 import { MAX_PLACEHOLDER_BODY_BYTES, placeholderValue } from "@benchwright/shared/contract/placeholder";
 import type { StrayPlaceholderRow } from "@benchwright/shared/contract/proxy-wire";
 import { compilePolicy } from "@benchwright/shared/policy/compile";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type ClientOptions, WebSocket, WebSocketServer } from "ws";
 import { runProxy } from "../../proxy-image/src/proxy/run";
 import { until } from "../until";
 import { FakeControlPlane } from "./control-plane";
@@ -69,6 +72,7 @@ describe("case N2: placeholders swapped on their rule's host, counted elsewhere"
   let dir: string;
   let caFile: string;
   const logs: string[] = [];
+  const handshakes: IncomingMessage["headers"][] = [];
   const realOut = process.stdout.write.bind(process.stdout);
   const realErr = process.stderr.write.bind(process.stderr);
 
@@ -77,6 +81,13 @@ describe("case N2: placeholders swapped on their rule's host, counted elsewhere"
     const testCa = await createTestCa();
     writeFileSync(join(dir, "upstream-ca.pem"), testCa.certPem);
     up = await startTlsUpstream({ ca: testCa, hosts: ["api.test", "body.test", "other.test"] });
+    // WebSocket handshakes: recorded, and the token echoed in the 101's headers (masked on the way back).
+    const wss = new WebSocketServer({ noServer: true });
+    wss.on("headers", (headers, req) => headers.push(`X-Echo-Token: ${req.headers["x-token"] ?? ""}`));
+    up.server.on("upgrade", (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+      handshakes.push(req.headers);
+      wss.handleUpgrade(req, socket, head, (ws) => ws.close());
+    });
     await cp.start();
     // The decision log (stdout) and the proxy's own messages (stderr), for case B5 below.
     const capture =
@@ -272,6 +283,23 @@ describe("case N2: placeholders swapped on their rule's host, counted elsewhere"
     expect(posted.status).toBe(200);
     expect(last()?.body).toBe(`{"t":"${BODY_KEY}"}`);
     expect(last()?.headers["content-length"]).toBe(String(last()?.bytes));
+  });
+
+  it("swaps it in a WebSocket handshake, and masks its echo in the 101", async () => {
+    // `servername` reaches tls.connect (ws passes its options on); its typings omit it.
+    const options: ClientOptions & { servername: string } = {
+      headers: { host: "api.test", "x-token": API_PH },
+      servername: "api.test",
+      ca: proxy.ca.certPem,
+    };
+    const ws = new WebSocket(`wss://127.0.0.1:${proxy.listeners.tls}/ws`, options);
+    const echoed = await new Promise<string>((resolve, reject) => {
+      ws.once("upgrade", (res) => resolve(String(res.headers["x-echo-token"])));
+      ws.once("error", reject);
+    });
+    ws.terminate();
+    expect(handshakes.at(-1)?.["x-token"]).toBe(API_KEY);
+    expect(echoed).toBe("*".repeat(API_KEY.length));
   });
 
   it("never writes a secret (or a placeholder) to its logs or its view (case B5)", async () => {
