@@ -152,6 +152,8 @@ export interface AuditRecorder extends AuditSink {
   agentBlocked: string[];
   routes: Array<[string, string]>;
   modelCalls: ModelCallRow[];
+  /** Limit refusals as recorded: host, method, limit (never a path). */
+  limitRefusals: Array<[string, string, string]>;
   accepting: boolean;
 }
 
@@ -161,11 +163,13 @@ export function auditRecorder(): AuditRecorder {
     agentBlocked: [],
     routes: [],
     modelCalls: [],
+    limitRefusals: [],
     accepting: true,
     recordBlocked: (host, source = "proxy") =>
       void (source === "proxy" ? rec.blocked : rec.agentBlocked).push(host),
     recordRoute: (host, route) => void rec.routes.push([host, route]),
     recordModelCall: (row) => void rec.modelCalls.push(row),
+    recordLimitRefusal: (host, method, limit) => void rec.limitRefusals.push([host, method, limit]),
   };
   return rec;
 }

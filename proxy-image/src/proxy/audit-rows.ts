@@ -2,12 +2,13 @@ import {
   type AuditBatch,
   type AuditSource,
   type EgressRoute,
+  type LimitKind,
   MAX_AUDIT_ENTRIES,
   type ModelCallRow,
 } from "@benchwright/shared/contract/proxy-wire";
 
-// The audit rows held in memory until they are spooled (audit.ts): blocked hosts and egress
-// routes counted per key with their first and last time, model calls one row each.
+// The audit rows held in memory until they are spooled (audit.ts): blocked hosts, egress routes
+// and limit refusals counted per key with their first and last time, model calls one row each.
 
 interface Seen {
   count: number;
@@ -18,7 +19,16 @@ interface Seen {
 export type Entry =
   | { kind: "blocked"; host: string; seen: Seen }
   | { kind: "route"; host: string; route: EgressRoute; seen: Seen }
-  | { kind: "model"; row: ModelCallRow };
+  | { kind: "model"; row: ModelCallRow }
+  | { kind: "limit"; key: LimitKey; seen: Seen };
+
+/** A limit-refusal row's key (case N3): never the path. */
+interface LimitKey {
+  host: string;
+  method: string;
+  limit: LimitKind;
+}
+const limitKey = (k: LimitKey) => `${k.host} ${k.method} ${k.limit}`;
 
 // Distinct (host, route) keys and model call rows held in memory while the spool is full: rows
 // for hosts already held are still counted, a new host or call beyond this is refused (and the
@@ -31,6 +41,7 @@ export class HeldRows {
   private readonly routes = new Map<string, { host: string; route: EgressRoute; seen: Seen }>();
   // One entry per call, oldest first: each call is its own row (its callId de-duplicates it).
   private modelCalls: ModelCallRow[] = [];
+  private readonly limits = new Map<string, { key: LimitKey; seen: Seen }>();
 
   constructor(
     private readonly runId: string,
@@ -42,12 +53,13 @@ export class HeldRows {
     let rows = 0;
     for (const seen of this.blocked.values()) rows += seen.count;
     for (const { seen } of this.routes.values()) rows += seen.count;
+    for (const { seen } of this.limits.values()) rows += seen.count;
     return rows + this.modelCalls.length;
   }
 
   /** Distinct keys held (what MAX_MEMORY_KEYS bounds). */
   get keys(): number {
-    return this.blocked.size + this.routes.size + this.modelCalls.length;
+    return this.blocked.size + this.routes.size + this.modelCalls.length + this.limits.size;
   }
 
   /** False when a new host would pass the memory bound. */
@@ -64,6 +76,14 @@ export class HeldRows {
     const held = this.routes.get(key);
     if (held === undefined && this.keys >= MAX_MEMORY_KEYS) return false;
     bump(held?.seen, at, (seen) => this.routes.set(key, { host, route, seen }));
+    return true;
+  }
+
+  /** False when a new (host, method, limit) would pass the memory bound. */
+  addLimitRefusal(key: LimitKey, at: number): boolean {
+    const held = this.limits.get(limitKey(key));
+    if (held === undefined && this.keys >= MAX_MEMORY_KEYS) return false;
+    bump(held?.seen, at, (seen) => this.limits.set(limitKey(key), { key, seen }));
     return true;
   }
 
@@ -94,6 +114,11 @@ export class HeldRows {
       if (entries.length - modelsFrom >= MAX_AUDIT_ENTRIES) break;
       entries.push({ kind: "model", row });
     }
+    const limitsFrom = entries.length;
+    for (const { key, seen } of this.limits.values()) {
+      if (entries.length - limitsFrom >= MAX_AUDIT_ENTRIES) break;
+      entries.push({ kind: "limit", key, seen });
+    }
     let n = entries.length;
     let body = this.serialize(batchId, createdAt, entries.slice(0, n));
     // Hosts are canonical (ASCII), a model's name need not be: count bytes.
@@ -109,6 +134,7 @@ export class HeldRows {
     for (const entry of chosen) {
       if (entry.kind === "blocked") this.blocked.delete(entry.host);
       else if (entry.kind === "route") this.routes.delete(`${entry.route} ${entry.host}`);
+      else if (entry.kind === "limit") this.limits.delete(limitKey(entry.key));
       else calls++;
     }
     // Model rows are taken from the front, in order.
@@ -136,7 +162,8 @@ export class HeldRows {
         continue;
       }
       const times = { count: e.seen.count, firstSeen: iso(e.seen.first), lastSeen: iso(e.seen.last) };
-      if (e.kind === "blocked") batch.blockedHosts.push({ host: e.host, ...times });
+      if (e.kind === "limit") batch.limitRefusals.push({ ...e.key, ...times });
+      else if (e.kind === "blocked") batch.blockedHosts.push({ host: e.host, ...times });
       else batch.egressRoutes.push({ host: e.host, route: e.route, ...times });
     }
     return JSON.stringify(batch);
@@ -148,6 +175,12 @@ export class HeldRows {
     for (const entry of entries) {
       if (entry.kind === "model") {
         calls.push(entry.row);
+        continue;
+      }
+      if (entry.kind === "limit") {
+        const held = this.limits.get(limitKey(entry.key));
+        if (held === undefined) this.limits.set(limitKey(entry.key), { key: entry.key, seen: entry.seen });
+        else merge(held.seen, entry.seen);
         continue;
       }
       const current =
@@ -164,13 +197,17 @@ export class HeldRows {
           });
         continue;
       }
-      current.count += entry.seen.count;
-      current.first = Math.min(current.first, entry.seen.first);
-      current.last = Math.max(current.last, entry.seen.last);
+      merge(current, entry.seen);
     }
     // Back in front of the calls recorded since, so they still go out oldest first.
     if (calls.length > 0) this.modelCalls = [...calls, ...this.modelCalls];
   }
+}
+
+function merge(into: Seen, from: Seen): void {
+  into.count += from.count;
+  into.first = Math.min(into.first, from.first);
+  into.last = Math.max(into.last, from.last);
 }
 
 function bump(seen: Seen | undefined, at: number, create: (seen: Seen) => void): void {

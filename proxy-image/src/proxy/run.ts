@@ -84,6 +84,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     recordBlocked: (host, source = "proxy") => (source === "proxy" ? audit : agentAudit).recordBlocked(host),
     recordRoute: (host, route) => audit.recordRoute(host, route),
     recordModelCall: (row) => void audit.recordModelCall(row),
+    recordLimitRefusal: (host, method, limit) => void audit.recordLimitRefusal(host, method, limit),
     get accepting() {
       return audit.accepting && agentAudit.accepting;
     },
