@@ -1,5 +1,6 @@
 import { limitVerdict, normalisePath, pathInside } from "@benchwright/shared/contract/http-limits";
 import { PathLimit } from "@benchwright/shared/contract/policy";
+import { deriveFields } from "@benchwright/shared/contract/policy-routing";
 import { describe, expect, it } from "vitest";
 
 // The method and path limits' own rules (cases N3, N4): the normalised form a path is compared
@@ -146,5 +147,27 @@ describe("limitVerdict", () => {
     expect(limitVerdict({ methods: null, paths: ["/"] }, "GET", "/a%2Fb")).toBe("unnormalisable_path");
     expect(limitVerdict({ methods: ["GET"], paths: null }, "GET", "/a%2Fb")).toBeNull();
     expect(limitVerdict({ methods: null, paths: null }, "DELETE", "/../x")).toBeNull();
+  });
+});
+
+describe("routing of a limited host", () => {
+  it("case N3: an exact limited host is redirected by the hosts file under default routing", () => {
+    // case N3
+    const derived = deriveFields(
+      {
+        default: "allow",
+        hosts: [
+          { pattern: "api.example.com", action: "allow", methods: ["GET"], paths: null },
+          { pattern: "free.example.com", action: "allow" },
+        ],
+        rules: [],
+      },
+      "direct",
+    );
+    expect(derived).toEqual({
+      routing: { mode: "default", reasons: [] },
+      enforce: true,
+      hostsFile: ["api.example.com"],
+    });
   });
 });
