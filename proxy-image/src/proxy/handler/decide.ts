@@ -230,9 +230,9 @@ const untouched = (decided: Extract<Decision, { kind: "forward" }>) =>
  * address too, so an IP-literal block holds whatever name is sent. A host decide() forwards with
  * no rule or limit and straight out goes to the dialled address (checked like any address,
  * destination()); anything else (a refusal, a rule host, a limited host, a lane, a tunnelled
- * host) is exactly decide()'s answer,
- * as if the connection had come through the hosts file. With no usable name (a ClientHello
- * without SNI) pass the dialled address as `target.host`: it is decided on the address alone.
+ * host) is exactly decide()'s answer, as if the connection had come through the hosts file. With
+ * no usable name (a ClientHello without SNI) pass the dialled address as `target.host`: it is
+ * decided on the address alone.
  * `host` is what the decision is about (the record's and the audit's host).
  */
 export function decideDialed(
