@@ -1,4 +1,5 @@
 import { canonicalHost, isCanonicalIp } from "../contract/host-name";
+import { hasLimits, type Limits } from "../contract/http-limits";
 import type {
   EgressVia,
   HostAction,
@@ -84,6 +85,8 @@ export interface HostDecision {
   pattern: string | null;
   /** How an allowed host leaves: the deciding entry's `via`, else the run's egress. */
   via: EgressVia;
+  /** The deciding entry's method and path limits (case N3); absent when it has none. */
+  limits?: Limits;
 }
 
 export interface RuleMatch {
@@ -115,7 +118,7 @@ export interface PolicyIndex {
 export interface HostPolicy {
   default: HostAction;
   egress: RunEgress;
-  hosts: readonly { pattern: string; action: HostAction; via?: EgressVia | undefined }[];
+  hosts: readonly ({ pattern: string; action: HostAction; via?: EgressVia | undefined } & Partial<Limits>)[];
 }
 
 /**
@@ -144,13 +147,17 @@ function hostEntries(policy: HostPolicy) {
   const runVia: EgressVia = policy.egress === "local" ? "tunnel" : "direct";
   const exactHosts = new Map<string, HostDecision>();
   const wildHosts = new Map<string, HostDecision>();
-  for (const { pattern, action, via } of policy.hosts) {
+  for (const entry of policy.hosts) {
+    const { pattern, action, via } = entry;
     const wild = pattern.startsWith("*.");
     const map = wild ? wildHosts : exactHosts;
     const key = wild ? pattern.slice(2) : exactKey(pattern);
     // Two entries for one pattern should not exist; if they do, block wins (fail closed).
     if (map.get(key)?.action === "block") continue;
-    map.set(key, Object.freeze({ action, pattern, via: via ?? runVia }));
+    const limits = hasLimits(entry)
+      ? { limits: { methods: entry.methods ?? null, paths: entry.paths ?? null } }
+      : {};
+    map.set(key, Object.freeze({ action, pattern, via: via ?? runVia, ...limits }));
   }
   const fallback: HostDecision = Object.freeze({ action: policy.default, pattern: null, via: runVia });
   const invalid: HostDecision = Object.freeze({ action: "block", pattern: null, via: runVia });

@@ -154,6 +154,8 @@ export interface AuditRecorder extends AuditSink {
   /** [host, secret name] of each run placeholder sent unswapped (N2). */
   strays: Array<[string, string]>;
   modelCalls: ModelCallRow[];
+  /** Limit refusals as recorded: host, method, limit (never a path). */
+  limitRefusals: Array<[string, string, string]>;
   accepting: boolean;
 }
 
@@ -164,12 +166,14 @@ export function auditRecorder(): AuditRecorder {
     routes: [],
     strays: [],
     modelCalls: [],
+    limitRefusals: [],
     accepting: true,
     recordBlocked: (host, source = "proxy") =>
       void (source === "proxy" ? rec.blocked : rec.agentBlocked).push(host),
     recordRoute: (host, route) => void rec.routes.push([host, route]),
     recordStrayPlaceholder: (host, secret) => void rec.strays.push([host, secret]),
     recordModelCall: (row) => void rec.modelCalls.push(row),
+    recordLimitRefusal: (host, method, limit) => void rec.limitRefusals.push([host, method, limit]),
   };
   return rec;
 }

@@ -2,12 +2,14 @@ import {
   type AuditBatch,
   type AuditSource,
   type EgressRoute,
+  type LimitKind,
   MAX_AUDIT_ENTRIES,
   type ModelCallRow,
 } from "@benchwright/shared/contract/proxy-wire";
 
 // The audit rows held in memory until they are spooled (audit.ts): blocked hosts, egress routes
-// and stray placeholders counted per key with their first and last time, model calls one row each.
+// stray placeholders and limit refusals counted per key with their first and last time, model calls
+// one row each.
 
 interface Seen {
   count: number;
@@ -19,7 +21,16 @@ export type Entry =
   | { kind: "blocked"; host: string; seen: Seen }
   | { kind: "route"; host: string; route: EgressRoute; seen: Seen }
   | { kind: "model"; row: ModelCallRow }
-  | { kind: "stray"; host: string; secret: string; seen: Seen };
+  | { kind: "stray"; host: string; secret: string; seen: Seen }
+  | { kind: "limit"; key: LimitKey; seen: Seen };
+
+/** A limit-refusal row's key (case N3): never the path. */
+interface LimitKey {
+  host: string;
+  method: string;
+  limit: LimitKind;
+}
+const limitKey = (k: LimitKey) => `${k.host} ${k.method} ${k.limit}`;
 
 // Distinct (host, route) keys and model call rows held in memory while the spool is full: rows
 // for hosts already held are still counted, a new host or call beyond this is refused (and the
@@ -34,6 +45,7 @@ export class HeldRows {
   private modelCalls: ModelCallRow[] = [];
   // Stray placeholders (N2), by secret name and host.
   private readonly strays = new Map<string, { host: string; secret: string; seen: Seen }>();
+  private readonly limits = new Map<string, { key: LimitKey; seen: Seen }>();
 
   constructor(
     private readonly runId: string,
@@ -46,12 +58,15 @@ export class HeldRows {
     for (const seen of this.blocked.values()) rows += seen.count;
     for (const { seen } of this.routes.values()) rows += seen.count;
     for (const { seen } of this.strays.values()) rows += seen.count;
+    for (const { seen } of this.limits.values()) rows += seen.count;
     return rows + this.modelCalls.length;
   }
 
   /** Distinct keys held (what MAX_MEMORY_KEYS bounds). */
   get keys(): number {
-    return this.blocked.size + this.routes.size + this.modelCalls.length + this.strays.size;
+    return (
+      this.blocked.size + this.routes.size + this.modelCalls.length + this.strays.size + this.limits.size
+    );
   }
 
   /** False when a new host would pass the memory bound. */
@@ -77,6 +92,14 @@ export class HeldRows {
     const held = this.strays.get(key);
     if (held === undefined && this.keys >= MAX_MEMORY_KEYS) return false;
     bump(held?.seen, at, (seen) => this.strays.set(key, { host, secret, seen }));
+    return true;
+  }
+
+  /** False when a new (host, method, limit) would pass the memory bound. */
+  addLimitRefusal(key: LimitKey, at: number): boolean {
+    const held = this.limits.get(limitKey(key));
+    if (held === undefined && this.keys >= MAX_MEMORY_KEYS) return false;
+    bump(held?.seen, at, (seen) => this.limits.set(limitKey(key), { key, seen }));
     return true;
   }
 
@@ -112,6 +135,11 @@ export class HeldRows {
       if (entries.length - straysFrom >= MAX_AUDIT_ENTRIES) break;
       entries.push({ kind: "stray", host, secret, seen });
     }
+    const limitsFrom = entries.length;
+    for (const { key, seen } of this.limits.values()) {
+      if (entries.length - limitsFrom >= MAX_AUDIT_ENTRIES) break;
+      entries.push({ kind: "limit", key, seen });
+    }
     let n = entries.length;
     let body = this.serialize(batchId, createdAt, entries.slice(0, n));
     // Hosts are canonical (ASCII), a model's name need not be: count bytes.
@@ -128,6 +156,7 @@ export class HeldRows {
       if (entry.kind === "blocked") this.blocked.delete(entry.host);
       else if (entry.kind === "route") this.routes.delete(`${entry.route} ${entry.host}`);
       else if (entry.kind === "stray") this.strays.delete(`${entry.secret} ${entry.host}`);
+      else if (entry.kind === "limit") this.limits.delete(limitKey(entry.key));
       else calls++;
     }
     // Model rows are taken from the front, in order.
@@ -155,7 +184,8 @@ export class HeldRows {
         continue;
       }
       const times = { count: e.seen.count, firstSeen: iso(e.seen.first), lastSeen: iso(e.seen.last) };
-      if (e.kind === "blocked") batch.blockedHosts.push({ host: e.host, ...times });
+      if (e.kind === "limit") batch.limitRefusals.push({ ...e.key, ...times });
+      else if (e.kind === "blocked") batch.blockedHosts.push({ host: e.host, ...times });
       else if (e.kind === "stray") batch.strayPlaceholders.push({ host: e.host, secret: e.secret, ...times });
       else batch.egressRoutes.push({ host: e.host, route: e.route, ...times });
     }
@@ -175,6 +205,12 @@ export class HeldRows {
         const held = this.strays.get(key);
         if (held) merge(held.seen, entry.seen);
         else this.strays.set(key, { host: entry.host, secret: entry.secret, seen: entry.seen });
+        continue;
+      }
+      if (entry.kind === "limit") {
+        const held = this.limits.get(limitKey(entry.key));
+        if (held === undefined) this.limits.set(limitKey(entry.key), { key: entry.key, seen: entry.seen });
+        else merge(held.seen, entry.seen);
         continue;
       }
       const current =

@@ -10,15 +10,17 @@ import {
   bearer,
   type EgressRoute,
   JSON_CONTENT_TYPE,
+  type LimitKind,
+  LimitRefusalRow,
   ModelCallRow,
   signAuditBatch,
 } from "@benchwright/shared/contract/proxy-wire";
 import { HeldRows } from "./audit-rows";
 import type { FetchFn, LogFn } from "./policy-client";
 
-// Audit rows (blocked hosts, egress routes: host and counts only; stray placeholders: host, secret
-// name and counts; model calls: one row per call, counts only, never aggregated) leave the proxy
-// in batches.
+// Audit rows (blocked hosts, egress routes, limit refusals: host and counts only; stray
+// placeholders: host, secret name and counts; model calls: one row per call, counts only, never
+// aggregated) leave the proxy in batches.
 // Each batch is written to a spool directory before it is sent and deleted only once the control
 // plane has it, so a control-plane outage or a crash loses nothing (case F1); the control plane
 // de-duplicates on the batch id, so a retry is never counted twice. The spool is bounded: when it
@@ -53,7 +55,7 @@ export interface AuditReporterOptions {
 }
 
 export interface AuditStats {
-  /** Rows taken by recordBlocked / recordRoute / recordStrayPlaceholder / recordModelCall. */
+  /** Rows taken by recordBlocked / recordRoute / recordStrayPlaceholder / recordModelCall / recordLimitRefusal. */
   rowsRecorded: number;
   /** Rows the control plane has acknowledged (2xx, or 409: it had them already). */
   rowsSent: number;
@@ -177,6 +179,21 @@ export class AuditReporter {
     if (canonical === null) return false;
     if (!this.rows.addStray(canonical, secret, this.now()))
       return this.refuse("too many distinct hosts held in memory");
+    this.stats.rowsRecorded++;
+    return true;
+  }
+
+  /**
+   * A request to `host` refused for a method or path limit (case N3). The method is counted by
+   * its uppercase name (the row's token); one that is not a method token is not kept.
+   */
+  recordLimitRefusal(host: string, method: string, limit: LimitKind): boolean {
+    const canonical = this.admit(host);
+    if (canonical === null) return false;
+    const name = method.toUpperCase();
+    if (!LimitRefusalRow.shape.method.safeParse(name).success) return this.refuse("not a method token");
+    if (!this.rows.addLimitRefusal({ host: canonical, method: name, limit }, this.now()))
+      return this.refuse("too many distinct rows held in memory");
     this.stats.rowsRecorded++;
     return true;
   }

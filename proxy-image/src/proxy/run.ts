@@ -85,6 +85,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     recordRoute: (host, route) => audit.recordRoute(host, route),
     recordStrayPlaceholder: (host, secret) => audit.recordStrayPlaceholder(host, secret),
     recordModelCall: (row) => void audit.recordModelCall(row),
+    recordLimitRefusal: (host, method, limit) => void audit.recordLimitRefusal(host, method, limit),
     get accepting() {
       return audit.accepting && agentAudit.accepting;
     },

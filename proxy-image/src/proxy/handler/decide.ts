@@ -1,3 +1,9 @@
+import {
+  hasLimits,
+  type Limits,
+  limitVerdict,
+  normalisePath,
+} from "@benchwright/shared/contract/http-limits";
 import type { EgressVia, ModelLaneSpec } from "@benchwright/shared/contract/policy";
 import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import type { RuleMatch } from "@benchwright/shared/policy/compile";
@@ -11,6 +17,8 @@ import {
   blockedBody,
   blockedRefusal,
   connectRefusal,
+  type LimitOwner,
+  limitRefusal,
   probeRefusal,
   Refusal,
   spoolFull,
@@ -63,10 +71,18 @@ export type Decision =
       rule: RuleDecision | null;
       /** The policy's IP-literal block entries, asked of every resolved answer (case I5). */
       blockedAddress: AddressBlocker;
+      /** The host entry's and the rule's method and path limits, each request held to all (N3). */
+      limits: HeldTo[];
       dialed?: Dialed;
       /** The rule's placeholder to swap, and the run's to count as strays (N2). */
       placeholders: PlaceholderSwap | null;
     };
+
+/** Limits a forwarded request is held to, and whose they are. */
+export interface HeldTo {
+  limits: Limits;
+  owner: LimitOwner;
+}
 
 const refuse = (refusal: Refusal, rule: number | null = null): Extract<Decision, { kind: "refuse" }> => ({
   kind: "refuse",
@@ -109,6 +125,11 @@ export function decide(target: Target, ctx: DecideContext): Decision {
   if (verdict.kind === "block") return refuse(blockedRefusal(target.host));
   if (!ctx.accepting) return refuse(spoolFull());
   const { state, via, match } = verdict;
+  const limits: HeldTo[] = [];
+  if (verdict.limits && verdict.pattern !== null)
+    limits.push({ limits: verdict.limits, owner: { kind: "host", pattern: verdict.pattern } });
+  if (match && hasLimits(match.rule))
+    limits.push({ limits: match.rule, owner: { kind: "rule", index: match.index, host: match.rule.host } });
 
   let rule: RuleDecision | null = null;
   if (match) {
@@ -134,7 +155,15 @@ export function decide(target: Target, ctx: DecideContext): Decision {
     rule?.secret ?? null,
     ctx.placeholderNonce,
   );
-  return { kind: "forward", target, via, rule, blockedAddress: state.index.blockedAddress, placeholders };
+  return {
+    kind: "forward",
+    target,
+    via,
+    rule,
+    blockedAddress: state.index.blockedAddress,
+    limits,
+    placeholders,
+  };
 }
 
 type HostVerdict =
@@ -145,6 +174,9 @@ type HostVerdict =
       state: Extract<PolicyState, { kind: "ready" }>;
       via: EgressVia;
       match: RuleMatch | null;
+      /** The deciding entry (null: the default) and its limits, if any. */
+      pattern: string | null;
+      limits: Limits | undefined;
     };
 
 /**
@@ -156,7 +188,14 @@ function hostVerdict(host: string, policy: PolicyState): HostVerdict {
   if (policy.kind !== "ready") return { kind: "no policy", state: policy.kind };
   const { host: decision, rule: match } = policy.index.decide(host);
   if (decision.action === "block") return { kind: "block" };
-  return { kind: "allow", state: policy, via: decision.via, match };
+  return {
+    kind: "allow",
+    state: policy,
+    via: decision.via,
+    match,
+    pattern: decision.pattern,
+    limits: decision.limits,
+  };
 }
 
 /** A CONNECT's decision: refused, or the tunnel opened (its TLS then read as any, tls-in.ts). */
@@ -188,26 +227,31 @@ export function decideConnect(
 
 /**
  * Whether a TLS connection for `host` is spliced (relayed without termination, I3): under
- * catch-all routing, for a host the policy allows, that no rule matches, and only when decide()
- * itself would forward it, straight out or through the egress tunnel (a tunnelled host whose
- * tunnel is down is decide()'s readable 503). So a blocked host, a rule host, the platform's own
- * hosts, no policy or a full audit spool are all terminated, where they are answered readably or
- * injected.
+ * catch-all routing, for a host the policy allows, that no rule matches and no limit holds, and
+ * only when decide() itself would forward it, straight out or through the egress tunnel (a
+ * tunnelled host whose tunnel is down is decide()'s readable 503). So a blocked host, a rule
+ * host, a limited host (N3), the platform's own hosts, no policy or a full audit spool are all
+ * terminated, where they are answered readably, injected or held to their limits.
  */
 export function spliceable(host: string, ctx: DecideContext): Extract<Decision, { kind: "forward" }> | null {
   if (ctx.policy.kind !== "ready" || ctx.policy.policy.routing.mode !== "catch-all") return null;
   const decided = decide({ host, port: 443, scheme: "https", path: "/" }, ctx);
-  return decided.kind === "forward" && decided.rule === null ? decided : null;
+  return decided.kind === "forward" && untouched(decided) ? decided : null;
 }
+
+/** A forwarded host the proxy need not read: no credential to inject, no limit to hold it to. */
+const untouched = (decided: Extract<Decision, { kind: "forward" }>) =>
+  decided.rule === null && decided.limits.length === 0;
 
 /**
  * A connection the sandbox dialled itself, by address, and DNAT'd to a direct listener (default
  * routing, I4): decided on the name it carries (SNI or Host) as any request is, and on the dialled
  * address too, so an IP-literal block holds whatever name is sent. A host decide() forwards with
- * no rule and straight out goes to the dialled address (checked like any address, destination());
- * anything else (a refusal, a rule host, a lane, a tunnelled host) is exactly decide()'s answer,
- * as if the connection had come through the hosts file. With no usable name (a ClientHello
- * without SNI) pass the dialled address as `target.host`: it is decided on the address alone.
+ * no rule or limit and straight out goes to the dialled address (checked like any address,
+ * destination()); anything else (a refusal, a rule host, a limited host, a lane, a tunnelled
+ * host) is exactly decide()'s answer, as if the connection had come through the hosts file. With
+ * no usable name (a ClientHello without SNI) pass the dialled address as `target.host`: it is
+ * decided on the address alone.
  * `host` is what the decision is about (the record's and the audit's host).
  */
 export function decideDialed(
@@ -225,7 +269,7 @@ export function decideDialed(
   return {
     host: target.host,
     decided:
-      decided.kind === "forward" && decided.rule === null && decided.via === "direct"
+      decided.kind === "forward" && untouched(decided) && decided.via === "direct"
         ? { ...decided, dialed }
         : decided,
   };
@@ -236,18 +280,37 @@ export function decideDialed(
  * handshake): decideDialed() when its connection was dialled by address (I4), else decide().
  * `target` is the request's, with the host the decision is about. The explicit port's own rule
  * (plain http to port 80 only, I6) is applied here, first, so that no way in can skip it (an
- * Upgrade handshake did, L4).
+ * Upgrade handshake did, L4); a forwarded request is then held to its method and path limits
+ * (N3), here too, so that every way in is.
  */
 export function decideRequest(
   target: Target,
+  method: string,
   conn: TargetConn & { dialed?: Dialed },
   ctx: DecideContext,
 ): { target: Target; decided: Decision } {
   const portRefusal = explicitPortRefusal(conn, target);
   if (portRefusal) return { target, decided: refuse(portRefusal) };
-  if (!conn.dialed) return { target, decided: decide(target, ctx) };
+  if (!conn.dialed) return { target, decided: withinLimits(target, method, decide(target, ctx)) };
   const { host, decided } = decideDialed(target, conn.dialed, ctx);
-  return { target: { ...target, host }, decided };
+  const named = { ...target, host };
+  return { target: named, decided: withinLimits(named, method, decided) };
+}
+
+/** A forward decision as it stands, or the refusal of the first limit the request is outside. */
+function withinLimits(target: Target, method: string, decided: Decision): Decision {
+  if (decided.kind !== "forward") return decided;
+  for (const { limits, owner } of decided.limits) {
+    const outside = limitVerdict(limits, method, target.path);
+    if (outside === null) continue;
+    const normalised = outside === "unnormalisable_path" ? normalisePath(target.path) : null;
+    const why = normalised && !normalised.ok ? normalised.reason : undefined;
+    return refuse(
+      limitRefusal(target.host, method, outside, limits, owner, why),
+      decided.rule?.index ?? null,
+    );
+  }
+  return decided;
 }
 
 export type Destination = { ok: true; address: string; port: number } | { ok: false; refusal: Refusal };

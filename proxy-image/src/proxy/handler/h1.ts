@@ -144,7 +144,7 @@ export function http1Servers(gate: Gate, options: Http1Options) {
       const framing = checkFraming(req.rawHeaders);
       if (framing) throw bad(400, framing);
       target = targetOf(req, conn);
-      const request = decideRequest(target, conn, gate.context());
+      const request = decideRequest(target, req.method ?? "?", conn, gate.context());
       target = request.target;
       const decided = request.decided;
       switch (decided.kind) {

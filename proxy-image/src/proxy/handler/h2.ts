@@ -124,7 +124,7 @@ async function handleStream(
       at.tls,
       at.conn,
     );
-    const request = decideRequest(target, at.conn, gate.context());
+    const request = decideRequest(target, method, at.conn, gate.context());
     target = request.target;
     const decided = request.decided;
     switch (decided.kind) {

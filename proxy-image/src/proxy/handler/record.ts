@@ -1,3 +1,4 @@
+import type { LimitKindName } from "@benchwright/shared/contract/http-limits";
 import type { ProxyListener } from "@benchwright/shared/contract/proxy-view";
 import type { AuditSource, EgressRoute, ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
 import type { RefusalAudit } from "./refusal";
@@ -29,6 +30,8 @@ export interface DecisionRecord {
   route: EgressRoute | null;
   /** Who refused the host as blocked (a blocked-host row); null: nobody. */
   blockedBy: AuditSource | null;
+  /** The method or path limit the request was outside (a limit-refusal row, N3); null: none. */
+  limit: LimitKindName | null;
   /**
    * "terminate": the proxy read the HTTP request (over its own TLS, or plain) and decided it;
    * "splice": a TLS connection relayed untouched, decided on its ClientHello's SNI (status 0);
@@ -48,6 +51,8 @@ export interface AuditSink {
   recordStrayPlaceholder(host: string, secret: string): void;
   /** One call through the model lane (token counts; no prompt, no output). */
   recordModelCall(row: ModelCallRow): void;
+  /** A request refused for a method or path limit: host, method and which limit, never the path. */
+  recordLimitRefusal(host: string, method: string, limit: LimitKindName): void;
   /** False when the spool is full: refuse new egress rather than lose audit rows (E3). */
   readonly accepting: boolean;
 }
@@ -73,6 +78,7 @@ export interface RecordInput {
   policyVersion: number | null;
   route?: EgressRoute | null;
   blockedBy?: AuditSource | null;
+  limit?: LimitKindName | null;
   mode?: DecisionRecord["mode"];
   strayPlaceholders?: readonly string[] | undefined;
 }
@@ -95,6 +101,7 @@ export function record(input: RecordInput): DecisionRecord {
     ms: Date.now() - input.started,
     route: input.route ?? null,
     blockedBy: input.blockedBy ?? null,
+    limit: input.limit ?? null,
     mode: input.mode ?? "terminate",
     ...(input.strayPlaceholders?.length ? { strayPlaceholders: [...input.strayPlaceholders] } : {}),
   };
@@ -143,14 +150,19 @@ export function requestRecord(
     policyVersion: r.policyVersion,
     route: audit.route ?? r.exchange.route,
     ...(audit.blockedBy ? { blockedBy: audit.blockedBy } : {}),
+    ...(audit.limit ? { limit: audit.limit } : {}),
     strayPlaceholders: r.exchange.strayPlaceholders,
   });
 }
 
-/** The audit rows a final record stands for: a blocked-host row, a route row and stray placeholders. */
+/**
+ * The audit rows a final record stands for: a blocked-host row, a route row, a limit-refusal row
+ * and stray placeholders, each if any.
+ */
 export function auditRows(audit: AuditSink, r: DecisionRecord): void {
   if (r.host === null) return;
   if (r.blockedBy) audit.recordBlocked(r.host, r.blockedBy);
   if (r.route) audit.recordRoute(r.host, r.route);
   for (const secret of r.strayPlaceholders ?? []) audit.recordStrayPlaceholder(r.host, secret);
+  if (r.limit) audit.recordLimitRefusal(r.host, r.method, r.limit);
 }

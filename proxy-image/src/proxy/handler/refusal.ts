@@ -1,3 +1,4 @@
+import type { LimitKindName, Limits } from "@benchwright/shared/contract/http-limits";
 import { type AuditSource, type EgressRoute, PROBE_HEADER } from "@benchwright/shared/contract/proxy-wire";
 import type { TunnelError } from "../tunnel-client";
 import type { DecisionRecord } from "./record";
@@ -10,6 +11,8 @@ import type { DecisionRecord } from "./record";
 export interface RefusalAudit {
   route?: EgressRoute;
   blockedBy?: AuditSource;
+  /** Which method or path limit the request was outside (a limit-refusal row, N3). */
+  limit?: LimitKindName;
 }
 
 export class Refusal extends Error {
@@ -128,6 +131,44 @@ export function tunnelRefusal(host: string, error: TunnelError): Refusal {
         refused,
       );
   }
+}
+
+/** Whose limits a request is held to: the host entry that allowed the host, or the matching rule. */
+export type LimitOwner = { kind: "host"; pattern: string } | { kind: "rule"; index: number; host: string };
+
+/**
+ * A request outside a method or path limit (case N3): a readable 403 naming the limit and whose
+ * it is, recorded as a limit refusal (host, method, limit; never the path). The body never
+ * repeats the path: only the method, which is a token, and the policy's own limits.
+ */
+export function limitRefusal(
+  host: string,
+  method: string,
+  limit: LimitKindName,
+  limits: Limits,
+  owner: LimitOwner,
+  why?: string,
+): Refusal {
+  const whose =
+    owner.kind === "host" ? `host entry ${owner.pattern}` : `rule ${owner.index + 1} (${owner.host})`;
+  const first =
+    limit === "method"
+      ? `${(limits.methods ?? []).join(", ")} only on ${host}, by the ${whose}; this request was ${method}.`
+      : limit === "path"
+        ? `path outside the limits of ${host}, by the ${whose}: ${(limits.paths ?? []).join(" ")}.`
+        : `the path cannot be compared with the path limits of ${host}, by the ${whose}: it has ${why ?? "what cannot be normalised"}.`;
+  return new Refusal(
+    403,
+    "refuse",
+    `${limit === "unnormalisable_path" ? "unnormalisable path" : `${limit} outside the limits`} of the ${owner.kind === "host" ? "host entry" : "rule"}`,
+    [
+      `Refused by Benchwright: ${first}`,
+      "The run's owner can change the limits in the vault (Host policy, or the rule) and the change reaches this run within seconds.",
+      "",
+    ].join("\n"),
+    {},
+    { limit },
+  );
 }
 
 /** What the agent reads when a host is refused: which host, why, and what the owner can do. */

@@ -69,7 +69,7 @@ export async function handleUpgrade(
     if (req.headers["transfer-encoding"] !== undefined || Number(req.headers["content-length"] ?? 0) > 0)
       throw bad(400, "an Upgrade request with a body");
     target = targetOf(req, conn);
-    const request = decideRequest(target, conn, gate.context());
+    const request = decideRequest(target, req.method ?? "?", conn, gate.context());
     target = request.target;
     const decided = request.decided;
     if (decided.kind === "refuse") {
@@ -88,6 +88,7 @@ export async function handleUpgrade(
       status: refusal.status,
       route: refusal.audit.route ?? null,
       ...(refusal.audit.blockedBy ? { blockedBy: refusal.audit.blockedBy } : {}),
+      ...(refusal.audit.limit ? { limit: refusal.audit.limit } : {}),
     });
     if (socket.writable) {
       socket.end(
