@@ -350,6 +350,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/limit-refusals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Requests the run's proxy refused for a method or path limit, per host, method and limit, with counts (most recently seen first); never the path */
+        get: operations["listRunLimitRefusals"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/linger": {
         parameters: {
             query?: never;
@@ -412,6 +429,23 @@ export interface paths {
         put?: never;
         /** Resume a halted run (a policy edit that needs catch-all routing is noted, not retrofitted) */
         post: operations["resumeRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{id}/stray-placeholders": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Placeholders sent toward a host other than their rule's, per host and secret name, with counts (most recently seen first): they went out unswapped, so that host saw only the placeholder, never the secret */
+        get: operations["listRunStrayPlaceholders"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -948,12 +982,12 @@ export interface components {
                 current: {
                     /** @enum {string} */
                     mode: "default" | "catch-all";
-                    reasons: ("block_default" | "wildcard_block" | "wildcard_rule" | "ip_literal" | "local_egress" | "tunnel_host")[];
+                    reasons: ("block_default" | "wildcard_block" | "wildcard_rule" | "ip_literal" | "local_egress" | "tunnel_host" | "wildcard_limit")[];
                 };
                 draft: {
                     /** @enum {string} */
                     mode: "default" | "catch-all";
-                    reasons: ("block_default" | "wildcard_block" | "wildcard_rule" | "ip_literal" | "local_egress" | "tunnel_host")[];
+                    reasons: ("block_default" | "wildcard_block" | "wildcard_rule" | "ip_literal" | "local_egress" | "tunnel_host" | "wildcard_limit")[];
                 };
             };
             runId: string;
@@ -992,6 +1026,21 @@ export interface components {
              * @enum {string|null}
              */
             via: "direct" | "tunnel" | null;
+        };
+        LimitRefusal: {
+            count: number;
+            /** Format: date-time */
+            firstSeen: string;
+            host: string;
+            /** Format: date-time */
+            lastSeen: string;
+            /**
+             * @description Which limit it was outside: the method list, the path list, or a path that does not normalise (refused whatever the limits)
+             * @enum {string}
+             */
+            limit: "method" | "path" | "unnormalisable_path";
+            /** @description The refused request's method, uppercase */
+            method: string;
         };
         Linger: {
             /** @description Paused for idleness; the next look resumes it */
@@ -1159,6 +1208,10 @@ export interface components {
             hosts: {
                 /** @enum {string} */
                 action: "allow" | "block";
+                /** @default null */
+                methods: string[] | null;
+                /** @default null */
+                paths: string[] | null;
                 pattern: string;
                 /** @enum {string} */
                 via?: "direct" | "tunnel";
@@ -1187,7 +1240,7 @@ export interface components {
             routing: {
                 /** @enum {string} */
                 mode: "default" | "catch-all";
-                reasons: ("block_default" | "wildcard_block" | "wildcard_rule" | "ip_literal" | "local_egress" | "tunnel_host")[];
+                reasons: ("block_default" | "wildcard_block" | "wildcard_rule" | "ip_literal" | "local_egress" | "tunnel_host" | "wildcard_limit")[];
             };
             rules: {
                 host: string;
@@ -1206,6 +1259,14 @@ export interface components {
                     /** @enum {string} */
                     scheme: "query";
                 };
+                /** @default null */
+                methods: string[] | null;
+                /** @default null */
+                paths: string[] | null;
+                /** @default null */
+                placeholderEnv: string | null;
+                /** @default [] */
+                placeholderIn: "body"[];
                 secret: string;
             }[];
             /** @enum {number} */
@@ -1448,6 +1509,17 @@ export interface components {
             sizeBytes: number | null;
             /** @enum {string} */
             status: "building" | "built" | "dropping";
+        };
+        StrayPlaceholder: {
+            count: number;
+            /** Format: date-time */
+            firstSeen: string;
+            /** @description The host the placeholder was sent to */
+            host: string;
+            /** Format: date-time */
+            lastSeen: string;
+            /** @description The secret whose placeholder it was (its name; never a value) */
+            secret: string;
         };
         TaskSpec: {
             commands: string[];
@@ -3002,6 +3074,72 @@ export interface operations {
             };
         };
     };
+    listRunLimitRefusals: {
+        parameters: {
+            query?: {
+                /** @description nextCursor of the previous page; opaque */
+                cursor?: string;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        limitRefusals: components["schemas"]["LimitRefusal"][];
+                        /** @description Cursor of the next page; null on the last */
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     setRunLinger: {
         parameters: {
             query?: never;
@@ -3278,6 +3416,72 @@ export interface operations {
             };
             /** @description Problem details */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listRunStrayPlaceholders: {
+        parameters: {
+            query?: {
+                /** @description nextCursor of the previous page; opaque */
+                cursor?: string;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description Cursor of the next page; null on the last */
+                        nextCursor: string | null;
+                        strayPlaceholders: components["schemas"]["StrayPlaceholder"][];
+                    };
+                };
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

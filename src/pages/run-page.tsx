@@ -5,6 +5,7 @@ import type { Result } from "../errors";
 import type { ArtifactRow } from "../runs/artifacts";
 import type { BlockedRow, RouteRow } from "../runs/audit-log";
 import type { BugReport } from "../runs/bug-reports";
+import type { LimitRefusal, StrayPlaceholder } from "../runs/limit-stray-log";
 import type { Linger } from "../runs/linger";
 import type { ModelCall, ModelUse } from "../runs/model-calls";
 import {
@@ -18,7 +19,7 @@ import {
 import { Flash, Layout, PostForm, When } from "./layout";
 import { MODEL_CARD_STYLE, ModelCard } from "./model-card";
 import { Artifacts, BugReports } from "./run-artifacts";
-import { DeniedHosts, EgressRoutes } from "./run-audit-cards";
+import { DeniedHosts, EgressRoutes, LimitRefusals, StrayPlaceholders } from "./run-audit-cards";
 import { Stages } from "./run-stages";
 import { TIMELINE_STYLE, Timeline } from "./run-timeline";
 import { Trace } from "./run-trace";
@@ -38,6 +39,8 @@ export interface RunView {
   linger: Linger;
   blocked: Result<Page<BlockedRow>>;
   routes: Result<Page<RouteRow>>;
+  limitRefusals: Result<Page<LimitRefusal>>;
+  strayPlaceholders: Result<Page<StrayPlaceholder>>;
   reports: Result<Page<BugReport>>;
   /** The declared model, the totals of its calls and spend (GET /v1/runs/{id}/model-calls). */
   model?: Result<ModelUse> | undefined;
@@ -48,7 +51,13 @@ export interface RunView {
   /** What the run's commands left in $BW_OUT, and what was cut (GET /v1/runs/{id}/artifacts). */
   artifacts?: Result<{ artifacts: ArtifactRow[]; cut: ArtifactRow[] }> | undefined;
   /** The query the page was asked with (card cursors), to build the cards' next links. */
-  query: { blocked?: string | undefined; routes?: string | undefined; reports?: string | undefined };
+  query: {
+    blocked?: string | undefined;
+    routes?: string | undefined;
+    limits?: string | undefined;
+    strays?: string | undefined;
+    reports?: string | undefined;
+  };
   flash: { ok?: string | undefined; error?: string | undefined };
   /** The title of a bug report the page refused, to fill the form again (never its body). */
   keptTitle?: string | undefined;
@@ -493,6 +502,8 @@ export function RunPage(props: { view: RunView }) {
       <ProofCard run={run} trace={trace} />
       <DeniedHosts view={props.view} />
       <EgressRoutes view={props.view} />
+      <LimitRefusals view={props.view} />
+      <StrayPlaceholders view={props.view} />
       <ModelCard
         use={props.view.model}
         calls={props.view.modelCalls}

@@ -10,6 +10,7 @@ import { BENCHMARKS } from "../runs/benchmarks";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
 import { checkLinger } from "../runs/launch";
+import { listLimitRefusals, listStrayPlaceholders } from "../runs/limit-stray-log";
 import { lingerOf } from "../runs/linger";
 import { listModelCalls, runModelUse } from "../runs/model-calls";
 import {
@@ -35,7 +36,7 @@ import { needsEgressAgent, RUN_PAGE_STYLE, RunPage, StatusPill } from "./run-pag
 // for no run at all. The session (and, for a POST, its CSRF token) is checked in routes.tsx.
 
 const RUNS_PER_PAGE = 20;
-/** The denied hosts, egress routes and bug reports shown per page of their card. */
+/** The audit rows (denied hosts, egress routes, limit refusals, stray placeholders) a card shows per page. */
 const CARD_ROWS = 50;
 const REPORTS_PER_PAGE = 20;
 
@@ -169,13 +170,32 @@ function LaunchForm(props: { csrf: string }) {
 async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Promise<Response> {
   const { db } = c.var;
   const p = c.var.session.principal;
-  const q = { blocked: query(c, "blocked"), routes: query(c, "routes"), reports: query(c, "reports") };
+  const q = {
+    blocked: query(c, "blocked"),
+    routes: query(c, "routes"),
+    limits: query(c, "limits"),
+    strays: query(c, "strays"),
+    reports: query(c, "reports"),
+  };
   const renderedAt = new Date();
-  const [trace, sandboxes, blocked, routes, reports, model, modelCalls, artifacts] = await Promise.all([
+  const [
+    trace,
+    sandboxes,
+    blocked,
+    routes,
+    limitRefusals,
+    strayPlaceholders,
+    reports,
+    model,
+    modelCalls,
+    artifacts,
+  ] = await Promise.all([
     runTrace(db, run.id),
     runSandboxes(db, run.id),
     listRunBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
     listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
+    listLimitRefusals(db, p, run.id, CARD_ROWS, q.limits),
+    listStrayPlaceholders(db, p, run.id, CARD_ROWS, q.strays),
     listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
     runModelUse(db, p, run.id),
     listModelCalls(db, p, run.id, MODEL_CALLS_SHOWN, undefined),
@@ -191,6 +211,8 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
         linger: lingerOf(run),
         blocked,
         routes,
+        limitRefusals,
+        strayPlaceholders,
         reports,
         model,
         modelCalls,

@@ -1,13 +1,16 @@
+import { LIMIT_KINDS } from "@benchwright/shared/contract/http-limits";
 import { MODEL_ENDPOINTS } from "@benchwright/shared/contract/model-lane";
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
 import { IdParam, jsonOk, NextCursor, newRouter, problems } from "../router";
 import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
+import { listLimitRefusals, listStrayPlaceholders } from "../runs/limit-stray-log";
 import { listModelCalls, MINUTES_SHOWN, runModelUse } from "../runs/model-calls";
 
 // A run's audit, as its proxy reported it: hosts refused (with counts), the route each host
-// was reached by, and the model lane's calls (model, provider, status, tokens). Paths, queries,
-// bodies, prompts and outputs are never recorded. Scoped by the key's environment: another
+// was reached by, requests refused for a method or path limit, placeholders sent toward another
+// host than their rule's, and the model lane's calls (model, provider, status, tokens). Paths,
+// queries, bodies, placeholder values, prompts and outputs are never recorded. Scoped by the key's environment: another
 // tenant's run is 404.
 
 const BlockedHost = z
@@ -33,6 +36,34 @@ const EgressRouteEntry = z
   })
   .strict()
   .openapi("EgressRoute");
+
+const LimitRefusal = z
+  .object({
+    host: z.string(),
+    method: z.string().openapi({ description: "The refused request's method, uppercase" }),
+    limit: z.enum(LIMIT_KINDS).openapi({
+      description:
+        "Which limit it was outside: the method list, the path list, or a path that does not normalise (refused whatever the limits)",
+    }),
+    count: z.number().int(),
+    firstSeen: z.string().datetime(),
+    lastSeen: z.string().datetime(),
+  })
+  .strict()
+  .openapi("LimitRefusal");
+
+const StrayPlaceholder = z
+  .object({
+    host: z.string().openapi({ description: "The host the placeholder was sent to" }),
+    secret: z
+      .string()
+      .openapi({ description: "The secret whose placeholder it was (its name; never a value)" }),
+    count: z.number().int(),
+    firstSeen: z.string().datetime(),
+    lastSeen: z.string().datetime(),
+  })
+  .strict()
+  .openapi("StrayPlaceholder");
 
 const ModelCall = z
   .object({
@@ -176,6 +207,75 @@ export const runAuditRoutes = newRouter()
           egressRoutes: page.items.map((r) => ({
             host: r.host,
             route: r.route,
+            count: r.count,
+            firstSeen: r.firstSeen.toISOString(),
+            lastSeen: r.lastSeen.toISOString(),
+          })),
+          nextCursor: page.nextCursor,
+        },
+        200,
+      );
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}/limit-refusals",
+      tags,
+      operationId: "listRunLimitRefusals",
+      summary:
+        "Requests the run's proxy refused for a method or path limit, per host, method and limit, with counts (most recently seen first); never the path",
+      request: { params, query: PageQuery },
+      responses: {
+        200: jsonOk(z.object({ limitRefusals: z.array(LimitRefusal), nextCursor: NextCursor })),
+        ...problems(400, 401, 404),
+      },
+    }),
+    async (c) => {
+      const { limit, cursor } = c.req.valid("query");
+      const page = unwrap(
+        await listLimitRefusals(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+      );
+      return c.json(
+        {
+          limitRefusals: page.items.map((r) => ({
+            host: r.host,
+            method: r.method,
+            limit: r.limit,
+            count: r.count,
+            firstSeen: r.firstSeen.toISOString(),
+            lastSeen: r.lastSeen.toISOString(),
+          })),
+          nextCursor: page.nextCursor,
+        },
+        200,
+      );
+    },
+  )
+  .openapi(
+    createRoute({
+      method: "get",
+      path: "/runs/{id}/stray-placeholders",
+      tags,
+      operationId: "listRunStrayPlaceholders",
+      summary:
+        "Placeholders sent toward a host other than their rule's, per host and secret name, with counts (most recently seen first): they went out unswapped, so that host saw only the placeholder, never the secret",
+      request: { params, query: PageQuery },
+      responses: {
+        200: jsonOk(z.object({ strayPlaceholders: z.array(StrayPlaceholder), nextCursor: NextCursor })),
+        ...problems(400, 401, 404),
+      },
+    }),
+    async (c) => {
+      const { limit, cursor } = c.req.valid("query");
+      const page = unwrap(
+        await listStrayPlaceholders(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+      );
+      return c.json(
+        {
+          strayPlaceholders: page.items.map((r) => ({
+            host: r.host,
+            secret: r.secret,
             count: r.count,
             firstSeen: r.firstSeen.toISOString(),
             lastSeen: r.lastSeen.toISOString(),

@@ -1,12 +1,21 @@
 import type { AuditBatch, ProxyReady } from "@benchwright/shared/contract/proxy-wire";
 import { eq, sql } from "drizzle-orm";
-import { auditBatches, blockedHostLog, egressRouteLog, modelCallLog, runEvents, runs } from "../db/schema";
+import {
+  auditBatches,
+  blockedHostLog,
+  egressRouteLog,
+  limitRefusalLog,
+  modelCallLog,
+  runEvents,
+  runs,
+  strayPlaceholderLog,
+} from "../db/schema";
 import type { Db } from "../db/types";
 import type { RunOwner } from "./proxy-credentials";
 
 // What a run's proxy reports to the control plane, stored: its ready call (the run CA) and its
-// audit batches (counts per host and the model lane's calls, de-duplicated by batch id, and the
-// calls by call id too).
+// audit batches (counts per host, per limit refused and per stray placeholder, and the model
+// lane's calls; de-duplicated by batch id, and the calls by call id too).
 
 /**
  * Stores the run CA and when the proxy became ready, and appends one trace row. Idempotent: a
@@ -46,8 +55,8 @@ const chunks = <T>(rows: readonly T[]): T[][] =>
 
 /**
  * Stores a verified batch in one transaction: its id first (a batch already stored → false,
- * nothing written, case D5), then its counts added to the run's per-host rows. Returns whether
- * it was stored now.
+ * nothing written, case D5), then its counts added to the run's rows (per host, per host, method
+ * and limit, per host and secret name). Returns whether it was stored now.
  */
 export async function storeAuditBatch(db: Db, run: RunOwner, batch: AuditBatch): Promise<boolean> {
   return db.transaction(async (tx) => {
@@ -103,6 +112,58 @@ export async function storeAuditBatch(db: Db, run: RunOwner, batch: AuditBatch):
             count: sql`${egressRouteLog.count} + excluded.count`,
             firstSeen: sql`least(${egressRouteLog.firstSeen}, excluded.first_seen)`,
             lastSeen: sql`greatest(${egressRouteLog.lastSeen}, excluded.last_seen)`,
+          },
+        });
+    }
+    for (const rows of chunks(batch.limitRefusals)) {
+      await tx
+        .insert(limitRefusalLog)
+        .values(
+          rows.map((r) => ({
+            environmentId: run.environmentId,
+            runId: run.id,
+            host: r.host,
+            method: r.method,
+            limit: r.limit,
+            count: r.count,
+            firstSeen: new Date(r.firstSeen),
+            lastSeen: new Date(r.lastSeen),
+          })),
+        )
+        .onConflictDoUpdate({
+          target: [
+            limitRefusalLog.runId,
+            limitRefusalLog.host,
+            limitRefusalLog.method,
+            limitRefusalLog.limit,
+          ],
+          set: {
+            count: sql`${limitRefusalLog.count} + excluded.count`,
+            firstSeen: sql`least(${limitRefusalLog.firstSeen}, excluded.first_seen)`,
+            lastSeen: sql`greatest(${limitRefusalLog.lastSeen}, excluded.last_seen)`,
+          },
+        });
+    }
+    for (const rows of chunks(batch.strayPlaceholders)) {
+      await tx
+        .insert(strayPlaceholderLog)
+        .values(
+          rows.map((r) => ({
+            environmentId: run.environmentId,
+            runId: run.id,
+            host: r.host,
+            secret: r.secret,
+            count: r.count,
+            firstSeen: new Date(r.firstSeen),
+            lastSeen: new Date(r.lastSeen),
+          })),
+        )
+        .onConflictDoUpdate({
+          target: [strayPlaceholderLog.runId, strayPlaceholderLog.host, strayPlaceholderLog.secret],
+          set: {
+            count: sql`${strayPlaceholderLog.count} + excluded.count`,
+            firstSeen: sql`least(${strayPlaceholderLog.firstSeen}, excluded.first_seen)`,
+            lastSeen: sql`greatest(${strayPlaceholderLog.lastSeen}, excluded.last_seen)`,
           },
         });
     }

@@ -134,6 +134,8 @@ describe("runs", () => {
       ["runs", "cancel", "run_0123456789abcdef"],
       ["logs", "blocked-hosts", "run_0123456789abcdef"],
       ["logs", "egress-routes", "run_0123456789abcdef"],
+      ["logs", "limit-refusals", "run_0123456789abcdef"],
+      ["logs", "stray-placeholders", "run_0123456789abcdef"],
     ]) {
       const res = await cli(args, { home: user.home });
       expect(res.code, args.join(" ")).toBe(1);
@@ -176,6 +178,12 @@ describe("runs", () => {
     const blocked = await cli(["logs", "blocked-hosts", run.id], { home: user.home });
     expect(blocked.code, blocked.stderr).toBe(0);
     expect(blocked.stdout).toContain("no hosts were refused");
+    const limits = await cli(["logs", "limit-refusals", run.id], { home: user.home });
+    expect(limits.code, limits.stderr).toBe(0);
+    expect(limits.stdout).toContain("no request was refused by a method or path limit");
+    const strays = await cli(["logs", "stray-placeholders", run.id, "--json"], { home: user.home });
+    expect(strays.code, strays.stderr).toBe(0);
+    expect(JSON.parse(strays.stdout)).toEqual({ strayPlaceholders: [], nextCursor: null });
   });
 
   it("launches with --model and --budget (the spec's modelBudget); logs model-calls shows the spend", async () => {

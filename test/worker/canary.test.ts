@@ -287,6 +287,8 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("POST", `/v1/runs/${runId}/egress-agent-token`, undefined, [409, "run_ended"]);
     await api("GET", `/v1/runs/${runId}/blocked-hosts`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}/limit-refusals`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}/stray-placeholders`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/model-calls`, undefined, [200]);
     await api("GET", `/v1/blocked-hosts?runId=${runId}`, undefined, [200]);
     await api("GET", "/v1/blocked-hosts?runId=run_nope", undefined, [404, "not_found"]);

@@ -1,7 +1,7 @@
 import { MAX_AUDIT_BODY_BYTES, signAuditBatch } from "@benchwright/shared/contract/proxy-wire";
 import { describe, expect, it } from "vitest";
 import { expectProblem, newTenant } from "./harness";
-import { auditBatch, auditRows, newRun, paths, postBatch, signed } from "./run-fixtures";
+import { auditBatch, auditRows, NO_AUDIT_ROWS, newRun, paths, postBatch, signed } from "./run-fixtures";
 
 // POST /internal/runs/{runId}/audit, the signed batches of blocked hosts and egress routes a
 // run's proxy (or local agent) reports: case D5 (a replayed batch is stored once, a batch for
@@ -59,8 +59,8 @@ describe("POST /internal/runs/{runId}/audit (D5)", { timeout: 60_000 }, () => {
     const sig = signAuditBatch(a.auditKey, batch.batchId, new Date(), withPath);
     expectProblem(await a.proxy("POST", paths.audit(a), withPath, sig), 400, "invalid_request");
     // None of it was stored, not even the batch ids: the real batch is still accepted.
-    expect(await auditRows(a.id)).toEqual({ blocked: [], routes: [] });
-    expect(await auditRows(b.id)).toEqual({ blocked: [], routes: [] });
+    expect(await auditRows(a.id)).toEqual(NO_AUDIT_ROWS);
+    expect(await auditRows(b.id)).toEqual(NO_AUDIT_ROWS);
     expect((await postBatch(a, batch)).status).toBe(204);
   });
 
@@ -136,6 +136,130 @@ describe("POST /internal/runs/{runId}/audit (D5)", { timeout: 60_000 }, () => {
       ["api.example", "tunnel", 10, at(10), at(30)],
     ]);
     expect(rows.routes.every((r) => r.environmentId === t.environmentId)).toBe(true);
+  });
+
+  // case N3 and case N2: what the proxy recorded of limits and placeholders, stored per run
+  it("limit refusals and stray placeholders: stored with the batch, once per batch id, counts added", async () => {
+    const t = await newTenant();
+    const run = await newRun(t);
+    const first = auditBatch(run.id, {
+      limitRefusals: [
+        {
+          host: "api.example",
+          method: "DELETE",
+          limit: "method",
+          count: 2,
+          firstSeen: at(10),
+          lastSeen: at(12),
+        },
+        { host: "api.example", method: "GET", limit: "path", count: 1, firstSeen: at(10), lastSeen: at(10) },
+        {
+          host: "api.example",
+          method: "GET",
+          limit: "unnormalisable_path",
+          count: 4,
+          firstSeen: at(11),
+          lastSeen: at(11),
+        },
+      ],
+      strayPlaceholders: [
+        { host: "evil.example", secret: "API_KEY", count: 3, firstSeen: at(10), lastSeen: at(13) },
+        { host: "evil.example", secret: "OTHER_KEY", count: 1, firstSeen: at(10), lastSeen: at(10) },
+      ],
+    });
+    expect((await postBatch(run, first)).status).toBe(204);
+    // Re-sent (the proxy's retry after a lost answer): the same batch id, counted once (case D5).
+    expectProblem(await postBatch(run, first), 409, "already_stored");
+    const once = await auditRows(run.id);
+    expect(once.limits.map((r) => [r.host, r.method, r.limit, r.count])).toEqual([
+      ["api.example", "DELETE", "method", 2],
+      ["api.example", "GET", "path", 1],
+      ["api.example", "GET", "unnormalisable_path", 4],
+    ]);
+    expect(once.strays.map((r) => [r.host, r.secret, r.count])).toEqual([
+      ["evil.example", "API_KEY", 3],
+      ["evil.example", "OTHER_KEY", 1],
+    ]);
+
+    const second = auditBatch(run.id, {
+      limitRefusals: [
+        {
+          host: "api.example",
+          method: "DELETE",
+          limit: "method",
+          count: 5,
+          firstSeen: at(5),
+          lastSeen: at(11),
+        },
+        {
+          host: "api.example",
+          method: "DELETE",
+          limit: "path",
+          count: 1,
+          firstSeen: at(20),
+          lastSeen: at(20),
+        },
+      ],
+      strayPlaceholders: [
+        { host: "evil.example", secret: "API_KEY", count: 6, firstSeen: at(11), lastSeen: at(30) },
+      ],
+    });
+    expect((await postBatch(run, second)).status).toBe(204);
+    const rows = await auditRows(run.id);
+    const shown = (r: { count: number; firstSeen: Date; lastSeen: Date; environmentId: string }) => [
+      r.count,
+      r.firstSeen.toISOString(),
+      r.lastSeen.toISOString(),
+      r.environmentId,
+    ];
+    expect(rows.limits.map((r) => [r.method, r.limit, ...shown(r)])).toEqual([
+      ["DELETE", "method", 7, at(5), at(12), t.environmentId],
+      ["DELETE", "path", 1, at(20), at(20), t.environmentId],
+      ["GET", "path", 1, at(10), at(10), t.environmentId],
+      ["GET", "unnormalisable_path", 4, at(11), at(11), t.environmentId],
+    ]);
+    expect(rows.strays.map((r) => [r.secret, ...shown(r)])).toEqual([
+      ["API_KEY", 9, at(10), at(30), t.environmentId],
+      ["OTHER_KEY", 1, at(10), at(10), t.environmentId],
+    ]);
+  });
+
+  it("a limit refusal with a bad method or a repeated key, a repeated stray → 400, nothing stored", async () => {
+    const run = await newRun(await newTenant());
+    const refusal = {
+      host: "api.example",
+      method: "DELETE",
+      limit: "method" as const,
+      count: 1,
+      firstSeen: at(0),
+      lastSeen: at(0),
+    };
+    const stray = { host: "evil.example", secret: "API_KEY", count: 1, firstSeen: at(0), lastSeen: at(0) };
+    const refused = [
+      // Methods are uppercase tokens: a lowercase one, a space, a path in the method.
+      { limitRefusals: [{ ...refusal, method: "delete" }] },
+      { limitRefusals: [{ ...refusal, method: "GET /admin" }] },
+      { limitRefusals: [{ ...refusal, limit: "header" as "method" }] },
+      // A row carries no path (strict rows) and no placeholder value.
+      { limitRefusals: [{ ...refusal, path: "/admin" }] },
+      { strayPlaceholders: [{ ...stray, value: "bw-placeholder-API_KEY-x" }] },
+      // One row per key: the proxy aggregates, so a repeat is a broken batch.
+      { limitRefusals: [refusal, { ...refusal, count: 2 }] },
+      { strayPlaceholders: [stray, { ...stray, count: 2 }] },
+      // A stray's secret is a secret name.
+      { strayPlaceholders: [{ ...stray, secret: "not a name" }] },
+    ];
+    let batchId = "";
+    for (const fields of refused) {
+      const batch = { ...auditBatch(run.id), ...fields } as ReturnType<typeof auditBatch>;
+      expectProblem(await postBatch(run, batch), 400, "invalid_request");
+      batchId = batch.batchId;
+    }
+    expect(await auditRows(run.id)).toEqual(NO_AUDIT_ROWS);
+    // A refused batch's id was not taken: the good batch under that id is stored.
+    const valid = auditBatch(run.id, { batchId, limitRefusals: [refusal], strayPlaceholders: [stray] });
+    expect((await postBatch(run, valid)).status).toBe(204);
+    expect((await auditRows(run.id)).limits).toHaveLength(1);
   });
 
   it("a body over MAX_AUDIT_BODY_BYTES → 413 payload_too_large, before it is read", async () => {

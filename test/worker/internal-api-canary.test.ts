@@ -41,6 +41,12 @@ describe("B5 the canary secret reaches only its run's proxy", { timeout: 120_000
     const now = new Date().toISOString();
     const batch = auditBatch(run.id, {
       blockedHosts: [{ host: "evil.example", count: 1, firstSeen: now, lastSeen: now }],
+      limitRefusals: [
+        { host: "api.example", method: "DELETE", limit: "path", count: 1, firstSeen: now, lastSeen: now },
+      ],
+      strayPlaceholders: [
+        { host: "evil.example", secret: "API_KEY", count: 1, firstSeen: now, lastSeen: now },
+      ],
     });
     await record("audit", postBatch(run, batch));
     await record("audit replay", postBatch(run, batch));
@@ -55,7 +61,7 @@ describe("B5 the canary secret reaches only its run's proxy", { timeout: 120_000
     );
     const broken = await record("policy, undecryptable", run.proxy("GET", paths.policy(run)));
     expectProblem(broken, 503, "vault_unreadable");
-    for (const path of ["blocked-hosts", "egress-routes"]) {
+    for (const path of ["blocked-hosts", "egress-routes", "limit-refusals", "stray-placeholders"]) {
       await record(`public ${path}`, t.api("GET", `/v1/runs/${run.id}/${path}`));
     }
 
@@ -75,6 +81,7 @@ describe("B5 the canary secret reaches only its run's proxy", { timeout: 120_000
         "public.runs.spec",
         "public.run_events.detail",
         "public.blocked_host_log.host",
+        "public.stray_placeholder_log.secret",
         "public.runs.audit_key_ciphertext",
       ]),
     );

@@ -8,6 +8,7 @@ import { ring, tenantWithVault } from "./internal-api-fixtures";
 import {
   auditBatch,
   auditRows,
+  NO_AUDIT_ROWS,
   newRun,
   paths,
   postBatch,
@@ -47,7 +48,7 @@ describe("C2 a run's proxy credential reaches its own run only", { timeout: 60_0
       const [row] = await withDb((db) => db.select().from(runs).where(eq(runs.id, b.id)));
       expect(row?.caCertPem).toBeNull();
       expect(row?.proxyReadyAt).toBeNull();
-      expect(await auditRows(b.id)).toEqual({ blocked: [], routes: [] });
+      expect(await auditRows(b.id)).toEqual(NO_AUDIT_ROWS);
     }
     // A's own token still works.
     expect((await a.proxy("GET", paths.policy(a))).status).toBe(200);
@@ -86,7 +87,7 @@ describe("C2 a run's proxy credential reaches its own run only", { timeout: 60_0
     }
     // The API key is for /v1 and the proxy token for /internal, not the other way round.
     expectProblem(await call(run.proxyToken, "GET", "/v1/me"), 401, "unauthorized");
-    expect(await auditRows(run.id)).toEqual({ blocked: [], routes: [] });
+    expect(await auditRows(run.id)).toEqual(NO_AUDIT_ROWS);
   });
 
   it("an ended run's token → 401 on policy and ready; its audit batches are accepted until it is revoked", async () => {

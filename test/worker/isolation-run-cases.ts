@@ -70,6 +70,8 @@ export const RUN_CASES: Record<string, Case> = {
   "GET /v1/runs/{id}/proxy": runAction(409),
   "GET /v1/runs/{id}/blocked-hosts": { kind: "by-run", key: "blockedHosts" },
   "GET /v1/runs/{id}/egress-routes": { kind: "by-run", key: "egressRoutes" },
+  "GET /v1/runs/{id}/limit-refusals": { kind: "by-run", key: "limitRefusals" },
+  "GET /v1/runs/{id}/stray-placeholders": { kind: "by-run", key: "strayPlaceholders" },
   "GET /v1/runs/{id}/model-calls": {
     kind: "run",
     id: true,

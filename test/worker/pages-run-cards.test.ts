@@ -8,7 +8,7 @@ import { expectPage, flashOf, has, lacks, launch, textOf } from "./pages-fixture
 import { auditBatch, newRun, postBatch, setRunStatus } from "./run-fixtures";
 
 // The run page's cards over the real Worker and Postgres: the audit cards (denied hosts, egress
-// routes, "Allow this host"; src/pages/run-audit-cards.tsx), the model card (J3;
+// routes, "Allow this host", limit refusals, stray placeholders; src/pages/run-audit-cards.tsx), the model card (J3;
 // src/pages/model-card.tsx) and the egress agent card's one-time command. Apart from the
 // dashboard's own rows (pages-run-page) because each card reads its own audit data.
 
@@ -63,6 +63,69 @@ describe("audit cards", () => {
     // Cells wrap: the layout's fixed table layout and overflow-wrap on every cell.
     has(res.html, /table\{[^}]*table-layout:fixed/);
     has(res.html, /th,td\{[^}]*overflow-wrap:anywhere/);
+  });
+
+  // case N3 and case N2: the run page says what the proxy refused by a limit and which
+  // placeholders went elsewhere, by host, method, limit and secret name only
+  it("shows the requests refused by a limit and the placeholders sent to another host", async () => {
+    const t = await newTenant();
+    const run = await newRun(t, { status: "running" });
+    const b = await loggedIn(t, `/runs/${run.id}`);
+    const empty = await b.get(`/runs/${run.id}`);
+    has(expectPage(empty), "No request was refused by a limit.");
+    has(empty.html, "No placeholder went to another host.");
+
+    const now = new Date().toISOString();
+    const batch = auditBatch(run.id, {
+      limitRefusals: [
+        {
+          host: "api.example.com",
+          method: "DELETE",
+          limit: "method",
+          count: 3,
+          firstSeen: now,
+          lastSeen: now,
+        },
+        { host: "api.example.com", method: "GET", limit: "path", count: 2, firstSeen: now, lastSeen: now },
+        {
+          host: "files.example.com",
+          method: "GET",
+          limit: "unnormalisable_path",
+          count: 1,
+          firstSeen: now,
+          lastSeen: now,
+        },
+      ],
+      strayPlaceholders: [
+        { host: "evil.example", secret: "API_KEY", count: 4, firstSeen: now, lastSeen: now },
+      ],
+    });
+    expect((await postBatch(run, batch)).status).toBe(204);
+    const res = await b.get(`/runs/${run.id}`);
+    expectPage(res);
+    const limits = res.html.slice(res.html.indexOf('id="limits"'), res.html.indexOf('id="strays"'));
+    has(limits, "Refused by a method or path limit");
+    has(
+      limits,
+      '<td class="mono host">api.example.com</td><td class="mono">DELETE</td><td>method not in the list</td><td>3</td>',
+    );
+    has(
+      limits,
+      '<td class="mono host">api.example.com</td><td class="mono">GET</td><td>path not in the list</td><td>2</td>',
+    );
+    has(limits, "<td>path that does not normalise</td><td>1</td>");
+    has(limits, "the path is never recorded");
+    const strays = res.html.slice(res.html.indexOf('id="strays"'), res.html.indexOf('id="model"'));
+    has(strays, "Placeholders sent to another host");
+    has(strays, '<td class="mono host">evil.example</td><td class="mono">API_KEY</td><td>4</td>');
+    has(strays, "It went out unswapped: that host saw only the placeholder, never the secret.");
+
+    // A cursor that is not one of the card's: said on that card only, the other keeps its rows.
+    const bad = await b.get(`/runs/${run.id}?strays=garbage`);
+    expectPage(bad);
+    const badStrays = bad.html.slice(bad.html.indexOf('id="strays"'), bad.html.indexOf('id="model"'));
+    has(badStrays, "cursor: not a cursor this API gave");
+    has(bad.html.slice(bad.html.indexOf('id="limits"'), bad.html.indexOf('id="strays"')), "<td>3</td>");
   });
 
   it("Allow this host puts an allow entry in the vault (GET /v1/vault/hosts shows it) and says so", async () => {

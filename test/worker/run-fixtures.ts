@@ -13,7 +13,14 @@ import { eq } from "drizzle-orm";
 import { loadConfig } from "../../src/config";
 import { coordinatorStub } from "../../src/coordinator/client";
 import { randomId } from "../../src/crypto/api-keys";
-import { blockedHostLog, egressRouteLog, type RunState, runs } from "../../src/db/schema";
+import {
+  blockedHostLog,
+  egressRouteLog,
+  limitRefusalLog,
+  type RunState,
+  runs,
+  strayPlaceholderLog,
+} from "../../src/db/schema";
 import { issueProxyCredentials } from "../../src/runs/proxy-credentials";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
 import { type ApiResponse, call, type Tenant, withDb } from "./harness";
@@ -152,12 +159,26 @@ export async function auditRows(runId: string) {
       .from(egressRouteLog)
       .where(eq(egressRouteLog.runId, runId))
       .orderBy(egressRouteLog.host, egressRouteLog.route),
+    limits: await db
+      .select()
+      .from(limitRefusalLog)
+      .where(eq(limitRefusalLog.runId, runId))
+      .orderBy(limitRefusalLog.host, limitRefusalLog.method, limitRefusalLog.limit),
+    strays: await db
+      .select()
+      .from(strayPlaceholderLog)
+      .where(eq(strayPlaceholderLog.runId, runId))
+      .orderBy(strayPlaceholderLog.host, strayPlaceholderLog.secret),
   }));
 }
 
+/** What auditRows reads for a run with no audit rows. */
+export const NO_AUDIT_ROWS = { blocked: [], routes: [], limits: [], strays: [] };
+
 /**
- * A run with audit rows for `hosts` (one refusal and one direct route each), stored through the
- * audit route's own store function rather than over HTTP: cheap enough for every fixture.
+ * A run with audit rows for `hosts` (one refusal, one direct route, one limit refusal and one
+ * stray placeholder each), stored through the audit route's own store function rather than over
+ * HTTP: cheap enough for every fixture.
  */
 export async function runWithAudit(tenant: Tenant, hosts: readonly string[]): Promise<TestRun> {
   const run = await newRun(tenant);
@@ -167,6 +188,21 @@ export async function runWithAudit(tenant: Tenant, hosts: readonly string[]): Pr
     egressRoutes: hosts.map((host) => ({
       host,
       route: "direct" as const,
+      count: 1,
+      firstSeen: now,
+      lastSeen: now,
+    })),
+    limitRefusals: hosts.map((host) => ({
+      host,
+      method: "DELETE",
+      limit: "method" as const,
+      count: 1,
+      firstSeen: now,
+      lastSeen: now,
+    })),
+    strayPlaceholders: hosts.map((host) => ({
+      host,
+      secret: "API_KEY",
       count: 1,
       firstSeen: now,
       lastSeen: now,

@@ -54,6 +54,40 @@ export async function egressRoutes(ctx: Ctx, id: string, page: Page): Promise<vo
   ]);
 }
 
+/** Requests the run's proxy refused for a method or path limit (never the path). */
+export async function limitRefusals(ctx: Ctx, id: string, page: Page): Promise<void> {
+  const body = await api(ctx).call("get", "/v1/runs/{id}/limit-refusals", { params: { id }, query: page });
+  print(ctx, body, () => [
+    ...(body.limitRefusals.length === 0
+      ? ["no request was refused by a method or path limit"]
+      : table([
+          ["HOST", "METHOD", "LIMIT", "COUNT", "LAST SEEN"],
+          ...body.limitRefusals.map((r) => [r.host, r.method, r.limit, String(r.count), r.lastSeen]),
+        ])),
+    ...nextPage(body.nextCursor),
+  ]);
+}
+
+/** Placeholders sent toward a host other than their rule's: out unswapped, never the secret. */
+export async function strayPlaceholders(ctx: Ctx, id: string, page: Page): Promise<void> {
+  const body = await api(ctx).call("get", "/v1/runs/{id}/stray-placeholders", {
+    params: { id },
+    query: page,
+  });
+  print(ctx, body, () => [
+    ...(body.strayPlaceholders.length === 0
+      ? ["no placeholder was sent to another host"]
+      : [
+          ...table([
+            ["HOST", "SECRET", "COUNT", "LAST SEEN"],
+            ...body.strayPlaceholders.map((r) => [r.host, r.secret, String(r.count), r.lastSeen]),
+          ]),
+          "these went out unswapped: those hosts saw only the placeholder, never the secret",
+        ]),
+    ...nextPage(body.nextCursor),
+  ]);
+}
+
 export async function modelCalls(ctx: Ctx, id: string, page: Page): Promise<void> {
   const body = await api(ctx).call("get", "/v1/runs/{id}/model-calls", { params: { id }, query: page });
   const t = body.totals;

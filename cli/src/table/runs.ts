@@ -1,6 +1,6 @@
 import { runsArtifacts } from "../commands/artifacts";
 import { demo } from "../commands/demo";
-import { blockedHosts, egressRoutes, modelCalls } from "../commands/logs";
+import { blockedHosts, egressRoutes, limitRefusals, modelCalls, strayPlaceholders } from "../commands/logs";
 import {
   commandOf,
   runsControl,
@@ -143,6 +143,18 @@ export const RUNS_COMMANDS: CommandTable = {
     summary: "hosts the run reached and by which route",
     options: page,
     run: (ctx, v, p) => egressRoutes(ctx, one(p, "run id"), pageOf(v)),
+  },
+  "logs limit-refusals": {
+    usage: "benchwright logs limit-refusals RUN_ID [--limit N] [--cursor C]",
+    summary: "requests the run's proxy refused for a method or path limit (never the path)",
+    options: page,
+    run: (ctx, v, p) => limitRefusals(ctx, one(p, "run id"), pageOf(v)),
+  },
+  "logs stray-placeholders": {
+    usage: "benchwright logs stray-placeholders RUN_ID [--limit N] [--cursor C]",
+    summary: "placeholders sent to a host other than their rule's (out unswapped)",
+    options: page,
+    run: (ctx, v, p) => strayPlaceholders(ctx, one(p, "run id"), pageOf(v)),
   },
   "logs model-calls": {
     usage: "benchwright logs model-calls RUN_ID [--limit N] [--cursor C]",
