@@ -69,8 +69,25 @@ function currentAsDraft(f: Fixture) {
   };
 }
 
-const allow = (rule: number | null = null, route = "direct") => ({ action: "allow", rule, route });
-const block = (route = "direct") => ({ action: "block", rule: null, route });
+const allow = (rule: number | null = null, route = "direct") => ({
+  action: "allow",
+  rule,
+  route,
+  methods: null,
+  paths: null,
+});
+const block = (route = "direct") => ({ action: "block", rule: null, route, methods: null, paths: null });
+
+/** The fixture's rule as the dry run shows it: the default placeholder variable, no limits. */
+const apiRule = (f: Fixture) => ({
+  index: 0,
+  host: f.h("api"),
+  secret: "API_KEY",
+  placeholderEnv: "API_KEY",
+  placeholderIn: [],
+  methods: null,
+  paths: null,
+});
 
 async function expectNoLeak(f: Fixture) {
   const needles = await leakNeedles(f.canary);
@@ -97,6 +114,11 @@ describe("POST /v1/vault/dry-run", { timeout: 60_000 }, () => {
       routing: {
         draft: { mode: "catch-all", reasons: ["block_default"] },
         current: { mode: "default", reasons: [] },
+      },
+      rules: { draft: [apiRule(f)], current: [apiRule(f)] },
+      placeholders: {
+        draft: [{ env: "API_KEY", secret: "API_KEY" }],
+        current: [{ env: "API_KEY", secret: "API_KEY" }],
       },
       counts: { hosts: 4, changed: 2 },
       truncated: false,
