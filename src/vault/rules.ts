@@ -1,4 +1,4 @@
-import { PlaceholderPlace } from "@benchwright/shared/contract/placeholder";
+import { defaultPlaceholderEnv, PlaceholderPlace } from "@benchwright/shared/contract/placeholder";
 import { InjectScheme, InjectSpec } from "@benchwright/shared/contract/policy";
 import { patternCovers } from "@benchwright/shared/policy/host";
 import { z } from "@hono/zod-openapi";
@@ -184,8 +184,14 @@ async function resolveRuleInput(tx: Tx, p: Owner, input: RuleInput) {
     scheme: input.inject.scheme,
     target: target.value,
     ...limits.value,
-    // The columns: placeholder false is none; placeholder_env null is the default name.
-    ...(env.value === undefined ? {} : { placeholder: env.value !== null, placeholderEnv: env.value }),
+    // The columns: placeholder false is none; placeholder_env null is the default name, which a
+    // name equal to it is stored as (so it follows the rule's secret, and a form can go back).
+    ...(env.value === undefined
+      ? {}
+      : {
+          placeholder: env.value !== null,
+          placeholderEnv: env.value === defaultPlaceholderEnv(input.secret) ? null : env.value,
+        }),
     ...(input.placeholderIn === undefined ? {} : { placeholderIn: [...new Set(input.placeholderIn)] }),
   });
 }
