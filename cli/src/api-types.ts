@@ -542,7 +542,7 @@ export interface paths {
         delete: operations["deleteHostEntry"];
         options?: never;
         head?: never;
-        /** Change a host entry's action and/or route (blocking drops the route) */
+        /** Change a host entry's action, route and/or limits (blocking drops route and limits) */
         patch: operations["updateHostEntry"];
         trace?: never;
     };
@@ -572,7 +572,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Allow common package and source hosts (npm, PyPI, GitHub, Debian/Ubuntu, crates, Go, Maven...) */
+        /** Allow common package and source hosts (npm, PyPI, GitHub, Debian/Ubuntu, crates, Go, Maven...); the source hosts read-only (GET, HEAD) */
         post: operations["allowStarterPack"];
         delete?: never;
         options?: never;
@@ -957,6 +957,10 @@ export interface components {
                 current: {
                     /** @enum {string} */
                     action: "allow" | "block";
+                    /** @description The deciding host entry's method limit; null: none */
+                    methods: string[] | null;
+                    /** @description The deciding host entry's path limit; null: none */
+                    paths: string[] | null;
                     /**
                      * @description How the host's traffic would leave: the deciding entry's via, else the run's egress
                      * @enum {string}
@@ -968,6 +972,10 @@ export interface components {
                 draft: {
                     /** @enum {string} */
                     action: "allow" | "block";
+                    /** @description The deciding host entry's method limit; null: none */
+                    methods: string[] | null;
+                    /** @description The deciding host entry's path limit; null: none */
+                    paths: string[] | null;
                     /**
                      * @description How the host's traffic would leave: the deciding entry's via, else the run's egress
                      * @enum {string}
@@ -978,6 +986,17 @@ export interface components {
                 };
                 host: string;
             }[];
+            /** @description The placeholder variables the run's sandboxes would get; under a declared model, its lane's own variables win */
+            placeholders: {
+                current: {
+                    env: string;
+                    secret: string;
+                }[];
+                draft: {
+                    env: string;
+                    secret: string;
+                }[];
+            };
             routing: {
                 current: {
                     /** @enum {string} */
@@ -989,6 +1008,27 @@ export interface components {
                     mode: "default" | "catch-all";
                     reasons: ("block_default" | "wildcard_block" | "wildcard_rule" | "ip_literal" | "local_egress" | "tunnel_host" | "wildcard_limit")[];
                 };
+            };
+            /** @description Each vault's rules in order, with their limits and placeholder variables */
+            rules: {
+                current: {
+                    host: string;
+                    index: number;
+                    methods: string[] | null;
+                    paths: string[] | null;
+                    placeholderEnv: string | null;
+                    placeholderIn: string[];
+                    secret: string;
+                }[];
+                draft: {
+                    host: string;
+                    index: number;
+                    methods: string[] | null;
+                    paths: string[] | null;
+                    placeholderEnv: string | null;
+                    placeholderIn: string[];
+                    secret: string;
+                }[];
             };
             runId: string;
             truncated: boolean;
@@ -1018,6 +1058,10 @@ export interface components {
             id: string;
             /** @description Added for a rule's host; removed with the rule */
             implicit: boolean;
+            /** @description The methods requests to this host may use; null: any */
+            methods: string[] | null;
+            /** @description The paths (prefixes or globs) requests to this host may use; null: any */
+            paths: string[] | null;
             pattern: string;
             /** Format: date-time */
             updatedAt: string;
@@ -1275,7 +1319,7 @@ export interface components {
         };
         Problem: {
             /** @enum {string} */
-            code: "unauthorized" | "read_only_key" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "registry_unreachable" | "registry_refused" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "setup_image_building" | "invalid_expiry" | "scope_too_wide" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "invalid_notification_url" | "too_many_notifications" | "config_invalid" | "database_unavailable" | "internal_error";
+            code: "unauthorized" | "read_only_key" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "invalid_limit" | "limits_on_block" | "invalid_placeholder_env" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "registry_unreachable" | "registry_refused" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "setup_image_building" | "invalid_expiry" | "scope_too_wide" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "invalid_notification_url" | "too_many_notifications" | "config_invalid" | "database_unavailable" | "internal_error";
             detail: string;
             requestId: string;
             status: number;
@@ -1339,6 +1383,14 @@ export interface components {
                 /** @enum {string} */
                 scheme: "bearer" | "basic" | "raw" | "query";
             };
+            /** @description The methods the rule's requests may use; null: any */
+            methods: string[] | null;
+            /** @description The paths (prefixes or globs) the rule's requests may use; null: any */
+            paths: string[] | null;
+            /** @description The variable the run's sandboxes get this secret's placeholder in (the secret's name made portable unless the rule chose one); null: none */
+            placeholderEnv: string | null;
+            /** @description ["body"]: the proxy swaps the placeholder in request bodies too; []: headers and query only */
+            placeholderIn: "body"[];
             position: number;
             /** @description The secret's name */
             secret: string;
@@ -3648,6 +3700,21 @@ export interface operations {
                             upsert?: {
                                 /** @enum {string} */
                                 action: "allow" | "block";
+                                /**
+                                 * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                                 * @example [
+                                 *       "GET",
+                                 *       "HEAD"
+                                 *     ]
+                                 */
+                                methods?: string[] | null;
+                                /**
+                                 * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                                 * @example [
+                                 *       "/repos/acme/"
+                                 *     ]
+                                 */
+                                paths?: string[] | null;
                                 pattern: string;
                                 /**
                                  * @description Allowed hosts only: tunnel (through the user's machine) or direct; omitted: as the run's egress says
@@ -3675,6 +3742,28 @@ export interface operations {
                                     /** @enum {string} */
                                     scheme: "query";
                                 };
+                                /**
+                                 * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                                 * @example [
+                                 *       "GET",
+                                 *       "HEAD"
+                                 *     ]
+                                 */
+                                methods?: string[] | null;
+                                /**
+                                 * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                                 * @example [
+                                 *       "/repos/acme/"
+                                 *     ]
+                                 */
+                                paths?: string[] | null;
+                                /**
+                                 * @description The variable the run's sandboxes get this secret's placeholder in: letters, digits and _, not the platform's (PATH, HTTPS_PROXY, BW_...); null: no placeholder; omitted: the secret's name made portable (on create), as it is (on update)
+                                 * @example OPENROUTER_API_KEY
+                                 */
+                                placeholderEnv?: string | null;
+                                /** @description ["body"]: the proxy also swaps the placeholder in request bodies (up to 1 MiB) */
+                                placeholderIn?: "body"[];
                                 /** @example OPENROUTER_API_KEY */
                                 secret: string;
                             }[];
@@ -3689,6 +3778,21 @@ export interface operations {
                         hosts: {
                             /** @enum {string} */
                             action: "allow" | "block";
+                            /**
+                             * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                             * @example [
+                             *       "GET",
+                             *       "HEAD"
+                             *     ]
+                             */
+                            methods?: string[] | null;
+                            /**
+                             * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                             * @example [
+                             *       "/repos/acme/"
+                             *     ]
+                             */
+                            paths?: string[] | null;
                             pattern: string;
                             /**
                              * @description Allowed hosts only: tunnel (through the user's machine) or direct; omitted: as the run's egress says
@@ -3714,6 +3818,28 @@ export interface operations {
                                 /** @enum {string} */
                                 scheme: "query";
                             };
+                            /**
+                             * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                             * @example [
+                             *       "GET",
+                             *       "HEAD"
+                             *     ]
+                             */
+                            methods?: string[] | null;
+                            /**
+                             * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                             * @example [
+                             *       "/repos/acme/"
+                             *     ]
+                             */
+                            paths?: string[] | null;
+                            /**
+                             * @description The variable the run's sandboxes get this secret's placeholder in: letters, digits and _, not the platform's (PATH, HTTPS_PROXY, BW_...); null: no placeholder; omitted: the secret's name made portable (on create), as it is (on update)
+                             * @example OPENROUTER_API_KEY
+                             */
+                            placeholderEnv?: string | null;
+                            /** @description ["body"]: the proxy also swaps the placeholder in request bodies (up to 1 MiB) */
+                            placeholderIn?: "body"[];
                             /** @example OPENROUTER_API_KEY */
                             secret: string;
                         }[];
@@ -3844,6 +3970,21 @@ export interface operations {
                 "application/json": {
                     /** @enum {string} */
                     action: "allow" | "block";
+                    /**
+                     * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                     * @example [
+                     *       "GET",
+                     *       "HEAD"
+                     *     ]
+                     */
+                    methods?: string[] | null;
+                    /**
+                     * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                     * @example [
+                     *       "/repos/acme/"
+                     *     ]
+                     */
+                    paths?: string[] | null;
                     /** @example *.evil.example */
                     pattern: string;
                     /**
@@ -4041,6 +4182,21 @@ export interface operations {
                 "application/json": {
                     /** @enum {string} */
                     action?: "allow" | "block";
+                    /**
+                     * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                     * @example [
+                     *       "GET",
+                     *       "HEAD"
+                     *     ]
+                     */
+                    methods?: string[] | null;
+                    /**
+                     * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                     * @example [
+                     *       "/repos/acme/"
+                     *     ]
+                     */
+                    paths?: string[] | null;
                     /**
                      * @description tunnel or direct; null clears it (the run's egress decides)
                      * @enum {string|null}
@@ -4738,6 +4894,28 @@ export interface operations {
                          */
                         scheme: "bearer" | "basic" | "raw" | "query";
                     };
+                    /**
+                     * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                     * @example [
+                     *       "GET",
+                     *       "HEAD"
+                     *     ]
+                     */
+                    methods?: string[] | null;
+                    /**
+                     * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                     * @example [
+                     *       "/repos/acme/"
+                     *     ]
+                     */
+                    paths?: string[] | null;
+                    /**
+                     * @description The variable the run's sandboxes get this secret's placeholder in: letters, digits and _, not the platform's (PATH, HTTPS_PROXY, BW_...); null: no placeholder; omitted: the secret's name made portable (on create), as it is (on update)
+                     * @example OPENROUTER_API_KEY
+                     */
+                    placeholderEnv?: string | null;
+                    /** @description ["body"]: the proxy also swaps the placeholder in request bodies (up to 1 MiB) */
+                    placeholderIn?: "body"[];
                     /** @description 0-based place in the order; default last */
                     position?: number;
                     /** @example OPENROUTER_API_KEY */
@@ -4932,6 +5110,28 @@ export interface operations {
                          */
                         scheme: "bearer" | "basic" | "raw" | "query";
                     };
+                    /**
+                     * @description Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any
+                     * @example [
+                     *       "GET",
+                     *       "HEAD"
+                     *     ]
+                     */
+                    methods?: string[] | null;
+                    /**
+                     * @description Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any
+                     * @example [
+                     *       "/repos/acme/"
+                     *     ]
+                     */
+                    paths?: string[] | null;
+                    /**
+                     * @description The variable the run's sandboxes get this secret's placeholder in: letters, digits and _, not the platform's (PATH, HTTPS_PROXY, BW_...); null: no placeholder; omitted: the secret's name made portable (on create), as it is (on update)
+                     * @example OPENROUTER_API_KEY
+                     */
+                    placeholderEnv?: string | null;
+                    /** @description ["body"]: the proxy also swaps the placeholder in request bodies (up to 1 MiB) */
+                    placeholderIn?: "body"[];
                     /** @description 0-based place in the order; default last */
                     position?: number;
                     /** @example OPENROUTER_API_KEY */

@@ -1,11 +1,13 @@
 import { canonicalHost, isCanonicalIp } from "../contract/host-name";
 import { hasLimits, type Limits } from "../contract/http-limits";
+import type { PlaceholderPlace } from "../contract/placeholder";
 import type {
   EgressVia,
   HostAction,
   InjectSpec,
   ModelLaneSpec,
   PolicyRule,
+  RequestLimitFields,
   RunEgress,
 } from "../contract/policy";
 import { PolicyDocument } from "../contract/policy";
@@ -18,10 +20,23 @@ import { parseHostPattern, wildcardRemainders } from "./host";
 export interface VaultSnapshot {
   version: number;
   default: HostAction;
-  /** Canonical patterns, as parseHostPattern returned them. */
-  hosts: readonly { pattern: string; action: HostAction; via?: EgressVia | null | undefined }[];
-  /** Canonical host patterns, in the user's order. */
-  rules: readonly { host: string; secret: string; inject: InjectSpec }[];
+  /** Canonical patterns, as parseHostPattern returned them; limits on allow entries only. */
+  hosts: readonly ({
+    pattern: string;
+    action: HostAction;
+    via?: EgressVia | null | undefined;
+  } & Partial<RequestLimitFields>)[];
+  /**
+   * Canonical host patterns, in the user's order. placeholderEnv is resolved (the default name
+   * filled in; null or absent: no placeholder).
+   */
+  rules: readonly ({
+    host: string;
+    secret: string;
+    inject: InjectSpec;
+    placeholderEnv?: string | null | undefined;
+    placeholderIn?: readonly PlaceholderPlace[] | undefined;
+  } & Partial<RequestLimitFields>)[];
 }
 
 export interface RunOptions {
@@ -45,6 +60,8 @@ export function compilePolicy(vault: VaultSnapshot, run: RunOptions = { egress: 
     pattern: h.pattern,
     action: h.action,
     ...(h.via && h.action === "allow" ? { via: h.via } : {}),
+    methods: h.methods ?? null,
+    paths: h.paths ?? null,
   }));
   const model = run.model ?? null;
   const derived = deriveFields({ ...vault, hosts }, run.egress, model !== null);
@@ -57,7 +74,16 @@ export function compilePolicy(vault: VaultSnapshot, run: RunOptions = { egress: 
     note: derived.enforce ? null : NOTHING_TO_DO,
     egress: run.egress,
     hosts,
-    rules: vault.rules.map((r, index) => ({ index, host: r.host, secret: r.secret, inject: r.inject })),
+    rules: vault.rules.map((r, index) => ({
+      index,
+      host: r.host,
+      secret: r.secret,
+      inject: r.inject,
+      placeholderEnv: r.placeholderEnv ?? null,
+      placeholderIn: r.placeholderIn ?? [],
+      methods: r.methods ?? null,
+      paths: r.paths ?? null,
+    })),
     model,
     hostsFile: derived.hostsFile,
   });

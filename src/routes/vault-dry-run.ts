@@ -3,7 +3,8 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
 import { jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as dry from "../vault/dry-run";
-import { HostPatternInput, ViaInput } from "./vault-hosts";
+import { HostPatternInput, MethodsInput, PathsInput, ViaInput } from "./vault-hosts";
+import { RuleExtras } from "./vault-rules";
 import { SecretName } from "./vault-secrets";
 
 // Dry run: what a run's hosts would meet under a draft vault, next to what they meet now. The
@@ -12,13 +13,20 @@ import { SecretName } from "./vault-secrets";
 const MAX_ITEMS = 10_000;
 
 const HostEntryInput = z
-  .object({ pattern: HostPatternInput, action: HostAction, via: ViaInput.optional() })
+  .object({
+    pattern: HostPatternInput,
+    action: HostAction,
+    via: ViaInput.optional(),
+    methods: MethodsInput.optional(),
+    paths: PathsInput.optional(),
+  })
   .strict();
 const RuleInput = z
   .object({
     host: HostPatternInput.openapi({ example: "api.openrouter.ai" }),
     secret: SecretName,
     inject: InjectSpec,
+    ...RuleExtras,
   })
   .strict();
 
@@ -80,8 +88,33 @@ const Outcome = z
     route: z.enum(["direct", "tunnel"]).openapi({
       description: "How the host's traffic would leave: the deciding entry's via, else the run's egress",
     }),
+    methods: z
+      .array(z.string())
+      .nullable()
+      .openapi({ description: "The deciding host entry's method limit; null: none" }),
+    paths: z
+      .array(z.string())
+      .nullable()
+      .openapi({ description: "The deciding host entry's path limit; null: none" }),
   })
   .strict();
+
+const RuleView = z
+  .object({
+    index: z.number().int(),
+    host: z.string(),
+    secret: z.string(),
+    placeholderEnv: z.string().nullable(),
+    placeholderIn: z.array(z.string()),
+    methods: z.array(z.string()).nullable(),
+    paths: z.array(z.string()).nullable(),
+  })
+  .strict();
+
+const Placeholder = z
+  .object({ env: z.string(), secret: z.string() })
+  .strict()
+  .openapi({ description: "A variable the run's sandboxes get, holding the secret's placeholder" });
 
 const DryRunResult = z
   .object({
@@ -90,6 +123,17 @@ const DryRunResult = z
       .array(z.object({ host: z.string(), draft: Outcome, current: Outcome, changed: z.boolean() }).strict())
       .openapi({ description: `Changed hosts first, then by name; at most ${dry.MAX_DRY_RUN_HOSTS}` }),
     routing: z.object({ draft: PolicyRouting, current: PolicyRouting }).strict(),
+    rules: z
+      .object({ draft: z.array(RuleView), current: z.array(RuleView) })
+      .strict()
+      .openapi({ description: "Each vault's rules in order, with their limits and placeholder variables" }),
+    placeholders: z
+      .object({ draft: z.array(Placeholder), current: z.array(Placeholder) })
+      .strict()
+      .openapi({
+        description:
+          "The placeholder variables the run's sandboxes would get; under a declared model, its lane's own variables win",
+      }),
     counts: z.object({ hosts: z.number().int(), changed: z.number().int() }).strict(),
     truncated: z.boolean(),
   })

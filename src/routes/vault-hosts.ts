@@ -19,6 +19,14 @@ export const HostEntry = z
       description:
         "How an allowed host's traffic leaves: tunnel (through the user's egress agent, which makes routing catch-all) or direct; null: as the run's egress says (local → tunnel)",
     }),
+    methods: z
+      .array(z.string())
+      .nullable()
+      .openapi({ description: "The methods requests to this host may use; null: any" }),
+    paths: z
+      .array(z.string())
+      .nullable()
+      .openapi({ description: "The paths (prefixes or globs) requests to this host may use; null: any" }),
     createdAt: z.string().datetime(),
     updatedAt: z.string().datetime(),
   })
@@ -39,6 +47,26 @@ export const ViaInput = Via.openapi({
   description:
     "Allowed hosts only: tunnel (through the user's machine) or direct; omitted: as the run's egress says",
 });
+
+// Limits as the user writes them; the vault service checks the grammar (400 invalid_limit) and
+// refuses them on a block entry (400 limits_on_block).
+export const MethodsInput = z
+  .array(z.string().max(64))
+  .max(100)
+  .nullable()
+  .openapi({
+    description: "Allowed hosts and rules only: the methods requests may use (RFC 9110 tokens); null: any",
+    example: ["GET", "HEAD"],
+  });
+export const PathsInput = z
+  .array(z.string().max(300))
+  .max(100)
+  .nullable()
+  .openapi({
+    description:
+      'Allowed hosts and rules only: the paths requests may use, compared with the normalised path: "/repos" is a prefix on a segment boundary, "*" a glob within a segment, "**" across segments; null: any',
+    example: ["/repos/acme/"],
+  });
 
 const Settings = z
   .object({ default: HostAction, version: z.number().int() })
@@ -73,6 +101,8 @@ export const hostsRoutes = newRouter()
             pattern: HostPatternInput.openapi({ example: "*.evil.example" }),
             action: HostAction,
             via: ViaInput.optional(),
+            methods: MethodsInput.optional(),
+            paths: PathsInput.optional(),
           })
           .strict(),
       ),
@@ -88,7 +118,7 @@ export const hostsRoutes = newRouter()
       tags,
       operationId: "allowStarterPack",
       summary:
-        "Allow common package and source hosts (npm, PyPI, GitHub, Debian/Ubuntu, crates, Go, Maven...)",
+        "Allow common package and source hosts (npm, PyPI, GitHub, Debian/Ubuntu, crates, Go, Maven...); the source hosts read-only (GET, HEAD)",
       // No fields. A body is optional, but if sent it must be `{}`: like every body here, it is
       // strict, so it cannot carry a user or environment id that is silently ignored (case C3).
       request: {
@@ -157,7 +187,7 @@ export const hostsRoutes = newRouter()
       path: "/hosts/{id}",
       tags,
       operationId: "updateHostEntry",
-      summary: "Change a host entry's action and/or route (blocking drops the route)",
+      summary: "Change a host entry's action, route and/or limits (blocking drops route and limits)",
       request: {
         params,
         ...jsonBody(
@@ -167,10 +197,12 @@ export const hostsRoutes = newRouter()
               via: ViaInput.nullable()
                 .optional()
                 .openapi({ description: "tunnel or direct; null clears it (the run's egress decides)" }),
+              methods: MethodsInput.optional(),
+              paths: PathsInput.optional(),
             })
             .strict()
-            .refine((b) => b.action !== undefined || b.via !== undefined, {
-              message: "give action, via or both",
+            .refine((b) => Object.values(b).some((v) => v !== undefined), {
+              message: "give action, via, methods or paths",
             }),
         ),
       },

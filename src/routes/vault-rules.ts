@@ -1,8 +1,10 @@
+import { PlaceholderPlace } from "@benchwright/shared/contract/placeholder";
 import { InjectScheme } from "@benchwright/shared/contract/policy";
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
 import { IdParam, jsonBody, jsonOk, newRouter, problems } from "../router";
 import * as vault from "../vault/rules";
+import { MethodsInput, PathsInput } from "./vault-hosts";
 import { SecretName } from "./vault-secrets";
 
 const Inject = z
@@ -19,6 +21,25 @@ const Inject = z
 
 const HostPattern = z.string().min(1).max(300).openapi({ example: "api.openrouter.ai" });
 const Position = z.number().int().min(0).openapi({ description: "0-based place in the order; default last" });
+
+// Checked by the vault service, which answers invalid_placeholder_env with the reason.
+const PlaceholderEnvInput = z.string().min(1).max(300).nullable().openapi({
+  description:
+    "The variable the run's sandboxes get this secret's placeholder in: letters, digits and _, not the platform's (PATH, HTTPS_PROXY, BW_...); null: no placeholder; omitted: the secret's name made portable (on create), as it is (on update)",
+  example: "OPENROUTER_API_KEY",
+});
+const PlaceholderIn = z
+  .array(z.enum(PlaceholderPlace.options))
+  .max(1)
+  .openapi({ description: '["body"]: the proxy also swaps the placeholder in request bodies (up to 1 MiB)' });
+
+/** A rule's fields beyond host, secret and inject, all optional (the dry run's rules take them too). */
+export const RuleExtras = {
+  placeholderEnv: PlaceholderEnvInput.optional(),
+  placeholderIn: PlaceholderIn.optional(),
+  methods: MethodsInput.optional(),
+  paths: PathsInput.optional(),
+};
 
 const toJson = (r: vault.RuleInfo): z.infer<typeof vault.Rule> => ({
   ...r,
@@ -51,7 +72,13 @@ export const rulesRoutes = newRouter()
       summary: "Add a rule: inject a secret into requests to a host",
       request: jsonBody(
         z
-          .object({ host: HostPattern, secret: SecretName, inject: Inject, position: Position.optional() })
+          .object({
+            host: HostPattern,
+            secret: SecretName,
+            inject: Inject,
+            position: Position.optional(),
+            ...RuleExtras,
+          })
           .strict(),
       ),
       responses: { 201: jsonOk(vault.Rule, "Created"), ...problems(400, 401, 409) },
@@ -98,8 +125,13 @@ export const rulesRoutes = newRouter()
         params,
         ...jsonBody(
           z
-            .object({ host: HostPattern, secret: SecretName, inject: Inject, position: Position })
-            .partial()
+            .object({
+              host: HostPattern.optional(),
+              secret: SecretName.optional(),
+              inject: Inject.optional(),
+              position: Position.optional(),
+              ...RuleExtras,
+            })
             .strict(),
         ),
       },

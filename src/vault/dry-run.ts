@@ -1,3 +1,5 @@
+import { hasLimits } from "@benchwright/shared/contract/http-limits";
+import { type PlaceholderEnv, placeholderEnvs } from "@benchwright/shared/contract/placeholder";
 import {
   type EgressVia,
   type HostAction,
@@ -15,6 +17,13 @@ import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { listHosts } from "./hosts";
+import {
+  checkLimits,
+  checkPlaceholderEnv,
+  type LimitsInput,
+  limitsOnBlock,
+  resolvePlaceholderEnv,
+} from "./limits";
 import { compileVault, previewPolicy } from "./policy";
 import type { RuleInput } from "./rules";
 import { listSecrets } from "./secrets";
@@ -24,9 +33,11 @@ import { getSettings } from "./settings";
 // blocked_host_log) against a draft vault and against the vault as it is now, with the code the
 // proxy decides by (compilePolicy, then buildPolicyIndex's decideHost and matchRule), and the
 // run's egress. Each host's route is the proxy's too: the deciding entry's `via`, else the run's
-// egress. Rules are named by index and secret name; no secret value is read at all.
+// egress. Rules are named by index and secret name; no secret value is read at all. It shows the
+// limits requests would be held to (the deciding entry's, each rule's) and the placeholder
+// variables the run's sandboxes would get (placeholderEnvs, as the coordinator computes them).
 
-export interface HostEntryInput {
+export interface HostEntryInput extends LimitsInput {
   pattern: string;
   action: HostAction;
   /** An allowed host's route; none: as the run's egress says. A block entry takes none. */
@@ -65,6 +76,20 @@ export interface HostOutcome {
   rule: number | null;
   /** How allowed traffic leaves: through the user's machine (tunnel) or straight out. */
   route: Route;
+  /** The deciding host entry's limits (null: none; a blocked host has none). */
+  methods: string[] | null;
+  paths: string[] | null;
+}
+
+/** A rule as the dry run shows it: by index and secret name, with its limits and placeholder. */
+export interface RuleView {
+  index: number;
+  host: string;
+  secret: string;
+  placeholderEnv: string | null;
+  placeholderIn: string[];
+  methods: string[] | null;
+  paths: string[] | null;
 }
 
 export interface HostReplay {
@@ -80,6 +105,10 @@ export interface DryRunResult {
   /** Changed hosts first, then by name; at most MAX_DRY_RUN_HOSTS. */
   hosts: HostReplay[];
   routing: { draft: PolicyRouting; current: PolicyRouting };
+  /** Each vault's rules in order, with their limits and placeholder variables. */
+  rules: { draft: RuleView[]; current: RuleView[] };
+  /** The placeholder variables the run's sandboxes would get (the declared model's lane wins its own). */
+  placeholders: { draft: PlaceholderEnv[]; current: PlaceholderEnv[] };
   counts: { hosts: number; changed: number };
   /** True when the run recorded more hosts than `hosts` holds. */
   truncated: boolean;
@@ -92,6 +121,8 @@ const READ_ATTEMPTS = 3;
 interface Entry {
   action: HostAction;
   via?: EgressVia | undefined;
+  methods: string[] | null;
+  paths: string[] | null;
   /** Added for a rule's host, as the vault does; goes with the last rule naming the host. */
   implicit: boolean;
 }
@@ -140,15 +171,26 @@ function checkRule(path: string, input: RuleInput, secretNames: Set<string>): Re
   if (!secretNames.has(input.secret)) {
     return fail("unknown_secret", `${path}.secret: no secret named ${input.secret}; create it first.`);
   }
+  const limits = checkLimits(input, `${path}.`);
+  if (!limits.ok) return limits;
+  const env = input.placeholderEnv
+    ? checkPlaceholderEnv(input.placeholderEnv, `${path}.placeholderEnv`)
+    : ok(input.placeholderEnv);
+  if (!env.ok) return env;
   return ok({
     index: 0,
     host: host.pattern,
     secret: input.secret,
     inject: inject.data,
-    placeholderEnv: null,
-    placeholderIn: [],
-    methods: null,
-    paths: null,
+    // As the vault would store and compile it: absent is the default name, null none.
+    placeholderEnv: resolvePlaceholderEnv({
+      secret: input.secret,
+      placeholder: env.value !== null,
+      placeholderEnv: env.value ?? null,
+    }),
+    placeholderIn: [...new Set(input.placeholderIn ?? [])],
+    methods: limits.value.methods ?? null,
+    paths: limits.value.paths ?? null,
   });
 }
 
@@ -174,7 +216,16 @@ function checkEntries(path: string, hosts: readonly HostEntryInput[]): Result<Ma
     if (h.via && h.action === "block") {
       return fail("via_on_block", `${path}[${i}].via: ${pattern.value} is blocked, so it has no route`);
     }
-    out.set(pattern.value, { action: h.action, implicit: false, ...(h.via ? { via: h.via } : {}) });
+    if (h.action === "block" && hasLimits(h)) return limitsOnBlock(pattern.value, `${path}[${i}]: `);
+    const limits = checkLimits(h, `${path}[${i}].`);
+    if (!limits.ok) return limits;
+    out.set(pattern.value, {
+      action: h.action,
+      implicit: false,
+      ...(h.via ? { via: h.via } : {}),
+      methods: limits.value.methods ?? null,
+      paths: limits.value.paths ?? null,
+    });
   }
   return ok(out);
 }
@@ -199,7 +250,13 @@ function fromChanges(changes: VaultChanges, base: Base): Result<Resolved> {
   const hosts = new Map<string, Entry>(
     base.doc.hosts.map((h) => [
       h.pattern,
-      { action: h.action, implicit: base.implicit.has(h.pattern), ...(h.via ? { via: h.via } : {}) },
+      {
+        action: h.action,
+        implicit: base.implicit.has(h.pattern),
+        ...(h.via ? { via: h.via } : {}),
+        methods: h.methods,
+        paths: h.paths,
+      },
     ]),
   );
   let rules: PolicyRule[] = [...base.doc.rules];
@@ -259,15 +316,18 @@ function withImplicitEntries(vault: Resolved, version: number): Result<VaultSnap
         );
       }
     }
-    if (!vault.hosts.has(rule.host)) vault.hosts.set(rule.host, { action: "allow", implicit: true });
+    // As the vault's: an implicit entry carries no limits.
+    if (!vault.hosts.has(rule.host)) {
+      vault.hosts.set(rule.host, { action: "allow", implicit: true, methods: null, paths: null });
+    }
   }
   return ok({
     version,
     default: vault.default,
     hosts: [...vault.hosts]
       .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-      .map(([pattern, { action, via }]) => ({ pattern, action, via })),
-    rules: vault.rules.map(({ host, secret, inject }) => ({ host, secret, inject })),
+      .map(([pattern, { action, via, methods, paths }]) => ({ pattern, action, via, methods, paths })),
+    rules: vault.rules,
   });
 }
 
@@ -275,16 +335,34 @@ function withImplicitEntries(vault: Resolved, version: number): Result<VaultSnap
  * What the proxy does with a request to `host`: host policy first (which also gives the route:
  * the deciding entry's via, else the run's egress); a blocked host gets no rule.
  */
-function outcome(index: PolicyIndex, host: string): HostOutcome {
-  const { action, via } = index.decideHost(host);
+function outcome(doc: PolicyDocument, index: PolicyIndex, host: string): HostOutcome {
+  const { action, via, pattern } = index.decideHost(host);
   const rule = action === "block" ? null : (index.matchRule(host)?.index ?? null);
-  return { action, rule, route: via };
+  const entry = pattern === null ? undefined : doc.hosts.find((h) => h.pattern === pattern);
+  return { action, rule, route: via, methods: entry?.methods ?? null, paths: entry?.paths ?? null };
 }
 
+/** What of a rule changes a request's treatment: all of it but its place in the order. */
 const ruleKey = (doc: PolicyDocument, index: number | null) => {
   const rule = index === null ? undefined : doc.rules[index];
-  return rule ? JSON.stringify([rule.host, rule.secret, rule.inject]) : null;
+  if (!rule) return null;
+  const { index: _, ...rest } = rule;
+  return JSON.stringify(rest);
 };
+
+const ruleViews = (doc: PolicyDocument): RuleView[] =>
+  doc.rules.map(({ index, host, secret, placeholderEnv, placeholderIn, methods, paths }) => ({
+    index,
+    host,
+    secret,
+    placeholderEnv,
+    placeholderIn,
+    methods,
+    paths,
+  }));
+
+const sameLimits = (a: HostOutcome, b: HostOutcome) =>
+  JSON.stringify([a.methods, a.paths]) === JSON.stringify([b.methods, b.paths]);
 
 /** Hosts the run reached (any route) or was refused, each once, by name. */
 async function runHosts(db: Db, p: Owner, runId: string): Promise<string[]> {
@@ -313,7 +391,7 @@ export async function dryRun(db: Db, p: Owner, input: DryRunInput): Promise<Resu
     .where(and(eq(runs.id, input.runId), eq(runs.environmentId, p.environmentId)));
   if (!run) return fail("not_found", `No run ${input.runId}.`);
   // As the run's proxy gets it.
-  const { egress } = readStoredSpec(run.spec);
+  const { egress, model } = readStoredSpec(run.spec);
 
   const base = await readCurrent(db, p, egress);
   const resolved = input.draft ? fromDraft(input.draft, base) : fromChanges(input.changes ?? {}, base);
@@ -326,11 +404,12 @@ export async function dryRun(db: Db, p: Owner, input: DryRunInput): Promise<Resu
   const [draftIndex, currentIndex] = [buildPolicyIndex(draftDoc), buildPolicyIndex(base.doc)];
 
   const replays = (await runHosts(db, p, run.id)).map((host): HostReplay => {
-    const draft = outcome(draftIndex, host);
-    const current = outcome(currentIndex, host);
+    const draft = outcome(draftDoc, draftIndex, host);
+    const current = outcome(base.doc, currentIndex, host);
     const changed =
       draft.action !== current.action ||
       draft.route !== current.route ||
+      !sameLimits(draft, current) ||
       ruleKey(draftDoc, draft.rule) !== ruleKey(base.doc, current.rule);
     return { host, draft, current, changed };
   });
@@ -340,6 +419,11 @@ export async function dryRun(db: Db, p: Owner, input: DryRunInput): Promise<Resu
     runId: run.id,
     hosts: shown,
     routing: { draft: draftDoc.routing, current: base.doc.routing },
+    rules: { draft: ruleViews(draftDoc), current: ruleViews(base.doc) },
+    placeholders: {
+      draft: placeholderEnvs(draftDoc.rules, model !== undefined),
+      current: placeholderEnvs(base.doc.rules, model !== undefined),
+    },
     counts: { hosts: replays.length, changed: changed.length },
     truncated: replays.length > shown.length,
   });

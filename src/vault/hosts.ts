@@ -1,6 +1,7 @@
+import { hasLimits } from "@benchwright/shared/contract/http-limits";
 import type { EgressVia, HostAction } from "@benchwright/shared/contract/policy";
 import { patternCovers } from "@benchwright/shared/policy/host";
-import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
+import { STARTER_PACK_HOSTS, starterPackMethods } from "@benchwright/shared/policy/starter-pack";
 import { and, asc, eq, inArray } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
@@ -8,9 +9,10 @@ import { vaultHosts, vaultRules } from "../db/schema";
 import type { Db, Tx } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { change, checkPattern, notFound } from "./change";
+import { checkLimits, type LimitsInput, limitsOnBlock } from "./limits";
 
 // The vault's host entries over Postgres: a pattern allowed or blocked, and an allowed host's
-// route (via). The default for hosts no entry names is a setting (settings.ts). Every change is
+// route (via) and method and path limits (limits.ts). The default for hosts no entry names is a setting (settings.ts). Every change is
 // one vault change (change.ts), scoped by the owner's environment.
 
 export interface HostEntry {
@@ -20,6 +22,9 @@ export interface HostEntry {
   implicit: boolean;
   /** How an allowed host's traffic leaves; null: as the run's egress says. */
   via: EgressVia | null;
+  /** Method and path limits of an allowed host; null: none. */
+  methods: string[] | null;
+  paths: string[] | null;
   createdAt: Date;
   updatedAt: Date;
 }
@@ -30,6 +35,8 @@ const hostColumns = {
   action: vaultHosts.action,
   implicit: vaultHosts.implicit,
   via: vaultHosts.via,
+  methods: vaultHosts.methods,
+  paths: vaultHosts.paths,
   createdAt: vaultHosts.createdAt,
   updatedAt: vaultHosts.updatedAt,
 };
@@ -68,8 +75,8 @@ const viaOnBlock = (pattern: string) =>
 
 /**
  * Creates or replaces the entry for a pattern; saving it makes it explicit. `via`: the route of
- * an allowed host (null: as the run's egress says; undefined: keep the entry's own). A block
- * entry has none, so blocking drops it.
+ * an allowed host (null: as the run's egress says; undefined: keep the entry's own); `limits`
+ * likewise, field by field. A block entry has neither, so blocking drops them.
  */
 async function saveHost(
   tx: Tx,
@@ -77,8 +84,13 @@ async function saveHost(
   pattern: string,
   action: HostAction,
   via: EgressVia | null | undefined,
+  limitsInput: LimitsInput = {},
 ): Promise<Result<HostEntry>> {
   if (action === "block" && via) return viaOnBlock(pattern);
+  if (action === "block" && hasLimits(limitsInput)) return limitsOnBlock(pattern);
+  const limits = checkLimits(limitsInput);
+  if (!limits.ok) return limits;
+  const { methods, paths } = limits.value;
   if (action === "block") {
     const rule = await ruleUnder(tx, p.environmentId, pattern);
     if (rule) {
@@ -90,13 +102,27 @@ async function saveHost(
   }
   const [row] = await tx
     .insert(vaultHosts)
-    .values({ id: randomId("hst_"), environmentId: p.environmentId, pattern, action, via: via ?? null })
+    .values({
+      id: randomId("hst_"),
+      environmentId: p.environmentId,
+      pattern,
+      action,
+      via: via ?? null,
+      methods: methods ?? null,
+      paths: paths ?? null,
+    })
     .onConflictDoUpdate({
       target: [vaultHosts.environmentId, vaultHosts.pattern],
       set: {
         action,
         implicit: false,
-        ...(action === "block" ? { via: null } : via === undefined ? {} : { via }),
+        ...(action === "block"
+          ? { via: null, methods: null, paths: null }
+          : {
+              ...(via === undefined ? {} : { via }),
+              ...(methods === undefined ? {} : { methods }),
+              ...(paths === undefined ? {} : { paths }),
+            }),
         updatedAt: new Date(),
       },
     })
@@ -104,27 +130,31 @@ async function saveHost(
   return row ? ok(row) : fail("internal_error", "Host entry was not saved.");
 }
 
-/** Creates or replaces the entry (an omitted via is none: the run's egress decides). */
+/** Creates or replaces the entry (an omitted via or limit is none). */
 export async function putHost(
   db: Db,
   p: Owner,
-  input: { pattern: string; action: HostAction; via?: EgressVia | null | undefined },
+  input: { pattern: string; action: HostAction; via?: EgressVia | null | undefined } & LimitsInput,
 ): Promise<Result<HostEntry>> {
   const pattern = checkPattern(input.pattern, "host-entry");
   if (!pattern.ok) return pattern;
   if (input.action === "block" && input.via) return viaOnBlock(pattern.value);
-  return change(db, p.environmentId, (tx) => saveHost(tx, p, pattern.value, input.action, input.via ?? null));
+  const limits = { methods: input.methods ?? null, paths: input.paths ?? null };
+  return change(db, p.environmentId, (tx) =>
+    saveHost(tx, p, pattern.value, input.action, input.via ?? null, limits),
+  );
 }
 
 /**
- * Changes an entry's action and/or route. `via` undefined keeps the entry's route (blocking drops
- * it), null clears it; a route on an entry that is or becomes a block is refused (via_on_block).
+ * Changes an entry's action, route and/or limits. `via` undefined keeps the entry's route
+ * (blocking drops it), null clears it; a route on an entry that is or becomes a block is refused
+ * (via_on_block). Limits likewise (limits_on_block).
  */
 export async function updateHost(
   db: Db,
   p: Owner,
   id: string,
-  input: { action?: HostAction | undefined; via?: EgressVia | null | undefined },
+  input: { action?: HostAction | undefined; via?: EgressVia | null | undefined } & LimitsInput,
 ): Promise<Result<HostEntry>> {
   // Read and write in one transaction, so a concurrent delete cannot be undone by this update.
   return change(db, p.environmentId, async (tx) => {
@@ -133,7 +163,10 @@ export async function updateHost(
       .from(vaultHosts)
       .where(and(eq(vaultHosts.environmentId, p.environmentId), eq(vaultHosts.id, id)));
     if (!entry) return notFound("host entry", id);
-    return saveHost(tx, p, entry.pattern, input.action ?? entry.action, input.via);
+    return saveHost(tx, p, entry.pattern, input.action ?? entry.action, input.via, {
+      methods: input.methods,
+      paths: input.paths,
+    });
   });
 }
 
@@ -161,7 +194,10 @@ export async function deleteHost(db: Db, p: Owner, id: string): Promise<Result<n
   });
 }
 
-/** Allows the common package and source hosts; entries the user already has are left alone. */
+/**
+ * Allows the common package and source hosts, the source hosts read-only (starter-pack.ts);
+ * entries the user already has are left alone, their limits included.
+ */
 export async function addStarterPack(db: Db, p: Owner): Promise<Result<{ added: string[]; kept: string[] }>> {
   return change(db, p.environmentId, async (tx) => {
     const added: string[] = [];
@@ -169,7 +205,13 @@ export async function addStarterPack(db: Db, p: Owner): Promise<Result<{ added: 
     for (const pattern of STARTER_PACK_HOSTS) {
       const rows = await tx
         .insert(vaultHosts)
-        .values({ id: randomId("hst_"), environmentId: p.environmentId, pattern, action: "allow" })
+        .values({
+          id: randomId("hst_"),
+          environmentId: p.environmentId,
+          pattern,
+          action: "allow",
+          methods: starterPackMethods(pattern),
+        })
         .onConflictDoNothing()
         .returning({ id: vaultHosts.id });
       (rows.length > 0 ? added : kept).push(pattern);

@@ -15,7 +15,8 @@ import { readRules } from "./rules";
 import { readSettings } from "./settings";
 
 // The compiled view of a vault: what a run started now would get (compilePolicy over the
-// settings, host entries, rules and the declared model, read together).
+// settings, host entries, rules and the declared model, read together). Each rule carries its
+// resolved placeholder variable (rules.ts) and its limits; host entries their limits.
 
 export interface PolicyOptions {
   /** "local": the run egresses through the user's machine, which forces catch-all routing. */
@@ -34,7 +35,13 @@ export async function readPolicy(db: Q, p: Owner, run: PolicyOptions): Promise<R
   return db.transaction(async (tx) => {
     const settings = await readSettings(tx, p.environmentId);
     const hosts = await tx
-      .select({ pattern: vaultHosts.pattern, action: vaultHosts.action, via: vaultHosts.via })
+      .select({
+        pattern: vaultHosts.pattern,
+        action: vaultHosts.action,
+        via: vaultHosts.via,
+        methods: vaultHosts.methods,
+        paths: vaultHosts.paths,
+      })
       .from(vaultHosts)
       .where(eq(vaultHosts.environmentId, p.environmentId))
       .orderBy(asc(vaultHosts.pattern));
@@ -51,7 +58,15 @@ export async function readPolicy(db: Q, p: Owner, run: PolicyOptions): Promise<R
         version: settings.version,
         default: settings.default,
         hosts,
-        rules: rules.map((r) => ({ host: r.host, secret: r.secret, inject: r.inject })),
+        rules: rules.map((r) => ({
+          host: r.host,
+          secret: r.secret,
+          inject: r.inject,
+          placeholderEnv: r.placeholderEnv,
+          placeholderIn: r.placeholderIn,
+          methods: r.methods,
+          paths: r.paths,
+        })),
       },
       { egress: run.egress, model },
     );

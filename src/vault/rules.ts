@@ -1,3 +1,4 @@
+import { defaultPlaceholderEnv, PlaceholderPlace } from "@benchwright/shared/contract/placeholder";
 import { InjectScheme, InjectSpec } from "@benchwright/shared/contract/policy";
 import { patternCovers } from "@benchwright/shared/policy/host";
 import { z } from "@hono/zod-openapi";
@@ -8,12 +9,14 @@ import { vaultHosts, vaultRules, vaultSecrets } from "../db/schema";
 import type { Db, Q, Tx } from "../db/types";
 import { fail, ok, type Result } from "../errors";
 import { change, checkPattern, notFound } from "./change";
+import { checkLimits, checkPlaceholderEnv, type LimitsInput, resolvePlaceholderEnv } from "./limits";
 import { secretIdByName } from "./secrets";
 
 // The vault's rules over Postgres, in order: for a request to a host, the first rule whose host
 // matches injects its secret (named; the value stays in vault_secrets). A rule's host gets an
-// implicit allow entry for as long as a rule names it. Every change is one vault change
-// (change.ts), scoped by the owner's environment.
+// implicit allow entry (with no limits) for as long as a rule names it. A rule may carry method
+// and path limits and says where its placeholder goes (limits.ts). Every change is one vault
+// change (change.ts), scoped by the owner's environment.
 
 /** A rule as the API shows it (GET /v1/vault/rules): the one list of a rule's fields. */
 export const Rule = z
@@ -23,6 +26,22 @@ export const Rule = z
     host: z.string(),
     secret: z.string().openapi({ description: "The secret's name" }),
     inject: z.object({ scheme: InjectScheme, name: z.string() }),
+    placeholderEnv: z.string().nullable().openapi({
+      description:
+        "The variable the run's sandboxes get this secret's placeholder in (the secret's name made portable unless the rule chose one); null: none",
+    }),
+    placeholderIn: z.array(PlaceholderPlace).openapi({
+      description:
+        '["body"]: the proxy swaps the placeholder in request bodies too; []: headers and query only',
+    }),
+    methods: z
+      .array(z.string())
+      .nullable()
+      .openapi({ description: "The methods the rule's requests may use; null: any" }),
+    paths: z
+      .array(z.string())
+      .nullable()
+      .openapi({ description: "The paths (prefixes or globs) the rule's requests may use; null: any" }),
     createdAt: z.string().datetime(),
     updatedAt: z.string().datetime(),
   })
@@ -35,10 +54,15 @@ export type RuleInfo = Omit<z.infer<typeof Rule>, "createdAt" | "updatedAt"> & {
   updatedAt: Date;
 };
 
-export interface RuleInput {
+const PlaceholderPlaces = z.array(PlaceholderPlace);
+
+export interface RuleInput extends LimitsInput {
   host: string;
   secret: string;
   inject: { scheme: InjectScheme; name?: string | undefined };
+  /** A variable name; null: no placeholder; undefined: the default (create) or as stored (update). */
+  placeholderEnv?: string | null | undefined;
+  placeholderIn?: readonly PlaceholderPlace[] | undefined;
 }
 
 /** The vault's rules in order, alone or inside a caller's transaction (the policy read's). */
@@ -51,6 +75,11 @@ export async function readRules(q: Q, environmentId: string): Promise<RuleInfo[]
       secret: vaultSecrets.name,
       scheme: vaultRules.scheme,
       target: vaultRules.target,
+      placeholder: vaultRules.placeholder,
+      placeholderEnv: vaultRules.placeholderEnv,
+      placeholderIn: vaultRules.placeholderIn,
+      methods: vaultRules.methods,
+      paths: vaultRules.paths,
       createdAt: vaultRules.createdAt,
       updatedAt: vaultRules.updatedAt,
     })
@@ -58,7 +87,12 @@ export async function readRules(q: Q, environmentId: string): Promise<RuleInfo[]
     .innerJoin(vaultSecrets, eq(vaultSecrets.id, vaultRules.secretId))
     .where(eq(vaultRules.environmentId, environmentId))
     .orderBy(asc(vaultRules.position), asc(vaultRules.createdAt));
-  return rows.map(({ scheme, target, ...r }) => ({ ...r, inject: { scheme, name: target } }));
+  return rows.map(({ scheme, target, placeholder, placeholderEnv, placeholderIn, ...r }) => ({
+    ...r,
+    inject: { scheme, name: target },
+    placeholderEnv: resolvePlaceholderEnv({ secret: r.secret, placeholder, placeholderEnv }),
+    placeholderIn: PlaceholderPlaces.parse(placeholderIn),
+  }));
 }
 
 export async function listRules(db: Db, p: Owner): Promise<RuleInfo[]> {
@@ -133,6 +167,10 @@ async function resolveRuleInput(tx: Tx, p: Owner, input: RuleInput) {
   if (!target.ok) return target;
   const secretId = await secretIdByName(tx, p.environmentId, input.secret);
   if (!secretId.ok) return secretId;
+  const limits = checkLimits(input);
+  if (!limits.ok) return limits;
+  const env = input.placeholderEnv ? checkPlaceholderEnv(input.placeholderEnv) : ok(input.placeholderEnv);
+  if (!env.ok) return env;
   const blocked = await blockingEntry(tx, p.environmentId, host.value);
   if (blocked) {
     return fail(
@@ -145,6 +183,16 @@ async function resolveRuleInput(tx: Tx, p: Owner, input: RuleInput) {
     secretId: secretId.value,
     scheme: input.inject.scheme,
     target: target.value,
+    ...limits.value,
+    // The columns: placeholder false is none; placeholder_env null is the default name, which a
+    // name equal to it is stored as (so it follows the rule's secret, and a form can go back).
+    ...(env.value === undefined
+      ? {}
+      : {
+          placeholder: env.value !== null,
+          placeholderEnv: env.value === defaultPlaceholderEnv(input.secret) ? null : env.value,
+        }),
+    ...(input.placeholderIn === undefined ? {} : { placeholderIn: [...new Set(input.placeholderIn)] }),
   });
 }
 
@@ -161,15 +209,10 @@ export async function createRule(
     const order = existing.map((r) => r.id);
     const at = Math.min(Math.max(input.position ?? order.length, 0), order.length);
     order.splice(at, 0, id);
-    await tx.insert(vaultRules).values({
-      id,
-      environmentId: p.environmentId,
-      position: at,
-      hostPattern: resolved.value.host,
-      secretId: resolved.value.secretId,
-      scheme: resolved.value.scheme,
-      target: resolved.value.target,
-    });
+    const { host, ...columns } = resolved.value;
+    await tx
+      .insert(vaultRules)
+      .values({ id, environmentId: p.environmentId, position: at, hostPattern: host, ...columns });
     await writeOrder(tx, p.environmentId, order);
     await ensureImplicitAllow(tx, p.environmentId, resolved.value.host);
     return ok(null);
@@ -191,17 +234,17 @@ export async function updateRule(
       host: patch.host ?? current.host,
       secret: patch.secret ?? current.secret,
       inject: patch.inject ?? current.inject,
+      // Unset fields stay as stored (resolveRuleInput leaves their columns out).
+      methods: patch.methods,
+      paths: patch.paths,
+      placeholderEnv: patch.placeholderEnv,
+      placeholderIn: patch.placeholderIn,
     });
     if (!resolved.ok) return resolved;
+    const { host, ...columns } = resolved.value;
     await tx
       .update(vaultRules)
-      .set({
-        hostPattern: resolved.value.host,
-        secretId: resolved.value.secretId,
-        scheme: resolved.value.scheme,
-        target: resolved.value.target,
-        updatedAt: new Date(),
-      })
+      .set({ hostPattern: host, ...columns, updatedAt: new Date() })
       .where(and(eq(vaultRules.environmentId, p.environmentId), eq(vaultRules.id, id)));
     if (resolved.value.host !== current.host) {
       await ensureImplicitAllow(tx, p.environmentId, resolved.value.host);

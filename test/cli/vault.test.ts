@@ -130,3 +130,88 @@ describe("vault hosts", () => {
     );
   });
 });
+
+describe("vault limits and placeholders", () => {
+  it("rules add/update take --methods, --paths and the placeholder flags; hosts allow/update take limits", async () => {
+    const user = await loggedIn();
+    const home = { home: user.home };
+    await cli(["vault", "secrets", "set", "GH_TOKEN"], { home: user.home, input: "cli-limit-value" });
+    // case N3: the limits reach the vault as the API saves them (methods uppercased).
+    const added = await cli(
+      [
+        "vault",
+        "rules",
+        "add",
+        "api.gh.test",
+        "--secret",
+        "GH_TOKEN",
+        "--methods",
+        "get, head",
+        "--paths",
+        "/repos/acme/,/orgs/acme",
+        "--placeholder-env",
+        "GITHUB_TOKEN",
+        "--placeholder-in",
+        "body",
+        "--json",
+      ],
+      home,
+    );
+    expect(added.code, added.stderr).toBe(0);
+    const rule = JSON.parse(added.stdout);
+    expect(rule).toMatchObject({
+      methods: ["GET", "HEAD"],
+      paths: ["/repos/acme/", "/orgs/acme"],
+      placeholderEnv: "GITHUB_TOKEN",
+      placeholderIn: ["body"],
+    });
+    const listed = await cli(["vault", "rules", "list"], home);
+    expect(listed.stdout).toMatch(/PLACEHOLDER\s+LIMITS/);
+    expect(listed.stdout).toContain("GITHUB_TOKEN (+body)");
+    expect(listed.stdout).toContain("GET,HEAD /repos/acme/,/orgs/acme");
+
+    const updated = await cli(
+      ["vault", "rules", "update", "api.gh.test", "--methods", "any", "--no-placeholder", "--json"],
+      home,
+    );
+    expect(updated.code, updated.stderr).toBe(0);
+    expect(JSON.parse(updated.stdout)).toMatchObject({
+      methods: null,
+      paths: ["/repos/acme/", "/orgs/acme"],
+    });
+    expect((await json(user.key, `/v1/vault/rules/${rule.id}`)).placeholderEnv).toBeNull();
+
+    // A reserved variable and a path with ..: the API's codes, exit 1, nothing changed.
+    const reserved = await cli(["vault", "rules", "update", rule.id, "--placeholder-env", "PATH"], home);
+    expect(reserved.code).toBe(1);
+    expect(reserved.stderr).toContain("invalid_placeholder_env");
+    const dotdot = await cli(["vault", "rules", "update", rule.id, "--paths", "/a/../b"], home);
+    expect(dotdot.code).toBe(1);
+    expect(dotdot.stderr).toContain("invalid_limit");
+    // Both placeholder flags at once: a usage error, nothing sent.
+    expect(
+      (await cli(["vault", "rules", "update", rule.id, "--no-placeholder", "--placeholder-env", "X"], home))
+        .code,
+    ).toBe(2);
+
+    const allowed = await cli(
+      ["vault", "hosts", "allow", "pypi.test", "--methods", "GET,HEAD", "--json"],
+      home,
+    );
+    expect(allowed.code, allowed.stderr).toBe(0);
+    expect(JSON.parse(allowed.stdout).hosts[0]).toMatchObject({ methods: ["GET", "HEAD"], paths: null });
+    const narrowed = await cli(
+      ["vault", "hosts", "update", "pypi.test", "--paths", "/simple/", "--json"],
+      home,
+    );
+    expect(narrowed.code, narrowed.stderr).toBe(0);
+    expect(JSON.parse(narrowed.stdout)).toMatchObject({ methods: ["GET", "HEAD"], paths: ["/simple/"] });
+    const hostsList = await cli(["vault", "hosts", "list"], home);
+    expect(hostsList.stdout).toContain("GET,HEAD /simple/");
+    // Limits on a block entry: the API refuses (limits_on_block).
+    await cli(["vault", "hosts", "block", "evil.test"], home);
+    const onBlock = await cli(["vault", "hosts", "update", "evil.test", "--methods", "GET"], home);
+    expect(onBlock.code).toBe(1);
+    expect(onBlock.stderr).toContain("limits_on_block");
+  });
+});

@@ -69,8 +69,25 @@ function currentAsDraft(f: Fixture) {
   };
 }
 
-const allow = (rule: number | null = null, route = "direct") => ({ action: "allow", rule, route });
-const block = (route = "direct") => ({ action: "block", rule: null, route });
+const allow = (rule: number | null = null, route = "direct") => ({
+  action: "allow",
+  rule,
+  route,
+  methods: null,
+  paths: null,
+});
+const block = (route = "direct") => ({ action: "block", rule: null, route, methods: null, paths: null });
+
+/** The fixture's rule as the dry run shows it: the default placeholder variable, no limits. */
+const apiRule = (f: Fixture) => ({
+  index: 0,
+  host: f.h("api"),
+  secret: "API_KEY",
+  placeholderEnv: "API_KEY",
+  placeholderIn: [],
+  methods: null,
+  paths: null,
+});
 
 async function expectNoLeak(f: Fixture) {
   const needles = await leakNeedles(f.canary);
@@ -97,6 +114,11 @@ describe("POST /v1/vault/dry-run", { timeout: 60_000 }, () => {
       routing: {
         draft: { mode: "catch-all", reasons: ["block_default"] },
         current: { mode: "default", reasons: [] },
+      },
+      rules: { draft: [apiRule(f)], current: [apiRule(f)] },
+      placeholders: {
+        draft: [{ env: "API_KEY", secret: "API_KEY" }],
+        current: [{ env: "API_KEY", secret: "API_KEY" }],
       },
       counts: { hosts: 4, changed: 2 },
       truncated: false,
@@ -419,5 +441,126 @@ describe("POST /v1/vault/dry-run", { timeout: 60_000 }, () => {
     }
     expect((await b.dry({ runId: b.run.id, changes: {} })).status).toBe(200);
     await expectNoLeak(a);
+  });
+
+  it("limits and placeholder variables: shown per host and rule; a limit alone is a change", async () => {
+    // case N3: the dry run shows the limits a run's requests would be held to.
+    const f = await fixture();
+    const res = await f.dry({
+      runId: f.run.id,
+      changes: {
+        hosts: { upsert: [{ pattern: f.h("pypi"), action: "allow", methods: ["get", "HEAD"] }] },
+        rules: {
+          add: [
+            {
+              host: f.h("other"),
+              secret: "SPARE_KEY",
+              inject: { scheme: "bearer" },
+              placeholderEnv: "OTHER_TOKEN",
+              placeholderIn: ["body"],
+              paths: ["/v1/"],
+            },
+          ],
+        },
+      },
+    });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.hosts).toEqual([
+      { host: f.h("other"), draft: allow(1), current: allow(), changed: true },
+      {
+        host: f.h("pypi"),
+        draft: { ...allow(), methods: ["GET", "HEAD"] },
+        current: allow(),
+        changed: true,
+      },
+      { host: f.h("api"), draft: allow(0), current: allow(0), changed: false },
+      { host: f.h("evil"), draft: block(), current: block(), changed: false },
+    ]);
+    expect(res.json.rules.draft).toEqual([
+      apiRule(f),
+      {
+        index: 1,
+        host: f.h("other"),
+        secret: "SPARE_KEY",
+        placeholderEnv: "OTHER_TOKEN",
+        placeholderIn: ["body"],
+        methods: null,
+        paths: ["/v1/"],
+      },
+    ]);
+    // case N1: the variables the run's sandboxes would get, the draft's and today's.
+    expect(res.json.placeholders).toEqual({
+      draft: [
+        { env: "API_KEY", secret: "API_KEY" },
+        { env: "OTHER_TOKEN", secret: "SPARE_KEY" },
+      ],
+      current: [{ env: "API_KEY", secret: "API_KEY" }],
+    });
+
+    // A rule's placeholder or limit changed alone changes its hosts' treatment.
+    const draft = currentAsDraft(f);
+    const [only] = draft.rules;
+    if (!only) throw new Error("no rule");
+    Object.assign(only, { placeholderEnv: null, methods: ["GET"] });
+    const narrowed = await f.dry({ runId: f.run.id, draft });
+    expect(narrowed.status, narrowed.text).toBe(200);
+    expect(narrowed.json.hosts[0]).toEqual({
+      host: f.h("api"),
+      draft: allow(0),
+      current: allow(0),
+      changed: true,
+    });
+    expect(narrowed.json.rules.draft[0]).toMatchObject({ placeholderEnv: null, methods: ["GET"] });
+    expect(narrowed.json.placeholders.draft).toEqual([]);
+    await expectNoLeak(f);
+  });
+
+  it("a declared model's lane keeps its own variables: a rule's placeholder of that name is not given", async () => {
+    const f = await fixture({ commands: ["true"], model: "judge" });
+    const res = await f.dry({
+      runId: f.run.id,
+      changes: {
+        rules: {
+          add: [
+            {
+              host: f.h("other"),
+              secret: "SPARE_KEY",
+              inject: { scheme: "bearer" },
+              placeholderEnv: "OPENAI_API_KEY",
+            },
+          ],
+        },
+      },
+    });
+    expect(res.status, res.text).toBe(200);
+    expect(res.json.placeholders.draft).toEqual([{ env: "API_KEY", secret: "API_KEY" }]);
+  });
+
+  it("bad limits and placeholder variables → their codes, nothing written", async () => {
+    const f = await fixture();
+    const before = (await f.t.api("GET", "/v1/vault/settings")).json;
+    const runId = f.run.id;
+    const rule = (extra: Record<string, unknown>) => ({
+      rules: { add: [{ host: f.h("other"), secret: "SPARE_KEY", inject: { scheme: "bearer" }, ...extra }] },
+    });
+    const cases: [unknown, string][] = [
+      [{ runId, changes: rule({ methods: ["G T"] }) }, "invalid_limit"],
+      [{ runId, changes: rule({ paths: ["/a/../b"] }) }, "invalid_limit"],
+      [{ runId, changes: rule({ placeholderEnv: "PATH" }) }, "invalid_placeholder_env"],
+      [{ runId, changes: rule({ placeholderEnv: "BW_TOKEN" }) }, "invalid_placeholder_env"],
+      [
+        {
+          runId,
+          changes: { hosts: { upsert: [{ pattern: f.h("pypi"), action: "block", methods: ["GET"] }] } },
+        },
+        "limits_on_block",
+      ],
+      [
+        { runId, changes: { hosts: { upsert: [{ pattern: f.h("pypi"), action: "allow", paths: ["x"] }] } } },
+        "invalid_limit",
+      ],
+    ];
+    for (const [body, code] of cases) expectProblem(await f.dry(body), 400, code);
+    expect((await f.t.api("GET", "/v1/vault/settings")).json).toEqual(before);
   });
 });

@@ -57,6 +57,7 @@ describe("vault page: tenant isolation (C1)", { timeout: 60_000 }, () => {
       [`${VAULT}/rules/${rule1?.id}/delete`, {}, /^No rule rul_\w+ in this vault\.$/],
       ...hostIds.flatMap((id): [string, Record<string, string>, RegExp][] => [
         [`${VAULT}/hosts/${id}`, { action: "allow" }, /^No host entry hst_\w+ in this vault\.$/],
+        [`${VAULT}/hosts/${id}/limits`, { methods: "GET" }, /^No host entry hst_\w+ in this vault\.$/],
         [`${VAULT}/hosts/${id}/delete`, {}, /^No host entry hst_\w+ in this vault\.$/],
       ]),
     ];

@@ -4,7 +4,19 @@ import { newTenant, type Tenant } from "./harness";
 // What the vault's route tests set up and read back over the API: a tenant with secrets, rules,
 // host entries and the rules' order.
 
-export const RULE_FIELDS = ["createdAt", "host", "id", "inject", "position", "secret", "updatedAt"];
+export const RULE_FIELDS = [
+  "createdAt",
+  "host",
+  "id",
+  "inject",
+  "methods",
+  "paths",
+  "placeholderEnv",
+  "placeholderIn",
+  "position",
+  "secret",
+  "updatedAt",
+];
 
 export async function tenantWithSecret(...names: string[]): Promise<Tenant> {
   const t = await newTenant();
@@ -46,7 +58,17 @@ export async function order(t: Tenant): Promise<string[]> {
   return res.json.rules.map((r: { id: string }) => r.id);
 }
 
-export const HOST_FIELDS = ["action", "createdAt", "id", "implicit", "pattern", "updatedAt", "via"];
+export const HOST_FIELDS = [
+  "action",
+  "createdAt",
+  "id",
+  "implicit",
+  "methods",
+  "paths",
+  "pattern",
+  "updatedAt",
+  "via",
+];
 
 export async function version(t: Tenant): Promise<number> {
   const res = await t.api("GET", "/v1/vault/settings");

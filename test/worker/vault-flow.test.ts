@@ -35,6 +35,11 @@ describe("vault flow", () => {
         host: "api.openrouter.ai",
         secret: "OPENROUTER_API_KEY",
         inject: { scheme: "bearer", name: "authorization" },
+        // The secret's name is the placeholder variable by default; no limits.
+        placeholderEnv: "OPENROUTER_API_KEY",
+        placeholderIn: [],
+        methods: null,
+        paths: null,
       },
     ]);
     expect(normal.text).not.toContain("sk-or-canary");

@@ -1,10 +1,12 @@
-import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
+import { STARTER_PACK_HOSTS, STARTER_PACK_READ_ONLY } from "@benchwright/shared/policy/starter-pack";
 import { describe, expect, it } from "vitest";
 import { expectProblem, newTenant } from "./harness";
 import { preview, put, rule, secret, version } from "./vault-fixtures";
 
 // Host entries, the default action and its version counter, the starter pack, and the policy
 // preview's routing decisions.
+
+const NO_LIMITS = { methods: null, paths: null };
 
 describe("starter pack", () => {
   it("adds every starter host as an explicit allow entry; a second call adds nothing", async () => {
@@ -71,14 +73,24 @@ describe("policy preview", () => {
     });
   });
 
-  it("allow entries alone (starter pack) still leave nothing to enforce", async () => {
+  it("allow entries alone leave nothing to enforce", async () => {
     const t = await newTenant();
-    await t.api("POST", "/v1/vault/hosts/starter-pack");
+    await put(t, "allowed.example", "allow");
+    await put(t, "*.cdn.example", "allow");
     const doc = await preview(t);
     expect(doc.enforce).toBe(false);
     expect(doc.note).toEqual(expect.any(String));
     expect(doc.routing).toEqual({ mode: "default", reasons: [] });
     expect(doc.hostsFile).toEqual([]);
+  });
+
+  it("the starter pack's read-only hosts are enforced: redirected by the hosts file, default routing", async () => {
+    // case N3: a limited host is never spliced; under default routing it is redirected.
+    const t = await newTenant();
+    await t.api("POST", "/v1/vault/hosts/starter-pack");
+    const doc = await preview(t);
+    expect(doc).toMatchObject({ enforce: true, note: null, routing: { mode: "default", reasons: [] } });
+    expect(doc.hostsFile).toEqual([...STARTER_PACK_READ_ONLY].sort());
     expect(doc.hosts).toHaveLength(STARTER_PACK_HOSTS.length);
   });
 
@@ -114,10 +126,13 @@ describe("policy preview", () => {
     await put(t, "tracker.example", "block");
     await put(t, "allowed.example", "allow");
     await put(t, "z.example.com", "allow"); // explicit allow for a rule host: still listed (via the rule)
-    await t.api("POST", "/v1/vault/hosts/starter-pack");
+    await t.api("PATCH", `/v1/vault/hosts/${(await put(t, "limited.example", "allow")).id}`, {
+      methods: ["GET"],
+    });
     const doc = await preview(t);
     expect(doc.routing).toEqual({ mode: "default", reasons: [] });
-    expect(doc.hostsFile).toEqual(["b.example.com", "tracker.example", "z.example.com"]);
+    // An exact allow entry with limits is listed too (N3); a plain allow entry is not.
+    expect(doc.hostsFile).toEqual(["b.example.com", "limited.example", "tracker.example", "z.example.com"]);
   });
 
   it("block default → catch-all (block_default), no hosts file", async () => {
@@ -336,9 +351,9 @@ describe("per-host routes (via)", () => {
       hostsFile: [],
     });
     expect(doc.hosts).toEqual([
-      { pattern: "cdn.example.com", action: "allow", via: "direct" },
-      { pattern: "home.example.com", action: "allow", via: "tunnel" },
-      { pattern: "plain.example.com", action: "allow" },
+      { pattern: "cdn.example.com", action: "allow", via: "direct", ...NO_LIMITS },
+      { pattern: "home.example.com", action: "allow", via: "tunnel", ...NO_LIMITS },
+      { pattern: "plain.example.com", action: "allow", ...NO_LIMITS },
     ]);
     // Under local egress the run's own reason says it all.
     expect((await preview(t, "?egress=local")).routing).toEqual({
@@ -366,7 +381,7 @@ describe("per-host routes (via)", () => {
     await t.api("PATCH", `/v1/vault/hosts/${e.json.id}`, { action: "block" });
     const doc = await preview(t);
     expect(doc.routing).toEqual({ mode: "default", reasons: [] });
-    expect(doc.hosts).toEqual([{ pattern: "home.example.com", action: "block" }]);
+    expect(doc.hosts).toEqual([{ pattern: "home.example.com", action: "block", ...NO_LIMITS }]);
     expect(doc.hostsFile).toEqual(["home.example.com"]);
   });
 });

@@ -81,17 +81,67 @@ export async function secretsDelete(ctx: Ctx, name: string): Promise<void> {
   print(ctx, { deleted: secret.id, name }, () => [`deleted ${name} (${secret.id})`]);
 }
 
+// ---- limits and placeholders ----
+
+/** Limit flags as typed: a comma-separated list; "any" is no limit (null); absent: unchanged. */
+export interface LimitFlags {
+  methods?: string | undefined;
+  paths?: string | undefined;
+}
+
+function limitList(text: string | undefined, flag: string): string[] | null | undefined {
+  if (text === undefined) return undefined;
+  if (text.trim() === "any") return null;
+  const items = text
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
+  if (items.length === 0) throw new UsageError(`${flag} takes a comma-separated list, or "any" for no limit`);
+  return items;
+}
+
+/** The limits a body carries: only the flags given (the API checks each item). */
+function limitsBody(flags: LimitFlags) {
+  const methods = limitList(flags.methods, "--methods");
+  const paths = limitList(flags.paths, "--paths");
+  return { ...(methods === undefined ? {} : { methods }), ...(paths === undefined ? {} : { paths }) };
+}
+
+/** A limits column: "GET,HEAD /a,/b", or "-" for none. */
+const limitsText = (x: { methods: string[] | null; paths: string[] | null }) =>
+  [x.methods?.join(","), x.paths?.join(",")].filter(Boolean).join(" ") || "-";
+
+export interface PlaceholderFlags {
+  placeholderEnv?: string | undefined;
+  noPlaceholder?: boolean | undefined;
+  placeholderIn?: string | undefined;
+}
+
+function placeholderBody(flags: PlaceholderFlags) {
+  if (flags.noPlaceholder && flags.placeholderEnv !== undefined) {
+    throw new UsageError("give --placeholder-env NAME or --no-placeholder, not both");
+  }
+  const place = oneOf(flags.placeholderIn, ["body", "none"] as const, "--placeholder-in");
+  return {
+    ...(flags.noPlaceholder ? { placeholderEnv: null } : {}),
+    ...(flags.placeholderEnv === undefined ? {} : { placeholderEnv: flags.placeholderEnv }),
+    ...(place === undefined ? {} : { placeholderIn: place === "body" ? ["body" as const] : [] }),
+  };
+}
+
 // ---- rules ----
 
 function ruleLines(rules: Schemas["Rule"][]): string[] {
   if (rules.length === 0) return ["no rules"];
   return table([
-    ["#", "HOST", "SECRET", "INJECT", "ID"],
+    ["#", "HOST", "SECRET", "INJECT", "PLACEHOLDER", "LIMITS", "ID"],
     ...rules.map((r) => [
       String(r.position),
       r.host,
       r.secret,
       r.inject.scheme === "query" ? `query ?${r.inject.name}=` : `${r.inject.scheme} (${r.inject.name})`,
+      (r.placeholderEnv ?? "-") + (r.placeholderIn.includes("body") ? " (+body)" : ""),
+      limitsText(r),
       r.id,
     ]),
   ]);
@@ -105,7 +155,8 @@ export async function rulesList(ctx: Ctx): Promise<void> {
 export async function rulesAdd(
   ctx: Ctx,
   host: string,
-  opts: { secret?: string; inject?: string; name?: string; position?: number },
+  opts: { secret?: string; inject?: string; name?: string; position?: number } & LimitFlags &
+    PlaceholderFlags,
 ): Promise<void> {
   if (!opts.secret) throw new UsageError("which secret does the rule inject? --secret NAME");
   const scheme = oneOf(opts.inject ?? "bearer", INJECT, "--inject");
@@ -120,26 +171,51 @@ export async function rulesAdd(
       secret: opts.secret,
       inject: { scheme: scheme as (typeof INJECT)[number], ...(opts.name ? { name: opts.name } : {}) },
       ...(opts.position === undefined ? {} : { position: opts.position }),
+      ...limitsBody(opts),
+      ...placeholderBody(opts),
     },
   });
   print(ctx, rule, () => [`added rule ${rule.id}: ${rule.host} gets ${rule.secret} (${rule.inject.scheme})`]);
 }
 
+/** Changes a rule's limits and placeholder (flags not given stay as they are). */
+export async function rulesUpdate(
+  ctx: Ctx,
+  which: string,
+  opts: LimitFlags & PlaceholderFlags,
+): Promise<void> {
+  const body = { ...limitsBody(opts), ...placeholderBody(opts) };
+  if (Object.keys(body).length === 0) {
+    throw new UsageError(
+      "nothing to change: --methods, --paths, --placeholder-env, --no-placeholder, --placeholder-in",
+    );
+  }
+  const client = api(ctx);
+  const id = await ruleId(client, which);
+  const rule = await client.call("patch", "/v1/vault/rules/{id}", { params: { id }, body });
+  print(ctx, rule, () => [
+    `updated rule ${rule.id}: ${rule.host}, placeholder ${rule.placeholderEnv ?? "none"}, limits ${limitsText(rule)}`,
+  ]);
+}
+
+/** A rule's id: given, or the one rule naming a host. */
+async function ruleId(client: Api, which: string): Promise<string> {
+  if (which.startsWith("rul_")) return which;
+  const { rules } = await client.call("get", "/v1/vault/rules");
+  const matching = rules.filter((r) => r.host === which);
+  if (matching.length === 0) throw new ApiError(404, "not_found", `No rule for host ${which}.`, null);
+  if (matching.length > 1) {
+    throw new UsageError(
+      `${matching.length} rules name ${which}; give a rule id: ${matching.map((r) => r.id).join(", ")}`,
+    );
+  }
+  return (matching[0] as Schemas["Rule"]).id;
+}
+
 /** By id, or by host when exactly one rule names it. */
 export async function rulesRemove(ctx: Ctx, which: string): Promise<void> {
   const client = api(ctx);
-  let id = which;
-  if (!which.startsWith("rul_")) {
-    const { rules } = await client.call("get", "/v1/vault/rules");
-    const matching = rules.filter((r) => r.host === which);
-    if (matching.length === 0) throw new ApiError(404, "not_found", `No rule for host ${which}.`, null);
-    if (matching.length > 1) {
-      throw new UsageError(
-        `${matching.length} rules name ${which}; give a rule id: ${matching.map((r) => r.id).join(", ")}`,
-      );
-    }
-    id = (matching[0] as Schemas["Rule"]).id;
-  }
+  const id = await ruleId(client, which);
   await client.call("delete", "/v1/vault/rules/{id}", { params: { id } });
   print(ctx, { deleted: id }, () => [`deleted rule ${id}`]);
 }
@@ -149,8 +225,14 @@ export async function rulesRemove(ctx: Ctx, which: string): Promise<void> {
 function hostLines(hosts: HostEntry[]): string[] {
   if (hosts.length === 0) return ["no host entries"];
   return table([
-    ["PATTERN", "ACTION", "VIA", "ID"],
-    ...hosts.map((h) => [h.pattern, h.action + (h.implicit ? " (rule)" : ""), h.via ?? "-", h.id]),
+    ["PATTERN", "ACTION", "VIA", "LIMITS", "ID"],
+    ...hosts.map((h) => [
+      h.pattern,
+      h.action + (h.implicit ? " (rule)" : ""),
+      h.via ?? "-",
+      limitsText(h),
+      h.id,
+    ]),
   ]);
 }
 
@@ -163,34 +245,51 @@ export async function hostsSet(
   ctx: Ctx,
   action: "allow" | "block",
   patterns: string[],
-  opts: { via?: string },
+  opts: { via?: string } & LimitFlags,
 ): Promise<void> {
   if (patterns.length === 0)
     throw new UsageError(`which hosts? benchwright vault hosts ${action} PATTERN...`);
   const via = oneOf(opts.via, VIA, "--via");
   if (via && action === "block") throw new UsageError("--via is for allowed hosts only");
+  const limits = limitsBody(opts);
   const client = api(ctx);
   const entries: HostEntry[] = [];
   for (const pattern of patterns) {
     entries.push(
-      await client.call("post", "/v1/vault/hosts", { body: { pattern, action, ...(via ? { via } : {}) } }),
+      await client.call("post", "/v1/vault/hosts", {
+        body: { pattern, action, ...(via ? { via } : {}), ...limits },
+      }),
     );
   }
-  print(ctx, { hosts: entries }, () =>
-    entries.map((e) => `${e.action} ${e.pattern}${e.via ? ` via ${e.via}` : ""}`),
-  );
+  print(ctx, { hosts: entries }, () => entries.map(hostLine));
+}
+
+const hostLine = (e: HostEntry) =>
+  `${e.action} ${e.pattern}${e.via ? ` via ${e.via}` : ""}${e.methods || e.paths ? ` limits ${limitsText(e)}` : ""}`;
+
+/** Changes an allowed host's limits (flags not given stay as they are; "any" clears one). */
+export async function hostsUpdate(ctx: Ctx, which: string, opts: LimitFlags): Promise<void> {
+  const body = limitsBody(opts);
+  if (Object.keys(body).length === 0) throw new UsageError("nothing to change: --methods, --paths");
+  const client = api(ctx);
+  const id = await hostId(client, which);
+  const entry = await client.call("patch", "/v1/vault/hosts/{id}", { params: { id }, body });
+  print(ctx, entry, () => [hostLine(entry)]);
+}
+
+/** A host entry's id: given, or the entry's whose pattern it is. */
+async function hostId(client: Api, which: string): Promise<string> {
+  if (which.startsWith("hst_")) return which;
+  const { hosts } = await client.call("get", "/v1/vault/hosts");
+  const entry = hosts.find((h) => h.pattern === which.toLowerCase());
+  if (!entry) throw new ApiError(404, "not_found", `No host entry ${which}.`, null);
+  return entry.id;
 }
 
 /** By id, or by pattern exactly as the entry has it. */
 export async function hostsRemove(ctx: Ctx, which: string): Promise<void> {
   const client = api(ctx);
-  let id = which;
-  if (!which.startsWith("hst_")) {
-    const { hosts } = await client.call("get", "/v1/vault/hosts");
-    const entry = hosts.find((h) => h.pattern === which.toLowerCase());
-    if (!entry) throw new ApiError(404, "not_found", `No host entry ${which}.`, null);
-    id = entry.id;
-  }
+  const id = await hostId(client, which);
   await client.call("delete", "/v1/vault/hosts/{id}", { params: { id } });
   print(ctx, { deleted: id }, () => [`deleted host entry ${id}`]);
 }
@@ -279,11 +378,17 @@ export async function preview(ctx: Ctx, opts: { egress?: string; model?: string 
     "hosts",
     ...(doc.hosts.length === 0
       ? ["  (none)"]
-      : doc.hosts.map((h) => `  ${h.action.padEnd(5)} ${h.pattern}${h.via ? ` via ${h.via}` : ""}`)),
+      : doc.hosts.map(
+          (h) =>
+            `  ${h.action.padEnd(5)} ${h.pattern}${h.via ? ` via ${h.via}` : ""}${h.methods || h.paths ? ` limits ${limitsText({ methods: h.methods ?? null, paths: h.paths ?? null })}` : ""}`,
+        )),
     "rules (first match wins)",
     ...(doc.rules.length === 0
       ? ["  (none)"]
-      : doc.rules.map((r) => `  ${r.index}. ${r.host} ← ${r.secret} (${r.inject.scheme})`)),
+      : doc.rules.map(
+          (r) =>
+            `  ${r.index}. ${r.host} ← ${r.secret} (${r.inject.scheme}), placeholder ${r.placeholderEnv ?? "none"}${r.methods || r.paths ? `, limits ${limitsText({ methods: r.methods ?? null, paths: r.paths ?? null })}` : ""}`,
+        )),
     ...(doc.model ? [`model ${doc.model.name}: ${doc.model.provider} ${doc.model.upstreamModel}`] : []),
     `hosts file: ${doc.hostsFile.length} entries`,
   ]);

@@ -1,8 +1,29 @@
 import { UsageError } from "../commands/shared";
 import * as vault from "../commands/vault";
-import { type CommandTable, list, none, one, str } from "../registry";
+import { type CommandTable, list, none, one, str, type Values } from "../registry";
 
 // The vault's commands: secrets, rules, hosts, the default, previews (models: ./models.ts).
+
+const LIMIT_OPTIONS = { methods: { type: "string" }, paths: { type: "string" } } as const;
+const PLACEHOLDER_OPTIONS = {
+  "placeholder-env": { type: "string" },
+  "no-placeholder": { type: "boolean" },
+  "placeholder-in": { type: "string" },
+} as const;
+const LIMITS_HELP =
+  "--methods GET,HEAD and --paths /repos/acme/,/orgs/ limit the requests let through (paths are\n" +
+  'prefixes on a segment boundary, or globs with * and **); "any" clears a limit. A request outside\n' +
+  "them gets a 403 from the proxy.";
+const PLACEHOLDER_HELP =
+  "The run's sandboxes get the secret's placeholder (never the secret) in a variable: the secret's name\n" +
+  "unless --placeholder-env NAME; --no-placeholder for none. The proxy swaps it for the secret in\n" +
+  "headers and the query on the rule's hosts; --placeholder-in body also in bodies (none: not).";
+const limitFlags = (v: Values) => ({ methods: str(v, "methods"), paths: str(v, "paths") });
+const placeholderFlags = (v: Values) => ({
+  placeholderEnv: str(v, "placeholder-env"),
+  noPlaceholder: v["no-placeholder"] === true,
+  placeholderIn: str(v, "placeholder-in"),
+});
 
 export const VAULT_COMMANDS: CommandTable = {
   "vault secrets set": {
@@ -38,17 +59,21 @@ export const VAULT_COMMANDS: CommandTable = {
   },
   "vault rules add": {
     usage:
-      "benchwright vault rules add HOST --secret NAME [--inject bearer|basic|raw|query] [--name N] [--position N]",
+      "benchwright vault rules add HOST --secret NAME [--inject bearer|basic|raw|query] [--name N] [--position N]\n" +
+      "  [--methods M,...] [--paths P,...] [--placeholder-env NAME | --no-placeholder] [--placeholder-in body]",
     summary: "inject a secret into requests to a host (the proxy adds it; the sandbox never has it)",
     help:
       "--inject bearer (default) sends `Authorization: Bearer <secret>`; basic sends Basic auth (the secret\n" +
       "is user:password); raw sends the secret as the value of header --name; query adds query parameter\n" +
-      "--name. HOST may be a wildcard (*.example.com). Adding a rule allows its host.",
+      "--name. HOST may be a wildcard (*.example.com). Adding a rule allows its host.\n" +
+      `${LIMITS_HELP}\n${PLACEHOLDER_HELP}`,
     options: {
       secret: { type: "string" },
       inject: { type: "string" },
       name: { type: "string" },
       position: { type: "string" },
+      ...LIMIT_OPTIONS,
+      ...PLACEHOLDER_OPTIONS,
     },
     run: (ctx, v, p) =>
       vault.rulesAdd(ctx, one(p, "host"), {
@@ -56,7 +81,19 @@ export const VAULT_COMMANDS: CommandTable = {
         inject: str(v, "inject"),
         name: str(v, "name"),
         position: v.position === undefined ? undefined : Number.parseInt(String(v.position), 10),
+        ...limitFlags(v),
+        ...placeholderFlags(v),
       }),
+  },
+  "vault rules update": {
+    usage:
+      "benchwright vault rules update RULE_ID|HOST [--methods M,...|any] [--paths P,...|any]\n" +
+      "  [--placeholder-env NAME | --no-placeholder] [--placeholder-in body|none]",
+    summary: "change a rule's limits and placeholder variable (what is not given stays)",
+    help: `${LIMITS_HELP}\n${PLACEHOLDER_HELP}`,
+    options: { ...LIMIT_OPTIONS, ...PLACEHOLDER_OPTIONS },
+    run: (ctx, v, p) =>
+      vault.rulesUpdate(ctx, one(p, "rule id or host"), { ...limitFlags(v), ...placeholderFlags(v) }),
   },
   "vault rules remove": {
     usage: "benchwright vault rules remove RULE_ID|HOST",
@@ -72,10 +109,18 @@ export const VAULT_COMMANDS: CommandTable = {
     },
   },
   "vault hosts allow": {
-    usage: "benchwright vault hosts allow PATTERN... [--via direct|tunnel]",
+    usage: "benchwright vault hosts allow PATTERN... [--via direct|tunnel] [--methods M,...] [--paths P,...]",
     summary: "allow hosts (exact names or *.wildcards); --via tunnel sends them through your machine",
-    options: { via: { type: "string" } },
-    run: (ctx, v, p) => vault.hostsSet(ctx, "allow", p, { via: str(v, "via") }),
+    help: LIMITS_HELP,
+    options: { via: { type: "string" }, ...LIMIT_OPTIONS },
+    run: (ctx, v, p) => vault.hostsSet(ctx, "allow", p, { via: str(v, "via"), ...limitFlags(v) }),
+  },
+  "vault hosts update": {
+    usage: "benchwright vault hosts update PATTERN|HOST_ID [--methods M,...|any] [--paths P,...|any]",
+    summary: "change an allowed host's method and path limits (what is not given stays)",
+    help: LIMITS_HELP,
+    options: LIMIT_OPTIONS,
+    run: (ctx, v, p) => vault.hostsUpdate(ctx, one(p, "pattern or host id"), limitFlags(v)),
   },
   "vault hosts block": {
     usage: "benchwright vault hosts block PATTERN...",
@@ -106,7 +151,8 @@ export const VAULT_COMMANDS: CommandTable = {
   },
   "vault starter-pack": {
     usage: "benchwright vault starter-pack",
-    summary: "allow common package and source hosts (npm, PyPI, GitHub, Debian, crates, Go, Maven...)",
+    summary:
+      "allow common package and source hosts (npm, PyPI, GitHub, Debian, crates, Go, Maven...), source hosts read-only",
     run: async (ctx, _v, p) => {
       none(p, "vault starter-pack");
       await vault.starterPack(ctx);

@@ -1,19 +1,20 @@
 import type { HostAction } from "@benchwright/shared/contract/policy";
 import { Hono } from "hono";
 import { fail, ok, type Result } from "../../errors";
-import { dryRun, type HostOutcome } from "../../vault/dry-run";
+import { dryRun, type HostOutcome, type RuleView } from "../../vault/dry-run";
 import { putHost } from "../../vault/hosts";
-import { listRules, type RuleInfo } from "../../vault/rules";
 import { setDefault } from "../../vault/settings";
 import type { PageEnv } from "../context";
 import { Layout, PostForm } from "../layout";
 import { act, back, type Ctx, form, type Keep, keepQuery, PAGE, refused, text, who } from "./forms";
 import { hostAction } from "./hosts";
 import { CatchAllCosts, RoutingLine } from "./routing";
-import { CodeCell, plural, Section, Table } from "./section";
+import { CodeCell, LimitsCell, plural, Section, Table } from "./section";
 
 // The vault page's dry run (src/vault/dry-run.ts): a draft host entry and/or default tried
-// against the hosts a run recorded, on a page of its own, then saved as it was tried or not.
+// against the hosts a run recorded, on a page of its own, then saved as it was tried or not. It
+// shows the limits each host and rule would hold requests to, and the placeholder variables the
+// run's sandboxes would get.
 
 /** Runs the form offers to replay. */
 export const RECENT_RUNS = 20;
@@ -126,7 +127,7 @@ export function DrySection(props: { c: Ctx; runs: string[] }) {
   );
 }
 
-function Outcome(props: { o: HostOutcome; rules: RuleInfo[] }) {
+function Outcome(props: { o: HostOutcome; rules: RuleView[] }) {
   const { o } = props;
   if (o.action === "block") return <strong>block</strong>;
   const rule = o.rule === null ? null : props.rules[o.rule];
@@ -145,6 +146,18 @@ function Outcome(props: { o: HostOutcome; rules: RuleInfo[] }) {
         </>
       ) : null}
       {`, ${o.route}`}
+      {o.methods ? (
+        <>
+          {", only "}
+          <code>{o.methods.join(" ")}</code>
+        </>
+      ) : null}
+      {o.paths ? (
+        <>
+          {", paths "}
+          <code>{o.paths.join(" ")}</code>
+        </>
+      ) : null}
     </>
   );
 }
@@ -154,16 +167,13 @@ async function dryRunPage(c: Ctx): Promise<Response> {
   const draft = draftFrom(get);
   if (!draft.ok) return refused(c, draft.error, "dry-run", draftKeep(get));
   const d = draft.value;
-  const [result, rules] = await Promise.all([
-    dryRun(c.var.db, who(c), {
-      runId: d.runId,
-      changes: {
-        default: d.default,
-        hosts: d.pattern && d.action ? { upsert: [{ pattern: d.pattern, action: d.action }] } : undefined,
-      },
-    }),
-    listRules(c.var.db, who(c)),
-  ]);
+  const result = await dryRun(c.var.db, who(c), {
+    runId: d.runId,
+    changes: {
+      default: d.default,
+      hosts: d.pattern && d.action ? { upsert: [{ pattern: d.pattern, action: d.action }] } : undefined,
+    },
+  });
   if (!result.ok) return refused(c, result.error, "dry-run", draftKeep(get));
   const r = result.value;
   const csrf = c.var.session.csrf;
@@ -216,15 +226,40 @@ async function dryRunPage(c: Ctx): Promise<Response> {
             <tr>
               <CodeCell text={h.host} />
               <td>
-                <Outcome o={h.current} rules={rules} />
+                <Outcome o={h.current} rules={r.rules.current} />
               </td>
               <td>
-                <Outcome o={h.draft} rules={rules} />
+                <Outcome o={h.draft} rules={r.rules.draft} />
               </td>
               <td>{h.changed ? <strong>changed</strong> : "—"}</td>
             </tr>
           )}
         />
+      </Section>
+      <Section id="dry-rules" title="Rules and placeholders with the change">
+        <Table
+          rows={r.rules.draft}
+          empty="No rules: no credential is injected and the run's sandboxes get no placeholders."
+          head={["#", "Host", "Secret", "Placeholder", "Limits"]}
+          widths={["c-num", "", "c-name", "c-name", "c-name"]}
+          row={(rule) => (
+            <tr>
+              <td>{rule.index + 1}</td>
+              <CodeCell text={rule.host} />
+              <CodeCell text={rule.secret} />
+              <td>
+                {rule.placeholderEnv ? <code>{rule.placeholderEnv}</code> : <span class="muted">none</span>}
+                {rule.placeholderIn.includes("body") ? <span class="muted"> (+ body)</span> : null}
+              </td>
+              <LimitsCell methods={rule.methods} paths={rule.paths} />
+            </tr>
+          )}
+        />
+        <p class="muted">
+          {r.placeholders.draft.length === 0
+            ? "The run's sandboxes would get no placeholder variables."
+            : `The run's sandboxes would get: ${r.placeholders.draft.map((p) => `${p.env} (${p.secret})`).join(", ")}.`}
+        </p>
       </Section>
       <PostForm action={`${PAGE}/dry-run/save`} csrf={csrf} class="fields">
         {d.pattern ? <input type="hidden" name="pattern" value={d.pattern} /> : null}

@@ -74,3 +74,18 @@ export function text(fields: Record<string, string>, name: string): string | und
 }
 
 export const who = (c: Ctx) => c.var.session.principal;
+
+/**
+ * A list field: items split on commas (and newlines, for a textarea of paths), trimmed, blanks
+ * dropped; null when none is left (a blank limit field is no limit). The service checks each.
+ */
+export function listField(fields: Record<string, string>, name: string): string[] | null {
+  const items = (fields[name] ?? "")
+    .split(/[,\n]/)
+    .map((s) => s.trim())
+    .filter((s) => s !== "");
+  return items.length > 0 ? items : null;
+}
+
+/** A limit list as a form shows it again: comma-separated, or blank for none. */
+export const listText = (items: readonly string[] | null | undefined) => (items ?? []).join(", ");

@@ -1,16 +1,16 @@
 import { EgressVia, HostAction } from "@benchwright/shared/contract/policy";
-import { STARTER_PACK_HOSTS } from "@benchwright/shared/policy/starter-pack";
+import { STARTER_PACK_HOSTS, STARTER_PACK_READ_ONLY } from "@benchwright/shared/policy/starter-pack";
 import { Hono } from "hono";
 import { addStarterPack, deleteHost, getHost, type HostEntry, putHost, updateHost } from "../../vault/hosts";
 import { setDefault } from "../../vault/settings";
 import type { PageEnv } from "../context";
 import { PostForm } from "../layout";
-import { act, answer, back, type Ctx, form, PAGE, refused, text, who } from "./forms";
+import { act, answer, back, type Ctx, form, listField, listText, PAGE, refused, text, who } from "./forms";
 import { ButtonForm, CodeCell, DeleteCell, Pager, pageOf, plural, Section, Table } from "./section";
 
 // The vault page's host policy: the default for hosts no entry names (a vault setting,
-// src/vault/settings.ts), the starter pack, and the host entries with their routes
-// (src/vault/hosts.ts).
+// src/vault/settings.ts), the starter pack, and the host entries with their routes and method
+// and path limits (src/vault/hosts.ts).
 
 export function HostsSection(props: { c: Ctx; csrf: string; hosts: HostEntry[]; defaultAction: HostAction }) {
   const { c, csrf } = props;
@@ -35,14 +35,15 @@ export function HostsSection(props: { c: Ctx; csrf: string; hosts: HostEntry[]; 
         <ButtonForm action={`${PAGE}/starter-pack`} csrf={csrf} label="Add the starter pack" inline />{" "}
         <span class="muted">
           allows {STARTER_PACK_HOSTS.length} package and source hosts (npm, PyPI, GitHub, Debian, Ubuntu,
-          crates, Go, Maven, ...); entries you have are left as they are.
+          crates, Go, Maven, ...), the {STARTER_PACK_READ_ONLY.size} source hosts (GitHub's, PyPI, npm)
+          read-only (GET, HEAD); entries you have are left as they are.
         </span>
       </div>
       <Table
         rows={page.rows}
         empty="No host entries: every host gets the default."
-        head={["Pattern", "Action", "Route", "Change", "Delete"]}
-        widths={["", "c-name", "c-name", "c-btn", "c-btn"]}
+        head={["Pattern", "Action", "Route", "Limits", "Change", "Delete"]}
+        widths={["", "c-name", "c-name", "", "c-btn", "c-btn"]}
         row={(h) => (
           <tr>
             <CodeCell text={h.pattern} />
@@ -56,6 +57,29 @@ export function HostsSection(props: { c: Ctx; csrf: string; hosts: HostEntry[]; 
               ) : (
                 <PostForm action={`${PAGE}/hosts/${h.id}`} csrf={csrf}>
                   <ViaSelect selected={h.via} label={`Route of ${h.pattern}`} />{" "}
+                  <button type="submit">Set</button>
+                </PostForm>
+              )}
+            </td>
+            <td>
+              {h.action === "block" ? (
+                <span class="muted">—</span>
+              ) : (
+                <PostForm action={`${PAGE}/hosts/${h.id}/limits`} csrf={csrf}>
+                  <input
+                    name="methods"
+                    maxlength={300}
+                    placeholder="any method"
+                    aria-label={`Methods of ${h.pattern}`}
+                    value={listText(h.methods)}
+                  />{" "}
+                  <input
+                    name="paths"
+                    maxlength={4096}
+                    placeholder="any path"
+                    aria-label={`Paths of ${h.pattern}`}
+                    value={listText(h.paths)}
+                  />{" "}
                   <button type="submit">Set</button>
                 </PostForm>
               )}
@@ -93,6 +117,24 @@ export function HostsSection(props: { c: Ctx; csrf: string; hosts: HostEntry[]; 
           ))}
         </select>{" "}
         <ViaSelect selected={hostVia(c.req.query("hostVia")) ?? null} label="Route (allowed hosts only)" />{" "}
+        <label>
+          Methods{" "}
+          <input
+            name="methods"
+            maxlength={300}
+            placeholder="any (e.g. GET, HEAD)"
+            value={c.req.query("hostMethods") ?? ""}
+          />
+        </label>{" "}
+        <label>
+          Paths{" "}
+          <input
+            name="paths"
+            maxlength={4096}
+            placeholder="any (e.g. /repos/acme/, /orgs/)"
+            value={c.req.query("hostPaths") ?? ""}
+          />
+        </label>{" "}
         <button type="submit">Save entry</button>
       </PostForm>
       <p class="muted">
@@ -100,6 +142,12 @@ export function HostsSection(props: { c: Ctx; csrf: string; hosts: HostEntry[]; 
         egress agent), which makes runs use catch-all routing; <strong>direct</strong> sends it straight out;
         unset, the run decides (a run launched with egress "local" sends everything through your machine). A
         blocked host has no route.
+      </p>
+      <p class="muted">
+        An allowed host's limits: the methods (comma-separated, e.g. <code>GET, HEAD</code>) and paths
+        (comma-separated prefixes such as <code>/repos/acme/</code>, or globs with <code>*</code> and{" "}
+        <code>**</code>) its requests may use; the proxy answers anything else with 403. Blank is no limit. A
+        limited host always goes through the proxy. A blocked host has no limits.
       </p>
     </Section>
   );
@@ -123,6 +171,12 @@ function ViaSelect(props: { selected: EgressVia | null; label: string }) {
   );
 }
 
+/** An entry's limits for a flash: " (GET, HEAD; paths /a, /b)", or "" for none. */
+function limitsNote(h: HostEntry): string {
+  const parts = [h.methods?.join(", "), h.paths ? `paths ${h.paths.join(", ")}` : undefined].filter(Boolean);
+  return parts.length > 0 ? ` (${parts.join("; ")})` : "";
+}
+
 export function hostAction(v: string | undefined): HostAction | null {
   const parsed = HostAction.safeParse(v);
   return parsed.success ? parsed.data : null;
@@ -142,18 +196,25 @@ export const hostsRoutes = new Hono<PageEnv>()
       const pattern = text(f, "pattern");
       const action = hostAction(f.action);
       const via = hostVia(f.via);
-      const keep = { hostPattern: pattern, hostAction: f.action, hostVia: f.via };
+      const keep = {
+        hostPattern: pattern,
+        hostAction: f.action,
+        hostVia: f.via,
+        hostMethods: f.methods,
+        hostPaths: f.paths,
+      };
       if (!pattern) return back(c, { error: "Give a host or *.domain." }, "hosts", keep);
       if (pattern.length > 300)
         return back(c, { error: "A host pattern is at most 300 characters." }, "hosts");
       if (!action) return back(c, { error: "Pick allow or block." }, "hosts", keep);
       if (via === undefined) return back(c, { error: "Pick tunnel, direct or no route." }, "hosts", keep);
-      const done = await putHost(c.var.db, who(c), { pattern, action, via });
+      const limits = { methods: listField(f, "methods"), paths: listField(f, "paths") };
+      const done = await putHost(c.var.db, who(c), { pattern, action, via, ...limits });
       return answer(
         c,
         done,
         (h) =>
-          `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}${h.via ? ` (route: ${h.via})` : ""}.`,
+          `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}${h.via ? ` (route: ${h.via})` : ""}${limitsNote(h)}.`,
         "hosts",
         keep,
       );
@@ -181,6 +242,19 @@ export const hostsRoutes = new Hono<PageEnv>()
       if (!action) return back(c, { error: "Pick allow or block." }, "hosts");
       const done = await updateHost(c.var.db, who(c), c.req.param("id"), { action });
       return answer(c, done, (h) => `${h.action === "allow" ? "Allowed" : "Blocked"} ${h.pattern}.`, "hosts");
+    }),
+  )
+  .post(`${PAGE}/hosts/:id/limits`, (c) =>
+    act(c, "hosts", async () => {
+      const f = await form(c);
+      const limits = { methods: listField(f, "methods"), paths: listField(f, "paths") };
+      const done = await updateHost(c.var.db, who(c), c.req.param("id"), limits);
+      return answer(
+        c,
+        done,
+        (h) => (limitsNote(h) ? `${h.pattern}${limitsNote(h)}.` : `${h.pattern} has no limits now.`),
+        "hosts",
+      );
     }),
   )
   .post(`${PAGE}/hosts/:id/delete`, (c) =>

@@ -1,3 +1,4 @@
+import { defaultPlaceholderEnv } from "@benchwright/shared/contract/placeholder";
 import { InjectScheme, type InjectSpec } from "@benchwright/shared/contract/policy";
 import { SecretName } from "@benchwright/shared/contract/proxy-wire";
 import { Hono } from "hono";
@@ -15,11 +16,25 @@ import {
 import { listSecrets } from "../../vault/secrets";
 import type { PageEnv } from "../context";
 import { Flash, Layout, PostForm, readFlash } from "../layout";
-import { act, answer, back, type Ctx, form, type Keep, PAGE, refused, text, who } from "./forms";
-import { ButtonForm, CodeCell, DeleteCell, Pager, pageOf, Section, Table } from "./section";
+import {
+  act,
+  answer,
+  back,
+  type Ctx,
+  form,
+  type Keep,
+  listField,
+  listText,
+  PAGE,
+  refused,
+  text,
+  who,
+} from "./forms";
+import { ButtonForm, CodeCell, DeleteCell, LimitsCell, Pager, pageOf, Section, Table } from "./section";
 
 // The vault page's rules, in order (src/vault/rules.ts): added, edited on a page of their own,
-// moved up or down and deleted. A refused form keeps its fields.
+// moved up or down and deleted, each with its placeholder variable and its method and path
+// limits. A refused form keeps its fields.
 
 const injectText = (i: InjectSpec) =>
   i.scheme === "query" ? `query ?${i.name}=` : `${i.scheme} → ${i.name}`;
@@ -31,6 +46,12 @@ function RuleFields(props: {
   secret?: string | undefined;
   scheme?: string | undefined;
   header?: string | undefined;
+  /** The variable as typed: blank is the secret's name. */
+  env?: string | undefined;
+  noPlaceholder?: boolean | undefined;
+  body?: boolean | undefined;
+  methods?: string | undefined;
+  paths?: string | undefined;
 }) {
   const scheme = props.scheme ?? "bearer";
   return (
@@ -68,6 +89,33 @@ function RuleFields(props: {
       <label>
         Header or parameter{" "}
         <input name="header" maxlength={128} placeholder="authorization" value={props.header ?? ""} />
+      </label>{" "}
+      <label>
+        Placeholder variable{" "}
+        <input name="placeholderEnv" maxlength={64} placeholder="the secret's name" value={props.env ?? ""} />
+      </label>{" "}
+      <label>
+        <input type="checkbox" name="noPlaceholder" value="1" checked={props.noPlaceholder ?? false} /> no
+        placeholder
+      </label>{" "}
+      <label>
+        <input type="checkbox" name="placeholderBody" value="1" checked={props.body ?? false} /> swap it in
+        bodies too
+      </label>{" "}
+      <label>
+        Methods{" "}
+        <input
+          name="methods"
+          maxlength={300}
+          placeholder="any (e.g. GET, HEAD)"
+          value={props.methods ?? ""}
+        />
+      </label>{" "}
+      <label>
+        Paths{" "}
+        <textarea name="paths" rows={2} maxlength={4096} placeholder="any (one per line, e.g. /repos/acme/)">
+          {props.paths ?? ""}
+        </textarea>
       </label>
     </>
   );
@@ -87,13 +135,15 @@ export function RulesSection(props: { c: Ctx; csrf: string; rules: RuleInfo[]; s
     <Section id="rules" title="Rules, in order">
       <p class="muted">
         For a request to a host, the first rule whose host matches injects its secret. A rule's host is
-        allowed for as long as the rule exists.
+        allowed for as long as the rule exists. Runs' sandboxes get each rule's placeholder (not the secret)
+        in its variable, which the proxy swaps for the secret on the rule's host only. A request outside a
+        rule's methods or paths is refused (403).
       </p>
       <Table
         rows={page.rows}
         empty="No rules yet: no credential is injected anywhere."
-        head={["#", "Host", "Secret", "Inject", "Order", "Edit", "Delete"]}
-        widths={["c-num", "", "c-name", "c-name", "c-btn", "c-act", "c-act"]}
+        head={["#", "Host", "Secret", "Inject", "Placeholder", "Limits", "Order", "Edit", "Delete"]}
+        widths={["c-num", "", "c-name", "c-name", "c-name", "c-name", "c-btn", "c-act", "c-act"]}
         row={(r, i) => {
           const at = page.from + i;
           return (
@@ -102,6 +152,11 @@ export function RulesSection(props: { c: Ctx; csrf: string; rules: RuleInfo[]; s
               <CodeCell text={r.host} />
               <CodeCell text={r.secret} />
               <td>{injectText(r.inject)}</td>
+              <td>
+                {r.placeholderEnv ? <code>{r.placeholderEnv}</code> : <span class="muted">none</span>}
+                {r.placeholderIn.includes("body") ? <span class="muted"> (+ body)</span> : null}
+              </td>
+              <LimitsCell methods={r.methods} paths={r.paths} />
               <td>
                 {at > 0 ? (
                   <ButtonForm
@@ -144,6 +199,11 @@ export function RulesSection(props: { c: Ctx; csrf: string; rules: RuleInfo[]; s
             secret={c.req.query("ruleSecret")}
             scheme={c.req.query("ruleScheme")}
             header={c.req.query("ruleHeader")}
+            env={c.req.query("ruleEnv")}
+            noPlaceholder={c.req.query("ruleNoPlaceholder") === "1"}
+            body={c.req.query("ruleBody") === "1"}
+            methods={c.req.query("ruleMethods")}
+            paths={c.req.query("rulePaths")}
           />{" "}
           <button type="submit">Add rule</button>
         </PostForm>
@@ -165,7 +225,20 @@ function ruleInput(f: Record<string, string>): Result<RuleInput> {
   if (!scheme.success) return fail("invalid_request", "Pick how the secret is injected.");
   if (name && name.length > 128)
     return fail("invalid_request", "A header or parameter name is at most 128 characters.");
-  return ok({ host, secret, inject: { scheme: scheme.data, name } });
+  // Blank is the secret's name, sent as such so that an edit can go back to it.
+  const env =
+    f.noPlaceholder === "1"
+      ? null
+      : (text(f, "placeholderEnv") ?? defaultPlaceholderEnv(secret) ?? undefined);
+  return ok({
+    host,
+    secret,
+    inject: { scheme: scheme.data, name },
+    placeholderEnv: env,
+    placeholderIn: f.placeholderBody === "1" ? ["body"] : [],
+    methods: listField(f, "methods"),
+    paths: listField(f, "paths"),
+  });
 }
 
 const ruleKeep = (f: Record<string, string>): Keep => ({
@@ -173,6 +246,11 @@ const ruleKeep = (f: Record<string, string>): Keep => ({
   ruleSecret: f.secret,
   ruleScheme: f.scheme,
   ruleHeader: f.header,
+  ruleEnv: f.placeholderEnv,
+  ruleNoPlaceholder: f.noPlaceholder,
+  ruleBody: f.placeholderBody,
+  ruleMethods: f.methods,
+  rulePaths: f.paths,
 });
 
 async function ruleEditPage(c: Ctx): Promise<Response> {
@@ -207,6 +285,14 @@ async function ruleEditPage(c: Ctx): Promise<Response> {
           secret={q("ruleSecret") ?? r.secret}
           scheme={q("ruleScheme") ?? r.inject.scheme}
           header={q("ruleHeader") ?? r.inject.name}
+          env={
+            q("ruleEnv") ??
+            (r.placeholderEnv === defaultPlaceholderEnv(r.secret) ? "" : (r.placeholderEnv ?? ""))
+          }
+          noPlaceholder={q("ruleSecret") ? q("ruleNoPlaceholder") === "1" : r.placeholderEnv === null}
+          body={q("ruleSecret") ? q("ruleBody") === "1" : r.placeholderIn.includes("body")}
+          methods={q("ruleMethods") ?? listText(r.methods)}
+          paths={q("rulePaths") ?? (r.paths ?? []).join("\n")}
         />{" "}
         <button type="submit">Save rule</button>
       </PostForm>

@@ -106,3 +106,21 @@ export function Pager(props: { from: number; total: number; param: string; ancho
     </p>
   );
 }
+
+/** A host entry's or rule's limits in a cell: methods, then paths; a dash for none. */
+export function LimitsCell(props: { methods: readonly string[] | null; paths: readonly string[] | null }) {
+  if (props.methods === null && props.paths === null) {
+    return (
+      <td>
+        <span class="muted">—</span>
+      </td>
+    );
+  }
+  return (
+    <td>
+      {props.methods ? <code>{props.methods.join(" ")}</code> : null}
+      {props.methods && props.paths ? " " : null}
+      {props.paths ? <code>{props.paths.join(" ")}</code> : null}
+    </td>
+  );
+}
