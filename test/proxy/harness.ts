@@ -20,7 +20,7 @@ import {
   type RunOptions,
   type VaultSnapshot,
 } from "@benchwright/shared/policy/compile";
-import { createRunCa } from "../../proxy-image/src/proxy/ca";
+import { createRunCa, type RunCa } from "../../proxy-image/src/proxy/ca";
 import {
   type AuditSink,
   createProxy,
@@ -245,8 +245,10 @@ export async function startProxy(options: {
   /** The run's declared model (in the policy document) and the lane that serves it. */
   model?: ModelLaneSpec;
   modelLane?: ProxyOptions["modelLane"];
+  /** The run CA (default: one like the proxy's own, unconstrained, 6 h leaves). */
+  ca?: RunCa;
 }): Promise<RunningProxy> {
-  const ca = await createRunCa({ runId: "run_test" });
+  const ca = options.ca ?? (await createRunCa({ runId: "run_test" }));
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
   const caFile = join(dir, "run-ca.pem");
   writeFileSync(caFile, ca.certPem);
