@@ -1,5 +1,6 @@
 import "reflect-metadata";
 import { execFile } from "node:child_process";
+import { X509Certificate } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { Agent, createServer as createHttpsServer, request, type Server } from "node:https";
 import { type AddressInfo, createServer as createNetServer } from "node:net";
@@ -149,7 +150,7 @@ async function python(client: PythonClient, caFile: string, host: string, port: 
 describe("short-lived leaves, renewed without dropping connections (case N5)", () => {
   let upstream: Upstream;
   let proxy: RunningProxy;
-  const LIFETIME_MS = 2_000;
+  const LIFETIME_MS = 4_000;
 
   beforeAll(async () => {
     const testCa = await createTestCa();
@@ -167,32 +168,6 @@ describe("short-lived leaves, renewed without dropping connections (case N5)", (
   afterAll(async () => {
     await proxy?.close();
     await upstream?.close();
-  });
-
-  it("mints leaves that expire within hours, not with the CA's days", async () => {
-    // case N5
-    const ca = await createRunCa({ runId: "run_default_lifetime" });
-    const server = createHttpsServer({
-      SNICallback: (name, cb) => void ca.contextFor(name).then((c) => cb(null, c), cb),
-    });
-    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-    try {
-      const hs = await nodeHandshake((server.address() as AddressInfo).port, "api.test", ca.certPem);
-      expect(hs.ok).toBe(true);
-      if (!hs.ok) return;
-      const notAfter = Date.parse(hs.cert.valid_to);
-      const notBefore = Date.parse(hs.cert.valid_from);
-      expect(notAfter - Date.now()).toBeLessThanOrEqual(6 * HOUR);
-      expect(notAfter - Date.now()).toBeGreaterThan(5 * HOUR);
-      // A little in the past, for a sandbox whose clock is slightly behind.
-      expect(Date.now() - notBefore).toBeGreaterThan(0);
-      expect(Date.now() - notBefore).toBeLessThan(HOUR);
-      // The CA itself still spans the run.
-      const caCert = new (await import("node:crypto")).X509Certificate(ca.certPem);
-      expect(Date.parse(caCert.validTo) - Date.now()).toBeGreaterThan(2 * 24 * HOUR);
-    } finally {
-      server.close();
-    }
   });
 
   it("renews a leaf past half its life for new handshakes; an open connection goes on", async () => {
@@ -221,10 +196,17 @@ describe("short-lived leaves, renewed without dropping connections (case N5)", (
     const held = new Agent({ keepAlive: true, maxSockets: 1, ca: proxy.caPem });
     const fresh = new Agent({ keepAlive: false, ca: proxy.caPem });
     try {
+      const started = Date.now();
       const first = await get(held);
       expect(first.status).toBe(200);
       const oldLeaf = first.socket.getPeerCertificate();
       expect(Date.parse(oldLeaf.valid_to) - Date.now()).toBeLessThanOrEqual(LIFETIME_MS);
+      // Within half its life the cached leaf is the one presented (checked only when this machine
+      // was quick enough to stay within it: nothing here asserts time).
+      const early = await nodeHandshake(proxy.tlsPort, "api.test", proxy.caPem);
+      if (Date.now() - started < LIFETIME_MS / 2) {
+        expect(early.ok && early.cert.serialNumber).toBe(oldLeaf.serialNumber);
+      }
       // The point is time passing: wait until the first leaf has expired (second precision).
       await until(
         "the first leaf to expire",
@@ -307,6 +289,23 @@ describe("the run CA is name-constrained under default routing (case N5)", () =>
     await api?.close();
     await cp.close();
     rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("presents leaves that expire within hours, not with the CA's days", async () => {
+    // case N5
+    const hs = await nodeHandshake(proxy.listeners.tls, "api.test", proxy.ca.certPem);
+    if (!hs.ok) throw new Error(hs.error);
+    const notAfter = Date.parse(hs.cert.valid_to);
+    const notBefore = Date.parse(hs.cert.valid_from);
+    expect(notAfter - Date.now()).toBeLessThanOrEqual(6 * HOUR);
+    expect(notAfter - Date.now()).toBeGreaterThan(5 * HOUR);
+    // A little in the past, for a sandbox whose clock is slightly behind.
+    expect(Date.now() - notBefore).toBeGreaterThan(0);
+    expect(Date.now() - notBefore).toBeLessThan(HOUR);
+    // The CA itself still spans the run.
+    expect(Date.parse(new X509Certificate(proxy.ca.certPem).validTo) - Date.now()).toBeGreaterThan(
+      2 * 24 * HOUR,
+    );
   });
 
   it("permits exactly the hosts file's names and the platform's, with pathlen 0, critical", async () => {
@@ -481,7 +480,7 @@ describe("which names the CA is constrained to (case N5)", () => {
           { pattern: "blocked.test", action: "block" },
           { pattern: "free.test", action: "allow" },
         ],
-        rules: [{ host: "api.test", secret: "K", inject: { scheme: "bearer" } }],
+        rules: [{ host: "api.test", secret: "K", inject: { scheme: "bearer", name: "authorization" } }],
       }),
     );
     expect(state.policy.routing.mode).toBe("default");
