@@ -217,6 +217,9 @@ describe("short-lived leaves, renewed without dropping connections (case N5)", (
       expect(renewed.status).toBe(200);
       const newLeaf = renewed.socket.getPeerCertificate();
       expect(newLeaf.serialNumber).not.toBe(oldLeaf.serialNumber);
+      // The leaf key is replaced with the leaves: a leaked one ends with the leaves it is in.
+      expect(newLeaf.pubkey?.toString("hex")).not.toBe(oldLeaf.pubkey?.toString("hex"));
+      expect(newLeaf.pubkey?.length).toBeGreaterThan(0);
       expect(Date.parse(newLeaf.valid_to)).toBeGreaterThan(Date.now());
       // The connection made with the old, now expired, leaf still carries requests.
       const again = await get(held);

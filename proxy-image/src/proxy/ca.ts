@@ -19,8 +19,8 @@ const HOUR = 3_600_000;
 // A run lasts at most a day and a lingering proxy another day; a little margin on both ends.
 const CA_LIFETIME_MS = 3 * 24 * HOUR;
 const CLOCK_SKEW_MS = HOUR;
-// A leaf key or certificate that leaks is good for hours, not for the CA's days. A leaf is minted
-// again on the first handshake after half its life, so one in use is never near its end.
+// A leaf (or its key) that leaks is good for hours, not for the CA's days. A leaf is minted again
+// on the first handshake after half its life, so one in use is never near its end.
 const LEAF_LIFETIME_MS = 6 * HOUR;
 const LEAF_CLOCK_SKEW_MS = 5 * 60_000;
 
@@ -55,6 +55,20 @@ export interface RunCa {
 function pem(label: string, der: ArrayBuffer): string {
   const b64 = Buffer.from(der).toString("base64");
   return `-----BEGIN ${label}-----\n${b64.replace(/.{64}/g, "$&\n").replace(/\n?$/, "\n")}-----END ${label}-----\n`;
+}
+
+interface LeafKey {
+  publicKey: webcrypto.CryptoKey;
+  /** PKCS#8 PEM of the private key, as `createSecureContext` takes it. */
+  pem: string;
+}
+
+async function makeLeafKey(): Promise<LeafKey> {
+  const keys = (await webcrypto.subtle.generateKey(EC, true, ["sign", "verify"])) as webcrypto.CryptoKeyPair;
+  return {
+    publicKey: keys.publicKey,
+    pem: pem("PRIVATE KEY", await webcrypto.subtle.exportKey("pkcs8", keys.privateKey)),
+  };
 }
 
 function serial(): string {
@@ -92,19 +106,27 @@ export async function createRunCa(options: RunCaOptions): Promise<RunCa> {
   const certPem = caCert.toString("pem");
   const fingerprint256 = Buffer.from(await caCert.getThumbprint("SHA-256")).toString("hex");
 
-  // One leaf key for every host: minting stays cheap (one signature), and the key is as
-  // short-lived and memory-only as the CA's.
-  const leafKeys = (await webcrypto.subtle.generateKey(EC, true, [
-    "sign",
-    "verify",
-  ])) as webcrypto.CryptoKeyPair;
-  const leafKeyPem = pem("PRIVATE KEY", await webcrypto.subtle.exportKey("pkcs8", leafKeys.privateKey));
+  // One leaf key for every host, so minting stays cheap (one signature), memory-only like the
+  // CA's, and replaced as often as leaves are renewed: a leaked one signs nothing new, and the
+  // leaves it is in end within one and a half leaf lifetimes.
+  let leafKey: { madeAt: number; made: Promise<LeafKey> } | null = null;
+  const currentLeafKey = (now: number): Promise<LeafKey> => {
+    if (leafKey === null || now - leafKey.madeAt >= leafLifetimeMs / 2) {
+      const made = makeLeafKey();
+      made.catch(() => {
+        if (leafKey?.made === made) leafKey = null;
+      });
+      leafKey = { madeAt: now, made };
+    }
+    return leafKey.made;
+  };
   const authorityKeyId = await x509.AuthorityKeyIdentifierExtension.create(caKeys.publicKey);
 
   // Bounded: the proxy mints a certificate for any SNI a client sends. Map order = recency.
   const cache = new Map<string, { context: Promise<SecureContext>; renewAt: number }>();
 
   async function mint(host: string, mintedAt: number): Promise<SecureContext> {
+    const key = await currentLeafKey(mintedAt);
     const name = isIpLiteral(host)
       ? { type: "ip" as const, value: host.replace(/^\[|\]$/g, "") }
       : { type: "dns" as const, value: host };
@@ -115,7 +137,7 @@ export async function createRunCa(options: RunCaOptions): Promise<RunCa> {
       notBefore: new Date(mintedAt - LEAF_CLOCK_SKEW_MS),
       // Never past the CA's own end.
       notAfter: new Date(Math.min(mintedAt + leafLifetimeMs, notAfter.getTime())),
-      publicKey: leafKeys.publicKey,
+      publicKey: key.publicKey,
       signingKey: caKeys.privateKey,
       signingAlgorithm: SIGN,
       extensions: [
@@ -126,7 +148,7 @@ export async function createRunCa(options: RunCaOptions): Promise<RunCa> {
         authorityKeyId,
       ],
     });
-    return createSecureContext({ key: leafKeyPem, cert: `${leaf.toString("pem")}\n${certPem}` });
+    return createSecureContext({ key: key.pem, cert: `${leaf.toString("pem")}\n${certPem}` });
   }
 
   return {
