@@ -20,7 +20,7 @@ import {
   type RunOptions,
   type VaultSnapshot,
 } from "@benchwright/shared/policy/compile";
-import { createRunCa } from "../../proxy-image/src/proxy/ca";
+import { createRunCa, type RunCa } from "../../proxy-image/src/proxy/ca";
 import {
   type AuditSink,
   createProxy,
@@ -255,8 +255,10 @@ export async function startProxy(options: {
   modelLane?: ProxyOptions["modelLane"];
   /** The run's placeholder nonce (N2). */
   placeholderNonce?: string;
+  /** The run CA (default: one like the proxy's own, unconstrained, 6 h leaves). */
+  ca?: RunCa;
 }): Promise<RunningProxy> {
-  const ca = await createRunCa({ runId: "run_test" });
+  const ca = options.ca ?? (await createRunCa({ runId: "run_test" }));
   const dir = mkdtempSync(join(tmpdir(), "bw-proxy-test-"));
   const caFile = join(dir, "run-ca.pem");
   writeFileSync(caFile, ca.certPem);

@@ -60,9 +60,14 @@ describe("the proxy's view", () => {
     const testCa = await createTestCa();
     writeFileSync(join(dir, "upstream-ca.pem"), testCa.certPem);
     api = await startTlsUpstream({ ca: testCa, hosts: ["api.test", "free.test"] });
+    // Catch-all (the wildcard block), so that the run CA vouches for free.test too: under default
+    // routing it is constrained to the hosts file's names (case N5).
     cp.vault = vault({
       version: 7,
-      hosts: [{ pattern: "evil.test", action: "block" }],
+      hosts: [
+        { pattern: "evil.test", action: "block" },
+        { pattern: "*.evil.test", action: "block" },
+      ],
       rules: [{ host: "api.test", secret: "API_KEY", inject: { scheme: "bearer", name: "authorization" } }],
     });
     cp.secrets = { API_KEY: CANARY };
@@ -75,6 +80,8 @@ describe("the proxy's view", () => {
       {
         ...cp.proxyEnv(join(dir, "spool")),
         BW_VIEW_PORT: "0",
+        // free.test is terminated, not spliced: the client trusts the run CA, not the upstream's.
+        BW_SPLICE: "off",
         BW_TEST_EXTRA_CA_FILE: join(dir, "upstream-ca.pem"),
         BW_TEST_ROUTES: `api.test=${api.address}:${api.port},free.test=${api.address}:${api.port}`,
         BW_TEST_ALLOW_CIDRS: "127.0.0.2/32",

@@ -1,6 +1,7 @@
-// Starting the proxy: configuration → run CA → policy client → audit reporter → listeners (and the
-// catch-all resolver when BW_DNS_PORT is set, and the view on 127.0.0.1:BW_VIEW_PORT) → tell the
-// control plane we are ready (CA certificate for the work sandbox to trust).
+// Starting the proxy: configuration → audit reporter → policy client (first read) → run CA (name-
+// constrained by that read under default routing, N5) → listeners (and the catch-all resolver when
+// BW_DNS_PORT is set, and the view on 127.0.0.1:BW_VIEW_PORT) → tell the control plane we are
+// ready (CA certificate for the work sandbox to trust).
 
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
@@ -16,6 +17,7 @@ import { type CatchAllResolver, startCatchAllResolver } from "./dns";
 import { type AuditSink, createProxy } from "./handler";
 import { isoNow, logLines } from "./log-lines";
 import { modelLane } from "./model/lane";
+import { terminableNames } from "./name-constraints";
 import { loadOriginalDst } from "./original-dst";
 import { PolicyClient } from "./policy-client";
 import { TunnelClient } from "./tunnel-client";
@@ -31,7 +33,6 @@ function listen(server: Server, port: number, host: string): Promise<number> {
 
 export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   const config = loadProxyConfig(env, argv);
-  const ca = await createRunCa({ runId: config.BW_RUN_ID });
   let proxy: ReturnType<typeof createProxy> | null = null;
   // Every JSON line on stdout goes through one batch, so they keep their order (log-lines.ts).
   const lines = logLines();
@@ -99,6 +100,14 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     testRoutes: config.testRoutes,
     tunnel,
   });
+  await audit.start();
+  await agentAudit.start();
+  // The CA is made from the first policy read: under default routing it vouches only for the
+  // names the proxy may terminate then (name-constraints.ts).
+  const ca = await createRunCa({
+    runId: config.BW_RUN_ID,
+    permittedNames: terminableNames(await policy.start()),
+  });
   const view = new View({ runId: config.BW_RUN_ID, policy, audit });
   proxy = createProxy({
     ca,
@@ -116,9 +125,6 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
       if (isDecision(record)) view.record(record);
     },
   });
-  await audit.start();
-  await agentAudit.start();
-  await policy.start();
   startTunnelIfRouted();
   const host = config.BW_LISTEN_HOST;
   const listeners = {

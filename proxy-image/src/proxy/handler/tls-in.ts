@@ -63,6 +63,9 @@ export function tlsWaysIn(gate: Gate, deps: TlsWaysInDeps) {
       SNICallback: (servername, cb) => {
         const host = canonicalHost(servername);
         if (!host) return cb(new Error("SNI is not a valid host name"), undefined);
+        // A name the policy gained after the CA was made under default routing (N5): the CA's
+        // constraints leave it out, so no client would accept a leaf; the handshake ends here.
+        if (!deps.ca.permits(host)) return cb(outsideRunCa(host), undefined);
         deps.ca.contextFor(host).then(
           (ctx) => cb(null, ctx),
           (e: Error) => cb(e, undefined),
@@ -89,7 +92,7 @@ export function tlsWaysIn(gate: Gate, deps: TlsWaysInDeps) {
       if (!secured) onFail?.("closed during the handshake");
       onFail = undefined;
     });
-    tls.on("error", (e: Error & { code?: string }) => {
+    tls.on("error", (e: Error & { code?: string; host?: string }) => {
       clearTimeout(handshake);
       // A client that does not trust the run CA, no SNI, a bad handshake: nothing was forwarded.
       log({
@@ -97,6 +100,7 @@ export function tlsWaysIn(gate: Gate, deps: TlsWaysInDeps) {
         conn: conns.of(tls)?.id ?? 0,
         listener: conn.listener,
         code: e.code ?? e.message,
+        ...(e.code === OUTSIDE_RUN_CA ? { host: e.host } : {}),
       });
       // Once the handshake is done, each request records itself.
       if (!secured) onFail?.(e.code ?? e.message);
@@ -331,4 +335,14 @@ export function tlsWaysIn(gate: Gate, deps: TlsWaysInDeps) {
   }
 
   return { acceptTls, acceptDirectTls, terminateTls };
+}
+
+/** The code a `tls_error` line carries for a name outside the run CA's constraints. */
+export const OUTSIDE_RUN_CA = "outside_run_ca_names";
+
+function outsideRunCa(host: string): Error {
+  return Object.assign(new Error("the run CA's name constraints do not cover this name"), {
+    code: OUTSIDE_RUN_CA,
+    host,
+  });
 }
