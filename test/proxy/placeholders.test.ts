@@ -51,7 +51,12 @@ describe("case N2: placeholders swapped on their rule's host, counted elsewhere"
   const cp = new FakeControlPlane(
     RUN,
     vault({
-      hosts: [{ pattern: "other.test", action: "allow" }],
+      // The wildcard block makes the run catch-all: under default routing the run CA is
+      // name-constrained to the hosts file (N5) and could not terminate other.test.
+      hosts: [
+        { pattern: "other.test", action: "allow" },
+        { pattern: "*.evil.test", action: "block" },
+      ],
       rules: [
         { host: "api.test", secret: "API_KEY", inject: { scheme: "raw", name: "x-api-key" } },
         { host: "body.test", secret: "BODY_KEY", inject: { scheme: "raw", name: "x-api-key" } },
