@@ -96,7 +96,9 @@ describeE2e("Python's requests and httpx through the boundary", { start, after }
     });
     const out = lastJson(run);
 
-    // case N1: the secret's placeholder under its name, never the secret.
+    // case N1: the secret's placeholder under its name, never the secret. The name is the
+    // compiler's default for a rule that names none (branch i35-vault): until that is merged the
+    // variable is unset here.
     expect(out.token).toMatch(/^bw-placeholder-API_TOKEN-[a-z0-9]{20}$/);
     expect(out.token).not.toBe(e.canary);
     expect(out.tokenIsPlaceholder).toBe(true);
