@@ -7,8 +7,8 @@
 # runner, the bridge's local end, bw-unpack and bw-collect (bundles in, artifacts out), iptables
 # (catch-all's redirect), prlimit (util-linux: the execute stage's pids limit), and the four
 # scripts below.
-# The agent's own toolchain is python3 (with pip and venv), git and curl; add what your benchmarks
-# need.
+# The agent's own toolchain is python3 (with pip and venv, and Debian's requests and httpx), git
+# and curl; add what your benchmarks need.
 # The base: node 24 on Debian bookworm, with npm. `npm run images` passes a local build of the same
 # (scripts/lib/node-base.ts); anywhere else the public image is the default.
 ARG BASE_IMAGE=node:24-bookworm-slim
@@ -37,7 +37,7 @@ FROM ${BASE_IMAGE}
 # the backend runs bw-drop-root (below) in every sandbox at create, then bw-check-user as `user`,
 # and refuses the sandbox if `user` can still become root.
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      ca-certificates iptables python3 python3-pip python3-venv git curl \
+      ca-certificates iptables python3 python3-pip python3-venv python3-requests python3-httpx git curl \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/proxy-image/dist/wiring.cjs /src/proxy-image/dist/exec-runner.cjs /src/proxy-image/dist/e2b-bridge.cjs /src/proxy-image/dist/unpack.cjs /src/proxy-image/dist/collect.cjs /src/proxy-image/dist/layer.cjs /opt/benchwright/
 RUN printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' > /usr/local/bin/bw-wiring \

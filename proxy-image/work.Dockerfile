@@ -2,8 +2,9 @@
 # agent exports this image's files once per image id into /var/lib/benchwright/rootfs/<id> and
 # gives every work, task, orchestrator and proxy sandbox a writable overlay of its own over them.
 #   npm run images            (or: npm run images -- work)
-# What benchmarks commonly reach for: python3 with pip and venv, node (the base's), git, curl, ps
-# (procps) and the CA bundle. The setup stage (root of the sandbox's user namespace) installs the rest with
+# What benchmarks commonly reach for: python3 with pip and venv and Debian's requests and httpx (a
+# key read from the environment works through the proxy with no pip install: docs/user-guide.md,
+# placeholders), node (the base's), git, curl, ps (procps) and the CA bundle. The setup stage (root of the sandbox's user namespace) installs the rest with
 # apt or pip through the run's proxy; the execute stage never becomes root.
 # The base: node 24 on Debian bookworm, with npm. `npm run images` passes a local build of the same
 # (scripts/lib/node-base.ts); anywhere else the public image is the default.
@@ -31,7 +32,7 @@ FROM ${BASE_IMAGE}
 # No sudo (nothing here may make the execute stage root). apt runs its downloads as root: in a
 # sandbox there is one root only (the user namespace's), and `_apt` is not mapped there.
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      ca-certificates python3 python3-pip python3-venv git curl procps \
+      ca-certificates python3 python3-pip python3-venv python3-requests python3-httpx git curl procps \
  && (apt-get purge -y sudo || true) && rm -f /etc/sudoers.d/* && rm -rf /var/lib/apt/lists/* \
  && echo 'APT::Sandbox::User "root";' > /etc/apt/apt.conf.d/90benchwright-sandbox
 # The sandbox's working directory and $BW_OUT's parent; the agent mounts a tmpfs over /home.

@@ -1,4 +1,5 @@
 import type { SandboxInfo } from "@benchwright/shared/contract/local-agent";
+import { newPlaceholderNonce, type PlaceholderEnv } from "@benchwright/shared/contract/placeholder";
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
 import { type RunSpec, readStoredSpec, type StoredRunSpec } from "@benchwright/shared/contract/run-spec";
 import type { RunState, TerminalState } from "@benchwright/shared/contract/run-states";
@@ -9,7 +10,7 @@ import type { ImageDigest, SetupImageKey } from "@benchwright/shared/contract/se
 // loads it (migrateState), once, so the steps read every field as set; an absent field means
 // "not yet" only where the type says so.
 
-export const STATE_VERSION = 3;
+export const STATE_VERSION = 4;
 
 export type Final = { to: TerminalState; reason: string; detail?: string };
 
@@ -137,8 +138,16 @@ export interface MachineState {
     | (Pick<PolicyDocument, "version" | "routing" | "enforce" | "hostsFile" | "note"> & {
         /** The declared model's lane (name and provider only). */
         model: { name: string; provider: string } | null;
+        /** The sandboxes' placeholder variables (name and secret name, never a value; case N1). */
+        placeholders: PlaceholderEnv[];
       })
     | null;
+  /**
+   * The run's placeholder nonce (contract/placeholder.ts), made with the state: the proxy gets it
+   * (every launch the same) and the sandboxes' placeholders carry it. Null for a run that was in
+   * flight when placeholders came: its proxy was launched without one, so it goes on without.
+   */
+  placeholderNonce: string | null;
   /**
    * The egress tunnel, for a run that sends traffic through the user's machine: when the machine
    * began waiting for the agent, and whether it was ever there (checked once, before any command).
@@ -177,6 +186,7 @@ export function newState(runId: string, now: number): MachineState {
     final: null,
     spec: null,
     policy: null,
+    placeholderNonce: newPlaceholderNonce(),
     tunnel: null,
     network: null,
     proxy: null,
@@ -225,11 +235,11 @@ type StoredV1 = Omit<
     | "hostsEdits"
     | "routingNoted"
   >,
-  "version" | "spec" | "policy" | "proxy" | "workers"
+  "version" | "spec" | "policy" | "placeholderNonce" | "proxy" | "workers"
 > & {
   version?: undefined;
   spec: StoredRunSpec | null;
-  policy: Before<Policy, "model"> | null;
+  policy: Before<Policy, "model" | "placeholders"> | null;
   proxy: Before<ProxyProcess, "checkedAt" | "outEnd" | "errEnd"> | null;
   workers: Before<
     Worker,
@@ -248,25 +258,38 @@ type StoredV1 = Omit<
   >[];
 };
 
+/** A state stored by version 3: no placeholders (no nonce, none in its policy). */
+type StoredV3 = Omit<MachineState, "version" | "policy" | "placeholderNonce"> & {
+  version: 3;
+  policy: Before<Policy, "placeholders"> | null;
+};
+
 /** A state stored by version 2: its workers have no setup image. */
-type StoredV2 = Omit<MachineState, "version" | "workers"> & {
+type StoredV2 = Omit<StoredV3, "version" | "workers"> & {
   version: 2;
   workers: Before<Worker, "image">[];
 };
 
 /** What the object's storage may hold: this version's state or an older one. */
-export type StoredState = MachineState | StoredV2 | StoredV1;
+export type StoredState = MachineState | StoredV3 | StoredV2 | StoredV1;
 
 /** A stored state as this version's (older states are filled in on load). */
 export function migrateState(stored: StoredState | undefined): MachineState | undefined {
   if (stored === undefined || stored.version === STATE_VERSION) return stored;
-  // A run in flight before setup images: every sandbox of it runs its own setup, as then.
-  const v2 = stored.version === 2 ? stored : fromV1(stored);
+  const v3 = stored.version === 3 ? stored : fromV2(stored.version === 2 ? stored : fromV1(stored));
+  // A run in flight before placeholders: its proxy swaps none, so its sandboxes get none.
+  const { policy } = v3;
   return {
-    ...v2,
+    ...v3,
     version: STATE_VERSION,
-    workers: v2.workers.map((w) => ({ ...w, image: w.image ?? null })),
+    policy: policy ? { ...policy, placeholders: policy.placeholders ?? [] } : null,
+    placeholderNonce: null,
   };
+}
+
+function fromV2(stored: StoredV2): StoredV3 {
+  // A run in flight before setup images: every sandbox of it runs its own setup, as then.
+  return { ...stored, version: 3, workers: stored.workers.map((w) => ({ ...w, image: w.image ?? null })) };
 }
 
 function fromV1(stored: StoredV1): StoredV2 {

@@ -208,7 +208,7 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
       const tools = await exec(id, [
         "sh",
         "-c",
-        "test -x /usr/local/bin/bw-drop-root && test -x /usr/local/bin/bw-redirect && python3 --version && git --version && curl --version && iptables --version",
+        "test -x /usr/local/bin/bw-drop-root && test -x /usr/local/bin/bw-redirect && python3 --version && python3 -c 'import requests, httpx' && git --version && curl --version && iptables --version",
       ]);
       expect(tools.code, tools.stderr).toBe(0);
     });

@@ -80,7 +80,8 @@ describe("coordinator state: one migration on load", () => {
       faults: 1,
       cancelReason: null,
       spec: { onProxyFailure: "continue" },
-      policy: { version: 3, model: null },
+      policy: { version: 3, model: null, placeholders: [] },
+      placeholderNonce: null,
       tunnel: null,
       proxy: { execId: "proxy-1", checkedAt: null, outEnd: 0, errEnd: 0 },
       traceBytes: 12,
@@ -121,9 +122,30 @@ describe("coordinator state: one migration on load", () => {
     };
     const s = migrateState(stored);
     expect(s?.version).toBe(STATE_VERSION);
-    expect(STATE_VERSION).toBe(3);
     expect(s?.workers.map((w) => w.image)).toEqual([null, null]);
-    expect(s).toEqual({ ...current, version: STATE_VERSION });
+    expect(s).toEqual({ ...current, version: STATE_VERSION, placeholderNonce: null });
+  });
+
+  it("gives a version 3 state no placeholders: no nonce, none in its policy (case N1)", async () => {
+    const current = newState("run_4", 9);
+    expect(current.placeholderNonce).toMatch(/^[a-z0-9]{20}$/);
+    current.state = "running";
+    current.policy = {
+      version: 3,
+      routing: { mode: "default", reasons: [] },
+      enforce: true,
+      hostsFile: ["api.example"],
+      note: null,
+      model: null,
+      placeholders: [{ env: "API_TOKEN", secret: "API_TOKEN" }],
+    };
+    // As version 3 stored it: its proxy was launched without a nonce, so it swaps nothing.
+    const { placeholderNonce: _, ...rest } = current;
+    const { placeholders: __, ...policy } = current.policy;
+    const stored: StoredState = { ...rest, version: 3, policy };
+    const s = migrateState(stored);
+    expect(STATE_VERSION).toBe(4);
+    expect(s).toEqual({ ...current, placeholderNonce: null, policy: { ...policy, placeholders: [] } });
   });
 
   it("leaves a state of this version as it is, and no state as none", () => {

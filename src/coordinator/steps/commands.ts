@@ -3,7 +3,7 @@ import type { MachineState, Worker } from "../state";
 import { finish, POLL_MS, proxyRuns } from "./common";
 import { applyHalt } from "./halt";
 import { syncHosts } from "./hosts";
-import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
+import { modelEnv, OUT_ENV, placeholderEnv, recordExit, recordOutput } from "./output";
 import { checkProxy } from "./proxy";
 import { parallelTasks, prepareLateTask } from "./sandboxes";
 import { renewBuilds } from "./setup-image";
@@ -84,7 +84,7 @@ export async function run(m: Machine, s: MachineState): Promise<number> {
       const info = await m.ports.broker.exec(s.runId, w.sandboxId, {
         id: `cmd-${w.cmdIndex}`,
         argv: ["sh", "-c", command],
-        env: { ...w.env, ...modelEnv(s), ...OUT_ENV, ...(await computeEnv(m, s, w)) },
+        env: { ...w.env, ...placeholderEnv(s), ...modelEnv(s), ...OUT_ENV, ...(await computeEnv(m, s, w)) },
         stage: "execute",
         timeoutMs: 600_000,
       });

@@ -1,6 +1,7 @@
 import type { EnvironmentAnswer, EnvironmentRequest, EnvironmentView, Machine } from "../ports";
 import type { MachineState, Worker } from "../state";
 import { checkpoint, proxyRuns, worker } from "./common";
+import { placeholderEnv } from "./output";
 import { giveUpBuild } from "./setup-image";
 import { ready, workerDone } from "./stages";
 
@@ -49,7 +50,8 @@ export async function environment(
   if (!s || !w) return null;
   // Halted for review: nothing new starts in any of the run's sandboxes until it resumes.
   const live = s.state === "running" && !w.done && !s.halted;
-  return { view: environmentView(s, w), env: live && ready(w) ? w.env : null };
+  // A task sandbox like any other: the holder's execs see the run's placeholders (case N1).
+  return { view: environmentView(s, w), env: live && ready(w) ? { ...w.env, ...placeholderEnv(s) } : null };
 }
 
 /** Deletes a task environment: its sandbox is destroyed now. Idempotent. */

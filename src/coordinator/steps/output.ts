@@ -1,5 +1,6 @@
 import { DEFAULT_OUT_DIR } from "@benchwright/shared/contract/bundle";
 import type { ExecInfo } from "@benchwright/shared/contract/local-agent";
+import { placeholderValue } from "@benchwright/shared/contract/placeholder";
 import {
   MODEL_LANE_ANTHROPIC_BASE_URL,
   MODEL_LANE_BASE_URL,
@@ -34,6 +35,18 @@ export function modelEnv(s: MachineState): Record<string, string> {
     ANTHROPIC_API_KEY: MODEL_LANE_PLACEHOLDER_KEY,
     BENCHWRIGHT_MODEL: model.name,
   };
+}
+
+/**
+ * Every secret the run's rules inject, as its placeholder (never the value) under the rule's
+ * variable (case N1): code that reads its key from the environment starts and sends it, and the
+ * run's proxy swaps it for the secret on that rule's hosts only. Only while that proxy runs; the
+ * model lane's variables are never among them (placeholderEnvs leaves those names out).
+ */
+export function placeholderEnv(s: MachineState): Record<string, string> {
+  const nonce = s.placeholderNonce;
+  if (!nonce || !s.policy?.enforce || s.proxy?.unfiltered) return {};
+  return Object.fromEntries(s.policy.placeholders.map((p) => [p.env, placeholderValue(p.secret, nonce)]));
 }
 
 /**

@@ -63,6 +63,8 @@ export async function startProxy(m: Machine, s: MachineState): Promise<number> {
         BW_RUN_ID: s.runId,
         BW_PROXY_TOKEN: proxyToken,
         BW_AUDIT_KEY: auditKey,
+        // The run's own (state.ts): a relaunch swaps the placeholders the sandboxes already hold.
+        ...(s.placeholderNonce ? { BW_PLACEHOLDER_NONCE: s.placeholderNonce } : {}),
       },
       stage: "setup",
       timeoutMs: null,

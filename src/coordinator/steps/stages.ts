@@ -4,7 +4,7 @@ import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import { BrokerFailure, type Machine } from "../ports";
 import type { MachineState, Worker, WorkerStage } from "../state";
 import { checkpoint, stop } from "./common";
-import { modelEnv, OUT_ENV, recordExit, recordOutput } from "./output";
+import { modelEnv, OUT_ENV, placeholderEnv, recordExit, recordOutput } from "./output";
 import { enforced, notBuilt, notSupported, sealSandbox } from "./seal";
 import { captureImage } from "./setup-image";
 import { rewireSandbox } from "./wiring";
@@ -132,7 +132,7 @@ async function runSetup(m: Machine, s: MachineState, w: Worker): Promise<"done" 
       const info = await m.ports.broker.exec(s.runId, w.sandboxId, {
         id: `setup-${i}`,
         argv: ["sh", "-c", command],
-        env: { ...w.env, ...modelEnv(s), ...OUT_ENV },
+        env: { ...w.env, ...placeholderEnv(s), ...modelEnv(s), ...OUT_ENV },
         stage: "setup",
         timeoutMs: SETUP_TIMEOUT_MS,
       });

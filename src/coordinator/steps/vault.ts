@@ -1,3 +1,4 @@
+import { placeholderEnvs } from "@benchwright/shared/contract/placeholder";
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import type { Machine } from "../ports";
 import type { MachineState } from "../state";
@@ -70,6 +71,7 @@ export async function fetchVault(m: Machine, s: MachineState): Promise<number> {
     hostsFile: p.hostsFile,
     note: p.note,
     model: p.model ? { name: p.model.name, provider: p.model.provider } : null,
+    placeholders: placeholderEnvs(p.rules, p.model !== null),
   };
   await m.ports.setRunFields(s.runId, { routing: p.routing.mode, policyVersion: p.version });
   if (p.routing.mode === "catch-all") {
