@@ -96,9 +96,8 @@ describeE2e("Python's requests and httpx through the boundary", { start, after }
     });
     const out = lastJson(run);
 
-    // case N1: the secret's placeholder under its name, never the secret. The name is the
-    // compiler's default for a rule that names none (branch i35-vault): until that is merged the
-    // variable is unset here.
+    // case N1: the secret's placeholder under its name (the compiler's default for a rule that
+    // names none), never the secret.
     expect(out.token).toMatch(/^bw-placeholder-API_TOKEN-[a-z0-9]{20}$/);
     expect(out.token).not.toBe(e.canary);
     expect(out.tokenIsPlaceholder).toBe(true);
@@ -113,11 +112,10 @@ describeE2e("Python's requests and httpx through the boundary", { start, after }
     });
 
     // TLS to the rule's host verified in both libraries; the Authorization the client built
-    // arrived. That it arrived as the secret is the proxy's swap (case N2, branch i35-ph):
-    // keyMatches holds only once that is merged.
+    // arrived as the secret: the proxy's swap (case N2).
     for (const call of ["requestsRule", "httpxRule"]) {
       expect(out[call], call).toMatchObject({ status: 200, keyPresent: true });
-      expect(out[call].keyMatches, `${call} (needs the proxy's swap)`).toBe(true);
+      expect(out[call].keyMatches, `${call} (the proxy's swap)`).toBe(true);
     }
     // Sent to another rule's host, the placeholder leaves as it is: never the secret (N2's
     // stray; holds with or without the swap).
