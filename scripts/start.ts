@@ -26,7 +26,9 @@ import { startWorkerDev } from "./lib/worker-dev";
 const DATA = join(process.cwd(), ".data");
 const PORT = Number(process.env.PORT ?? 8787);
 const DEV_EMAIL = "dev@localhost";
-const DEMO_HOSTS = ["api.demo.test", "blocked.demo.test"];
+// The example's judge (an ordinary rule, its key read from the environment) and its read-only
+// dataset host are served by the same upstream.
+const DEMO_HOSTS = ["api.demo.test", "blocked.demo.test", "judge.demo.test", "data.demo.test"];
 
 function readOrCreate(file: string, make: () => string): string {
   const path = join(DATA, file);
@@ -189,6 +191,38 @@ function apiOf(base: string, key: string): Api {
   };
 }
 
+/**
+ * The example environment's vault (idempotent): a block default (catch-all routing), the package
+ * index allowed, a judge behind an ordinary rule whose secret the tasks read as a placeholder from
+ * their environment, and the dataset host allowed read-only (GET and HEAD).
+ */
+async function exampleVault(api: Api, demoKey: string): Promise<void> {
+  await api("PUT", "/vault/settings", { default: "block" });
+  await api("POST", "/vault/hosts", { pattern: INDEX_HOST, action: "allow" });
+  const secrets = (await api("GET", "/vault/secrets")).json.secrets as { id: string; name: string }[];
+  const judge = secrets.find((s) => s.name === "JUDGE_API_KEY");
+  if (judge) await api("PUT", `/vault/secrets/${judge.id}`, { value: demoKey });
+  else await api("POST", "/vault/secrets", { name: "JUDGE_API_KEY", value: demoKey });
+  const rules = (await api("GET", "/vault/rules")).json.rules as { host: string }[];
+  if (!rules.some((r) => r.host === "judge.demo.test")) {
+    const made = await api("POST", "/vault/rules", {
+      host: "judge.demo.test",
+      secret: "JUDGE_API_KEY",
+      inject: { scheme: "bearer" },
+    });
+    if (made.status >= 300) throw new Error(`judge rule: ${JSON.stringify(made.json)}`);
+  }
+  const hosts = (await api("GET", "/vault/hosts")).json.hosts as { pattern: string }[];
+  if (!hosts.some((h) => h.pattern === "data.demo.test")) {
+    const made = await api("POST", "/vault/hosts", {
+      pattern: "data.demo.test",
+      action: "allow",
+      methods: ["GET", "HEAD"],
+    });
+    if (made.status >= 300) throw new Error(`read-only host: ${JSON.stringify(made.json)}`);
+  }
+}
+
 /** The vault's demo secret, replaced each start, and its rule for api.demo.test (idempotent). */
 async function demoSecretAndRule(api: Api, demoKey: string): Promise<void> {
   const secrets = (await api("GET", "/vault/secrets")).json.secrets as { id: string; name: string }[];
@@ -225,8 +259,7 @@ async function waitForEnd(api: Api, id: string, timeoutMs: number): Promise<any>
 async function example(base: string, key: string, demoKey: string, upstream: DemoUpstream) {
   const api = apiOf(base, key);
   await demoSecretAndRule(api, demoKey);
-  await api("PUT", "/vault/settings", { default: "block" });
-  await api("POST", "/vault/hosts", { pattern: INDEX_HOST, action: "allow" });
+  await exampleVault(api, demoKey);
   const folder = join(import.meta.dirname, "..", "examples", "qa-bench");
   const spec = JSON.parse(readFileSync(join(folder, "benchwright.json"), "utf8"));
   const { files, ...runSpec } = spec;
@@ -266,6 +299,10 @@ async function example(base: string, key: string, demoKey: string, upstream: Dem
     (s) => s.host === INDEX_HOST && String(s.path).startsWith("/files/"),
   ).length;
   const keyed = upstream.seen.filter((s) => s.host === "api.demo.test" && s.keyMatches === true).length;
+  const judged = upstream.seen.filter((s) => s.host === "judge.demo.test" && s.keyMatches === true).length;
+  const uploads = upstream.seen.filter(
+    (s) => s.host === "data.demo.test" && String(s.path).includes("/results/"),
+  );
   const check = (ok: boolean) => (ok ? "yes" : "NO");
   const each = (f: (r: (typeof results)[number]) => boolean) => results.length === 3 && results.every(f);
   const setup = setupStory(run, wheels, runSpec.tasks.length);
@@ -274,6 +311,10 @@ Example run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 
 ${setup.map(([text, ok, counted]) => `  ${text} ${".".repeat(Math.max(2, 65 - text.length))} ${check(ok)} (${counted})`).join("\n")}
   three tasks wrote their results; collected as artifacts .......... ${check(each((r) => r.json?.package?.name === "benchscore"))} (${results.map((r) => r.name).join(", ") || "none"})
   each task's API call got the vault's key, the task never held it .. ${check(keyed >= 3 && each((r) => r.json?.api?.status === 200 && !r.text.includes(demoKey)))}
+  each judge call sent JUDGE_API_KEY from the task's environment (a
+    placeholder); the judge's host got the vault's key ................ ${check(judged >= 3 && each((r) => r.json?.judge?.status === 200 && r.json?.judge?.keyInEnvironment === "placeholder"))}
+  the read-only data.demo.test: each task read it, and its upload (POST)
+    was refused by the proxy and never reached the host .............. ${check(uploads.length === 0 && each((r) => r.json?.dataset?.read === 200 && r.json?.dataset?.write === 403))} (${results[0]?.json?.dataset?.writeAnswer ?? "?"})
 
 Look at it:
   curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/runs/${id}/artifacts

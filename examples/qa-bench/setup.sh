@@ -9,9 +9,10 @@ set -eu
 
 # A virtual environment: Debian's python3 refuses `pip install` into the system (PEP 668). In the
 # working directory, because that is what every backend carries from setup to the commands: on
-# sandbox0, setup runs in a container of its own and only the working directory is shared.
+# sandbox0, setup runs in a container of its own and only the working directory is shared. With
+# the system's site packages, so the task sees the work image's `requests`.
 VENV="$PWD/.venv"
-python3 -m venv "$VENV"
+python3 -m venv --system-site-packages "$VENV"
 
 # pip.conf names the index; requirements.txt pins the package by version and hash, so pip refuses
 # any other bytes. pip trusts the run's CA through REQUESTS_CA_BUNDLE, which the sandbox's wiring sets.

@@ -38,6 +38,26 @@ describeE2e("the example benchmark: bundle, setup, tasks, artifacts", { start },
     await demoVault(user, e.canary, { default: "block" });
     const allowed = await user.call("POST", "/v1/vault/hosts", { pattern: INDEX_HOST, action: "allow" });
     expect(allowed.status, allowed.text).toBeLessThan(300);
+    // The judge: an ordinary rule whose secret the tasks read from their environment (a
+    // placeholder, case N1); the dataset host: allowed read-only (case N3). The judge's key is a
+    // canary of its own, and the demo upstream checks the API's key, so the judge gets the same.
+    const judgeSecret = await user.call("POST", "/v1/vault/secrets", {
+      name: "JUDGE_API_KEY",
+      value: e.canary,
+    });
+    expect(judgeSecret.status, judgeSecret.text).toBeLessThan(300);
+    const judgeRule = await user.call("POST", "/v1/vault/rules", {
+      host: "judge.demo.test",
+      secret: "JUDGE_API_KEY",
+      inject: { scheme: "bearer" },
+    });
+    expect(judgeRule.status, judgeRule.text).toBeLessThan(300);
+    const readOnly = await user.call("POST", "/v1/vault/hosts", {
+      pattern: "data.demo.test",
+      action: "allow",
+      methods: ["GET", "HEAD"],
+    });
+    expect(readOnly.status, readOnly.text).toBeLessThan(300);
 
     const home = mkdtempSync(join(tmpdir(), "bw-example-home-"));
     const cli = async (args: string[], input?: string) => {
@@ -116,6 +136,13 @@ describeE2e("the example benchmark: bundle, setup, tasks, artifacts", { start },
     );
     expect(calls.length).toBe(TASKS.length);
     expect(calls.every((s) => s.keyMatches === true)).toBe(true);
+    // Each judge call carried JUDGE_API_KEY from the task's environment; the judge saw the
+    // vault's key. The dataset host saw each read and no upload: the proxy refused the POSTs.
+    const judged = e.upstream.seen.filter((s) => s.host === "judge.demo.test");
+    expect(judged.length).toBe(TASKS.length);
+    expect(judged.every((s) => s.keyMatches === true)).toBe(true);
+    const data = e.upstream.seen.filter((s) => s.host === "data.demo.test");
+    expect(data.map((s) => s.path).sort()).toEqual(TASKS.map((t) => `/datasets/qa/${t}.json`).sort());
 
     // The artifacts: one result file per task sandbox, nothing cut; the work sandbox wrote none.
     const artifacts = await cli(["runs", "artifacts", id, "--json"]);
@@ -137,8 +164,12 @@ describeE2e("the example benchmark: bundle, setup, tasks, artifacts", { start },
         task,
         answer: "Hello world",
         api: { status: 200, error: null },
+        judge: { status: 200, error: null, keyInEnvironment: "placeholder" },
+        dataset: { read: 200, write: 403 },
         package: { name: "benchscore", version: "1.0.0" },
       });
+      // The refusal named the limit (case N3).
+      expect(result.dataset.writeAnswer).toMatch(/method|GET/i);
       // Imported from the virtual environment setup.sh made, not from anywhere else.
       expect(result.package.file).toMatch(
         /^\/home\/sandbox\/\.venv\/lib\/python3[.\d]*\/site-packages\/benchscore\/__init__\.py$/,

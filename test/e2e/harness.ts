@@ -18,7 +18,14 @@ import { whyNotRunnable } from "../local/harness";
 // the same provisioning code as `npm create-user`, and a client of the public API.
 
 export const SKIP_REASON = whyNotRunnable();
-export const HOSTS = ["api.demo.test", "blocked.demo.test", "other.demo.test"];
+export const HOSTS = [
+  "api.demo.test",
+  "blocked.demo.test",
+  "other.demo.test",
+  // examples/qa-bench's judge (an ordinary rule) and read-only dataset host.
+  "judge.demo.test",
+  "data.demo.test",
+];
 
 export interface E2e {
   stack: LocalStack;
