@@ -107,7 +107,9 @@ export const egressAgentRoutes = new Hono<AgentEnv>()
       version: doc.version,
       default: doc.default,
       egress: doc.egress,
-      hosts: doc.hosts,
+      // Host decisions only: the agent dials host and port, while method and path limits are the
+      // proxy's, which sees each request before it enters the tunnel (N3).
+      hosts: doc.hosts.map(({ pattern, action, via }) => ({ pattern, action, ...(via ? { via } : {}) })),
     });
     return c.json(policy, 200, { "cache-control": "no-store" });
   });

@@ -158,11 +158,20 @@ describe("the agent's copy of the host policy", () => {
       inject: { scheme: "bearer" },
     });
     await tenant.api("POST", "/v1/vault/hosts", { pattern: "*.evil.example", action: "block" });
+    // A limited host: the agent gets the host, not the limits (the proxy holds requests to them).
+    const limited = await tenant.api("POST", "/v1/vault/hosts", {
+      pattern: "data.example",
+      action: "allow",
+      methods: ["GET"],
+      paths: ["/public/"],
+    });
+    expect(limited.status, limited.text).toBeLessThan(300);
     const res = await call(token, "GET", EGRESS_AGENT_POLICY_PATH);
     expect(res.status, res.text).toBe(200);
     const policy = AgentPolicy.parse(res.json);
     expect(policy.egress).toBe("local");
     expect(policy.hosts).toContainEqual({ pattern: "*.evil.example", action: "block" });
+    expect(policy.hosts).toContainEqual({ pattern: "data.example", action: "allow" });
     expect(res.text).not.toContain(canary);
     expect(res.text).not.toContain("KEY");
     expect(res.headers.get("cache-control")).toBe("no-store");
