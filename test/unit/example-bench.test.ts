@@ -51,9 +51,14 @@ describe.skipIf(NO_PIP !== null)("task_impl.py, with benchscore from the index",
     PATH: process.env.PATH,
     HOME: dir,
     PYTHONPATH: site,
+    // requests (the task's HTTP stack) reads REQUESTS_CA_BUNDLE; the wiring sets both in a run.
     SSL_CERT_FILE: ca,
-    // localhost: the API; 127.0.0.1: the index (a host the upstream serves only files for).
+    REQUESTS_CA_BUNDLE: ca,
+    // localhost: the API, the judge and the dataset; 127.0.0.1: the index (a host the upstream
+    // serves only files for).
     QA_BENCH_API: `https://localhost:${upstream.httpsPort}/v1/chat/completions`,
+    QA_BENCH_JUDGE: `https://localhost:${upstream.httpsPort}/v1/chat/completions`,
+    QA_BENCH_DATA: `https://localhost:${upstream.httpsPort}/datasets/qa`,
   });
   beforeAll(async () => {
     upstream = await startLoopbackUpstream({
@@ -114,6 +119,10 @@ describe.skipIf(NO_PIP !== null)("task_impl.py, with benchscore from the index",
       answer: null,
       score: null,
       api: { status: 401 },
+      // No JUDGE_API_KEY in this environment: the judge is called without one, and refuses.
+      judge: { status: 401, keyInEnvironment: "none" },
+      // Outside a run nothing limits the dataset host: the upload goes through.
+      dataset: { read: 200, write: 200 },
       package: { name: "benchscore", version: "1.0.0", file: join(site, "benchscore", "__init__.py") },
     });
     expect(result.api.error).toContain("invalid_api_key");

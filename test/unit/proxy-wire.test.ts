@@ -328,6 +328,8 @@ describe("signAuditBatch / verifyAuditBatch (D1, D2, D5 for the audit channel)",
     expect(verifyAuditBatch(key, headers, body, { runId: "run_abc" })).toEqual({
       ...batch(),
       modelCalls: [],
+      limitRefusals: [],
+      strayPlaceholders: [],
     });
   });
 
