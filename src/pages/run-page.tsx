@@ -3,14 +3,13 @@ import { WiringProof } from "@benchwright/shared/contract/wiring";
 import type { Child } from "hono/jsx";
 import type { Result } from "../errors";
 import type { ArtifactRow } from "../runs/artifacts";
-import type { BlockedRow, RouteRow } from "../runs/audit-log";
+import type { Page } from "../lists/cursor";
 import type { BugReport } from "../runs/bug-reports";
-import type { LimitRefusal, StrayPlaceholder } from "../runs/limit-stray-log";
 import type { Linger } from "../runs/linger";
 import type { ModelCall, ModelUse } from "../runs/model-calls";
+import type { BlockedRow, LimitRefusal, RouteRow, StrayPlaceholder } from "../runs/run-logs";
 import {
   isTerminal,
-  type Page,
   type RunNote,
   type RunRow,
   type runSandboxes,

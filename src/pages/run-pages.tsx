@@ -5,14 +5,18 @@ import { cancelRun, coordinatorStub, launchRun } from "../coordinator/client";
 import { ApiError } from "../errors";
 import { agentCommand, publicUrl } from "../routes/egress-agent";
 import { artifactDownload, listArtifacts } from "../runs/artifacts";
-import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
 import { BENCHMARKS } from "../runs/benchmarks";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
 import { checkLinger } from "../runs/launch";
-import { listLimitRefusals, listStrayPlaceholders } from "../runs/limit-stray-log";
 import { lingerOf } from "../runs/linger";
 import { listModelCalls, runModelUse } from "../runs/model-calls";
+import {
+  listEgressRoutes,
+  listLimitRefusals,
+  listRunBlockedHosts,
+  listStrayPlaceholders,
+} from "../runs/run-logs";
 import {
   getRun,
   haltedNow,
@@ -170,6 +174,7 @@ function LaunchForm(props: { csrf: string }) {
 async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Promise<Response> {
   const { db } = c.var;
   const p = c.var.session.principal;
+  const ring = c.var.config.keyRing;
   const q = {
     blocked: query(c, "blocked"),
     routes: query(c, "routes"),
@@ -192,13 +197,13 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
   ] = await Promise.all([
     runTrace(db, run.id),
     runSandboxes(db, run.id),
-    listRunBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
-    listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
-    listLimitRefusals(db, p, run.id, CARD_ROWS, q.limits),
-    listStrayPlaceholders(db, p, run.id, CARD_ROWS, q.strays),
-    listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
+    listRunBlockedHosts(db, p, run.id, { limit: CARD_ROWS, cursor: q.blocked, ring }),
+    listEgressRoutes(db, p, run.id, { limit: CARD_ROWS, cursor: q.routes, ring }),
+    listLimitRefusals(db, p, run.id, { limit: CARD_ROWS, cursor: q.limits, ring }),
+    listStrayPlaceholders(db, p, run.id, { limit: CARD_ROWS, cursor: q.strays, ring }),
+    listBugReports(db, p, run.id, { limit: REPORTS_PER_PAGE, cursor: q.reports, ring }),
     runModelUse(db, p, run.id),
-    listModelCalls(db, p, run.id, MODEL_CALLS_SHOWN, undefined),
+    listModelCalls(db, p, run.id, { limit: MODEL_CALLS_SHOWN, ring }),
     listArtifacts(db, p, run.id),
   ]);
   return c.html(

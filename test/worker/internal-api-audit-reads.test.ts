@@ -200,11 +200,11 @@ describe("GET /v1/runs/{id}/blocked-hosts, /egress-routes, /limit-refusals, /str
     const base = `/v1/runs/${run.id}/blocked-hosts`;
     for (const q of ["limit=0", "limit=201", "limit=x"])
       expectProblem(await t.api("GET", `${base}?${q}`), 400, "invalid_request");
-    expectProblem(await t.api("GET", `${base}?cursor=garbage`), 400, "invalid_request");
+    expectProblem(await t.api("GET", `${base}?cursor=garbage`), 400, "invalid_cursor");
     expectProblem(await t.api("GET", `${base}?runId=${run.id}`), 400, "unknown_field");
     // A cursor of the other list does not fit this one.
     const routes = await t.api("GET", `/v1/runs/${run.id}/egress-routes?limit=1`);
-    expectProblem(await t.api("GET", `${base}?cursor=${routes.json.nextCursor}`), 400, "invalid_request");
+    expectProblem(await t.api("GET", `${base}?cursor=${routes.json.nextCursor}`), 400, "invalid_cursor");
     const quiet = await newRun(t);
     expect((await t.api("GET", `/v1/runs/${quiet.id}/egress-routes`)).json).toEqual({
       egressRoutes: [],
