@@ -11,6 +11,18 @@ import { ApiError, Problem } from "../errors";
 
 /** The binding's `period` in wrangler.toml: a refused caller may try again after it. */
 export const RATE_LIMIT_PERIOD_SECONDS = 10;
+/** The binding's `limit` in wrangler.toml: requests per key per period. */
+export const RATE_LIMIT_REQUESTS = 300;
+
+/**
+ * The refusal's RateLimit-Policy and RateLimit fields (draft-ietf-httpapi-ratelimit-headers-09):
+ * the policy (quota per window, by API key) and that none is left for up to one window. The
+ * binding reports neither what remains nor when its window turns, so only refusals carry them.
+ */
+export const RATE_LIMIT_HEADERS = {
+  "ratelimit-policy": `"per-key";q=${RATE_LIMIT_REQUESTS};w=${RATE_LIMIT_PERIOD_SECONDS}`,
+  ratelimit: `"per-key";r=0;t=${RATE_LIMIT_PERIOD_SECONDS}`,
+} as const;
 
 export const rateLimit = createMiddleware<AppEnv>(async (c, next) => {
   let allowed = true;
@@ -29,6 +41,7 @@ export const rateLimit = createMiddleware<AppEnv>(async (c, next) => {
       "rate_limited",
       `This API key sent more requests than this deployment allows in ${RATE_LIMIT_PERIOD_SECONDS} seconds; retry after Retry-After seconds.`,
       RATE_LIMIT_PERIOD_SECONDS,
+      RATE_LIMIT_HEADERS,
     );
   }
   await next();

@@ -2,7 +2,8 @@ import { LIST_LIMIT } from "@benchwright/shared/contract/list";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { runs } from "../../src/db/schema";
-import { expectProblem, newTenant, type Tenant, withDb } from "./harness";
+import { ErrorCode } from "../../src/errors";
+import { BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { auditBatch, newRun, postBatch, setRunStatus } from "./run-fixtures";
 
 // One list contract (shared/contract/list.ts, src/lists/cursor.ts): every paginated list takes
@@ -184,5 +185,23 @@ describe("GET /v1/runs filters", { timeout: 60_000 }, () => {
     expectProblem(await t.api("GET", "/v1/runs?status=sleeping"), 400, "invalid_request");
     expectProblem(await t.api("GET", "/v1/runs?since=yesterday"), 400, "invalid_request");
     expectProblem(await t.api("GET", "/v1/runs?state=finished"), 400, "unknown_field");
+  });
+});
+
+describe("problem types", () => {
+  it("a problem's `type` is a page this deployment serves, for every code", async () => {
+    const t = await newTenant();
+    const refused = expectProblem(await t.api("GET", "/v1/runs?cursor=garbage"), 400, "invalid_cursor");
+    expect(refused.json.type).toBe(`${BASE}/problems/invalid_cursor`);
+    const page = await call(null, "GET", new URL(refused.json.type).pathname);
+    expect(page.status).toBe(200);
+    expect(page.headers.get("content-type")).toMatch(/^text\/html/);
+    expect(page.text).toContain("invalid_cursor");
+    expect(page.text).toContain("HTTP status 400");
+    // The index links every code, and each of those pages answers.
+    const index = await call(null, "GET", "/problems");
+    for (const code of ErrorCode.options) expect(index.text).toContain(`/problems/${code}"`);
+    expect((await call(null, "GET", "/problems/rate_limited")).text).toContain("HTTP status 429");
+    expect((await call(null, "GET", "/problems/no_such_code")).status).toBe(404);
   });
 });
