@@ -30,7 +30,10 @@ export const CursorBody = z
   .object({
     list: z.enum(LIST_NAMES),
     env: z.string().min(1).max(64),
-    key: z.array(z.union([z.string().max(1024), z.number()])).min(1).max(8),
+    key: z
+      .array(z.union([z.string().max(1024), z.number()]))
+      .min(1)
+      .max(8),
   })
   .strict();
 export type CursorBody = z.infer<typeof CursorBody>;

@@ -86,9 +86,11 @@ export async function pageOf<T>(
 ): Promise<Page<T>> {
   const items = rows.slice(0, page.limit);
   const last = items.at(-1);
-  const more = rows.length > page.limit && last !== undefined;
   return {
     items,
-    nextCursor: more ? await seal(page.ring, { list, env: environmentId, key: key(last) }) : null,
+    nextCursor:
+      rows.length > page.limit && last !== undefined
+        ? await seal(page.ring, { list, env: environmentId, key: key(last) })
+        : null,
   };
 }

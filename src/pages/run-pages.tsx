@@ -87,7 +87,7 @@ const filterQuery = (f: RunsPageFilter) => {
 };
 
 /** How long a run took (launch to end), or has taken so far: "42 s", "3 min 5 s", "2 h 10 min". */
-export function duration(run: Pick<RunRow, "createdAt" | "endedAt">, now: Date): string {
+function duration(run: Pick<RunRow, "createdAt" | "endedAt">, now: Date): string {
   const s = Math.max(0, Math.round(((run.endedAt ?? now).getTime() - run.createdAt.getTime()) / 1000));
   if (s < 60) return `${s} s`;
   if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;

@@ -26,13 +26,13 @@ const AccountBlockedHost = z
   .openapi("AccountBlockedHost");
 
 const Query = PageQuery.extend({
-    runId: z
-      .string()
-      .max(64)
-      .optional()
-      .openapi({ description: "Only hosts this run saw (the counts stay environment-wide)" }),
-    source: Source.optional().openapi({ description: "Only hosts with this (aggregated) source" }),
-  }).strict();
+  runId: z
+    .string()
+    .max(64)
+    .optional()
+    .openapi({ description: "Only hosts this run saw (the counts stay environment-wide)" }),
+  source: Source.optional().openapi({ description: "Only hosts with this (aggregated) source" }),
+}).strict();
 
 export const blockedHostsRoutes = newRouter().openapi(
   createRoute({
@@ -53,10 +53,12 @@ export const blockedHostsRoutes = newRouter().openapi(
     },
   }),
   async (c) => {
-    const page = unwrap(await listBlockedHosts(c.var.db, c.var.principal, {
+    const page = unwrap(
+      await listBlockedHosts(c.var.db, c.var.principal, {
         ...c.req.valid("query"),
         ring: c.var.config.keyRing,
-      }));
+      }),
+    );
     return c.json(
       {
         blockedHosts: page.items.map((h) => ({

@@ -161,7 +161,9 @@ export const runAuditRoutes = newRouter()
     }),
     async (c) => {
       const page = { ...c.req.valid("query"), ring: c.var.config.keyRing };
-      const found = unwrap(await listRunBlockedHosts(c.var.db, c.var.principal, c.req.valid("param").id, page));
+      const found = unwrap(
+        await listRunBlockedHosts(c.var.db, c.var.principal, c.req.valid("param").id, page),
+      );
       return c.json(
         {
           blockedHosts: found.items.map((r) => ({
@@ -257,7 +259,9 @@ export const runAuditRoutes = newRouter()
     }),
     async (c) => {
       const page = { ...c.req.valid("query"), ring: c.var.config.keyRing };
-      const found = unwrap(await listStrayPlaceholders(c.var.db, c.var.principal, c.req.valid("param").id, page));
+      const found = unwrap(
+        await listStrayPlaceholders(c.var.db, c.var.principal, c.req.valid("param").id, page),
+      );
       return c.json(
         {
           strayPlaceholders: found.items.map((r) => ({

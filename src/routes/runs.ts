@@ -51,7 +51,10 @@ const RunSummary = z
     reasonDetail: z.string().nullable(),
     routing: RoutingMode.nullable(),
     backend: z.string(),
-    benchmark: z.string().nullable().openapi({ description: "The built-in benchmark it ran; null: commands" }),
+    benchmark: z
+      .string()
+      .nullable()
+      .openapi({ description: "The built-in benchmark it ran; null: commands" }),
     createdAt: z.string().datetime(),
     startedAt: z.string().datetime().nullable(),
     endedAt: z.string().datetime().nullable(),
@@ -197,7 +200,11 @@ export const runsRoutes = newRouter()
           c.var.db,
           c.var.principal,
           { limit, cursor, ring: c.var.config.keyRing },
-          { ...filter, since: since ? new Date(since) : undefined, until: until ? new Date(until) : undefined },
+          {
+            ...filter,
+            since: since ? new Date(since) : undefined,
+            until: until ? new Date(until) : undefined,
+          },
         ),
       );
       return c.json({ runs: page.items.map(summary), nextCursor: page.nextCursor }, 200);

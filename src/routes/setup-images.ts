@@ -45,7 +45,10 @@ export const setupImagesRoutes = newRouter()
     }),
     async (c) => {
       const page = unwrap(
-        await listSetupImages(c.var.db, c.var.principal, { ...c.req.valid("query"), ring: c.var.config.keyRing }),
+        await listSetupImages(c.var.db, c.var.principal, {
+          ...c.req.valid("query"),
+          ring: c.var.config.keyRing,
+        }),
       );
       return c.json({ setupImages: page.items.map(view), nextCursor: page.nextCursor }, 200);
     },

@@ -100,6 +100,10 @@ export async function listBugReports(
     .where(and(ofRun, before === undefined ? undefined : lt(runEvents.id, before)))
     .orderBy(desc(runEvents.id))
     .limit(page.limit + 1);
-  const reports = rows.map((r) => ({ ...StoredBugReport.parse(r.detail), runId: run.value, createdAt: r.at }));
+  const reports = rows.map((r) => ({
+    ...StoredBugReport.parse(r.detail),
+    runId: run.value,
+    createdAt: r.at,
+  }));
   return ok(await pageOf(page, "run-bug-reports", p.environmentId, reports, (r) => [r.id]));
 }

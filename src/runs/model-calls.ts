@@ -232,5 +232,7 @@ export async function listModelCalls(
     )
     .orderBy(desc(modelCallLog.at), asc(modelCallLog.callId))
     .limit(page.limit + 1);
-  return ok(await pageOf(page, "run-model-calls", p.environmentId, rows, (r) => [r.at.toISOString(), r.callId]));
+  return ok(
+    await pageOf(page, "run-model-calls", p.environmentId, rows, (r) => [r.at.toISOString(), r.callId]),
+  );
 }

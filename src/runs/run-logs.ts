@@ -22,7 +22,7 @@ export type LimitRefusal = typeof limitRefusalLog.$inferSelect;
 export type StrayPlaceholder = typeof strayPlaceholderLog.$inferSelect;
 
 /** A run tally table: its run, environment, when a row was last seen, and its key columns. */
-interface RunLog<Row> {
+interface RunLog<Row extends { lastSeen: Date }> {
   list: ListName;
   table: PgTable & { runId: AnyPgColumn; environmentId: AnyPgColumn; lastSeen: AnyPgColumn };
   /** The row's key after lastSeen, in order: it sorts rows last seen at the same time. */
@@ -32,9 +32,13 @@ interface RunLog<Row> {
 
 // Timestamps are written from JS Dates only (milliseconds), so an ISO string keeps them exactly.
 const Text = z.string().max(1024);
-const positionShape = (keys: number) => z.tuple([z.iso.datetime()]).rest(Text).refine((p) => p.length === keys + 1);
+const positionShape = (keys: number) =>
+  z
+    .tuple([z.iso.datetime()])
+    .rest(Text)
+    .refine((p) => p.length === keys + 1);
 
-async function listRunLog<Row>(
+async function listRunLog<Row extends { lastSeen: Date }>(
   db: Db,
   p: Owner,
   runId: string,
@@ -62,17 +66,15 @@ async function listRunLog<Row>(
       ),
     );
   }
+  // The table is one of four, so drizzle cannot type its row here; RunLog ties it to Row.
   const rows = (await db
     .select(getTableColumns(table))
     .from(table)
     .where(and(eq(table.runId, run.value), eq(table.environmentId, p.environmentId), after))
     .orderBy(desc(table.lastSeen), ...keys.map((k) => asc(k)))
-    .limit(page.limit + 1)) as Row[];
+    .limit(page.limit + 1)) as unknown as Row[];
   return ok(
-    await pageOf(page, log.list, p.environmentId, rows, (r) => [
-      (r as { lastSeen: Date }).lastSeen.toISOString(),
-      ...log.keyOf(r),
-    ]),
+    await pageOf(page, log.list, p.environmentId, rows, (r) => [r.lastSeen.toISOString(), ...log.keyOf(r)]),
   );
 }
 

@@ -30,7 +30,11 @@ async function runsWithAudit(t: Tenant, count: number): Promise<string[]> {
       firstSeen: new Date().toISOString(),
       lastSeen: new Date().toISOString(),
     }));
-    const egressRoutes = blockedHosts.map(({ host, ...times }) => ({ host, route: "refused" as const, ...times }));
+    const egressRoutes = blockedHosts.map(({ host, ...times }) => ({
+      host,
+      route: "refused" as const,
+      ...times,
+    }));
     expect((await postBatch(run, auditBatch(run.id, { blockedHosts, egressRoutes }))).status).toBe(204);
     await setRunStatus(run.id, "finished");
     ids.push(run.id);
@@ -66,7 +70,10 @@ describe("list cursors (case O3)", { timeout: 60_000 }, () => {
     const refusals = [
       await alice.api("GET", `/v1/runs/${aliceRun}/blocked-hosts?cursor=${encodeURIComponent(runsCursor)}`),
       await alice.api("GET", `/v1/runs?cursor=${encodeURIComponent(blockedCursor)}`),
-      await alice.api("GET", `/v1/runs/${aliceRun}/egress-routes?cursor=${encodeURIComponent(blockedCursor)}`),
+      await alice.api(
+        "GET",
+        `/v1/runs/${aliceRun}/egress-routes?cursor=${encodeURIComponent(blockedCursor)}`,
+      ),
       await alice.api("GET", `/v1/blocked-hosts?cursor=${encodeURIComponent(blockedCursor)}`),
       await alice.api("GET", `/v1/setup-images?cursor=${encodeURIComponent(runsCursor)}`),
     ];
@@ -96,11 +103,19 @@ describe("list cursors (case O3)", { timeout: 60_000 }, () => {
       btoa(JSON.stringify(body)),
     ];
     for (const cursor of tampered) {
-      expectProblem(await alice.api("GET", `/v1/runs?cursor=${encodeURIComponent(cursor)}`), 400, "invalid_cursor");
+      expectProblem(
+        await alice.api("GET", `/v1/runs?cursor=${encodeURIComponent(cursor)}`),
+        400,
+        "invalid_cursor",
+      );
     }
     // Bob re-signing nothing: his own cursor with Alice's environment swapped in is refused too.
     const swapped = fromJson({ ...toJson(bobCursor), env: alice.environmentId }, macOf(bobCursor));
-    expectProblem(await alice.api("GET", `/v1/runs?cursor=${encodeURIComponent(swapped)}`), 400, "invalid_cursor");
+    expectProblem(
+      await alice.api("GET", `/v1/runs?cursor=${encodeURIComponent(swapped)}`),
+      400,
+      "invalid_cursor",
+    );
   });
 
   it("every list takes one limit range and default", async () => {
@@ -180,7 +195,10 @@ describe("GET /v1/runs filters", { timeout: 60_000 }, () => {
       `/v1/runs?benchmark=demo&limit=1&cursor=${encodeURIComponent(listed.json.nextCursor)}`,
     );
     expect(second.json).toMatchObject({ runs: [{ id: a }], nextCursor: null });
-    expect((await t.api("GET", "/v1/runs?status=running")).json.runs[0]).toMatchObject({ id: d, benchmark: null });
+    expect((await t.api("GET", "/v1/runs?status=running")).json.runs[0]).toMatchObject({
+      id: d,
+      benchmark: null,
+    });
 
     expectProblem(await t.api("GET", "/v1/runs?status=sleeping"), 400, "invalid_request");
     expectProblem(await t.api("GET", "/v1/runs?since=yesterday"), 400, "invalid_request");

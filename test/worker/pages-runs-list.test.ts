@@ -62,8 +62,18 @@ describe("the runs list", () => {
     const b = await loggedIn(t, "/runs");
     const launched = new Date(Date.now() - 3_725_000);
     const rows = [
-      { id: randomId("run_"), spec: { benchmark: "demo" }, status: "finished" as const, endedAt: new Date(launched.getTime() + 65_000) },
-      { id: randomId("run_"), spec: { benchmark: "demo" }, status: "failed" as const, endedAt: new Date(launched.getTime() + 5_000) },
+      {
+        id: randomId("run_"),
+        spec: { benchmark: "demo" },
+        status: "finished" as const,
+        endedAt: new Date(launched.getTime() + 65_000),
+      },
+      {
+        id: randomId("run_"),
+        spec: { benchmark: "demo" },
+        status: "failed" as const,
+        endedAt: new Date(launched.getTime() + 5_000),
+      },
       { id: randomId("run_"), spec: { commands: ["true"] }, status: "running" as const, endedAt: null },
     ];
     await withDb((db) =>
@@ -81,7 +91,17 @@ describe("the runs list", () => {
       ),
     );
     const all = textOf(expectPage(await b.get("/runs")));
-    for (const shown of ["demo", "commands", "1 min 5 s", "5 s", "1 h 2 min", "so far", "finished", "failed", "running"])
+    for (const shown of [
+      "demo",
+      "commands",
+      "1 min 5 s",
+      "5 s",
+      "1 h 2 min",
+      "so far",
+      "finished",
+      "failed",
+      "running",
+    ])
       has(all, shown);
     const listedOn = (html: string) => [...html.matchAll(/href="\/runs\/(run_[a-z0-9]+)"/g)].map((m) => m[1]);
     const [finished, failed, running] = rows.map((r) => r.id);
