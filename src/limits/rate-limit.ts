@@ -3,26 +3,12 @@ import type { OpenAPIHono } from "@hono/zod-openapi";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../context";
 import { ApiError, Problem } from "../errors";
+import { RATE_LIMIT_HEADERS, RATE_LIMIT_PERIOD_SECONDS } from "./rate-limit-policy";
 
 // Per-API-key request rate on /v1 (case K4), counted by Cloudflare's Workers rate-limiting
 // binding API_RATE_LIMIT (wrangler.toml [[ratelimits]]; `wrangler dev` and the test pool run it
 // locally too). Counted after the key is known, by its id: one key's flood cannot use up another
 // key's allowance, and nothing secret (neither the key nor its hash) is sent to the counter.
-
-/** The binding's `period` in wrangler.toml: a refused caller may try again after it. */
-export const RATE_LIMIT_PERIOD_SECONDS = 10;
-/** The binding's `limit` in wrangler.toml: requests per key per period. */
-export const RATE_LIMIT_REQUESTS = 300;
-
-/**
- * The refusal's RateLimit-Policy and RateLimit fields (draft-ietf-httpapi-ratelimit-headers-09):
- * the policy (quota per window, by API key) and that none is left for up to one window. The
- * binding reports neither what remains nor when its window turns, so only refusals carry them.
- */
-export const RATE_LIMIT_HEADERS = {
-  "ratelimit-policy": `"per-key";q=${RATE_LIMIT_REQUESTS};w=${RATE_LIMIT_PERIOD_SECONDS}`,
-  ratelimit: `"per-key";r=0;t=${RATE_LIMIT_PERIOD_SECONDS}`,
-} as const;
 
 export const rateLimit = createMiddleware<AppEnv>(async (c, next) => {
   let allowed = true;

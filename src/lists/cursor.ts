@@ -14,6 +14,8 @@ import { fail, ok, type Result } from "../errors";
 const PURPOSE = "list-cursor";
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
+// A copy, so the digest gets the ArrayBuffer-backed bytes it asks for.
+const bytesOf = (text: string) => new Uint8Array(encoder.encode(text));
 
 /** What a list page asks for: the request's limit and cursor, and the ring the cursor is sealed with. */
 export interface PageRequest {
@@ -29,8 +31,8 @@ export interface Page<T> {
 }
 
 async function seal(ring: KeyRing, body: CursorBody): Promise<string> {
-  const text = encodeBase64Url(encoder.encode(JSON.stringify(body)));
-  return `${text}.${await keyedDigest(ring, PURPOSE, encoder.encode(text))}`;
+  const text = encodeBase64Url(bytesOf(JSON.stringify(body)));
+  return `${text}.${await keyedDigest(ring, PURPOSE, bytesOf(text))}`;
 }
 
 const refuse = (why: string) => fail("invalid_cursor", `cursor: ${why}`);
@@ -52,7 +54,7 @@ export async function openCursor<T>(
   if (parts.length !== 3) return refuse("not a cursor this API gave");
   const [text, keyId, mac] = parts as [string, string, string];
   if (!ring.keyIds.includes(keyId)) return refuse("not a cursor this API gave");
-  const expected = await keyedDigest(ring, PURPOSE, encoder.encode(text), keyId);
+  const expected = await keyedDigest(ring, PURPOSE, bytesOf(text), keyId);
   if (!timingSafeEqualHex(expected, `${keyId}.${mac}`)) return refuse("not a cursor this API gave");
   const body = parseBody(text);
   if (!body) return refuse("not a cursor this API gave");

@@ -5,10 +5,10 @@ import {
   RATE_LIMIT_HEADERS,
   RATE_LIMIT_PERIOD_SECONDS,
   RATE_LIMIT_REQUESTS,
-} from "../../src/limits/rate-limit";
+} from "../../src/limits/rate-limit-policy";
 
 // The RateLimit-Policy a 429 names is the binding's: the binding reports neither, so the numbers
-// are written twice (wrangler.toml and src/limits/rate-limit.ts), and this keeps them one.
+// are written twice (wrangler.toml and src/limits/rate-limit-policy.ts), and this keeps them one.
 
 describe("rate limit headers", () => {
   it("name the quota and window wrangler.toml gives API_RATE_LIMIT, in every environment", () => {

@@ -3,7 +3,7 @@ import { and, count, eq } from "drizzle-orm";
 import { Webhook } from "standardwebhooks";
 import { describe, expect, it } from "vitest";
 import { idempotencyKeys, runs, sandboxes, webhookDeliveries } from "../../src/db/schema";
-import { RATE_LIMIT_HEADERS, RATE_LIMIT_PERIOD_SECONDS } from "../../src/limits/rate-limit";
+import { RATE_LIMIT_HEADERS, RATE_LIMIT_PERIOD_SECONDS } from "../../src/limits/rate-limit-policy";
 import { type ApiResponse, callWith, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { newRun, setRunStatus } from "./run-fixtures";
 
