@@ -166,7 +166,7 @@ describe("GET /v1/runs/{id}/blocked-hosts, /egress-routes, /limit-refusals, /str
       const pages = await walk(t, `/v1/runs/${run.id}/stray-placeholders`, "strayPlaceholders", limit);
       expect(pages.flat()).toEqual(strays.json.strayPlaceholders);
     }
-    // One list's cursor is not a position in another.
+    // One list's cursor is not a position in another (case O3).
     const limitCursor = (await t.api("GET", `/v1/runs/${run.id}/limit-refusals?limit=1`)).json.nextCursor;
     const strayCursor = (await t.api("GET", `/v1/runs/${run.id}/stray-placeholders?limit=1`)).json.nextCursor;
     const routeCursor = (await t.api("GET", `/v1/runs/${run.id}/egress-routes?limit=1`)).json.nextCursor;
@@ -180,7 +180,7 @@ describe("GET /v1/runs/{id}/blocked-hosts, /egress-routes, /limit-refusals, /str
       expectProblem(
         await t.api("GET", `/v1/runs/${run.id}/${path}?cursor=${cursor}`),
         400,
-        "invalid_request",
+        "invalid_cursor",
       );
     }
     const quiet = await newRun(t);
