@@ -22,6 +22,9 @@ export const LIST_NAMES = [
   "run-bug-reports",
   "blocked-hosts",
   "setup-images",
+  "api-keys",
+  "notifications",
+  "notification-deliveries",
 ] as const;
 export type ListName = (typeof LIST_NAMES)[number];
 

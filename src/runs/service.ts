@@ -1,7 +1,6 @@
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import { isTerminal, type RunState } from "@benchwright/shared/contract/run-states";
 import { and, asc, desc, eq, gte, lt, sql } from "drizzle-orm";
-import { z } from "zod";
 import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { runEvents, runs, sandboxes } from "../db/schema";
@@ -9,6 +8,7 @@ import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
 import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
+import { CreatedKey, createdMicros, olderThan } from "../lists/newest-first";
 import { enqueueRunEnded } from "../notifications/service";
 import { modelLane } from "../vault/models";
 import type { RunNote, Transition } from "./types";
@@ -132,11 +132,6 @@ export interface RunsFilter {
   until?: Date | undefined;
 }
 
-// The cursor is the last item's (createdAt, id), so pages stay stable while runs are added.
-// createdAt is written by Postgres (microseconds): the key keeps its epoch microseconds as text.
-const RunCursor = z.tuple([z.string().regex(/^\d{1,20}$/), z.string().min(1).max(64)]);
-const createdMicros = sql<string>`(extract(epoch from ${runs.createdAt}) * 1000000)::bigint::text`;
-
 /** The built-in benchmark a run ran (the filter's `spec->>'benchmark'`), or null for commands. */
 export function benchmarkOf(row: RunRow): string | null {
   const name = (row.spec as { readonly [key: string]: unknown }).benchmark;
@@ -150,11 +145,11 @@ export async function listRuns(
   page: PageRequest,
   filter: RunsFilter = {},
 ): Promise<Result<Page<RunRow>>> {
-  const cursor = await openCursor(page, "runs", p.environmentId, RunCursor);
-  if (!cursor.ok) return cursor;
-  const after = cursor.value;
+  // The last item's (createdAt, id): pages stay stable while runs are added.
+  const after = await openCursor(page, "runs", p.environmentId, CreatedKey);
+  if (!after.ok) return after;
   const rows = await db
-    .select({ run: runs, micros: createdMicros })
+    .select({ run: runs, micros: createdMicros(runs.createdAt) })
     .from(runs)
     .where(
       and(
@@ -163,7 +158,7 @@ export async function listRuns(
         filter.benchmark === undefined ? undefined : sql`${runs.spec}->>'benchmark' = ${filter.benchmark}`,
         filter.since === undefined ? undefined : gte(runs.createdAt, filter.since),
         filter.until === undefined ? undefined : lt(runs.createdAt, filter.until),
-        after ? sql`(${createdMicros}::bigint, ${runs.id}) < (${after[0]}::bigint, ${after[1]})` : undefined,
+        olderThan(runs.createdAt, runs.id, after.value),
       ),
     )
     .orderBy(desc(runs.createdAt), desc(runs.id))

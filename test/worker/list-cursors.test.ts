@@ -1,7 +1,7 @@
 import { LIST_LIMIT } from "@benchwright/shared/contract/list";
 import { eq } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
-import { runs } from "../../src/db/schema";
+import { notificationDeliveries, notifications, runs } from "../../src/db/schema";
 import { ErrorCode } from "../../src/errors";
 import { BASE, call, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { auditBatch, newRun, postBatch, setRunStatus } from "./run-fixtures";
@@ -131,6 +131,8 @@ describe("list cursors (case O3)", { timeout: 60_000 }, () => {
       `/v1/runs/${run}/stray-placeholders`,
       `/v1/runs/${run}/model-calls`,
       `/v1/runs/${run}/bug-reports`,
+      "/v1/api-keys",
+      "/v1/notifications",
     ];
     for (const path of lists) {
       expect((await t.api("GET", `${path}?limit=${LIST_LIMIT.max}`)).status, path).toBe(200);
@@ -155,6 +157,115 @@ describe("list cursors (case O3)", { timeout: 60_000 }, () => {
     expect(first.json.runs).toHaveLength(LIST_LIMIT.default);
     const rest = await t.api("GET", `/v1/runs?cursor=${encodeURIComponent(first.json.nextCursor)}`);
     expect(rest.json).toMatchObject({ runs: [expect.anything()], nextCursor: null });
+  });
+});
+
+/** Every item of a list, one page of `limit` at a time, following nextCursor. */
+async function walk(t: Tenant, path: string, field: string, limit: number): Promise<{ id: string }[]> {
+  const items: { id: string }[] = [];
+  let cursor: string | null = null;
+  do {
+    const q = cursor ? `&cursor=${encodeURIComponent(cursor)}` : "";
+    const res = await t.api("GET", `${path}?limit=${limit}${q}`);
+    expect(res.status, res.text).toBe(200);
+    expect(res.json[field].length).toBeLessThanOrEqual(limit);
+    items.push(...res.json[field]);
+    cursor = res.json.nextCursor;
+  } while (cursor && items.length < 100);
+  return items;
+}
+
+/** Notification URLs of the tenant, made in the table (registering one would resolve its host). */
+async function notificationsOf(t: Tenant, count: number): Promise<string[]> {
+  const ids = Array.from({ length: count }, () => `ntf_list${crypto.randomUUID().replaceAll("-", "")}`);
+  await withDb((db) =>
+    db.insert(notifications).values(
+      ids.map((id) => ({
+        id,
+        userId: t.userId,
+        environmentId: t.environmentId,
+        url: `https://hooks.example/${id}`,
+        events: ["run.ended" as const],
+        origin: BASE,
+      })),
+    ),
+  );
+  return ids;
+}
+
+describe("lists of keys and notifications", { timeout: 60_000 }, () => {
+  // case O3
+  it("API keys, notification URLs and deliveries page alike; a cursor stays in its list", async () => {
+    const t = await newTenant();
+    const other = await newTenant();
+    for (const name of ["second", "third"]) {
+      expect((await t.api("POST", "/v1/api-keys", { name })).status).toBe(201);
+    }
+    const keys = (await t.api("GET", "/v1/api-keys")).json.apiKeys.map((k: { id: string }) => k.id);
+    expect(keys).toHaveLength(3);
+    expect((await walk(t, "/v1/api-keys", "apiKeys", 1)).map((k) => k.id)).toEqual(keys);
+
+    const [ntfA, ntfB] = await notificationsOf(t, 3);
+    const listed = (await t.api("GET", "/v1/notifications")).json.notifications.map(
+      (n: { id: string }) => n.id,
+    );
+    expect(listed).toHaveLength(3);
+    expect((await walk(t, "/v1/notifications", "notifications", 2)).map((n) => n.id)).toEqual(listed);
+
+    // Three deliveries to A (one per run), two to B.
+    const made = [await newRun(t), await newRun(t), await newRun(t)];
+    await withDb((db) =>
+      db
+        .insert(notificationDeliveries)
+        .values([
+          ...made.map((run) => ({
+            id: `msg_${run.id}`,
+            notificationId: ntfA as string,
+            runId: run.id,
+            event: "run.ended" as const,
+          })),
+          ...made
+            .slice(0, 2)
+            .map((run) => ({
+              id: `msg_b${run.id}`,
+              notificationId: ntfB as string,
+              runId: run.id,
+              event: "run.ended" as const,
+            })),
+        ]),
+    );
+    const deliveriesA = `/v1/notifications/${ntfA}/deliveries`;
+    const deliveriesB = `/v1/notifications/${ntfB}/deliveries`;
+    const all = (await t.api("GET", deliveriesA)).json.deliveries.map((d: { id: string }) => d.id);
+    expect(all).toHaveLength(3);
+    expect((await walk(t, deliveriesA, "deliveries", 2)).map((d) => d.id)).toEqual(all);
+    expect(await walk(t, deliveriesB, "deliveries", 1)).toHaveLength(2);
+    for (const limit of [LIST_LIMIT.min - 1, LIST_LIMIT.max + 1]) {
+      expectProblem(await t.api("GET", `${deliveriesA}?limit=${limit}`), 400, "invalid_request");
+    }
+
+    const cursorOf = async (who: Tenant, path: string) => {
+      const res = await who.api("GET", `${path}?limit=1`);
+      expect(res.json.nextCursor, path).toEqual(expect.any(String));
+      return encodeURIComponent(res.json.nextCursor);
+    };
+    const keysCursor = await cursorOf(t, "/v1/api-keys");
+    const notificationsCursor = await cursorOf(t, "/v1/notifications");
+    const bCursor = await cursorOf(t, deliveriesB);
+    expect((await other.api("POST", "/v1/api-keys", { name: "theirs" })).status).toBe(201);
+    const foreignKeysCursor = await cursorOf(other, "/v1/api-keys");
+    const refused = [
+      [`/v1/notifications?cursor=${keysCursor}`, /list/],
+      [`/v1/api-keys?cursor=${notificationsCursor}`, /list/],
+      [`${deliveriesA}?cursor=${notificationsCursor}`, /list/],
+      [`/v1/runs?cursor=${keysCursor}`, /list/],
+      // Another notification's deliveries: the same list, another position's owner.
+      [`${deliveriesA}?cursor=${bCursor}`, /another notification/],
+      [`/v1/api-keys?cursor=${foreignKeysCursor}`, /environment/],
+    ] as const;
+    for (const [path, why] of refused) {
+      expect(expectProblem(await t.api("GET", path), 400, "invalid_cursor").json.detail, path).toMatch(why);
+    }
   });
 });
 
