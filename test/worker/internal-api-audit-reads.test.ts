@@ -177,11 +177,7 @@ describe("GET /v1/runs/{id}/blocked-hosts, /egress-routes, /limit-refusals, /str
       ["egress-routes", strayCursor],
       ["blocked-hosts", limitCursor],
     ]) {
-      expectProblem(
-        await t.api("GET", `/v1/runs/${run.id}/${path}?cursor=${cursor}`),
-        400,
-        "invalid_cursor",
-      );
+      expectProblem(await t.api("GET", `/v1/runs/${run.id}/${path}?cursor=${cursor}`), 400, "invalid_cursor");
     }
     const quiet = await newRun(t);
     expect((await t.api("GET", `/v1/runs/${quiet.id}/limit-refusals`)).json).toEqual({

@@ -215,24 +215,20 @@ describe("lists of keys and notifications", { timeout: 60_000 }, () => {
     // Three deliveries to A (one per run), two to B.
     const made = [await newRun(t), await newRun(t), await newRun(t)];
     await withDb((db) =>
-      db
-        .insert(notificationDeliveries)
-        .values([
-          ...made.map((run) => ({
-            id: `msg_${run.id}`,
-            notificationId: ntfA as string,
-            runId: run.id,
-            event: "run.ended" as const,
-          })),
-          ...made
-            .slice(0, 2)
-            .map((run) => ({
-              id: `msg_b${run.id}`,
-              notificationId: ntfB as string,
-              runId: run.id,
-              event: "run.ended" as const,
-            })),
-        ]),
+      db.insert(notificationDeliveries).values([
+        ...made.map((run) => ({
+          id: `msg_${run.id}`,
+          notificationId: ntfA as string,
+          runId: run.id,
+          event: "run.ended" as const,
+        })),
+        ...made.slice(0, 2).map((run) => ({
+          id: `msg_b${run.id}`,
+          notificationId: ntfB as string,
+          runId: run.id,
+          event: "run.ended" as const,
+        })),
+      ]),
     );
     const deliveriesA = `/v1/notifications/${ntfA}/deliveries`;
     const deliveriesB = `/v1/notifications/${ntfB}/deliveries`;
