@@ -1,7 +1,9 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { join } from "node:path";
 import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildah, buildahMissing, buildahOk, type Output, storageFlags } from "../../local-agent/buildah";
+import { megabytes } from "../../scripts/lib/image-publish";
 import { buildImages, type ImageBuild, type ImageName } from "../../scripts/lib/images";
 import { FakeControlPlane } from "../proxy/control-plane";
 
@@ -33,7 +35,10 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
     const { base, images } = await buildImages();
     console.log(`base ${base.ref}: ${base.built ? "built" : "cached"} in ${base.seconds.toFixed(1)} s`);
     for (const image of images) {
-      console.log(`image ${image.tag}: ${image.ok ? "built" : "FAILED"} in ${image.seconds.toFixed(1)} s`);
+      const size = image.ok ? `, ${megabytes(image.bytes)}` : "";
+      console.log(
+        `image ${image.tag}: ${image.ok ? "built" : "FAILED"} in ${image.seconds.toFixed(1)} s${size}`,
+      );
       builds.set(image.name, image);
     }
   });
@@ -147,6 +152,30 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
 
     it("bw-wiring prints its usage", async () => {
       expectWiringUsage(await exec(await container("proxy"), ["bw-wiring"]));
+    });
+
+    it("is under 150 MB: node, the programs and what they load, over no distribution", async () => {
+      const id = await container("proxy"); // fails here if it did not build
+      const build = builds.get("proxy") as ImageBuild & { ok: true };
+      expect(build.bytes).toBeGreaterThan(100e6); // node itself is over 100 MB
+      expect(build.bytes).toBeLessThan(150e6);
+      expect((await exec(id, ["sh", "-c", "test -e /usr/bin/apt-get || test -e /usr/bin/dpkg"])).code).toBe(
+        1,
+      );
+    });
+
+    it("node may bind 80/443 as uid 10001; the copy bw-init tools makes has no capability", async () => {
+      // The capability is set in the build stage and must survive the final stage's COPY; the copy
+      // for work pods must not keep it (a file capability outside a container's bounding set makes
+      // exec fail). getcap reads the files from the host, through the container's mount.
+      const id = await container("proxy");
+      const init = await exec(id, ["sh", "-c", "mkdir -p /bw/tools /bw/run && bw-init tools"], { user: "0" });
+      expect(init.code, init.stderr).toBe(0);
+      const root = (await buildahOk(["mount", id])).trim();
+      const getcap = (path: string) =>
+        execFileSync("getcap", [join(root, path)], { encoding: "utf8" }).trim();
+      expect(getcap("usr/local/bin/node")).toMatch(/ cap_net_bind_service=ep$/);
+      expect(getcap("bw/tools/node")).toBe("");
     });
 
     it("loads koffi's binary for the image's own libc, as the proxy does for a DNAT'd socket", async () => {
