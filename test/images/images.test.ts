@@ -142,7 +142,8 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
   describe("proxy (proxy-image/Dockerfile)", () => {
     it("runs the proxy as uid 10001; it starts on loopback and bw-proxy-view prints its view", async () => {
       const id = await container("proxy");
-      expect((await exec(id, ["id", "-u"])).stdout.trim()).toBe("10001");
+      const uid = await exec(id, ["id", "-u"]);
+      expect({ code: uid.code, uid: uid.stdout.trim() }, uid.stderr).toEqual({ code: 0, uid: "10001" });
       // The image's default spool directory, which only the proxy's user may write.
       const { ready, view } = await proxyAndView("proxy");
       expect(ready?.policyVersion).toBe(3);
