@@ -29,8 +29,6 @@ set -eu
 case "${1:-}" in
 tools)
   cp -R /opt/benchwright/tools/. /bw/tools/
-  # A plain copy: the image's node has a file capability, which its copy must not keep.
-  cp /usr/local/bin/node /bw/tools/node
   mkdir -p /bw/run/ca /bw/run/exec
   chmod 700 /bw/run/exec
   cp /etc/ssl/certs/ca-certificates.crt /bw/run/ca/bundle.crt

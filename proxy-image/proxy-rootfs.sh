@@ -1,7 +1,7 @@
 #!/bin/sh
 # The proxy image's whole filesystem, assembled in <root> from this build stage (proxy-image/
-# Dockerfile's `rootfs`, Debian with node, nftables, busybox-static, ca-certificates, binutils and
-# libcap2-bin installed) and the programs' bundles in <dist>:
+# Dockerfile's `rootfs`, Debian with node, nftables, busybox-static, ca-certificates and binutils
+# installed) and the programs' bundles in <dist>:
 #   sh proxy-rootfs.sh <dist> <root>
 # The image is then <root> alone (FROM scratch): only what the proxy, the wiring program and
 # bw-init run, so that a node pulls a sixth of what it did. Each program comes with the shared
@@ -31,13 +31,12 @@ with_libs() {
 }
 
 # node, stripped of its symbols (a fifth of its size; the public image's are not used by
-# anything here), and given the one capability it needs: the proxy listens on 80/443 as uid
-# 10001. bw-init tools copies this binary into work pods with a plain cp, which drops the
-# capability (a file capability outside a container's bounding set makes exec fail).
+# anything here). No file capability: every container of this image drops ALL, and the kernel
+# refuses to exec a file whose capability is outside the bounding set; the proxy listens on the
+# unprivileged ports the control plane gives it (PROXY_PORTS).
 node="$(readlink -f /usr/local/bin/node)"
 strip --strip-all -o "$root/usr/local/bin/node" "$node"
 with_libs "$node"
-setcap cap_net_bind_service=+ep "$root/usr/local/bin/node"
 
 # The programs: the proxy and its koffi (its binary's libraries too), the wiring program, and the
 # programs a sandbox0 work pod's init container lays out in /bw/tools (below).
@@ -64,13 +63,14 @@ printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs "$@"\n' >"$root/usr/loca
 printf '#!/bin/sh\nexec node /opt/benchwright/proxy.cjs view "$@"\n' >"$root/usr/local/bin/bw-proxy-view"
 printf '#!/bin/sh\nexec node /opt/benchwright/wiring.cjs "$@"\n' >"$root/usr/local/bin/bw-wiring"
 
-# /opt/benchwright/tools, what bw-init tools copies into a work pod's /bw/tools (with node, above):
-# node's loader and libraries (the work image may have neither node nor the same libc), the exec
+# /opt/benchwright/tools, what bw-init tools copies into a work pod's /bw/tools: node, its loader
+# and libraries (the work image may have neither node nor the same libc), the exec
 # runner, the wiring program, bw-unpack and bw-collect (bundles in, artifacts out, as the pod's
 # uid), bw-layer (a setup image's capture: the working directory as a tar), and /bin/sh wrappers by
 # the paths the sandbox0 backend and the exec runner use. Hard links: stored once in the layer.
 t="$root/opt/benchwright/tools"
 mkdir -p "$t/bin" "$t/lib"
+ln "$root/usr/local/bin/node" "$t/node"
 for lib in $(libs_of "$node"); do
   case "$lib" in
   */ld-linux*) ln "$root$lib" "$t/lib/ld.so" ;;
@@ -100,7 +100,7 @@ chown 10001:10001 "$root/var/spool/benchwright"
 : >"$root/etc/ld.so.conf"
 ldconfig -r "$root"
 
-# The result runs: node (through its capability) and the tools' node through their own loader.
+# The result runs: node, and the tools' node through their own loader.
 chroot "$root" node -e 'process.exit(0)'
-chroot "$root" /opt/benchwright/tools/lib/ld.so --library-path /opt/benchwright/tools/lib /usr/local/bin/node -e 'process.exit(0)'
+chroot "$root" /opt/benchwright/tools/lib/ld.so --library-path /opt/benchwright/tools/lib /opt/benchwright/tools/node -e 'process.exit(0)'
 chroot "$root" nft --version >/dev/null
