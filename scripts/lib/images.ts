@@ -26,12 +26,14 @@ export const IMAGES = [
 ] as const;
 export type ImageName = (typeof IMAGES)[number]["name"];
 
-export type ImageBuild = {
-  name: ImageName;
-  tag: string;
-  seconds: number;
-} & /** bytes: the image's size, its layers uncompressed (image-publish.ts). */
-({ ok: true; bytes: number } | { ok: false; error: string });
+export type ImageBuild = { name: ImageName; tag: string; seconds: number } & (
+  | {
+      ok: true;
+      /** The image's size: its layers uncompressed (image-publish.ts imageBytes). */
+      bytes: number;
+    }
+  | { ok: false; error: string }
+);
 
 /** The Dockerfile buildah is given: the committed one, or its heredoc-free rewrite (heredoc.ts). */
 function dockerfileFor(image: (typeof IMAGES)[number]): string {
@@ -73,7 +75,8 @@ function writeIfChanged(path: string, content: string): void {
 
 /**
  * Builds the base if the store lacks it, then each image (all four, or `only`), one at a time:
- * one result per image with its size, a failed build's with the end of its output. `log` gets progress lines.
+ * one result per image with its size, a failed build's with the end of its output. `log` gets
+ * progress lines.
  * Holds the machine's build lock meanwhile (withBuildLock), waiting for another build first.
  */
 export async function buildImages(
