@@ -28,7 +28,7 @@ export async function login(ctx: Ctx, opts: { url?: string; positionals: string[
  * Forgets the profile's saved key; with --revoke the API refuses it first, so a copy of the file
  * (a backup, another machine) is no use either. A key the API already refuses is forgotten all the
  * same; any other failure keeps the file, so the key is neither lost nor left working unseen.
- * BENCHWRIGHT_API_KEY is the caller's own variable: never read here.
+ * BENCHWRIGHT_API_KEY is the caller's own variable: never revoked here, only mentioned.
  */
 export async function logout(ctx: Ctx, opts: { revoke: boolean }): Promise<void> {
   const path = configPath(ctx.env, ctx.profile);
