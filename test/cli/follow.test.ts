@@ -59,18 +59,21 @@ async function faultyProxy() {
         let passed = 0;
         answer.on("data", (chunk: Buffer) => {
           text += chunk.toString("utf8");
-          for (;;) {
+          while (passed < cutAfterFrames) {
             const end = text.indexOf("\n\n");
             if (end < 0) return;
             const frame = text.slice(0, end + 2);
             text = text.slice(end + 2);
-            res.write(frame);
-            if (frame.startsWith("id: ") && ++passed === cutAfterFrames) {
+            if (!frame.startsWith("id: ") || ++passed < cutAfterFrames) {
+              res.write(frame);
+              continue;
+            }
+            // Cut once the last frame has left this process, so that the CLI has read it.
+            res.write(frame, () => {
               up.destroy();
               res.socket?.destroy();
               cut();
-              return;
-            }
+            });
           }
         });
       },
@@ -135,7 +138,11 @@ describe("runs follow", () => {
       // 429 and the 503 comes on the stream it gets after them, and so does what comes later.
       await proxy.cutDone;
       for (let n = 4; n <= 6; n++) await output(runId, n);
-      await until("the CLI back on a stream", () => proxy.seen.filter((s) => s.path.endsWith("/events")).length >= 4);
+      await until(
+        "the CLI back on a stream",
+        () => proxy.seen.filter((s) => s.path.endsWith("/events")).length >= 4,
+        60_000,
+      );
       await output(runId, 7);
       await recordTransition(db, runId, { to: "finished", reason: "completed" });
       const res = await followed;

@@ -130,30 +130,29 @@ export async function follow(ctx: Ctx, client: Api, id: string, backoff: Backoff
   const live = !ctx.json && process.stderr.isTTY === true;
   const since = Date.now();
   const retry = retrier(ctx, backoff);
-  let cursor: string | null = null;
-  let state = "queued";
-  let lingered: string | null = null;
-  const onEvent = (e: StreamedEvent, at: string | null) => {
-    cursor = at ?? cursor;
+  // Where the stream is: the last event's id, and the run's state as its transitions say.
+  const at = { cursor: null as string | null, state: "queued", lingered: null as string | null };
+  const onEvent = (e: StreamedEvent, cursor: string | null) => {
+    at.cursor = cursor ?? at.cursor;
     retry.progress();
     if (e.kind === "transition" && e.state) {
-      state = e.state;
-      if (state === "lingering") lingered = e.reason;
+      at.state = e.state;
+      if (e.state === "lingering") at.lingered = e.reason;
     }
     if (live) process.stderr.write("\r\x1b[2K");
     if (ctx.json) ctx.out(JSON.stringify({ event: e }));
     else for (const line of eventLines(e)) ctx.out(line);
-    const over = OVER.has(state);
-    if (live && !over) process.stderr.write(`${id} · ${state} · ${((Date.now() - since) / 1000).toFixed(0)}s`);
+    const over = OVER.has(at.state);
+    if (live && !over) process.stderr.write(`${id} · ${at.state} · ${((Date.now() - since) / 1000).toFixed(0)}s`);
     return over;
   };
   for (;;) {
-    const before = cursor;
+    const before = at.cursor;
     try {
-      if ((await streamOnce(client, id, cursor, backoff.idleMs, onEvent)) === "over") break;
+      if ((await streamOnce(client, id, at.cursor, backoff.idleMs, onEvent)) === "over") break;
       // Closed by the API with nothing sent: as a failure, so that a stream that keeps closing
       // at once is not asked for again in a tight loop.
-      if (cursor === before) await retry.after(new Dropped("the event stream closed with nothing new"));
+      if (at.cursor === before) await retry.after(new Dropped("the event stream closed with nothing new"));
     } catch (error) {
       await retry.after(error);
     }
@@ -169,7 +168,7 @@ export async function follow(ctx: Ctx, client: Api, id: string, backoff: Backoff
   }
   // A lingering run has no reason yet (the run has not ended); its commands' outcome is the
   // reason it moved to lingering with.
-  const reason = run.status === "lingering" ? lingered : run.reason;
+  const reason = run.status === "lingering" ? at.lingered : run.reason;
   if (ctx.json) ctx.out(JSON.stringify({ run }));
   else {
     for (const line of [
