@@ -168,7 +168,7 @@ describe("runs follow", () => {
     } finally {
       await proxy.close();
     }
-  });
+  }, 120_000); // the waits it asks for (about 8 s), on a machine that may be busy
 
   it("--json streams NDJSON: each event once, then the run; a run that did not complete exits 4", async () => {
     const user = await newUser();
