@@ -1,10 +1,11 @@
 import { RUN_STATES } from "@benchwright/shared/contract/run-states";
 import { createRoute, z } from "@hono/zod-openapi";
+import { runEvents } from "../db/schema";
 import { unwrap } from "../errors";
-import { IdParam, jsonOk, newRouter, problems } from "../router";
+import { IdParam, newRouter, problems } from "../router";
 import { badCursor } from "../runs/cursor";
-import { EVENTS_PAGE_MAX, eventCursor, eventsAfter, positionOf, traceEventJson } from "../runs/events";
 import { eventStream } from "../runs/event-stream";
+import { EVENTS_PAGE_MAX, eventCursor, eventsAfter, positionOf, traceEventJson } from "../runs/events";
 import { getRun } from "../runs/service";
 
 // GET /v1/runs/{id}/events: the run's trace after a cursor (case O2), as a bounded page, or, with
@@ -14,7 +15,7 @@ import { getRun } from "../runs/service";
 const RunTraceEvent = z
   .object({
     cursor: z.string().openapi({ description: "This event's position: `after` reads what follows it" }),
-    kind: z.enum(["transition", "note", "output", "proxy", "bug_report"]),
+    kind: z.enum(runEvents.kind.enumValues),
     state: z.string().nullable(),
     reason: z.string().nullable(),
     detail: z.unknown(),
