@@ -13,8 +13,9 @@ export interface SseFrame {
 export async function* sseFrames(body: ReadableStream<Uint8Array>): AsyncGenerator<SseFrame> {
   let buffer = "";
   let frame: { id: string | null; event: string; data: string[] } = { id: null, event: "message", data: [] };
-  for await (const chunk of body.pipeThrough(new TextDecoderStream())) {
-    buffer += chunk;
+  const decoder = new TextDecoder();
+  for await (const chunk of body) {
+    buffer += decoder.decode(chunk, { stream: true });
     for (;;) {
       const end = buffer.indexOf("\n");
       if (end < 0) break;
