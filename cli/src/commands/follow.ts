@@ -74,9 +74,13 @@ function retrier(ctx: Ctx, backoff: Backoff) {
     },
     async after(error: unknown): Promise<void> {
       if (!transient(error) || ++failures > backoff.attempts) throw error;
-      const asked = error instanceof ApiError ? error.retryAfter : null;
-      const ms = asked ?? Math.min(backoff.maxMs, backoff.firstMs * 2 ** (failures - 1));
-      const what = error instanceof ApiError ? `HTTP ${error.status} ${error.code}` : (error as Error).message;
+      const askedSeconds = error instanceof ApiError ? error.retryAfter : null;
+      const ms =
+        askedSeconds === null
+          ? Math.min(backoff.maxMs, backoff.firstMs * 2 ** (failures - 1))
+          : askedSeconds * 1000;
+      const what =
+        error instanceof ApiError ? `HTTP ${error.status} ${error.code}` : (error as Error).message;
       ctx.err(`${what}; trying again in ${(ms / 1000).toFixed(0)} s (${failures} of ${backoff.attempts})`);
       await new Promise((resolve) => setTimeout(resolve, ms));
     },
@@ -107,7 +111,8 @@ async function streamOnce(
         clearTimeout(idle);
         idle = setTimeout(() => abort.abort(), idleMs);
         if (frame.event === "end") return "over";
-        if (frame.event === "message" && onEvent(JSON.parse(frame.data) as StreamedEvent, frame.id)) return "over";
+        if (frame.event === "message" && onEvent(JSON.parse(frame.data) as StreamedEvent, frame.id))
+          return "over";
       }
     } catch (error) {
       if (error instanceof SyntaxError) throw error;
@@ -143,7 +148,8 @@ export async function follow(ctx: Ctx, client: Api, id: string, backoff: Backoff
     if (ctx.json) ctx.out(JSON.stringify({ event: e }));
     else for (const line of eventLines(e)) ctx.out(line);
     const over = OVER.has(at.state);
-    if (live && !over) process.stderr.write(`${id} · ${at.state} · ${((Date.now() - since) / 1000).toFixed(0)}s`);
+    if (live && !over)
+      process.stderr.write(`${id} · ${at.state} · ${((Date.now() - since) / 1000).toFixed(0)}s`);
     return over;
   };
   for (;;) {
