@@ -10,7 +10,7 @@ import { type Ctx, RunNotCompleted } from "./shared";
 
 type Run = Schemas["Run"];
 /** A trace event as the events route sends it: a run event with its position. */
-type StreamedEvent = Schemas["RunEvent"] & { cursor: string };
+type StreamedEvent = Schemas["RunTraceEvent"];
 
 /** Commands are over: the run ended, or its proxy lingers after them. */
 const OVER = new Set(["finished", "stopped", "failed", "lingering"]);
