@@ -1,6 +1,6 @@
 import { type Api, ApiError, NetworkError, type Schemas } from "../api";
 import { sseFrames } from "./follow-sse";
-import { type Ctx, RunNotCompleted } from "./shared";
+import { type Ctx, Failed, RunNotCompleted } from "./shared";
 
 // `benchwright runs follow` (and launch --follow): the run's trace as the API streams it
 // (GET /v1/runs/{id}/events, Server-Sent Events), printed as it comes, until the run's commands
@@ -27,8 +27,8 @@ export interface Backoff {
 
 const BACKOFF: Backoff = { firstMs: 1000, maxMs: 30_000, attempts: 8, idleMs: 45_000 };
 
-/** The connection dropped while the stream was being read. */
-class Dropped extends Error {}
+/** The connection dropped while the stream was being read (exit 1 once retries run out). */
+class Dropped extends Failed {}
 
 /** The lines an event adds to the log a person follows (output as printed, the rest tagged). */
 export function eventLines(e: Schemas["RunEvent"]): string[] {
