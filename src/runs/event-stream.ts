@@ -53,7 +53,9 @@ export function eventStream(
           const page = await eventsAfter(db, runId, position, EVENTS_PAGE_MAX);
           if (page.events.length > 0) {
             position = page.position;
-            const frames = page.events.map((e) => `id: ${e.cursor}\ndata: ${JSON.stringify(traceEventJson(e))}\n\n`);
+            const frames = page.events.map(
+              (e) => `id: ${e.cursor}\ndata: ${JSON.stringify(traceEventJson(e))}\n\n`,
+            );
             return send(controller, frames.join(""));
           }
           if (!run || isTerminal(run.status)) {

@@ -268,7 +268,10 @@ describe("runs: launch from a folder, follow, list, controls", () => {
     const res = await cli(["runs", "launch", "--from", folder, "--follow", "--json"], { home: user.home });
     expect(res.code, res.stderr).toBe(4);
     // NDJSON: an {"event"} line per trace event, then the run.
-    const lines = res.stdout.trim().split("\n").map((l) => JSON.parse(l));
+    const lines = res.stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(lines.slice(0, -1).every((l) => l.event?.kind)).toBe(true);
     const run = lines.at(-1).run;
     expect(run.spec.commands).toEqual(["echo from-folder"]);

@@ -1,7 +1,6 @@
 import { createServer, type IncomingMessage, request, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { inject } from "vitest";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
 import { randomId } from "../../src/crypto/api-keys";
 import { runs } from "../../src/db/schema";
@@ -44,13 +43,24 @@ async function faultyProxy() {
   const cutDone = new Promise<void>((resolve) => {
     cut = resolve;
   });
-  const refuse = (res: ServerResponse, status: number, code: string, headers: Record<string, string> = {}) => {
+  const refuse = (
+    res: ServerResponse,
+    status: number,
+    code: string,
+    headers: Record<string, string> = {},
+  ) => {
     res.writeHead(status, { "content-type": "application/problem+json", ...headers });
     res.end(JSON.stringify({ type: "about:blank", title: code, status, detail: "injected", code }));
   };
   const forward = (req: IncomingMessage, res: ServerResponse, cutAfterFrames?: number) => {
     const up = request(
-      { host: upstream.hostname, port: upstream.port, path: req.url, method: req.method, headers: req.headers },
+      {
+        host: upstream.hostname,
+        port: upstream.port,
+        path: req.url,
+        method: req.method,
+        headers: req.headers,
+      },
       (answer) => {
         res.writeHead(answer.statusCode ?? 502, answer.headers);
         if (cutAfterFrames === undefined) return void answer.pipe(res);
@@ -85,16 +95,15 @@ async function faultyProxy() {
     const path = new URL(req.url ?? "/", "http://x").pathname;
     const lastEventId = (req.headers["last-event-id"] as string | undefined) ?? null;
     const log = (answer: string) => seen.push({ path, at: Date.now(), lastEventId, answer });
-    if (path.endsWith("/events")) {
-      streams++;
-      if (streams === 1) return log("cut"), forward(req, res, 2);
-      if (streams === 2) return log("429"), refuse(res, 429, "rate_limited", { "retry-after": "1" });
-      if (streams === 3) return log("503"), refuse(res, 503, "database_unavailable");
-    } else if (/^\/v1\/runs\/[^/]+$/.test(path) && ++runReads === 1) {
-      return log("502"), refuse(res, 502, "bad_gateway");
-    }
-    log("forwarded");
-    forward(req, res);
+    let answer = "forwarded";
+    if (path.endsWith("/events")) answer = ["cut", "429", "503"][streams++] ?? answer;
+    else if (/^\/v1\/runs\/[^/]+$/.test(path) && ++runReads === 1) answer = "502";
+    log(answer);
+    if (answer === "cut") forward(req, res, 2);
+    else if (answer === "429") refuse(res, 429, "rate_limited", { "retry-after": "1" });
+    else if (answer === "503") refuse(res, 503, "database_unavailable");
+    else if (answer === "502") refuse(res, 502, "bad_gateway");
+    else forward(req, res);
   });
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   return {

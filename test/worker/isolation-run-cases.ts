@@ -68,7 +68,9 @@ export const RUN_CASES: Record<string, Case> = {
         await withDb((db) => addEvent(db, v.runId, `iso:${v.tag}`, "output", { text: `out ${v.tag}` }));
       }
       const own = await ownRunOnly(ctx, method, path, "read");
-      expect(own.json.events.map((e: { detail: unknown }) => e.detail)).toContainEqual({ text: `out ${a.tag}` });
+      expect(own.json.events.map((e: { detail: unknown }) => e.detail)).toContainEqual({
+        text: `out ${a.tag}`,
+      });
       // A cursor of B's run names nothing in A's: refused, not read as a position in A's trace.
       const theirs = (await b.t.api(method, path.replace("{id}", b.runId))).json.cursor;
       const refused = await a.t.api(method, `${path.replace("{id}", a.runId)}?after=${theirs}`);

@@ -1,19 +1,10 @@
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
-import { type Api, ApiError, NetworkError, type Schemas } from "../api";
+import { ApiError, NetworkError, type Schemas } from "../api";
 import type { RunSpecWithBundle } from "../api-pending";
 import { uploadFolder } from "./bundles";
 import { eventLines, follow } from "./follow";
-import {
-  api,
-  type Ctx,
-  nextPage,
-  oneOf,
-  print,
-  SPEC_FILE,
-  table,
-  UsageError,
-} from "./shared";
+import { api, type Ctx, nextPage, oneOf, print, SPEC_FILE, table, UsageError } from "./shared";
 
 // `benchwright runs ...`: launch (inline commands, a built-in benchmark, or a benchmark folder's
 // benchwright.json), follow (./follow.ts), show, list, and the controls: cancel, halt,
