@@ -329,7 +329,7 @@ Look at it:
   curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/runs/${id}/artifacts
   curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/setup-images
 or in a browser: ${base}/runs/${id} (its Stages say which sandbox started from the setup image)
-or with the CLI: npx benchwright runs artifacts ${id} --out results/
+or with the CLI: npx --no benchwright runs artifacts ${id} --out results/
 `);
 }
 
@@ -428,7 +428,7 @@ Look at it:
   curl -s -H @.data/dev-auth-header ${base}/v1/runs/${id}/blocked-hosts
   curl -s -H @.data/dev-auth-header ${base}/v1/runs/${id}/egress-routes
 or in a browser: ${base}/runs/${id} (log in with the API key in .data/dev-api-key)
-or with the CLI: npx benchwright login --url ${base} < .data/dev-api-key && npx benchwright demo
+or with the CLI: npx --no benchwright login --url ${base} < .data/dev-api-key && npx --no benchwright demo
 `);
 }
 
