@@ -328,6 +328,33 @@ describe("runs: launch from a folder, follow, list, controls", () => {
     expect(res.stdout + res.stderr).not.toContain(user.key);
     expect(existsSync(configFile(home))).toBe(false);
   });
+  it("runs list filters by status, benchmark and launch time; a bad filter is the API's problem", async () => {
+    const user = await loggedIn();
+    const before = new Date(Date.now() - 60_000).toISOString();
+    const launched = await cli(["runs", "launch", "--json", "--", "true"], { home: user.home });
+    expect(launched.code, launched.stderr).toBe(0);
+    const id = JSON.parse(launched.stdout).id as string;
+    const ids = async (...args: string[]) => {
+      const res = await cli(["runs", "list", "--json", ...args], { home: user.home });
+      expect(res.code, res.stderr).toBe(0);
+      return (JSON.parse(res.stdout).runs as { id: string }[]).map((r) => r.id);
+    };
+    expect(await ids("--since", before)).toContain(id);
+    expect(await ids("--until", before)).not.toContain(id);
+    expect(await ids("--benchmark", "demo")).not.toContain(id);
+    // No backend answers in this suite: cancelled, the run ends (stopped, or failed first).
+    await cli(["runs", "cancel", id], { home: user.home });
+    let status = "";
+    for (let tries = 0; tries < 60 && !["stopped", "failed", "finished"].includes(status); tries++) {
+      if (tries > 0) await new Promise((r) => setTimeout(r, 500));
+      status = JSON.parse((await cli(["runs", "show", id, "--json"], { home: user.home })).stdout).status;
+    }
+    expect(await ids("--status", status)).toContain(id);
+    expect(await ids("--status", status === "failed" ? "stopped" : "failed")).not.toContain(id);
+    const bad = await cli(["runs", "list", "--status", "sideways"], { home: user.home });
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toMatch(/^benchwright: invalid_request: /);
+  });
 });
 
 describe("usage", () => {

@@ -91,7 +91,7 @@ describeE2e("the pages, in a browser", { start, skip: CHROMIUM_SKIP }, (e) => {
 
     // The demo run (launched from the runs page), to its end, and its page.
     await page.goto(`${base}/runs`);
-    await page.locator('form[action="/runs"] button[type="submit"]').click();
+    await page.locator('form[action="/runs"][method="post"] button[type="submit"]').click();
     await page.waitForURL(/\/runs\/run_[a-z2-7]+/);
     const runId = new URL(page.url()).pathname.split("/").at(-1) ?? "";
     // While the page says the run moves, it reloads itself (a meta refresh: the pages run no script).
@@ -150,7 +150,7 @@ describeE2e("the pages, in a browser", { start, skip: CHROMIUM_SKIP }, (e) => {
 
     // A run that lingers: its page's link shows the proxy's own view; then the run list.
     await page.goto(`${base}/runs`);
-    const launch = page.locator('form[action="/runs"]');
+    const launch = page.locator('form[action="/runs"][method="post"]');
     await launch.locator('input[name="lingerSeconds"]').fill("600");
     await launch.locator('button[type="submit"]').click();
     await page.waitForURL(/\/runs\/run_[a-z2-7]+/);

@@ -1,6 +1,7 @@
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { ApiError, NetworkError, type Schemas } from "../api";
+import type { paths } from "../api-types";
 import { uploadFolder } from "./bundles";
 import { eventLines, follow } from "./follow";
 import { api, type Ctx, nextPage, oneOf, print, SPEC_FILE, table, UsageError } from "./shared";
@@ -248,8 +249,11 @@ export async function runsShow(ctx: Ctx, id: string): Promise<void> {
   });
 }
 
-export async function runsList(ctx: Ctx, page: { limit?: number; cursor?: string }): Promise<void> {
-  const body = await api(ctx).call("get", "/v1/runs", { query: page });
+export type RunsQuery = NonNullable<paths["/v1/runs"]["get"]["parameters"]["query"]>;
+
+/** `query`: a page and the API's filters, passed as given (the API refuses a bad one by name). */
+export async function runsList(ctx: Ctx, query: RunsQuery): Promise<void> {
+  const body = await api(ctx).call("get", "/v1/runs", { query });
   print(ctx, body, () => [
     ...(body.runs.length === 0
       ? ["no runs"]

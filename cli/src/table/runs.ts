@@ -3,6 +3,7 @@ import { demo } from "../commands/demo";
 import { blockedHosts, egressRoutes, limitRefusals, modelCalls, strayPlaceholders } from "../commands/logs";
 import {
   commandOf,
+  type RunsQuery,
   runsControl,
   runsFollow,
   runsLaunch,
@@ -92,12 +93,30 @@ export const RUNS_COMMANDS: CommandTable = {
     run: (ctx, _v, p) => runsShow(ctx, one(p, "run id")),
   },
   "runs list": {
-    usage: "benchwright runs list [--limit N] [--cursor C]",
-    summary: "runs, newest first",
-    options: page,
+    usage:
+      "benchwright runs list [--status S] [--benchmark B] [--since TIME] [--until TIME] [--limit N] [--cursor C]",
+    summary: "runs, newest first; filtered by status, benchmark and launch time",
+    help:
+      "--status is a run state (running, finished, stopped, failed ...), --benchmark a built-in\n" +
+      "benchmark's name, --since / --until ISO 8601 times with an offset (2026-12-01T00:00:00Z):\n" +
+      "runs launched at or after --since and before --until. The API checks each and names a bad one.",
+    options: {
+      ...page,
+      status: { type: "string" },
+      benchmark: { type: "string" },
+      since: { type: "string" },
+      until: { type: "string" },
+    },
     run: async (ctx, v, p) => {
       none(p, "runs list");
-      await runsList(ctx, pageOf(v));
+      const filter = {
+        // Checked by the API, which names a state it does not know (one list of states, there).
+        status: str(v, "status") as RunsQuery["status"],
+        benchmark: str(v, "benchmark"),
+        since: str(v, "since"),
+        until: str(v, "until"),
+      };
+      await runsList(ctx, { ...pageOf(v), ...filter });
     },
   },
   "runs artifacts": {
