@@ -54,7 +54,10 @@ if (!databaseUrl) {
 }
 
 configureNeonForNode(process.env.DATABASE_WS_PROXY || undefined);
-const agreement = compareMigrations(codeMigrations(), await databaseStep("read", () => appliedMigrations(databaseUrl)));
+const agreement = compareMigrations(
+  codeMigrations(),
+  await databaseStep("read", () => appliedMigrations(databaseUrl)),
+);
 if (!agreement.ok) {
   fail(
     `refusing to deploy ${args.env}: the database's migrations and this checkout's disagree\n${agreement.problems.map((p) => `  - ${p}`).join("\n")}`,

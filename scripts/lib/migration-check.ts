@@ -35,7 +35,9 @@ const Journal = (folder: string) =>
 export function codeMigrations(folder = MIGRATIONS): CodeMigration[] {
   return Journal(folder).entries.map((e) => ({
     tag: e.tag,
-    hash: createHash("sha256").update(readFileSync(join(folder, `${e.tag}.sql`), "utf8")).digest("hex"),
+    hash: createHash("sha256")
+      .update(readFileSync(join(folder, `${e.tag}.sql`), "utf8"))
+      .digest("hex"),
     createdAt: e.when,
   }));
 }

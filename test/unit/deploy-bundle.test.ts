@@ -20,16 +20,23 @@ afterAll(() => rmSync(outdir, { recursive: true, force: true }));
 describe.each(["staging", "production"])("wrangler deploy --dry-run --env %s", (env) => {
   it("builds, and the upload fits Workers' size limit", () => {
     const dir = join(outdir, env);
-    const r = spawnSync("node_modules/.bin/wrangler", ["deploy", "--dry-run", "--env", env, "--outdir", dir], {
-      encoding: "utf8",
-      timeout: 300_000,
-    });
+    const r = spawnSync(
+      "node_modules/.bin/wrangler",
+      ["deploy", "--dry-run", "--env", env, "--outdir", dir],
+      {
+        encoding: "utf8",
+        timeout: 300_000,
+      },
+    );
     expect(r.status, `${r.stdout}\n${r.stderr}`).toBe(0);
     const modules = readdirSync(dir, { recursive: true, withFileTypes: true }).filter(
       (f) => f.isFile() && !f.name.endsWith(".map") && f.name !== "README.md",
     );
     expect(modules.map((f) => f.name)).toContain("index.js");
-    const compressed = modules.reduce((sum, f) => sum + gzipSync(readFileSync(join(f.parentPath, f.name))).length, 0);
+    const compressed = modules.reduce(
+      (sum, f) => sum + gzipSync(readFileSync(join(f.parentPath, f.name))).length,
+      0,
+    );
     const mib = (n: number) => (n / 1024 / 1024).toFixed(2);
     console.log(
       `${env}: ${mib(compressed)} MiB gzip; limit ${mib(PAID_LIMIT)} MiB Paid (${mib(PAID_LIMIT - compressed)} left), ${mib(FREE_LIMIT)} MiB Free`,

@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
-import { unstable_readConfig } from "wrangler";
 import { describe, expect, it } from "vitest";
+import { unstable_readConfig } from "wrangler";
 
 // wrangler.toml's deployments, read by wrangler itself: an environment inherits no var, secret or
 // binding, so each must list them all again, with the safe values, and its own stores.
@@ -51,7 +51,9 @@ describe("wrangler.toml", () => {
       expect(c.name).toBe(`benchwright-boundary-${env}`);
       expect(c.durable_objects.bindings).toEqual(top.durable_objects.bindings);
       expect(c.r2_buckets.map((b) => b.binding)).toEqual(top.r2_buckets.map((b) => b.binding));
-      expect(c.ratelimits.map((r) => [r.name, r.simple])).toEqual(top.ratelimits.map((r) => [r.name, r.simple]));
+      expect(c.ratelimits.map((r) => [r.name, r.simple])).toEqual(
+        top.ratelimits.map((r) => [r.name, r.simple]),
+      );
       expect(c.migrations).toEqual(top.migrations);
       expect(c.triggers).toEqual(top.triggers);
     });

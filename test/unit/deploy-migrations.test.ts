@@ -24,7 +24,12 @@ describe("compareMigrations", () => {
   });
 
   it("a database at the checkout: nothing pending", () => {
-    expect(compareMigrations(code, code.map((_, i) => at(i)))).toEqual({ ok: true, pending: [] });
+    expect(
+      compareMigrations(
+        code,
+        code.map((_, i) => at(i)),
+      ),
+    ).toEqual({ ok: true, pending: [] });
   });
 
   it("a database never migrated: everything pending", () => {
@@ -33,7 +38,10 @@ describe("compareMigrations", () => {
 
   it("a file edited after it was applied is named", () => {
     const r = compareMigrations(code, [at(0), { ...at(1), hash: "0".repeat(64) }]);
-    expect(r).toEqual({ ok: false, problems: [`migrations/${code[1].tag}.sql was changed after the database applied it`] });
+    expect(r).toEqual({
+      ok: false,
+      problems: [`migrations/${code[1].tag}.sql was changed after the database applied it`],
+    });
   });
 
   it("a database ahead of the checkout is refused", () => {
@@ -47,7 +55,9 @@ describe("compareMigrations", () => {
     const r = compareMigrations(code, [at(0), at(2)]);
     expect(r).toEqual({
       ok: false,
-      problems: [expect.stringMatching(new RegExp(`^migrations/${code[1].tag}\\.sql is older .* never applied`))],
+      problems: [
+        expect.stringMatching(new RegExp(`^migrations/${code[1].tag}\\.sql is older .* never applied`)),
+      ],
     });
   });
 });
@@ -114,13 +124,17 @@ describe.skipIf(!bin)("npm run deploy against a real database", () => {
       expect(r.output).toContain(`migrations/${last.tag}.sql was changed after the database applied it`);
       expect(existsSync(outdir)).toBe(false);
     } finally {
-      await sql(`update drizzle.__drizzle_migrations set hash = '${last.hash}' where created_at = ${last.createdAt}`);
+      await sql(
+        `update drizzle.__drizzle_migrations set hash = '${last.hash}' where created_at = ${last.createdAt}`,
+      );
     }
   });
 
   it("refuses a database ahead of the checkout", async () => {
     const newer = code[code.length - 1].createdAt + 60_000;
-    await sql(`insert into drizzle.__drizzle_migrations (hash, created_at) values ('${"e".repeat(64)}', ${newer})`);
+    await sql(
+      `insert into drizzle.__drizzle_migrations (hash, created_at) values ('${"e".repeat(64)}', ${newer})`,
+    );
     try {
       const r = deploy(["--env", "production", "--dry-run"]);
       expect(r.status, r.output).toBe(1);
@@ -149,7 +163,9 @@ describe.skipIf(!bin)("npm run deploy against a real database", () => {
       DATABASE_URL: undefined,
     });
     expect(r.status, r.output).toBe(0);
-    expect(r.output).toContain(`migrations to apply to the staging database: ${code.map((m) => m.tag).join(", ")}`);
+    expect(r.output).toContain(
+      `migrations to apply to the staging database: ${code.map((m) => m.tag).join(", ")}`,
+    );
     expect(r.output).not.toContain(freshUrl);
     expect(existsSync(join(outdir, "index.js"))).toBe(true);
     const { pool } = nodeDb(freshUrl);

@@ -46,8 +46,8 @@ const SANDBOX0 = {
   SANDBOX0_API_URL: "https://k8s.example.com",
   SANDBOX0_TOKEN: "t".repeat(40),
   SANDBOX0_NAMESPACE: "benchwright",
-  SANDBOX0_PROXY_IMAGE: "registry.example.com/bw-proxy@sha256:" + "a".repeat(64),
-  SANDBOX0_WORK_IMAGE: "registry.example.com/bw-work@sha256:" + "b".repeat(64),
+  SANDBOX0_PROXY_IMAGE: `registry.example.com/bw-proxy@sha256:${"a".repeat(64)}`,
+  SANDBOX0_WORK_IMAGE: `registry.example.com/bw-work@sha256:${"b".repeat(64)}`,
 };
 
 afterEach(() => vi.restoreAllMocks());
@@ -64,7 +64,12 @@ describe("a deployment's start-up check", () => {
       NOTIFICATIONS_ADMIT_LOOPBACK: "true",
     });
     expect(`${a.status} ${a.json?.code}`, a.text).toBe("503 config_invalid");
-    for (const name of ["COMPUTE_BACKEND", "PUBLIC_URL", "DATABASE_WS_PROXY", "NOTIFICATIONS_ADMIT_LOOPBACK"]) {
+    for (const name of [
+      "COMPUTE_BACKEND",
+      "PUBLIC_URL",
+      "DATABASE_WS_PROXY",
+      "NOTIFICATIONS_ADMIT_LOOPBACK",
+    ]) {
       expect(a.json.detail).toContain(name);
     }
     const line = logs.find((l) => l.includes('"event":"config_invalid"'));
