@@ -1,5 +1,5 @@
 import { defaultBackendProblem } from "./broker/backends";
-import { type Config, ConfigError, loadConfig } from "./config";
+import { type Config, ConfigError, Deployment, loadConfig } from "./config";
 
 // The start-up check of a Worker's settings, on the first request of an isolate (and again on
 // each while it fails, so a fixed setting takes effect without a new isolate). In development a
@@ -18,7 +18,9 @@ export function checkSettings(env: Env): Config {
     if (!(e instanceof ConfigError)) throw e;
     problems.push(e.message);
   }
-  if ((env.DEPLOYMENT || "development") !== "development" && !checked.has(env)) {
+  // An unknown DEPLOYMENT is named by loadConfig; which backend it would need is unknowable.
+  const deployment = Deployment.safeParse(env.DEPLOYMENT || "development");
+  if (deployment.success && deployment.data !== "development" && !checked.has(env)) {
     const backend = defaultBackendProblem(env);
     if (backend) problems.push(backend);
   }
