@@ -18,7 +18,8 @@ const outdir = mkdtempSync(join(tmpdir(), "bw-bundle-"));
 afterAll(() => rmSync(outdir, { recursive: true, force: true }));
 
 describe.each(["staging", "production"])("wrangler deploy --dry-run --env %s", (env) => {
-  it("builds, and the upload fits Workers' size limit", () => {
+  // A build takes seconds, more on a busy machine.
+  it("builds, and the upload fits Workers' size limit", { timeout: 300_000 }, () => {
     const dir = join(outdir, env);
     const r = spawnSync(
       "node_modules/.bin/wrangler",

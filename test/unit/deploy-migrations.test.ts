@@ -1,4 +1,4 @@
-import { spawnSync } from "node:child_process";
+import { spawn } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -15,7 +15,13 @@ import { startWsBridge, type WsBridge } from "../../scripts/lib/ws-bridge";
 // `wrangler deploy --dry-run` and changes nothing.
 
 const code = codeMigrations();
-const at = (i: number) => ({ hash: code[i].hash, createdAt: code[i].createdAt });
+/** The checkout's migration at i (negative: from the end). */
+function nth(i: number) {
+  const m = code.at(i);
+  if (!m) throw new Error(`the checkout has no migration ${i}`);
+  return m;
+}
+const at = (i: number) => ({ hash: nth(i).hash, createdAt: nth(i).createdAt });
 
 describe("compareMigrations", () => {
   it("a database behind the checkout: the newer files are pending, in order", () => {
@@ -40,12 +46,12 @@ describe("compareMigrations", () => {
     const r = compareMigrations(code, [at(0), { ...at(1), hash: "0".repeat(64) }]);
     expect(r).toEqual({
       ok: false,
-      problems: [`migrations/${code[1].tag}.sql was changed after the database applied it`],
+      problems: [`migrations/${nth(1).tag}.sql was changed after the database applied it`],
     });
   });
 
   it("a database ahead of the checkout is refused", () => {
-    const newer = { hash: "f".repeat(64), createdAt: code[code.length - 1].createdAt + 1000 };
+    const newer = { hash: "f".repeat(64), createdAt: nth(-1).createdAt + 1000 };
     const r = compareMigrations(code, [...code.map((_, i) => at(i)), newer]);
     expect(r.ok).toBe(false);
     expect(!r.ok && r.problems[0]).toMatch(/^the database has a migration newer than this checkout/);
@@ -56,7 +62,7 @@ describe("compareMigrations", () => {
     expect(r).toEqual({
       ok: false,
       problems: [
-        expect.stringMatching(new RegExp(`^migrations/${code[1].tag}\\.sql is older .* never applied`)),
+        expect.stringMatching(new RegExp(`^migrations/${nth(1).tag}\\.sql is older .* never applied`)),
       ],
     });
   });
@@ -64,7 +70,8 @@ describe("compareMigrations", () => {
 
 const bin = findPostgresBin();
 
-describe.skipIf(!bin)("npm run deploy against a real database", () => {
+// Each run of the script loads wrangler (seconds on a busy machine), a dry run builds the Worker.
+describe.skipIf(!bin)("npm run deploy against a real database", { timeout: 300_000 }, () => {
   let pg: LocalPostgres;
   let bridge: WsBridge;
   let work: string;
@@ -97,28 +104,37 @@ describe.skipIf(!bin)("npm run deploy against a real database", () => {
     }
   }
 
-  /** The deploy script as an operator runs it; the database URL only in its environment. */
-  function deploy(args: string[], env: Record<string, string | undefined> = { DATABASE_URL: pg.url }) {
-    const r = spawnSync("node_modules/.bin/tsx", ["scripts/deploy.ts", ...args], {
-      encoding: "utf8",
+  /**
+   * The deploy script as an operator runs it; the database URL only in its environment. Not
+   * spawnSync: the child reaches Postgres through the WebSocket bridge in this process.
+   */
+  async function deploy(args: string[], env: Record<string, string | undefined> = { DATABASE_URL: pg.url }) {
+    const child = spawn("node_modules/.bin/tsx", ["scripts/deploy.ts", ...args], {
       env: { ...process.env, DATABASE_WS_PROXY: bridge.address, ...env },
-      timeout: 300_000,
+      stdio: ["ignore", "pipe", "pipe"],
     });
-    const output = `${r.stdout}\n${r.stderr}`;
+    let output = "";
+    child.stdout.on("data", (d: Buffer) => {
+      output += d;
+    });
+    child.stderr.on("data", (d: Buffer) => {
+      output += d;
+    });
+    const status = await new Promise<number | null>((r) => child.on("close", r));
     // The URL holds the database's password: it is never printed, whatever happened.
     expect(output).not.toContain(pg.url);
     expect(output).not.toContain("benchwright-local");
-    return { status: r.status, output };
+    return { status, output };
   }
 
   it("refuses a database whose applied file was edited since, before wrangler runs", async () => {
-    const last = code[code.length - 1];
+    const last = nth(-1);
     await sql(
       `update drizzle.__drizzle_migrations set hash = '${"0".repeat(64)}' where created_at = ${last.createdAt}`,
     );
     try {
       const outdir = join(work, "edited");
-      const r = deploy(["--env", "staging", "--dry-run", "--outdir", outdir]);
+      const r = await deploy(["--env", "staging", "--dry-run", "--outdir", outdir]);
       expect(r.status, r.output).toBe(1);
       expect(r.output).toContain("refusing to deploy staging");
       expect(r.output).toContain(`migrations/${last.tag}.sql was changed after the database applied it`);
@@ -131,12 +147,12 @@ describe.skipIf(!bin)("npm run deploy against a real database", () => {
   });
 
   it("refuses a database ahead of the checkout", async () => {
-    const newer = code[code.length - 1].createdAt + 60_000;
+    const newer = nth(-1).createdAt + 60_000;
     await sql(
       `insert into drizzle.__drizzle_migrations (hash, created_at) values ('${"e".repeat(64)}', ${newer})`,
     );
     try {
-      const r = deploy(["--env", "production", "--dry-run"]);
+      const r = await deploy(["--env", "production", "--dry-run"]);
       expect(r.status, r.output).toBe(1);
       expect(r.output).toMatch(/the database has a migration newer than this checkout/);
     } finally {
@@ -144,12 +160,12 @@ describe.skipIf(!bin)("npm run deploy against a real database", () => {
     }
   });
 
-  it("refuses the development top level, an unknown environment, and a missing DATABASE_URL", () => {
-    expect(deploy([]).status).toBe(2);
-    const dev = deploy(["--env", "development"]);
+  it("refuses the development top level, an unknown environment, and a missing DATABASE_URL", async () => {
+    expect((await deploy([])).status).toBe(2);
+    const dev = await deploy(["--env", "development"]);
     expect(dev.status).toBe(2);
     expect(dev.output).toContain("no environment development in wrangler.toml");
-    const none = deploy(["--env", "staging", "--dry-run"], { DATABASE_URL: undefined });
+    const none = await deploy(["--env", "staging", "--dry-run"], { DATABASE_URL: undefined });
     expect(none.status).toBe(2);
     expect(none.output).toContain("DATABASE_URL is not set");
   });
@@ -159,7 +175,7 @@ describe.skipIf(!bin)("npm run deploy against a real database", () => {
     const secrets = join(work, "secrets.env");
     writeFileSync(secrets, `DATABASE_URL=${freshUrl}\nVAULT_KEK=k1:${"A".repeat(43)}=\n`, { mode: 0o600 });
     const outdir = join(work, "fresh");
-    const r = deploy(["--env", "staging", "--secrets-file", secrets, "--dry-run", "--outdir", outdir], {
+    const r = await deploy(["--env", "staging", "--secrets-file", secrets, "--dry-run", "--outdir", outdir], {
       DATABASE_URL: undefined,
     });
     expect(r.status, r.output).toBe(0);
@@ -171,7 +187,7 @@ describe.skipIf(!bin)("npm run deploy against a real database", () => {
     const { pool } = nodeDb(freshUrl);
     try {
       const t = await pool.query("select to_regclass('drizzle.__drizzle_migrations')::text as t");
-      expect(t.rows[0].t).toBeNull();
+      expect(t.rows[0]?.t).toBeNull();
     } finally {
       await pool.end();
     }
