@@ -5,7 +5,7 @@ import { createMiddleware } from "hono/factory";
 import { HTTPException } from "hono/http-exception";
 import { describeKeyScope } from "./auth/describe-scope";
 import { requireApiKey } from "./auth/middleware";
-import { ConfigError, loadConfig } from "./config";
+import { ConfigError } from "./config";
 import type { AppEnv } from "./context";
 import { openDb } from "./db/client";
 import { isDatabaseUnavailable } from "./db/errors";
@@ -37,6 +37,7 @@ import { previewRoutes } from "./routes/vault-preview";
 import { rulesRoutes } from "./routes/vault-rules";
 import { secretsRoutes } from "./routes/vault-secrets";
 import { deliveryRoutes, webhooksRoutes } from "./routes/webhooks";
+import { checkSettings } from "./settings-check";
 
 const MAX_BODY_BYTES = 64 * 1024;
 const DOCUMENT_PATH = "/v1/openapi.json";
@@ -46,9 +47,10 @@ export interface AppOptions {
   onProxyReady?: OnProxyReady;
 }
 
-// Configuration and a per-request database handle, closed when the request is done.
+// Configuration (checked: src/settings-check.ts) and a per-request database handle, closed when
+// the request is done.
 const withDatabase = createMiddleware<AppEnv>(async (c, next) => {
-  const config = loadConfig(c.env);
+  const config = checkSettings(c.env);
   c.set("config", config);
   const { db, close } = openDb(config);
   c.set("db", db);

@@ -6,8 +6,19 @@ import { z } from "zod";
 
 // The Worker's vars and secrets, checked on the first request of an isolate: a missing or
 // malformed secret answers every request with config_invalid naming the variable (never its
-// value) instead of failing later, half-way through some vault write.
+// value) instead of failing later, half-way through some vault write. Outside development
+// (DEPLOYMENT, wrangler.toml's environments) the settings only a development machine may use are
+// refused too; src/settings-check.ts adds the default backend's.
+
+export const Deployment = z.enum(["development", "staging", "production"]);
+export type Deployment = z.infer<typeof Deployment>;
+
 const EnvSchema = z.object({
+  DEPLOYMENT: z
+    .enum(["", ...Deployment.options], { error: "DEPLOYMENT must be development, staging or production" })
+    .optional(),
+  PUBLIC_URL: z.string().optional(),
+  COMPUTE_BACKEND: z.string().optional(),
   DATABASE_URL: z
     .string({ error: "DATABASE_URL is not set" })
     .regex(/^postgres(ql)?:\/\//, "DATABASE_URL must be a postgres:// connection string"),
@@ -75,6 +86,8 @@ const EnvSchema = z.object({
 });
 
 export interface Config {
+  /** Which deployment this Worker is (DEPLOYMENT; development when unset). */
+  readonly deployment: Deployment;
   readonly databaseUrl: string;
   /** Local bridge host:port; undefined means real Neon over wss. */
   readonly databaseWsProxy: string | undefined;
@@ -126,6 +139,9 @@ export function loadConfig(env: Env): Config {
   if (!parsed.success) {
     throw new ConfigError(parsed.error.issues.map((i) => i.message).join("; "));
   }
+  const deployment = parsed.data.DEPLOYMENT || "development";
+  const unsafe = deployment === "development" ? [] : developmentOnlySettings(parsed.data);
+  if (unsafe.length > 0) throw new ConfigError(unsafe.join("; "));
   let keyRing: KeyRing;
   try {
     keyRing = parseKeyRing(parsed.data.VAULT_KEK);
@@ -139,6 +155,7 @@ export function loadConfig(env: Env): Config {
     throw new ConfigError((e as Error).message);
   }
   const config: Config = {
+    deployment,
     databaseUrl: parsed.data.DATABASE_URL,
     databaseWsProxy: parsed.data.DATABASE_WS_PROXY || undefined,
     keyRing,
@@ -160,6 +177,27 @@ export function loadConfig(env: Env): Config {
   };
   cache.set(env, config);
   return config;
+}
+
+/**
+ * What a staging or production Worker must not have: settings that only work, or are only safe,
+ * next to a development machine's loopback. Each message names the variable, never its value.
+ */
+function developmentOnlySettings(vars: z.infer<typeof EnvSchema>): string[] {
+  const problems: string[] = [];
+  // A deployed Worker cannot reach a host agent on loopback; unset means local too.
+  if (!vars.COMPUTE_BACKEND || vars.COMPUTE_BACKEND === "local") {
+    problems.push("COMPUTE_BACKEND must be sandbox0 or e2b outside development");
+  }
+  if (!vars.PUBLIC_URL) problems.push("PUBLIC_URL is not set");
+  else if (!URL.canParse(vars.PUBLIC_URL) || new URL(vars.PUBLIC_URL).protocol !== "https:") {
+    problems.push("PUBLIC_URL must be an https URL outside development");
+  }
+  if (vars.DATABASE_WS_PROXY) problems.push("DATABASE_WS_PROXY must be empty outside development");
+  if (vars.NOTIFICATIONS_ADMIT_LOOPBACK === "true") {
+    problems.push("NOTIFICATIONS_ADMIT_LOOPBACK must be false outside development");
+  }
+  return problems;
 }
 
 const MIB = 1024 * 1024;

@@ -137,7 +137,7 @@ export const ERROR_STATUS = {
   too_many_runs: 429,
   invalid_notification_url: 400,
   too_many_notifications: 409,
-  config_invalid: 500,
+  config_invalid: 503,
   database_unavailable: 503,
   internal_error: 500,
 } as const satisfies Record<ErrorCode, number>;

@@ -2,7 +2,7 @@ import { fileURLToPath } from "node:url";
 import { migrate } from "drizzle-orm/neon-serverless/migrator";
 import { nodeDb } from "./neon-node";
 
-const MIGRATIONS = fileURLToPath(new URL("../../migrations", import.meta.url));
+export const MIGRATIONS = fileURLToPath(new URL("../../migrations", import.meta.url));
 
 /** Applies the committed drizzle-kit migrations. The one migration path for dev, tests and CI. */
 export async function applyMigrations(databaseUrl: string): Promise<void> {

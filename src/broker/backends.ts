@@ -37,6 +37,17 @@ export function backendFor(env: Env, name: string): ComputeBackend {
   return made;
 }
 
+/**
+ * What the deployment's default backend still lacks (its settings named, never their values), or
+ * undefined when it can be made: the start-up check of a deployment (src/settings-check.ts).
+ */
+export function defaultBackendProblem(env: Env): string | undefined {
+  const name = BackendName.safeParse(env.COMPUTE_BACKEND || "local");
+  if (!name.success) return `COMPUTE_BACKEND must be one of ${BackendName.options.join(", ")}`;
+  const made = FROM_ENV[name.data](env);
+  return typeof made === "string" ? made : undefined;
+}
+
 /** Every backend this deployment has settings for (the orphan sweep asks each). */
 export function configuredBackends(env: Env): ComputeBackend[] {
   return BackendName.options.flatMap((name) => {

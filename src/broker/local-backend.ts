@@ -27,7 +27,9 @@ export const LocalEnv = z.object({
 });
 
 /** The local backend from the Worker's env; the reason it is not configured otherwise. */
-export function localFromEnv(env: Record<keyof z.infer<typeof LocalEnv>, unknown>): ComputeBackend | string {
+export function localFromEnv(
+  env: Partial<Record<keyof z.infer<typeof LocalEnv>, unknown>>,
+): ComputeBackend | string {
   const parsed = LocalEnv.safeParse(env);
   if (!parsed.success) return parsed.error.issues.map((i) => i.message).join("; ");
   return localBackend(parsed.data.COMPUTE_BACKEND_URL, parsed.data.COMPUTE_BACKEND_SECRET);

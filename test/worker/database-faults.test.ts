@@ -5,7 +5,7 @@ import { createApp } from "../../src/app";
 import { BASE, newTenant } from "./harness";
 
 // case E7: a database that cannot be reached is a bounded 503 database_unavailable, never a hang
-// and never a 500. And a Worker whose configuration is broken says which variable is wrong (500
+// and never a 500. And a Worker whose configuration is broken says which variable is wrong (503
 // config_invalid) without ever echoing a value.
 
 const BOUND_MS = 8_000; // the driver's connect timeout is 5 s; a refused connection is far quicker
@@ -149,10 +149,10 @@ describe("configuration (config_invalid)", () => {
       { VAULT_READ_TIMEOUT_SECONDS: "ten" },
       /VAULT_READ_TIMEOUT_SECONDS must be a whole number/,
     ],
-  ])("%s → 500 config_invalid naming the variable, never a value", async (_label, overrides, message) => {
+  ])("%s → 503 config_invalid naming the variable, never a value", async (_label, overrides, message) => {
     const t = await newTenant();
     const a = await ask(overrides, t.key);
-    expectCode(a, 500, "config_invalid");
+    expectCode(a, 503, "config_invalid");
     expect(a.json.detail).toMatch(message);
     expect(a.text).not.toContain("hunter2");
     expect(a.text).not.toContain(KEK_VALUE);
@@ -162,7 +162,7 @@ describe("configuration (config_invalid)", () => {
 
   it("both missing → one problem naming both", async () => {
     const a = await ask({ VAULT_KEK: undefined, DATABASE_URL: undefined }, null);
-    expectCode(a, 500, "config_invalid");
+    expectCode(a, 503, "config_invalid");
     expect(a.json.detail).toContain("DATABASE_URL");
     expect(a.json.detail).toContain("VAULT_KEK");
   });
@@ -182,11 +182,11 @@ describe("configuration (config_invalid)", () => {
     ["a repeated key id", `k1:${key32},k1:${key32}`, /repeats key id "k1"/],
     ["an empty second entry", `k1:${key32},`, /VAULT_KEK entry 2 of 2 is empty/],
   ])(
-    "a VAULT_KEK with %s → 500 config_invalid, no key material in the answer",
+    "a VAULT_KEK with %s → 503 config_invalid, no key material in the answer",
     async (_label, kek, message) => {
       const t = await newTenant();
       const a = await ask({ VAULT_KEK: kek }, t.key);
-      expectCode(a, 500, "config_invalid");
+      expectCode(a, 503, "config_invalid");
       expect(a.json.detail).toMatch(/^VAULT_KEK: /);
       expect(a.json.detail).toMatch(message);
       expect(a.text).not.toContain(key32);
@@ -198,6 +198,6 @@ describe("configuration (config_invalid)", () => {
 
   it("a broken configuration is refused before the key is checked (no database needed)", async () => {
     const a = await ask({ VAULT_KEK: undefined, DATABASE_WS_PROXY: "127.0.0.1:1" }, null);
-    expectCode(a, 500, "config_invalid");
+    expectCode(a, 503, "config_invalid");
   });
 });
