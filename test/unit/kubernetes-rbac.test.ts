@@ -137,7 +137,9 @@ const REPLAY: Record<string, (kube: KubeClient, site: CallSite) => Promise<unkno
 
 function must(site: CallSite, value: string | null | undefined, what: string): string {
   if (typeof value !== "string") {
-    throw new Error(`${site.where}: ${site.method}'s ${what} is not a constant, so its RBAC verb cannot be derived`);
+    throw new Error(
+      `${site.where}: ${site.method}'s ${what} is not a constant, so its RBAC verb cannot be derived`,
+    );
   }
   return value;
 }
@@ -193,7 +195,11 @@ describe("the broker's Role", () => {
     });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     const { port } = server.address() as AddressInfo;
-    kube = new KubeClient({ apiUrl: `http://127.0.0.1:${port}`, token: "derive-token", namespace: "benchwright" });
+    kube = new KubeClient({
+      apiUrl: `http://127.0.0.1:${port}`,
+      token: "derive-token",
+      namespace: "benchwright",
+    });
     globalThis.fetch = async (input: Parameters<typeof fetch>[0], init?: RequestInit) => {
       const headers = new Headers(init?.headers);
       sent.push({
@@ -243,7 +249,11 @@ describe("the broker's Role", () => {
     const where = new Set(sites.map((s) => s.where.split(":")[0]));
     // The client is held as `kube` in pods.ts and as `cluster.kube` elsewhere: both are found.
     expect([...where].sort()).toEqual(
-      expect.arrayContaining(["broker/sandbox0/backend.ts", "broker/sandbox0/pods.ts", "broker/sandbox0/setup-images.ts"]),
+      expect.arrayContaining([
+        "broker/sandbox0/backend.ts",
+        "broker/sandbox0/pods.ts",
+        "broker/sandbox0/setup-images.ts",
+      ]),
     );
     expect(publicMembers().length).toBeGreaterThan(5);
     expect(publicMembers().filter((m) => !(m in REPLAY))).toEqual([]);

@@ -51,7 +51,9 @@ function schemaErrors(object: { apiVersion: string; kind: string }): string | nu
 function images(value: unknown): string[] {
   if (Array.isArray(value)) return value.flatMap(images);
   if (value === null || typeof value !== "object") return [];
-  return Object.entries(value).flatMap(([k, v]) => (k === "image" && typeof v === "string" ? [v] : images(v)));
+  return Object.entries(value).flatMap(([k, v]) =>
+    k === "image" && typeof v === "string" ? [v] : images(v),
+  );
 }
 
 const DIGEST_REF = /^[^@\s]+@sha256:[0-9a-f]{64}$/;
@@ -69,7 +71,8 @@ describe("deploy/kubernetes", () => {
     );
     for (const o of objects) {
       expect(schemaErrors(o), `${o.kind} ${o.metadata.name}`).toBeNull();
-      if (o.kind !== "Namespace") expect(o.metadata.namespace, `${o.kind} ${o.metadata.name}`).toBe("benchwright");
+      if (o.kind !== "Namespace")
+        expect(o.metadata.namespace, `${o.kind} ${o.metadata.name}`).toBe("benchwright");
     }
   });
 
@@ -94,7 +97,9 @@ describe("deploy/kubernetes", () => {
       roleRef: { kind: "Role", name: "benchwright-broker" },
       subjects: [{ kind: "ServiceAccount", name: "benchwright-broker", namespace: "benchwright" }],
     });
-    const [token] = find("Secret") as [RenderedObject & { metadata: { annotations?: Record<string, string> } }];
+    const [token] = find("Secret") as [
+      RenderedObject & { metadata: { annotations?: Record<string, string> } },
+    ];
     expect(token).toMatchObject({ type: "kubernetes.io/service-account-token" });
     expect(token.metadata.annotations?.["kubernetes.io/service-account.name"]).toBe("benchwright-broker");
   });
@@ -156,7 +161,13 @@ describe("the broker's own objects", () => {
     ["work Pod, default", workPod({ ...work, routing: "default" })],
     [
       "work Pod, catch-all with setup and limits",
-      workPod({ ...work, routing: "catch-all", setup: true, capture: true, resources: { cpus: 2, memoryMb: 2048, pids: 1024 } }),
+      workPod({
+        ...work,
+        routing: "catch-all",
+        setup: true,
+        capture: true,
+        resources: { cpus: 2, memoryMb: 2048, pids: 1024 },
+      }),
     ],
     [
       "work Pod from a setup image",
