@@ -28,8 +28,15 @@ interface CallSite {
   where: string;
 }
 
-/** Every call of a KubeClient method in src/ outside the client itself. */
+let found: CallSite[] | undefined;
+
+/** Every call of a KubeClient method in src/ outside the client itself (one program, kept). */
 function brokerCallSites(): CallSite[] {
+  found ??= findCallSites();
+  return found;
+}
+
+function findCallSites(): CallSite[] {
   const files = ts.sys.readDirectory(SRC, [".ts", ".tsx"], undefined, ["**/*"]);
   const program = ts.createProgram(files, {
     target: ts.ScriptTarget.ES2022,
