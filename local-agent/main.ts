@@ -24,8 +24,9 @@ const { values } = parseArgs({
   strict: true,
 });
 
-function fail(message: string): never {
-  process.stderr.write(`local-agent: ${message}\n`);
+/** A refusal to start: one log line like the rest (its `detail` for the operator), then exit 2. */
+function fail(detail: string): never {
+  process.stderr.write(`${logLine("error", { event: "agent_start_failed", detail })}\n`);
   process.exit(2);
 }
 
@@ -46,7 +47,7 @@ const agent = await startAgent({
   nft: values.nft,
   stateDir: values["state-dir"],
   layersDir: values["layers-dir"],
-});
+}).catch((error: unknown) => fail(`local-agent failed to start: ${(error as Error).message}`));
 process.stdout.write(`${logLine("info", { event: "listening", url: agent.url, port: agent.port })}\n`);
 
 let stopping = false;
@@ -57,7 +58,8 @@ for (const signal of ["SIGTERM", "SIGINT"] as const) {
     agent.close().then(
       () => process.exit(0),
       (error: unknown) => {
-        process.stderr.write(`local-agent: close failed: ${error}\n`);
+        const name = error instanceof Error ? error.name : "unknown";
+        process.stderr.write(`${logLine("error", { event: "agent_close_failed", error: name })}\n`);
         process.exit(1);
       },
     );

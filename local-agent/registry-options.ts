@@ -1,4 +1,5 @@
 import type { AgentHealth } from "@benchwright/shared/contract/local-agent";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import type { CgroupHost } from "./cgroups";
 import type { LayerStore } from "./layers";
 import type { StateDir } from "./state-dir";
@@ -7,7 +8,7 @@ import type { StateDir } from "./state-dir";
 // runs' networks (runs.ts), making (sandbox-create.ts), execs (exec-start.ts) and destroying
 // (sandbox-destroy.ts). Apart so that those parts need not import the registry that uses them.
 
-export type AgentLog = (event: Record<string, unknown>) => void;
+export type AgentLog = (event: LogRecord) => void;
 
 export interface RegistryOptions {
   nft: string;

@@ -11,6 +11,7 @@ import {
   writeFileSync,
 } from "node:fs";
 import { join } from "node:path";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import { storageFlags } from "./buildah";
 import { run } from "./command";
 
@@ -44,7 +45,7 @@ async function buildah(args: string[]) {
  * ids that no sandbox uses any more are removed.
  */
 export async function ensureRootfs(
-  options: { image?: string; root?: string; log?: (event: Record<string, unknown>) => void } = {},
+  options: { image?: string; root?: string; log?: (event: LogRecord) => void } = {},
 ): Promise<Rootfs> {
   const image = options.image ?? WORK_IMAGE;
   const root = options.root ?? ROOTFS_DIR;

@@ -239,6 +239,15 @@ async function demoSecretAndRule(api: Api, demoKey: string): Promise<void> {
   }
 }
 
+/**
+ * Whether the demo line shows a variable about the demo key that is not a placeholder: the vault's
+ * DEMO_API_KEY reaches the sandbox only as `bw-placeholder-…` (case N1), never as the key.
+ */
+function leaksDemoSecret(line: { envNames?: string[]; placeholders?: string[] } | null): boolean {
+  if (!Array.isArray(line?.envNames)) return true;
+  return line.envNames.some((n) => /DEMO/i.test(n) && !(line.placeholders ?? []).includes(n));
+}
+
 // biome-ignore lint/suspicious/noExplicitAny: JSON
 async function waitForEnd(api: Api, id: string, timeoutMs: number): Promise<any> {
   const started = Date.now();
@@ -320,7 +329,7 @@ Look at it:
   curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/runs/${id}/artifacts
   curl -s -H @.data/dev-auth-header-${EXAMPLE_ENVIRONMENT} ${base}/v1/setup-images
 or in a browser: ${base}/runs/${id} (its Stages say which sandbox started from the setup image)
-or with the CLI: npx benchwright runs artifacts ${id} --out results/
+or with the CLI: npx --no benchwright runs artifacts ${id} --out results/
 `);
 }
 
@@ -410,7 +419,7 @@ async function demo(base: string, key: string, demoKey: string, upstream: DemoUp
   console.log(`
 Demo run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 1000).toFixed(1)} s, routing ${run.routing}
   the sandbox sent no key; the demo API saw the vault's key ...... ${check(sawKey && result?.api?.body?.keyMatches === true)}
-  the key never reached the sandbox (output, environment) ........ ${check(!output.includes(demoKey) && !(result?.envNames ?? []).some((n: string) => n.includes("DEMO")))}
+  the key never reached the sandbox (output, environment) ........ ${check(!output.includes(demoKey) && !leaksDemoSecret(result))}
   blocked.demo.test refused (HTTP ${result?.blocked?.status ?? "?"}) and never reached .......... ${check(result?.blocked?.status === 403 && !upstreamSawBlocked)}
   ... and recorded: ${blocked.map((b) => `${b.host} ×${b.seenCount}`).join(", ") || "(not yet)"}
 
@@ -419,7 +428,7 @@ Look at it:
   curl -s -H @.data/dev-auth-header ${base}/v1/runs/${id}/blocked-hosts
   curl -s -H @.data/dev-auth-header ${base}/v1/runs/${id}/egress-routes
 or in a browser: ${base}/runs/${id} (log in with the API key in .data/dev-api-key)
-or with the CLI: npx benchwright login --url ${base} < .data/dev-api-key && npx benchwright demo
+or with the CLI: npx --no benchwright login --url ${base} < .data/dev-api-key && npx --no benchwright demo
 `);
 }
 

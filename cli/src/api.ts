@@ -91,8 +91,8 @@ export class Api {
   }
 
   /**
-   * A JSON call by path, for the routes the generated types do not carry yet (cli/src/api-pending.ts);
-   * `call` is the typed one.
+   * A JSON call by path, the answer's type the caller's to name; `call` is the one typed from the
+   * OpenAPI document (api-types.ts), and the one to use.
    */
   async json<T>(
     method: Method,

@@ -49,10 +49,10 @@ export function suggest(typed: string[], names: string[]): string | null {
   return best?.name ?? null;
 }
 
-/** One line per command: its name, then the flags it takes (`--json` and `--help` always). */
+/** One line per command: its name, then the flags it takes (`--json`, `--profile`, `--help` always). */
 function lines(table: CommandTable, extra: Record<string, string[]>): string {
   const rows = Object.entries(table).map(([name, c]) => {
-    const flags = [...Object.keys(c.options ?? {}).map((f) => `--${f}`), "--json", "--help"];
+    const flags = [...Object.keys(c.options ?? {}).map((f) => `--${f}`), "--json", "--profile", "--help"];
     return `${name}:${flags.join(" ")}`;
   });
   for (const [name, flags] of Object.entries(extra)) rows.push(`${name}:${[...flags, "--help"].join(" ")}`);

@@ -3,6 +3,7 @@ import pkg from "../package.json";
 import { ApiError, NetworkError } from "./api";
 import { type Ctx, Failed, NotLoggedIn, RunNotCompleted, UsageError } from "./commands/shared";
 import { completionScript, suggest } from "./completion";
+import { profileOf } from "./config";
 import type { Command, CommandTable, Values } from "./registry";
 import { ACCOUNT_COMMANDS } from "./table/account";
 import { KEYS_COMMANDS } from "./table/keys";
@@ -45,6 +46,9 @@ const AGENT_FLAGS = {
   ],
 };
 
+/** Options every command takes: --json, and --profile (the saved login to use, cli/src/config.ts). */
+const GLOBAL_OPTIONS = { json: { type: "boolean" }, profile: { type: "string" } } as const;
+
 const EXTRA = [
   [
     "egress-agent",
@@ -61,24 +65,35 @@ function overview(prefix = ""): string {
   ];
   const width = Math.max(...rows.map((r) => (r[0] as string).length));
   return [
-    `usage: benchwright ${prefix ? `${prefix.trim()} ` : ""}<command> [--json] [--help]`,
+    `usage: benchwright ${prefix ? `${prefix.trim()} ` : ""}<command> [--json] [--profile NAME] [--help]`,
     "",
     ...rows.map(([n, s]) => `  ${(n as string).padEnd(width)}  ${s}`),
     "",
-    "--json prints the API's JSON. Exit codes: 0 ok, 1 API or network error, 2 usage, 3 not logged in,",
-    "4 a run waited for (--follow, runs follow, demo) did not complete.",
+    "--json prints the API's JSON. --profile NAME (or BENCHWRIGHT_PROFILE) uses the login saved by",
+    "benchwright login --profile NAME, one per deployment. Exit codes: 0 ok, 1 API or network error,",
+    "2 usage, 3 not logged in, 4 a run waited for (--follow, runs follow, demo) did not complete.",
   ].join("\n");
 }
 
 function commandHelp(name: string, c: Command): string {
-  return [`usage: ${c.usage} [--json]`, "", `${name}: ${c.summary}`, ...(c.help ? ["", c.help] : [])].join(
-    "\n",
-  );
+  return [
+    `usage: ${c.usage} [--json] [--profile NAME]`,
+    "",
+    `${name}: ${c.summary}`,
+    ...(c.help ? ["", c.help] : []),
+  ].join("\n");
 }
 
-export async function main(argv: string[], env: NodeJS.ProcessEnv = process.env): Promise<number> {
+/** --profile may also come before the command's words: `benchwright --profile staging runs list`. */
+function leadingProfile(argv: string[]): { leading: string[]; argv: string[] } {
+  const n = argv[0] === "--profile" && argv.length > 1 ? 2 : argv[0]?.startsWith("--profile=") ? 1 : 0;
+  return { leading: argv.slice(0, n), argv: argv.slice(n) };
+}
+
+export async function main(given: string[], env: NodeJS.ProcessEnv = process.env): Promise<number> {
   const out = (line: string) => process.stdout.write(`${line}\n`);
   const err = (line: string) => process.stderr.write(`${line}\n`);
+  const { leading, argv } = leadingProfile(given);
   if (argv[0] === "--version" || argv[0] === "-V") {
     out(pkg.version);
     return 0;
@@ -118,7 +133,7 @@ export async function main(argv: string[], env: NodeJS.ProcessEnv = process.env)
     return 2;
   }
   const dash = command.rest ? args.indexOf("--") : -1;
-  const own = dash >= 0 ? args.slice(0, dash) : args;
+  const own = [...leading, ...(dash >= 0 ? args.slice(0, dash) : args)];
   const rest = dash >= 0 ? args.slice(dash + 1) : [];
   if (own.includes("--help") || own.includes("-h")) {
     out(commandHelp(name, command));
@@ -129,7 +144,7 @@ export async function main(argv: string[], env: NodeJS.ProcessEnv = process.env)
   try {
     ({ values, positionals } = parseArgs({
       args: own,
-      options: { ...command.options, json: { type: "boolean" }, help: { type: "boolean", short: "h" } },
+      options: { ...command.options, ...GLOBAL_OPTIONS, help: { type: "boolean", short: "h" } },
       allowPositionals: true,
       strict: true,
     }));
@@ -138,7 +153,15 @@ export async function main(argv: string[], env: NodeJS.ProcessEnv = process.env)
     err(`usage: ${command.usage}`);
     return 2;
   }
-  const ctx: Ctx = { json: values.json === true, out, err, env };
+  const profile = profileOf(values.profile as string | undefined, env);
+  if (!profile) {
+    const from = values.profile === undefined ? "BENCHWRIGHT_PROFILE" : "--profile";
+    err(
+      `benchwright: ${from} must be a profile name: a-z, 0-9, - and _, at most 40, not starting with - or _`,
+    );
+    return 2;
+  }
+  const ctx: Ctx = { json: values.json === true, out, err, env, profile };
   try {
     await command.run(ctx, values, positionals, rest);
     return 0;

@@ -15,7 +15,7 @@ import {
   isCanonicalPattern,
   splitHostPort,
 } from "@benchwright/shared/contract/host-name";
-import { levelOf, logLine } from "@benchwright/shared/contract/log";
+import { type LogRecord, levelOf, logLine } from "@benchwright/shared/contract/log";
 import { bearer } from "@benchwright/shared/contract/proxy-wire";
 import {
   AgentPolicy,
@@ -53,7 +53,7 @@ import { createWebSocketStream, WebSocket } from "ws";
 // private ranges (unless --allow-cidr names them) and the machine's own addresses are refused.
 // One JSON line per decision on stdout; never the token.
 
-export type AgentLog = (record: Record<string, unknown>) => void;
+export type AgentLog = (record: LogRecord) => void;
 export type LookupAll = (host: string) => Promise<Array<{ address: string; family: number }>>;
 
 export interface EgressAgentOptions {

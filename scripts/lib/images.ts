@@ -4,6 +4,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { buildah, buildahMissing, tail, withBuildLock } from "../../local-agent/buildah";
 import { expandCopyHeredocs } from "./heredoc";
+import { imageBytes } from "./image-publish";
 import { ensureNodeBase } from "./node-base";
 
 // The four images of proxy-image/, built daemonless from their committed Dockerfiles: buildah
@@ -26,7 +27,11 @@ export const IMAGES = [
 export type ImageName = (typeof IMAGES)[number]["name"];
 
 export type ImageBuild = { name: ImageName; tag: string; seconds: number } & (
-  | { ok: true }
+  | {
+      ok: true;
+      /** The image's size: its layers uncompressed (image-publish.ts imageBytes). */
+      bytes: number;
+    }
   | { ok: false; error: string }
 );
 
@@ -70,7 +75,8 @@ function writeIfChanged(path: string, content: string): void {
 
 /**
  * Builds the base if the store lacks it, then each image (all four, or `only`), one at a time:
- * one result per image, a failed build's with the end of its output. `log` gets progress lines.
+ * one result per image with its size, a failed build's with the end of its output. `log` gets
+ * progress lines.
  * Holds the machine's build lock meanwhile (withBuildLock), waiting for another build first.
  */
 export async function buildImages(
@@ -113,8 +119,17 @@ async function buildUnlocked(opts: {
     );
     const seconds = (Date.now() - t) / 1000;
     const { name, tag } = image;
+    const bytes = r.code === 0 ? await imageBytes(tag) : null;
     images.push(
-      r.code === 0 ? { name, tag, seconds, ok: true } : { name, tag, seconds, ok: false, error: tail(r) },
+      bytes !== null
+        ? { name, tag, seconds, ok: true, bytes }
+        : {
+            name,
+            tag,
+            seconds,
+            ok: false,
+            error: r.code === 0 ? `${tag} is not in the store after its build` : tail(r),
+          },
     );
   }
   return { base: { ...base, seconds: baseSeconds }, images };

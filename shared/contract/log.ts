@@ -6,16 +6,28 @@
 
 export type LogLevel = "debug" | "info" | "warn" | "error";
 
+/** What every line says: its `event`, the snake_case name operators filter and alert on. */
+export interface Evented {
+  readonly event: string;
+}
+
+/** A record as a component's logger takes it: its event, then its own fields. */
+export type LogRecord = { readonly event: string; readonly [field: string]: unknown };
+
 /**
  * The line for a record. A record that already says its own `level` (the proxy's audit and policy
  * clients pass one) keeps it. `now` may be the ISO string already (the proxy caches it: log-lines.ts).
  */
-export function logLine(level: LogLevel, record: object, now: Date | string = new Date()): string {
+export function logLine<R extends Evented>(
+  level: LogLevel,
+  record: R,
+  now: Date | string = new Date(),
+): string {
   return JSON.stringify({ level, ts: typeof now === "string" ? now : now.toISOString(), ...record });
 }
 
 /** Where a Worker's line goes: the console method of its level, so Workers Logs agrees with it. */
-export function consoleLog(level: LogLevel, record: object): void {
+export function consoleLog<R extends Evented>(level: LogLevel, record: R): void {
   const line = logLine(level, record);
   if (level === "error") console.error(line);
   else if (level === "warn") console.warn(line);

@@ -100,8 +100,11 @@ export type SweepReport =
  * run's sandboxes, which must be the run's own; one of its own for the deployment-wide sweep.
  */
 export interface BrokerApi {
-  /** Makes a sandbox for the run (idempotent by id). */
-  create(runId: string, request: SandboxRequest): Promise<BrokerResult<SandboxInfo>>;
+  /**
+   * Makes a sandbox for the run (idempotent by id). `requestId`: the API request steering the run
+   * (its launch), named on the broker's log lines about the run from then on.
+   */
+  create(runId: string, request: SandboxRequest, requestId?: string): Promise<BrokerResult<SandboxInfo>>;
   exec(runId: string, sandboxId: string, request: ExecRequest): Promise<BrokerResult<ExecInfo>>;
   poll(runId: string, sandboxId: string, execId: string, poll: ExecPoll): Promise<BrokerResult<ExecInfo>>;
   /** Stops an exec; one the backend never started is no failure. */
@@ -120,8 +123,14 @@ export interface BrokerApi {
   freeze(runId: string, sandboxId: string, frozen: boolean): Promise<BrokerResult<null>>;
   /** One sandbox of the run (a task that is done). Idempotent. */
   destroySandbox(runId: string, sandboxId: string): Promise<BrokerResult<null>>;
-  /** Every sandbox of the run (with keepProxy, all but its proxy sandbox); how many went. */
-  destroyRun(runId: string, options?: { keepProxy?: boolean }): Promise<BrokerResult<number>>;
+  /**
+   * Every sandbox of the run (with keepProxy, all but its proxy sandbox); how many went.
+   * `requestId` as for create (a cancel's, when a cancel ended the run).
+   */
+  destroyRun(
+    runId: string,
+    options?: { keepProxy?: boolean; requestId?: string },
+  ): Promise<BrokerResult<number>>;
   /** Destroys the backends' sandboxes that no live record owns (the sweep's own instance). */
   sweepUnowned(): Promise<BrokerResult<SweepReport>>;
   /**

@@ -8,6 +8,7 @@ import type {
   Seal,
   SealResult,
 } from "@benchwright/shared/contract/local-agent";
+import { consoleLog } from "@benchwright/shared/contract/log";
 import { resourcesFor } from "@benchwright/shared/contract/run-spec";
 import type { CapturedImage, SetupImageClaim, SetupImageKey } from "@benchwright/shared/contract/setup-image";
 import { and, eq, inArray, ne } from "drizzle-orm";
@@ -42,14 +43,48 @@ import * as setupImages from "./setup-images";
 // holds up one run, not the deployment. The deployment-wide `sweepUnowned` is about no run: it
 // runs on an instance of its own, `sweepBrokerStub(env)`. Per run rather than per environment:
 // the coordinator is already one per run, and an environment's runs (up to its active-run cap)
-// would still share a hotspot. The broker keeps nothing in its own storage (every record is in
+// would still share a hotspot. The broker keeps no record in its own storage (every record is in
 // Postgres), so which instance serves a call changes nothing else; the credential stays in this
-// class's env as before. The old shared instance ("broker") is no longer addressed.
+// class's env as before. The old shared instance ("broker") is no longer addressed. What it does
+// keep is the id of the API request steering its run (issue 36), which its log lines name.
 //
 // Every call answers a BrokerResult (interface.ts): what a backend throws is turned into a failure
-// with its code here, in `answer`, and nowhere else.
+// with its code here, in `answer`, and nowhere else; a failure is logged there too.
 
 export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
+  /**
+   * A call's value as its answer, or what it threw as a failure (the one place either is made).
+   * A failure is logged, with the request that steers the run, so an operator can follow a
+   * request from the API through the coordinator to here.
+   */
+  private async answer<T>(
+    call: string,
+    runId: string | null,
+    fn: () => Promise<T>,
+  ): Promise<BrokerResult<T>> {
+    try {
+      return { ok: true, value: await fn() };
+    } catch (error) {
+      const result = failed(error);
+      consoleLog(result.retryable ? "warn" : "error", {
+        event: "broker_call_failed",
+        call,
+        runId,
+        code: result.code,
+        retryable: result.retryable,
+        // The class only: a backend's message may name its internals.
+        error: error instanceof Error ? error.name : "unknown",
+        requestId: (await this.ctx.storage.get<string>(REQUEST_KEY).catch(() => undefined)) ?? null,
+      });
+      return result;
+    }
+  }
+
+  /** Keeps the id of the request now steering this instance's run, for its log lines. */
+  private async follow(requestId: string | undefined): Promise<void> {
+    if (requestId) await this.ctx.storage.put(REQUEST_KEY, requestId);
+  }
+
   /** A sandbox's backend: the one its row names (the run's), whatever the default is now. */
   private backendOf(name: string): ComputeBackend {
     return backendFor(this.env, name);
@@ -123,8 +158,10 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
   async create(
     runId: string,
     request: SandboxRequest & { resources?: Resources },
+    requestId?: string,
   ): Promise<BrokerResult<SandboxInfo>> {
-    return answer(() => this.make(runId, request));
+    await this.follow(requestId);
+    return this.answer("create", runId, () => this.make(runId, request));
   }
 
   /** The sandbox made; a failure thrown, for `answer` to turn into the call's answer. */
@@ -199,7 +236,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
   }
 
   async exec(runId: string, sandboxId: string, request: ExecRequest): Promise<BrokerResult<ExecInfo>> {
-    return answer(async () => {
+    return this.answer("exec", runId, async () => {
       const row = await this.withDb((db) => this.own(db, runId, sandboxId));
       return this.backendOf(row.backend).exec(sandboxId, request);
     });
@@ -211,7 +248,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     execId: string,
     poll: ExecPoll,
   ): Promise<BrokerResult<ExecInfo>> {
-    return answer(async () => {
+    return this.answer("poll", runId, async () => {
       const row = await this.withDb((db) => this.own(db, runId, sandboxId));
       return this.backendOf(row.backend).poll(sandboxId, execId, poll);
     });
@@ -219,7 +256,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
 
   /** Stops an exec of the run's sandbox; an exec the backend never started is no error. */
   async kill(runId: string, sandboxId: string, execId: string): Promise<BrokerResult<null>> {
-    return answer(async () => {
+    return this.answer("kill", runId, async () => {
       const row = await this.withDb((db) => this.own(db, runId, sandboxId));
       try {
         await this.backendOf(row.backend).kill(sandboxId, execId);
@@ -240,7 +277,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     sandboxId: string,
     bundle: BundleRequest,
   ): Promise<BrokerResult<UnpackResult>> {
-    return answer(async () => {
+    return this.answer("putBundle", runId, async () => {
       const row = await this.withDb(async (db) => {
         const row = await this.ownWork(db, runId, sandboxId, bundle.environmentId);
         if (!(await findBundle(db, bundle.environmentId, bundle.sha256))) {
@@ -256,7 +293,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
 
   /** Ends the setup stage of a work or task sandbox of the run (idempotent). */
   async seal(runId: string, sandboxId: string, seal: Seal): Promise<BrokerResult<SealResult>> {
-    return answer(async () => {
+    return this.answer("seal", runId, async () => {
       const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
       return this.backendOf(row.backend).seal(sandboxId, seal);
     });
@@ -264,7 +301,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
 
   /** Rewrites the hosts-file redirect of a default-routing sandbox of the run (a vault edit). */
   async setHosts(runId: string, sandboxId: string, hostsFile: string[]): Promise<BrokerResult<null>> {
-    return answer(async () => {
+    return this.answer("setHosts", runId, async () => {
       const row = await this.withDb((db) => this.ownWork(db, runId, sandboxId));
       await this.backendOf(row.backend).setHosts(sandboxId, hostsFile);
       return null;
@@ -281,7 +318,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     sandboxId: string,
     options: CollectRequest,
   ): Promise<BrokerResult<ArtifactSummary>> {
-    return answer(() =>
+    return this.answer("collect", runId, () =>
       this.withDb(async (db) => {
         const row = await this.ownWork(db, runId, sandboxId, options.environmentId);
         const limits = { maxBytes: options.maxBytes, maxFiles: options.maxFiles };
@@ -300,7 +337,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
 
   /** Halts (or resumes) the processes of the run's sandbox. */
   async freeze(runId: string, sandboxId: string, frozen: boolean): Promise<BrokerResult<null>> {
-    return answer(async () => {
+    return this.answer("freeze", runId, async () => {
       const row = await this.withDb((db) => this.own(db, runId, sandboxId));
       await this.backendOf(row.backend).freeze(sandboxId, frozen);
       return null;
@@ -314,7 +351,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
    * always has its row: this never touches a live one.
    */
   async sweepUnowned(): Promise<BrokerResult<SweepReport>> {
-    return answer(() => this.sweep());
+    return this.answer("sweepUnowned", null, () => this.sweep());
   }
 
   /**
@@ -326,7 +363,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     sandboxId: string,
     request: SetupImageRequest,
   ): Promise<BrokerResult<SetupImageClaim>> {
-    return answer(() =>
+    return this.answer("claimSetupImage", runId, () =>
       this.withDb(async (db) => {
         const run = await this.runOf(db, runId);
         // Claimed before the sandbox is made: an id already recorded must be the run's, and live.
@@ -353,7 +390,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
     sandboxId: string,
     key: SetupImageKey,
   ): Promise<BrokerResult<CapturedImage>> {
-    return answer(() =>
+    return this.answer("captureSetupImage", runId, () =>
       this.withDb(async (db) => {
         const run = await this.runOf(db, runId);
         const row = await this.ownWork(db, runId, sandboxId);
@@ -368,7 +405,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
 
   /** Gives up this sandbox's build of the key (its setup failed). Idempotent. */
   async releaseSetupImage(runId: string, sandboxId: string, key: SetupImageKey): Promise<BrokerResult<null>> {
-    return answer(() =>
+    return this.answer("releaseSetupImage", runId, () =>
       this.withDb(async (db) => {
         const run = await this.runOf(db, runId);
         await setupImageRecords.release(db, { environmentId: run.environmentId, key, runId, sandboxId });
@@ -381,7 +418,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
   async dropSetupImages(
     images: Array<{ backend: string; digest: string; repository: string | null }>,
   ): Promise<BrokerResult<{ dropped: string[]; inUse: string[] }>> {
-    return answer(() =>
+    return this.answer("dropSetupImages", null, () =>
       this.withDb((db) => setupImages.dropSetupImages(db, (name) => this.backendOf(name), images)),
     );
   }
@@ -438,7 +475,7 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
 
   /** Destroys one sandbox of the run (a task that is done); idempotent. */
   async destroySandbox(runId: string, sandboxId: string): Promise<BrokerResult<null>> {
-    return answer(() =>
+    return this.answer("destroySandbox", runId, () =>
       this.withDb(async (db) => {
         const [row] = await db
           .select()
@@ -462,8 +499,12 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
    * Destroys every sandbox of the run (idempotent); with keepProxy, all but its proxy sandbox
    * (a lingering run keeps its proxy).
    */
-  async destroyRun(runId: string, options: { keepProxy?: boolean } = {}): Promise<BrokerResult<number>> {
-    return answer(() =>
+  async destroyRun(
+    runId: string,
+    options: { keepProxy?: boolean; requestId?: string } = {},
+  ): Promise<BrokerResult<number>> {
+    await this.follow(options.requestId);
+    return this.answer("destroyRun", runId, () =>
       this.withDb(async (db) => {
         // Whatever the run was still building is given up: a failed setup is never cached.
         await setupImageRecords.releaseRun(db, runId);
@@ -492,21 +533,15 @@ export class SandboxBroker extends DurableObject<Env> implements BrokerApi {
   }
 }
 
+/** Where an instance keeps the id of the request steering its run: the one thing it stores. */
+const REQUEST_KEY = "request";
+
 /** What a backend answers for a setup image's layer it cannot start from (its row is dropped). */
 const LAYER_GONE: ReadonlySet<string> = new Set(["setup_image_missing", "setup_image_mismatch"]);
 
 /** Work and task sandboxes before the proxy sandbox: the proxy sandbox is their network. */
 const proxyLast = (a: { kind: string }, b: { kind: string }) =>
   Number(a.kind === "proxy") - Number(b.kind === "proxy");
-
-/** A call's value as its answer, or what it threw as a failure (the one place either is made). */
-async function answer<T>(call: () => Promise<T>): Promise<BrokerResult<T>> {
-  try {
-    return { ok: true, value: await call() };
-  } catch (error) {
-    return failed(error);
-  }
-}
 
 /** What a backend (or the broker itself) threw, as a failure with its code. */
 function failed(error: unknown): BrokerFailed {

@@ -24,7 +24,13 @@ export function coordinatorStub(env: Env, runId: string): DurableObjectStub<RunC
  * still answers with the run: a 5xx here would invite a retry (an Idempotency-Key keeps no 5xx),
  * and the retry would make a second run beside the queued one.
  */
-export async function launchRun(env: Env, db: Db, p: Owner, spec: RunSpec): Promise<runsService.RunRow> {
+export async function launchRun(
+  env: Env,
+  db: Db,
+  p: Owner,
+  spec: RunSpec,
+  requestId: string,
+): Promise<runsService.RunRow> {
   const config = loadConfig(env);
   unwrap(await checkLaunchable(db, p.environmentId, spec, config.resourceBounds));
   const run = await runsService.createRun(
@@ -35,9 +41,14 @@ export async function launchRun(env: Env, db: Db, p: Owner, spec: RunSpec): Prom
     config.maxActiveRuns,
   );
   try {
-    await coordinatorStub(env, run.id).start(run.id);
+    await coordinatorStub(env, run.id).start(run.id, requestId);
   } catch (error) {
-    consoleLog("error", { event: "run_start_deferred", runId: run.id, error: (error as Error).name });
+    consoleLog("error", {
+      event: "run_start_deferred",
+      runId: run.id,
+      requestId,
+      error: (error as Error).name,
+    });
   }
   return run;
 }
@@ -46,8 +57,13 @@ export async function launchRun(env: Env, db: Db, p: Owner, spec: RunSpec): Prom
  * Cancels a live run through its coordinator; a run whose coordinator never started has nothing
  * to tear down and is stopped here. "asked": it stops at its next step.
  */
-export async function cancelRun(env: Env, db: Db, runId: string): Promise<"asked" | "stopped"> {
-  if (await coordinatorStub(env, runId).cancel()) return "asked";
+export async function cancelRun(
+  env: Env,
+  db: Db,
+  runId: string,
+  requestId: string,
+): Promise<"asked" | "stopped"> {
+  if (await coordinatorStub(env, runId).cancel("cancelled", requestId)) return "asked";
   await endAware(env, db, runId, {
     to: "stopped",
     reason: "cancelled",

@@ -1,6 +1,7 @@
 import type { BrokerCode } from "@benchwright/shared/contract/broker";
 import type { UnpackResult } from "@benchwright/shared/contract/bundle";
 import type { ExecInfo, SandboxInfo, Seal, SealResult } from "@benchwright/shared/contract/local-agent";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import type { PolicyDocument, RoutingMode } from "@benchwright/shared/contract/policy";
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
 import type { RunState } from "@benchwright/shared/contract/run-states";
@@ -153,7 +154,7 @@ export interface MachinePorts {
     },
   ): Promise<void>;
   /** One line for the operator's log (JSON; ids and reasons, never a value). */
-  log(event: Record<string, unknown>): void;
+  log(event: LogRecord): void;
   /** Compiles the run's vault now and checks every secret its rules need decrypts (E1). */
   readVault(runId: string): Promise<VaultRead>;
   issueProxyCredentials(runId: string): Promise<{ proxyToken: string; auditKey: string }>;

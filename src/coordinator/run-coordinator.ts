@@ -20,6 +20,8 @@ const STATE_KEY = "machine";
 const CANCEL_KEY = "cancel";
 const HALT_KEY = "halt";
 const LINGER_KEY = "linger";
+/** The id of the API request steering the run (its launch; a cancel's once one came). */
+const REQUEST_KEY = "request";
 /** How long a look at the proxy's view may take, resume included. */
 const VIEW_DEADLINE_MS = 15_000;
 const UNREACHABLE = {
@@ -43,7 +45,7 @@ export class RunCoordinator extends DurableObject<Env> {
     return next;
   }
 
-  private machine(db: Db): RunMachine {
+  private machine(db: Db, requestId: string | undefined): RunMachine {
     const storage = this.ctx.storage;
     return new RunMachine(
       {
@@ -61,7 +63,7 @@ export class RunCoordinator extends DurableObject<Env> {
         requestLinger: (seconds) => storage.put(LINGER_KEY, seconds),
         lingerRequested: async () => (await storage.get<number>(LINGER_KEY)) ?? null,
       },
-      workerPorts(this.env, db),
+      workerPorts(this.env, db, requestId),
       {
         lingerIdleMs: loadConfig(this.env).lingerIdleMs,
         setupImageWaitMs: loadConfig(this.env).setupImages.waitMs,
@@ -69,21 +71,26 @@ export class RunCoordinator extends DurableObject<Env> {
     );
   }
 
-  private async withMachine<T>(fn: (m: RunMachine) => Promise<T>): Promise<T> {
+  /** `requestId`: the request this call came with, kept for every later step's lines. */
+  private async withMachine<T>(fn: (m: RunMachine) => Promise<T>, requestId?: string): Promise<T> {
+    if (requestId) await this.ctx.storage.put(REQUEST_KEY, requestId);
+    const steering = requestId ?? (await this.ctx.storage.get<string>(REQUEST_KEY));
     const { db, close } = openDb(loadConfig(this.env));
     try {
-      return await fn(this.machine(db));
+      return await fn(this.machine(db, steering));
     } finally {
       await close().catch(() => {});
     }
   }
 
-  async start(runId: string): Promise<void> {
-    await this.withMachine((m) => m.start(runId));
+  /** `requestId`: the launching request's (x-request-id), named on the run's log lines. */
+  async start(runId: string, requestId?: string): Promise<void> {
+    await this.withMachine((m) => m.start(runId), requestId);
   }
 
-  async cancel(reason: StopRequest = "cancelled"): Promise<boolean> {
-    return this.withMachine((m) => m.cancel(reason));
+  /** `requestId`: the cancelling request's; the reaper's stop has none and keeps the launch's. */
+  async cancel(reason: StopRequest = "cancelled", requestId?: string): Promise<boolean> {
+    return this.withMachine((m) => m.cancel(reason), requestId);
   }
 
   async ensure(runId: string): Promise<"started" | "rearmed" | "alive" | "over"> {

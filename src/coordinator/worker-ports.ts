@@ -23,8 +23,12 @@ import { brokerValue, type MachinePorts } from "./ports";
 // The run machine's ports in the Worker (ports.ts): Postgres, the vault, the run's broker and its
 // relay, for the coordinator's Durable Object (run-coordinator.ts).
 
-/** The machine's ports over Postgres, the vault and the broker. */
-export function workerPorts(env: Env, db: Db): MachinePorts {
+/**
+ * The machine's ports over Postgres, the vault and the broker. `requestId`: the API request
+ * steering the run (its launch, or the cancel that ended it), named on every line the machine
+ * logs and handed to the broker, whose lines name it too.
+ */
+export function workerPorts(env: Env, db: Db, requestId?: string): MachinePorts {
   const config = loadConfig(env);
   // The run's own broker instance for each call (a coordinator only ever asks about its run).
   const broker = (runId: string) => brokerStub(env, runId);
@@ -53,7 +57,11 @@ export function workerPorts(env: Env, db: Db): MachinePorts {
     note: (runId, note) => runsService.addNote(db, runId, note),
     event: (runId, key, kind, detail) => runsService.addEvent(db, runId, key, kind, detail),
     setRunFields: (runId, fields) => runsService.setRunFields(db, runId, fields),
-    log: (event) => consoleLog(levelOf(event) === "info" ? "warn" : levelOf(event), event),
+    log: (event) =>
+      consoleLog(levelOf(event) === "info" ? "warn" : levelOf(event), {
+        ...event,
+        requestId: requestId ?? null,
+      }),
     readVault: async (runId) => {
       try {
         // Bounded by the database itself: a read that waits longer (a lock, a slow compute) is
@@ -87,7 +95,7 @@ export function workerPorts(env: Env, db: Db): MachinePorts {
     // The broker answers results (broker/interface.ts); the steps get each value, or its failure
     // thrown with the broker's code (ports.ts MachineBroker).
     broker: {
-      create: (runId, request) => broker(runId).create(runId, request),
+      create: (runId, request) => broker(runId).create(runId, request, requestId),
       exec: async (runId, sandboxId, request) =>
         brokerValue(await broker(runId).exec(runId, sandboxId, request)),
       poll: async (runId, sandboxId, execId, from) =>
@@ -99,7 +107,7 @@ export function workerPorts(env: Env, db: Db): MachinePorts {
         brokerValue(await broker(runId).freeze(runId, sandboxId, frozen));
       },
       destroyRun: async (runId, options) => {
-        brokerValue(await broker(runId).destroyRun(runId, options));
+        brokerValue(await broker(runId).destroyRun(runId, { ...options, requestId }));
       },
       destroy: async (runId, sandboxId) => {
         brokerValue(await broker(runId).destroySandbox(runId, sandboxId));

@@ -337,7 +337,7 @@ export const runPageRoutes = new Hono<PageEnv>()
     if (!made.ok) return refuse(`Not launched: ${made.why}.`);
     let run: RunRow;
     try {
-      run = await launchRun(c.env, c.var.db, c.var.session.principal, made.spec);
+      run = await launchRun(c.env, c.var.db, c.var.session.principal, made.spec, c.var.requestId);
     } catch (error) {
       if (error instanceof ApiError) return refuse(`Not launched: ${error.detail}`);
       throw error;
@@ -409,7 +409,7 @@ export const runPageRoutes = new Hono<PageEnv>()
         "controls",
       );
     }
-    const accepted = (await cancelRun(c.env, c.var.db, run.id)) === "asked";
+    const accepted = (await cancelRun(c.env, c.var.db, run.id, c.var.requestId)) === "asked";
     const ok = !accepted
       ? "Cancelled: the run had not started; it is stopped."
       : run.status === "lingering"

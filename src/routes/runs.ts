@@ -153,7 +153,7 @@ export const runsRoutes = newRouter()
     }),
     async (c) => {
       const spec = c.req.valid("json");
-      const run = await launchRun(c.env, c.var.db, c.var.principal, spec);
+      const run = await launchRun(c.env, c.var.db, c.var.principal, spec, c.var.requestId);
       const egressAgent = await egressAgentAtLaunch(c, run.id, spec);
       return c.json({ ...summary(run), ...(egressAgent ? { egressAgent } : {}) }, 202);
     },
@@ -235,7 +235,7 @@ export const runsRoutes = newRouter()
     }),
     async (c) => {
       const run = unwrap(await runs.getRun(c.var.db, c.var.principal, c.req.valid("param").id));
-      if (!runs.isTerminal(run.status)) await cancelRun(c.env, c.var.db, run.id);
+      if (!runs.isTerminal(run.status)) await cancelRun(c.env, c.var.db, run.id, c.var.requestId);
       return c.json(summary(run), 202);
     },
   )

@@ -201,10 +201,15 @@ export const deliveryRoutes = new Hono<AppEnv>().post(
     // reaper's sweep starts or stops it) and the sender still gets its run id: a retry would be
     // a replay and could not start it either.
     try {
-      await coordinatorStub(c.env, recorded.runId).start(recorded.runId);
+      await coordinatorStub(c.env, recorded.runId).start(recorded.runId, c.var.requestId);
     } catch (error) {
       const name = error instanceof Error ? error.name : "unknown";
-      consoleLog("error", { event: "webhook_run_start_failed", runId: recorded.runId, error: name });
+      consoleLog("error", {
+        event: "webhook_run_start_failed",
+        runId: recorded.runId,
+        requestId: c.var.requestId,
+        error: name,
+      });
     }
     return c.json({ runId: recorded.runId }, 202);
   },

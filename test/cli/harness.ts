@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { delimiter, dirname, join } from "node:path";
 import { build } from "esbuild";
 import { inject } from "vitest";
 import { configureNeonForNode, nodeDb } from "../../scripts/lib/neon-node";
@@ -12,6 +12,16 @@ import { randomId } from "../../src/crypto/api-keys";
 // directory, talking to `wrangler dev` (test/setup/cli-stack.ts) over real HTTP.
 
 const BIN = join(import.meta.dirname, "..", "..", "cli", "bin", "benchwright.cjs");
+
+/**
+ * The Node the CLI runs on: the suite's own (the project's Node 24), or BW_CLI_NODE, which
+ * `npm test` sets for its second pass of this suite (Node 22, the oldest the CLI supports:
+ * scripts/test.mjs). The suite itself and `wrangler dev` stay on the project's Node.
+ */
+export const CLI_NODE = process.env.BW_CLI_NODE || process.execPath;
+
+/** PATH with CLI_NODE's folder first, so that `#!/usr/bin/env node` finds it too. */
+export const CLI_PATH = `${dirname(CLI_NODE)}${delimiter}${process.env.PATH ?? ""}`;
 
 export interface Result {
   code: number | null;
@@ -33,7 +43,7 @@ export async function buildCli(prefix = "bw-cli-bin-"): Promise<string> {
     entryPoints: ["cli/src/main.ts"],
     bundle: true,
     platform: "node",
-    target: "node24",
+    target: "node22",
     format: "cjs",
     outfile: bin,
     logLevel: "warning",
@@ -51,10 +61,10 @@ export function cli(
   options: { home: string; input?: string; env?: Record<string, string>; bin?: string; cwd?: string },
 ): Promise<Result> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [options.bin ?? BIN, ...args], {
+    const child = spawn(CLI_NODE, [options.bin ?? BIN, ...args], {
       cwd: options.cwd,
       // HOME too: a fallback to ~/.config must not find the developer's own login.
-      env: { PATH: process.env.PATH, XDG_CONFIG_HOME: options.home, HOME: options.home, ...options.env },
+      env: { PATH: CLI_PATH, XDG_CONFIG_HOME: options.home, HOME: options.home, ...options.env },
       stdio: ["pipe", "pipe", "pipe"],
     });
     let stdout = "";

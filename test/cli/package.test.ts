@@ -4,7 +4,7 @@ import { isBuiltin } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { apiUrl, cli, configHome, newUser, type Result } from "./harness";
+import { apiUrl, CLI_PATH, cli, configHome, newUser, type Result } from "./harness";
 
 // Item 6 of issue 23: the CLI as a package. `npm pack` in cli/ gives a tarball of one bundle (and
 // its launcher), with no dependency on this repository; it is installed with npm into a prefix of
@@ -76,7 +76,7 @@ describe("the CLI as a package", () => {
 
   it("runs from the prefix: --version, and the shebang works without node on the command line", () => {
     const version = JSON.parse(readFileSync(join(ROOT, "cli", "package.json"), "utf8")).version;
-    const res = spawnSync(installedBin, ["--version"], { encoding: "utf8", env: { PATH: process.env.PATH } });
+    const res = spawnSync(installedBin, ["--version"], { encoding: "utf8", env: { PATH: CLI_PATH } });
     expect(res.status, res.stderr).toBe(0);
     expect(res.stdout.trim()).toBe(version);
   });

@@ -1,7 +1,9 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { join } from "node:path";
 import { ProxyView } from "@benchwright/shared/contract/proxy-view";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildah, buildahMissing, buildahOk, type Output, storageFlags } from "../../local-agent/buildah";
+import { megabytes } from "../../scripts/lib/image-publish";
 import { buildImages, type ImageBuild, type ImageName } from "../../scripts/lib/images";
 import { FakeControlPlane } from "../proxy/control-plane";
 
@@ -33,7 +35,10 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
     const { base, images } = await buildImages();
     console.log(`base ${base.ref}: ${base.built ? "built" : "cached"} in ${base.seconds.toFixed(1)} s`);
     for (const image of images) {
-      console.log(`image ${image.tag}: ${image.ok ? "built" : "FAILED"} in ${image.seconds.toFixed(1)} s`);
+      const size = image.ok ? `, ${megabytes(image.bytes)}` : "";
+      console.log(
+        `image ${image.tag}: ${image.ok ? "built" : "FAILED"} in ${image.seconds.toFixed(1)} s${size}`,
+      );
       builds.set(image.name, image);
     }
   });
@@ -53,11 +58,19 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
     return id;
   }
 
-  const runArgs = (id: string, argv: string[], opts: { user?: string; env?: Record<string, string> }) => [
+  /**
+   * How a program runs in its container. `noCapabilities`: an empty bounding set but for the
+   * setuid buildah keeps (--cap-drop=all), as every sandbox0 container of the proxy image has
+   * (`drop: [ALL]`): exec fails there for a file carrying a capability the set lacks.
+   */
+  type RunOpts = { user?: string; env?: Record<string, string>; noCapabilities?: boolean };
+
+  const runArgs = (id: string, argv: string[], opts: RunOpts) => [
     "run",
     "--isolation",
     "chroot",
     ...(opts.user ? ["--user", opts.user] : []),
+    ...(opts.noCapabilities ? ["--cap-drop=all"] : []),
     ...Object.entries(opts.env ?? {}).flatMap(([k, v]) => ["--env", `${k}=${v}`]),
     id,
     "--",
@@ -65,21 +78,24 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
   ];
 
   /** Runs `argv` in the container to its end. */
-  const exec = (id: string, argv: string[], opts: { user?: string; env?: Record<string, string> } = {}) =>
-    buildah(runArgs(id, argv, opts));
+  const exec = (id: string, argv: string[], opts: RunOpts = {}) => buildah(runArgs(id, argv, opts));
 
   /**
    * Starts `bw-proxy` in a container of `name` against a fresh control-plane double on loopback,
    * waits for the line it prints after its ready call, then reads its view with `bw-proxy-view`
-   * run in the same container.
+   * run in the same container. `opts.noCapabilities`: both without capabilities (RunOpts).
    */
-  async function proxyAndView(name: ImageName, env: Record<string, string> = {}) {
+  async function proxyAndView(
+    name: ImageName,
+    env: Record<string, string> = {},
+    opts: Pick<RunOpts, "noCapabilities"> = {},
+  ) {
     const id = await container(name);
     const cp = new FakeControlPlane(RUN, { version: 3, default: "allow", hosts: [], rules: [] });
     await cp.start();
     try {
       const proxyEnv = { ...cp.proxyEnv("/var/spool/benchwright"), ...env };
-      const args = [...(await storageFlags()), ...runArgs(id, ["bw-proxy"], { env: proxyEnv })];
+      const args = [...(await storageFlags()), ...runArgs(id, ["bw-proxy"], { ...opts, env: proxyEnv })];
       const child = spawn("buildah", args, { stdio: ["ignore", "pipe", "pipe"] });
       running.push(child);
       const readyLine = await new Promise<string>((resolve, reject) => {
@@ -99,7 +115,7 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
         );
       });
       const viewPort = (JSON.parse(readyLine) as { view: number }).view;
-      const view = await exec(id, ["bw-proxy-view"], { env: { BW_VIEW_PORT: String(viewPort) } });
+      const view = await exec(id, ["bw-proxy-view"], { ...opts, env: { BW_VIEW_PORT: String(viewPort) } });
       child.kill("SIGTERM");
       return { ready: cp.ready, view };
     } finally {
@@ -137,16 +153,44 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
   describe("proxy (proxy-image/Dockerfile)", () => {
     it("runs the proxy as uid 10001; it starts on loopback and bw-proxy-view prints its view", async () => {
       const id = await container("proxy");
-      expect((await exec(id, ["id", "-u"])).stdout.trim()).toBe("10001");
-      // The image's default spool directory, which only the proxy's user may write.
-      const { ready, view } = await proxyAndView("proxy");
+      const uid = await exec(id, ["id", "-u"]);
+      expect({ code: uid.code, uid: uid.stdout.trim() }, uid.stderr).toEqual({ code: 0, uid: "10001" });
+      // The image's default spool directory, which only the proxy's user may write; no capability,
+      // as sandbox0's proxy pod runs it (manifests.ts proxyPod: drop ALL).
+      const { ready, view } = await proxyAndView("proxy", {}, { noCapabilities: true });
       expect(ready?.policyVersion).toBe(3);
       expect(ready?.caCertPem).toContain("BEGIN CERTIFICATE");
       expectView(view);
     });
 
-    it("bw-wiring prints its usage", async () => {
-      expectWiringUsage(await exec(await container("proxy"), ["bw-wiring"]));
+    it("bw-wiring prints its usage, run as the sealer runs it: root with no capability", async () => {
+      // bw-init hosts runs bw-wiring in the bw-seal container (root; drop ALL, add KILL).
+      expectWiringUsage(
+        await exec(await container("proxy"), ["bw-wiring"], { user: "0", noCapabilities: true }),
+      );
+    });
+
+    it("is under 150 MB: node, the programs and what they load, over no distribution", async () => {
+      const id = await container("proxy"); // fails here if it did not build
+      const build = builds.get("proxy") as ImageBuild & { ok: true };
+      expect(build.bytes).toBeGreaterThan(100e6); // node itself is over 100 MB
+      expect(build.bytes).toBeLessThan(150e6);
+      expect((await exec(id, ["sh", "-c", "test -e /usr/bin/apt-get || test -e /usr/bin/dpkg"])).code).toBe(
+        1,
+      );
+    });
+
+    it("node carries no file capability: it runs where every capability is dropped", async () => {
+      // The kernel refuses to exec a file whose capability is outside the bounding set, and every
+      // sandbox0 container of this image drops ALL: a capability on node would stop the proxy,
+      // bw-init tools' copy and the sealer's bw-wiring. getcap reads the file from the host.
+      const id = await container("proxy");
+      const root = (await buildahOk(["mount", id])).trim();
+      expect(execFileSync("getcap", [join(root, "usr/local/bin/node")], { encoding: "utf8" }).trim()).toBe(
+        "",
+      );
+      const node = await exec(id, ["node", "-p", "process.getuid()"], { noCapabilities: true });
+      expect({ code: node.code, uid: node.stdout.trim() }, node.stderr).toEqual({ code: 0, uid: "10001" });
     });
 
     it("loads koffi's binary for the image's own libc, as the proxy does for a DNAT'd socket", async () => {
@@ -167,11 +211,21 @@ describe.skipIf(SKIP_REASON !== null)("the images of proxy-image/", () => {
 
     it("bw-init tools lays out node and the exec runner, which print their usage from /bw/tools", async () => {
       const id = await container("proxy");
-      const init = await exec(id, ["sh", "-c", "mkdir -p /bw/tools /bw/run && bw-init tools"], { user: "0" });
+      // The pod's emptyDir volumes, writable by its uid; bw-init tools runs as that uid, with no
+      // capability (manifests.ts toolsInit).
+      const volumes = await exec(
+        id,
+        ["sh", "-c", "mkdir -p /bw/tools /bw/run && chown 10001 /bw/tools /bw/run"],
+        {
+          user: "0",
+        },
+      );
+      expect(volumes.code, volumes.stderr).toBe(0);
+      const init = await exec(id, ["bw-init", "tools"], { noCapabilities: true });
       expect(init.code, init.stderr).toBe(0);
       // Node through its own loader and libraries, as in a work image that has neither.
-      const node = await exec(id, ["/bw/tools/bin/node", "-p", "process.version"], { user: "0" });
-      expect(node.stdout.trim()).toMatch(/^v24\./);
+      const node = await exec(id, ["/bw/tools/bin/node", "-p", "process.version"], { noCapabilities: true });
+      expect(node.stdout.trim(), node.stderr).toMatch(/^v24\./);
       expectRunnerUsage(await exec(id, ["/bw/tools/bin/bw-exec"], { user: "0" }));
       expectWiringUsage(await exec(id, ["/bw/tools/bin/bw-wiring"], { user: "0" }));
       expect((await exec(id, ["bw-init"], { user: "0" })).stderr).toContain("usage: bw-init tools");

@@ -1,9 +1,11 @@
+import { spawnSync } from "node:child_process";
+import { resolve } from "node:path";
 import { describe, expect, it } from "vitest";
 import { OUTPUT_LIMIT, OutputBuffer } from "../../local-agent/exec";
 import { proxyRuleset } from "../../local-agent/network";
 
 // The host agent's pure parts, apart from the namespace suites (agent-*.test.ts) as they need no
-// root: an exec's output buffer, and the proxy namespace's ruleset as text.
+// root: an exec's output buffer, the proxy namespace's ruleset as text, and its refusal to start.
 
 describe("output buffer (pure)", () => {
   it("keeps the last 1 MiB with absolute offsets", () => {
@@ -70,5 +72,21 @@ describe("output buffer (pure)", () => {
     expect(at("ip daddr { 10.233.3.1, 10.240.0.0/30 } accept")).toBeLessThan(refuse);
     expect(at("ip daddr { 192.168.1.1 } meta l4proto { tcp, udp } th dport 53 accept")).toBeLessThan(refuse);
     expect(at('meta nfproto ipv4 iifname { "bwp3w0" } oifname "up0" accept')).toBeGreaterThan(refuse);
+  });
+});
+
+describe("the agent's command (main.ts)", () => {
+  it("refuses to start without its secret: one JSON log line with its event, exit 2", () => {
+    const main = resolve(import.meta.dirname, "../../local-agent/main.ts");
+    const tsx = resolve(import.meta.dirname, "../../node_modules/.bin/tsx");
+    const r = spawnSync(tsx, [main, "--port", "0"], {
+      env: { PATH: process.env.PATH, LOCAL_AGENT_SECRET: "too-short" },
+      encoding: "utf8",
+    });
+    expect(r.status).toBe(2);
+    const lines = r.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(JSON.parse(lines[0] as string)).toMatchObject({ level: "error", event: "agent_start_failed" });
+    expect(r.stderr).not.toContain("too-short");
   });
 });

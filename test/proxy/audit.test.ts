@@ -232,9 +232,9 @@ describe("the audit endpoint contract (D1, D2, D5)", () => {
 describe("AuditReporter", () => {
   let cp: FakeControlPlane;
   let dir: string;
-  let logs: Array<{ level: string; message: string; fields: unknown }>;
+  let logs: Array<{ level: string; event: string; fields: unknown }>;
   const reporters: AuditReporter[] = [];
-  const log: LogFn = (level, message, fields) => void logs.push({ level, message, fields });
+  const log: LogFn = (level, event, fields) => void logs.push({ level, event, fields });
 
   const reporter = (options: Partial<AuditReporterOptions> = {}) => {
     const r = new AuditReporter({
@@ -368,7 +368,7 @@ describe("AuditReporter", () => {
     expect(cp.statuses.filter((s) => s === 409).length).toBeGreaterThanOrEqual(2);
     expect(r.stats).toMatchObject({ rowsRecorded: N, rowsSent: N, rowsRejected: 0 });
     expect(spoolFiles(dir)).toEqual([]);
-    expect(logs.some((l) => l.message.includes("will retry"))).toBe(true);
+    expect(logs.some((l) => l.event === "audit_delivery_retrying")).toBe(true);
   });
 
   // case F1
@@ -473,7 +473,7 @@ describe("AuditReporter", () => {
     // Rows for egress the proxy now refuses are still counted, never dropped.
     expect(r.recordRoute("host-1.example.org", "refused")).toBe(true);
     recorded++;
-    expect(logs.some((l) => l.message.includes("spool full"))).toBe(true);
+    expect(logs.some((l) => l.event === "audit_spool_full")).toBe(true);
 
     await cp.start();
     await until(() => r.accepting, "accepting again");
@@ -495,7 +495,7 @@ describe("AuditReporter", () => {
     expect(spoolFiles(dir)).toEqual([]);
     expect(spoolFiles(join(dir, "rejected"))).toHaveLength(1);
     expect(r.stats).toMatchObject({ rowsRejected: 2, batchesRejected: 1, rowsSent: 0 });
-    const refused = logs.find((l) => l.message.includes("rejected/"));
+    const refused = logs.find((l) => l.event === "audit_batch_rejected");
     expect(JSON.stringify(refused?.fields)).toContain('"rows":2');
     // Many flush intervals later, still one attempt.
     await new Promise((resolve) => setTimeout(resolve, 150));

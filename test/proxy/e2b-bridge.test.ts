@@ -1,3 +1,4 @@
+import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { createServer as createHttpsServer, type Server as HttpsServer } from "node:https";
 import {
@@ -8,6 +9,7 @@ import {
   type Server,
   type Socket,
 } from "node:net";
+import { resolve } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket, WebSocketServer } from "ws";
 import {
@@ -307,5 +309,26 @@ describe("bw-bridge framing (RFC 6455), against the ws package", () => {
       expect(frames).toHaveLength(1);
       expect(frames[0]?.payload.equals(payload)).toBe(true);
     }
+  });
+});
+
+describe("bw-bridge as a command", () => {
+  const BRIDGE = resolve(import.meta.dirname, "../../proxy-image/dist/e2b-bridge.cjs");
+
+  it("refuses to start with one JSON log line (its event and detail, never the token) and exit 2", () => {
+    const short = "short-token-canary";
+    const r = spawnSync(process.execPath, [BRIDGE, "serve"], {
+      env: { PATH: process.env.PATH, BW_BRIDGE_TOKEN: short },
+      encoding: "utf8",
+    });
+    expect(r.status).toBe(2);
+    const lines = r.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(JSON.parse(lines[0] as string)).toMatchObject({
+      level: "error",
+      event: "bridge_start_failed",
+      detail: "BW_BRIDGE_TOKEN is too short",
+    });
+    expect(r.stderr + r.stdout).not.toContain(short);
   });
 });

@@ -7,7 +7,6 @@ import type { Duplex } from "node:stream";
 import { connect as tlsConnect } from "node:tls";
 import { MAX_PLACEHOLDER_BODY_BYTES, placeholderValue } from "@benchwright/shared/contract/placeholder";
 import type { StrayPlaceholderRow } from "@benchwright/shared/contract/proxy-wire";
-import { compilePolicy } from "@benchwright/shared/policy/compile";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type ClientOptions, WebSocket, WebSocketServer } from "ws";
 import { runProxy } from "../../proxy-image/src/proxy/run";
@@ -59,19 +58,16 @@ describe("case N2: placeholders swapped on their rule's host, counted elsewhere"
       ],
       rules: [
         { host: "api.test", secret: "API_KEY", inject: { scheme: "raw", name: "x-api-key" } },
-        { host: "body.test", secret: "BODY_KEY", inject: { scheme: "raw", name: "x-api-key" } },
+        {
+          host: "body.test",
+          secret: "BODY_KEY",
+          inject: { scheme: "raw", name: "x-api-key" },
+          placeholderIn: ["body"],
+        },
       ],
     }),
     { API_KEY, BODY_KEY },
   );
-  // The vault snapshot has no placeholderIn yet: body.test opts in on the compiled document.
-  cp.compile = (v) => {
-    const doc = compilePolicy(v);
-    return {
-      ...doc,
-      rules: doc.rules.map((r) => (r.host === "body.test" ? { ...r, placeholderIn: ["body" as const] } : r)),
-    };
-  };
   let up: Upstream;
   let proxy: Awaited<ReturnType<typeof runProxy>>;
   let dir: string;

@@ -116,11 +116,11 @@ const version = (state: PolicyState) => (state.kind === "ready" ? state.policy.v
 
 describe("PolicyClient (E4: deny everything unless a valid policy is in force)", () => {
   let cp: FakeControlPlane;
-  let logs: Array<{ level: string; message: string; fields: unknown }>;
+  let logs: Array<{ level: string; event: string; fields: unknown }>;
   let changes: PolicyState[];
   let client: PolicyClient;
 
-  const log: LogFn = (level, message, fields) => void logs.push({ level, message, fields });
+  const log: LogFn = (level, event, fields) => void logs.push({ level, event, fields });
   const makeClient = (options: Partial<ConstructorParameters<typeof PolicyClient>[0]> = {}) =>
     new PolicyClient({
       controlPlaneUrl: cp.url,
@@ -166,7 +166,7 @@ describe("PolicyClient (E4: deny everything unless a valid policy is in force)",
     await client.refreshNow();
     await client.refreshNow();
     expect(client.current()).toEqual({ kind: "none" });
-    const unreachable = logs.filter((l) => l.message.includes("unreachable"));
+    const unreachable = logs.filter((l) => l.event === "control_plane_unreachable");
     expect(unreachable).toHaveLength(1); // once per outage, not once per poll
   });
 
@@ -183,7 +183,7 @@ describe("PolicyClient (E4: deny everything unless a valid policy is in force)",
     expect(Object.isFrozen(state.secrets)).toBe(true);
     expect(Object.isFrozen(state.policy.rules[0])).toBe(true);
     expect(changes).toEqual([state]);
-    expect(logs.some((l) => l.message === "policy in force")).toBe(true);
+    expect(logs.some((l) => l.event === "policy_in_force")).toBe(true);
   });
 
   it("sends If-None-Match and keeps the same state on 304", async () => {
@@ -268,7 +268,7 @@ describe("PolicyClient (E4: deny everything unless a valid policy is in force)",
     expect(client.current()).toBe(state);
     expect(changes.map((s) => s.kind)).toEqual(["ready", "invalid"]);
     const refused = logs.find((l) => l.level === "error");
-    expect(refused?.message).toContain("denying all egress");
+    expect(refused?.event).toBe("policy_refused");
     expect(JSON.stringify(refused?.fields)).toContain('"previousVersion":1');
   });
 
@@ -300,13 +300,13 @@ describe("PolicyClient (E4: deny everything unless a valid policy is in force)",
     await cp.stop();
     expect(await client.refreshNow()).toBe(ready);
     expect(await client.refreshNow()).toBe(ready);
-    const warned = logs.filter((l) => l.level === "warn" && l.message.includes("unreachable"));
+    const warned = logs.filter((l) => l.level === "warn" && l.event === "control_plane_unreachable");
     expect(warned).toHaveLength(1);
     expect(JSON.stringify(warned[0]?.fields)).toContain('"version":1');
     await cp.start();
     cp.serve(1, SECRETS);
     expect(await client.refreshNow()).toBe(ready);
-    expect(logs.some((l) => l.message.includes("reachable again"))).toBe(true);
+    expect(logs.some((l) => l.event === "control_plane_reachable")).toBe(true);
     expect(changes).toHaveLength(1);
   });
 

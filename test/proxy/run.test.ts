@@ -113,6 +113,26 @@ describe("the proxy process wiring (run.ts) against the control-plane contract",
     expect(logs.length).toBeGreaterThan(0);
     expect(logs.join("")).not.toContain(CANARY);
   });
+
+  it("writes every line as JSON with level, ts and event, its policy and audit lines included", async () => {
+    // A batch that reached the control plane, a policy edit: each part has spoken by now.
+    await proxy.audit.flush();
+    const lines = logs
+      .join("")
+      .split("\n")
+      .filter((line) => line !== "");
+    const records = lines.map((line) => JSON.parse(line) as Record<string, unknown>);
+    for (const record of records) {
+      expect(Object.keys(record).slice(0, 3), JSON.stringify(record)).toEqual(["level", "ts", "event"]);
+      expect(record.event, JSON.stringify(record)).toMatch(/^[a-z][a-z0-9_]*$/);
+    }
+    const events = new Set(records.map((record) => record.event));
+    for (const event of ["ready", "decision", "policy_in_force"]) expect(events).toContain(event);
+    // The policy client's line names the version it put in force, under its component.
+    expect(records).toContainEqual(
+      expect.objectContaining({ event: "policy_in_force", component: "policy-client", version: 8 }),
+    );
+  });
 });
 
 describe("proxy start-up configuration", () => {

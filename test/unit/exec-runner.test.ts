@@ -282,8 +282,9 @@ describe("exec runner, started with a RunnerStart line (Kubernetes exec)", { tim
 
   it("hold stays until SIGTERM, then exits 0", async () => {
     const child = spawn(process.execPath, [RUNNER, "hold"], { stdio: ["ignore", "pipe", "inherit"] });
-    // It says so once its SIGTERM handler is in place.
-    await new Promise((r) => child.stdout.once("data", r));
+    // It says so once its SIGTERM handler is in place: the pod's log line, with its event.
+    const said = await new Promise<Buffer>((r) => child.stdout.once("data", r));
+    expect(JSON.parse(said.toString())).toMatchObject({ level: "info", event: "holding" });
     expect(child.exitCode).toBeNull();
     child.kill("SIGTERM");
     const code = await new Promise((r) => child.once("exit", (c) => r(c)));

@@ -370,8 +370,18 @@ describe("POST /v1/vault/hosts/from-blocked", { timeout: 60_000 }, () => {
     expect(await version(t)).toBe(before + 1);
     // The exact allow beats the wildcard block: the preview's decision follows.
     const preview = await t.api("GET", "/v1/vault/policy-preview");
-    expect(preview.json.hosts).toContainEqual({ pattern: "x.wild.example", action: "allow" });
-    expect(preview.json.hosts).toContainEqual({ pattern: "*.wild.example", action: "block" });
+    expect(preview.json.hosts).toContainEqual({
+      pattern: "x.wild.example",
+      action: "allow",
+      methods: null,
+      paths: null,
+    });
+    expect(preview.json.hosts).toContainEqual({
+      pattern: "*.wild.example",
+      action: "block",
+      methods: null,
+      paths: null,
+    });
 
     // Again: nothing to change, still one vault write.
     const again = await t.api("POST", "/v1/vault/hosts/from-blocked", { hosts: ["a.example", "b.example"] });

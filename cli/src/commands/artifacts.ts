@@ -1,8 +1,7 @@
 import { createHash, randomBytes } from "node:crypto";
 import { lstat, mkdir, open, rename, rm } from "node:fs/promises";
 import { join, relative, resolve, sep } from "node:path";
-import { ApiError } from "../api";
-import type { Artifact, ArtifactList, CutArtifact } from "../api-pending";
+import { ApiError, type Schemas } from "../api";
 import { size } from "./bundles";
 import { api, type Ctx, Failed, print, table } from "./shared";
 
@@ -11,6 +10,9 @@ import { api, type Ctx, Failed, print, table } from "./shared";
 // trusted less than the disk: a name that would land outside DIR (`..`, an absolute path, an
 // empty or `.` segment, a backslash) is refused, nothing is written through a symlink already in
 // DIR, and a file is in place only once its bytes hash to the listed sha256.
+
+type Artifact = Schemas["Artifact"];
+type CutArtifact = Schemas["CutArtifact"];
 
 /** A name from the server that cannot be a file under DIR. */
 export class UnsafeArtifactPath extends Error {}
@@ -116,7 +118,7 @@ function cutLines(cut: CutArtifact[]): string[] {
 
 export async function runsArtifacts(ctx: Ctx, id: string, opts: { out?: string }): Promise<void> {
   const client = api(ctx);
-  const list = await client.json<ArtifactList>("get", "/v1/runs/{id}/artifacts", { params: { id } });
+  const list = await client.call("get", "/v1/runs/{id}/artifacts", { params: { id } });
   const listing = () => [
     ...(list.artifacts.length === 0
       ? [`${id}: no artifacts (the commands left nothing under $BW_OUT)`]

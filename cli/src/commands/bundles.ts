@@ -1,5 +1,4 @@
-import type { Api } from "../api";
-import type { Bundle } from "../api-pending";
+import type { Api, Schemas } from "../api";
 import { type PackOptions, PackRefused, packFolder } from "../pack";
 import { type Ctx, Failed, SPEC_FILE, UsageError } from "./shared";
 
@@ -18,7 +17,7 @@ export async function uploadFolder(
   client: Api,
   folder: string,
   options: Pick<PackOptions, "files" | "includeSecretFiles">,
-): Promise<Bundle | null> {
+): Promise<Schemas["Bundle"] | null> {
   let packed: Awaited<ReturnType<typeof packFolder>>;
   try {
     packed = await packFolder(folder, { ...options, always: [SPEC_FILE] });
@@ -46,7 +45,7 @@ export async function uploadFolder(
       `\r\x1b[2Kuploading ${size(sent)} of ${size(total)} (${Math.floor((sent / total) * 100)}%)`,
     );
   };
-  const bundle = await client.upload<Bundle>(
+  const bundle = await client.upload<Schemas["Bundle"]>(
     "/v1/bundles",
     packed.archive,
     "application/gzip",

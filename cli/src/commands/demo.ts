@@ -10,6 +10,7 @@ interface DemoLine {
   api?: { status?: number; body?: { keyMatches?: boolean } | null; error?: string };
   blocked?: { status?: number; error?: string };
   envNames?: string[];
+  placeholders?: string[];
 }
 
 export async function demo(ctx: Ctx): Promise<void> {
@@ -44,7 +45,10 @@ export async function demo(ctx: Ctx): Promise<void> {
   }
   const checks = {
     keyInjected: seen.api?.status === 200 && seen.api.body?.keyMatches === true,
-    noSecretInSandboxEnv: Array.isArray(seen.envNames) && !seen.envNames.some((n) => /DEMO/i.test(n)),
+    // The vault's DEMO_API_KEY reaches the sandbox only as the run's placeholder (case N1).
+    noSecretInSandboxEnv:
+      Array.isArray(seen.envNames) &&
+      !seen.envNames.some((n) => /DEMO/i.test(n) && !(seen.placeholders ?? []).includes(n)),
     blockedRefused: seen.blocked?.status === 403,
     blockedRecorded: blockedHosts.some((h) => h.host === "blocked.demo.test"),
   };

@@ -1,7 +1,6 @@
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { type Api, ApiError, NetworkError, type Schemas } from "../api";
-import type { RunSpecWithBundle } from "../api-pending";
 import { uploadFolder } from "./bundles";
 import {
   api,
@@ -25,7 +24,7 @@ type Run = Schemas["Run"];
  * onProxyFailure) as required, since the API's answers always carry them; a request may omit
  * them and the API fills them in.
  */
-export type SpecInput = RunSpecWithBundle;
+export type SpecInput = Partial<Schemas["RunSpec"]>;
 export const asSpec = (spec: SpecInput) => spec as Schemas["RunSpec"];
 type RunEvent = Schemas["RunEvent"];
 const OVER = new Set(["finished", "stopped", "failed"]);

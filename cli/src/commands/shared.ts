@@ -1,5 +1,5 @@
 import { Api } from "../api";
-import { configPath, readConfig } from "../config";
+import { configPath, DEFAULT_PROFILE, readConfig } from "../config";
 
 // What every command shares: the context it prints through, the client of the API it is logged
 // in to, and the errors that map to the CLI's exit codes (cli/src/main.ts).
@@ -24,6 +24,8 @@ export interface Ctx {
   /** Progress for people (standard error), never part of what --json prints. */
   err: (line: string) => void;
   env: NodeJS.ProcessEnv;
+  /** The saved login commands use (--profile, else BENCHWRIGHT_PROFILE, else the default). */
+  profile: string;
 }
 
 /**
@@ -66,7 +68,8 @@ function isLoopback(hostname: string): boolean {
  * stray variable cannot send the saved key to another host.
  */
 export function api(ctx: Ctx): Api {
-  const saved = readConfig(configPath(ctx.env));
+  const path = configPath(ctx.env, ctx.profile);
+  const saved = readConfig(path);
   const envKey = ctx.env.BENCHWRIGHT_API_KEY?.trim();
   // Checked at every use, not only at login: a saved file or a variable may name any URL.
   if (envKey) {
@@ -74,11 +77,10 @@ export function api(ctx: Ctx): Api {
     return new Api(apiBase(ctx.env.BENCHWRIGHT_URL || saved?.url || DEFAULT_URL, from), envKey);
   }
   if (!saved) {
-    throw new NotLoggedIn(
-      `not logged in (no ${configPath(ctx.env)}): run benchwright login, or set BENCHWRIGHT_API_KEY`,
-    );
+    const login = ctx.profile === DEFAULT_PROFILE ? "login" : `login --profile ${ctx.profile}`;
+    throw new NotLoggedIn(`not logged in (no ${path}): run benchwright ${login}, or set BENCHWRIGHT_API_KEY`);
   }
-  return new Api(apiBase(saved.url, `the URL saved in ${configPath(ctx.env)}`), saved.key);
+  return new Api(apiBase(saved.url, `the URL saved in ${path}`), saved.key);
 }
 
 /** With --json the API's JSON as it answered; else the lines for people. */

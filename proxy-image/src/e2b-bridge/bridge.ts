@@ -15,6 +15,7 @@ import {
   type Socket,
 } from "node:net";
 import type { Duplex } from "node:stream";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 
 // `bw-bridge`: how a work sandbox on E2B reaches its run's proxy sandbox. E2B lets nothing into a
 // sandbox but HTTP(S) and WebSocket through its edge (`https://<port>-<sandboxId>.<domain>`), so
@@ -195,7 +196,7 @@ export interface ServeOptions {
   /** Where each path goes, on this sandbox's loopback: the proxy's TLS and HTTP listeners. */
   targets: { tls: number; http: number };
   targetHost?: string;
-  log?: (record: Record<string, unknown>) => void;
+  log?: (record: LogRecord) => void;
 }
 
 /** The proxy sandbox's end: WebSocket upgrades with the bridge token become TCP to the proxy. */

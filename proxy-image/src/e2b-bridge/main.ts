@@ -58,6 +58,8 @@ async function main(verb: string | undefined): Promise<void> {
 }
 
 main(process.argv[2]).catch((e: unknown) => {
-  process.stderr.write(`bw-bridge: ${e instanceof Error ? e.message : String(e)}\n`);
+  // One log line like the rest, the message (a setting's name, never its value) as its detail.
+  const detail = e instanceof Error ? e.message : String(e);
+  process.stderr.write(`${logLine("error", { event: "bridge_start_failed", detail })}\n`);
   process.exit(2);
 });

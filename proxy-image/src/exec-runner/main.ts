@@ -7,6 +7,7 @@ import {
   type RunnerError,
   RunnerStart,
 } from "@benchwright/shared/contract/exec-runner";
+import { logLine } from "@benchwright/shared/contract/log";
 import { freeze, kill, poll, Refusal, type RunnerHost, seal, start, supervise } from "./exec-runner";
 import { setupCgroupPath } from "./exec-seal";
 
@@ -120,7 +121,8 @@ if (op === "supervise") {
   // A pod's main process: nothing to do but stay, and go when Kubernetes asks.
   process.on("SIGTERM", () => process.exit(0));
   setInterval(() => {}, 1 << 30);
-  process.stdout.write("bw-exec: holding the pod open\n");
+  // The pod's log (sandbox0): one JSON line with its event, like every other.
+  process.stdout.write(`${logLine("info", { event: "holding" })}\n`);
 } else {
   // process.exit, not the end of the event loop: stdin may still be open (a Kubernetes exec).
   const answer = (line: unknown, code: number) =>

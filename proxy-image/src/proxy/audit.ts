@@ -75,8 +75,8 @@ interface Spooled {
 
 const SPOOL_FILE = /^(\d{12})-([A-Za-z0-9_-]{1,64})\.json$/;
 const REJECTED = "rejected";
-const defaultLog: LogFn = (level, message, fields) => {
-  console.error(logLine(level, { component: "audit", message, ...fields }));
+const defaultLog: LogFn = (level, event, fields) => {
+  console.error(logLine(level, { event, component: "audit", ...fields }));
 };
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms).unref());
@@ -214,7 +214,7 @@ export class AuditReporter {
     if (this.running || this.stopped) return;
     this.running = true;
     await this.ready();
-    this.deliver().catch((error) => this.log("error", "audit delivery failed", { error: errorName(error) }));
+    this.deliver().catch((error) => this.log("error", "audit_delivery_failed", { error: errorName(error) }));
     this.schedule();
   }
 
@@ -242,14 +242,14 @@ export class AuditReporter {
       await this.delivering;
       this.nextAttemptAt = 0;
       await this.deliver();
-    })().catch((error) => this.log("error", "final audit flush failed", { error: errorName(error) }));
+    })().catch((error) => this.log("error", "audit_final_flush_failed", { error: errorName(error) }));
     const deadline = sleep(limit).then(() => {
       this.abort.abort();
       return sleep(100);
     });
     this.stopping = Promise.race([work, deadline]).then(() => {
       if (this.queue.length > 0 || this.heldRows > 0) {
-        this.log("warn", "audit reporter stopped with undelivered batches; they stay in the spool", {
+        this.log("warn", "audit_undelivered_at_stop", {
           pendingBatches: this.queue.length,
           heldRows: this.heldRows,
         });
@@ -273,7 +273,7 @@ export class AuditReporter {
 
   private refuse(reason: string): false {
     this.stats.rowsRefused++;
-    this.log("error", "audit row not recorded", { reason });
+    this.log("error", "audit_row_refused", { reason });
     return false;
   }
 
@@ -304,7 +304,7 @@ export class AuditReporter {
       this.nextSeq = Math.max(this.nextSeq, Number(match[1]) + 1);
     }
     if (this.queue.length > 0) {
-      this.log("info", "found audit batches from a previous process", {
+      this.log("info", "audit_spool_found", {
         batches: this.queue.length,
         bytes: this.spoolBytes,
       });
@@ -331,7 +331,7 @@ export class AuditReporter {
       const more = force || this.rows.keys > 0;
       if (taken === null) {
         if (!this.held) {
-          this.log("warn", "audit spool full; refusing new egress until it drains", {
+          this.log("warn", "audit_spool_full", {
             spooledBytes: this.spoolBytes,
             maxSpoolBytes: this.maxSpoolBytes,
           });
@@ -343,7 +343,7 @@ export class AuditReporter {
         await this.writeBatch(taken.name, taken.body);
       } catch (error) {
         this.rows.restore(taken.entries);
-        if (!this.writeFailed) this.log("error", "cannot write the audit spool", { error: errorName(error) });
+        if (!this.writeFailed) this.log("error", "audit_spool_write_failed", { error: errorName(error) });
         this.writeFailed = true;
         this.held = true;
         return;
@@ -352,7 +352,7 @@ export class AuditReporter {
       this.spoolBytes += taken.bytes;
       if (!more) break;
     }
-    if (this.held || this.writeFailed) this.log("info", "audit spool has room again; accepting egress");
+    if (this.held || this.writeFailed) this.log("info", "audit_spool_room_again");
     this.held = false;
     this.writeFailed = false;
   }
@@ -395,7 +395,7 @@ export class AuditReporter {
         await this.spool(false);
         if (Date.now() >= this.nextAttemptAt) await this.deliver();
       } catch (error) {
-        this.log("error", "audit flush failed", { error: errorName(error) });
+        this.log("error", "audit_flush_failed", { error: errorName(error) });
       }
       this.schedule();
     }, this.flushIntervalMs);
@@ -426,7 +426,7 @@ export class AuditReporter {
         this.nextAttemptAt = Date.now() + backoff / 2 + Math.random() * (backoff / 2);
         return;
       }
-      if (this.failures > 0) this.log("info", "audit delivery resumed", { failedAttempts: this.failures });
+      if (this.failures > 0) this.log("info", "audit_delivery_resumed", { failedAttempts: this.failures });
       this.failures = 0;
       this.nextAttemptAt = 0;
       this.queue.shift();
@@ -442,7 +442,7 @@ export class AuditReporter {
     try {
       body = await readFile(path, "utf8");
     } catch (error) {
-      this.log("error", "spooled audit batch unreadable; skipped", {
+      this.log("error", "audit_batch_unreadable", {
         batchId: entry.batchId,
         error: errorName(error),
       });
@@ -486,7 +486,7 @@ export class AuditReporter {
       if (!detail) await response.body?.cancel();
     } catch (error) {
       if (this.failures === 0) {
-        this.log("warn", "audit delivery failed; will retry", {
+        this.log("warn", "audit_delivery_retrying", {
           batchId: entry.batchId,
           error: errorName(error),
         });
@@ -496,7 +496,7 @@ export class AuditReporter {
 
     if ((status >= 200 && status < 300) || status === 409) {
       await unlink(path).catch((error) =>
-        this.log("error", "cannot delete a delivered batch", {
+        this.log("error", "audit_batch_delete_failed", {
           batchId: entry.batchId,
           error: errorName(error),
         }),
@@ -510,7 +510,7 @@ export class AuditReporter {
       return "done";
     }
     if (this.failures === 0) {
-      this.log("warn", "audit delivery failed; will retry", { batchId: entry.batchId, status });
+      this.log("warn", "audit_delivery_retrying", { batchId: entry.batchId, status });
     }
     return "retry";
   }
@@ -525,7 +525,7 @@ export class AuditReporter {
     await rename(path, join(this.rejectedDir, entry.name)).catch(() => unlink(path).catch(() => undefined));
     this.stats.rowsRejected += rows;
     this.stats.batchesRejected++;
-    this.log("error", "audit batch refused for good; moved to rejected/", {
+    this.log("error", "audit_batch_rejected", {
       batchId: entry.batchId,
       rows,
       reason,

@@ -1,6 +1,6 @@
 import { createSocket, type RemoteInfo, type Socket as UdpSocket } from "node:dgram";
 import { type AddressInfo, createServer, isIPv4, isIPv6, type Server, type Socket } from "node:net";
-import { levelOf, logLine } from "@benchwright/shared/contract/log";
+import { type LogRecord, levelOf, logLine } from "@benchwright/shared/contract/log";
 
 // The catch-all resolver. Under catch-all routing every TCP 80/443 from a work sandbox is DNAT'ed
 // to the proxy whatever address it was meant for, so a name only has to resolve to *some* IPv4
@@ -83,7 +83,7 @@ export interface CatchAllResolverOptions {
   port: number;
   /** The IPv4 address every A query is answered with. */
   answer: string;
-  log?: (record: Record<string, unknown>) => void;
+  log?: (record: LogRecord) => void;
 }
 
 export interface CatchAllResolver {
@@ -154,7 +154,7 @@ export async function startCatchAllResolver(options: CatchAllResolverOptions): P
   }
 }
 
-function serveUdp(udp: UdpSocket, answer: string, log: (r: Record<string, unknown>) => void): void {
+function serveUdp(udp: UdpSocket, answer: string, log: (r: LogRecord) => void): void {
   udp.on("message", (msg: Buffer, from: RemoteInfo) => {
     if (from.port === 0) return;
     const reply = answerQuery(msg, answer);

@@ -28,11 +28,11 @@ export type PolicyState =
     };
 
 export type LogLevel = "info" | "warn" | "error";
-export type LogFn = (
-  level: LogLevel,
-  message: string,
-  fields?: Record<string, string | number | null>,
-) => void;
+/**
+ * How the policy client and the audit reporter log: the line's level, its `event` (the name an
+ * operator alerts on: docs/operator-guide.md) and its fields (versions, counts, reasons; no value).
+ */
+export type LogFn = (level: LogLevel, event: string, fields?: Record<string, string | number | null>) => void;
 
 /** The subset of fetch this client uses (the global, undici-based fetch by default). */
 export type FetchFn = (url: string, init: RequestInit) => Promise<Response>;
@@ -57,8 +57,8 @@ const NONE: PolicyState = Object.freeze({ kind: "none" });
 
 export const MAX_POLICY_INTERVAL_MS = 2000;
 
-const defaultLog: LogFn = (level, message, fields) => {
-  console.error(logLine(level, { component: "policy-client", message, ...fields }));
+const defaultLog: LogFn = (level, event, fields) => {
+  console.error(logLine(level, { event, component: "policy-client", ...fields }));
 };
 
 export class PolicyClient {
@@ -148,7 +148,7 @@ export class PolicyClient {
       if (response.status === 304) {
         await response.body?.cancel();
         this.markReachable();
-        if (this.state.kind !== "ready") this.log("warn", "304 without a cached policy; state unchanged");
+        if (this.state.kind !== "ready") this.log("warn", "policy_not_modified_uncached");
         return this.state;
       }
       // No answer about the policy: keep what is in force.
@@ -199,7 +199,7 @@ export class PolicyClient {
       index: buildPolicyIndex(policy),
     });
     this.swap(state);
-    this.log("info", "policy in force", {
+    this.log("info", "policy_in_force", {
       version: policy.version,
       previousVersion: previous,
       rules: policy.rules.length,
@@ -213,7 +213,7 @@ export class PolicyClient {
     if (before.kind === "invalid" && before.reason === reason) return before;
     const state: PolicyState = Object.freeze({ kind: "invalid", reason });
     this.swap(state);
-    this.log("error", "policy refused; denying all egress", {
+    this.log("error", "policy_refused", {
       reason,
       previousVersion: before.kind === "ready" ? before.policy.version : null,
     });
@@ -225,14 +225,14 @@ export class PolicyClient {
     try {
       this.options.onChange?.(state);
     } catch (error) {
-      this.log("error", "onChange threw", { error: errorName(error) });
+      this.log("error", "policy_listener_failed", { error: errorName(error) });
     }
   }
 
   private unreachable(reason: string): PolicyState {
     if (this.reachable) {
       this.reachable = false;
-      this.log("warn", "control plane unreachable; keeping the current state", {
+      this.log("warn", "control_plane_unreachable", {
         reason,
         state: this.state.kind,
         version: this.state.kind === "ready" ? this.state.policy.version : null,
@@ -244,7 +244,7 @@ export class PolicyClient {
   private markReachable(): void {
     if (!this.reachable) {
       this.reachable = true;
-      this.log("info", "control plane reachable again");
+      this.log("info", "control_plane_reachable");
     }
   }
 }

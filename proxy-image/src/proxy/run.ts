@@ -5,7 +5,7 @@
 
 import type { AddressInfo, Server } from "node:net";
 import { join } from "node:path";
-import { logLine as formatLine, levelOf } from "@benchwright/shared/contract/log";
+import { type Evented, logLine as formatLine, levelOf } from "@benchwright/shared/contract/log";
 import { usesTunnel } from "@benchwright/shared/contract/policy-routing";
 import { bearer, ProxyReady, readyPath } from "@benchwright/shared/contract/proxy-wire";
 import { createAddressPolicy } from "@benchwright/shared/node/address-policy";
@@ -19,7 +19,7 @@ import { isoNow, logLines } from "./log-lines";
 import { modelLane } from "./model/lane";
 import { terminableNames } from "./name-constraints";
 import { loadOriginalDst } from "./original-dst";
-import { PolicyClient } from "./policy-client";
+import { type LogFn, PolicyClient } from "./policy-client";
 import { TunnelClient } from "./tunnel-client";
 import { createUpstream } from "./upstream";
 import { isDecision, View } from "./view";
@@ -37,14 +37,23 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
   // Every JSON line on stdout goes through one batch, so they keep their order (log-lines.ts).
   const lines = logLines();
   // Each with its level (by event) and a timestamp first, then the record as it was.
-  const logLine = (record: object) => lines.write(formatLine(levelOf(record), record, isoNow()));
+  const logLine = <R extends Evented>(record: R) =>
+    lines.write(formatLine(levelOf(record), record, isoNow()));
+  // The policy client and the audit reporters say their own level; their lines join the same
+  // stream, named by component, so an operator reads one log in order.
+  const clientLog =
+    (component: string, source?: string): LogFn =>
+    (level, event, fields) =>
+      lines.write(
+        formatLine(level, { event, component, ...(source ? { source } : {}), ...fields }, isoNow()),
+      );
   // The egress tunnel is dialled once the policy routes anything through the user's machine
   // (egress local, or a host via tunnel), and then kept: a later edit may route through it again.
   const tunnel = new TunnelClient({
     controlPlaneUrl: config.BW_CONTROL_PLANE_URL,
     runId: config.BW_RUN_ID,
     proxyToken: config.BW_PROXY_TOKEN,
-    log: (record) => logLine({ event: "tunnel", ...record }),
+    log: logLine,
   });
   const startTunnelIfRouted = () => {
     const state = policy.current();
@@ -56,6 +65,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     runId: config.BW_RUN_ID,
     proxyToken: config.BW_PROXY_TOKEN,
     intervalMs: config.BW_POLICY_INTERVAL_MS,
+    log: clientLog("policy-client"),
     onChange: () => {
       startTunnelIfRouted();
       void proxy?.policyChanged();
@@ -69,6 +79,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     spoolDir: config.BW_SPOOL_DIR,
     maxSpoolBytes: config.BW_SPOOL_MAX_BYTES,
     source: "proxy",
+    log: clientLog("audit"),
   });
   // What the user's egress agent refused, reported through the tunnel: its own batches (source
   // local_agent), with their own spool (a subdirectory the proxy's spool never reads as a batch).
@@ -80,6 +91,7 @@ export async function runProxy(env: NodeJS.ProcessEnv, argv: string[]) {
     spoolDir: join(config.BW_SPOOL_DIR, "local-agent"),
     maxSpoolBytes: config.BW_SPOOL_MAX_BYTES,
     source: "local_agent",
+    log: clientLog("audit", "local_agent"),
   });
   const sink: AuditSink = {
     recordBlocked: (host, source = "proxy") => (source === "proxy" ? audit : agentAudit).recordBlocked(host),

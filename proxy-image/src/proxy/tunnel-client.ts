@@ -8,6 +8,7 @@ import {
 import { isIP, type Socket } from "node:net";
 import type { Duplex } from "node:stream";
 import { type SecureContext, connect as tlsConnect } from "node:tls";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import { bearer } from "@benchwright/shared/contract/proxy-wire";
 import {
   CLOSE_REPLACED,
@@ -52,7 +53,7 @@ export interface TunnelClientOptions {
   controlPlaneUrl: string;
   runId: string;
   proxyToken: string;
-  log?: (record: Record<string, unknown>) => void;
+  log?: (record: LogRecord) => void;
   /** Reconnect backoff, doubled per failure up to max, reset by a pairing. Default 200..5000. */
   reconnectMs?: { min: number; max: number };
   /** How long open() waits for the agent's answer. Default 15 s. */
@@ -71,7 +72,7 @@ export function authorityOf(host: string, port: number): string {
 
 export class TunnelClient {
   private readonly options: TunnelClientOptions;
-  private readonly log: (record: Record<string, unknown>) => void;
+  private readonly log: (record: LogRecord) => void;
   private readonly listeners = new Set<(up: boolean) => void>();
   private ws: WebSocket | null = null;
   private session: ClientHttp2Session | null = null;

@@ -1,5 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { Socket } from "node:net";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import type { ModelCallRow } from "@benchwright/shared/contract/proxy-wire";
 import type { ComputeLane } from "../compute-lane";
 import { checkFraming } from "../http-rules";
@@ -32,7 +33,7 @@ export interface Http1Limits {
 export interface Http1Options {
   limits: Http1Limits;
   /** Lines that are not a decision (a malformed message). */
-  log: (line: Record<string, unknown>) => void;
+  log: (line: LogRecord) => void;
   computeLane?: ComputeLane | undefined;
   modelLane?: ModelLane | undefined;
   /** Where a model-lane call's row goes (the audit). */

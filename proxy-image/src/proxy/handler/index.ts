@@ -1,4 +1,5 @@
 import { createServer as createNetServer, type Server as NetServer, type Socket } from "node:net";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import type { RunCa } from "../ca";
 import type { ComputeLane } from "../compute-lane";
 import type { ModelLane } from "../model/lane";
@@ -29,7 +30,7 @@ export interface ProxyOptions {
   policy: PolicySource;
   audit: AuditSink;
   upstream: Upstream;
-  log?: (record: DecisionRecord | Record<string, unknown>) => void;
+  log?: (record: DecisionRecord | LogRecord) => void;
   /** Bounds (F2). */
   limits?: Partial<Limits>;
   /** Forwards https://<probe host>/compute/... to the control plane (see compute-lane.ts). */

@@ -2,6 +2,7 @@ import type { Server, Socket } from "node:net";
 import type { Duplex } from "node:stream";
 import { createSecureContext, TLSSocket } from "node:tls";
 import { canonicalHost } from "@benchwright/shared/contract/host-name";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import { MODEL_LANE_HOST, WIRING_PROBE_HOST } from "@benchwright/shared/contract/proxy-wire";
 import type { RunCa } from "../ca";
 import type { OriginalDst } from "../original-dst";
@@ -29,7 +30,7 @@ export interface TlsWaysInDeps {
   originalDst: OriginalDst | null;
   limits: { handshakeTimeoutMs: number; spliceIdleTimeoutMs: number };
   /** Lines that are not a decision (a TLS error). */
-  log: (line: Record<string, unknown>) => void;
+  log: (line: LogRecord) => void;
   /** The HTTP server decrypted HTTP/1.1 connections are handed to (it never listens itself). */
   inner: Server;
   /** Where decrypted connections whose ALPN chose h2 go (h2.ts, I1). */

@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { splitHostPort } from "@benchwright/shared/contract/host-name";
+import type { LogRecord } from "@benchwright/shared/contract/log";
 import type { ModelLaneSpec } from "@benchwright/shared/contract/policy";
 import { ModelCallRow, type ModelEndpoint } from "@benchwright/shared/contract/proxy-wire";
 import { decodersFor } from "../http-rules";
@@ -56,7 +57,7 @@ export interface ModelLaneOutcome {
 export interface ModelLaneOptions {
   upstream: Upstream;
   /** Structured problems (codes and reasons only, never a header, body or secret). */
-  log?: (record: Record<string, unknown>) => void;
+  log?: (record: LogRecord) => void;
   newCallId?: () => string;
   /** Clock for the row's `at` and `ms` (ms since the epoch). */
   now?: () => number;
