@@ -240,7 +240,10 @@ describe("the broker's Role", () => {
     return needed;
   }
 
-  it("grants exactly the verbs the broker's calls need, no more and no fewer", async () => {
+  // The first test builds the TypeScript program of src/ (tens of seconds on a busy machine).
+  it("grants exactly the verbs the broker's calls need, no more and no fewer", {
+    timeout: 180_000,
+  }, async () => {
     const needed = await derived();
     const role = renderBase().find((o) => o.kind === "Role" && o.metadata.name === "benchwright-broker");
     expect(role, "deploy/kubernetes renders the Role benchwright-broker").toBeDefined();

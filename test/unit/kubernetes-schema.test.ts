@@ -132,6 +132,8 @@ describe("the broker's own objects", () => {
     proxyAddress: "10.96.0.10",
     hostsFile: ["api.example.com"],
   };
+  // The resize subresource's patch, read as the Pod it is merged into.
+  const resizedPod = { apiVersion: "v1", kind: "Pod", metadata: { name: "p" }, ...proxyResize(true) };
   const objects: Array<[string, { apiVersion: string; kind: string }]> = [
     ["proxy Service", proxyService(ns, run, sandbox)],
     ["proxy NetworkPolicy", proxyNetworkPolicy(ns, run, sandbox)],
@@ -150,8 +152,7 @@ describe("the broker's own objects", () => {
         serviceIp: "10.96.0.10",
       }),
     ],
-    // The resize subresource's patch, read as the Pod it is merged into.
-    ["proxy resize", { apiVersion: "v1", kind: "Pod", metadata: { name: "p" }, ...proxyResize(true) }],
+    ["proxy resize", resizedPod],
     [
       "pull Secret",
       pullSecret({ ns, environmentId: "env_1", registryHost: "registry.example.com", password: "canary" }),
