@@ -27,6 +27,7 @@ import { notificationsRoutes } from "./routes/notifications";
 import { registryTokenRoutes } from "./routes/registry-token";
 import { runArtifactsRoutes } from "./routes/run-artifacts";
 import { runAuditRoutes } from "./routes/run-audit";
+import { runEventsRoutes } from "./routes/run-events";
 import { runsRoutes } from "./routes/runs";
 import { setupImagesRoutes } from "./routes/setup-images";
 import { dryRunRoutes } from "./routes/vault-dry-run";
@@ -117,6 +118,7 @@ export function createApp(options: AppOptions = {}) {
   app.route("/v1/vault", dryRunRoutes);
   app.route("/v1", runsRoutes);
   app.route("/v1", runAuditRoutes);
+  app.route("/v1", runEventsRoutes);
   app.route("/v1", runArtifactsRoutes);
   app.route("/v1", egressTokenRoutes);
   app.route("/v1", blockedHostsRoutes);

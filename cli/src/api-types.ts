@@ -333,6 +333,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A run's trace after a cursor: pages, or Server-Sent Events while it runs
+         * @description Bounded pages of the run's trace after `after` (absent: from its start), oldest first; the cursor is opaque and bound to this run (another run's → 400). With `Accept: text/event-stream` the same events as Server-Sent Events: `id:` is each event's cursor, `Last-Event-ID` (sent by a reconnecting client) takes the place of `after`, comment lines keep the connection alive, and `event: end` (data: the run's status and reason) closes the stream once the run has ended and every event was sent. A stream may also close earlier (it lasts a few minutes at most): reconnect with the last id. Read in order, pages and streams lose and repeat nothing.
+         */
+        get: operations["listRunEvents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{id}/halt": {
         parameters: {
             query?: never;
@@ -1428,6 +1448,18 @@ export interface components {
             reason: string | null;
             state: string | null;
         };
+        RunEventsPage: {
+            /** @description Where this page ends: the next page's `after` */
+            cursor: string;
+            events: components["schemas"]["RunTraceEvent"][];
+            /** @description The page is full: more events may follow at once */
+            more: boolean;
+            /**
+             * @description The run's status before this page was read
+             * @enum {string}
+             */
+            status: "queued" | "fetching_vault" | "starting_proxy" | "starting_sandboxes" | "wiring" | "running" | "finishing" | "lingering" | "finished" | "stopped" | "failed";
+        };
         /** @description Null: the run declared no model */
         RunModel: {
             /** @description The provider's API host, as at launch */
@@ -1515,6 +1547,17 @@ export interface components {
             startedAt: string | null;
             /** @enum {string} */
             status: "queued" | "fetching_vault" | "starting_proxy" | "starting_sandboxes" | "wiring" | "running" | "finishing" | "lingering" | "finished" | "stopped" | "failed";
+        };
+        RunTraceEvent: {
+            /** Format: date-time */
+            at: string;
+            /** @description This event's position: `after` reads what follows it */
+            cursor: string;
+            detail?: unknown;
+            /** @enum {string} */
+            kind: "transition" | "note" | "output" | "proxy" | "bug_report";
+            reason: string | null;
+            state: string | null;
         };
         Sandbox: {
             backend: string;
@@ -3015,6 +3058,68 @@ export interface operations {
                         /** @description Cursor of the next page; null on the last */
                         nextCursor: string | null;
                     };
+                };
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem details */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listRunEvents: {
+        parameters: {
+            query?: {
+                after?: string;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page (application/json) or the stream (text/event-stream) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunEventsPage"];
+                    "text/event-stream": string;
                 };
             };
             /** @description Problem details */

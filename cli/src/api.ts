@@ -26,6 +26,8 @@ export class ApiError extends Error {
     readonly code: string,
     readonly detail: string,
     readonly body: unknown,
+    /** Seconds the answer's Retry-After asked for (a 429, a 503), when it named any. */
+    readonly retryAfter: number | null = null,
   ) {
     super(`${code}: ${detail}`);
   }
@@ -115,7 +117,7 @@ export class Api {
       body: options.body === undefined ? undefined : JSON.stringify(options.body),
     });
     options.seen?.(res.headers);
-    return answer<T>(res.status, res.statusText, await res.text());
+    return answer<T>(res, await res.text());
   }
 
   /**
@@ -129,7 +131,22 @@ export class Api {
       headers: { accept: "application/octet-stream, application/problem+json" },
       signal: signal ?? new AbortController().signal,
     });
-    if (!res.ok) answer(res.status, res.statusText, await res.text());
+    if (!res.ok) answer(res, await res.text());
+    return res;
+  }
+
+  /**
+   * GET a body read as it comes (Server-Sent Events): the response once it is a success. No
+   * overall timeout; the caller's signal ends it.
+   */
+  async stream(
+    path: string,
+    params: Record<string, string>,
+    headers: Record<string, string>,
+    signal: AbortSignal,
+  ): Promise<Response> {
+    const res = await this.send(this.urlOf(path, params), { method: "GET", headers, signal });
+    if (!res.ok) answer(res, await res.text());
     return res;
   }
 
@@ -186,21 +203,32 @@ export class Api {
       }
       throw error;
     }
-    return answer<T>(res.status, res.statusText, await res.text());
+    return answer<T>(res, await res.text());
   }
 }
 
 type Query = Record<string, string | number | undefined>;
 
+/** Retry-After in seconds (its HTTP-date form too), or null when absent or unreadable. */
+function retryAfterOf(headers: Headers): number | null {
+  const value = headers.get("retry-after")?.trim();
+  if (!value) return null;
+  if (/^\d+$/.test(value)) return Number(value);
+  const at = Date.parse(value);
+  return Number.isNaN(at) ? null : Math.max(0, (at - Date.now()) / 1000);
+}
+
 /** A response's JSON, or the ApiError its problem (or a body that is not JSON) says. */
-function answer<T>(status: number, statusText: string, text: string): T {
+function answer<T>(res: Response, text: string): T {
+  const { status, statusText } = res;
+  const retryAfter = retryAfterOf(res.headers);
   // 204 (a delete): nothing to parse, and nothing the caller reads.
   if (status === 204) return undefined as T;
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch {
-    throw new ApiError(status, "not_json", `HTTP ${status} with a body that is not JSON`, text);
+    throw new ApiError(status, "not_json", `HTTP ${status} with a body that is not JSON`, text, retryAfter);
   }
   if (status < 200 || status > 299) {
     const p = json as Partial<Problem>;
@@ -209,6 +237,7 @@ function answer<T>(status: number, statusText: string, text: string): T {
       typeof p.code === "string" ? p.code : `http_${status}`,
       typeof p.detail === "string" ? p.detail : statusText,
       json,
+      retryAfter,
     );
   }
   return json as T;

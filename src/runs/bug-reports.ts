@@ -6,6 +6,7 @@ import { randomId } from "../crypto/api-keys";
 import { runEvents } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
+import { lockTrace } from "./events";
 import { ownRun, type Page } from "./service";
 
 // Bug reports on a run. Each is a row of the run's trace (kind "bug_report", key `bug:<id>`), so
@@ -58,10 +59,13 @@ export async function createBugReport(
   if (!run.ok) return run;
   const id = randomId("bug_");
   const detail: StoredBugReport = { id, title: input.title, body: input.body, reportedBy: p.keyId };
-  const [row] = await db
-    .insert(runEvents)
-    .values({ runId: run.value, key: keyOf(id), kind: "bug_report", detail })
-    .returning({ at: runEvents.at });
+  const [row] = await db.transaction(async (tx) => {
+    await lockTrace(tx, run.value);
+    return tx
+      .insert(runEvents)
+      .values({ runId: run.value, key: keyOf(id), kind: "bug_report", detail })
+      .returning({ at: runEvents.at });
+  });
   if (!row) throw new Error("insert returned no event");
   return ok({ ...detail, runId: run.value, createdAt: row.at });
 }

@@ -11,6 +11,7 @@ import {
   strayPlaceholderLog,
 } from "../db/schema";
 import type { Db } from "../db/types";
+import { lockTrace } from "./events";
 import type { RunOwner } from "./proxy-credentials";
 
 // What a run's proxy reports to the control plane, stored: its ready call (the run CA) and its
@@ -23,6 +24,7 @@ import type { RunOwner } from "./proxy-credentials";
  */
 export async function storeProxyReady(db: Db, runId: string, ready: ProxyReady): Promise<void> {
   await db.transaction(async (tx) => {
+    await lockTrace(tx, runId);
     await tx
       .update(runs)
       .set({

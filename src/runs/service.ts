@@ -9,6 +9,7 @@ import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
 import { enqueueRunEnded } from "../notifications/service";
 import { modelLane } from "../vault/models";
+import { lockTrace } from "./events";
 import type { RunNote, Transition } from "./types";
 
 export type { RunNote, Transition } from "./types";
@@ -205,6 +206,7 @@ export async function runSandboxes(db: Db, runId: string) {
 export async function recordTransition(db: Db, runId: string, t: Transition): Promise<boolean> {
   const terminal = isTerminal(t.to);
   return db.transaction(async (tx) => {
+    await lockTrace(tx, runId);
     const inserted = await tx
       .insert(runEvents)
       .values({
@@ -235,6 +237,7 @@ export async function recordTransition(db: Db, runId: string, t: Transition): Pr
 /** Appends a note under "Network the platform changed" (once per code). */
 export async function addNote(db: Db, runId: string, note: RunNote): Promise<void> {
   await db.transaction(async (tx) => {
+    await lockTrace(tx, runId);
     const inserted = await tx
       .insert(runEvents)
       .values({ runId, key: `n:${note.code}`, kind: "note", reason: note.code, detail: note })
@@ -257,7 +260,10 @@ export async function addEvent(
   detail: unknown,
   reason: string | null = null,
 ): Promise<void> {
-  await db.insert(runEvents).values({ runId, key, kind, reason, detail }).onConflictDoNothing();
+  await db.transaction(async (tx) => {
+    await lockTrace(tx, runId);
+    await tx.insert(runEvents).values({ runId, key, kind, reason, detail }).onConflictDoNothing();
+  });
 }
 
 export async function setRunFields(

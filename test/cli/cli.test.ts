@@ -267,7 +267,13 @@ describe("runs: launch from a folder, follow, list, controls", () => {
     // ends without running anything, and following it says so with exit 4.
     const res = await cli(["runs", "launch", "--from", folder, "--follow", "--json"], { home: user.home });
     expect(res.code, res.stderr).toBe(4);
-    const run = JSON.parse(res.stdout);
+    // NDJSON: an {"event"} line per trace event, then the run.
+    const lines = res.stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
+    expect(lines.slice(0, -1).every((l) => l.event?.kind)).toBe(true);
+    const run = lines.at(-1).run;
     expect(run.spec.commands).toEqual(["echo from-folder"]);
     expect(["stopped", "failed"]).toContain(run.status);
     expect(res.stderr).toContain(`launched ${run.id}`);

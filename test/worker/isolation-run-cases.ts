@@ -1,5 +1,6 @@
 import { expect } from "vitest";
 import { storeAuditBatch } from "../../src/runs/proxy-reports";
+import { addEvent } from "../../src/runs/service";
 import { expectProblem, withDb } from "./harness";
 import { type Case, expectNoWidening, expectStatus, ownRunOnly } from "./isolation-fixtures";
 import { auditBatch, auditRows } from "./run-fixtures";
@@ -56,6 +57,26 @@ export const RUN_CASES: Record<string, Case> = {
     check: async (ctx, method, path) => {
       const own = await ownRunOnly(ctx, method, path, "read");
       expect(own.json.id).toBe(ctx.a.runId);
+    },
+  },
+  "GET /v1/runs/{id}/events": {
+    kind: "run",
+    id: true,
+    check: async (ctx, method, path) => {
+      const { a, b } = ctx;
+      for (const v of [a, b]) {
+        await withDb((db) => addEvent(db, v.runId, `iso:${v.tag}`, "output", { text: `out ${v.tag}` }));
+      }
+      const own = await ownRunOnly(ctx, method, path, "read");
+      expect(own.json.events.map((e: { detail: unknown }) => e.detail)).toContainEqual({
+        text: `out ${a.tag}`,
+      });
+      // A cursor of B's run names nothing in A's: refused, not read as a position in A's trace.
+      const theirs = (await b.t.api(method, path.replace("{id}", b.runId))).json.cursor;
+      const refused = await a.t.api(method, `${path.replace("{id}", a.runId)}?after=${theirs}`);
+      expect(refused.status).toBe(400);
+      expect(refused.text).not.toContain(b.tag);
+      await expectNoWidening(ctx, method, path);
     },
   },
   // Actions on a run: B's run → 404 and unchanged; halt and resume also act on A's own run

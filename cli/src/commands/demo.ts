@@ -1,4 +1,5 @@
-import { asSpec, follow } from "./runs";
+import { follow } from "./follow";
+import { asSpec } from "./runs";
 import { api, type Ctx, Failed, print } from "./shared";
 
 // `benchwright demo`: what `npm start` shows, from the CLI. It launches the built-in `demo`

@@ -1,24 +1,14 @@
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
-import { type Api, ApiError, NetworkError, type Schemas } from "../api";
+import { ApiError, NetworkError, type Schemas } from "../api";
 import { uploadFolder } from "./bundles";
-import {
-  api,
-  type Ctx,
-  nextPage,
-  oneOf,
-  print,
-  RunNotCompleted,
-  SPEC_FILE,
-  table,
-  UsageError,
-} from "./shared";
+import { eventLines, follow } from "./follow";
+import { api, type Ctx, nextPage, oneOf, print, SPEC_FILE, table, UsageError } from "./shared";
 
 // `benchwright runs ...`: launch (inline commands, a built-in benchmark, or a benchmark folder's
-// benchwright.json), follow with live status, show, list, and the controls: cancel, halt,
+// benchwright.json), follow (./follow.ts), show, list, and the controls: cancel, halt,
 // resume, linger.
 
-type Run = Schemas["Run"];
 /**
  * A run spec as the user writes it. The generated type marks fields with a default (egress,
  * onProxyFailure) as required, since the API's answers always carry them; a request may omit
@@ -26,8 +16,6 @@ type Run = Schemas["Run"];
  */
 export type SpecInput = Partial<Schemas["RunSpec"]>;
 export const asSpec = (spec: SpecInput) => spec as Schemas["RunSpec"];
-type RunEvent = Schemas["RunEvent"];
-const OVER = new Set(["finished", "stopped", "failed"]);
 
 /** A benchmark folder's spec file, or a JSON file: the spec, and whether it came from a folder. */
 function readSpecFrom(path: string): { spec: SpecInput; folder: string | null } {
@@ -224,94 +212,6 @@ export function seconds(text: string, flag: string): number {
   const n = Number(m[1]) * ({ "": 1, s: 1, m: 60, h: 3600 }[m[2] as "" | "s" | "m" | "h"] ?? 1);
   if (n > 86_400) throw new UsageError(`${flag} is at most 24h`);
   return n;
-}
-
-/** The lines an event adds to the log a person follows (output as printed, the rest tagged). */
-function eventLines(e: RunEvent): string[] {
-  const d = (e.detail ?? {}) as Record<string, unknown>;
-  switch (e.kind) {
-    case "transition":
-      return [
-        `· ${e.state}${e.reason ? ` (${e.reason})` : ""}${typeof d.text === "string" ? `: ${d.text}` : ""}`,
-      ];
-    case "note":
-      return [`· [${d.level ?? "note"}] ${d.code ?? e.reason}: ${d.text ?? ""}`];
-    case "output": {
-      const who = d.name && d.name !== "work" ? `[${d.name}] ` : "";
-      if (typeof d.text === "string") {
-        const tag = d.stream === "stderr" ? "! " : "  ";
-        return d.text
-          .replace(/\n$/, "")
-          .split("\n")
-          .map((l) => `${tag}${who}${l}`);
-      }
-      if ("exitCode" in d)
-        return [`· ${who}command ${Number(d.command ?? 0) + 1} exited ${d.exitCode ?? "by a signal"}`];
-      return [];
-    }
-    case "bug_report":
-      return [`· bug report: ${typeof d.title === "string" ? d.title : (e.reason ?? "")}`];
-    default:
-      return [];
-  }
-}
-
-function progress(run: Run, since: number): string {
-  const boxes = run.sandboxes.filter((s) => s.kind !== "proxy");
-  const ready = boxes.filter((s) => s.status === "ready").length;
-  const secs = ((Date.now() - since) / 1000).toFixed(0);
-  const parts = [
-    `${run.id}`,
-    `${run.status}${run.halted ? " (halted)" : ""}`,
-    `${secs}s`,
-    ...(boxes.length > 0 ? [`sandboxes ${ready}/${boxes.length} ready`] : []),
-    ...(run.routing ? [`routing ${run.routing}`] : []),
-  ];
-  return parts.join(" · ");
-}
-
-/**
- * Polls the run and prints what is new until its commands are over (ended, or lingering). People
- * get the trace as it grows and, on a terminal, a status line that redraws; --json prints the run
- * once at the end. A run that did not complete (a command failed, it stopped or failed) exits 4.
- */
-export async function follow(ctx: Ctx, client: Api, id: string, intervalMs = 1000): Promise<Run> {
-  const live = !ctx.json && process.stderr.isTTY === true;
-  const seen = new Set<string>();
-  const since = Date.now();
-  let run: Run;
-  for (;;) {
-    run = await client.call("get", "/v1/runs/{id}", { params: { id } });
-    const fresh = run.trace.filter((e) => {
-      const key = JSON.stringify([e.at, e.kind, e.state, e.reason, e.detail]);
-      if (seen.has(key)) return false;
-      seen.add(key);
-      return true;
-    });
-    if (live) process.stderr.write("\r\x1b[2K");
-    if (!ctx.json) for (const e of fresh) for (const line of eventLines(e)) ctx.out(line);
-    const done = OVER.has(run.status) || run.status === "lingering";
-    if (live && !done) process.stderr.write(progress(run, since));
-    if (done) break;
-    await new Promise((r) => setTimeout(r, intervalMs));
-  }
-  // A lingering run has no reason yet (the run has not ended); its commands' outcome is the
-  // reason it moved to lingering with.
-  const reason =
-    run.status === "lingering"
-      ? (run.trace.findLast((e) => e.kind === "transition" && e.state === "lingering")?.reason ?? null)
-      : run.reason;
-  print(ctx, run, () => [
-    `${run.id} ${run.status}${reason ? `: ${reason}` : ""}${run.reasonDetail ? ` (${run.reasonDetail})` : ""}`,
-    ...(run.status === "lingering" && run.linger.until
-      ? [`its proxy lingers until ${run.linger.until}: benchwright runs linger ${run.id} 0 ends it`]
-      : []),
-    `blocked hosts: benchwright logs blocked-hosts ${run.id}`,
-  ]);
-  if (reason !== "completed") {
-    throw new RunNotCompleted(`run ${run.id} ${run.status}: ${reason ?? "no reason"}`);
-  }
-  return run;
 }
 
 export async function runsFollow(ctx: Ctx, id: string): Promise<void> {

@@ -78,6 +78,12 @@ export const RUNS_COMMANDS: CommandTable = {
   "runs follow": {
     usage: "benchwright runs follow RUN_ID",
     summary: "live status and output until the run's commands end (exit 4 unless it completes)",
+    help:
+      "Streams the run's trace (GET /v1/runs/{id}/events) as it grows and exits when its commands are\n" +
+      "over: 0 when the run completed, 4 otherwise. A 429, a 5xx or a dropped connection is waited out\n" +
+      "(the answer's Retry-After, else 1, 2, 4 ... 30 s; 8 failures in a row end it with exit 1) and the\n" +
+      "stream goes on from the last event it printed: nothing is missed or printed twice. --json prints\n" +
+      'NDJSON: one {"event": ...} line per event, then {"run": ...} (the run as runs show --json gives it).',
     run: (ctx, _v, p) => runsFollow(ctx, one(p, "run id")),
   },
   "runs show": {
