@@ -151,7 +151,7 @@ export function createApp(options: AppOptions = {}) {
 
   app.notFound((c) => problem(c, "route_not_found", `${c.req.method} ${c.req.path} is not a route.`));
   app.onError((err, c) => {
-    if (err instanceof ApiError) return problem(c, err.code, err.detail, err.retryAfter);
+    if (err instanceof ApiError) return problem(c, err.code, err.detail, err.retryAfter, err.headers);
     if (err instanceof ConfigError) {
       consoleLog("error", { event: "config_invalid", detail: err.message });
       return problem(c, "config_invalid", err.message);

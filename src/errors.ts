@@ -10,6 +10,8 @@ export const ErrorCode = z.enum([
   "not_found",
   "route_not_found",
   "invalid_request",
+  // A list cursor that was changed, or that another list or environment gave (case O3).
+  "invalid_cursor",
   "invalid_json",
   "unknown_field",
   "payload_too_large",
@@ -80,6 +82,7 @@ export const ERROR_STATUS = {
   not_found: 404,
   route_not_found: 404,
   invalid_request: 400,
+  invalid_cursor: 400,
   invalid_json: 400,
   unknown_field: 400,
   payload_too_large: 413,
@@ -146,6 +149,7 @@ const TITLES: Record<ErrorCode, string> = {
   not_found: "Not found",
   route_not_found: "No such route",
   invalid_request: "Invalid request",
+  invalid_cursor: "Not a cursor of this list: pass the nextCursor this list gave, unchanged",
   invalid_json: "Body is not valid JSON",
   unknown_field: "Unknown field in request",
   payload_too_large: "Request body too large",
@@ -236,6 +240,8 @@ export class ApiError extends Error {
     readonly detail: string,
     /** Seconds for `Retry-After`: a refusal that a later retry can get past (429, in-use 409). */
     readonly retryAfter?: number,
+    /** More headers the refusal carries (the rate limit's RateLimit-Policy and RateLimit). */
+    readonly headers?: Readonly<Record<string, string>>,
   ) {
     super(`${code}: ${detail}`);
   }
@@ -243,18 +249,30 @@ export class ApiError extends Error {
 
 const PROBLEMS: ProblemTable<ErrorCode> = { status: ERROR_STATUS, title: TITLES };
 
-export function problemBody(code: ErrorCode, detail: string, requestId: string) {
-  return { ...problemBodyOf(PROBLEMS, code, detail), requestId };
+/** A code's status and title, for the page its problem `type` names (src/pages/problems.tsx). */
+export const problemInfo = (code: ErrorCode) => ({ status: ERROR_STATUS[code], title: TITLES[code] });
+
+/** The problem body; `origin` is this deployment's, whose /problems/<code> page `type` names. */
+export function problemBody(code: ErrorCode, detail: string, requestId: string, origin: string) {
+  return { ...problemBodyOf(PROBLEMS, code, detail, origin), requestId };
 }
 
-export function problem(c: Context, code: ErrorCode, detail: string, retryAfter?: number): Response {
+export function problem(
+  c: Context,
+  code: ErrorCode,
+  detail: string,
+  retryAfter?: number,
+  more?: Readonly<Record<string, string>>,
+): Response {
   const requestId = (c.get("requestId") as string | undefined) ?? "unknown";
   const headers: Record<string, string> = {
+    ...more,
     "content-type": "application/problem+json",
     "x-request-id": requestId,
   };
   if (retryAfter !== undefined) headers["retry-after"] = String(Math.max(1, Math.ceil(retryAfter)));
-  return new Response(JSON.stringify(problemBody(code, detail, requestId)), {
+  const origin = new URL(c.req.url).origin;
+  return new Response(JSON.stringify(problemBody(code, detail, requestId, origin)), {
     status: ERROR_STATUS[code],
     headers,
   });

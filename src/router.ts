@@ -1,3 +1,4 @@
+import { CURSOR_MAX_LENGTH, LIST_LIMIT } from "@benchwright/shared/contract/list";
 import { OpenAPIHono, z } from "@hono/zod-openapi";
 import type { AppEnv } from "./context";
 import { type ErrorCode, Problem, problem } from "./errors";
@@ -60,3 +61,21 @@ export const NextCursor = z
   .string()
   .nullable()
   .openapi({ description: "Cursor of the next page; null on the last" });
+
+/**
+ * The query of every paginated list (shared/contract/list.ts): one limit range and default, one
+ * cursor. Extend it with a list's filters, then `.strict()`.
+ */
+export const PageQuery = z.object({
+  limit: z.coerce
+    .number()
+    .int()
+    .min(LIST_LIMIT.min)
+    .max(LIST_LIMIT.max)
+    .default(LIST_LIMIT.default)
+    .openapi({ description: `Items per page, ${LIST_LIMIT.min}-${LIST_LIMIT.max}` }),
+  cursor: z.string().max(CURSOR_MAX_LENGTH).optional().openapi({
+    description:
+      "nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor",
+  }),
+});

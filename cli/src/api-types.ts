@@ -169,7 +169,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The latest 50 deliveries to a notification URL, newest first, each with every attempt */
+        /** The deliveries to a notification URL, newest first, each with every attempt */
         get: operations["listNotificationDeliveries"];
         put?: never;
         post?: never;
@@ -186,7 +186,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List runs, newest first */
+        /** List runs, newest first; filter by status, benchmark and launch time */
         get: operations["listRuns"];
         put?: never;
         /** Launch a run */
@@ -1339,7 +1339,7 @@ export interface components {
         };
         Problem: {
             /** @enum {string} */
-            code: "unauthorized" | "read_only_key" | "not_found" | "route_not_found" | "invalid_request" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "invalid_limit" | "limits_on_block" | "invalid_placeholder_env" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "registry_unreachable" | "registry_refused" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "setup_image_building" | "invalid_expiry" | "scope_too_wide" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "invalid_notification_url" | "too_many_notifications" | "config_invalid" | "database_unavailable" | "internal_error";
+            code: "unauthorized" | "read_only_key" | "not_found" | "route_not_found" | "invalid_request" | "invalid_cursor" | "invalid_json" | "unknown_field" | "payload_too_large" | "invalid_host_pattern" | "secret_exists" | "unknown_secret" | "secret_in_use" | "rule_host_blocked" | "host_has_rule" | "via_on_block" | "invalid_limit" | "limits_on_block" | "invalid_placeholder_env" | "model_exists" | "invalid_base_url" | "base_url_required" | "invalid_order" | "unknown_benchmark" | "unknown_model" | "model_budget_without_model" | "run_ended" | "linger_too_long" | "backend_not_configured" | "environment_conflict" | "too_many_environments" | "proxy_gone" | "proxy_unreachable" | "invalid_signature" | "wrong_run" | "already_stored" | "vault_unreadable" | "registry_unreachable" | "registry_refused" | "bundle_upload_too_large" | "unsupported_media_type" | "bundle_not_found" | "bundle_invalid" | "bundle_path_traversal" | "bundle_absolute_path" | "bundle_link_escape" | "bundle_special_file" | "bundle_too_large" | "bundle_too_many_files" | "resources_out_of_bounds" | "setup_image_building" | "invalid_expiry" | "scope_too_wide" | "invalid_idempotency_key" | "idempotency_key_reused" | "idempotency_key_in_use" | "rate_limited" | "too_many_runs" | "invalid_notification_url" | "too_many_notifications" | "config_invalid" | "database_unavailable" | "internal_error";
             detail: string;
             requestId: string;
             status: number;
@@ -1533,6 +1533,8 @@ export interface components {
         };
         RunSummary: {
             backend: string;
+            /** @description The built-in benchmark it ran; null: commands */
+            benchmark: string | null;
             /** Format: date-time */
             createdAt: string;
             /** Format: date-time */
@@ -1659,7 +1661,12 @@ export type $defs = Record<string, never>;
 export interface operations {
     listApiKeys: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
+                cursor?: string;
+                /** @description Items per page, 1-200 */
+                limit?: number;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -1674,7 +1681,18 @@ export interface operations {
                 content: {
                     "application/json": {
                         apiKeys: components["schemas"]["ApiKey"][];
+                        /** @description Cursor of the next page; null on the last */
+                        nextCursor: string | null;
                     };
+                };
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             /** @description Problem details */
@@ -1832,8 +1850,9 @@ export interface operations {
     listBlockedHosts: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
                 /** @description Only hosts this run saw (the counts stay environment-wide) */
                 runId?: string;
@@ -2201,7 +2220,12 @@ export interface operations {
     };
     listNotifications: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
+                cursor?: string;
+                /** @description Items per page, 1-200 */
+                limit?: number;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -2215,8 +2239,19 @@ export interface operations {
                 };
                 content: {
                     "application/json": {
+                        /** @description Cursor of the next page; null on the last */
+                        nextCursor: string | null;
                         notifications: components["schemas"]["Notification"][];
                     };
+                };
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             /** @description Problem details */
@@ -2422,7 +2457,12 @@ export interface operations {
     };
     listNotificationDeliveries: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
+                cursor?: string;
+                /** @description Items per page, 1-200 */
+                limit?: number;
+            };
             header?: never;
             path: {
                 id: string;
@@ -2439,7 +2479,18 @@ export interface operations {
                 content: {
                     "application/json": {
                         deliveries: components["schemas"]["NotificationDelivery"][];
+                        /** @description Cursor of the next page; null on the last */
+                        nextCursor: string | null;
                     };
+                };
+            };
+            /** @description Problem details */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
             /** @description Problem details */
@@ -2474,8 +2525,18 @@ export interface operations {
     listRuns: {
         parameters: {
             query?: {
+                /** @description Only runs of this built-in benchmark */
+                benchmark?: string;
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
+                /** @description Only runs launched at or after this time */
+                since?: string;
+                /** @description Only runs in this state */
+                status?: "queued" | "fetching_vault" | "starting_proxy" | "starting_sandboxes" | "wiring" | "running" | "finishing" | "lingering" | "finished" | "stopped" | "failed";
+                /** @description Only runs launched before this time */
+                until?: string;
             };
             header?: never;
             path?: never;
@@ -2754,8 +2815,9 @@ export interface operations {
     listRunBlockedHosts: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
             };
             header?: never;
@@ -2820,8 +2882,9 @@ export interface operations {
     listRunBugReports: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
             };
             header?: never;
@@ -3035,8 +3098,9 @@ export interface operations {
     listRunEgressRoutes: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
             };
             header?: never;
@@ -3234,8 +3298,9 @@ export interface operations {
     listRunLimitRefusals: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
             };
             header?: never;
@@ -3380,8 +3445,9 @@ export interface operations {
     listRunModelCalls: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
             };
             header?: never;
@@ -3594,8 +3660,9 @@ export interface operations {
     listRunStrayPlaceholders: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
             };
             header?: never;
@@ -3660,8 +3727,9 @@ export interface operations {
     listSetupImages: {
         parameters: {
             query?: {
-                /** @description nextCursor of the previous page; opaque */
+                /** @description nextCursor of the previous page of this same list; opaque. Another list's or another environment's cursor, or a changed one, is 400 invalid_cursor */
                 cursor?: string;
+                /** @description Items per page, 1-200 */
                 limit?: number;
             };
             header?: never;

@@ -26,13 +26,18 @@ export interface ProblemBody<C extends string> {
   code: C;
 }
 
+/**
+ * The body for `code`. Its `type` is `<typeBase>/problems/<code>`: the Worker passes its own
+ * origin, which serves that page (src/pages/problems.tsx); the host agent serves none.
+ */
 export function problemBodyOf<C extends string>(
   table: ProblemTable<C>,
   code: C,
   detail: string,
+  typeBase = "https://benchwright.dev",
 ): ProblemBody<C> {
   return {
-    type: `https://benchwright.dev/problems/${code}`,
+    type: `${typeBase}/problems/${code}`,
     title: table.title[code],
     status: table.status[code],
     detail,

@@ -7,6 +7,8 @@ import type { Principal } from "../context";
 import { apiKeys, sessions } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
+import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
+import { CreatedKey, createdMicros, olderThan } from "../lists/newest-first";
 import { resolveExpiry } from "./expiry";
 
 // Self-served API keys (case K3): make, list, revoke, within the caller's environment. The key
@@ -83,14 +85,25 @@ export async function createKey(
   return ok({ info: info(p, row, now), key: issued.key });
 }
 
-/** The environment's keys, newest first, revoked and expired ones included (marked). */
-export async function listKeys(db: Db, p: Principal, now = new Date()): Promise<KeyInfo[]> {
+/** A page of the environment's keys, newest first, revoked and expired ones included (marked). */
+export async function listKeys(
+  db: Db,
+  p: Principal,
+  page: PageRequest,
+  now = new Date(),
+): Promise<Result<Page<KeyInfo>>> {
+  const after = await openCursor(page, "api-keys", p.environmentId, CreatedKey);
+  if (!after.ok) return after;
   const rows = await db
-    .select(columns)
+    .select({ row: columns, micros: createdMicros(apiKeys.createdAt) })
     .from(apiKeys)
-    .where(eq(apiKeys.environmentId, p.environmentId))
-    .orderBy(desc(apiKeys.createdAt), desc(apiKeys.id));
-  return rows.map((r) => info(p, r, now));
+    .where(
+      and(eq(apiKeys.environmentId, p.environmentId), olderThan(apiKeys.createdAt, apiKeys.id, after.value)),
+    )
+    .orderBy(desc(apiKeys.createdAt), desc(apiKeys.id))
+    .limit(page.limit + 1);
+  const found = await pageOf(page, "api-keys", p.environmentId, rows, (r) => [r.micros, r.row.id]);
+  return ok({ items: found.items.map((r) => info(p, r.row, now)), nextCursor: found.nextCursor });
 }
 
 /** Revokes a key of the environment, and ends the sessions opened with it. */

@@ -3,14 +3,12 @@ import type { OpenAPIHono } from "@hono/zod-openapi";
 import { createMiddleware } from "hono/factory";
 import type { AppEnv } from "../context";
 import { ApiError, Problem } from "../errors";
+import { RATE_LIMIT_HEADERS, RATE_LIMIT_PERIOD_SECONDS } from "./rate-limit-policy";
 
 // Per-API-key request rate on /v1 (case K4), counted by Cloudflare's Workers rate-limiting
 // binding API_RATE_LIMIT (wrangler.toml [[ratelimits]]; `wrangler dev` and the test pool run it
 // locally too). Counted after the key is known, by its id: one key's flood cannot use up another
 // key's allowance, and nothing secret (neither the key nor its hash) is sent to the counter.
-
-/** The binding's `period` in wrangler.toml: a refused caller may try again after it. */
-export const RATE_LIMIT_PERIOD_SECONDS = 10;
 
 export const rateLimit = createMiddleware<AppEnv>(async (c, next) => {
   let allowed = true;
@@ -29,6 +27,7 @@ export const rateLimit = createMiddleware<AppEnv>(async (c, next) => {
       "rate_limited",
       `This API key sent more requests than this deployment allows in ${RATE_LIMIT_PERIOD_SECONDS} seconds; retry after Retry-After seconds.`,
       RATE_LIMIT_PERIOD_SECONDS,
+      RATE_LIMIT_HEADERS,
     );
   }
   await next();

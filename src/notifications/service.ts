@@ -1,5 +1,6 @@
 import type { KeyRing } from "@benchwright/shared/contract/key-ring";
 import { and, asc, desc, eq, inArray, isNull, lt, lte, min, sql } from "drizzle-orm";
+import { z } from "zod";
 import type { Owner } from "../auth/owner";
 import { derivedId, randomId } from "../crypto/api-keys";
 import { decryptSecret, encryptSecret, type SecretAad } from "../crypto/vault-crypto";
@@ -12,6 +13,8 @@ import {
 } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { fail, ok, type Result } from "../errors";
+import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
+import { CreatedKey, createdMicros, EpochMicros, olderThan, RowId } from "../lists/newest-first";
 import { newWebhookSecret } from "../webhooks/signature";
 
 // Run-end notifications over Postgres. Management calls are scoped by the caller's environment
@@ -82,12 +85,28 @@ export async function createNotification(
   });
 }
 
-export async function listNotifications(db: Db, p: Owner): Promise<NotificationRow[]> {
-  return db
-    .select()
+/** A page of the environment's live notification URLs, newest first. */
+export async function listNotifications(
+  db: Db,
+  p: Owner,
+  page: PageRequest,
+): Promise<Result<Page<NotificationRow>>> {
+  const after = await openCursor(page, "notifications", p.environmentId, CreatedKey);
+  if (!after.ok) return after;
+  const rows = await db
+    .select({ row: notifications, micros: createdMicros(notifications.createdAt) })
     .from(notifications)
-    .where(and(eq(notifications.environmentId, p.environmentId), isNull(notifications.revokedAt)))
-    .orderBy(desc(notifications.createdAt), desc(notifications.id));
+    .where(
+      and(
+        eq(notifications.environmentId, p.environmentId),
+        isNull(notifications.revokedAt),
+        olderThan(notifications.createdAt, notifications.id, after.value),
+      ),
+    )
+    .orderBy(desc(notifications.createdAt), desc(notifications.id))
+    .limit(page.limit + 1);
+  const found = await pageOf(page, "notifications", p.environmentId, rows, (r) => [r.micros, r.row.id]);
+  return ok({ items: found.items.map((r) => r.row), nextCursor: found.nextCursor });
 }
 
 export async function getNotification(db: Db, p: Owner, id: string): Promise<Result<NotificationRow>> {
@@ -116,22 +135,41 @@ export async function revokeNotification(db: Db, p: Owner, id: string): Promise<
 
 export type DeliveryWithAttempts = DeliveryRow & { attemptLog: AttemptRow[] };
 
-/** A notification's deliveries, newest first, each with its attempts in order. */
+// A deliveries cursor also names its notification: it is a position in that one's list only.
+const DeliveryKey = z.tuple([EpochMicros, RowId, RowId]);
+
+/** A page of a notification's deliveries, newest first, each with its attempts in order. */
 export async function listDeliveries(
   db: Db,
   p: Owner,
   id: string,
-  limit = 50,
-): Promise<Result<DeliveryWithAttempts[]>> {
+  page: PageRequest,
+): Promise<Result<Page<DeliveryWithAttempts>>> {
   const found = await getNotification(db, p, id);
   if (!found.ok) return found;
-  const rows = await db
-    .select()
+  const after = await openCursor(page, "notification-deliveries", p.environmentId, DeliveryKey);
+  if (!after.ok) return after;
+  if (after.value && after.value[2] !== id)
+    return fail("invalid_cursor", "cursor: another notification's deliveries, not this one's");
+  const key: CreatedKey | null = after.value && [after.value[0], after.value[1]];
+  const fetched = await db
+    .select({ row: notificationDeliveries, micros: createdMicros(notificationDeliveries.createdAt) })
     .from(notificationDeliveries)
-    .where(eq(notificationDeliveries.notificationId, id))
+    .where(
+      and(
+        eq(notificationDeliveries.notificationId, id),
+        olderThan(notificationDeliveries.createdAt, notificationDeliveries.id, key),
+      ),
+    )
     .orderBy(desc(notificationDeliveries.createdAt), desc(notificationDeliveries.id))
-    .limit(limit);
-  if (rows.length === 0) return ok([]);
+    .limit(page.limit + 1);
+  const sealed = await pageOf(page, "notification-deliveries", p.environmentId, fetched, (r) => [
+    r.micros,
+    r.row.id,
+    id,
+  ]);
+  const rows = sealed.items.map((r) => r.row);
+  if (rows.length === 0) return ok({ items: [], nextCursor: sealed.nextCursor });
   const attempts = await db
     .select()
     .from(notificationAttempts)
@@ -142,7 +180,10 @@ export async function listDeliveries(
       ),
     )
     .orderBy(asc(notificationAttempts.attempt));
-  return ok(rows.map((r) => ({ ...r, attemptLog: attempts.filter((a) => a.deliveryId === r.id) })));
+  return ok({
+    items: rows.map((r) => ({ ...r, attemptLog: attempts.filter((a) => a.deliveryId === r.id) })),
+    nextCursor: sealed.nextCursor,
+  });
 }
 
 // ---- the outbox: written when a run ends, read and updated by its RunNotifier ----

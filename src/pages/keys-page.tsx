@@ -1,5 +1,6 @@
 import { API_KEY_SCOPES, type ApiKeyScope } from "@benchwright/shared/contract/api-key-scope";
 import { Hono } from "hono";
+import { unwrap } from "../errors";
 import * as keys from "../keys/service";
 import type { PageEnv } from "./context";
 import { Flash, Layout, PostForm, readFlash, When } from "./layout";
@@ -106,8 +107,26 @@ function CreateForm(props: { csrf: string }) {
   );
 }
 
+// A page of keys at a time; more than this in one environment is rare.
+const KEYS_PER_PAGE = 100;
+
+/** Links to the first page (when not on it) and the next (when there is one). */
+function Paging(props: { cursor: string | undefined; next: string | null }) {
+  if (!props.cursor && !props.next) return null;
+  return (
+    <p class="muted">
+      {props.cursor ? <a href={`${KEYS_PAGE}#keys`}>First page</a> : null}{" "}
+      {props.next ? (
+        <a href={`${KEYS_PAGE}?cursor=${encodeURIComponent(props.next)}#keys`}>Next page</a>
+      ) : null}
+    </p>
+  );
+}
+
 function KeysPage(props: {
   rows: keys.KeyInfo[];
+  cursor: string | undefined;
+  next: string | null;
   csrf: string;
   scope: ApiKeyScope;
   flash: { ok?: string; error?: string };
@@ -134,6 +153,7 @@ function KeysPage(props: {
           Last use is recorded to the minute.
         </p>
         <KeysTable rows={props.rows} csrf={props.csrf} canWrite={canWrite} />
+        <Paging cursor={props.cursor} next={props.next} />
       </section>
       {canWrite ? (
         <section id="new">
@@ -150,9 +170,25 @@ function KeysPage(props: {
 async function render(c: Ctx, made?: { name: string; key: string }, status: 200 | 201 = 200) {
   const session = c.var.session;
   const flash = made ? {} : await readFlash(session.csrf, (n) => c.req.query(n));
-  const rows = await keys.listKeys(c.var.db, who(c));
+  // A page link this site did not give shows the first page, and says so.
+  const cursor = made ? undefined : c.req.query("cursor") || undefined;
+  const ring = c.var.config.keyRing;
+  const asked = await keys.listKeys(c.var.db, who(c), { limit: KEYS_PER_PAGE, cursor, ring });
+  const page = asked.ok
+    ? asked.value
+    : unwrap(await keys.listKeys(c.var.db, who(c), { limit: KEYS_PER_PAGE, ring }));
   return c.html(
-    <KeysPage rows={rows} csrf={session.csrf} scope={session.scope} flash={flash} made={made} />,
+    <KeysPage
+      rows={page.items}
+      cursor={asked.ok ? cursor : undefined}
+      next={page.nextCursor}
+      csrf={session.csrf}
+      scope={session.scope}
+      flash={
+        asked.ok ? flash : { error: "That page link is not one this site gave: here is the first page." }
+      }
+      made={made}
+    />,
     status,
   );
 }

@@ -1,6 +1,6 @@
 import type { Result } from "../errors";
+import type { Page } from "../lists/cursor";
 import type { BudgetLine, MinuteTokens, ModelCall, ModelUse } from "../runs/model-calls";
-import type { Page } from "../runs/service";
 import { When } from "./layout";
 
 // The run page's model card: the declared model, what its calls spent over the run (against the

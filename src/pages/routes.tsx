@@ -15,6 +15,7 @@ import {
 import type { PageEnv } from "./context";
 import { keysPageRoutes } from "./keys-page";
 import { Layout } from "./layout";
+import { problemPageRoutes } from "./problems";
 import { runPageRoutes } from "./run-pages";
 import { sameOriginForms } from "./same-origin";
 import { vaultPageRoutes } from "./vault/page";
@@ -91,6 +92,7 @@ export const pageRoutes = new Hono<PageEnv>()
   .use("/runs", sameOriginForms)
   .use("/runs/*", sameOriginForms)
   .get("/", (c) => c.redirect("/manage/vault", 303))
+  .route("/", problemPageRoutes)
   .get("/login", (c) => c.html(<LoginPage next={safeNext(c.req.query("next"))} />))
   .post("/login", async (c) => {
     const form = await c.req.parseBody();

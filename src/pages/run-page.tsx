@@ -2,20 +2,13 @@ import { MAX_LINGER_SECONDS, readStoredSpec } from "@benchwright/shared/contract
 import { WiringProof } from "@benchwright/shared/contract/wiring";
 import type { Child } from "hono/jsx";
 import type { Result } from "../errors";
+import type { Page } from "../lists/cursor";
 import type { ArtifactRow } from "../runs/artifacts";
-import type { BlockedRow, RouteRow } from "../runs/audit-log";
 import type { BugReport } from "../runs/bug-reports";
-import type { LimitRefusal, StrayPlaceholder } from "../runs/limit-stray-log";
 import type { Linger } from "../runs/linger";
 import type { ModelCall, ModelUse } from "../runs/model-calls";
-import {
-  isTerminal,
-  type Page,
-  type RunNote,
-  type RunRow,
-  type runSandboxes,
-  type TraceRow,
-} from "../runs/service";
+import type { BlockedRow, LimitRefusal, RouteRow, StrayPlaceholder } from "../runs/run-logs";
+import { isTerminal, type RunNote, type RunRow, type runSandboxes, type TraceRow } from "../runs/service";
 import { Flash, Layout, PostForm, When } from "./layout";
 import { MODEL_CARD_STYLE, ModelCard } from "./model-card";
 import { Artifacts, BugReports } from "./run-artifacts";

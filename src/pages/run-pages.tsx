@@ -1,24 +1,31 @@
 import { MAX_LINGER_SECONDS, RunSpec } from "@benchwright/shared/contract/run-spec";
+import { RUN_STATES, type RunState } from "@benchwright/shared/contract/run-states";
 import { z } from "@hono/zod-openapi";
 import { type Context, Hono } from "hono";
 import { cancelRun, coordinatorStub, launchRun } from "../coordinator/client";
 import { ApiError } from "../errors";
 import { agentCommand, publicUrl } from "../routes/egress-agent";
 import { artifactDownload, listArtifacts } from "../runs/artifacts";
-import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
 import { BENCHMARKS } from "../runs/benchmarks";
 import { BugReportBody, BugReportTitle, createBugReport, listBugReports } from "../runs/bug-reports";
 import { issueEgressToken } from "../runs/egress-token";
 import { checkLinger } from "../runs/launch";
-import { listLimitRefusals, listStrayPlaceholders } from "../runs/limit-stray-log";
 import { lingerOf } from "../runs/linger";
 import { listModelCalls, runModelUse } from "../runs/model-calls";
 import {
+  listEgressRoutes,
+  listLimitRefusals,
+  listRunBlockedHosts,
+  listStrayPlaceholders,
+} from "../runs/run-logs";
+import {
+  benchmarkOf,
   getRun,
   haltedNow,
   isTerminal,
   listRuns,
   type RunRow,
+  type RunsFilter,
   runSandboxes,
   runTrace,
 } from "../runs/service";
@@ -66,25 +73,91 @@ async function ownRunRow(c: Ctx): Promise<RunRow | null> {
   return found.ok ? found.value : null;
 }
 
+/** The runs page's filter as the query string carries it (status, benchmark), kept across pages. */
+interface RunsPageFilter {
+  status?: RunState | undefined;
+  benchmark?: string | undefined;
+}
+
+const filterQuery = (f: RunsPageFilter) => {
+  const q = new URLSearchParams();
+  if (f.status) q.set("status", f.status);
+  if (f.benchmark) q.set("benchmark", f.benchmark);
+  return q;
+};
+
+/** How long a run took (launch to end), or has taken so far: "42 s", "3 min 5 s", "2 h 10 min". */
+function duration(run: Pick<RunRow, "createdAt" | "endedAt">, now: Date): string {
+  const s = Math.max(0, Math.round(((run.endedAt ?? now).getTime() - run.createdAt.getTime()) / 1000));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
+function RunsFilterForm(props: { filter: RunsPageFilter }) {
+  return (
+    <form method="get" action="/runs" class="filter">
+      <label>
+        Status{" "}
+        <select name="status">
+          <option value="">any</option>
+          {RUN_STATES.map((s) => (
+            <option value={s} selected={props.filter.status === s}>
+              {s}
+            </option>
+          ))}
+        </select>
+      </label>{" "}
+      <label>
+        Benchmark{" "}
+        <select name="benchmark">
+          <option value="">any</option>
+          {Object.keys(BENCHMARKS).map((b) => (
+            <option value={b} selected={props.filter.benchmark === b}>
+              {b}
+            </option>
+          ))}
+        </select>
+      </label>{" "}
+      <button type="submit">Filter</button>
+      {props.filter.status || props.filter.benchmark ? (
+        <>
+          {" "}
+          <a href="/runs">All runs</a>
+        </>
+      ) : null}
+    </form>
+  );
+}
+
 function RunsPage(props: {
   runs: RunRow[];
   nextCursor: string | null;
   paged: boolean;
+  filter: RunsPageFilter;
+  now: Date;
   error?: string | undefined;
   csrf: string;
 }) {
+  const filtered = Boolean(props.filter.status || props.filter.benchmark);
+  const first = filterQuery(props.filter).toString();
+  const older = filterQuery(props.filter);
+  if (props.nextCursor) older.set("cursor", props.nextCursor);
   return (
     <Layout title="Runs" csrf={props.csrf}>
       <style>{RUN_PAGE_STYLE}</style>
       <h1>Runs</h1>
       <Flash error={props.error} />
       <LaunchForm csrf={props.csrf} />
+      <RunsFilterForm filter={props.filter} />
       {props.runs.length === 0 ? (
         <p class="empty">
           {props.paged ? (
             <>
-              No more runs. <a href="/runs">Newest runs</a>
+              No more runs. <a href={`/runs${first ? `?${first}` : ""}`}>Newest runs</a>
             </>
+          ) : filtered ? (
+            "No runs match this filter."
           ) : (
             "No runs yet. Launch one above (or with POST /v1/runs); it shows up here."
           )}
@@ -95,11 +168,12 @@ function RunsPage(props: {
             <thead>
               <tr>
                 <th>Run</th>
+                <th style="width:8rem">Benchmark</th>
                 <th style="width:8rem">Status</th>
                 <th>Reason</th>
                 <th style="width:6rem">Routing</th>
                 <th style="width:11rem">Created</th>
-                <th style="width:11rem">Ended</th>
+                <th style="width:7rem">Duration</th>
               </tr>
             </thead>
             <tbody>
@@ -108,6 +182,7 @@ function RunsPage(props: {
                   <td class="mono">
                     <a href={`/runs/${r.id}`}>{r.id}</a>
                   </td>
+                  <td>{benchmarkOf(r) ?? <span class="muted">commands</span>}</td>
                   <td>
                     <StatusPill run={r} />
                   </td>
@@ -119,18 +194,17 @@ function RunsPage(props: {
                   <td>
                     <When at={r.createdAt} />
                   </td>
-                  <td>
-                    <When at={r.endedAt} />
+                  <td title={r.endedAt ? "launch to end" : "so far"}>
+                    {duration(r, props.now)}
+                    {r.endedAt ? null : <span class="muted"> so far</span>}
                   </td>
                 </tr>
               ))}
             </tbody>
           </table>
           <p>
-            {props.paged ? <a href="/runs">← Newest</a> : null}{" "}
-            {props.nextCursor ? (
-              <a href={`/runs?cursor=${encodeURIComponent(props.nextCursor)}`}>Older →</a>
-            ) : null}
+            {props.paged ? <a href={`/runs${first ? `?${first}` : ""}`}>← Newest</a> : null}{" "}
+            {props.nextCursor ? <a href={`/runs?${older}`}>Older →</a> : null}
           </p>
         </section>
       )}
@@ -170,6 +244,7 @@ function LaunchForm(props: { csrf: string }) {
 async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Promise<Response> {
   const { db } = c.var;
   const p = c.var.session.principal;
+  const ring = c.var.config.keyRing;
   const q = {
     blocked: query(c, "blocked"),
     routes: query(c, "routes"),
@@ -192,13 +267,13 @@ async function renderRun(c: Ctx, run: RunRow, egressAgentCommand?: string): Prom
   ] = await Promise.all([
     runTrace(db, run.id),
     runSandboxes(db, run.id),
-    listRunBlockedHosts(db, p, run.id, CARD_ROWS, q.blocked),
-    listEgressRoutes(db, p, run.id, CARD_ROWS, q.routes),
-    listLimitRefusals(db, p, run.id, CARD_ROWS, q.limits),
-    listStrayPlaceholders(db, p, run.id, CARD_ROWS, q.strays),
-    listBugReports(db, p, run.id, REPORTS_PER_PAGE, q.reports),
+    listRunBlockedHosts(db, p, run.id, { limit: CARD_ROWS, cursor: q.blocked, ring }),
+    listEgressRoutes(db, p, run.id, { limit: CARD_ROWS, cursor: q.routes, ring }),
+    listLimitRefusals(db, p, run.id, { limit: CARD_ROWS, cursor: q.limits, ring }),
+    listStrayPlaceholders(db, p, run.id, { limit: CARD_ROWS, cursor: q.strays, ring }),
+    listBugReports(db, p, run.id, { limit: REPORTS_PER_PAGE, cursor: q.reports, ring }),
     runModelUse(db, p, run.id),
-    listModelCalls(db, p, run.id, MODEL_CALLS_SHOWN, undefined),
+    listModelCalls(db, p, run.id, { limit: MODEL_CALLS_SHOWN, ring }),
     listArtifacts(db, p, run.id),
   ]);
   return c.html(
@@ -306,14 +381,27 @@ const query = (c: Ctx, name: string) => {
 export const runPageRoutes = new Hono<PageEnv>()
   .get("/runs", async (c) => {
     const cursor = query(c, "cursor");
-    const page = await listRuns(c.var.db, c.var.session.principal, RUNS_PER_PAGE, cursor);
+    const status = query(c, "status");
+    const filter: RunsPageFilter & RunsFilter = {
+      status: RUN_STATES.find((s) => s === status),
+      benchmark: query(c, "benchmark")?.slice(0, 64),
+    };
+    const page = await listRuns(
+      c.var.db,
+      c.var.session.principal,
+      { limit: RUNS_PER_PAGE, cursor, ring: c.var.config.keyRing },
+      filter,
+    );
     const csrf = c.var.session.csrf;
+    const now = new Date();
     if (!page.ok) {
       return c.html(
         <RunsPage
           runs={[]}
           nextCursor={null}
           paged
+          filter={filter}
+          now={now}
           error="That page link is not one this site gave."
           csrf={csrf}
         />,
@@ -325,6 +413,8 @@ export const runPageRoutes = new Hono<PageEnv>()
         runs={page.value.items}
         nextCursor={page.value.nextCursor}
         paged={cursor !== undefined}
+        filter={filter}
+        now={now}
         error={(await readFlash(csrf, (k) => query(c, k))).error}
         csrf={csrf}
       />,

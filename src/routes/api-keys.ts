@@ -4,7 +4,7 @@ import { unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";
 import { DURATION_PATTERN } from "../keys/expiry";
 import * as keys from "../keys/service";
-import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, NextCursor, newRouter, PageQuery, problems } from "../router";
 
 // Self-served API keys (case K3). The key is in POST's answer and nowhere else: not in the list,
 // not in a log, not in a replay (the idempotency store keeps the answer without it, case L5).
@@ -100,11 +100,16 @@ export const apiKeysRoutes = newRouter()
       tags,
       operationId: "listApiKeys",
       summary: "This environment's API keys, newest first (never the keys or their hashes)",
-      responses: { 200: jsonOk(z.object({ apiKeys: z.array(ApiKey) }).strict()), ...problems(401) },
+      request: { query: PageQuery.strict() },
+      responses: {
+        200: jsonOk(z.object({ apiKeys: z.array(ApiKey), nextCursor: NextCursor }).strict()),
+        ...problems(400, 401),
+      },
     }),
     async (c) => {
-      const rows = await keys.listKeys(c.var.db, c.var.principal);
-      return c.json({ apiKeys: rows.map(view) }, 200);
+      const ring = c.var.config.keyRing;
+      const page = unwrap(await keys.listKeys(c.var.db, c.var.principal, { ...c.req.valid("query"), ring }));
+      return c.json({ apiKeys: page.items.map(view), nextCursor: page.nextCursor }, 200);
     },
   )
   .openapi(

@@ -1,7 +1,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
-import { jsonOk, NextCursor, newRouter, problems } from "../router";
-import { listBlockedHosts, MAX_LIMIT, RUNS_PER_HOST } from "../runs/audit-log";
+import { jsonOk, NextCursor, newRouter, PageQuery, problems } from "../router";
+import { listBlockedHosts, RUNS_PER_HOST } from "../runs/audit-log";
 
 // Blocked hosts across the caller's environment (every run of it), most recently seen first.
 // Hosts and counts only, as the proxies reported them.
@@ -25,22 +25,14 @@ const AccountBlockedHost = z
   .strict()
   .openapi("AccountBlockedHost");
 
-const Query = z
-  .object({
-    limit: z.coerce.number().int().min(1).max(MAX_LIMIT).default(50),
-    cursor: z
-      .string()
-      .max(1024)
-      .optional()
-      .openapi({ description: "nextCursor of the previous page; opaque" }),
-    runId: z
-      .string()
-      .max(64)
-      .optional()
-      .openapi({ description: "Only hosts this run saw (the counts stay environment-wide)" }),
-    source: Source.optional().openapi({ description: "Only hosts with this (aggregated) source" }),
-  })
-  .strict();
+const Query = PageQuery.extend({
+  runId: z
+    .string()
+    .max(64)
+    .optional()
+    .openapi({ description: "Only hosts this run saw (the counts stay environment-wide)" }),
+  source: Source.optional().openapi({ description: "Only hosts with this (aggregated) source" }),
+}).strict();
 
 export const blockedHostsRoutes = newRouter().openapi(
   createRoute({
@@ -61,7 +53,12 @@ export const blockedHostsRoutes = newRouter().openapi(
     },
   }),
   async (c) => {
-    const page = unwrap(await listBlockedHosts(c.var.db, c.var.principal, c.req.valid("query")));
+    const page = unwrap(
+      await listBlockedHosts(c.var.db, c.var.principal, {
+        ...c.req.valid("query"),
+        ring: c.var.config.keyRing,
+      }),
+    );
     return c.json(
       {
         blockedHosts: page.items.map((h) => ({

@@ -1,6 +1,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
-import { IdParam, jsonBody, jsonOk, NextCursor, newRouter, problems } from "../router";
+import { IdParam, jsonBody, jsonOk, NextCursor, newRouter, PageQuery, problems } from "../router";
 import * as reports from "../runs/bug-reports";
 
 // Bug reports on a run: stored in the run's trace (see src/runs/bug-reports.ts), so the run's
@@ -26,12 +26,7 @@ const BugReport = BugReportCreated.extend({
   .strict()
   .openapi("BugReport");
 
-const PageQuery = z
-  .object({
-    limit: z.coerce.number().int().min(1).max(100).default(20),
-    cursor: z.string().max(64).optional().openapi({ description: "nextCursor of the previous page; opaque" }),
-  })
-  .strict();
+const query = PageQuery.strict();
 
 const toJson = (r: reports.BugReport): z.infer<typeof BugReport> => ({
   id: r.id,
@@ -67,7 +62,7 @@ export const bugReportsRoutes = newRouter()
       tags,
       operationId: "listRunBugReports",
       summary: "A run's bug reports, newest first",
-      request: { params: IdParam("run_"), query: PageQuery },
+      request: { params: IdParam("run_"), query },
       responses: {
         200: jsonOk(
           z.object({
@@ -79,9 +74,11 @@ export const bugReportsRoutes = newRouter()
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
       const page = unwrap(
-        await reports.listBugReports(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+        await reports.listBugReports(c.var.db, c.var.principal, c.req.valid("param").id, {
+          ...c.req.valid("query"),
+          ring: c.var.config.keyRing,
+        }),
       );
       return c.json({ bugReports: page.items.map(toJson), nextCursor: page.nextCursor }, 200);
     },

@@ -7,7 +7,7 @@ import { shownOnce } from "../idempotency/withheld";
 import { ATTEMPT_TIMEOUT_MS, MAX_ATTEMPTS, RETRY_SCHEDULE_MS } from "../notifications/delivery";
 import * as notify from "../notifications/service";
 import { checkTarget } from "../notifications/target";
-import { IdParam, iso, jsonBody, jsonOk, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, NextCursor, newRouter, PageQuery, problems } from "../router";
 
 // Run-end notifications: a user registers an https URL and is sent a Standard Webhooks-signed
 // POST each time a run of their environment ends (src/notifications). Environment-scoped like
@@ -144,11 +144,18 @@ export const notificationsRoutes = newRouter()
       operationId: "listNotifications",
       tags,
       summary: "List notification URLs, newest first (never their secrets)",
-      responses: { 200: jsonOk(z.object({ notifications: z.array(Notification) })), ...problems(401) },
+      request: { query: PageQuery.strict() },
+      responses: {
+        200: jsonOk(z.object({ notifications: z.array(Notification), nextCursor: NextCursor })),
+        ...problems(400, 401),
+      },
     }),
     async (c) => {
-      const rows = await notify.listNotifications(c.var.db, c.var.principal);
-      return c.json({ notifications: rows.map(view) }, 200);
+      const ring = c.var.config.keyRing;
+      const page = unwrap(
+        await notify.listNotifications(c.var.db, c.var.principal, { ...c.req.valid("query"), ring }),
+      );
+      return c.json({ notifications: page.items.map(view), nextCursor: page.nextCursor }, 200);
     },
   )
   .openapi(
@@ -187,12 +194,20 @@ export const notificationsRoutes = newRouter()
       path: "/notifications/{id}/deliveries",
       operationId: "listNotificationDeliveries",
       tags,
-      summary: "The latest 50 deliveries to a notification URL, newest first, each with every attempt",
-      request: { params },
-      responses: { 200: jsonOk(z.object({ deliveries: z.array(Delivery) })), ...problems(401, 404) },
+      summary: "The deliveries to a notification URL, newest first, each with every attempt",
+      request: { params, query: PageQuery.strict() },
+      responses: {
+        200: jsonOk(z.object({ deliveries: z.array(Delivery), nextCursor: NextCursor })),
+        ...problems(400, 401, 404),
+      },
     }),
     async (c) => {
-      const rows = unwrap(await notify.listDeliveries(c.var.db, c.var.principal, c.req.valid("param").id));
-      return c.json({ deliveries: rows.map(deliveryView) }, 200);
+      const page = unwrap(
+        await notify.listDeliveries(c.var.db, c.var.principal, c.req.valid("param").id, {
+          ...c.req.valid("query"),
+          ring: c.var.config.keyRing,
+        }),
+      );
+      return c.json({ deliveries: page.items.map(deliveryView), nextCursor: page.nextCursor }, 200);
     },
   );

@@ -2,10 +2,14 @@ import { LIMIT_KINDS } from "@benchwright/shared/contract/http-limits";
 import { MODEL_ENDPOINTS } from "@benchwright/shared/contract/model-lane";
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
-import { IdParam, jsonOk, NextCursor, newRouter, problems } from "../router";
-import { listEgressRoutes, listRunBlockedHosts } from "../runs/audit-log";
-import { listLimitRefusals, listStrayPlaceholders } from "../runs/limit-stray-log";
+import { IdParam, jsonOk, NextCursor, newRouter, PageQuery, problems } from "../router";
 import { listModelCalls, MINUTES_SHOWN, runModelUse } from "../runs/model-calls";
+import {
+  listEgressRoutes,
+  listLimitRefusals,
+  listRunBlockedHosts,
+  listStrayPlaceholders,
+} from "../runs/run-logs";
 
 // A run's audit, as its proxy reported it: hosts refused (with counts), the route each host
 // was reached by, requests refused for a method or path limit, placeholders sent toward another
@@ -134,16 +138,7 @@ const MinuteTokens = z
   .strict()
   .openapi("MinuteTokens");
 
-const PageQuery = z
-  .object({
-    limit: z.coerce.number().int().min(1).max(200).default(50),
-    cursor: z
-      .string()
-      .max(1024)
-      .optional()
-      .openapi({ description: "nextCursor of the previous page; opaque" }),
-  })
-  .strict();
+const query = PageQuery.strict();
 
 // ---- routes ----
 
@@ -158,27 +153,27 @@ export const runAuditRoutes = newRouter()
       tags,
       operationId: "listRunBlockedHosts",
       summary: "Hosts the run's boundary refused, with counts (most recently seen first)",
-      request: { params, query: PageQuery },
+      request: { params, query },
       responses: {
         200: jsonOk(z.object({ blockedHosts: z.array(BlockedHost), nextCursor: NextCursor })),
         ...problems(400, 401, 404),
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
-      const page = unwrap(
-        await listRunBlockedHosts(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+      const page = { ...c.req.valid("query"), ring: c.var.config.keyRing };
+      const found = unwrap(
+        await listRunBlockedHosts(c.var.db, c.var.principal, c.req.valid("param").id, page),
       );
       return c.json(
         {
-          blockedHosts: page.items.map((r) => ({
+          blockedHosts: found.items.map((r) => ({
             host: r.host,
             seenCount: r.seenCount,
             firstSeen: r.firstSeen.toISOString(),
             lastSeen: r.lastSeen.toISOString(),
             source: r.source,
           })),
-          nextCursor: page.nextCursor,
+          nextCursor: found.nextCursor,
         },
         200,
       );
@@ -191,27 +186,25 @@ export const runAuditRoutes = newRouter()
       tags,
       operationId: "listRunEgressRoutes",
       summary: "Hosts the run reached and by which route (direct, tunnel, refused), with counts",
-      request: { params, query: PageQuery },
+      request: { params, query },
       responses: {
         200: jsonOk(z.object({ egressRoutes: z.array(EgressRouteEntry), nextCursor: NextCursor })),
         ...problems(400, 401, 404),
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
-      const page = unwrap(
-        await listEgressRoutes(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
-      );
+      const page = { ...c.req.valid("query"), ring: c.var.config.keyRing };
+      const found = unwrap(await listEgressRoutes(c.var.db, c.var.principal, c.req.valid("param").id, page));
       return c.json(
         {
-          egressRoutes: page.items.map((r) => ({
+          egressRoutes: found.items.map((r) => ({
             host: r.host,
             route: r.route,
             count: r.count,
             firstSeen: r.firstSeen.toISOString(),
             lastSeen: r.lastSeen.toISOString(),
           })),
-          nextCursor: page.nextCursor,
+          nextCursor: found.nextCursor,
         },
         200,
       );
@@ -225,20 +218,18 @@ export const runAuditRoutes = newRouter()
       operationId: "listRunLimitRefusals",
       summary:
         "Requests the run's proxy refused for a method or path limit, per host, method and limit, with counts (most recently seen first); never the path",
-      request: { params, query: PageQuery },
+      request: { params, query },
       responses: {
         200: jsonOk(z.object({ limitRefusals: z.array(LimitRefusal), nextCursor: NextCursor })),
         ...problems(400, 401, 404),
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
-      const page = unwrap(
-        await listLimitRefusals(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
-      );
+      const page = { ...c.req.valid("query"), ring: c.var.config.keyRing };
+      const found = unwrap(await listLimitRefusals(c.var.db, c.var.principal, c.req.valid("param").id, page));
       return c.json(
         {
-          limitRefusals: page.items.map((r) => ({
+          limitRefusals: found.items.map((r) => ({
             host: r.host,
             method: r.method,
             limit: r.limit,
@@ -246,7 +237,7 @@ export const runAuditRoutes = newRouter()
             firstSeen: r.firstSeen.toISOString(),
             lastSeen: r.lastSeen.toISOString(),
           })),
-          nextCursor: page.nextCursor,
+          nextCursor: found.nextCursor,
         },
         200,
       );
@@ -260,27 +251,27 @@ export const runAuditRoutes = newRouter()
       operationId: "listRunStrayPlaceholders",
       summary:
         "Placeholders sent toward a host other than their rule's, per host and secret name, with counts (most recently seen first): they went out unswapped, so that host saw only the placeholder, never the secret",
-      request: { params, query: PageQuery },
+      request: { params, query },
       responses: {
         200: jsonOk(z.object({ strayPlaceholders: z.array(StrayPlaceholder), nextCursor: NextCursor })),
         ...problems(400, 401, 404),
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
-      const page = unwrap(
-        await listStrayPlaceholders(c.var.db, c.var.principal, c.req.valid("param").id, limit, cursor),
+      const page = { ...c.req.valid("query"), ring: c.var.config.keyRing };
+      const found = unwrap(
+        await listStrayPlaceholders(c.var.db, c.var.principal, c.req.valid("param").id, page),
       );
       return c.json(
         {
-          strayPlaceholders: page.items.map((r) => ({
+          strayPlaceholders: found.items.map((r) => ({
             host: r.host,
             secret: r.secret,
             count: r.count,
             firstSeen: r.firstSeen.toISOString(),
             lastSeen: r.lastSeen.toISOString(),
           })),
-          nextCursor: page.nextCursor,
+          nextCursor: found.nextCursor,
         },
         200,
       );
@@ -294,7 +285,7 @@ export const runAuditRoutes = newRouter()
       operationId: "listRunModelCalls",
       summary:
         "The run's declared model, its calls through the model lane (newest first), totals, spend against its modelBudget and tokens per minute; never prompts or outputs",
-      request: { params, query: PageQuery },
+      request: { params, query },
       responses: {
         200: jsonOk(
           z.object({
@@ -318,19 +309,19 @@ export const runAuditRoutes = newRouter()
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
+      const page = { ...c.req.valid("query"), ring: c.var.config.keyRing };
       const { db, principal } = c.var;
       const use = unwrap(await runModelUse(db, principal, c.req.valid("param").id));
-      const page = unwrap(await listModelCalls(db, principal, c.req.valid("param").id, limit, cursor));
+      const found = unwrap(await listModelCalls(db, principal, c.req.valid("param").id, page));
       return c.json(
         {
           model: use.model,
-          calls: page.items.map((r) => ({ ...r, at: r.at.toISOString() })),
+          calls: found.items.map((r) => ({ ...r, at: r.at.toISOString() })),
           totals: use.totals,
           budget: use.budget,
           tokensPerMinute: use.perMinute.map((m) => ({ ...m, minute: m.minute.toISOString() })),
           lastReportedAt: use.lastReportedAt?.toISOString() ?? null,
-          nextCursor: page.nextCursor,
+          nextCursor: found.nextCursor,
         },
         200,
       );

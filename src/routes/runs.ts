@@ -8,7 +8,7 @@ import { cancelRun, coordinatorStub, launchRun } from "../coordinator/client";
 import { RUN_STATES } from "../db/schema";
 import { ApiError, unwrap } from "../errors";
 import { shownOnce } from "../idempotency/withheld";
-import { IdParam, iso, jsonBody, jsonOk, NextCursor, newRouter, problems } from "../router";
+import { IdParam, iso, jsonBody, jsonOk, NextCursor, newRouter, PageQuery, problems } from "../router";
 import { issueEgressToken } from "../runs/egress-token";
 import { checkLinger } from "../runs/launch";
 import { Linger, lingerOf } from "../runs/linger";
@@ -51,6 +51,10 @@ const RunSummary = z
     reasonDetail: z.string().nullable(),
     routing: RoutingMode.nullable(),
     backend: z.string(),
+    benchmark: z
+      .string()
+      .nullable()
+      .openapi({ description: "The built-in benchmark it ran; null: commands" }),
     createdAt: z.string().datetime(),
     startedAt: z.string().datetime().nullable(),
     endedAt: z.string().datetime().nullable(),
@@ -76,6 +80,7 @@ const summary = (r: runs.RunRow): z.infer<typeof RunSummary> => ({
   reasonDetail: r.reasonDetail,
   routing: r.routing,
   backend: r.backend,
+  benchmark: runs.benchmarkOf(r),
   createdAt: r.createdAt.toISOString(),
   startedAt: iso(r.startedAt),
   endedAt: iso(r.endedAt),
@@ -164,12 +169,24 @@ export const runsRoutes = newRouter()
       path: "/runs",
       tags,
       operationId: "listRuns",
-      summary: "List runs, newest first",
+      summary: "List runs, newest first; filter by status, benchmark and launch time",
       request: {
-        query: z.object({
-          limit: z.coerce.number().int().min(1).max(100).default(20),
-          cursor: z.string().max(200).optional(),
-        }),
+        query: PageQuery.extend({
+          status: z.enum(RUN_STATES).optional().openapi({ description: "Only runs in this state" }),
+          benchmark: z
+            .string()
+            .max(64)
+            .optional()
+            .openapi({ description: "Only runs of this built-in benchmark" }),
+          since: z.iso
+            .datetime({ offset: true })
+            .optional()
+            .openapi({ description: "Only runs launched at or after this time" }),
+          until: z.iso
+            .datetime({ offset: true })
+            .optional()
+            .openapi({ description: "Only runs launched before this time" }),
+        }).strict(),
       },
       responses: {
         200: jsonOk(z.object({ runs: z.array(RunSummary), nextCursor: NextCursor })),
@@ -177,8 +194,19 @@ export const runsRoutes = newRouter()
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
-      const page = unwrap(await runs.listRuns(c.var.db, c.var.principal, limit, cursor));
+      const { limit, cursor, since, until, ...filter } = c.req.valid("query");
+      const page = unwrap(
+        await runs.listRuns(
+          c.var.db,
+          c.var.principal,
+          { limit, cursor, ring: c.var.config.keyRing },
+          {
+            ...filter,
+            since: since ? new Date(since) : undefined,
+            until: until ? new Date(until) : undefined,
+          },
+        ),
+      );
       return c.json({ runs: page.items.map(summary), nextCursor: page.nextCursor }, 200);
     },
   )

@@ -1,8 +1,8 @@
 import { SetupImageItem, SetupImageKey } from "@benchwright/shared/contract/setup-image";
 import { createRoute, z } from "@hono/zod-openapi";
 import { unwrap } from "../errors";
-import { iso, jsonOk, NextCursor, newRouter, problems } from "../router";
-import { dropSetupImage, listSetupImages, MAX_LIMIT, type SetupImageRow } from "../setup-images/list";
+import { iso, jsonOk, NextCursor, newRouter, PageQuery, problems } from "../router";
+import { dropSetupImage, listSetupImages, type SetupImageRow } from "../setup-images/list";
 
 // An environment's setup images (shared/contract/setup-image.ts): what its runs' setup left
 // behind, kept per key so that later sandboxes with the same key skip setup. Only the platform
@@ -23,16 +23,7 @@ const view = (r: SetupImageRow): SetupImageItem => ({
   resources: r.inputs.resources,
 });
 
-const Query = z
-  .object({
-    limit: z.coerce.number().int().min(1).max(MAX_LIMIT).default(50),
-    cursor: z
-      .string()
-      .max(1024)
-      .optional()
-      .openapi({ description: "nextCursor of the previous page; opaque" }),
-  })
-  .strict();
+const Query = PageQuery.strict();
 
 const tags = ["setup images"];
 
@@ -53,8 +44,12 @@ export const setupImagesRoutes = newRouter()
       },
     }),
     async (c) => {
-      const { limit, cursor } = c.req.valid("query");
-      const page = unwrap(await listSetupImages(c.var.db, c.var.principal, limit, cursor));
+      const page = unwrap(
+        await listSetupImages(c.var.db, c.var.principal, {
+          ...c.req.valid("query"),
+          ring: c.var.config.keyRing,
+        }),
+      );
       return c.json({ setupImages: page.items.map(view), nextCursor: page.nextCursor }, 200);
     },
   )

@@ -1,119 +1,15 @@
-import { and, asc, desc, eq, gt, gte, inArray, lt, or, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gte, inArray, sql } from "drizzle-orm";
 import { z } from "zod";
 import type { Owner } from "../auth/owner";
-import { blockedHostLog, egressRouteLog, runs } from "../db/schema";
+import { blockedHostLog, runs } from "../db/schema";
 import type { Db } from "../db/types";
-import { fail, ok, type Result } from "../errors";
-import { badCursor, decodeCursor, encodeCursor } from "./cursor";
-import { ownRun, type Page } from "./service";
+import { ok, type Result } from "../errors";
+import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
+import { ownRun } from "./service";
 
-// The reads of what runs' proxies reported about hosts (blocked_host_log, egress_route_log), one
-// function a read: a run's refused hosts and its routes (GET /v1/runs/{id}/blocked-hosts and
-// /egress-routes, the run page), and the blocked hosts across the environment with their
-// refusals per day (GET /v1/blocked-hosts, the vault page). The model lane's calls are read in
-// model-calls.ts. Scoped by the caller's environment: another tenant's run is 404.
-
-// ---- one run's ----
-
-export type BlockedRow = typeof blockedHostLog.$inferSelect;
-export type RouteRow = typeof egressRouteLog.$inferSelect;
-
-/** Keyset position of a run's pages: the last item's (lastSeen, host[, route]); newest first. */
-interface Position {
-  lastSeen: Date;
-  host: string;
-  route?: RouteRow["route"] | undefined;
-}
-
-// Timestamps are written from JS Dates only (milliseconds), so an ISO string keeps them exactly.
-const RunCursorShape = z.union([
-  z.tuple([z.iso.datetime(), z.string().max(1024)]),
-  z.tuple([z.iso.datetime(), z.string().max(1024), z.enum(["direct", "tunnel", "refused"])]),
-]);
-
-const encodePosition = (p: Position) =>
-  encodeCursor([p.lastSeen.toISOString(), p.host, ...(p.route ? [p.route] : [])]);
-
-function decodePosition(cursor: string, withRoute: boolean): Position | null {
-  const parsed = decodeCursor(cursor, RunCursorShape);
-  if (!parsed || parsed.length !== (withRoute ? 3 : 2)) return null;
-  const [at, host, route] = parsed;
-  return { lastSeen: new Date(at), host, route };
-}
-
-/** A page of the hosts the run's boundary refused, newest first. */
-export async function listRunBlockedHosts(
-  db: Db,
-  p: Owner,
-  runId: string,
-  limit: number,
-  cursor: string | undefined,
-): Promise<Result<Page<BlockedRow>>> {
-  const run = await ownRun(db, p, runId);
-  if (!run.ok) return run;
-  const at = cursor === undefined ? null : decodePosition(cursor, false);
-  if (cursor !== undefined && !at) return badCursor();
-  const rows = await db
-    .select()
-    .from(blockedHostLog)
-    .where(
-      and(
-        eq(blockedHostLog.runId, run.value),
-        eq(blockedHostLog.environmentId, p.environmentId),
-        at
-          ? or(
-              lt(blockedHostLog.lastSeen, at.lastSeen),
-              and(eq(blockedHostLog.lastSeen, at.lastSeen), gt(blockedHostLog.host, at.host)),
-            )
-          : undefined,
-      ),
-    )
-    .orderBy(desc(blockedHostLog.lastSeen), asc(blockedHostLog.host))
-    .limit(limit + 1);
-  const items = rows.slice(0, limit);
-  const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodePosition(last) : null });
-}
-
-/** A page of the hosts the run reached and by which route, newest first. */
-export async function listEgressRoutes(
-  db: Db,
-  p: Owner,
-  runId: string,
-  limit: number,
-  cursor: string | undefined,
-): Promise<Result<Page<RouteRow>>> {
-  const run = await ownRun(db, p, runId);
-  if (!run.ok) return run;
-  const at = cursor === undefined ? null : decodePosition(cursor, true);
-  if (cursor !== undefined && !at) return badCursor();
-  const rows = await db
-    .select()
-    .from(egressRouteLog)
-    .where(
-      and(
-        eq(egressRouteLog.runId, run.value),
-        eq(egressRouteLog.environmentId, p.environmentId),
-        at?.route
-          ? or(
-              lt(egressRouteLog.lastSeen, at.lastSeen),
-              and(
-                eq(egressRouteLog.lastSeen, at.lastSeen),
-                or(
-                  gt(egressRouteLog.host, at.host),
-                  and(eq(egressRouteLog.host, at.host), gt(egressRouteLog.route, at.route)),
-                ),
-              ),
-            )
-          : undefined,
-      ),
-    )
-    .orderBy(desc(egressRouteLog.lastSeen), asc(egressRouteLog.host), asc(egressRouteLog.route))
-    .limit(limit + 1);
-  const items = rows.slice(0, limit);
-  const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodePosition(last) : null });
-}
+// The blocked hosts across the environment's runs with their refusals per day (GET
+// /v1/blocked-hosts, the vault page). One run's tallies are read in run-logs.ts, the model
+// lane's calls in model-calls.ts. Scoped by the caller's environment: another tenant's run is 404.
 
 // ---- across the environment's runs ----
 
@@ -137,18 +33,13 @@ export interface AccountBlockedHost {
   runCount: number;
 }
 
-export interface BlockedHostsQuery {
-  /** 1..MAX_LIMIT. */
-  limit: number;
-  /** nextCursor of the previous page. */
-  cursor?: string | undefined;
+export interface BlockedHostsQuery extends PageRequest {
   /** Only hosts this run (of the caller's environment) saw. */
   runId?: string | undefined;
   /** Only hosts whose aggregated source is this. */
   source?: BlockedSource | undefined;
 }
 
-export const MAX_LIMIT = 100;
 export const RUNS_PER_HOST = 10;
 
 // The keyset position is the last row's (lastSeen, host). Audit times are written from JS Dates
@@ -160,13 +51,10 @@ export async function listBlockedHosts(
   p: Owner,
   query: BlockedHostsQuery,
 ): Promise<Result<Page<AccountBlockedHost>>> {
-  const { limit, cursor, runId, source } = query;
-  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) {
-    return fail("invalid_request", `limit: from 1 to ${MAX_LIMIT}`);
-  }
-  const parsed = cursor === undefined ? null : decodeCursor(cursor, AccountCursorShape);
-  if (cursor !== undefined && !parsed) return badCursor();
-  const at = parsed ? { lastSeen: parsed[0], host: parsed[1] } : null;
+  const { limit, runId, source } = query;
+  const parsed = await openCursor(query, "blocked-hosts", p.environmentId, AccountCursorShape);
+  if (!parsed.ok) return parsed;
+  const at = parsed.value ? { lastSeen: parsed.value[0], host: parsed.value[1] } : null;
   if (runId !== undefined) {
     const run = await ownRun(db, p, runId);
     if (!run.ok) return run;
@@ -215,12 +103,9 @@ export async function listBlockedHosts(
     )
     .orderBy(desc(lastSeen), asc(log.host))
     .limit(limit + 1);
-  const items = rows.slice(0, limit);
-  const last = items.at(-1);
-  return ok({
-    items,
-    nextCursor: rows.length > limit && last ? encodeCursor([last.lastSeen.toISOString(), last.host]) : null,
-  });
+  return ok(
+    await pageOf(query, "blocked-hosts", p.environmentId, rows, (r) => [r.lastSeen.toISOString(), r.host]),
+  );
 }
 
 export interface BlockedDay {

@@ -6,8 +6,9 @@ import { randomId } from "../crypto/api-keys";
 import { runEvents } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
+import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
 import { lockTrace } from "./events";
-import { ownRun, type Page } from "./service";
+import { ownRun } from "./service";
 
 // Bug reports on a run. Each is a row of the run's trace (kind "bug_report", key `bug:<id>`), so
 // the owner sees it in the run as it happened, between the transitions around it. Scoped by the
@@ -48,6 +49,8 @@ export interface BugReport extends StoredBugReport {
 }
 
 const keyOf = (id: string) => `bug:${id}`;
+// A page's position: the last report's id, resolved within the run.
+const CursorShape = z.tuple([z.string().min(1).max(64)]);
 
 /** Files a report on one of the caller's runs; a run that has ended takes reports too. */
 export async function createBugReport(
@@ -78,30 +81,33 @@ export async function listBugReports(
   db: Db,
   p: Owner,
   runId: string,
-  limit: number,
-  cursor: string | undefined,
+  page: PageRequest,
 ): Promise<Result<Page<BugReport>>> {
   const run = await ownRun(db, p, runId);
   if (!run.ok) return run;
   const ofRun = and(eq(runEvents.runId, run.value), eq(runEvents.kind, "bug_report"));
+  const at = await openCursor(page, "run-bug-reports", p.environmentId, CursorShape);
+  if (!at.ok) return at;
   let before: number | undefined;
-  if (cursor !== undefined) {
-    const [at] = await db
+  if (at.value) {
+    const [found] = await db
       .select({ id: runEvents.id })
       .from(runEvents)
-      .where(and(ofRun, eq(runEvents.key, keyOf(cursor))));
-    if (!at) return fail("invalid_request", "cursor: not a cursor this API gave for this run");
-    before = at.id;
+      .where(and(ofRun, eq(runEvents.key, keyOf(at.value[0]))));
+    // Sealed for this environment, but another run's report: not a position in this list.
+    if (!found) return fail("invalid_cursor", "cursor: a cursor of another run's reports");
+    before = found.id;
   }
   const rows = await db
     .select({ id: runEvents.id, detail: runEvents.detail, at: runEvents.at })
     .from(runEvents)
     .where(and(ofRun, before === undefined ? undefined : lt(runEvents.id, before)))
     .orderBy(desc(runEvents.id))
-    .limit(limit + 1);
-  const items = rows
-    .slice(0, limit)
-    .map((r) => ({ ...StoredBugReport.parse(r.detail), runId: run.value, createdAt: r.at }));
-  const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? last.id : null });
+    .limit(page.limit + 1);
+  const reports = rows.map((r) => ({
+    ...StoredBugReport.parse(r.detail),
+    runId: run.value,
+    createdAt: r.at,
+  }));
+  return ok(await pageOf(page, "run-bug-reports", p.environmentId, reports, (r) => [r.id]));
 }

@@ -5,8 +5,7 @@ import type { Owner } from "../auth/owner";
 import { auditBatches, modelCallLog, runEvents, runs } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { badCursor, decodeCursor, encodeCursor } from "./cursor";
-import type { Page } from "./service";
+import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
 
 // The model lane's calls of a run, as its proxy reported them: which model and provider, status,
 // token counts, time and whether the lane refused the call itself (its budget spent); the totals
@@ -211,11 +210,11 @@ export async function listModelCalls(
   db: Db,
   p: Owner,
   runId: string,
-  limit: number,
-  cursor: string | undefined,
+  page: PageRequest,
 ): Promise<Result<Page<ModelCall>>> {
-  const at = cursor === undefined ? null : decodeCursor(cursor, CursorShape);
-  if (cursor !== undefined && !at) return badCursor();
+  const position = await openCursor(page, "run-model-calls", p.environmentId, CursorShape);
+  if (!position.ok) return position;
+  const at = position.value;
   const rows = await db
     .select(callColumns)
     .from(modelCallLog)
@@ -232,11 +231,8 @@ export async function listModelCalls(
       ),
     )
     .orderBy(desc(modelCallLog.at), asc(modelCallLog.callId))
-    .limit(limit + 1);
-  const items = rows.slice(0, limit);
-  const last = items.at(-1);
-  return ok({
-    items,
-    nextCursor: rows.length > limit && last ? encodeCursor([last.at.toISOString(), last.callId]) : null,
-  });
+    .limit(page.limit + 1);
+  return ok(
+    await pageOf(page, "run-model-calls", p.environmentId, rows, (r) => [r.at.toISOString(), r.callId]),
+  );
 }

@@ -1,12 +1,14 @@
 import type { RunSpec } from "@benchwright/shared/contract/run-spec";
-import { isTerminal } from "@benchwright/shared/contract/run-states";
-import { and, asc, desc, eq, lt, or, sql } from "drizzle-orm";
+import { isTerminal, type RunState } from "@benchwright/shared/contract/run-states";
+import { and, asc, desc, eq, gte, lt, sql } from "drizzle-orm";
 import type { Owner } from "../auth/owner";
 import { randomId } from "../crypto/api-keys";
 import { runEvents, runs, sandboxes } from "../db/schema";
 import type { Db, Q } from "../db/types";
 import { ApiError, fail, ok, type Result } from "../errors";
 import { admitRun } from "../limits/active-runs";
+import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
+import { CreatedKey, createdMicros, olderThan } from "../lists/newest-first";
 import { enqueueRunEnded } from "../notifications/service";
 import { modelLane } from "../vault/models";
 import { lockTrace } from "./events";
@@ -120,47 +122,50 @@ export async function ownRun(db: Db, p: Owner, runId: string): Promise<Result<st
   return row ? ok(row.id) : fail("not_found", `No run ${runId}.`);
 }
 
-export interface Page<T> {
-  items: T[];
-  nextCursor: string | null;
+/** Which runs a list shows; every filter is optional and they combine (all must hold). */
+export interface RunsFilter {
+  status?: RunState | undefined;
+  /** The built-in benchmark the run ran (runs of commands have none). */
+  benchmark?: string | undefined;
+  /** Launched at or after. */
+  since?: Date | undefined;
+  /** Launched before. */
+  until?: Date | undefined;
 }
 
-// The cursor is the last item's (createdAt, id), so pages stay stable while runs are added.
-const encodeCursor = (row: RunRow) => btoa(`${row.createdAt.toISOString()}|${row.id}`);
-function decodeCursor(cursor: string): { at: Date; id: string } | null {
-  try {
-    const [at, id] = atob(cursor).split("|");
-    const date = new Date(at ?? "");
-    return id && !Number.isNaN(date.getTime()) ? { at: date, id } : null;
-  } catch {
-    return null;
-  }
+/** The built-in benchmark a run ran (the filter's `spec->>'benchmark'`), or null for commands. */
+export function benchmarkOf(row: RunRow): string | null {
+  const name = (row.spec as { readonly [key: string]: unknown }).benchmark;
+  return typeof name === "string" ? name : null;
 }
 
+/** A page of the environment's runs, newest first, as the filter picks them. */
 export async function listRuns(
   db: Db,
   p: Owner,
-  limit: number,
-  cursor: string | undefined,
+  page: PageRequest,
+  filter: RunsFilter = {},
 ): Promise<Result<Page<RunRow>>> {
-  const after = cursor === undefined ? null : decodeCursor(cursor);
-  if (cursor !== undefined && !after) return fail("invalid_request", "cursor: not a cursor this API gave");
+  // The last item's (createdAt, id): pages stay stable while runs are added.
+  const after = await openCursor(page, "runs", p.environmentId, CreatedKey);
+  if (!after.ok) return after;
   const rows = await db
-    .select()
+    .select({ run: runs, micros: createdMicros(runs.createdAt) })
     .from(runs)
     .where(
       and(
         eq(runs.environmentId, p.environmentId),
-        after
-          ? or(lt(runs.createdAt, after.at), and(eq(runs.createdAt, after.at), lt(runs.id, after.id)))
-          : undefined,
+        filter.status === undefined ? undefined : eq(runs.status, filter.status),
+        filter.benchmark === undefined ? undefined : sql`${runs.spec}->>'benchmark' = ${filter.benchmark}`,
+        filter.since === undefined ? undefined : gte(runs.createdAt, filter.since),
+        filter.until === undefined ? undefined : lt(runs.createdAt, filter.until),
+        olderThan(runs.createdAt, runs.id, after.value),
       ),
     )
     .orderBy(desc(runs.createdAt), desc(runs.id))
-    .limit(limit + 1);
-  const items = rows.slice(0, limit);
-  const last = items.at(-1);
-  return ok({ items, nextCursor: rows.length > limit && last ? encodeCursor(last) : null });
+    .limit(page.limit + 1);
+  const found = await pageOf(page, "runs", p.environmentId, rows, (r) => [r.micros, r.run.id]);
+  return ok({ items: found.items.map((r) => r.run), nextCursor: found.nextCursor });
 }
 
 export async function runTrace(db: Db, runId: string) {

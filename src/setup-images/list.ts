@@ -4,15 +4,12 @@ import type { Owner } from "../auth/owner";
 import { setupImages } from "../db/schema";
 import type { Db } from "../db/types";
 import { fail, ok, type Result } from "../errors";
-import { badCursor, decodeCursor, encodeCursor } from "../runs/cursor";
-import type { Page } from "../runs/service";
+import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor";
 
 // What the API shows and does with an environment's setup images: the list (newest use first)
 // and a drop. Every query is bound to the caller's environment: another environment's key reads
 // as unknown (case P3). Dropping only marks the row; the reaper removes the stored artifact and
 // then the row (src/setup-images/reap.ts), so an answer never waits on a backend.
-
-export const MAX_LIMIT = 100;
 
 export type SetupImageRow = typeof setupImages.$inferSelect;
 
@@ -24,11 +21,11 @@ const CursorShape = z.tuple([z.iso.datetime(), z.string().min(1).max(64)]);
 export async function listSetupImages(
   db: Db,
   p: Owner,
-  limit: number,
-  cursor: string | undefined,
+  page: PageRequest,
 ): Promise<Result<Page<SetupImageRow>>> {
-  const parsed = cursor === undefined ? null : decodeCursor(cursor, CursorShape);
-  if (cursor !== undefined && !parsed) return badCursor();
+  const at = await openCursor(page, "setup-images", p.environmentId, CursorShape);
+  if (!at.ok) return at;
+  const parsed = at.value;
   const rows = await db
     .select({ row: setupImages, touched: lastTouched.mapWith(setupImages.createdAt) })
     .from(setupImages)
@@ -41,13 +38,12 @@ export async function listSetupImages(
       ),
     )
     .orderBy(desc(lastTouched), desc(setupImages.id))
-    .limit(limit + 1);
-  const page = rows.slice(0, limit);
-  const last = page.at(-1);
-  return ok({
-    items: page.map(({ row }) => row),
-    nextCursor: rows.length > limit && last ? encodeCursor([last.touched.toISOString(), last.row.id]) : null,
-  });
+    .limit(page.limit + 1);
+  const found = await pageOf(page, "setup-images", p.environmentId, rows, (r) => [
+    r.touched.toISOString(),
+    r.row.id,
+  ]);
+  return ok({ items: found.items.map(({ row }) => row), nextCursor: found.nextCursor });
 }
 
 /**

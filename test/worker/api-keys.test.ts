@@ -296,6 +296,26 @@ describe("pages: the keys page", { timeout: 60_000 }, () => {
     expectProblem(await call(key ?? "", "GET", "/v1/me"), 401, "unauthorized");
   });
 
+  it("pages by the list's cursor; a page link it did not give shows the first page, and says so", async () => {
+    const t = await newTenant();
+    const older = (await makeKey(t, { name: "older-key" })).json;
+    await makeKey(t, { name: "newest-key" });
+    const b = await loggedIn(t, KEYS);
+    expect((await b.get(KEYS)).html).toContain("newest-key");
+    // The API's cursor after the newest key is a position on the page too (one list).
+    const cursor = (await t.api("GET", "/v1/api-keys?limit=1")).json.nextCursor;
+    const second = await b.get(`${KEYS}?cursor=${encodeURIComponent(cursor)}`);
+    expect(second.status).toBe(200);
+    expect(second.html).not.toContain("newest-key");
+    expect(second.html).toContain(older.prefix);
+    expect(second.html).toContain(`href="${KEYS}#keys"`);
+    // case O3: a changed cursor is not read as a position.
+    const bad = await b.get(`${KEYS}?cursor=${encodeURIComponent(`${cursor}x`)}`);
+    expect(bad.status).toBe(200);
+    expect(bad.html).toContain("newest-key");
+    expect(bad.html).toContain("not one this site gave");
+  });
+
   it("a read key's session can look but not post (403 read_only_key), and can still log out", async () => {
     const t = await newTenant();
     const read = (await makeKey(t, { name: "reader", scope: "read" })).json;

@@ -282,7 +282,7 @@ describe("GET /v1/blocked-hosts", { timeout: 60_000 }, () => {
   it("bad paging → 400 invalid_request; unknown query fields → 400 unknown_field", async () => {
     const t = await newTenant();
     await threeRuns(t);
-    for (const q of ["limit=0", "limit=101", "limit=x", "limit=1.5", "limit=-1"]) {
+    for (const q of ["limit=0", "limit=201", "limit=x", "limit=1.5", "limit=-1"]) {
       expectProblem(await t.api("GET", `/v1/blocked-hosts?${q}`), 400, "invalid_request");
     }
     const junk = [
@@ -294,7 +294,7 @@ describe("GET /v1/blocked-hosts", { timeout: 60_000 }, () => {
     ];
     for (const cursor of junk) {
       const res = await t.api("GET", `/v1/blocked-hosts?cursor=${encodeURIComponent(cursor)}`);
-      expectProblem(res, 400, "invalid_request");
+      expectProblem(res, 400, "invalid_cursor");
     }
     expectProblem(await t.api("GET", `/v1/blocked-hosts?cursor=${"a".repeat(1025)}`), 400, "invalid_request");
     expectProblem(await t.api("GET", "/v1/blocked-hosts?environmentId=env_x"), 400, "unknown_field");

@@ -50,9 +50,9 @@ describe("bug reports", () => {
     expect(page2.json).toMatchObject({ bugReports: [{ id: first.json.id }], nextCursor: null });
     const otherRun = await launch(t);
     expectProblem(
-      await t.api("GET", `/v1/runs/${otherRun}/bug-reports?cursor=${first.json.id}`),
+      await t.api("GET", `/v1/runs/${otherRun}/bug-reports?cursor=${page1.json.nextCursor}`),
       400,
-      "invalid_request",
+      "invalid_cursor",
     );
     expect((await t.api("GET", `/v1/runs/${otherRun}/bug-reports`)).json.bugReports).toEqual([]);
 

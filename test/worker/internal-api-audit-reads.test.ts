@@ -166,7 +166,7 @@ describe("GET /v1/runs/{id}/blocked-hosts, /egress-routes, /limit-refusals, /str
       const pages = await walk(t, `/v1/runs/${run.id}/stray-placeholders`, "strayPlaceholders", limit);
       expect(pages.flat()).toEqual(strays.json.strayPlaceholders);
     }
-    // One list's cursor is not a position in another.
+    // One list's cursor is not a position in another (case O3).
     const limitCursor = (await t.api("GET", `/v1/runs/${run.id}/limit-refusals?limit=1`)).json.nextCursor;
     const strayCursor = (await t.api("GET", `/v1/runs/${run.id}/stray-placeholders?limit=1`)).json.nextCursor;
     const routeCursor = (await t.api("GET", `/v1/runs/${run.id}/egress-routes?limit=1`)).json.nextCursor;
@@ -177,11 +177,7 @@ describe("GET /v1/runs/{id}/blocked-hosts, /egress-routes, /limit-refusals, /str
       ["egress-routes", strayCursor],
       ["blocked-hosts", limitCursor],
     ]) {
-      expectProblem(
-        await t.api("GET", `/v1/runs/${run.id}/${path}?cursor=${cursor}`),
-        400,
-        "invalid_request",
-      );
+      expectProblem(await t.api("GET", `/v1/runs/${run.id}/${path}?cursor=${cursor}`), 400, "invalid_cursor");
     }
     const quiet = await newRun(t);
     expect((await t.api("GET", `/v1/runs/${quiet.id}/limit-refusals`)).json).toEqual({
@@ -200,11 +196,11 @@ describe("GET /v1/runs/{id}/blocked-hosts, /egress-routes, /limit-refusals, /str
     const base = `/v1/runs/${run.id}/blocked-hosts`;
     for (const q of ["limit=0", "limit=201", "limit=x"])
       expectProblem(await t.api("GET", `${base}?${q}`), 400, "invalid_request");
-    expectProblem(await t.api("GET", `${base}?cursor=garbage`), 400, "invalid_request");
+    expectProblem(await t.api("GET", `${base}?cursor=garbage`), 400, "invalid_cursor");
     expectProblem(await t.api("GET", `${base}?runId=${run.id}`), 400, "unknown_field");
     // A cursor of the other list does not fit this one.
     const routes = await t.api("GET", `/v1/runs/${run.id}/egress-routes?limit=1`);
-    expectProblem(await t.api("GET", `${base}?cursor=${routes.json.nextCursor}`), 400, "invalid_request");
+    expectProblem(await t.api("GET", `${base}?cursor=${routes.json.nextCursor}`), 400, "invalid_cursor");
     const quiet = await newRun(t);
     expect((await t.api("GET", `/v1/runs/${quiet.id}/egress-routes`)).json).toEqual({
       egressRoutes: [],

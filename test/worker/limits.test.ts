@@ -3,7 +3,7 @@ import { and, count, eq } from "drizzle-orm";
 import { Webhook } from "standardwebhooks";
 import { describe, expect, it } from "vitest";
 import { idempotencyKeys, runs, sandboxes, webhookDeliveries } from "../../src/db/schema";
-import { RATE_LIMIT_PERIOD_SECONDS } from "../../src/limits/rate-limit";
+import { RATE_LIMIT_HEADERS, RATE_LIMIT_PERIOD_SECONDS } from "../../src/limits/rate-limit-policy";
 import { type ApiResponse, callWith, expectProblem, newTenant, type Tenant, withDb } from "./harness";
 import { newRun, setRunStatus } from "./run-fixtures";
 
@@ -72,6 +72,10 @@ describe("limits", () => {
       if (!refused) throw new Error(`no refusal in ${FLOOD_AT_MOST} requests`);
       expectProblem(refused, 429, "rate_limited");
       expect(refused.headers.get("retry-after")).toBe(String(RATE_LIMIT_PERIOD_SECONDS));
+      // The draft-ietf-httpapi-ratelimit-headers fields: the policy, and none left for a window.
+      expect(refused.headers.get("ratelimit-policy")).toBe(RATE_LIMIT_HEADERS["ratelimit-policy"]);
+      expect(refused.headers.get("ratelimit-policy")).toMatch(/^"per-key";q=\d+;w=10$/);
+      expect(refused.headers.get("ratelimit")).toBe('"per-key";r=0;t=10');
       const key = `k-${crypto.randomUUID()}`;
       const [launch, secret, others] = await Promise.all([
         floodCall(t.key, "POST", "/v1/runs", { commands: ["echo flood"] }, { "idempotency-key": key }),

@@ -415,7 +415,7 @@ describe("model calls in audit batches, and GET /v1/runs/{id}/model-calls", { ti
       } while (cursor && pages.length < 20);
       expect(pages.flat()).toEqual(all.json.calls);
     }
-    expectProblem(await t.api("GET", `/v1/runs/${runId}/model-calls?cursor=garbage`), 400, "invalid_request");
+    expectProblem(await t.api("GET", `/v1/runs/${runId}/model-calls?cursor=garbage`), 400, "invalid_cursor");
     expectProblem(await t.api("GET", `/v1/runs/${runId}/model-calls?limit=0`), 400, "invalid_request");
     expectProblem(await t.api("GET", `/v1/runs/${runId}/model-calls?prompt=1`), 400, "unknown_field");
 

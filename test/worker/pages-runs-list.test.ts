@@ -57,6 +57,65 @@ describe("the runs list", () => {
     has(expectPage(bad, 400), "not one this site gave");
   });
 
+  it("shows each run's benchmark, status and duration, and filters by status and benchmark", async () => {
+    const t = await newTenant();
+    const b = await loggedIn(t, "/runs");
+    const launched = new Date(Date.now() - 3_725_000);
+    const rows = [
+      {
+        id: randomId("run_"),
+        spec: { benchmark: "demo" },
+        status: "finished" as const,
+        endedAt: new Date(launched.getTime() + 65_000),
+      },
+      {
+        id: randomId("run_"),
+        spec: { benchmark: "demo" },
+        status: "failed" as const,
+        endedAt: new Date(launched.getTime() + 5_000),
+      },
+      { id: randomId("run_"), spec: { commands: ["true"] }, status: "running" as const, endedAt: null },
+    ];
+    await withDb((db) =>
+      db.insert(runs).values(
+        rows.map((r) => ({
+          id: r.id,
+          userId: t.userId,
+          environmentId: t.environmentId,
+          spec: RunSpec.parse(r.spec),
+          backend: "local",
+          status: r.status,
+          createdAt: launched,
+          endedAt: r.endedAt,
+        })),
+      ),
+    );
+    const all = textOf(expectPage(await b.get("/runs")));
+    for (const shown of [
+      "demo",
+      "commands",
+      "1 min 5 s",
+      "5 s",
+      "1 h 2 min",
+      "so far",
+      "finished",
+      "failed",
+      "running",
+    ])
+      has(all, shown);
+    const listedOn = (html: string) => [...html.matchAll(/href="\/runs\/(run_[a-z0-9]+)"/g)].map((m) => m[1]);
+    const [finished, failed, running] = rows.map((r) => r.id);
+
+    const demo = await b.get("/runs?benchmark=demo");
+    expectPage(demo);
+    expect(new Set(listedOn(demo.html))).toEqual(new Set([finished, failed]));
+    has(demo.html, '<option value="demo" selected');
+    const failedOnly = await b.get("/runs?benchmark=demo&status=failed");
+    expect(listedOn(failedOnly.html)).toEqual([failed]);
+    expect(listedOn((await b.get("/runs?status=running")).html)).toEqual([running]);
+    has(textOf(expectPage(await b.get("/runs?status=stopped"))), "No runs match this filter");
+  });
+
   it("launches a run from the form as POST /v1/runs would, refusing what the API refuses", async () => {
     const t = await tenantWithUnreadableVault("canary-launch-value");
     const b = await loggedIn(t, "/runs");

@@ -102,12 +102,12 @@ describe("GET /v1/runs/{id}/events", () => {
     expectProblem(
       await t.api("GET", `/v1/runs/${mine.id}/events?after=${otherCursor}`),
       400,
-      "invalid_request",
+      "invalid_cursor",
     );
     expectProblem(
       await t.api("GET", `/v1/runs/${mine.id}/events?after=bm90LWEtY3Vyc29y`),
       400,
-      "invalid_request",
+      "invalid_cursor",
     );
     expectProblem(await t.api("GET", `/v1/runs/${mine.id}/events?limit=201`), 400, "invalid_request");
     const stranger = await newTenant();

@@ -64,7 +64,7 @@ describe("runs API", () => {
       "invalid_request",
     );
     expectProblem(await t.api("GET", "/v1/runs?limit=0"), 400, "invalid_request");
-    expectProblem(await t.api("GET", "/v1/runs?cursor=zzz"), 400, "invalid_request");
+    expectProblem(await t.api("GET", "/v1/runs?cursor=zzz"), 400, "invalid_cursor");
   });
 
   it("lists newest first, paged, only the caller's runs (C1)", async () => {

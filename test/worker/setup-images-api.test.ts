@@ -114,9 +114,9 @@ describe("GET /v1/setup-images", () => {
     expect(seen[0]).toBe(planted[0]?.key);
     expect(seen[4]).toBe(planted[4]?.key);
 
-    expectProblem(await t.api("GET", "/v1/setup-images?cursor=bm90LW91cnM"), 400, "invalid_request");
+    expectProblem(await t.api("GET", "/v1/setup-images?cursor=bm90LW91cnM"), 400, "invalid_cursor");
     expectProblem(await t.api("GET", "/v1/setup-images?limit=0"), 400, "invalid_request");
-    expectProblem(await t.api("GET", "/v1/setup-images?limit=101"), 400, "invalid_request");
+    expectProblem(await t.api("GET", "/v1/setup-images?limit=201"), 400, "invalid_request");
     expectProblem(await t.api("GET", "/v1/setup-images?environmentId=x"), 400, "unknown_field");
   });
 });

@@ -1,6 +1,6 @@
 import type { Schemas } from "../api";
 import { reserveSecretFile } from "../io";
-import { api, type Ctx, Failed, oneOf, print, table, UsageError } from "./shared";
+import { api, type Ctx, Failed, nextPage, oneOf, type PageOptions, print, table, UsageError } from "./shared";
 
 // `benchwright keys ...`: the environment's API keys (POST/GET/DELETE /v1/api-keys, case K3).
 // A new key is shown by the API once. It goes to a new 0600 file (--out), or to standard output
@@ -81,10 +81,10 @@ export async function keysCreate(ctx: Ctx, name: string, opts: CreateOptions): P
   ]);
 }
 
-export async function keysList(ctx: Ctx): Promise<void> {
-  const res = await api(ctx).call("get", "/v1/api-keys");
-  print(ctx, res, () =>
-    res.apiKeys.length === 0
+export async function keysList(ctx: Ctx, page: PageOptions): Promise<void> {
+  const res = await api(ctx).call("get", "/v1/api-keys", { query: page });
+  print(ctx, res, () => [
+    ...(res.apiKeys.length === 0
       ? ["no API keys"]
       : table([
           ["ID", "NAME", "PREFIX", "SCOPE", "STATE", "CREATED", "LAST USED", "EXPIRES"],
@@ -98,8 +98,9 @@ export async function keysList(ctx: Ctx): Promise<void> {
             k.lastUsedAt ?? "-",
             expiry(k),
           ]),
-        ]),
-  );
+        ])),
+    ...nextPage(res.nextCursor),
+  ]);
 }
 
 export async function keysRevoke(ctx: Ctx, id: string): Promise<void> {

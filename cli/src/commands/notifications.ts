@@ -1,6 +1,16 @@
 import type { Schemas } from "../api";
 import { writeSecretFile } from "../io";
-import { api, type Ctx, print, secretOf, secretTarget, table, withoutSecret } from "./shared";
+import {
+  api,
+  type Ctx,
+  nextPage,
+  type PageOptions,
+  print,
+  secretOf,
+  secretTarget,
+  table,
+  withoutSecret,
+} from "./shared";
 
 // `benchwright notifications ...`: URLs told when a run of this environment ends (POST
 // /v1/notifications), and what was sent to them. The signing secret is written to a file of the
@@ -26,19 +36,23 @@ export async function notificationsCreate(
   ]);
 }
 
-export async function notificationsList(ctx: Ctx): Promise<void> {
-  const res = await api(ctx).call("get", "/v1/notifications");
-  print(ctx, res, () =>
-    res.notifications.length === 0
+export async function notificationsList(ctx: Ctx, page: PageOptions): Promise<void> {
+  const res = await api(ctx).call("get", "/v1/notifications", { query: page });
+  print(ctx, res, () => [
+    ...(res.notifications.length === 0
       ? ["no notification URLs"]
-      : table([["ID", "URL", "CREATED"], ...res.notifications.map((n) => [n.id, n.url, n.createdAt])]),
-  );
+      : table([["ID", "URL", "CREATED"], ...res.notifications.map((n) => [n.id, n.url, n.createdAt])])),
+    ...nextPage(res.nextCursor),
+  ]);
 }
 
-export async function notificationsDeliveries(ctx: Ctx, id: string): Promise<void> {
-  const res = await api(ctx).call("get", "/v1/notifications/{id}/deliveries", { params: { id } });
-  print(ctx, res, () =>
-    res.deliveries.length === 0
+export async function notificationsDeliveries(ctx: Ctx, id: string, page: PageOptions): Promise<void> {
+  const res = await api(ctx).call("get", "/v1/notifications/{id}/deliveries", {
+    params: { id },
+    query: page,
+  });
+  print(ctx, res, () => [
+    ...(res.deliveries.length === 0
       ? ["nothing sent yet"]
       : table([
           ["DELIVERY", "RUN", "STATUS", "ATTEMPTS", "LAST"],
@@ -47,8 +61,9 @@ export async function notificationsDeliveries(ctx: Ctx, id: string): Promise<voi
             const said = last ? (last.error ?? `${last.statusCode}`) : "-";
             return [d.id, d.runId, d.status, String(d.attempts.length), said];
           }),
-        ]),
-  );
+        ])),
+    ...nextPage(res.nextCursor),
+  ]);
 }
 
 export async function notificationsDelete(ctx: Ctx, id: string): Promise<void> {

@@ -111,6 +111,8 @@ export function oneOf<T extends string>(
   return value as T;
 }
 
+/** A list page's --limit and --cursor (registry.ts's pageOf). */
+export type PageOptions = { limit?: number | undefined; cursor?: string | undefined };
 export const nextPage = (cursor: string | null | undefined) => (cursor ? [`more: --cursor ${cursor}`] : []);
 
 /** Exit 1: the API answered, but not with what the command needs (said in the message). */

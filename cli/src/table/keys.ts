@@ -1,5 +1,5 @@
 import { keysCreate, keysList, keysRevoke } from "../commands/keys";
-import { type CommandTable, none, one, str } from "../registry";
+import { type CommandTable, none, one, page, pageOf, str } from "../registry";
 
 // API keys: make, list, revoke (the first key comes from `npm run create-user`).
 
@@ -29,11 +29,12 @@ export const KEYS_COMMANDS: CommandTable = {
       }),
   },
   "keys list": {
-    usage: "benchwright keys list",
+    usage: "benchwright keys list [--limit N] [--cursor C]",
     summary: "this environment's API keys (* marks the one in use; never the keys themselves)",
-    run: async (ctx, _v, p) => {
+    options: page,
+    run: async (ctx, v, p) => {
       none(p, "keys list");
-      await keysList(ctx);
+      await keysList(ctx, pageOf(v));
     },
   },
   "keys revoke": {

@@ -72,17 +72,19 @@ export const MORE_COMMANDS: CommandTable = {
       notifications.notificationsCreate(ctx, one(p, "URL"), { secretOut: str(v, "secret-out") }),
   },
   "notifications list": {
-    usage: "benchwright notifications list",
+    usage: "benchwright notifications list [--limit N] [--cursor C]",
     summary: "notification URLs, newest first (never their secrets)",
-    run: async (ctx, _v, p) => {
+    options: page,
+    run: async (ctx, v, p) => {
       none(p, "notifications list");
-      await notifications.notificationsList(ctx);
+      await notifications.notificationsList(ctx, pageOf(v));
     },
   },
   "notifications deliveries": {
-    usage: "benchwright notifications deliveries NOTIFICATION_ID",
+    usage: "benchwright notifications deliveries NOTIFICATION_ID [--limit N] [--cursor C]",
     summary: "what was sent to a notification URL, each with its attempts and how the last went",
-    run: (ctx, _v, p) => notifications.notificationsDeliveries(ctx, one(p, "notification id")),
+    options: page,
+    run: (ctx, v, p) => notifications.notificationsDeliveries(ctx, one(p, "notification id"), pageOf(v)),
   },
   "notifications delete": {
     usage: "benchwright notifications delete NOTIFICATION_ID",

@@ -1,8 +1,8 @@
 import type { HostAction } from "@benchwright/shared/contract/policy";
 import { Hono } from "hono";
 import type { Result } from "../../errors";
+import type { Page } from "../../lists/cursor";
 import type { AccountBlockedHost, BlockedDay, BlockedSource } from "../../runs/audit-log";
-import type { Page } from "../../runs/service";
 import { allowHosts } from "../../vault/hosts";
 import type { PageEnv } from "../context";
 import { act, back, type Ctx, form, PAGE, refused, text, who } from "./forms";

@@ -28,15 +28,16 @@ import { SecretsSection, secretsRoutes } from "./secrets";
 async function vaultPage(c: Ctx): Promise<Response> {
   const p = who(c);
   const db = c.var.db;
+  const ring = c.var.config.keyRing;
   const [secrets, rules, hosts, models, doc, blocked, perDay, recent] = await Promise.all([
     listSecrets(db, p),
     listRules(db, p),
     listHosts(db, p),
     listModels(db, p),
     previewPolicy(db, p, { egress: "direct" }),
-    listBlockedHosts(db, p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined }),
+    listBlockedHosts(db, p, { limit: BLOCKED_PAGE, cursor: c.req.query("blockedCursor") || undefined, ring }),
     blockedPerDay(db, p, new Date()),
-    listRuns(db, p, RECENT_RUNS, undefined),
+    listRuns(db, p, { limit: RECENT_RUNS, ring }),
   ]);
   const index = buildPolicyIndex(doc);
   const usedBy = new Map<string, number[]>();
