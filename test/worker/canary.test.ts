@@ -289,6 +289,8 @@ describe("B5 canary secret never leaks", { timeout: 120_000 }, () => {
     await api("GET", `/v1/runs/${runId}/egress-routes`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/limit-refusals`, undefined, [200]);
     await api("GET", `/v1/runs/${runId}/stray-placeholders`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}/events?limit=5`, undefined, [200]);
+    await api("GET", `/v1/runs/${runId}/events?after=nope`, undefined, [400, "invalid_cursor"]);
     await api("GET", `/v1/runs/${runId}/model-calls`, undefined, [200]);
     await api("GET", `/v1/blocked-hosts?runId=${runId}`, undefined, [200]);
     await api("GET", "/v1/blocked-hosts?runId=run_nope", undefined, [404, "not_found"]);
