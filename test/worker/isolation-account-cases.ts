@@ -219,7 +219,7 @@ export const ACCOUNT_CASES: Record<string, Case> = {
         200,
         "deliveries",
       );
-      expect(own.json).toEqual({ deliveries: [] });
+      expect(own.json).toEqual({ deliveries: [], nextCursor: null });
     },
   },
 };
