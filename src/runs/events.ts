@@ -48,6 +48,15 @@ export async function lockTrace(tx: Tx, runId: string): Promise<void> {
 /** An event as the API writes it (JSON, and each Server-Sent Event's data). */
 export const traceEventJson = (e: TraceEvent) => ({ ...e, at: e.at.toISOString() });
 
+/** A trace event's columns as every reader returns them (the run's trace, its event pages). */
+export const traceColumns = {
+  kind: runEvents.kind,
+  state: runEvents.state,
+  reason: runEvents.reason,
+  detail: runEvents.detail,
+  at: runEvents.at,
+};
+
 /** Up to `limit` events after `position`, oldest first. */
 export async function eventsAfter(
   db: Q,
@@ -56,14 +65,7 @@ export async function eventsAfter(
   limit: number,
 ): Promise<{ events: TraceEvent[]; position: number }> {
   const rows = await db
-    .select({
-      id: runEvents.id,
-      kind: runEvents.kind,
-      state: runEvents.state,
-      reason: runEvents.reason,
-      detail: runEvents.detail,
-      at: runEvents.at,
-    })
+    .select({ id: runEvents.id, ...traceColumns })
     .from(runEvents)
     .where(and(eq(runEvents.runId, runId), gt(runEvents.id, position)))
     .orderBy(asc(runEvents.id))

@@ -11,7 +11,7 @@ import { openCursor, type Page, type PageRequest, pageOf } from "../lists/cursor
 import { CreatedKey, createdMicros, olderThan } from "../lists/newest-first";
 import { enqueueRunEnded } from "../notifications/service";
 import { modelLane } from "../vault/models";
-import { lockTrace } from "./events";
+import { lockTrace, traceColumns } from "./events";
 import type { RunNote, Transition } from "./types";
 
 export type { RunNote, Transition } from "./types";
@@ -169,17 +169,7 @@ export async function listRuns(
 }
 
 export async function runTrace(db: Db, runId: string) {
-  return db
-    .select({
-      kind: runEvents.kind,
-      state: runEvents.state,
-      reason: runEvents.reason,
-      detail: runEvents.detail,
-      at: runEvents.at,
-    })
-    .from(runEvents)
-    .where(eq(runEvents.runId, runId))
-    .orderBy(asc(runEvents.id));
+  return db.select(traceColumns).from(runEvents).where(eq(runEvents.runId, runId)).orderBy(asc(runEvents.id));
 }
 
 export async function runSandboxes(db: Db, runId: string) {
