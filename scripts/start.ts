@@ -10,6 +10,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "n
 import { join } from "node:path";
 import { isTerminal } from "@benchwright/shared/contract/run-states";
 import { eq } from "drizzle-orm";
+import { noSecretInDemoEnv } from "../cli/src/commands/demo";
 import { packFolder } from "../cli/src/pack";
 import { provisionApiKey } from "../src/auth/provision";
 import { hashApiKey } from "../src/crypto/api-keys";
@@ -239,15 +240,6 @@ async function demoSecretAndRule(api: Api, demoKey: string): Promise<void> {
   }
 }
 
-/**
- * Whether the demo line shows a variable about the demo key that is not a placeholder: the vault's
- * DEMO_API_KEY reaches the sandbox only as `bw-placeholder-…` (case N1), never as the key.
- */
-function leaksDemoSecret(line: { envNames?: string[]; placeholders?: string[] } | null): boolean {
-  if (!Array.isArray(line?.envNames)) return true;
-  return line.envNames.some((n) => /DEMO/i.test(n) && !(line.placeholders ?? []).includes(n));
-}
-
 // biome-ignore lint/suspicious/noExplicitAny: JSON
 async function waitForEnd(api: Api, id: string, timeoutMs: number): Promise<any> {
   const started = Date.now();
@@ -419,7 +411,7 @@ async function demo(base: string, key: string, demoKey: string, upstream: DemoUp
   console.log(`
 Demo run ${id}: ${run.status} (${run.reason}) in ${((Date.now() - started) / 1000).toFixed(1)} s, routing ${run.routing}
   the sandbox sent no key; the demo API saw the vault's key ...... ${check(sawKey && result?.api?.body?.keyMatches === true)}
-  the key never reached the sandbox (output, environment) ........ ${check(!output.includes(demoKey) && !leaksDemoSecret(result))}
+  the key never reached the sandbox (output, environment) ........ ${check(!output.includes(demoKey) && noSecretInDemoEnv(result))}
   blocked.demo.test refused (HTTP ${result?.blocked?.status ?? "?"}) and never reached .......... ${check(result?.blocked?.status === 403 && !upstreamSawBlocked)}
   ... and recorded: ${blocked.map((b) => `${b.host} ×${b.seenCount}`).join(", ") || "(not yet)"}
 

@@ -14,6 +14,16 @@ interface DemoLine {
   placeholders?: string[];
 }
 
+/**
+ * Whether the demo's environment held no variable about the demo key but its placeholder: the
+ * vault's DEMO_API_KEY reaches the sandbox only as `bw-placeholder-…` (case N1), never as the key.
+ * `npm start` (scripts/start.ts) asks the same of the same line.
+ */
+export function noSecretInDemoEnv(line: Pick<DemoLine, "envNames" | "placeholders"> | null): boolean {
+  if (!Array.isArray(line?.envNames)) return false;
+  return !line.envNames.some((n) => /DEMO/i.test(n) && !(line.placeholders ?? []).includes(n));
+}
+
 export async function demo(ctx: Ctx): Promise<void> {
   const client = api(ctx);
   const { rules } = await client.call("get", "/v1/vault/rules");
@@ -46,10 +56,7 @@ export async function demo(ctx: Ctx): Promise<void> {
   }
   const checks = {
     keyInjected: seen.api?.status === 200 && seen.api.body?.keyMatches === true,
-    // The vault's DEMO_API_KEY reaches the sandbox only as the run's placeholder (case N1).
-    noSecretInSandboxEnv:
-      Array.isArray(seen.envNames) &&
-      !seen.envNames.some((n) => /DEMO/i.test(n) && !(seen.placeholders ?? []).includes(n)),
+    noSecretInSandboxEnv: noSecretInDemoEnv(seen),
     blockedRefused: seen.blocked?.status === 403,
     blockedRecorded: blockedHosts.some((h) => h.host === "blocked.demo.test"),
   };
